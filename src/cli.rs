@@ -1,0 +1,151 @@
+//! Command-line interface (clap derive). Parsing only; `commands` does the work.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::rules::Severity;
+
+pub const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  healthy, or only findings below --fail-on
+  1  a finding at or above --fail-on (default: fail)
+  2  usage error: a bad flag, or an input file that cannot be read or understood
+  3  could not run: no NVIDIA driver or NVML, no GPU, or NVML initialisation hung";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpudiag",
+    version,
+    about = "GPU telemetry, probes and diagnostics: what the GPU is doing and what is wrong",
+    after_help = EXIT_CODES_HELP
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Show the bundled demo recording (a real GPU going from idle to load and back).
+    #[arg(long)]
+    pub demo: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Inventory, environment, a telemetry summary and findings; exit code for schedulers.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Check(CheckArgs),
+    /// Record telemetry to an NDJSON file (gzip when the name ends in .gz).
+    #[command(after_help = EXIT_CODES_HELP)]
+    Record(RecordArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FailOn {
+    Info,
+    Warn,
+    Fail,
+}
+
+impl From<FailOn> for Severity {
+    fn from(f: FailOn) -> Self {
+        match f {
+            FailOn::Info => Severity::Info,
+            FailOn::Warn => Severity::Warn,
+            FailOn::Fail => Severity::Fail,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SourceArgs {
+    /// Only these GPUs: an index or a UUID; repeat for several.
+    #[arg(long = "device", value_name = "INDEX|UUID")]
+    pub devices: Vec<String>,
+    /// Read a recording instead of live GPUs.
+    #[arg(long, value_name = "FILE", conflicts_with = "demo")]
+    pub replay: Option<PathBuf>,
+    /// Use the bundled demo recording instead of live GPUs.
+    #[arg(long)]
+    pub demo: bool,
+    /// How long NVML initialisation may take before gpudiag gives up (exit code 3).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub init_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Print the versioned JSON check report instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Sample for this long before summarising (`0` for a single read). With --replay the
+    /// default is the whole recording and a window keeps only its end.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub window: Option<Duration>,
+    /// Time between samples inside the window.
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_interval)]
+    pub interval: Duration,
+    /// Exit with code 1 when a finding of this severity or worse is present.
+    #[arg(long, value_enum, default_value = "fail")]
+    pub fail_on: FailOn,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RecordArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Where to write (gzip when the name ends in .gz).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// Stop after this long; without it, record until Ctrl-C.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Time between samples (50ms or more).
+    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_interval)]
+    pub interval: Duration,
+    /// Replace FILE if it exists.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// "60s", "250ms", "1m30s" or a bare "0".
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if t == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(t)
+        .map_err(|e| format!("'{s}' is not a duration ({e}); write it like 250ms, 10s or 2m"))
+}
+
+/// A sampling interval: at least 50 ms, because NVML's fast fields update no faster than that
+/// and polling quicker only costs CPU.
+pub fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(50) {
+        return Err(format!("interval '{s}' is below the 50ms minimum"));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("soon").unwrap_err().contains("'soon'"));
+        assert!(parse_interval("10ms").is_err());
+        assert_eq!(parse_interval("50ms"), Ok(Duration::from_millis(50)));
+    }
+}

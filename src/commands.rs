@@ -1,0 +1,324 @@
+//! What each subcommand does: open a telemetry source, run the pipeline, produce the output.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::cli::{CheckArgs, RecordArgs, SourceArgs};
+use crate::error::Error;
+use crate::history::History;
+use crate::report::check::{
+    self, CHECK_SCHEMA_VERSION, CheckReport, DeviceReport, SourceInfo, ToolInfo, WindowInfo,
+};
+use crate::report::environment;
+use crate::rules::{self, RuleInput};
+use crate::telemetry::recording::{Header, RecordingError, RecordingWriter};
+use crate::telemetry::replay::{Pace, ReplayBackend};
+use crate::telemetry::sampler::{Sampler, SamplerMsg};
+use crate::telemetry::{Backend, DeviceInfo, Event, Sample, Tick, TimeMs, now_ms};
+
+/// The demo recording shipped inside the binary: a real GPU going from idle to load and back.
+pub const DEMO_RECORDING: &[u8] = include_bytes!("../assets/demo/demo.ndjson.gz");
+pub const DEMO_NAME: &str = "demo.ndjson.gz (bundled)";
+
+/// An opened telemetry source with the devices the user selected.
+pub struct Source {
+    pub backend: Box<dyn Backend>,
+    pub selected: DeviceFilter,
+    pub recording: Option<String>,
+}
+
+impl Source {
+    pub fn devices(&self) -> Vec<DeviceInfo> {
+        self.backend
+            .devices()
+            .iter()
+            .filter(|d| self.selected.0.contains(&d.index))
+            .cloned()
+            .collect()
+    }
+}
+
+/// The device indices `--device` selected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceFilter(pub BTreeSet<u32>);
+
+impl DeviceFilter {
+    /// Keeps only the selected devices' samples and events (host-wide events stay).
+    pub fn apply(&self, mut tick: Tick) -> Tick {
+        tick.samples.retain(|s| self.0.contains(&s.device));
+        tick.events
+            .retain(|e| e.device.is_none_or(|d| self.0.contains(&d)));
+        tick
+    }
+}
+
+/// Opens live NVML, a recording, or the demo, as the flags say.
+pub fn open_source(args: &SourceArgs, pace: Pace) -> Result<Source, Error> {
+    let (backend, recording): (Box<dyn Backend>, Option<String>) = if args.demo {
+        let b = ReplayBackend::from_reader(DEMO_RECORDING, pace)?;
+        (Box::new(b), Some(DEMO_NAME.into()))
+    } else if let Some(path) = &args.replay {
+        let b = ReplayBackend::open(path, pace)?;
+        (Box::new(b), Some(path.display().to_string()))
+    } else {
+        let b = crate::telemetry::nvml::NvmlBackend::open(args.init_timeout)?;
+        (Box::new(b), None)
+    };
+    let selected = select_devices(backend.devices(), &args.devices)?;
+    Ok(Source {
+        backend,
+        selected,
+        recording,
+    })
+}
+
+/// Resolves `--device` selectors (an index or a UUID) to device indices; none selects all.
+pub fn select_devices(devices: &[DeviceInfo], selectors: &[String]) -> Result<DeviceFilter, Error> {
+    if selectors.is_empty() {
+        return Ok(DeviceFilter(devices.iter().map(|d| d.index).collect()));
+    }
+    selectors
+        .iter()
+        .map(|sel| {
+            let sel = sel.trim();
+            devices
+                .iter()
+                .find(|d| {
+                    sel.parse::<u32>().is_ok_and(|i| i == d.index)
+                        || d.uuid
+                            .as_deref()
+                            .is_some_and(|u| u.eq_ignore_ascii_case(sel))
+                })
+                .map(|d| d.index)
+                .ok_or_else(|| {
+                    let have: Vec<String> = devices
+                        .iter()
+                        .map(|d| {
+                            format!("{} ({})", d.index, d.uuid.as_deref().unwrap_or("no uuid"))
+                        })
+                        .collect();
+                    Error::Usage(format!(
+                        "no GPU matches --device '{sel}'; this source has: {}",
+                        if have.is_empty() {
+                            "none".into()
+                        } else {
+                            have.join(", ")
+                        }
+                    ))
+                })
+        })
+        .collect::<Result<_, _>>()
+        .map(DeviceFilter)
+}
+
+/// Everything the pipeline gathered from a source.
+#[derive(Default)]
+pub struct Collected {
+    pub history: History,
+    pub latest: BTreeMap<u32, Sample>,
+    /// The time of every tick that carried samples, in order.
+    pub tick_times: Vec<TimeMs>,
+    pub events: Vec<Event>,
+}
+
+impl Collected {
+    pub fn push(&mut self, tick: Tick) {
+        if let Some(t) = tick.samples.iter().map(|s| s.time_ms).max() {
+            self.tick_times.push(t);
+        }
+        for s in tick.samples {
+            self.history.push_sample(&s);
+            self.latest.insert(s.device, s);
+        }
+        self.events.extend(tick.events);
+    }
+
+    /// Keeps only what falls in `(end − window, end]`, the same half-open window the history's
+    /// statistics use, so the report's counts and its summary describe the same samples.
+    pub fn keep_last(&mut self, window: Duration) {
+        let Some(&end) = self.tick_times.last() else {
+            return;
+        };
+        let start = end.saturating_sub(window.as_millis() as u64);
+        self.tick_times.retain(|&t| t > start || t == end);
+        self.events.retain(|e| e.time_ms > start);
+    }
+
+    pub fn first_ms(&self) -> Option<TimeMs> {
+        self.tick_times.first().copied()
+    }
+
+    pub fn last_ms(&self) -> Option<TimeMs> {
+        self.tick_times.last().copied()
+    }
+}
+
+/// `gpudiag check`.
+pub fn check(args: &CheckArgs) -> Result<CheckReport, Error> {
+    let is_replay = args.source.demo || args.source.replay.is_some();
+    let source = open_source(&args.source, Pace::AsFastAsPossible)?;
+    let libraries = (!is_replay).then(environment::detect_libraries);
+    // A replay reads the whole recording and keeps the window's end; a live check samples for
+    // exactly the window.
+    let limit = if is_replay {
+        None
+    } else {
+        Some(args.window.unwrap_or(Duration::from_secs(1)))
+    };
+    let devices = source.devices();
+    let host = source.backend.host().clone();
+    let backend_name = source.backend.name().to_owned();
+    let source_warnings = source.backend.source_warnings();
+    let recording = source.recording.clone();
+
+    let mut collected = Collected::default();
+    let selected = source.selected.clone();
+    let mut sampler = Sampler::spawn(source.backend, args.interval, limit);
+    let mut failure = None;
+    for msg in sampler.rx.iter() {
+        match msg {
+            SamplerMsg::Tick(t) => collected.push(selected.apply(t)),
+            SamplerMsg::Ended(e) => {
+                failure = e;
+                break;
+            }
+        }
+    }
+    sampler.stop();
+    let mut warnings = source_warnings;
+    match failure {
+        Some(e) if collected.tick_times.is_empty() => return Err(e.into()),
+        Some(e) => warnings.push(format!("sampling stopped early: {e}")),
+        None => {}
+    }
+    if collected.tick_times.is_empty() {
+        return Err(Error::Usage("the source holds no telemetry samples".into()));
+    }
+    // Replays with a window judge only its end; live runs sampled exactly the window.
+    let summary_window = if is_replay { args.window } else { None };
+    if let Some(w) = summary_window {
+        collected.keep_last(w);
+    }
+
+    let now = collected.last_ms().unwrap_or_else(now_ms);
+    let findings = rules::evaluate(&RuleInput {
+        devices: &devices,
+        history: &collected.history,
+        latest: &collected.latest,
+        events: &collected.events,
+        now_ms: now,
+    });
+    let fail_on = args.fail_on.into();
+    let exit_code = check::exit_code_for(&findings, fail_on);
+    let status = check::status_of(&findings);
+    let (mut per_device, host_findings) = check::split_findings(findings);
+    let device_reports = devices
+        .into_iter()
+        .map(|info| DeviceReport {
+            summary: check::summarise(&collected.history, info.index, summary_window),
+            latest: collected.latest.get(&info.index).cloned(),
+            findings: per_device.remove(&info.index).unwrap_or_default(),
+            info,
+        })
+        .collect();
+    let covered_ms = match (collected.first_ms(), collected.last_ms()) {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => 0,
+    };
+    Ok(CheckReport {
+        schema_version: CHECK_SCHEMA_VERSION,
+        tool: ToolInfo::this(),
+        generated_ms: now_ms(),
+        host,
+        source: SourceInfo {
+            backend: backend_name,
+            recording,
+            warnings,
+        },
+        libraries,
+        window: WindowInfo {
+            requested_s: if is_replay {
+                args.window.map(|w| w.as_secs_f64())
+            } else {
+                Some(limit.unwrap_or_default().as_secs_f64())
+            },
+            covered_s: covered_ms as f64 / 1000.0,
+            ticks: collected.tick_times.len() as u64,
+            start_ms: collected.first_ms(),
+            end_ms: collected.last_ms(),
+        },
+        devices: device_reports,
+        host_findings,
+        status,
+        fail_on,
+        exit_code,
+    })
+}
+
+/// `gpudiag record`. Returns the number of ticks written.
+pub fn record(args: &RecordArgs, stop: Arc<AtomicBool>) -> Result<u64, Error> {
+    let source = open_source(&args.source, Pace::AsFastAsPossible)?;
+    // A replay plays at its own recorded spacing, so --interval says nothing about it.
+    let interval_ms = source
+        .recording
+        .is_none()
+        .then_some(args.interval.as_millis() as u64);
+    let header = Header::new(
+        source.backend.name(),
+        source.backend.host().clone(),
+        source.devices(),
+        interval_ms,
+    );
+    let mut writer = match RecordingWriter::create_with(&args.output, &header, args.force) {
+        Err(RecordingError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::AlreadyExists =>
+        {
+            return Err(Error::Usage(format!(
+                "{} exists; pass --force to replace it",
+                args.output.display()
+            )));
+        }
+        other => other?,
+    };
+    let filter = source.selected.clone();
+    let mut sampler = Sampler::spawn(source.backend, args.interval, args.duration);
+    let mut ticks = 0u64;
+    let mut failure = None;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            sampler.stop();
+        }
+        match sampler.rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(SamplerMsg::Tick(t)) => {
+                let t = filter.apply(t);
+                writer.write_tick(&t)?;
+                if !t.samples.is_empty() {
+                    ticks += 1;
+                }
+            }
+            Ok(SamplerMsg::Ended(e)) => {
+                failure = e;
+                break;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    writer.finish()?;
+    match failure {
+        Some(e) => Err(e.into()),
+        None => Ok(ticks),
+    }
+}
+
+/// Writes `text` to stdout; a closed pipe (`gpudiag check | head`) is not an error.
+pub fn print(text: &str) -> Result<(), Error> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.map_err(|e| Error::io("writing to stdout", e)),
+    }
+}

@@ -1,0 +1,9 @@
+//! gpudiag: GPU telemetry, probes and diagnostics. The binary is a thin shell over this library.
+
+pub mod cli;
+pub mod commands;
+pub mod error;
+pub mod history;
+pub mod report;
+pub mod rules;
+pub mod telemetry;

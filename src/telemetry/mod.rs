@@ -1,0 +1,79 @@
+//! Telemetry: the model, the backend trait, and the backends that implement it.
+//!
+//! Data flows one way: a `Backend` yields `DeviceInfo` once and a `Tick` per poll; the sampler
+//! pushes ticks into the history; rules and views read the history. No view knows which backend
+//! produced the data.
+
+pub mod model;
+pub mod nvml;
+pub mod recording;
+pub mod replay;
+pub mod sampler;
+
+pub use model::*;
+
+use std::time::Duration;
+
+/// What one poll of a backend yields.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tick {
+    pub samples: Vec<Sample>,
+    pub events: Vec<Event>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The vendor library is missing or would not initialise; gpudiag cannot run (exit code 3).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The backend works but sees no device (exit code 3).
+    #[error("no GPU found: {0}")]
+    NoDevice(String),
+    /// A recording ended (replay only).
+    #[error("end of recording")]
+    EndOfRecording,
+    #[error(transparent)]
+    Recording(#[from] recording::RecordingError),
+}
+
+/// How a backend is paced.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pacing {
+    /// Live hardware: the caller decides when to poll; each poll reads now.
+    Live,
+    /// A replay: `poll` waits until the next recorded tick is due (or returns at once when
+    /// playing as fast as possible), so the caller polls in a loop without sleeping.
+    SelfPaced,
+}
+
+/// A source of telemetry. Implementations must never substitute 0 (or any sentinel) for a value
+/// they cannot read: leave it `None` and record the reason in the sample's `absent` map.
+pub trait Backend: Send {
+    /// "nvml", "replay", ...
+    fn name(&self) -> &'static str;
+    fn host(&self) -> &HostInfo;
+    /// Static attributes, read once when the backend opened.
+    fn devices(&self) -> &[DeviceInfo];
+    fn pacing(&self) -> Pacing;
+    /// One tick of telemetry for every device.
+    fn poll(&mut self) -> Result<Tick, BackendError>;
+    /// Notes about the source a user should see (a recording's cut-off last line, skipped
+    /// record kinds). Empty for live hardware.
+    fn source_warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Live backends: the cadence of slow fields (PCIe throughput, process lists); hint only.
+    fn set_slow_interval(&mut self, _interval: Duration) {}
+}
+
+/// Wall-clock now in milliseconds since the Unix epoch, never going backwards within a process:
+/// a clock stepped back (NTP) would otherwise make the history refuse points until it caught up.
+pub fn now_ms() -> TimeMs {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as TimeMs)
+        .unwrap_or_default();
+    LAST.fetch_max(wall, Ordering::Relaxed).max(wall)
+}

@@ -1,0 +1,877 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The `gpudiag` binary end to end on recordings: exit codes, messages, selection, `record`.
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use gpudiag::report::check::{CheckReport, Status};
+use gpudiag::rules::Severity;
+use gpudiag::telemetry::Metric;
+use gpudiag::telemetry::recording::MAX_LINE_BYTES;
+
+const T0: u64 = 1_767_225_600_000;
+const UUID0: &str = "GPU-3f8a2c71-9b4e-5d06-a1c2-7e9f0b4d2a11";
+const UUID1: &str = "GPU-8c41d0e5-2f7a-4b93-86de-15ab3c9e7f42";
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/recordings")
+        .join(name)
+}
+
+fn hostile(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hostile")
+        .join(name)
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// What one run of the binary left behind.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn report(&self) -> CheckReport {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not a check report ({e}):\n{}\nstderr: {}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap()
+    }
+
+    /// Asserts the exit code and that stderr is the single line `gpudiag: ...`; returns it.
+    fn one_line_error(&self, code: i32) -> &str {
+        assert_eq!(
+            self.code, code,
+            "stdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
+        assert!(
+            self.stdout.is_empty(),
+            "nothing on stdout on failure: {}",
+            self.stdout
+        );
+        let line = self.stderr.strip_suffix('\n').unwrap_or(&self.stderr);
+        assert!(
+            !line.contains('\n'),
+            "stderr must be one line: {:?}",
+            self.stderr
+        );
+        assert!(line.starts_with("gpudiag: "), "{line}");
+        line
+    }
+}
+
+fn gpudiag(args: &[&str]) -> Run {
+    let out = Command::cargo_bin("gpudiag")
+        .unwrap()
+        // No user configuration may change what the tests see.
+        .env(
+            "XDG_CONFIG_HOME",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-config"),
+        )
+        .args(args)
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    Run {
+        code: out.status.code().expect("gpudiag was killed by a signal"),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+/// `check --json --replay <path>` plus `extra`.
+fn check_replay(path: &Path, extra: &[&str]) -> Run {
+    let mut args = vec!["check", "--json", "--replay", s(path)];
+    args.extend_from_slice(extra);
+    gpudiag(&args)
+}
+
+fn ids(findings: &[gpudiag::rules::Finding]) -> Vec<&str> {
+    findings.iter().map(|f| f.id.as_str()).collect()
+}
+
+/// True on a host where the NVIDIA driver is installed: the "no NVML" tests do not apply there.
+fn has_nvidia_driver() -> bool {
+    Path::new("/dev/nvidiactl").exists() || Path::new("/proc/driver/nvidia/version").exists()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exit code 0 and 1
+
+#[test]
+fn healthy_recording_exits_0() {
+    let run = gpudiag(&["check", "--replay", s(&fixture("healthy.ndjson"))]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stderr.is_empty(), "{}", run.stderr);
+    assert!(
+        run.stdout
+            .contains("GPU 0  NVIDIA H200  00000000:19:00.0  Hopper (cc 9.0)"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("util 89% (mean 89%, max 91%)"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("findings: none"), "{}", run.stdout);
+    assert!(
+        run.stdout
+            .contains("status: healthy (0 fail, 0 warn, 0 info) · exit code 0"),
+        "{}",
+        run.stdout
+    );
+
+    let report = check_replay(&fixture("healthy.ndjson"), &[]).report();
+    assert_eq!(report.status, Status::Healthy);
+    assert_eq!(report.exit_code, 0);
+    assert_eq!(report.window.ticks, 10);
+    assert_eq!(report.devices.len(), 1);
+    assert!(report.devices[0].findings.is_empty());
+}
+
+#[test]
+fn ecc_errors_exit_1_and_name_their_findings() {
+    let run = check_replay(&fixture("ecc_error.ndjson"), &[]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let report = run.report();
+    assert_eq!(report.status, Status::Fail);
+    assert_eq!(report.exit_code, 1);
+    let findings = &report.devices[0].findings;
+    let found = ids(findings);
+    assert!(found.contains(&"errors.ecc_uncorrectable"), "{found:?}");
+    assert!(found.contains(&"errors.xid_48"), "{found:?}");
+    assert!(found.contains(&"errors.reset_pending"), "{found:?}");
+    // Worst first.
+    assert_eq!(findings[0].severity, Severity::Fail);
+    assert_eq!(findings.last().unwrap().id, "errors.reset_pending");
+    let ecc = findings
+        .iter()
+        .find(|f| f.id == "errors.ecc_uncorrectable")
+        .unwrap();
+    assert_eq!(ecc.severity, Severity::Fail);
+    assert_eq!(ecc.device, Some(0));
+    assert_eq!(ecc.evidence.values["ecc_uncorrected_volatile"], 2);
+    let xid = findings.iter().find(|f| f.id == "errors.xid_48").unwrap();
+    assert_eq!(xid.severity, Severity::Fail);
+    assert_eq!(xid.time_ms, T0 + 2690);
+    assert_eq!(xid.evidence.values["xid"], 48);
+    assert!(!xid.advice.is_empty());
+
+    // The text form carries the same verdict and exit code.
+    let text = gpudiag(&["check", "--replay", s(&fixture("ecc_error.ndjson"))]);
+    assert_eq!(text.code, 1);
+    assert!(
+        text.stdout
+            .contains("[fail] XID 48: double-bit ECC error in GPU memory"),
+        "{}",
+        text.stdout
+    );
+    assert!(
+        text.stdout
+            .contains("status: fail (2 fail, 1 warn, 0 info) · exit code 1"),
+        "{}",
+        text.stdout
+    );
+}
+
+#[test]
+fn fail_on_sets_the_severity_that_exits_1() {
+    // two_gpus has one warning (XID 31) and nothing worse.
+    let path = fixture("two_gpus.ndjson");
+    let default = check_replay(&path, &[]);
+    assert_eq!(default.code, 0);
+    let report = default.report();
+    assert_eq!(report.status, Status::Warn);
+    assert_eq!(report.fail_on, Severity::Fail);
+    assert_eq!(ids(&report.devices[0].findings), ["errors.xid_31"]);
+    assert_eq!(report.devices[0].findings[0].severity, Severity::Warn);
+
+    let warn = check_replay(&path, &["--fail-on", "warn"]);
+    assert_eq!(warn.code, 1, "{}", warn.stderr);
+    let report = warn.report();
+    assert_eq!(report.fail_on, Severity::Warn);
+    assert_eq!(report.exit_code, 1);
+    assert_eq!(report.status, Status::Warn);
+
+    let fail = check_replay(&path, &["--fail-on", "fail"]);
+    assert_eq!(fail.code, 0);
+    assert_eq!(fail.report().exit_code, 0);
+
+    // An info finding (an unknown XID, host-wide) only counts with --fail-on info.
+    let path = fixture("all_kinds.ndjson");
+    let run = check_replay(&path, &["--fail-on", "warn"]);
+    assert_eq!(run.code, 1);
+    let run = check_replay(&path, &[]);
+    assert_eq!(run.code, 0);
+    let report = run.report();
+    assert_eq!(ids(&report.host_findings), ["errors.xid_157"]);
+    assert_eq!(report.host_findings[0].severity, Severity::Info);
+    assert_eq!(report.host_findings[0].device, None);
+    let healthy = check_replay(&fixture("healthy.ndjson"), &["--fail-on", "info"]);
+    assert_eq!(healthy.code, 0);
+
+    let bad = gpudiag(&["check", "--fail-on", "error"]);
+    assert_eq!(bad.code, 2);
+    assert!(bad.stderr.contains("'error'"), "{}", bad.stderr);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exit code 2: usage errors and input files that cannot be read or understood
+
+#[test]
+fn unknown_flag_exits_2() {
+    let run = gpudiag(&["check", "--bogus"]);
+    assert_eq!(run.code, 2);
+    assert!(run.stdout.is_empty());
+    assert!(run.stderr.contains("'--bogus'"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("Usage: gpudiag check"),
+        "{}",
+        run.stderr
+    );
+
+    let run = gpudiag(&["frobnicate"]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("'frobnicate'"), "{}", run.stderr);
+}
+
+#[test]
+fn bad_duration_exits_2_quoting_the_value() {
+    let run = gpudiag(&[
+        "check",
+        "--window",
+        "soon",
+        "--replay",
+        s(&fixture("healthy.ndjson")),
+    ]);
+    assert_eq!(run.code, 2);
+    assert!(run.stdout.is_empty());
+    assert!(
+        run.stderr.contains("'soon' is not a duration"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("--window"), "{}", run.stderr);
+    assert!(run.stderr.contains("250ms, 10s or 2m"), "{}", run.stderr);
+
+    let run = gpudiag(&["check", "--interval", "10ms"]);
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr
+            .contains("interval '10ms' is below the 50ms minimum"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn missing_recording_exits_2_with_a_clear_message() {
+    let run = gpudiag(&["check", "--replay", "/nonexistent/run.ndjson"]);
+    let line = run.one_line_error(2);
+    assert!(
+        line.contains("cannot open /nonexistent/run.ndjson"),
+        "{line}"
+    );
+    assert!(line.contains("No such file or directory"), "{line}");
+}
+
+#[test]
+fn a_file_that_is_not_a_recording_exits_2() {
+    let run = check_replay(&hostile("not_a_recording.csv"), &[]);
+    let line = run.one_line_error(2);
+    assert!(
+        line.contains("not_a_recording.csv is not a gpudiag recording"),
+        "{line}"
+    );
+    assert!(line.contains("not JSON"), "{line}");
+
+    let run = check_replay(&hostile("no_header.ndjson"), &[]);
+    let line = run.one_line_error(2);
+    assert!(line.contains("is not a gpudiag recording"), "{line}");
+    assert!(line.contains("header"), "{line}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.ndjson");
+    std::fs::write(&empty, b"").unwrap();
+    let line = check_replay(&empty, &[]).one_line_error(2).to_owned();
+    assert!(line.contains("empty"), "{line}");
+
+    // A directory is not a recording either.
+    let line = check_replay(dir.path(), &[]).one_line_error(2).to_owned();
+    assert!(line.contains(s(dir.path())), "{line}");
+
+    let line = check_replay(&hostile("header_only.ndjson"), &[])
+        .one_line_error(2)
+        .to_owned();
+    assert!(line.contains("no telemetry samples"), "{line}");
+}
+
+#[test]
+fn future_format_version_says_to_upgrade() {
+    let run = check_replay(&hostile("future_version.ndjson"), &[]);
+    let line = run.one_line_error(2);
+    assert!(line.contains("format version 2"), "{line}");
+    assert!(line.contains("versions up to 1"), "{line}");
+    assert!(line.contains("upgrade gpudiag"), "{line}");
+}
+
+#[test]
+fn invalid_utf8_exits_2_naming_the_line() {
+    let run = check_replay(&hostile("invalid_utf8.ndjson"), &[]);
+    let line = run.one_line_error(2);
+    assert!(line.contains("invalid_utf8.ndjson line 3"), "{line}");
+    assert!(line.contains("not valid UTF-8"), "{line}");
+}
+
+#[test]
+fn malformed_and_mistyped_lines_exit_2_naming_the_line() {
+    let line = check_replay(&hostile("malformed_middle.ndjson"), &[])
+        .one_line_error(2)
+        .to_owned();
+    assert!(line.contains("line 4: malformed JSON"), "{line}");
+    let line = check_replay(&hostile("wrong_type.ndjson"), &[])
+        .one_line_error(2)
+        .to_owned();
+    assert!(line.contains("line 3: invalid sample record"), "{line}");
+    assert!(line.contains("\"zero\""), "{line}");
+}
+
+#[test]
+fn huge_line_exits_2_naming_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.ndjson");
+    let healthy = std::fs::read_to_string(fixture("healthy.ndjson")).unwrap();
+    let lines: Vec<&str> = healthy.lines().collect();
+    let mut bytes = format!("{}\n{}\n", lines[0], lines[1]).into_bytes();
+    // A line just past the limit, that is valid JSON apart from its length.
+    bytes.extend_from_slice(br#"{"kind":"notice","pad":""#);
+    bytes.extend(std::iter::repeat_n(b'a', MAX_LINE_BYTES));
+    bytes.extend_from_slice(b"\"}\n");
+    bytes.extend_from_slice(format!("{}\n", lines[2]).as_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+
+    let run = check_replay(&path, &[]);
+    let line = run.one_line_error(2);
+    assert!(line.contains("huge.ndjson line 3"), "{line}");
+    assert!(
+        line.contains(&format!("longer than the limit of {MAX_LINE_BYTES} bytes")),
+        "{line}"
+    );
+}
+
+#[test]
+fn unknown_device_exits_2_listing_the_devices() {
+    let run = check_replay(&fixture("two_gpus.ndjson"), &["--device", "7"]);
+    let line = run.one_line_error(2);
+    assert!(line.contains("no GPU matches --device '7'"), "{line}");
+    assert!(line.contains(&format!("0 ({UUID0})")), "{line}");
+    assert!(line.contains(&format!("1 ({UUID1})")), "{line}");
+
+    let run = check_replay(&fixture("two_gpus.ndjson"), &["--device", "GPU-nope"]);
+    let line = run.one_line_error(2);
+    assert!(line.contains("'GPU-nope'"), "{line}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exit code 3, and the demo fallback, on this machine without NVML
+
+#[test]
+fn live_check_without_nvml_exits_3() {
+    if has_nvidia_driver() {
+        eprintln!("skipped: this host has an NVIDIA driver");
+        return;
+    }
+    for args in [&["check"][..], &["check", "--json"][..]] {
+        let run = gpudiag(args);
+        let line = run.one_line_error(3);
+        assert!(line.contains("libnvidia-ml"), "{line}");
+        assert!(line.contains("is the NVIDIA driver installed?"), "{line}");
+    }
+    // `record` fails the same way and leaves no file behind.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("live.ndjson");
+    let run = gpudiag(&["record", "-o", s(&out)]);
+    let line = run.one_line_error(3);
+    assert!(line.contains("libnvidia-ml"), "{line}");
+    assert!(!out.exists());
+}
+
+#[test]
+fn no_subcommand_without_a_gpu_shows_the_demo() {
+    if has_nvidia_driver() {
+        eprintln!("skipped: this host has an NVIDIA driver");
+        return;
+    }
+    let run = gpudiag(&[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let explanation = run.stderr.strip_suffix('\n').unwrap();
+    assert!(!explanation.contains('\n'), "one line: {:?}", run.stderr);
+    assert!(
+        explanation.starts_with("gpudiag: no live NVIDIA GPU here"),
+        "{explanation}"
+    );
+    assert!(explanation.contains("libnvidia-ml"), "{explanation}");
+    assert!(
+        explanation.contains("showing the bundled demo recording"),
+        "{explanation}"
+    );
+    assert!(explanation.contains("gpudiag --demo"), "{explanation}");
+    assert!(
+        run.stdout
+            .contains("source replay demo.ndjson.gz (bundled)"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("GPU 0  NVIDIA H200"), "{}", run.stdout);
+
+    // Asked for by name, the demo needs no explanation.
+    let demo = gpudiag(&["--demo"]);
+    assert_eq!(demo.code, 0);
+    assert!(demo.stderr.is_empty(), "{}", demo.stderr);
+    assert_eq!(demo.stdout, run.stdout);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Selecting devices and windows
+
+#[test]
+fn device_index_selects_one_gpu() {
+    let run = check_replay(
+        &fixture("two_gpus.ndjson"),
+        &["--device", "1", "--fail-on", "warn"],
+    );
+    // The only warning belongs to device 0, so it is gone with it.
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let report = run.report();
+    assert_eq!(report.devices.len(), 1);
+    let d = &report.devices[0];
+    assert_eq!(d.info.index, 1);
+    assert_eq!(d.info.uuid.as_deref(), Some(UUID1));
+    assert_eq!(d.latest.as_ref().unwrap().device, 1);
+    assert!(d.findings.is_empty());
+    assert_eq!(report.status, Status::Healthy);
+    assert_eq!(d.summary[&Metric::GpuUtilPct].max, Some(0.0));
+    assert_eq!(d.summary[&Metric::GpuUtilPct].count, 10);
+}
+
+#[test]
+fn device_uuid_selects_that_gpu_in_any_case() {
+    for sel in [UUID0.to_owned(), UUID0.to_uppercase()] {
+        let run = check_replay(&fixture("two_gpus.ndjson"), &["--device", &sel]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        let report = run.report();
+        assert_eq!(report.devices.len(), 1, "{sel}");
+        assert_eq!(report.devices[0].info.index, 0);
+        assert_eq!(ids(&report.devices[0].findings), ["errors.xid_31"]);
+    }
+    let run = check_replay(
+        &fixture("two_gpus.ndjson"),
+        &["--device", UUID1, "--device", "0"],
+    );
+    let indices: Vec<u32> = run.report().devices.iter().map(|d| d.info.index).collect();
+    assert_eq!(indices, [0, 1]);
+}
+
+#[test]
+fn window_on_a_replay_keeps_only_the_end() {
+    let path = fixture("two_gpus.ndjson");
+    let full = check_replay(&path, &[]).report();
+    assert_eq!(full.window.covered_s, 9.0);
+    assert_eq!(full.window.requested_s, None);
+    let full_util = &full.devices[0].summary[&Metric::GpuUtilPct];
+    assert_eq!(full_util.count, 10);
+
+    let run = check_replay(&path, &["--window", "2s"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let report = run.report();
+    assert_eq!(report.window.requested_s, Some(2.0));
+    // Samples at +7, +8 and +9 s lie within 2 s of the end; whether the one exactly 2 s before
+    // the end counts is the open question of `window_info_describes_the_same_samples_as_the_summary`.
+    assert!(
+        [1.0, 2.0].contains(&report.window.covered_s),
+        "{:?}",
+        report.window
+    );
+    assert_eq!(report.window.end_ms, Some(T0 + 9000));
+    assert!(
+        [Some(T0 + 7000), Some(T0 + 8000)].contains(&report.window.start_ms),
+        "{:?}",
+        report.window
+    );
+    let util = &report.devices[0].summary[&Metric::GpuUtilPct];
+    // `Window::Last` is `(end − 2 s, end]`: the samples at +8 s and +9 s.
+    assert_eq!(util.count, 2, "{util:?}");
+    assert!(util.count < full_util.count);
+    assert_eq!(util.last_ms, Some(T0 + 9000));
+    assert_eq!(util.first_ms, Some(T0 + 8000));
+    // The end of the run is idle, unlike the whole of it.
+    assert_eq!(util.max, Some(0.0));
+    assert_eq!(util.mean, Some(0.0));
+    assert!(full_util.mean.unwrap() > 70.0);
+    for stats in report.devices.iter().flat_map(|d| d.summary.values()) {
+        assert_eq!(stats.count, 2, "{stats:?}");
+    }
+    // The XID at +7.42 s is inside the last 2 s, and outside the last 1 s.
+    assert_eq!(ids(&report.devices[0].findings), ["errors.xid_31"]);
+    let one = check_replay(&path, &["--window", "1s"]).report();
+    assert!(one.devices[0].findings.is_empty());
+    assert_eq!(one.status, Status::Healthy);
+    assert!(one.window.covered_s <= 1.0, "{:?}", one.window);
+    assert_eq!(one.window.end_ms, Some(T0 + 9000));
+}
+
+#[test]
+fn window_info_describes_the_same_samples_as_the_summary() {
+    let report = check_replay(&fixture("two_gpus.ndjson"), &["--window", "2s"]).report();
+    let util = &report.devices[0].summary[&Metric::GpuUtilPct];
+    // One sample per device per tick in this recording, so the ticks in the window are the
+    // samples the summary counted.
+    assert_eq!(report.window.ticks, util.count, "{:?}", report.window);
+    assert_eq!(report.window.start_ms, util.first_ms, "{:?}", report.window);
+    let span_s = (util.last_ms.unwrap() - util.first_ms.unwrap()) as f64 / 1000.0;
+    assert_eq!(report.window.covered_s, span_s, "{:?}", report.window);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Damaged and newer recordings
+
+#[test]
+fn truncated_recording_is_read_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("crashed.ndjson");
+    let text = std::fs::read_to_string(fixture("healthy.ndjson")).unwrap();
+    let last_start = text.trim_end().rfind('\n').unwrap() + 1;
+    let last_len = text.len() - last_start;
+    std::fs::write(&path, &text[..last_start + last_len / 2]).unwrap();
+
+    let run = check_replay(&path, &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stderr.is_empty(), "{}", run.stderr);
+    let report = run.report();
+    assert_eq!(
+        report.source.warnings.len(),
+        1,
+        "{:?}",
+        report.source.warnings
+    );
+    assert!(report.source.warnings[0].contains("last line was cut off"));
+    // Everything before the cut is there; the cut sample is not.
+    assert_eq!(report.window.ticks, 9);
+    assert_eq!(report.window.end_ms, Some(T0 + 8000));
+    assert_eq!(report.devices[0].summary[&Metric::GpuUtilPct].count, 9);
+
+    let text = gpudiag(&["check", "--replay", s(&path)]);
+    assert_eq!(text.code, 0);
+    assert!(
+        text.stdout.contains("note: the last line was cut off"),
+        "{}",
+        text.stdout
+    );
+}
+
+#[test]
+fn unfinished_gzip_recording_is_read_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let gz = dir.path().join("r.ndjson.gz");
+    let rec = gpudiag(&[
+        "record",
+        "--replay",
+        s(&fixture("healthy.ndjson")),
+        "-o",
+        s(&gz),
+    ]);
+    assert_eq!(rec.code, 0, "{}", rec.stderr);
+    let bytes = std::fs::read(&gz).unwrap();
+    // Without its 8-byte trailer, as a recorder killed before `finish` leaves it.
+    let cut = dir.path().join("cut.ndjson.gz");
+    std::fs::write(&cut, &bytes[..bytes.len() - 8]).unwrap();
+    let run = check_replay(&cut, &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let report = run.report();
+    assert_eq!(report.window.ticks, 10);
+    assert!(
+        report
+            .source
+            .warnings
+            .iter()
+            .any(|w| w.contains("gzip stream ends abruptly")),
+        "{:?}",
+        report.source.warnings
+    );
+}
+
+#[test]
+fn newer_record_kinds_are_skipped_with_a_note() {
+    let run = check_replay(&fixture("newer_kinds.ndjson"), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let report = run.report();
+    assert_eq!(report.window.ticks, 4);
+    assert_eq!(
+        report.source.warnings.len(),
+        1,
+        "{:?}",
+        report.source.warnings
+    );
+    let w = &report.source.warnings[0];
+    assert!(w.contains("skipped 2 record(s)"), "{w}");
+    assert!(w.contains("event:clock_jump"), "{w}");
+    assert!(w.contains("probe_result"), "{w}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// record
+
+#[test]
+fn record_from_a_replay_round_trips_through_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture("two_gpus.ndjson");
+    let out = dir.path().join("r.ndjson.gz");
+    let run = gpudiag(&["record", "--replay", s(&src), "-o", s(&out)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.is_empty(), "{}", run.stdout);
+    assert_eq!(
+        run.stderr,
+        format!("gpudiag: recorded 10 tick(s) to {}\n", out.display())
+    );
+    assert_eq!(std::fs::read(&out).unwrap()[..2], [0x1f, 0x8b]);
+
+    let original = check_replay(&src, &[]).report();
+    let copy = check_replay(&out, &[]);
+    assert_eq!(copy.code, 0, "{}", copy.stderr);
+    let copy = copy.report();
+    assert!(
+        copy.source.warnings.is_empty(),
+        "{:?}",
+        copy.source.warnings
+    );
+    assert_eq!(copy.source.recording.as_deref(), Some(s(&out)));
+    assert_eq!(copy.host, original.host);
+    assert_eq!(copy.window, original.window);
+    assert_eq!(copy.status, original.status);
+    // Same identity, samples, statistics and findings, device by device.
+    assert_eq!(copy.devices, original.devices);
+}
+
+#[test]
+fn record_duration_on_a_replay_counts_recorded_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("d.ndjson");
+    let src = fixture("two_gpus.ndjson");
+    let run = gpudiag(&[
+        "record",
+        "--replay",
+        s(&src),
+        "--duration",
+        "2s",
+        "-o",
+        s(&out),
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stderr.contains("recorded 3 tick(s)"), "{}", run.stderr);
+    let report = check_replay(&out, &[]).report();
+    assert_eq!(report.window.ticks, 3);
+    assert_eq!(report.window.start_ms, Some(T0));
+    assert_eq!(report.window.end_ms, Some(T0 + 2000));
+    assert_eq!(report.devices.len(), 2);
+}
+
+/// The records of a recording, without the header, as (kind, time, device) in file order.
+fn record_order(path: &Path) -> Vec<(String, u64, Option<u64>)> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["kind"].as_str().unwrap().to_owned(),
+                v["time_ms"].as_u64().unwrap(),
+                v["device"].as_u64(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn record_from_a_replay_keeps_the_record_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.ndjson");
+    let src = fixture("two_gpus.ndjson");
+    let run = gpudiag(&["record", "--replay", s(&src), "-o", s(&out)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    // two_gpus was written tick by tick with write_tick: the XID precedes the samples of the
+    // tick it arrived with. A recording of its replay must come out the same.
+    assert_eq!(record_order(&out), record_order(&src));
+}
+
+#[test]
+fn record_writes_plain_ndjson_of_the_selected_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("one.ndjson");
+    let run = gpudiag(&[
+        "record",
+        "--replay",
+        s(&fixture("two_gpus.ndjson")),
+        "--device",
+        "1",
+        "-o",
+        s(&out),
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        text.starts_with(r#"{"format":"gpudiag-recording","version":1,"kind":"header","#),
+        "{}",
+        &text[..80]
+    );
+    let report = check_replay(&out, &[]).report();
+    let indices: Vec<u32> = report.devices.iter().map(|d| d.info.index).collect();
+    assert_eq!(indices, [1]);
+    assert_eq!(report.devices[0].summary[&Metric::PowerW].count, 10);
+}
+
+#[test]
+fn record_refuses_to_overwrite_without_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("precious.ndjson");
+    std::fs::write(&out, "do not lose me\n").unwrap();
+    let src = fixture("healthy.ndjson");
+
+    let run = gpudiag(&["record", "--replay", s(&src), "-o", s(&out)]);
+    let line = run.one_line_error(2);
+    assert!(line.contains("precious.ndjson exists"), "{line}");
+    assert!(line.contains("--force"), "{line}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "do not lose me\n");
+
+    let run = gpudiag(&["record", "--replay", s(&src), "-o", s(&out), "--force"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let report = check_replay(&out, &[]).report();
+    assert_eq!(report.window.ticks, 10);
+}
+
+#[test]
+fn record_from_a_missing_recording_exits_2_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.ndjson");
+    let run = gpudiag(&["record", "--replay", "/nonexistent.ndjson", "-o", s(&out)]);
+    let line = run.one_line_error(2);
+    assert!(line.contains("cannot open /nonexistent.ndjson"), "{line}");
+    assert!(!out.exists());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Help and text output
+
+#[test]
+fn help_lists_the_exit_codes() {
+    for args in [
+        &["--help"][..],
+        &["check", "--help"][..],
+        &["record", "--help"][..],
+        &["help", "check"][..],
+    ] {
+        let run = gpudiag(args);
+        assert_eq!(run.code, 0, "{args:?}");
+        let help = &run.stdout;
+        assert!(help.contains("Exit codes:"), "{args:?}: {help}");
+        for line in [
+            "0  healthy, or only findings below --fail-on",
+            "1  a finding at or above --fail-on (default: fail)",
+            "2  usage error",
+            "3  could not run: no NVIDIA driver or NVML",
+        ] {
+            assert!(help.contains(line), "{args:?} lacks {line:?}");
+        }
+    }
+    let run = gpudiag(&["--version"]);
+    assert_eq!(run.code, 0);
+    assert_eq!(
+        run.stdout,
+        format!("gpudiag {}\n", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn text_output_shows_na_for_absent_values_never_0() {
+    // healthy: an SXM part without a fan.
+    let run = gpudiag(&["check", "--replay", s(&fixture("healthy.ndjson"))]);
+    assert!(run.stdout.contains("  fan n/a\n"), "{}", run.stdout);
+    assert!(!run.stdout.contains("fan 0"), "{}", run.stdout);
+
+    // sparse: a GPU read without privileges, most values absent.
+    let run = gpudiag(&["check", "--replay", s(&fixture("sparse.ndjson"))]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let out = &run.stdout;
+    for expected in [
+        "host n/a · driver 580.65.06 (CUDA n/a)",
+        "power n/a / n/a W (mean n/a W)",
+        "fan n/a",
+        "rx n/a  tx n/a  replays n/a",
+        "ECC volatile n/a corrected / n/a uncorrected  remap pending n/a  throttle: n/a",
+        "util 3% (mean 4%, max 7%)",
+    ] {
+        assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
+    }
+    for zero in ["power 0", "fan 0", "rx 0", "replays 0", "ECC volatile 0"] {
+        assert!(!out.contains(zero), "{zero:?} in:\n{out}");
+    }
+    // No process list was read, so none is shown (rather than "processes: 0").
+    assert!(!out.contains("processes:"), "{out}");
+
+    // The JSON says the same: null with a reason, and no summary for a series never seen.
+    let run = check_replay(&fixture("sparse.ndjson"), &[]);
+    let json = run.json();
+    let latest = &json["devices"][0]["latest"];
+    assert_eq!(latest["power_w"], serde_json::Value::Null);
+    assert_eq!(latest["absent"]["power_w"], "no_permission");
+    assert_eq!(latest["fan_pct"], serde_json::Value::Null);
+    assert_eq!(latest["absent"]["fan_pct"], "not_supported");
+    assert_eq!(
+        latest["absent"]["throttle_reasons"]["error"],
+        "Unknown Error"
+    );
+    let summary = json["devices"][0]["summary"].as_object().unwrap();
+    for absent in [
+        "power_w",
+        "fan_pct",
+        "ecc_uncorrected_volatile",
+        "pcie_rx_bytes_per_s",
+    ] {
+        assert!(!summary.contains_key(absent), "{absent} in {summary:?}");
+    }
+    assert_eq!(summary["gpu_util_pct"]["count"], 4);
+}
+
+#[test]
+fn text_output_of_a_card_with_a_fan_and_processes() {
+    let run = gpudiag(&["check", "--replay", s(&fixture("all_kinds.ndjson"))]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let out = &run.stdout;
+    for expected in [
+        "GPU 0  NVIDIA L40S  00000000:81:00.0  Ada Lovelace (cc 8.9)",
+        "fan 44%",
+        "throttle: sw_power_cap",
+        "processes: 2",
+        "pid 4242  blender  1.0 GiB",
+        "pid 5151  python3  n/a GiB",
+        "[warn] XID 94: contained ECC error",
+        "host findings:\n  [info] XID 157",
+        "status: warn (0 fail, 1 warn, 1 info) · exit code 0",
+    ] {
+        assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
+    }
+}

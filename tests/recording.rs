@@ -1,0 +1,558 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The recording format and the replay backend, end to end through real files: the fixtures in
+//! `tests/fixtures/recordings/`, round trips, crash leftovers and hostile input.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use gpudiag::rules::{Evidence, Finding, Severity};
+use gpudiag::telemetry::recording::{
+    self, Header, MAX_LINE_BYTES, RECORDING_VERSION, Record, RecordingError, RecordingReader,
+    RecordingWriter,
+};
+use gpudiag::telemetry::replay::{Pace, ReplayBackend};
+use gpudiag::telemetry::{
+    Absent, Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Pacing, ProcessSample,
+    Sample,
+};
+
+const T0: u64 = 1_767_225_600_000;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/recordings")
+        .join(name)
+}
+
+fn header() -> Header {
+    let mut h = Header::new(
+        "nvml",
+        HostInfo {
+            hostname: Some("gpu-node-07".into()),
+            driver_version: Some("580.65.06".into()),
+            cuda_driver_version: Some("13.0".into()),
+            nvml_version: None,
+        },
+        vec![DeviceInfo {
+            index: 0,
+            name: Some("NVIDIA H200".into()),
+            pcie_gen_max: Some(5),
+            ..DeviceInfo::default()
+        }],
+        Some(500),
+    );
+    h.created_ms = T0 - 5;
+    h
+}
+
+/// One of every record type, with values that exercise every JSON shape the model uses.
+fn every_record() -> Vec<Record> {
+    let mut s = Sample::new(0, T0);
+    s.gpu_util_pct = Some(99.0);
+    s.power_w = Some(688.75);
+    s.energy_j = Some(48_211_503.2);
+    s.mem_used_bytes = Some(121_634_963_456);
+    s.throttle_reasons = Some(0x4);
+    s.throttle_reason_names = Some(vec!["sw_power_cap".into()]);
+    s.remapped_rows_pending = Some(false);
+    s.processes = Some(vec![ProcessSample {
+        pid: 48213,
+        name: Some("python3".into()),
+        user: None,
+        kind: Some("compute".into()),
+        used_memory_bytes: Some(121_030_000_640),
+        sm_util_pct: Some(97.0),
+        container_id: Some("3f1c9a".into()),
+    }]);
+    s.absent.insert("fan_pct".into(), Absent::NotSupported);
+    s.absent.insert(
+        "pcie_rx_bytes_per_s".into(),
+        Absent::Error("timed out".into()),
+    );
+    let mut values = serde_json::Map::new();
+    values.insert("xid".into(), 79.into());
+    vec![
+        Record::Event(Event {
+            time_ms: T0 - 1,
+            device: None,
+            kind: EventKind::Notice {
+                message: "PCIe read slow".into(),
+            },
+        }),
+        Record::Sample(s),
+        Record::Event(Event {
+            time_ms: T0 + 300,
+            device: Some(0),
+            kind: EventKind::Xid { xid: 79 },
+        }),
+        Record::Event(Event {
+            time_ms: T0 + 301,
+            device: Some(0),
+            kind: EventKind::DeviceLost {
+                reason: "GPU is lost".into(),
+            },
+        }),
+        Record::Finding(Finding {
+            id: "errors.xid".into(),
+            severity: Severity::Fail,
+            device: Some(0),
+            time_ms: T0 + 400,
+            title: "GPU fell off the bus (XID 79)".into(),
+            evidence: Evidence {
+                values,
+                window_s: 0.0,
+                threshold: "any XID 79".into(),
+            },
+            advice: "reseat the card".into(),
+        }),
+        Record::Sample(Sample::new(0, T0 + 500)),
+    ]
+}
+
+fn write_file(path: &Path, records: &[Record]) {
+    let mut w = RecordingWriter::create(path, &header()).unwrap();
+    for r in records {
+        w.write(r).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+const HEADER_LINE: &str = r#"{"format":"gpudiag-recording","version":1,"kind":"header","created_ms":1767225600000,"tool_version":"0.1.0","backend":"nvml","interval_ms":1000,"host":{},"devices":[{"index":0}]}"#;
+
+fn samples(records: &[Record]) -> Vec<&Sample> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Sample(s) => Some(s),
+            _ => None,
+        })
+        .collect()
+}
+
+fn events(records: &[Record]) -> Vec<&Event> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Event(e) => Some(e),
+            _ => None,
+        })
+        .collect()
+}
+
+// ---- fixtures ----
+
+#[test]
+fn fixture_two_gpus() {
+    let (h, records, stats) = recording::read_all(fixture("two_gpus.ndjson")).unwrap();
+    assert_eq!(h.version, RECORDING_VERSION);
+    assert_eq!(h.backend, "nvml");
+    assert_eq!(h.interval_ms, Some(1000));
+    assert_eq!(h.host.driver_version.as_deref(), Some("580.65.06"));
+    assert_eq!(h.devices.len(), 2);
+    assert_eq!(h.devices[1].name.as_deref(), Some("NVIDIA H200"));
+    assert_eq!(h.devices[0].memory_total_bytes, Some(150_754_820_096));
+    assert_eq!(h.devices[0].serial, None);
+    assert_eq!(
+        h.devices[0].absent.get("serial"),
+        Some(&Absent::NoPermission)
+    );
+    assert_eq!(stats.records, 21);
+    assert_eq!(stats.skipped_unknown, 0);
+    assert!(!stats.is_truncated());
+
+    let s = samples(&records);
+    assert_eq!(s.len(), 20);
+    let first = s[0];
+    assert_eq!((first.device, first.time_ms), (0, T0));
+    assert_eq!(first.power_w, Some(655.4));
+    assert_eq!(first.sm_clock_mhz, Some(1980));
+    assert_eq!(first.fan_pct, None);
+    assert_eq!(first.why_absent("fan_pct"), Some(&Absent::NotSupported));
+    assert_eq!(first.pcie_rx_bytes_per_s, None);
+    assert_eq!(
+        first.why_absent("pcie_rx_bytes_per_s"),
+        Some(&Absent::NotYetRead)
+    );
+    assert_eq!(first.processes, None);
+    let busy = s[2];
+    assert_eq!(
+        busy.throttle_reason_names,
+        Some(vec!["sw_power_cap".into()])
+    );
+    assert_eq!(busy.processes.as_ref().map(Vec::len), Some(1));
+
+    let e = events(&records);
+    assert_eq!(e.len(), 1);
+    assert_eq!(e[0].device, Some(0));
+    assert_eq!(e[0].kind, EventKind::Xid { xid: 31 });
+}
+
+#[test]
+fn fixture_ecc_error() {
+    let (h, records, _) = recording::read_all(fixture("ecc_error.ndjson")).unwrap();
+    assert_eq!(h.devices.len(), 1);
+    let s = samples(&records);
+    assert_eq!(s.len(), 6);
+    assert_eq!(s[0].ecc_uncorrected_volatile, Some(0));
+    let last = s[s.len() - 1];
+    assert_eq!(last.device, 0);
+    assert_eq!(last.ecc_uncorrected_volatile, Some(2));
+    assert_eq!(last.remapped_rows_pending, Some(true));
+    let e = events(&records);
+    assert_eq!(e.len(), 1);
+    assert_eq!(e[0].kind, EventKind::Xid { xid: 48 });
+    assert_eq!(e[0].device, Some(0));
+}
+
+#[test]
+fn fixture_healthy() {
+    let (h, records, stats) = recording::read_all(fixture("healthy.ndjson")).unwrap();
+    assert_eq!(h.devices.len(), 1);
+    assert_eq!(h.devices[0].persistence_mode, Some(true));
+    assert_eq!(h.devices[0].mig_enabled, Some(false));
+    assert_eq!(stats.records, 10);
+    assert!(events(&records).is_empty());
+    for s in samples(&records) {
+        assert_eq!(s.throttle_reasons, Some(0));
+        assert_eq!(s.ecc_uncorrected_volatile, Some(0));
+        assert!(s.gpu_util_pct.unwrap() >= 85.0);
+        assert!(s.temp_gpu_c.unwrap() < 60.0);
+        assert_eq!((s.pcie_gen, s.pcie_width), (Some(5), Some(16)));
+    }
+}
+
+// ---- round trips ----
+
+#[test]
+fn round_trip_plain_and_gzip_files() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["rec.ndjson", "rec.ndjson.gz"] {
+        let path = dir.path().join(name);
+        write_file(&path, &every_record());
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes.starts_with(&[0x1f, 0x8b]), name.ends_with(".gz"));
+        let (h, records, stats) = recording::read_all(&path).unwrap();
+        assert_eq!(h, header());
+        assert_eq!(h.tool_version, env!("CARGO_PKG_VERSION"));
+        assert_eq!(records, every_record());
+        assert_eq!(stats.records, 6);
+        assert!(!stats.is_truncated());
+    }
+}
+
+#[test]
+fn reader_is_an_iterator() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rec.ndjson");
+    write_file(&path, &every_record());
+    let reader = RecordingReader::open(&path).unwrap();
+    assert_eq!(reader.header().devices.len(), 1);
+    let kinds: Vec<&str> = reader.map(|r| r.unwrap().kind()).collect();
+    assert_eq!(
+        kinds,
+        ["event", "sample", "event", "event", "finding", "sample"]
+    );
+}
+
+#[test]
+fn unknown_kinds_are_skipped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("future.ndjson");
+    let text = format!(
+        "{HEADER_LINE}\n\
+         {{\"kind\":\"probe_result\",\"probe\":\"bandwidth\",\"h2d_gb_s\":55.5}}\n\
+         {{\"kind\":\"sample\",\"time_ms\":{T0},\"device\":0,\"power_w\":120.5}}\n\
+         {{\"kind\":\"span\",\"name\":\"matmul\"}}\n\
+         {{\"kind\":\"probe_result\",\"probe\":\"matmul\"}}\n"
+    );
+    std::fs::write(&path, text).unwrap();
+    let (_, records, stats) = recording::read_all(&path).unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(samples(&records)[0].power_w, Some(120.5));
+    assert_eq!(stats.skipped_unknown, 3);
+    assert_eq!(
+        stats.unknown_kinds.iter().collect::<Vec<_>>(),
+        ["probe_result", "span"]
+    );
+}
+
+// ---- crash leftovers ----
+
+#[test]
+fn truncated_last_line_plain() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut.ndjson");
+    write_file(&path, &every_record());
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes.truncate(bytes.len() - 25);
+    std::fs::write(&path, &bytes).unwrap();
+    let (_, records, stats) = recording::read_all(&path).unwrap();
+    assert_eq!(records, every_record()[..5].to_vec());
+    assert!(stats.truncated_last_line);
+    assert!(!stats.gzip_unfinished);
+    assert!(stats.warnings()[0].contains("cut off"));
+
+    let replay = ReplayBackend::open(&path, Pace::AsFastAsPossible).unwrap();
+    assert!(replay.read_stats().truncated_last_line);
+}
+
+#[test]
+fn gzip_killed_mid_recording() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("live.ndjson.gz");
+    let mut w = RecordingWriter::create(&path, &header()).unwrap();
+    let records = every_record();
+    for r in &records[..4] {
+        w.write(r).unwrap();
+    }
+    // What a kill at this moment leaves on disk: every line so far, sync-flushed, no trailer.
+    let flushed = std::fs::read(&path).unwrap();
+    w.write(&records[4]).unwrap();
+    let more = std::fs::read(&path).unwrap();
+    drop(w);
+
+    let killed = dir.path().join("killed.ndjson.gz");
+    std::fs::write(&killed, &flushed).unwrap();
+    let (_, got, stats) = recording::read_all(&killed).unwrap();
+    assert_eq!(got, records[..4].to_vec());
+    assert!(stats.gzip_unfinished);
+    assert!(!stats.truncated_last_line);
+    assert!(stats.is_truncated());
+
+    // Killed while the next flush was only partly on disk.
+    let cut = flushed.len() + (more.len() - flushed.len()) / 2;
+    std::fs::write(&killed, &more[..cut]).unwrap();
+    let (_, got, stats) = recording::read_all(&killed).unwrap();
+    assert_eq!(got, records[..4].to_vec());
+    assert!(stats.is_truncated());
+}
+
+// ---- versions and things that are not recordings ----
+
+#[test]
+fn future_version_is_refused_with_advice() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v9.ndjson");
+    let text = HEADER_LINE.replace("\"version\":1", "\"version\":9")
+        + "\n{\"kind\":\"sample\",\"time_ms\":1,\"device\":0}\n";
+    std::fs::write(&path, text).unwrap();
+    let err = recording::read_all(&path).unwrap_err();
+    match &err {
+        RecordingError::UnsupportedVersion { found, supported } => {
+            assert_eq!(*found, 9);
+            assert_eq!(*supported, RECORDING_VERSION);
+        }
+        other => panic!("expected UnsupportedVersion, got {other:?}"),
+    }
+    assert!(err.to_string().contains("upgrade gpudiag"), "{err}");
+    let err = ReplayBackend::open(&path, Pace::AsFastAsPossible).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            BackendError::Recording(RecordingError::UnsupportedVersion { .. })
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn not_a_recording() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, &[u8]); 4] = [
+        ("empty.ndjson", b""),
+        ("notes.txt", b"Lorem ipsum dolor sit amet\nconsectetur\n"),
+        (
+            "other.json",
+            b"{\"format\":\"chrome-trace\",\"version\":1}\n",
+        ),
+        (
+            "binary.bin",
+            &[0x7f, b'E', b'L', b'F', 0, 1, 2, 0xff, 0xfe, b'\n'],
+        ),
+    ];
+    for (name, bytes) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let err = recording::read_all(&path).unwrap_err();
+        assert!(
+            matches!(err, RecordingError::NotARecording { .. }),
+            "{name}: {err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains(name) && msg.contains("not a gpudiag recording"),
+            "{msg}"
+        );
+    }
+}
+
+// ---- hostile input ----
+
+#[test]
+fn twenty_mib_line_is_an_error_not_an_allocation() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.ndjson");
+    let mut f = std::fs::File::create(&path).unwrap();
+    writeln!(f, "{HEADER_LINE}").unwrap();
+    let chunk = vec![b'7'; 1024 * 1024];
+    f.write_all(b"{\"kind\":\"sample\",\"time_ms\":").unwrap();
+    for _ in 0..20 {
+        f.write_all(&chunk).unwrap();
+    }
+    f.write_all(b",\"device\":0}\n").unwrap();
+    drop(f);
+    let err = recording::read_all(&path).unwrap_err();
+    match err {
+        RecordingError::LineTooLong { line, limit, .. } => {
+            assert_eq!(line, 2);
+            assert_eq!(limit, MAX_LINE_BYTES);
+        }
+        other => panic!("expected LineTooLong, got {other:?}"),
+    }
+
+    // As the first line, the file simply is not a recording.
+    let path = dir.path().join("huge_first.ndjson");
+    let mut f = std::fs::File::create(&path).unwrap();
+    for _ in 0..20 {
+        f.write_all(&chunk).unwrap();
+    }
+    drop(f);
+    let err = recording::read_all(&path).unwrap_err();
+    assert!(
+        matches!(err, RecordingError::NotARecording { .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn invalid_utf8_reports_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("latin1.ndjson");
+    let mut bytes =
+        format!("{HEADER_LINE}\n{{\"kind\":\"sample\",\"time_ms\":1,\"device\":0}}\n").into_bytes();
+    bytes.extend_from_slice(
+        b"{\"kind\":\"event\",\"time_ms\":2,\"event\":\"notice\",\"message\":\"caf\xe9\"}\n",
+    );
+    std::fs::write(&path, bytes).unwrap();
+    let err = recording::read_all(&path).unwrap_err();
+    assert!(
+        matches!(err, RecordingError::InvalidUtf8 { line: 3, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("line 3"), "{err}");
+}
+
+#[test]
+fn malformed_line_reports_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.ndjson");
+    let text = format!(
+        "{HEADER_LINE}\n{{\"kind\":\"sample\",\"time_ms\":1,\"device\":0}}\n{{\"kind\":\"sample\",,}}\n\
+         {{\"kind\":\"sample\",\"time_ms\":2,\"device\":0}}\n"
+    );
+    std::fs::write(&path, text).unwrap();
+    let err = recording::read_all(&path).unwrap_err();
+    assert!(
+        matches!(err, RecordingError::Malformed { line: 3, .. }),
+        "{err:?}"
+    );
+    let err = ReplayBackend::open(&path, Pace::AsFastAsPossible).unwrap_err();
+    assert!(err.to_string().contains("bad.ndjson line 3"), "{err}");
+}
+
+// ---- replay ----
+
+#[test]
+fn replay_groups_ticks_by_time() {
+    let mut r = ReplayBackend::open(fixture("two_gpus.ndjson"), Pace::AsFastAsPossible).unwrap();
+    assert_eq!(r.name(), "replay");
+    assert_eq!(r.pacing(), Pacing::SelfPaced);
+    assert_eq!(r.devices().len(), 2);
+    assert_eq!(r.host().hostname.as_deref(), Some("gpu-node-07"));
+    assert_eq!(r.position(), (T0, T0, T0 + 9000));
+    let mut ticks = Vec::new();
+    loop {
+        match r.poll() {
+            Ok(t) => ticks.push(t),
+            Err(BackendError::EndOfRecording) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(ticks.len(), 10);
+    for (i, t) in ticks.iter().enumerate() {
+        let ids: Vec<(u32, u64)> = t.samples.iter().map(|s| (s.device, s.time_ms)).collect();
+        let time = T0 + 1000 * i as u64;
+        assert_eq!(ids, [(0, time), (1, time)], "tick {i}");
+        // The XID was recorded just before the ninth tick's samples.
+        let xids: Vec<&EventKind> = t.events.iter().map(|e| &e.kind).collect();
+        if i == 8 {
+            assert_eq!(xids, [&EventKind::Xid { xid: 31 }]);
+        } else {
+            assert!(xids.is_empty(), "tick {i}: {xids:?}");
+        }
+    }
+    assert_eq!(ticks[8].samples[0].gpu_util_pct, Some(0.0));
+    assert!(matches!(r.poll(), Err(BackendError::EndOfRecording)));
+    assert_eq!(r.position(), (T0 + 9000, T0, T0 + 9000));
+    assert!(r.recorded_findings().is_empty());
+}
+
+#[test]
+fn replay_exposes_recorded_findings_and_reads_gzip() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rec.ndjson.gz");
+    write_file(&path, &every_record());
+    let mut r = ReplayBackend::open(&path, Pace::AsFastAsPossible).unwrap();
+    assert!(r.read_stats().gzip);
+    assert_eq!(r.recorded_findings().len(), 1);
+    assert_eq!(r.recorded_findings()[0].id, "errors.xid");
+    // Notice before the first sample; XID and device-lost between the samples at T0 and T0+500.
+    let t = r.poll().unwrap();
+    assert_eq!(t.samples.len(), 1);
+    assert_eq!(t.events.len(), 1);
+    let t = r.poll().unwrap();
+    assert_eq!(t.samples[0].time_ms, T0 + 500);
+    assert_eq!(t.events.len(), 2);
+    assert!(matches!(r.poll(), Err(BackendError::EndOfRecording)));
+}
+
+#[test]
+fn replay_at_recorded_speed_takes_the_recorded_time() {
+    // 9 s recorded at speed 100 is at least 90 ms.
+    let mut r =
+        ReplayBackend::open(fixture("two_gpus.ndjson"), Pace::Recorded { speed: 100.0 }).unwrap();
+    let start = Instant::now();
+    let mut n = 0;
+    while r.poll().is_ok() {
+        n += 1;
+    }
+    let elapsed = start.elapsed();
+    assert_eq!(n, 10);
+    assert!(elapsed >= Duration::from_millis(90), "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(9), "{elapsed:?}");
+}
+
+#[test]
+fn replay_seek() {
+    let mut r = ReplayBackend::open(fixture("ecc_error.ndjson"), Pace::AsFastAsPossible).unwrap();
+    r.seek_to(T0 + 2500);
+    let t = r.poll().unwrap();
+    assert_eq!(t.samples[0].time_ms, T0 + 3000);
+    assert_eq!(t.samples[0].ecc_uncorrected_volatile, Some(2));
+    assert_eq!(t.events[0].kind, EventKind::Xid { xid: 48 });
+    assert_eq!(r.position(), (T0 + 3000, T0, T0 + 5000));
+}
+
+#[test]
+fn replay_of_a_missing_file_names_it() {
+    let err = ReplayBackend::open("/nonexistent/rec.ndjson", Pace::AsFastAsPossible).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            BackendError::Recording(RecordingError::Io { op: "open", .. })
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("/nonexistent/rec.ndjson"), "{err}");
+}
