@@ -176,6 +176,11 @@ pub fn check(args: &CheckArgs) -> Result<CheckReport, Error> {
 
     let mut collected = Collected::default();
     let selected = source.selected.clone();
+    // A check is one report: let the slow fields (PCIe throughput, processes) arrive first, so
+    // even a single read has them. One slow round takes about 45 ms per GPU, in parallel.
+    source
+        .backend
+        .wait_for_slow_fields(Duration::from_millis(500));
     let mut sampler = Sampler::spawn(source.backend, args.interval, limit);
     let mut failure = None;
     for msg in sampler.rx.iter() {

@@ -62,6 +62,9 @@ pub trait Backend: Send {
     fn source_warnings(&self) -> Vec<String> {
         Vec::new()
     }
+    /// Live backends: waits (at most `timeout`) until the slow fields have been read once, so a
+    /// single read reports them instead of "not read yet". Others return at once.
+    fn wait_for_slow_fields(&self, _timeout: Duration) {}
     /// Live backends: the cadence of slow fields (PCIe throughput, process lists); hint only.
     fn set_slow_interval(&mut self, _interval: Duration) {}
 }

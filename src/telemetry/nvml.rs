@@ -26,7 +26,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, mpsc};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use nvml_wrapper::Nvml;
@@ -46,6 +46,7 @@ use super::{
     Absent, AbsentMap, Backend, BackendError, ComputeCapability, DeviceInfo, Event, EventKind,
     HostInfo, Pacing, ProcessSample, Sample, now_ms,
 };
+use crate::deadline::{DeadlineError, run_with_deadline};
 
 /// How often slow fields are read unless `set_slow_interval` says otherwise.
 pub const DEFAULT_SLOW_INTERVAL: Duration = Duration::from_secs(1);
@@ -91,29 +92,19 @@ impl NvmlBackend {
     /// returns `Unavailable` and leaves the thread behind (it cannot be cancelled; the program is
     /// about to exit with "could not run" anyway).
     pub fn open(init_deadline: Duration) -> Result<NvmlBackend, BackendError> {
-        let (tx, rx) = mpsc::channel();
-        std::thread::Builder::new()
-            .name("nvml-open".into())
-            .spawn(move || {
-                // The receiver may have given up waiting; nothing to do about that.
-                let _ = tx.send(open_blocking());
-            })
-            .map_err(|e| {
-                BackendError::Unavailable(format!("could not start the NVML thread: {e}"))
-            })?;
-        let opened = match rx.recv_timeout(init_deadline) {
+        let opened = match run_with_deadline("nvml-open", init_deadline, open_blocking) {
             Ok(result) => result?,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
+            Err(DeadlineError::TimedOut(_)) => {
                 return Err(BackendError::Unavailable(format!(
                     "NVML initialisation did not finish within {} s: the NVIDIA driver may be \
                      hung (does nvidia-smi answer?)",
                     fmt_secs(init_deadline)
                 )));
             }
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(BackendError::Unavailable(
-                    "NVML initialisation stopped unexpectedly".into(),
-                ));
+            Err(e) => {
+                return Err(BackendError::Unavailable(format!(
+                    "NVML initialisation failed: {e}"
+                )));
             }
         };
 
@@ -209,6 +200,13 @@ impl Backend for NvmlBackend {
             tick.samples.push(sample);
         }
         Ok(tick)
+    }
+
+    fn wait_for_slow_fields(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        for slot in &self.slots {
+            slot.wait_first_round(deadline);
+        }
     }
 
     fn set_slow_interval(&mut self, interval: Duration) {
@@ -723,9 +721,12 @@ impl SlowReading {
 
 /// Per-device state shared by `poll()` and that device's slow reader.
 struct DeviceSlot {
-    /// Written whole by the reader after it has finished its NVML calls, so `poll()` only ever
-    /// waits for a clone-sized critical section.
+    /// Written by the reader only after each stage's NVML calls have returned, so `poll()`
+    /// only ever waits for a clone-sized critical section.
     latest: Mutex<SlowReading>,
+    /// Completed slow rounds, with a condvar so a caller can wait for the first one.
+    rounds: Mutex<u64>,
+    round_done: Condvar,
     /// Set by `poll()` when the GPU is lost; the reader then stops calling NVML.
     lost: AtomicBool,
 }
@@ -739,6 +740,29 @@ struct SlowShared {
 struct SlowControl {
     stop: bool,
     interval: Duration,
+}
+
+impl DeviceSlot {
+    fn finish_round(&self) {
+        *lock(&self.rounds) += 1;
+        self.round_done.notify_all();
+    }
+
+    /// Waits until at least one slow round has completed or `deadline` passes.
+    fn wait_first_round(&self, deadline: Instant) {
+        let mut rounds = lock(&self.rounds);
+        while *rounds == 0 && !self.lost.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            rounds = self
+                .round_done
+                .wait_timeout(rounds, deadline - now)
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+        }
+    }
 }
 
 impl SlowShared {
@@ -771,6 +795,8 @@ impl SlowShared {
 fn start_slow_reader(nvml: &Arc<Nvml>, index: u32, shared: &Arc<SlowShared>) -> Arc<DeviceSlot> {
     let slot = Arc::new(DeviceSlot {
         latest: Mutex::new(SlowReading::all(Absent::NotYetRead)),
+        rounds: Mutex::new(0),
+        round_done: Condvar::new(),
         lost: AtomicBool::new(false),
     });
     let (nvml, thread_slot, shared) = (Arc::clone(nvml), Arc::clone(&slot), Arc::clone(shared));
@@ -792,37 +818,46 @@ fn slow_loop(nvml: &Nvml, index: u32, slot: &DeviceSlot, shared: &SlowShared) {
             return;
         }
         let started = Instant::now();
-        let reading = read_slow(nvml, index, &mut util_since);
-        *lock(&slot.latest) = reading;
+        read_slow(nvml, index, &mut util_since, slot);
+        slot.finish_round();
         if !shared.sleep_until_next(started) {
             return;
         }
     }
 }
 
-/// One slow round for one device. `util_since` is the newest per-process utilisation sample
-/// seen so far (NVML's CPU timestamp, µs), so each round averages only new samples.
-fn read_slow(nvml: &Nvml, index: u32, util_since: &mut Option<u64>) -> SlowReading {
+/// One slow round for one device, published in stages from cheapest to dearest so that a
+/// reader waiting for the first round gets the counters and link state in a few milliseconds
+/// and only the PCIe throughput (two ~20 ms calls) last. `util_since` is the newest
+/// per-process utilisation sample seen so far (NVML's CPU timestamp, µs), so each round
+/// averages only new samples.
+fn read_slow(nvml: &Nvml, index: u32, util_since: &mut Option<u64>, slot: &DeviceSlot) {
     let dev = match nvml.device_by_index(index) {
         Ok(dev) => dev,
-        Err(e) => return SlowReading::all(absent_from(&e)),
+        Err(e) => {
+            *lock(&slot.latest) = SlowReading::all(absent_from(&e));
+            return;
+        }
     };
     let energy = dev.total_energy_consumption();
     let link_gen = dev.current_pcie_link_gen();
     let link_width = dev.current_pcie_link_width();
     let replays = dev.pcie_replay_counter();
+    {
+        let mut latest = lock(&slot.latest);
+        latest.energy_j = energy.map(mj_to_j).map_err(|e| absent_from(&e));
+        latest.pcie_gen = link_gen.map_err(|e| absent_from(&e));
+        latest.pcie_width = link_width.map_err(|e| absent_from(&e));
+        latest.pcie_replay_count = replays.map(u64::from).map_err(|e| absent_from(&e));
+    }
+    let processes = read_processes(nvml, &dev, util_since);
+    lock(&slot.latest).processes = processes;
     // Each of these blocks ~20 ms: NVML samples the PCIe counters over that window.
     let rx = dev.pcie_throughput(PcieUtilCounter::Receive);
     let tx = dev.pcie_throughput(PcieUtilCounter::Send);
-    SlowReading {
-        energy_j: energy.map(mj_to_j).map_err(|e| absent_from(&e)),
-        pcie_gen: link_gen.map_err(|e| absent_from(&e)),
-        pcie_width: link_width.map_err(|e| absent_from(&e)),
-        pcie_replay_count: replays.map(u64::from).map_err(|e| absent_from(&e)),
-        pcie_rx_bytes_per_s: rx.map(kb_per_s_to_bytes).map_err(|e| absent_from(&e)),
-        pcie_tx_bytes_per_s: tx.map(kb_per_s_to_bytes).map_err(|e| absent_from(&e)),
-        processes: read_processes(nvml, &dev, util_since),
-    }
+    let mut latest = lock(&slot.latest);
+    latest.pcie_rx_bytes_per_s = rx.map(kb_per_s_to_bytes).map_err(|e| absent_from(&e));
+    latest.pcie_tx_bytes_per_s = tx.map(kb_per_s_to_bytes).map_err(|e| absent_from(&e));
 }
 
 fn read_processes(

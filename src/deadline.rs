@@ -1,0 +1,72 @@
+//! Running a vendor call that may hang (a wedged driver) under a deadline.
+//!
+//! A blocking C call cannot be cancelled, so the call runs on its own thread and the caller
+//! stops waiting at the deadline; the thread is left behind. That is acceptable for calls made
+//! once (library initialisation) where the program reports the hang and exits or degrades.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// The call did not finish in time (or its thread could not start / died).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeadlineError {
+    #[error("did not finish within {0:?}")]
+    TimedOut(Duration),
+    #[error("could not start a thread for it: {0}")]
+    Spawn(String),
+    #[error("its thread stopped without an answer")]
+    Died,
+}
+
+/// Runs `f` on a named thread and waits at most `deadline` for its result.
+pub fn run_with_deadline<T: Send + 'static>(
+    name: &str,
+    deadline: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, DeadlineError> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            // The caller may have stopped waiting; nothing to do about that.
+            let _ = tx.send(f());
+        })
+        .map_err(|e| DeadlineError::Spawn(e.to_string()))?;
+    match rx.recv_timeout(deadline) {
+        Ok(v) => Ok(v),
+        Err(mpsc::RecvTimeoutError::Timeout) => Err(DeadlineError::TimedOut(deadline)),
+        Err(mpsc::RecvTimeoutError::Disconnected) => Err(DeadlineError::Died),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn a_quick_call_returns_its_value() {
+        assert_eq!(
+            run_with_deadline("quick", Duration::from_secs(5), || 42),
+            Ok(42)
+        );
+    }
+
+    #[test]
+    fn a_hung_call_is_abandoned_at_the_deadline() {
+        let start = Instant::now();
+        let r = run_with_deadline("hung", Duration::from_millis(100), || {
+            std::thread::sleep(Duration::from_secs(30));
+        });
+        assert_eq!(r, Err(DeadlineError::TimedOut(Duration::from_millis(100))));
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_panicking_call_is_reported_not_propagated() {
+        let r: Result<(), _> = run_with_deadline("panics", Duration::from_secs(5), || {
+            panic!("vendor library crashed")
+        });
+        assert_eq!(r, Err(DeadlineError::Died));
+    }
+}
