@@ -14,6 +14,7 @@ use crate::report::check::{
 };
 use crate::report::environment;
 use crate::rules::{self, RuleInput};
+use crate::telemetry::nvml::{NvmlBackend, SlowFields};
 use crate::telemetry::recording::{Header, RecordingError, RecordingWriter};
 use crate::telemetry::replay::{Pace, ReplayBackend};
 use crate::telemetry::sampler::{Sampler, SamplerMsg};
@@ -56,7 +57,7 @@ impl DeviceFilter {
 }
 
 /// Opens live NVML, a recording, or the demo, as the flags say.
-pub fn open_source(args: &SourceArgs, pace: Pace) -> Result<Source, Error> {
+pub fn open_source(args: &SourceArgs, pace: Pace, one_shot: bool) -> Result<Source, Error> {
     let (backend, recording): (Box<dyn Backend>, Option<String>) = if args.demo {
         let b = ReplayBackend::from_reader(DEMO_RECORDING, pace)?;
         (Box::new(b), Some(DEMO_NAME.into()))
@@ -64,7 +65,12 @@ pub fn open_source(args: &SourceArgs, pace: Pace) -> Result<Source, Error> {
         let b = ReplayBackend::open(path, pace)?;
         (Box::new(b), Some(path.display().to_string()))
     } else {
-        let b = crate::telemetry::nvml::NvmlBackend::open(args.init_timeout)?;
+        let slow = if one_shot {
+            SlowFields::InPoll
+        } else {
+            SlowFields::Background
+        };
+        let b = NvmlBackend::open_with(args.init_timeout, slow)?;
         (Box::new(b), None)
     };
     let selected = select_devices(backend.devices(), &args.devices)?;
@@ -159,7 +165,8 @@ impl Collected {
 /// `gpudiag check`.
 pub fn check(args: &CheckArgs) -> Result<CheckReport, Error> {
     let is_replay = args.source.demo || args.source.replay.is_some();
-    let source = open_source(&args.source, Pace::AsFastAsPossible)?;
+    let single_read = !is_replay && args.window == Some(Duration::ZERO);
+    let source = open_source(&args.source, Pace::AsFastAsPossible, single_read)?;
     let libraries = (!is_replay).then(environment::detect_libraries);
     // A replay reads the whole recording and keeps the window's end; a live check samples for
     // exactly the window.
@@ -174,6 +181,7 @@ pub fn check(args: &CheckArgs) -> Result<CheckReport, Error> {
     let source_warnings = source.backend.source_warnings();
     let recording = source.recording.clone();
 
+    let mut source = source;
     let mut collected = Collected::default();
     let selected = source.selected.clone();
     // A check is one report: let the slow fields (PCIe throughput, processes) arrive first, so
@@ -181,18 +189,27 @@ pub fn check(args: &CheckArgs) -> Result<CheckReport, Error> {
     source
         .backend
         .wait_for_slow_fields(Duration::from_millis(500));
-    let mut sampler = Sampler::spawn(source.backend, args.interval, limit);
     let mut failure = None;
-    for msg in sampler.rx.iter() {
-        match msg {
-            SamplerMsg::Tick(t) => collected.push(selected.apply(t)),
-            SamplerMsg::Ended(e) => {
-                failure = e;
-                break;
+    if limit == Some(Duration::ZERO) {
+        // A single read needs no sampler thread; every thread that calls NVML costs resident
+        // memory, and `check --window 0` is held to nvidia-smi's footprint.
+        match source.backend.poll() {
+            Ok(t) => collected.push(selected.apply(t)),
+            Err(e) => failure = Some(e),
+        }
+    } else {
+        let mut sampler = Sampler::spawn(source.backend, args.interval, limit);
+        for msg in sampler.rx.iter() {
+            match msg {
+                SamplerMsg::Tick(t) => collected.push(selected.apply(t)),
+                SamplerMsg::Ended(e) => {
+                    failure = e;
+                    break;
+                }
             }
         }
+        sampler.stop();
     }
-    sampler.stop();
     let mut warnings = source_warnings;
     match failure {
         Some(e) if collected.tick_times.is_empty() => return Err(e.into()),
@@ -265,7 +282,7 @@ pub fn check(args: &CheckArgs) -> Result<CheckReport, Error> {
 
 /// `gpudiag record`. Returns the number of ticks written.
 pub fn record(args: &RecordArgs, stop: Arc<AtomicBool>) -> Result<u64, Error> {
-    let source = open_source(&args.source, Pace::AsFastAsPossible)?;
+    let source = open_source(&args.source, Pace::AsFastAsPossible, false)?;
     // A replay plays at its own recorded spacing, so --interval says nothing about it.
     let interval_ms = source
         .recording

@@ -140,3 +140,45 @@ fn record_then_replay_round_trips() {
         report.source.warnings
     );
 }
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn interrupted_recording_keeps_everything_sampled() {
+    let dir = tempfile::tempdir().unwrap();
+    for (signal, name) in [("-INT", "int.ndjson.gz"), ("-TERM", "term.ndjson")] {
+        let file = dir.path().join(name);
+        let mut child = gpudiag()
+            .args(["record", "--interval", "100ms", "-o"])
+            .arg(&file)
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let killed = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = child.wait().unwrap();
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "{signal}: a signal ends a recording cleanly"
+        );
+        let out = gpudiag()
+            .args(["check", "--json", "--replay"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let report: CheckReport = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(
+            report.window.ticks >= 10,
+            "{signal}: ticks {}",
+            report.window.ticks
+        );
+        assert!(
+            report.source.warnings.is_empty(),
+            "{signal}: the file was finished, not cut off: {:?}",
+            report.source.warnings
+        );
+    }
+}

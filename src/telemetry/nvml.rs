@@ -58,6 +58,16 @@ pub const MIN_SLOW_INTERVAL: Duration = Duration::from_millis(100);
 /// `NVML_DEVICE_MIG_ENABLE` from nvml.h (the sys crate that defines it is not re-exported).
 const NVML_DEVICE_MIG_ENABLE: u32 = 1;
 
+/// Where the slow fields (PCIe throughput, processes, counters) are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlowFields {
+    /// One reader thread per device on its own cadence; `poll()` never waits for them.
+    Background,
+    /// Inside `poll()` itself, for a single read (`check --window 0`): no extra threads, each of
+    /// which would cost NVML per-thread state and resident memory.
+    InPoll,
+}
+
 /// Live telemetry from every GPU NVML sees.
 pub struct NvmlBackend {
     nvml: Arc<Nvml>,
@@ -66,6 +76,9 @@ pub struct NvmlBackend {
     /// One per device, same order as `devices`.
     slots: Vec<Arc<DeviceSlot>>,
     slow: Arc<SlowShared>,
+    slow_fields: SlowFields,
+    /// `SlowFields::InPoll`: the per-process utilisation cursor of each device.
+    util_since: Vec<Option<u64>>,
 }
 
 impl std::fmt::Debug for NvmlBackend {
@@ -92,6 +105,14 @@ impl NvmlBackend {
     /// returns `Unavailable` and leaves the thread behind (it cannot be cancelled; the program is
     /// about to exit with "could not run" anyway).
     pub fn open(init_deadline: Duration) -> Result<NvmlBackend, BackendError> {
+        Self::open_with(init_deadline, SlowFields::Background)
+    }
+
+    /// `open`, choosing where the slow fields are read.
+    pub fn open_with(
+        init_deadline: Duration,
+        slow_fields: SlowFields,
+    ) -> Result<NvmlBackend, BackendError> {
         let opened = match run_with_deadline("nvml-open", init_deadline, open_blocking) {
             Ok(result) => result?,
             Err(DeadlineError::TimedOut(_)) => {
@@ -119,14 +140,23 @@ impl NvmlBackend {
         let slots = opened
             .devices
             .iter()
-            .map(|info| start_slow_reader(&nvml, info.index, &slow))
+            .map(|info| {
+                let slot = Arc::new(DeviceSlot::new());
+                if slow_fields == SlowFields::Background {
+                    start_slow_reader(&nvml, info.index, &slot, &slow);
+                }
+                slot
+            })
             .collect();
+        let util_since = vec![None; opened.devices.len()];
         Ok(NvmlBackend {
             nvml,
             host: opened.host,
             devices: opened.devices,
             slots,
             slow,
+            slow_fields,
+            util_since,
         })
     }
 
@@ -184,6 +214,19 @@ impl Backend for NvmlBackend {
         // One timestamp for the whole tick, so devices line up in history and traces.
         let time_ms = now_ms();
         let mut tick = super::Tick::default();
+        if self.slow_fields == SlowFields::InPoll {
+            for ((info, slot), since) in self
+                .devices
+                .iter()
+                .zip(&self.slots)
+                .zip(&mut self.util_since)
+            {
+                if !slot.lost.load(Ordering::Relaxed) {
+                    read_slow(&self.nvml, info.index, since, slot);
+                    slot.finish_round();
+                }
+            }
+        }
         for (info, slot) in self.devices.iter().zip(&self.slots) {
             let was_lost = slot.lost.load(Ordering::Relaxed);
             let sample = self.sample_device(info, slot, time_ms);
@@ -203,6 +246,10 @@ impl Backend for NvmlBackend {
     }
 
     fn wait_for_slow_fields(&self, timeout: Duration) {
+        if self.slow_fields == SlowFields::InPoll {
+            // Read inside every poll: nothing to wait for.
+            return;
+        }
         let deadline = Instant::now() + timeout;
         for slot in &self.slots {
             slot.wait_first_round(deadline);
@@ -743,6 +790,15 @@ struct SlowControl {
 }
 
 impl DeviceSlot {
+    fn new() -> Self {
+        DeviceSlot {
+            latest: Mutex::new(SlowReading::all(Absent::NotYetRead)),
+            rounds: Mutex::new(0),
+            round_done: Condvar::new(),
+            lost: AtomicBool::new(false),
+        }
+    }
+
     fn finish_round(&self) {
         *lock(&self.rounds) += 1;
         self.round_done.notify_all();
@@ -792,14 +848,13 @@ impl SlowShared {
     }
 }
 
-fn start_slow_reader(nvml: &Arc<Nvml>, index: u32, shared: &Arc<SlowShared>) -> Arc<DeviceSlot> {
-    let slot = Arc::new(DeviceSlot {
-        latest: Mutex::new(SlowReading::all(Absent::NotYetRead)),
-        rounds: Mutex::new(0),
-        round_done: Condvar::new(),
-        lost: AtomicBool::new(false),
-    });
-    let (nvml, thread_slot, shared) = (Arc::clone(nvml), Arc::clone(&slot), Arc::clone(shared));
+fn start_slow_reader(
+    nvml: &Arc<Nvml>,
+    index: u32,
+    slot: &Arc<DeviceSlot>,
+    shared: &Arc<SlowShared>,
+) {
+    let (nvml, thread_slot, shared) = (Arc::clone(nvml), Arc::clone(slot), Arc::clone(shared));
     let spawned = std::thread::Builder::new()
         .name(format!("nvml-slow-{index}"))
         .spawn(move || slow_loop(&nvml, index, &thread_slot, &shared));
@@ -808,7 +863,6 @@ fn start_slow_reader(nvml: &Arc<Nvml>, index: u32, shared: &Arc<SlowShared>) -> 
             "could not start the slow reader: {e}"
         )));
     }
-    slot
 }
 
 fn slow_loop(nvml: &Nvml, index: u32, slot: &DeviceSlot, shared: &SlowShared) {
