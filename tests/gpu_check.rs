@@ -31,6 +31,20 @@ fn nvidia_smi() -> Vec<Vec<Option<f64>>> {
         .collect()
 }
 
+/// Schemas are read relative to the working directory: on the GPU host the tests run from the
+/// repository root, where the build machine's paths do not exist.
+fn validate_against_schema(report: &serde_json::Value) {
+    let text = std::fs::read_to_string("assets/schema/check-report.schema.json")
+        .expect("run from the repository root");
+    let schema: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let validator = jsonschema::draft202012::new(&schema).unwrap();
+    let errors: Vec<String> = validator
+        .iter_errors(report)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "schema errors: {errors:#?}");
+}
+
 fn check_json(extra: &[&str]) -> CheckReport {
     let out = gpudiag()
         .args(["check", "--json"])
@@ -43,7 +57,9 @@ fn check_json(extra: &[&str]) -> CheckReport {
         out.status.code(),
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("check --json is a check report")
+    let value: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    validate_against_schema(&value);
+    serde_json::from_value(value).expect("check --json is a check report")
 }
 
 /// `ours` must lie within `tol` of the range nvidia-smi showed before and after.
