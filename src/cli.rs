@@ -27,6 +27,10 @@ pub struct Cli {
     /// Show the bundled demo recording (a real GPU going from idle to load and back).
     #[arg(long)]
     pub demo: bool,
+    /// Rule thresholds from this TOML file instead of $GPUDIAG_CONFIG or
+    /// $XDG_CONFIG_HOME/gpudiag/config.toml (see `gpudiag config --default`).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -37,6 +41,15 @@ pub enum Command {
     /// Record telemetry to an NDJSON file (gzip when the name ends in .gz).
     #[command(after_help = EXIT_CODES_HELP)]
     Record(RecordArgs),
+    /// Show the configuration (rule thresholds and windows).
+    Config(ConfigArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ConfigArgs {
+    /// Print the full default configuration file, a comment per key.
+    #[arg(long)]
+    pub default: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

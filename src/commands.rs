@@ -7,18 +7,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::cli::{CheckArgs, RecordArgs, SourceArgs};
+use crate::config::Config;
 use crate::error::Error;
 use crate::history::History;
 use crate::report::check::{
     self, CHECK_SCHEMA_VERSION, CheckReport, DeviceReport, SourceInfo, ToolInfo, WindowInfo,
 };
 use crate::report::environment;
-use crate::rules::{self, RuleInput};
+use crate::rules::{self, RuleEngine};
 use crate::telemetry::nvml::{NvmlBackend, SlowFields};
 use crate::telemetry::recording::{Header, RecordingError, RecordingWriter};
 use crate::telemetry::replay::{Pace, ReplayBackend};
 use crate::telemetry::sampler::{Sampler, SamplerMsg};
-use crate::telemetry::{Backend, DeviceInfo, Event, Sample, Tick, TimeMs, now_ms};
+use crate::telemetry::{Backend, DeviceInfo, Event, EventKind, Sample, Tick, TimeMs, now_ms};
 
 /// The demo recording shipped inside the binary: a real GPU going from idle to load and back.
 pub const DEMO_RECORDING: &[u8] = include_bytes!("../assets/demo/demo.ndjson.gz");
@@ -120,23 +121,36 @@ pub fn select_devices(devices: &[DeviceInfo], selectors: &[String]) -> Result<De
         .map(DeviceFilter)
 }
 
-/// Everything the pipeline gathered from a source.
-#[derive(Default)]
+/// Everything the pipeline gathered from a source, with the rules judging it as it arrives.
 pub struct Collected {
     pub history: History,
     pub latest: BTreeMap<u32, Sample>,
     /// The time of every tick that carried samples, in order.
     pub tick_times: Vec<TimeMs>,
     pub events: Vec<Event>,
+    pub engine: RuleEngine,
 }
 
 impl Collected {
+    pub fn new(engine: RuleEngine) -> Self {
+        Collected {
+            history: History::default(),
+            latest: BTreeMap::new(),
+            tick_times: Vec::new(),
+            events: Vec::new(),
+            engine,
+        }
+    }
+
     pub fn push(&mut self, tick: Tick) {
         if let Some(t) = tick.samples.iter().map(|s| s.time_ms).max() {
             self.tick_times.push(t);
         }
+        for s in &tick.samples {
+            self.history.push_sample(s);
+        }
+        self.engine.on_tick(&self.history, &tick);
         for s in tick.samples {
-            self.history.push_sample(&s);
             self.latest.insert(s.device, s);
         }
         self.events.extend(tick.events);
@@ -160,10 +174,37 @@ impl Collected {
     pub fn last_ms(&self) -> Option<TimeMs> {
         self.tick_times.last().copied()
     }
+
+    /// The findings a check reports: every problem raised while sampling, or, when only the end
+    /// of a recording is judged, those raised in that end plus what is still active at its end.
+    pub fn findings(&self, window: Option<Duration>) -> Vec<rules::Finding> {
+        let raised = self.engine.raised();
+        let (Some(window), Some(end)) = (window, self.last_ms()) else {
+            return raised;
+        };
+        // The same half-open window as `keep_last`: (end − window, end].
+        let start = end.saturating_sub(window.as_millis() as u64) + 1;
+        // Events are judged by when they happened; windowed and environment findings by the
+        // state at the end.
+        let mut out: Vec<rules::Finding> = self
+            .engine
+            .active()
+            .into_iter()
+            .filter(|f| f.time_ms >= start || !f.id.starts_with("errors.xid_"))
+            .collect();
+        for f in raised {
+            let seen = out.iter().any(|a| a.id == f.id && a.device == f.device);
+            if f.time_ms >= start && !seen {
+                out.push(f);
+            }
+        }
+        rules::sort(&mut out);
+        out
+    }
 }
 
 /// `gpudiag check`.
-pub fn check(args: &CheckArgs) -> Result<CheckReport, Error> {
+pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
     let is_replay = args.source.demo || args.source.replay.is_some();
     let single_read = !is_replay && args.window == Some(Duration::ZERO);
     let source = open_source(&args.source, Pace::AsFastAsPossible, single_read)?;
@@ -182,7 +223,13 @@ pub fn check(args: &CheckArgs) -> Result<CheckReport, Error> {
     let recording = source.recording.clone();
 
     let mut source = source;
-    let mut collected = Collected::default();
+    let engine = RuleEngine::new(
+        config.rules.clone(),
+        devices.clone(),
+        Some(host.clone()),
+        libraries.clone(),
+    );
+    let mut collected = Collected::new(engine);
     let selected = source.selected.clone();
     // A check is one report: let the slow fields (PCIe throughput, processes) arrive first, so
     // even a single read has them. One slow round takes about 45 ms per GPU, in parallel.
@@ -219,20 +266,18 @@ pub fn check(args: &CheckArgs) -> Result<CheckReport, Error> {
     if collected.tick_times.is_empty() {
         return Err(Error::Usage("the source holds no telemetry samples".into()));
     }
+    for e in &collected.events {
+        if let EventKind::Notice { message } = &e.kind {
+            warnings.push(message.clone());
+        }
+    }
+    collected.engine.finish(&collected.history);
     // Replays with a window judge only its end; live runs sampled exactly the window.
     let summary_window = if is_replay { args.window } else { None };
     if let Some(w) = summary_window {
         collected.keep_last(w);
     }
-
-    let now = collected.last_ms().unwrap_or_else(now_ms);
-    let findings = rules::evaluate(&RuleInput {
-        devices: &devices,
-        history: &collected.history,
-        latest: &collected.latest,
-        events: &collected.events,
-        now_ms: now,
-    });
+    let findings = collected.findings(summary_window);
     let fail_on = args.fail_on.into();
     let exit_code = check::exit_code_for(&findings, fail_on);
     let status = check::status_of(&findings);

@@ -2,6 +2,7 @@
 
 pub mod cli;
 pub mod commands;
+pub mod config;
 pub mod deadline;
 pub mod error;
 pub mod history;

@@ -8,6 +8,7 @@ use clap::Parser;
 
 use gpudiag::cli::{CheckArgs, Cli, Command, FailOn, SourceArgs};
 use gpudiag::commands;
+use gpudiag::config::{Config, DEFAULT_CONFIG_TOML};
 use gpudiag::error::{Error, exit};
 use gpudiag::report::text;
 
@@ -24,26 +25,38 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<i32, Error> {
+    let config = || Config::load(cli.config.as_deref()).map_err(|e| Error::Usage(e.to_string()));
     match cli.command {
-        Some(Command::Check(args)) => check(&args),
-        Some(Command::Record(args)) => {
+        Some(Command::Check(ref args)) => check(args, &config()?),
+        Some(Command::Config(ref args)) => {
+            let text = if args.default {
+                DEFAULT_CONFIG_TOML.to_owned()
+            } else {
+                let c = config()?;
+                toml::to_string_pretty(&c)
+                    .map_err(|e| Error::CannotRun(format!("could not print the config: {e}")))?
+            };
+            commands::print(&text)?;
+            Ok(exit::OK)
+        }
+        Some(Command::Record(ref args)) => {
             let stop = Arc::new(AtomicBool::new(false));
             let flag = stop.clone();
             // Ctrl-C ends the recording cleanly: the sampler stops and the file is finished.
             let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
-            let ticks = commands::record(&args, stop)?;
+            let ticks = commands::record(args, stop)?;
             eprintln!(
                 "gpudiag: recorded {ticks} tick(s) to {}",
                 args.output.display()
             );
             Ok(exit::OK)
         }
-        None => default_view(cli.demo),
+        None => default_view(cli.demo, &config()?),
     }
 }
 
-fn check(args: &CheckArgs) -> Result<i32, Error> {
-    let report = commands::check(args)?;
+fn check(args: &CheckArgs, config: &Config) -> Result<i32, Error> {
+    let report = commands::check(args, config)?;
     if args.json {
         let json = serde_json::to_string_pretty(&report)
             .map_err(|e| Error::CannotRun(format!("could not serialise the report: {e}")))?;
@@ -56,7 +69,7 @@ fn check(args: &CheckArgs) -> Result<i32, Error> {
 
 /// Until the terminal UI lands, `gpudiag` shows the check summary; with no GPU it says so in one
 /// line and shows the bundled demo recording instead.
-fn default_view(demo: bool) -> Result<i32, Error> {
+fn default_view(demo: bool, config: &Config) -> Result<i32, Error> {
     let mut args = CheckArgs {
         source: SourceArgs {
             devices: Vec::new(),
@@ -69,14 +82,14 @@ fn default_view(demo: bool) -> Result<i32, Error> {
         interval: std::time::Duration::from_millis(100),
         fail_on: FailOn::Fail,
     };
-    match check(&args) {
+    match check(&args, config) {
         Err(Error::CannotRun(why)) if !demo => {
             eprintln!(
                 "gpudiag: no live NVIDIA GPU here ({why}); showing the bundled demo recording \
                  (gpudiag --demo)"
             );
             args.source.demo = true;
-            check(&args)
+            check(&args, config)
         }
         other => other,
     }

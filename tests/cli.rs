@@ -190,15 +190,19 @@ fn ecc_errors_exit_1_and_name_their_findings() {
 
 #[test]
 fn fail_on_sets_the_severity_that_exits_1() {
-    // two_gpus has one warning (XID 31) and nothing worse.
+    // two_gpus has one warning (XID 31), the power cap as information, and nothing worse.
     let path = fixture("two_gpus.ndjson");
     let default = check_replay(&path, &[]);
     assert_eq!(default.code, 0);
     let report = default.report();
     assert_eq!(report.status, Status::Warn);
     assert_eq!(report.fail_on, Severity::Fail);
-    assert_eq!(ids(&report.devices[0].findings), ["errors.xid_31"]);
+    assert_eq!(
+        ids(&report.devices[0].findings),
+        ["errors.xid_31", "throttle.sw_power_cap"]
+    );
     assert_eq!(report.devices[0].findings[0].severity, Severity::Warn);
+    assert_eq!(report.devices[0].findings[1].severity, Severity::Info);
 
     let warn = check_replay(&path, &["--fail-on", "warn"]);
     assert_eq!(warn.code, 1, "{}", warn.stderr);
@@ -476,7 +480,10 @@ fn device_uuid_selects_that_gpu_in_any_case() {
         let report = run.report();
         assert_eq!(report.devices.len(), 1, "{sel}");
         assert_eq!(report.devices[0].info.index, 0);
-        assert_eq!(ids(&report.devices[0].findings), ["errors.xid_31"]);
+        assert_eq!(
+            ids(&report.devices[0].findings),
+            ["errors.xid_31", "throttle.sw_power_cap"]
+        );
     }
     let run = check_replay(
         &fixture("two_gpus.ndjson"),
@@ -525,10 +532,14 @@ fn window_on_a_replay_keeps_only_the_end() {
     for stats in report.devices.iter().flat_map(|d| d.summary.values()) {
         assert_eq!(stats.count, 2, "{stats:?}");
     }
-    // The XID at +7.42 s is inside the last 2 s, and outside the last 1 s.
-    assert_eq!(ids(&report.devices[0].findings), ["errors.xid_31"]);
+    // The XID at +7.42 s is inside the last 2 s, and outside the last 1 s. The power cap is
+    // judged over its own (60 s) window ending at the end, so it is still active there.
+    assert_eq!(
+        ids(&report.devices[0].findings),
+        ["errors.xid_31", "throttle.sw_power_cap"]
+    );
     let one = check_replay(&path, &["--window", "1s"]).report();
-    assert!(one.devices[0].findings.is_empty());
+    assert_eq!(ids(&one.devices[0].findings), ["throttle.sw_power_cap"]);
     assert_eq!(one.status, Status::Healthy);
     assert!(one.window.covered_s <= 1.0, "{:?}", one.window);
     assert_eq!(one.window.end_ms, Some(T0 + 9000));
@@ -870,7 +881,7 @@ fn text_output_of_a_card_with_a_fan_and_processes() {
         "pid 5151  python3  n/a GiB",
         "[warn] XID 94: contained ECC error",
         "host findings:\n  [info] XID 157",
-        "status: warn (0 fail, 1 warn, 1 info) · exit code 0",
+        "status: warn (0 fail, 1 warn, 2 info) · exit code 0",
     ] {
         assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
     }

@@ -64,6 +64,7 @@ fn every_record() -> Vec<Record> {
         used_memory_bytes: Some(121_030_000_640),
         sm_util_pct: Some(97.0),
         container_id: Some("3f1c9a".into()),
+        container_pid: Some(57),
     }]);
     s.absent.insert("fan_pct".into(), Absent::NotSupported);
     s.absent.insert(

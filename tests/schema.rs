@@ -486,7 +486,8 @@ fn report_deserialises_into_the_typed_report_and_back() {
     assert_eq!(latest.fan_pct, None);
     assert_eq!(latest.why_absent("fan_pct"), Some(&Absent::NotSupported));
     assert_eq!(latest.power_w, Some(112.3));
-    assert_eq!(d0.findings.len(), 1);
+    assert_eq!(d0.findings.len(), 2);
+    assert_eq!(d0.findings[1].id, "throttle.sw_power_cap");
     let f = &d0.findings[0];
     assert_eq!(f.id, "errors.xid_31");
     assert_eq!(f.severity, Severity::Warn);

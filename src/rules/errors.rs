@@ -70,6 +70,7 @@ fn xid_advice(severity: Severity) -> &'static str {
     }
 }
 
+/// Counters and flags of the newest sample of each device.
 pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
     let mut out = Vec::new();
     for (&device, s) in input.latest {
@@ -130,6 +131,12 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
             });
         }
     }
+    out
+}
+
+/// XIDs: each event becomes one finding, stamped with the event's time.
+pub fn evaluate_events(input: &RuleInput<'_>) -> Vec<Finding> {
+    let mut out = Vec::new();
     for e in input.events {
         let EventKind::Xid { xid } = e.kind else {
             continue;
@@ -162,13 +169,21 @@ mod tests {
 
     fn run(latest: BTreeMap<u32, Sample>, events: Vec<Event>) -> Vec<Finding> {
         let history = History::default();
-        evaluate(&RuleInput {
+        let config = crate::config::RulesConfig::default();
+        let input = RuleInput {
             devices: &[],
             history: &history,
             latest: &latest,
             events: &events,
             now_ms: 1000,
-        })
+            config: &config,
+            host: None,
+            libraries: None,
+            process_memory: None,
+        };
+        let mut f = evaluate(&input);
+        f.extend(evaluate_events(&input));
+        f
     }
 
     #[test]

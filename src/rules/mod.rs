@@ -1,4 +1,10 @@
 //! Rules: pure functions over the history and device info that produce findings.
+//!
+//! One file per family. Each family reads a `RuleInput` (history, latest samples, events, static
+//! device info, thresholds) and returns findings; none keeps state. `engine::RuleEngine` is the
+//! live driver: it feeds ticks, keeps the little state rules need across ticks (per-process
+//! memory for leaks), and evaluates the windowed rules on a fixed cadence, so the cost per tick
+//! depends on the window lengths, never on how long the history has grown.
 
 use serde::{Deserialize, Serialize};
 
@@ -48,12 +54,25 @@ pub struct Finding {
     pub advice: String,
 }
 
+pub mod engine;
+pub mod environment;
 pub mod errors;
+pub mod memory;
+pub mod pcie;
+pub mod thermal;
+pub mod throttle;
+pub mod utilisation;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use crate::config::RulesConfig;
 use crate::history::History;
-use crate::telemetry::{DeviceInfo, Event, Sample};
+use crate::report::environment::LibraryInfo;
+use crate::telemetry::{DeviceInfo, Event, HostInfo, Metric, Sample};
+
+pub use engine::RuleEngine;
+pub use memory::ProcessMemory;
 
 /// Everything a rule may look at. Rules are pure: the same input gives the same findings.
 pub struct RuleInput<'a> {
@@ -61,17 +80,47 @@ pub struct RuleInput<'a> {
     pub history: &'a History,
     /// The newest sample per device (for flags and counters that are not series).
     pub latest: &'a BTreeMap<u32, Sample>,
-    /// Events seen in the window (XIDs, lost devices).
+    /// Events to judge (XIDs, lost devices); each is judged once by the engine.
     pub events: &'a [Event],
     /// The time findings are stamped with.
     pub now_ms: TimeMs,
+    pub config: &'a RulesConfig,
+    /// Host facts (driver and the CUDA version it supports), when known.
+    pub host: Option<&'a HostInfo>,
+    /// CUDA libraries found on this host; `None` for recordings from elsewhere.
+    pub libraries: Option<&'a [LibraryInfo]>,
+    /// Per-process memory series for the leak rule; `None` when nobody kept them.
+    pub process_memory: Option<&'a ProcessMemory>,
 }
 
-/// Runs every rule family. Findings come back worst first, then by device.
+/// Runs every rule family once. Findings come back worst first, then by device.
 pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
-    let mut findings = errors::evaluate(input);
-    findings.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.device.cmp(&b.device)));
+    let mut findings = windowed(input);
+    findings.extend(errors::evaluate_events(input));
+    findings.extend(environment::evaluate(input));
+    sort(&mut findings);
     findings
+}
+
+/// The families judged over windows of the history (everything but events and environment).
+pub fn windowed(input: &RuleInput<'_>) -> Vec<Finding> {
+    let mut findings = errors::evaluate(input);
+    findings.extend(utilisation::evaluate(input));
+    findings.extend(throttle::evaluate(input));
+    findings.extend(pcie::evaluate(input));
+    findings.extend(memory::evaluate(input));
+    findings.extend(thermal::evaluate(input));
+    findings
+}
+
+/// Worst first, then by device, then by id, so output is stable.
+pub fn sort(findings: &mut [Finding]) {
+    findings.sort_by(|a, b| {
+        b.severity
+            .cmp(&a.severity)
+            .then(a.device.cmp(&b.device))
+            .then(a.id.cmp(&b.id))
+    });
 }
 
 /// Builds an evidence map from name/value pairs.
@@ -79,4 +128,44 @@ pub(crate) fn values<const N: usize>(
     pairs: [(&str, serde_json::Value); N],
 ) -> serde_json::Map<String, serde_json::Value> {
     pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+pub(crate) fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.0))
+}
+
+/// Rounds for evidence: two decimals are plenty and keep the JSON readable.
+pub(crate) fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+/// Samples of several metrics of one device aligned on their timestamps, oldest first. Metrics
+/// come from the same `Sample`, so equal times mean the same instant; a metric a sample lacked
+/// is `None` there.
+pub(crate) fn aligned<const N: usize>(
+    history: &History,
+    device: u32,
+    metrics: [Metric; N],
+    window: Duration,
+) -> Vec<(TimeMs, [Option<f64>; N])> {
+    let mut rows: BTreeMap<TimeMs, [Option<f64>; N]> = BTreeMap::new();
+    // All series of a device end at the same tick, so one end anchors every window.
+    let end = metrics
+        .iter()
+        .filter_map(|&m| history.latest(device, m).map(|(t, _)| t))
+        .max();
+    let Some(end) = end else {
+        return Vec::new();
+    };
+    let start = end.saturating_sub(window.as_millis() as u64);
+    for (i, &m) in metrics.iter().enumerate() {
+        let range = crate::history::Window::Range {
+            start_ms: start.saturating_add(1),
+            end_ms: end,
+        };
+        for (t, v) in history.series_in(device, m, range) {
+            rows.entry(t).or_insert([None; N])[i] = Some(v);
+        }
+    }
+    rows.into_iter().collect()
 }

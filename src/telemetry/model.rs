@@ -113,6 +113,10 @@ pub struct ProcessSample {
     pub sm_util_pct: Option<f64>,
     /// Container id from the process's cgroup, when it runs in one.
     pub container_id: Option<String>,
+    /// The PID inside the process's own PID namespace (the last `NSpid` entry), when it differs
+    /// from `pid`: what `ps` shows inside the container.
+    #[serde(default)]
+    pub container_pid: Option<u32>,
 }
 
 /// Telemetry of one device at one instant. Every value is optional.

@@ -31,12 +31,15 @@ use std::time::{Duration, Instant};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::device::Device;
 use nvml_wrapper::enum_wrappers::device::{
     Clock, PcieUtilCounter, PerformanceState, TemperatureSensor, TemperatureThreshold,
 };
 use nvml_wrapper::enums::device::{DeviceArchitecture, SampleValue, UsedGpuMemory};
+use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::{Bits, NvmlError};
+use nvml_wrapper::event::EventSet;
 use nvml_wrapper::struct_wrappers::device::{
     FieldValueSample, ProcessInfo, ProcessUtilizationSample,
 };
@@ -79,6 +82,8 @@ pub struct NvmlBackend {
     slow_fields: SlowFields,
     /// `SlowFields::InPoll`: the per-process utilisation cursor of each device.
     util_since: Vec<Option<u64>>,
+    /// Events (XIDs, notices) the event thread queued since the last poll.
+    events: Arc<Mutex<Vec<Event>>>,
 }
 
 impl std::fmt::Debug for NvmlBackend {
@@ -149,6 +154,10 @@ impl NvmlBackend {
             })
             .collect();
         let util_since = vec![None; opened.devices.len()];
+        let events = Arc::new(Mutex::new(Vec::new()));
+        if slow_fields == SlowFields::Background {
+            start_event_thread(&nvml, &opened.devices, &events, &slow);
+        }
         Ok(NvmlBackend {
             nvml,
             host: opened.host,
@@ -157,6 +166,7 @@ impl NvmlBackend {
             slow,
             slow_fields,
             util_since,
+            events,
         })
     }
 
@@ -214,6 +224,7 @@ impl Backend for NvmlBackend {
         // One timestamp for the whole tick, so devices line up in history and traces.
         let time_ms = now_ms();
         let mut tick = super::Tick::default();
+        tick.events.append(&mut lock(&self.events));
         if self.slow_fields == SlowFields::InPoll {
             for ((info, slot), since) in self
                 .devices
@@ -953,10 +964,12 @@ fn read_processes(
                         .ok()
                         .and_then(|n| non_empty(basename(&n)))
                 });
-            let user = proc_file("status").ok().and_then(|st| {
-                let uid = status_uid(&st)?;
+            let status = proc_file("status").ok();
+            let user = status.as_deref().and_then(|st| {
+                let uid = status_uid(st)?;
                 Some(passwd_name(&passwd, uid).unwrap_or_else(|| uid.to_string()))
             });
+            let container_pid = status.as_deref().and_then(status_inner_pid);
             let container_id = proc_file("cgroup")
                 .ok()
                 .and_then(|c| container_id_from_cgroup(&c));
@@ -972,6 +985,7 @@ fn read_processes(
                     .as_ref()
                     .map(|m| m.get(&p.pid).copied().unwrap_or(0.0)),
                 container_id,
+                container_pid,
             }
         })
         .collect())
@@ -983,6 +997,133 @@ fn non_empty(s: &str) -> Option<String> {
 
 fn basename(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
+}
+
+// ---------------------------------------------------------------------------------------------
+// XID events
+
+/// How long one wait on the event set may block; bounds how late the thread notices a stop.
+const EVENT_WAIT_MS: u32 = 500;
+
+/// Starts the thread that waits on an NVML event set for XID errors of every device and queues
+/// them as `Event`s for the next poll. Devices that cannot deliver XID events are reported once,
+/// as a notice, instead of silently missing them.
+fn start_event_thread(
+    nvml: &Arc<Nvml>,
+    devices: &[DeviceInfo],
+    queue: &Arc<Mutex<Vec<Event>>>,
+    shared: &Arc<SlowShared>,
+) {
+    let (nvml, thread_queue, shared) = (Arc::clone(nvml), Arc::clone(queue), Arc::clone(shared));
+    let indices: Vec<u32> = devices.iter().map(|d| d.index).collect();
+    let spawned = std::thread::Builder::new()
+        .name("nvml-events".into())
+        .spawn(move || event_loop(&nvml, &indices, &thread_queue, &shared));
+    if let Err(e) = spawned {
+        lock(queue).push(notice(
+            None,
+            format!("XID events are off: could not start their thread: {e}"),
+        ));
+    }
+}
+
+fn notice(device: Option<u32>, message: String) -> Event {
+    Event {
+        time_ms: now_ms(),
+        device,
+        kind: EventKind::Notice { message },
+    }
+}
+
+/// Registers every device that supports XID events on one set. A failed registration frees the
+/// set (NVML's rule), so the set is rebuilt with the devices registered before.
+fn register_xid_devices<'n>(
+    nvml: &'n Nvml,
+    indices: &[u32],
+    queue: &Mutex<Vec<Event>>,
+) -> Option<EventSet<'n>> {
+    let mut registered: Vec<u32> = Vec::new();
+    let mut set = nvml.create_event_set().ok()?;
+    for &index in indices {
+        let unsupported = |why: String| {
+            notice(
+                Some(index),
+                format!(
+                    "XID events are not available for GPU {index} ({why}); XIDs will only show in the kernel log"
+                ),
+            )
+        };
+        let dev = match nvml.device_by_index(index) {
+            Ok(d) => d,
+            Err(e) => {
+                lock(queue).push(unsupported(e.to_string()));
+                continue;
+            }
+        };
+        match dev.supported_event_types() {
+            Ok(t) if t.contains(EventTypes::CRITICAL_XID_ERROR) => {}
+            Ok(_) => {
+                lock(queue).push(unsupported("not supported by this GPU or driver".into()));
+                continue;
+            }
+            Err(e) => {
+                lock(queue).push(unsupported(e.to_string()));
+                continue;
+            }
+        }
+        match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+            Ok(s) => {
+                set = s;
+                registered.push(index);
+            }
+            Err(e) => {
+                lock(queue).push(unsupported(e.error.to_string()));
+                set = nvml.create_event_set().ok()?;
+                for &again in &registered {
+                    let dev = nvml.device_by_index(again).ok()?;
+                    set = dev
+                        .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+                        .ok()?;
+                }
+            }
+        }
+    }
+    (!registered.is_empty()).then_some(set)
+}
+
+fn event_loop(nvml: &Nvml, indices: &[u32], queue: &Mutex<Vec<Event>>, shared: &SlowShared) {
+    let Some(set) = register_xid_devices(nvml, indices, queue) else {
+        return;
+    };
+    let mut failed_before = false;
+    while !shared.stopped() {
+        match set.wait(EVENT_WAIT_MS) {
+            Ok(data) => {
+                let Some(XidError::Value(xid)) = data.event_data else {
+                    continue;
+                };
+                let device = data.device.index().ok();
+                lock(queue).push(Event {
+                    time_ms: now_ms(),
+                    device,
+                    kind: EventKind::Xid { xid },
+                });
+            }
+            Err(NvmlError::Timeout) => {}
+            Err(e) => {
+                // A lost GPU or a driver problem: the fast path reports it per device; back
+                // off so a persistent failure does not spin.
+                if !failed_before {
+                    failed_before = true;
+                    lock(queue).push(notice(
+                        None,
+                        format!("XID event wait failed: {e}; retrying"),
+                    ));
+                }
+                std::thread::sleep(Duration::from_secs(5));
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1268,6 +1409,18 @@ pub fn status_uid(status: &str) -> Option<u32> {
         .find_map(|l| l.strip_prefix("Uid:"))
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|uid| uid.parse().ok())
+}
+
+/// The PID a process has in its innermost PID namespace (the last `NSpid:` entry of
+/// `/proc/<pid>/status`), when it is nested at all; `None` for a process in the host namespace.
+pub fn status_inner_pid(status: &str) -> Option<u32> {
+    let ids: Vec<u32> = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    (ids.len() > 1).then(|| ids.last().copied()).flatten()
 }
 
 /// The user name for `uid` in `/etc/passwd` text (`name:password:uid:gid:gecos:home:shell`).
@@ -1954,5 +2107,16 @@ mod tests {
         }
         assert!(tick.events.is_empty());
         drop(b);
+    }
+
+    #[test]
+    fn container_pid_is_the_innermost_nspid() {
+        let nested = "Name:\tpython3\nPid:\t48213\nNSpid:\t48213\t57\nUid:\t1000\t1000\n";
+        assert_eq!(status_inner_pid(nested), Some(57));
+        let doubly = "NSpid:\t900\t300\t7\n";
+        assert_eq!(status_inner_pid(doubly), Some(7));
+        let host = "Pid:\t1234\nNSpid:\t1234\n";
+        assert_eq!(status_inner_pid(host), None);
+        assert_eq!(status_inner_pid("Pid:\t1\n"), None);
     }
 }
