@@ -162,6 +162,11 @@ impl RuleEngine {
         v
     }
 
+    /// Sample time of the last windowed evaluation.
+    pub fn last_evaluation_ms(&self) -> Option<TimeMs> {
+        self.last_eval_ms
+    }
+
     /// Processes with a memory series (for tests and the benchmark).
     pub fn tracked_processes(&self) -> usize {
         self.process_memory.len()

@@ -148,7 +148,6 @@ pub(crate) fn aligned<const N: usize>(
     metrics: [Metric; N],
     window: Duration,
 ) -> Vec<(TimeMs, [Option<f64>; N])> {
-    let mut rows: BTreeMap<TimeMs, [Option<f64>; N]> = BTreeMap::new();
     // All series of a device end at the same tick, so one end anchors every window.
     let end = metrics
         .iter()
@@ -157,15 +156,64 @@ pub(crate) fn aligned<const N: usize>(
     let Some(end) = end else {
         return Vec::new();
     };
-    let start = end.saturating_sub(window.as_millis() as u64);
+    let range = crate::history::Window::Range {
+        start_ms: end
+            .saturating_sub(window.as_millis() as u64)
+            .saturating_add(1),
+        end_ms: end,
+    };
+    // Series are sorted by time, so each joins the rows by a linear merge: this runs on every
+    // evaluation of every device, where a tree map's allocations would dominate.
+    let mut rows: Vec<(TimeMs, [Option<f64>; N])> = Vec::new();
     for (i, &m) in metrics.iter().enumerate() {
-        let range = crate::history::Window::Range {
-            start_ms: start.saturating_add(1),
-            end_ms: end,
-        };
+        let mut merged = Vec::with_capacity(rows.len());
+        let mut old = rows.into_iter().peekable();
         for (t, v) in history.series_in(device, m, range) {
-            rows.entry(t).or_insert([None; N])[i] = Some(v);
+            while let Some(row) = old.next_if(|r| r.0 < t) {
+                merged.push(row);
+            }
+            match old.next_if(|r| r.0 == t) {
+                Some(mut row) => {
+                    row.1[i] = Some(v);
+                    merged.push(row);
+                }
+                None => {
+                    let mut fresh = [None; N];
+                    fresh[i] = Some(v);
+                    merged.push((t, fresh));
+                }
+            }
         }
+        merged.extend(old);
+        rows = merged;
     }
-    rows.into_iter().collect()
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_joins_series_on_time_and_keeps_gaps() {
+        let mut h = History::default();
+        for t in 0..10u64 {
+            h.push(0, Metric::GpuUtilPct, t * 100, t as f64);
+            if t % 2 == 0 {
+                h.push(0, Metric::PowerW, t * 100, 100.0 + t as f64);
+            }
+        }
+        h.push(0, Metric::PowerW, 950, 1.0);
+        let rows = aligned(
+            &h,
+            0,
+            [Metric::GpuUtilPct, Metric::PowerW],
+            Duration::from_millis(500),
+        );
+        let times: Vec<u64> = rows.iter().map(|r| r.0).collect();
+        assert_eq!(times, [500, 600, 700, 800, 900, 950]);
+        assert_eq!(rows[1].1, [Some(6.0), Some(106.0)]);
+        assert_eq!(rows[2].1, [Some(7.0), None]);
+        assert_eq!(rows[5].1, [None, Some(1.0)]);
+    }
 }

@@ -1,0 +1,136 @@
+//! Rule evaluation over a generated one-hour recording of 8 GPUs at 10 Hz: the total time, and
+//! the live cost per sampler tick (history push + rule engine) against the 100 ms interval.
+//! Plain `main` (registered with `harness = false`); run `cargo bench --bench rules`.
+#![cfg_attr(test, allow(dead_code))]
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use gpudiag::config::RulesConfig;
+use gpudiag::history::History;
+use gpudiag::rules::RuleEngine;
+use gpudiag::telemetry::{DeviceInfo, ProcessSample, Sample, Tick};
+
+const DEVICES: u32 = 8;
+const STEP_MS: u64 = 100;
+const HOUR_TICKS: u64 = 36_000;
+
+fn device(index: u32) -> DeviceInfo {
+    DeviceInfo {
+        index,
+        name: Some("NVIDIA H200".into()),
+        memory_total_bytes: Some(141 << 30),
+        power_limit_default_w: Some(700.0),
+        sm_clock_max_mhz: Some(1980),
+        pcie_gen_max: Some(5),
+        pcie_width_max: Some(16),
+        temp_slowdown_c: Some(89.0),
+        temp_mem_max_c: Some(95.0),
+        persistence_mode: Some(true),
+        mig_enabled: Some(false),
+        ..DeviceInfo::default()
+    }
+}
+
+/// A busy, realistic sample: load waves, power cap at the peaks, two processes per GPU (one
+/// growing slowly), counters ticking.
+fn sample(device: u32, time_ms: u64, i: u64) -> Sample {
+    let wave = (i % 600) as f64 / 6.0;
+    let mut s = Sample::new(device, time_ms);
+    s.gpu_util_pct = Some(wave);
+    s.mem_util_pct = Some(wave / 2.0);
+    s.mem_used_bytes = Some(40_000_000_000 + i * 1000);
+    s.mem_total_bytes = Some(141 << 30);
+    s.power_w = Some(300.0 + wave * 4.0);
+    s.power_limit_w = Some(700.0);
+    s.temp_gpu_c = Some(40.0 + wave / 5.0);
+    s.temp_mem_c = Some(45.0 + wave / 5.0);
+    s.temp_slowdown_c = Some(89.0);
+    s.sm_clock_mhz = Some(1980);
+    s.pstate = Some(0);
+    s.throttle_reasons = Some(if wave > 90.0 { 4 } else { 0 });
+    s.pcie_gen = Some(5);
+    s.pcie_width = Some(16);
+    s.pcie_rx_bytes_per_s = Some(1e9 + wave);
+    s.pcie_tx_bytes_per_s = Some(2e9 + wave);
+    s.pcie_replay_count = Some(i / 1000);
+    s.ecc_uncorrected_volatile = Some(0);
+    s.remapped_rows_pending = Some(false);
+    s.processes = Some(
+        (0..2)
+            .map(|p| ProcessSample {
+                pid: 1000 + device * 10 + p,
+                name: Some("python3".into()),
+                user: None,
+                kind: Some("compute".into()),
+                used_memory_bytes: Some((8 << 30) + ((i / 10) * u64::from(p) * 65536)),
+                sm_util_pct: None,
+                container_id: None,
+                container_pid: None,
+            })
+            .collect(),
+    );
+    s
+}
+
+fn main() {
+    let devices: Vec<DeviceInfo> = (0..DEVICES).map(device).collect();
+    let mut engine = RuleEngine::new(RulesConfig::default(), devices, None, None);
+    let mut history = History::default();
+    let mut per_tick: Vec<Duration> = Vec::with_capacity(HOUR_TICKS as usize);
+    let mut engine_only: Vec<Duration> = Vec::with_capacity(HOUR_TICKS as usize);
+    let start = Instant::now();
+    for i in 0..HOUR_TICKS {
+        let t = 1_767_225_600_000 + i * STEP_MS;
+        let tick = Tick {
+            samples: (0..DEVICES).map(|d| sample(d, t, i)).collect(),
+            events: Vec::new(),
+        };
+        let t0 = Instant::now();
+        for s in &tick.samples {
+            history.push_sample(s);
+        }
+        let t1 = Instant::now();
+        black_box(engine.on_tick(&history, &tick));
+        let t2 = Instant::now();
+        per_tick.push(t2 - t0);
+        engine_only.push(t2 - t1);
+    }
+    let total = start.elapsed();
+    let stats = |v: &mut Vec<Duration>| {
+        v.sort();
+        let mean = v.iter().sum::<Duration>() / v.len() as u32;
+        (mean, v[v.len() * 99 / 100], v[v.len() - 1])
+    };
+    let (tick_mean, tick_p99, tick_max) = stats(&mut per_tick);
+    let (eng_mean, eng_p99, eng_max) = stats(&mut engine_only);
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    println!(
+        "one hour, {DEVICES} GPUs, {} ms ticks ({HOUR_TICKS} ticks), {} findings raised",
+        STEP_MS,
+        engine.raised().len()
+    );
+    println!();
+    println!("| measure | mean (µs) | p99 (µs) | max (µs) | share of the 100 ms interval (mean) |");
+    println!("|---|---|---|---|---|");
+    println!(
+        "| per tick: history push + rule engine | {:.1} | {:.1} | {:.1} | {:.3}% |",
+        us(tick_mean),
+        us(tick_p99),
+        us(tick_max),
+        us(tick_mean) / 1e3
+    );
+    println!(
+        "| rule engine alone (windowed rules once a second) | {:.1} | {:.1} | {:.1} | {:.3}% |",
+        us(eng_mean),
+        us(eng_p99),
+        us(eng_max),
+        us(eng_mean) / 1e3
+    );
+    println!();
+    println!(
+        "whole hour replayed through history and rules: {:.2} s ({:.0}x real time)",
+        total.as_secs_f64(),
+        3600.0 / total.as_secs_f64()
+    );
+}

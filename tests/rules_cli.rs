@@ -1,0 +1,150 @@
+//! Findings and configuration through the real binary: the demo's findings, `config --default`,
+//! and bad configuration files.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use assert_cmd::Command;
+use gpudiag::config::{Config, DEFAULT_CONFIG_TOML};
+use gpudiag::report::check::CheckReport;
+
+fn gpudiag() -> Command {
+    let mut c = Command::cargo_bin("gpudiag").unwrap();
+    // A developer's own config file must not change what the tests see.
+    c.env_remove("GPUDIAG_CONFIG")
+        .env("XDG_CONFIG_HOME", "/nonexistent");
+    c
+}
+
+fn report(args: &[&str]) -> CheckReport {
+    let out = gpudiag().args(args).output().unwrap();
+    assert!(out.status.code().is_some_and(|c| c <= 1), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn the_demo_shows_the_power_cap_and_the_idle_process_and_nothing_else() {
+    // The demo: idle, bf16 matmuls at the power limit, host copies, then a process holding
+    // memory while launching tiny kernels with syncs (mostly idle), then idle again.
+    let r = report(&["check", "--demo", "--json"]);
+    let mut ids: Vec<&str> = r
+        .devices
+        .iter()
+        .flat_map(|d| &d.findings)
+        .chain(&r.host_findings)
+        .map(|f| f.id.as_str())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["throttle.sw_power_cap", "utilisation.low"]);
+    let low = r.devices[0]
+        .findings
+        .iter()
+        .find(|f| f.id == "utilisation.low")
+        .unwrap();
+    assert_eq!(low.evidence.values["pids"], serde_json::json!([580]));
+    assert!(low.evidence.values["gpu_util_mean_pct"].as_f64().unwrap() < 10.0);
+    let cap = r.devices[0]
+        .findings
+        .iter()
+        .find(|f| f.id == "throttle.sw_power_cap")
+        .unwrap();
+    assert!(cap.evidence.values["power_mean_w"].as_f64().unwrap() > 650.0);
+    assert_eq!(r.exit_code, 0);
+}
+
+#[test]
+fn config_default_prints_the_documented_defaults() {
+    let out = gpudiag().args(["config", "--default"]).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text, DEFAULT_CONFIG_TOML);
+    assert_eq!(Config::parse(&text, "printed").unwrap(), Config::default());
+}
+
+#[test]
+fn a_config_file_changes_the_thresholds() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("strict.toml");
+    // With a threshold of 100% every busy period counts as "low utilisation".
+    std::fs::write(&path, "[rules.utilisation]\nmin_mean_util_pct = 100.0\n").unwrap();
+    let out = gpudiag()
+        .args([
+            "check",
+            "--json",
+            "--replay",
+            "tests/fixtures/recordings/two_gpus.ndjson",
+        ])
+        .output()
+        .unwrap();
+    let default: CheckReport = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        !default.devices[0]
+            .findings
+            .iter()
+            .any(|f| f.id == "utilisation.low")
+    );
+    let out = gpudiag()
+        .args(["check", "--json", "--config"])
+        .arg(&path)
+        .args(["--replay", "tests/fixtures/recordings/two_gpus.ndjson"])
+        .output()
+        .unwrap();
+    let strict: CheckReport = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        strict.devices[0]
+            .findings
+            .iter()
+            .any(|f| f.id == "utilisation.low"),
+        "{:?}",
+        strict.devices[0].findings
+    );
+    // The same file through the environment variable.
+    let out = gpudiag()
+        .env("GPUDIAG_CONFIG", &path)
+        .args(["config"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("min_mean_util_pct = 100.0"));
+}
+
+#[test]
+fn bad_config_files_exit_2_naming_the_file_and_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text, key) in [
+        (
+            "unknown.toml",
+            "[rules.memory]\nnearly_ful_pct = 90\n",
+            "nearly_ful_pct",
+        ),
+        (
+            "type.toml",
+            "[rules.memory]\nnearly_full_pct = \"high\"\n",
+            "nearly_full_pct",
+        ),
+        (
+            "range.toml",
+            "[rules.memory]\nnearly_full_pct = 150\n",
+            "rules.memory.nearly_full_pct",
+        ),
+        ("table.toml", "[rulez]\n", "rulez"),
+        ("syntax.toml", "[rules.memory\n", "syntax.toml"),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = gpudiag()
+            .args(["check", "--demo", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(name), "{name}: {err}");
+        assert!(err.contains(key), "{name}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+        assert!(out.stdout.is_empty());
+    }
+    let out = gpudiag()
+        .args(["check", "--demo", "--config", "/nonexistent/gpudiag.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/gpudiag.toml"));
+}
