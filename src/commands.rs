@@ -16,7 +16,7 @@ use crate::report::check::{
 use crate::report::environment;
 use crate::rules::{self, RuleEngine};
 use crate::telemetry::nvml::{NvmlBackend, SlowFields};
-use crate::telemetry::recording::{Header, RecordingError, RecordingWriter};
+use crate::telemetry::recording::{Header, Record, RecordingError, RecordingWriter};
 use crate::telemetry::replay::{Pace, ReplayBackend};
 use crate::telemetry::sampler::{Sampler, SamplerMsg};
 use crate::telemetry::{Backend, DeviceInfo, Event, EventKind, Sample, Tick, TimeMs, now_ms};
@@ -326,8 +326,12 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
 }
 
 /// `gpudiag record`. Returns the number of ticks written.
-pub fn record(args: &RecordArgs, stop: Arc<AtomicBool>) -> Result<u64, Error> {
+pub fn record(args: &RecordArgs, stop: Arc<AtomicBool>, config: &Config) -> Result<u64, Error> {
     let source = open_source(&args.source, Pace::AsFastAsPossible, false)?;
+    let libraries = source
+        .recording
+        .is_none()
+        .then(environment::detect_libraries);
     // A replay plays at its own recorded spacing, so --interval says nothing about it.
     let interval_ms = source
         .recording
@@ -351,6 +355,14 @@ pub fn record(args: &RecordArgs, stop: Arc<AtomicBool>) -> Result<u64, Error> {
         other => other?,
     };
     let filter = source.selected.clone();
+    // Findings go into the recording as they are raised, so a replay shows them where they
+    // happened; the history they need is bounded, so hours of recording stay small in memory.
+    let mut collected = Collected::new(RuleEngine::new(
+        config.rules.clone(),
+        header.devices.clone(),
+        Some(header.host.clone()),
+        libraries,
+    ));
     let mut sampler = Sampler::spawn(source.backend, args.interval, args.duration);
     let mut ticks = 0u64;
     let mut failure = None;
@@ -364,6 +376,12 @@ pub fn record(args: &RecordArgs, stop: Arc<AtomicBool>) -> Result<u64, Error> {
                 writer.write_tick(&t)?;
                 if !t.samples.is_empty() {
                     ticks += 1;
+                }
+                for s in &t.samples {
+                    collected.history.push_sample(s);
+                }
+                for f in collected.engine.on_tick(&collected.history, &t) {
+                    writer.write(&Record::Finding(f))?;
                 }
             }
             Ok(SamplerMsg::Ended(e)) => {

@@ -44,7 +44,7 @@ fn run(cli: Cli) -> Result<i32, Error> {
             let flag = stop.clone();
             // Ctrl-C ends the recording cleanly: the sampler stops and the file is finished.
             let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
-            let ticks = commands::record(args, stop)?;
+            let ticks = commands::record(args, stop, &config()?)?;
             eprintln!(
                 "gpudiag: recorded {ticks} tick(s) to {}",
                 args.output.display()

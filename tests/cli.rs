@@ -725,8 +725,24 @@ fn record_from_a_replay_keeps_the_record_order() {
     let run = gpudiag(&["record", "--replay", s(&src), "-o", s(&out)]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     // two_gpus was written tick by tick with write_tick: the XID precedes the samples of the
-    // tick it arrived with. A recording of its replay must come out the same.
-    assert_eq!(record_order(&out), record_order(&src));
+    // tick it arrived with. A recording of its replay must come out the same, plus the findings
+    // the rules raised along the way, each right after the tick that raised it.
+    let written = record_order(&out);
+    let (findings, telemetry): (Vec<_>, Vec<_>) = written
+        .into_iter()
+        .partition(|(kind, _, _)| kind == "finding");
+    assert_eq!(telemetry, record_order(&src));
+    let xid_at = record_order(&src)
+        .into_iter()
+        .find(|(kind, _, _)| kind == "event")
+        .unwrap()
+        .1;
+    assert!(
+        findings
+            .iter()
+            .any(|(_, t, d)| *t == xid_at && *d == Some(0)),
+        "the XID finding is stamped with the event's time: {findings:?}"
+    );
 }
 
 #[test]
