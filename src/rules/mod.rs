@@ -49,6 +49,7 @@ pub struct Finding {
 }
 
 pub mod errors;
+pub mod vendor;
 
 use std::collections::BTreeMap;
 
@@ -70,6 +71,7 @@ pub struct RuleInput<'a> {
 /// Runs every rule family. Findings come back worst first, then by device.
 pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
     let mut findings = errors::evaluate(input);
+    findings.extend(vendor::evaluate(input));
     findings.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.device.cmp(&b.device)));
     findings
 }
