@@ -44,7 +44,7 @@ fn mi300x_fixture_device_info() {
     assert_eq!(d.name.as_deref(), Some("AMD Instinct MI300X"));
     assert_eq!(d.architecture.as_deref(), Some("CDNA3"));
     assert_eq!(d.pci_bus_id.as_deref(), Some("0000:03:00.0"));
-    assert_eq!(d.uuid.as_deref(), Some("9a3f6c2d81b4e057"));
+    assert_eq!(d.uuid.as_deref(), Some("0x9a3f6c2d81b4e057"));
     assert_eq!(d.serial.as_deref(), Some("692351000123"));
     assert_eq!(d.vbios_version.as_deref(), Some("113-M3000100-102"));
     assert_eq!(d.memory_total_bytes, Some(192 * GIB));

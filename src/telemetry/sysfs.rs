@@ -358,7 +358,11 @@ fn read_device_info(card: &Card, index: u32) -> DeviceInfo {
     let device_id = read_text(dev, "device")
         .ok()
         .and_then(|d| amd::parse_pci_id(&d));
-    info.uuid = take(non_empty_text(dev, "unique_id"), "uuid", ab);
+    info.uuid = take(
+        non_empty_text(dev, "unique_id").map(|t| unique_id(&t)),
+        "uuid",
+        ab,
+    );
     info.name = take(
         non_empty_text(dev, "product_name").or_else(|why| {
             device_id
@@ -946,6 +950,18 @@ pub fn bad_pages_pending(text: &str) -> bool {
         .any(|flag| flag.trim() == "P")
 }
 
+/// The GPU's unique id as both AMD backends write it: "0x" and 16 hex digits, the form
+/// `rocm-smi --showuniqueid` prints (sysfs has the digits without the prefix). Text that is
+/// not hex is kept as it is.
+pub fn unique_id(text: &str) -> String {
+    let t = text.trim();
+    let digits = t.strip_prefix("0x").unwrap_or(t);
+    match u64::from_str_radix(digits, 16) {
+        Ok(v) => format!("0x{v:016x}"),
+        Err(_) => t.to_owned(),
+    }
+}
+
 /// hwmon `pwm1` (0-255) as percent.
 pub fn pwm_to_pct(pwm: u64) -> f64 {
     (pwm as f64 / PWM_MAX * 100.0).min(100.0)
@@ -1104,6 +1120,14 @@ mod tests {
         ));
         assert!(!bad_pages_pending("0x00000001 : 0x00001000 : R\n"));
         assert!(!bad_pages_pending(""));
+    }
+
+    #[test]
+    fn unique_ids_take_rocm_smis_form() {
+        assert_eq!(unique_id("9a3f6c2d81b4e057"), "0x9a3f6c2d81b4e057");
+        assert_eq!(unique_id("3f6c2d81b4e057\n"), "0x003f6c2d81b4e057");
+        assert_eq!(unique_id("0x9a3f6c2d81b4e057"), "0x9a3f6c2d81b4e057");
+        assert_eq!(unique_id("N/A"), "N/A");
     }
 
     #[test]
