@@ -19,6 +19,9 @@
 //! ROCm SMI's process list carries one VRAM total per process, not per GPU. Values ROCm SMI does
 //! not offer (NVIDIA's throttle bits, P-states, row remapping) are `Unavailable`.
 
+// Every FFI call below says why it is sound.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use std::ffi::{CStr, c_char};
 use std::path::Path;
 use std::time::Duration;
@@ -46,6 +49,10 @@ pub const LIBRARY_NAMES: &[&str] = &[
 const ROCM_LIB_DIR: &str = "/opt/rocm/lib";
 
 type Status = u32;
+type DevU64 = unsafe extern "C" fn(u32, *mut u64) -> Status;
+type DevU32 = unsafe extern "C" fn(u32, *mut u32) -> Status;
+type DevArgU64 = unsafe extern "C" fn(u32, u32, *mut u64) -> Status;
+type DevStr32 = unsafe extern "C" fn(u32, *mut c_char, u32) -> Status;
 const RSMI_STATUS_SUCCESS: Status = 0;
 const RSMI_STATUS_NOT_SUPPORTED: Status = 2;
 const RSMI_STATUS_FILE_ERROR: Status = 3;
@@ -294,23 +301,39 @@ impl Library64 {
         unsafe { (self.api.shut_down)() };
     }
 
-    /// A string a `fn(dv, *mut c_char, len)` call writes.
-    fn string(&self, f: impl FnOnce(*mut c_char, usize) -> Status) -> Result<String, Absent> {
-        let mut buf = [0u8; 256];
-        self.check(f(buf.as_mut_ptr().cast(), buf.len()))?;
-        let text = c_string(&buf);
-        if text.is_empty() {
-            Err(Absent::NotSupported)
-        } else {
-            Ok(text)
-        }
+    /// One u64 from a `rsmi_dev_*_get(dv, uint64_t *)` function.
+    fn dev_u64(&self, f: DevU64, dv: u32) -> Result<u64, Absent> {
+        let mut v = 0u64;
+        // SAFETY: `f` is a resolved function of that signature, which writes one u64 through
+        // the pointer; it points at a live local.
+        self.check(unsafe { f(dv, &mut v) })?;
+        Ok(v)
     }
 
-    /// A value a `fn(dv, ..., *mut T)` call writes.
-    fn value<T: Default>(&self, f: impl FnOnce(&mut T) -> Status) -> Result<T, Absent> {
-        let mut v = T::default();
-        self.check(f(&mut v))?;
+    /// One u32 from a `rsmi_dev_*_get(dv, uint32_t *)` function.
+    fn dev_u32(&self, f: DevU32, dv: u32) -> Result<u32, Absent> {
+        let mut v = 0u32;
+        // SAFETY: as in `dev_u64`, for one u32.
+        self.check(unsafe { f(dv, &mut v) })?;
         Ok(v)
+    }
+
+    /// One u64 from a `rsmi_dev_*_get(dv, uint32_t arg, uint64_t *)` function (a memory type
+    /// or a sensor index).
+    fn dev_arg_u64(&self, f: DevArgU64, dv: u32, arg: u32) -> Result<u64, Absent> {
+        let mut v = 0u64;
+        // SAFETY: as in `dev_u64`; `arg` is a plain value.
+        self.check(unsafe { f(dv, arg, &mut v) })?;
+        Ok(v)
+    }
+
+    /// A string from a `rsmi_dev_*_get(dv, char *, uint32_t len)` function; empty is absent.
+    fn dev_string(&self, f: DevStr32, dv: u32) -> Result<String, Absent> {
+        let mut buf = [0u8; 256];
+        // SAFETY: the function writes at most `len` bytes, NUL included, into `buf`, whose true
+        // length is passed.
+        self.check(unsafe { f(dv, buf.as_mut_ptr().cast(), buf.len() as u32) })?;
+        non_empty(c_string(&buf))
     }
 
     fn frequencies(&self, dv: u32, clk: u32) -> Result<Frequencies, Absent> {
@@ -328,9 +351,10 @@ impl Library64 {
     }
 
     fn temp(&self, dv: u32, sensor: u32, metric: u32) -> Result<f64, Absent> {
-        // SAFETY: `t` is a live i64 the call fills.
-        self.value(|t| unsafe { (self.api.dev_temp_metric_get)(dv, sensor, metric, t) })
-            .map(|mc: i64| mc as f64 / 1e3)
+        let mut mc = 0i64;
+        // SAFETY: `mc` is a live i64 the call fills; sensor and metric are plain values.
+        self.check(unsafe { (self.api.dev_temp_metric_get)(dv, sensor, metric, &mut mc) })?;
+        Ok(mc as f64 / 1e3)
     }
 }
 
@@ -385,10 +409,7 @@ fn open_blocking() -> Result<RocmBackend, BackendError> {
         .collect();
     let links: Vec<Option<SlotLink>> = (0..count)
         .map(|dv| {
-            let bus = lib
-                // SAFETY: `b` is a live u64 the call fills.
-                .value(|b: &mut u64| unsafe { (lib.api.dev_pci_id_get)(dv, b) })
-                .ok()?;
+            let bus = lib.dev_u64(lib.api.dev_pci_id_get, dv).ok()?;
             SlotLink::find(Path::new("/"), &amd::bus_id_from_bdf(bus))
         })
         .collect();
@@ -503,13 +524,19 @@ fn read_device_info(lib: &Library64, dv: u32, sensor: u32) -> DeviceInfo {
         ..DeviceInfo::default()
     };
     let ab = &mut info.absent;
-    // SAFETY (every call below): each out-pointer is a live local of the type rocm_smi.h
-    // declares, and each buffer's true length is passed with it.
+    let mut id = 0u16;
+    // SAFETY: `id` is a live u16 the call fills.
     let device_id = lib
-        .value(|id: &mut u16| unsafe { (api.dev_id_get)(dv, id) })
-        .ok();
+        .check(unsafe { (api.dev_id_get)(dv, &mut id) })
+        .ok()
+        .map(|()| id);
+    let mut name = [0u8; 256];
+    // SAFETY: the call writes at most `len` bytes, NUL included, into `name`, whose true length
+    // is passed.
+    let named = lib.check(unsafe { (api.dev_name_get)(dv, name.as_mut_ptr().cast(), name.len()) });
     info.name = take(
-        lib.string(|p, n| unsafe { (api.dev_name_get)(dv, p, n) })
+        named
+            .and_then(|()| non_empty(c_string(&name)))
             .or_else(|why| {
                 device_id
                     .and_then(amd::product_name)
@@ -528,40 +555,37 @@ fn read_device_info(lib: &Library64, dv: u32, sensor: u32) -> DeviceInfo {
         ab,
     );
     info.pci_bus_id = take(
-        lib.value(|b: &mut u64| unsafe { (api.dev_pci_id_get)(dv, b) })
+        lib.dev_u64(api.dev_pci_id_get, dv)
             .map(amd::bus_id_from_bdf),
         "pci_bus_id",
         ab,
     );
     info.uuid = take(
-        lib.value(|u: &mut u64| unsafe { (api.dev_unique_id_get)(dv, u) })
+        lib.dev_u64(api.dev_unique_id_get, dv)
             .map(|u| format!("0x{u:016x}")),
         "uuid",
         ab,
     );
-    info.serial = take(
-        lib.string(|p, n| unsafe { (api.dev_serial_number_get)(dv, p, len32(n)) }),
-        "serial",
-        ab,
-    );
+    info.serial = take(lib.dev_string(api.dev_serial_number_get, dv), "serial", ab);
     info.vbios_version = take(
-        lib.string(|p, n| unsafe { (api.dev_vbios_version_get)(dv, p, len32(n)) }),
+        lib.dev_string(api.dev_vbios_version_get, dv),
         "vbios_version",
         ab,
     );
     info.memory_total_bytes = take(
-        lib.value(|t: &mut u64| unsafe { (api.dev_memory_total_get)(dv, RSMI_MEM_TYPE_VRAM, t) }),
+        lib.dev_arg_u64(api.dev_memory_total_get, dv, RSMI_MEM_TYPE_VRAM),
         "memory_total_bytes",
         ab,
     );
     info.power_limit_default_w = take(
-        lib.value(|c: &mut u64| unsafe { (api.dev_power_cap_default_get)(dv, c) })
+        lib.dev_u64(api.dev_power_cap_default_get, dv)
             .map(micro_to_unit),
         "power_limit_default_w",
         ab,
     );
     let mut max = 0u64;
     let mut min = 0u64;
+    // SAFETY: `max` and `min` are live u64s the call fills; 0 is the first power sensor.
     let range = lib.check(unsafe { (api.dev_power_cap_range_get)(dv, 0, &mut max, &mut min) });
     info.power_limit_min_w = take(
         range.clone().map(|()| micro_to_unit(min)),
@@ -609,7 +633,7 @@ fn read_device_info(lib: &Library64, dv: u32, sensor: u32) -> DeviceInfo {
         ab,
     );
     info.ecc_enabled = take(
-        lib.value(|b: &mut u64| unsafe { (api.dev_ecc_enabled_get)(dv, b) })
+        lib.dev_u64(api.dev_ecc_enabled_get, dv)
             .map(|blocks| blocks & RSMI_GPU_BLOCK_UMC != 0),
         "ecc_enabled",
         ab,
@@ -647,24 +671,19 @@ fn read_sample(lib: &Library64, info: &DeviceInfo, sensor: u32, time_ms: u64) ->
     let mut s = Sample::new(dv, time_ms);
     let mut ab = AbsentMap::new();
     let a = &mut ab;
-    // SAFETY (every call below): each out-pointer is a live local of the type rocm_smi.h
-    // declares for it.
     s.gpu_util_pct = take(
-        lib.value(|p: &mut u32| unsafe { (api.dev_busy_percent_get)(dv, p) })
-            .map(f64::from),
+        lib.dev_u32(api.dev_busy_percent_get, dv).map(f64::from),
         "gpu_util_pct",
         a,
     );
     s.mem_util_pct = take(
-        lib.value(|p: &mut u32| unsafe { (api.dev_memory_busy_percent_get)(dv, p) })
+        lib.dev_u32(api.dev_memory_busy_percent_get, dv)
             .map(f64::from),
         "mem_util_pct",
         a,
     );
-    let used =
-        lib.value(|u: &mut u64| unsafe { (api.dev_memory_usage_get)(dv, RSMI_MEM_TYPE_VRAM, u) });
-    let total =
-        lib.value(|t: &mut u64| unsafe { (api.dev_memory_total_get)(dv, RSMI_MEM_TYPE_VRAM, t) });
+    let used = lib.dev_arg_u64(api.dev_memory_usage_get, dv, RSMI_MEM_TYPE_VRAM);
+    let total = lib.dev_arg_u64(api.dev_memory_total_get, dv, RSMI_MEM_TYPE_VRAM);
     s.mem_free_bytes = take(
         match (&used, &total) {
             (Ok(u), Ok(t)) => Ok(t.saturating_sub(*u)),
@@ -676,13 +695,13 @@ fn read_sample(lib: &Library64, info: &DeviceInfo, sensor: u32, time_ms: u64) ->
     s.mem_used_bytes = take(used, "mem_used_bytes", a);
     s.mem_total_bytes = take(total, "mem_total_bytes", a);
     s.power_w = take(
-        lib.value(|p: &mut u64| unsafe { (api.dev_power_ave_get)(dv, 0, p) })
+        lib.dev_arg_u64(api.dev_power_ave_get, dv, 0)
             .map(micro_to_unit),
         "power_w",
         a,
     );
     s.power_limit_w = take(
-        lib.value(|p: &mut u64| unsafe { (api.dev_power_cap_get)(dv, 0, p) })
+        lib.dev_arg_u64(api.dev_power_cap_get, dv, 0)
             .map(micro_to_unit),
         "power_limit_w",
         a,
@@ -691,6 +710,7 @@ fn read_sample(lib: &Library64, info: &DeviceInfo, sensor: u32, time_ms: u64) ->
     let mut resolution = 0f32;
     let mut stamp = 0u64;
     s.energy_j = take(
+        // SAFETY: the three out-pointers are live locals of the types the call writes.
         lib.check(unsafe {
             (api.dev_energy_count_get)(dv, &mut counter, &mut resolution, &mut stamp)
         })
@@ -729,13 +749,15 @@ fn read_sample(lib: &Library64, info: &DeviceInfo, sensor: u32, time_ms: u64) ->
         a,
     );
     s.pcie_replay_count = take(
-        lib.value(|c: &mut u64| unsafe { (api.dev_pci_replay_counter_get)(dv, c) }),
+        lib.dev_u64(api.dev_pci_replay_counter_get, dv),
         "pcie_replay_count",
         a,
     );
-    let ecc = lib.value(|c: &mut RsmiErrorCount| unsafe {
-        (api.dev_ecc_count_get)(dv, RSMI_GPU_BLOCK_UMC, c)
-    });
+    let mut counts = RsmiErrorCount::default();
+    // SAFETY: `counts` is a live rsmi_error_count_t the call fills.
+    let ecc = lib
+        .check(unsafe { (api.dev_ecc_count_get)(dv, RSMI_GPU_BLOCK_UMC, &mut counts) })
+        .map(|()| counts);
     s.ecc_corrected_volatile = take(
         ecc.as_ref().map(|c| c.correctable).map_err(Clone::clone),
         "ecc_corrected_volatile",
@@ -743,8 +765,12 @@ fn read_sample(lib: &Library64, info: &DeviceInfo, sensor: u32, time_ms: u64) ->
     );
     s.ecc_uncorrected_volatile = take(ecc.map(|c| c.uncorrectable), "ecc_uncorrected_volatile", a);
     s.fan_pct = take(
-        lib.value(|f: &mut i64| unsafe { (api.dev_fan_speed_get)(dv, 0, f) })
-            .and_then(fan_pct),
+        {
+            let mut speed = 0i64;
+            // SAFETY: `speed` is a live i64 the call fills; 0 is the first fan.
+            lib.check(unsafe { (api.dev_fan_speed_get)(dv, 0, &mut speed) })
+                .and_then(|()| fan_pct(speed))
+        },
         "fan_pct",
         a,
     );
@@ -953,8 +979,12 @@ fn c_string(buf: &[u8]) -> String {
         .unwrap_or_default()
 }
 
-fn len32(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
+fn non_empty(s: String) -> Result<String, Absent> {
+    if s.is_empty() {
+        Err(Absent::NotSupported)
+    } else {
+        Ok(s)
+    }
 }
 
 fn one_line(s: &str) -> String {
