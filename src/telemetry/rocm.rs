@@ -92,6 +92,19 @@ struct RsmiErrorCount {
     uncorrectable: u64,
 }
 
+/// `rsmi_retired_page_record_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct RsmiRetiredPage {
+    address: u64,
+    size: u64,
+    /// `rsmi_memory_page_status_t`: 0 reserved (retired), 1 pending, 2 unreservable.
+    status: u32,
+}
+
+const RSMI_MEM_PAGE_STATUS_PENDING: u32 = 1;
+const RSMI_STATUS_INSUFFICIENT_SIZE: Status = 11;
+
 /// Room for any version's `rsmi_frequencies_t` (264 or 280 bytes) or `rsmi_pcie_bandwidth_t`
 /// (392 or 416 bytes), 8-byte aligned as their u64 members need.
 #[repr(C, align(8))]
@@ -165,6 +178,8 @@ api! {
     dev_fan_speed_get: "rsmi_dev_fan_speed_get" => fn(u32, u32, *mut i64);
     dev_ecc_enabled_get: "rsmi_dev_ecc_enabled_get" => fn(u32, *mut u64);
     dev_ecc_count_get: "rsmi_dev_ecc_count_get" => fn(u32, u64, *mut RsmiErrorCount);
+    dev_memory_reserved_pages_get: "rsmi_dev_memory_reserved_pages_get"
+        => fn(u32, *mut u32, *mut RsmiRetiredPage);
 }
 
 /// A loaded `librocm_smi64` with every symbol resolved (not yet initialised).
@@ -334,6 +349,29 @@ impl Library64 {
         // length is passed.
         self.check(unsafe { f(dv, buf.as_mut_ptr().cast(), buf.len() as u32) })?;
         non_empty(c_string(&buf))
+    }
+
+    /// Whether a VRAM page waits for retirement (applied at the next GPU reset).
+    fn retirement_pending(&self, dv: u32) -> Result<bool, Absent> {
+        let f = self.api.dev_memory_reserved_pages_get;
+        let mut n = 0u32;
+        // SAFETY: a null record pointer asks for the count only, written to the live `n`.
+        self.check(unsafe { f(dv, &mut n, std::ptr::null_mut()) })?;
+        if n == 0 {
+            return Ok(false);
+        }
+        let mut records = vec![RsmiRetiredPage::default(); n as usize];
+        let mut written = n;
+        // SAFETY: `records` holds `written` records, the limit the call is given.
+        let st = unsafe { f(dv, &mut written, records.as_mut_ptr()) };
+        // Pages retired between the two calls: the first `n` records are still written.
+        if st != RSMI_STATUS_SUCCESS && st != RSMI_STATUS_INSUFFICIENT_SIZE {
+            return Err(self.absent(st));
+        }
+        Ok(records
+            .iter()
+            .take(written.min(n) as usize)
+            .any(|r| r.status == RSMI_MEM_PAGE_STATUS_PENDING))
     }
 
     fn frequencies(&self, dv: u32, clk: u32) -> Result<Frequencies, Absent> {
@@ -656,7 +694,6 @@ const UNAVAILABLE_SAMPLE: &[&str] = &[
     "ecc_uncorrected_aggregate",
     "retired_pages_sbe",
     "retired_pages_dbe",
-    "retired_pages_pending",
     "remapped_rows_correctable",
     "remapped_rows_uncorrectable",
     "remapped_rows_pending",
@@ -764,6 +801,7 @@ fn read_sample(lib: &Library64, info: &DeviceInfo, sensor: u32, time_ms: u64) ->
         a,
     );
     s.ecc_uncorrected_volatile = take(ecc.map(|c| c.uncorrectable), "ecc_uncorrected_volatile", a);
+    s.retired_pages_pending = take(lib.retirement_pending(dv), "retired_pages_pending", a);
     s.fan_pct = take(
         {
             let mut speed = 0i64;
@@ -1025,9 +1063,11 @@ mod tests {
     }
 
     #[test]
-    fn struct_buffer_holds_every_layout() {
+    fn structs_match_rocm_smi_h() {
         assert!(std::mem::size_of::<StructBuf>() >= 416);
         assert_eq!(std::mem::align_of::<StructBuf>(), 8);
+        assert_eq!(std::mem::size_of::<RsmiRetiredPage>(), 24);
+        assert_eq!(std::mem::size_of::<RsmiErrorCount>(), 16);
     }
 
     #[test]
