@@ -102,7 +102,8 @@ fn mi300x_fixture_sample() {
         assert_eq!(s.why_absent(nvidia_only), Some(&Absent::Unavailable));
     }
 
-    // pid 4242: one client on two descriptors (4 GiB, counted once) and another (1 GiB);
+    // pid 4242: one client on two descriptors (4 GiB, counted once) and another (1 GiB), and
+    // /dev/kfd open: a ROCm compute process (its fdinfo shows no compute engine time);
     // pid 5151: a client holding no VRAM yet. Sockets and /dev/null are not clients.
     let procs = s.processes.as_ref().unwrap();
     assert_eq!(procs.len(), 2, "{procs:?}");

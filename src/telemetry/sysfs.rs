@@ -776,15 +776,23 @@ struct Usage {
 /// One process's amdgpu clients by GPU. Only descriptors that point at /dev/dri are read, so
 /// sockets and files cost a readlink each, not a read. Processes of other users are unreadable
 /// without privileges and are skipped.
+///
+/// A process with /dev/kfd open is a ROCm (HIP, OpenCL) compute process: its queues run in user
+/// mode, so its fdinfo may show no compute engine time even while it computes.
 fn process_usage(pdir: &Path, buses: &[&str]) -> BTreeMap<String, Usage> {
     let mut clients: BTreeMap<(String, Option<u64>), FdInfo> = BTreeMap::new();
     let Ok(fds) = std::fs::read_dir(pdir.join("fd")) else {
         return BTreeMap::new();
     };
+    let mut kfd = false;
     for fd in fds.filter_map(Result::ok) {
-        let is_dri =
-            std::fs::read_link(fd.path()).is_ok_and(|target| target.starts_with("/dev/dri"));
-        if !is_dri {
+        let Ok(target) = std::fs::read_link(fd.path()) else {
+            continue;
+        };
+        if target == Path::new("/dev/kfd") {
+            kfd = true;
+        }
+        if !target.starts_with("/dev/dri") {
             continue;
         }
         let Ok(text) = std::fs::read_to_string(pdir.join("fdinfo").join(fd.file_name())) else {
@@ -809,7 +817,7 @@ fn process_usage(pdir: &Path, buses: &[&str]) -> BTreeMap<String, Usage> {
         if let Some(v) = info.vram_bytes {
             u.vram_bytes = Some(u.vram_bytes.unwrap_or(0) + v);
         }
-        if info.compute {
+        if info.compute || kfd {
             u.kind = Some("compute");
         } else if info.graphics && u.kind.is_none() {
             u.kind = Some("graphics");
