@@ -489,3 +489,83 @@ fn amd_backends_without_an_amd_gpu_exit_3_in_one_line() {
     let line = gpudiag(&["check", "--backend", "rocm"], &[]).one_line_error(3);
     assert!(line.contains("no AMD GPU"), "{line}");
 }
+
+/// A writable copy of a fixture tree (symlinks kept), for tests that change it.
+fn copy_fixture(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(sysfs_root(name))
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let root = dir.path().join(name);
+    (dir, root)
+}
+
+const MI300X_GPU: &str =
+    "sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0/0000:02:00.0/0000:03:00.0";
+
+#[test]
+fn a_gpu_that_vanishes_is_lost_once() {
+    let (_dir, root) = copy_fixture("mi300x");
+    let mut b = SysfsBackend::open(&root).unwrap();
+    assert!(b.poll().unwrap().events.is_empty());
+    std::fs::remove_dir_all(root.join(MI300X_GPU)).unwrap();
+    let tick = b.poll().unwrap();
+    assert_eq!(tick.events.len(), 1, "{:?}", tick.events);
+    assert_eq!(tick.events[0].device, Some(0));
+    assert!(
+        matches!(&tick.events[0].kind, gpudiag::telemetry::EventKind::DeviceLost { reason }
+            if reason.contains("0000:03:00.0")),
+        "{:?}",
+        tick.events[0]
+    );
+    let s = &tick.samples[0];
+    assert_eq!(s.gpu_util_pct, None);
+    assert_eq!(s.why_absent("gpu_util_pct"), Some(&Absent::GpuLost));
+    assert!(
+        s.absent.values().all(|a| *a == Absent::GpuLost),
+        "{:?}",
+        s.absent
+    );
+    // Said once.
+    assert!(b.poll().unwrap().events.is_empty());
+}
+
+#[test]
+fn a_page_pending_retirement_warns_that_a_reset_is_needed() {
+    let (_dir, root) = copy_fixture("mi300x");
+    std::fs::write(
+        root.join(MI300X_GPU).join("ras/gpu_vram_bad_pages"),
+        "0x000002a1 : 0x00001000 : R\n0x00004c3e : 0x00001000 : P\n",
+    )
+    .unwrap();
+    let run = gpudiag(
+        &[
+            "check",
+            "--json",
+            "--backend",
+            "sysfs",
+            "--sysfs-root",
+            root.to_str().unwrap(),
+            "--window",
+            "0",
+            "--fail-on",
+            "warn",
+        ],
+        &[],
+    );
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_schema_valid(&report, "pending page");
+    assert_eq!(report["status"], "warn");
+    let ids: Vec<&str> = report["devices"][0]["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["errors.reset_pending", "vendor.nvidia_only_signals"]);
+}

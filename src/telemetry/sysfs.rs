@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 use super::amd;
 use super::nvml::{container_id_from_cgroup, passwd_name, status_uid};
 use super::{
-    Absent, AbsentMap, Backend, BackendError, DeviceInfo, HostInfo, Pacing, ProcessSample, Sample,
-    Tick, now_ms,
+    Absent, AbsentMap, Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Pacing,
+    ProcessSample, Sample, Tick, now_ms,
 };
 
 /// The root the backend reads under unless told otherwise.
@@ -56,6 +56,8 @@ pub struct SysfsBackend {
     devices: Vec<DeviceInfo>,
     /// One per device, same order as `devices`.
     cards: Vec<Card>,
+    /// Per device: lost at the last poll (the event is sent once per loss).
+    lost: Vec<bool>,
     processes: ProcessCache,
 }
 
@@ -107,6 +109,7 @@ impl SysfsBackend {
         Ok(SysfsBackend {
             host: read_host_info(root),
             devices,
+            lost: vec![false; cards.len()],
             cards,
             processes: ProcessCache::new(root),
         })
@@ -185,24 +188,40 @@ impl Backend for SysfsBackend {
         let time_ms = now_ms();
         let buses: Vec<&str> = self.cards.iter().map(|c| c.bus_id.as_str()).collect();
         let procs = self.processes.get(&buses);
-        let samples = self
-            .cards
-            .iter()
-            .zip(&self.devices)
-            .map(|(card, info)| {
-                let mut s = read_sample(card, info, time_ms);
-                s.processes = take(
-                    ProcessCache::of(&procs, &card.bus_id),
-                    "processes",
-                    &mut s.absent,
-                );
-                s
-            })
-            .collect();
-        Ok(Tick {
-            samples,
-            events: Vec::new(),
-        })
+        let mut tick = Tick::default();
+        for ((card, info), lost) in self.cards.iter().zip(&self.devices).zip(&mut self.lost) {
+            let mut s = read_sample(card, info, time_ms);
+            s.processes = take(
+                ProcessCache::of(&procs, &card.bus_id),
+                "processes",
+                &mut s.absent,
+            );
+            // The PCI directory vanished (hot removal, fell off the bus) or the driver answers
+            // ENODEV: every value is lost, said once as an event.
+            let gone = !card.dev.join("vendor").exists()
+                || s.absent.values().any(|a| *a == Absent::GpuLost);
+            if gone {
+                for why in s.absent.values_mut() {
+                    *why = Absent::GpuLost;
+                }
+                if !*lost {
+                    tick.events.push(Event {
+                        time_ms,
+                        device: Some(info.index),
+                        kind: EventKind::DeviceLost {
+                            reason: format!(
+                                "GPU {} ({}) disappeared from sysfs or stopped answering; it \
+                                 needs a reset or a reboot",
+                                info.index, card.bus_id
+                            ),
+                        },
+                    });
+                }
+            }
+            *lost = gone;
+            tick.samples.push(s);
+        }
+        Ok(tick)
     }
 
     fn set_slow_interval(&mut self, interval: Duration) {
@@ -990,14 +1009,26 @@ fn milli_to_unit(v: i64) -> f64 {
 fn read_text(dir: &Path, name: &str) -> Result<String, Absent> {
     std::fs::read_to_string(dir.join(name))
         .map(|t| t.trim().to_owned())
-        .map_err(|e| match e.kind() {
+        .map_err(|e| absent_from_io(&e, name))
+}
+
+/// Why a sysfs file could not be read, from the error of reading `name`.
+pub fn absent_from_io(e: &std::io::Error, name: &str) -> Absent {
+    match e.raw_os_error() {
+        // amdgpu's own answer while the GPU resets or sleeps (amdgpu_pm.c); an unprivileged
+        // open fails with EACCES instead.
+        Some(1) => Absent::Error(format!("{name}: the GPU is resetting or suspended")),
+        Some(13) => Absent::NoPermission,
+        Some(19) => Absent::GpuLost,
+        // EINVAL / EOPNOTSUPP: an attribute the driver registers but this part lacks.
+        Some(22 | 95) => Absent::NotSupported,
+        _ => match e.kind() {
             // A file the driver does not create for this part.
             ErrorKind::NotFound => Absent::NotSupported,
             ErrorKind::PermissionDenied => Absent::NoPermission,
-            // amdgpu answers EOPNOTSUPP / EINVAL for attributes a part registers but lacks.
-            _ if matches!(e.raw_os_error(), Some(95 | 22)) => Absent::NotSupported,
             _ => Absent::Error(format!("{name}: {e}")),
-        })
+        },
+    }
 }
 
 /// Like `read_text`, with an empty file counted as absent (FRU fields of boards without one).
@@ -1159,6 +1190,17 @@ mod tests {
         };
         assert_eq!(edge_only.gpu(), Some(1));
         assert_eq!(Sensors::default().gpu(), None);
+    }
+
+    #[test]
+    fn io_errors_map_to_reasons() {
+        let e = |n| absent_from_io(&std::io::Error::from_raw_os_error(n), "gpu_busy_percent");
+        assert_eq!(e(2), Absent::NotSupported);
+        assert_eq!(e(13), Absent::NoPermission);
+        assert_eq!(e(19), Absent::GpuLost);
+        assert_eq!(e(95), Absent::NotSupported);
+        assert!(matches!(e(1), Absent::Error(m) if m.contains("resetting")));
+        assert!(matches!(e(5), Absent::Error(m) if m.starts_with("gpu_busy_percent: ")));
     }
 
     #[test]
