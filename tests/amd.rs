@@ -224,6 +224,8 @@ fn rocm_smi_loads_resolves_every_symbol_and_reports_no_amd_gpu() {
         Ok(lib) => {
             // `load` resolves every symbol in SYMBOLS or fails: getting here proves them all.
             assert!(rocm::SYMBOLS.len() >= 25);
+            // The version picks the struct layouts: it must be known.
+            assert!(lib.version.is_some(), "{lib:?}");
             assert!(lib.name.starts_with("librocm_smi64.so") || lib.name.contains("/opt/rocm"));
             eprintln!(
                 "loaded {} (library version {:?}), {} symbols resolved",

@@ -185,10 +185,13 @@ api! {
 /// A loaded `librocm_smi64` with every symbol resolved (not yet initialised).
 pub struct Library64 {
     api: Api,
+    /// `rsmi_dev_current_socket_power_get`, in libraries that have it (ROCm 6 and later).
+    socket_power: Option<DevU64>,
     /// The file name that loaded.
     pub name: String,
-    /// The library's own version (`rsmi_version_get`), e.g. (5, 0, 0).
-    pub version: (u32, u32, u32),
+    /// The library's own version (`rsmi_version_get`), e.g. (5, 0, 0); `None` when it would
+    /// not say, and then the versioned structs are not read.
+    pub version: Option<(u32, u32, u32)>,
 }
 
 impl std::fmt::Debug for Library64 {
@@ -229,6 +232,14 @@ impl Library64 {
                     continue;
                 }
             };
+            // Optional: ROCm SMI 6 reads MI300's power here; rsmi_dev_power_ave_get does not.
+            // SAFETY: the pointer type is the signature rocm_smi.h gives this symbol, and the
+            // copied pointer is only called while the `Api` that takes `lib` keeps it loaded.
+            let socket_power: Option<DevU64> = unsafe {
+                lib.get::<DevU64>(b"rsmi_dev_current_socket_power_get\0")
+                    .ok()
+                    .map(|f| *f)
+            };
             let api = Api::resolve(lib).map_err(|detail| LoadError::MissingSymbol {
                 name: name.clone(),
                 detail,
@@ -241,22 +252,26 @@ impl Library64 {
             };
             // SAFETY: `v` is a live rsmi_version_t the call fills; it needs no rsmi_init.
             let st = unsafe { (api.version_get)(&mut v) };
-            let version = if st == RSMI_STATUS_SUCCESS {
-                (v.major, v.minor, v.patch)
-            } else {
-                (0, 0, 0)
-            };
-            return Ok(Library64 { api, name, version });
+            let version = (st == RSMI_STATUS_SUCCESS).then_some((v.major, v.minor, v.patch));
+            return Ok(Library64 {
+                api,
+                socket_power,
+                name,
+                version,
+            });
         }
         Err(LoadError::NotFound(tried.join("; ")))
     }
 
     /// The struct layout this library version writes.
-    fn layout(&self) -> Layout {
-        if self.version.0 >= 6 {
-            Layout::V6
-        } else {
-            Layout::V5
+    fn layout(&self) -> Result<Layout, Absent> {
+        match self.version {
+            Some((major, _, _)) if major >= 6 => Ok(Layout::V6),
+            Some(_) => Ok(Layout::V5),
+            None => Err(Absent::Error(
+                "ROCm SMI did not give its version, so its clock tables cannot be read safely"
+                    .into(),
+            )),
         }
     }
 
@@ -378,14 +393,14 @@ impl Library64 {
         let mut buf = StructBuf::new();
         // SAFETY: `buf` is larger than any version's rsmi_frequencies_t and 8-byte aligned.
         self.check(unsafe { (self.api.dev_gpu_clk_freq_get)(dv, clk, &mut buf) })?;
-        decode_frequencies(&buf.0, self.layout())
+        decode_frequencies(&buf.0, self.layout()?)
     }
 
     fn pcie(&self, dv: u32) -> Result<PcieLink, Absent> {
         let mut buf = StructBuf::new();
         // SAFETY: `buf` is larger than any version's rsmi_pcie_bandwidth_t and 8-byte aligned.
         self.check(unsafe { (self.api.dev_pci_bandwidth_get)(dv, &mut buf) })?;
-        decode_pcie(&buf.0, self.layout())
+        decode_pcie(&buf.0, self.layout()?)
     }
 
     fn temp(&self, dv: u32, sensor: u32, metric: u32) -> Result<f64, Absent> {
@@ -733,6 +748,10 @@ fn read_sample(lib: &Library64, info: &DeviceInfo, sensor: u32, time_ms: u64) ->
     s.mem_total_bytes = take(total, "mem_total_bytes", a);
     s.power_w = take(
         lib.dev_arg_u64(api.dev_power_ave_get, dv, 0)
+            .or_else(|why| match lib.socket_power {
+                Some(f) if why == Absent::NotSupported => lib.dev_u64(f, dv),
+                _ => Err(why),
+            })
             .map(micro_to_unit),
         "power_w",
         a,
