@@ -215,14 +215,22 @@ pub enum LoadError {
 impl Library64 {
     /// Loads the first library name that opens and resolves every symbol in `SYMBOLS`.
     pub fn load() -> Result<Library64, LoadError> {
+        let candidates: Vec<String> = LIBRARY_NAMES
+            .iter()
+            .flat_map(|n| {
+                [
+                    (*n).to_owned(),
+                    Path::new(ROCM_LIB_DIR).join(n).display().to_string(),
+                ]
+            })
+            .collect();
+        Self::load_from(&candidates)
+    }
+
+    /// `load` over the given names (a bare name goes through the loader's search path).
+    pub fn load_from(candidates: &[String]) -> Result<Library64, LoadError> {
         let mut tried = Vec::new();
-        let candidates = LIBRARY_NAMES.iter().flat_map(|n| {
-            [
-                (*n).to_owned(),
-                Path::new(ROCM_LIB_DIR).join(n).display().to_string(),
-            ]
-        });
-        for name in candidates {
+        for name in candidates.iter().cloned() {
             // SAFETY: loading runs the library's initialisers; librocm_smi64's only set up its
             // own C++ statics and touch no state of ours.
             let lib = match unsafe { Library::new(&name) } {
@@ -1170,6 +1178,17 @@ mod tests {
         assert_eq!(energy_joules(1_000_000, 15.3).map(|j| j.round()), Ok(15.0));
         assert!(energy_joules(5, 0.0).is_err());
         assert!(energy_joules(5, f32::NAN).is_err());
+    }
+
+    #[test]
+    fn a_missing_library_is_not_found_naming_what_was_tried() {
+        let err = Library64::load_from(&["librocm_smi64_nonexistent.so.9".into()]).unwrap_err();
+        match err {
+            LoadError::NotFound(tried) => {
+                assert!(tried.contains("librocm_smi64_nonexistent.so.9"), "{tried}")
+            }
+            other => panic!("{other}"),
+        }
     }
 
     #[test]
