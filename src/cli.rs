@@ -83,6 +83,23 @@ pub struct SourceArgs {
     /// How long NVML initialisation may take before gpudiag gives up (exit code 3).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub init_timeout: Duration,
+    /// Where live telemetry comes from: every vendor found (auto), NVIDIA's NVML, AMD's ROCm
+    /// SMI or amdgpu sysfs; `replay` goes with --replay.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub backend: BackendChoice,
+    /// Read amdgpu sysfs and /proc under this directory instead of / (fake trees in tests).
+    #[arg(long, value_name = "PATH", env = crate::telemetry::sysfs::SYSFS_ROOT_ENV, hide = true)]
+    pub sysfs_root: Option<PathBuf>,
+}
+
+/// `--backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendChoice {
+    Auto,
+    Nvml,
+    Rocm,
+    Sysfs,
+    Replay,
 }
 
 #[derive(Debug, Clone, Args)]

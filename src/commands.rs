@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::cli::{CheckArgs, RecordArgs, SourceArgs};
+use crate::cli::{BackendChoice, CheckArgs, RecordArgs, SourceArgs};
 use crate::config::Config;
 use crate::error::Error;
 use crate::history::History;
@@ -15,7 +15,8 @@ use crate::report::check::{
 };
 use crate::report::environment;
 use crate::rules::{self, RuleEngine};
-use crate::telemetry::nvml::{NvmlBackend, SlowFields};
+use crate::telemetry::live::{self, LiveBackend, LiveOptions};
+use crate::telemetry::nvml::SlowFields;
 use crate::telemetry::recording::{Header, Record, RecordingError, RecordingWriter};
 use crate::telemetry::replay::{Pace, ReplayBackend};
 use crate::telemetry::sampler::{Sampler, SamplerMsg};
@@ -57,8 +58,26 @@ impl DeviceFilter {
     }
 }
 
-/// Opens live NVML, a recording, or the demo, as the flags say.
+/// Opens live GPUs (NVML, ROCm SMI, amdgpu sysfs), a recording, or the demo, as the flags say.
 pub fn open_source(args: &SourceArgs, pace: Pace, one_shot: bool) -> Result<Source, Error> {
+    let is_replay = args.demo || args.replay.is_some();
+    let live_choice = match (args.backend, is_replay) {
+        (BackendChoice::Replay, false) => {
+            return Err(Error::Usage(
+                "--backend replay needs --replay FILE (or --demo)".into(),
+            ));
+        }
+        (BackendChoice::Auto | BackendChoice::Replay, _) => LiveBackend::Auto,
+        (other, true) => {
+            return Err(Error::Usage(format!(
+                "--backend {} reads live GPUs; it cannot go with --replay or --demo",
+                format!("{other:?}").to_lowercase()
+            )));
+        }
+        (BackendChoice::Nvml, false) => LiveBackend::Nvml,
+        (BackendChoice::Rocm, false) => LiveBackend::Rocm,
+        (BackendChoice::Sysfs, false) => LiveBackend::Sysfs,
+    };
     let (backend, recording): (Box<dyn Backend>, Option<String>) = if args.demo {
         let b = ReplayBackend::from_reader(DEMO_RECORDING, pace)?;
         (Box::new(b), Some(DEMO_NAME.into()))
@@ -71,8 +90,13 @@ pub fn open_source(args: &SourceArgs, pace: Pace, one_shot: bool) -> Result<Sour
         } else {
             SlowFields::Background
         };
-        let b = NvmlBackend::open_with(args.init_timeout, slow)?;
-        (Box::new(b), None)
+        let b = live::open_live(&LiveOptions {
+            backend: live_choice,
+            sysfs_root: args.sysfs_root.clone(),
+            init_timeout: args.init_timeout,
+            slow_fields: slow,
+        })?;
+        (b, None)
     };
     let selected = select_devices(backend.devices(), &args.devices)?;
     Ok(Source {

@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 
-use gpudiag::cli::{CheckArgs, Cli, Command, FailOn, SourceArgs};
+use gpudiag::cli::{BackendChoice, CheckArgs, Cli, Command, FailOn, SourceArgs};
 use gpudiag::commands;
 use gpudiag::config::{Config, DEFAULT_CONFIG_TOML};
 use gpudiag::error::{Error, exit};
 use gpudiag::report::text;
+use gpudiag::telemetry::sysfs::SYSFS_ROOT_ENV;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -76,6 +77,8 @@ fn default_view(demo: bool, config: &Config) -> Result<i32, Error> {
             replay: None,
             demo,
             init_timeout: std::time::Duration::from_secs(10),
+            backend: BackendChoice::Auto,
+            sysfs_root: std::env::var_os(SYSFS_ROOT_ENV).map(Into::into),
         },
         json: false,
         window: None,

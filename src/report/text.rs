@@ -101,12 +101,15 @@ fn render_device(out: &mut String, d: &DeviceReport) {
     let i = &d.info;
     let _ = writeln!(
         out,
-        "GPU {}  {}  {}  {} (cc {})  {} GiB  {}",
+        "GPU {}  {}  {}  {}{}  {} GiB  {}",
         i.index,
         na(i.name.as_deref()),
         na(i.pci_bus_id.as_deref()),
         na(i.architecture.as_deref()),
-        na(i.compute_capability),
+        // Compute capability is NVIDIA's notion; other vendors simply have none to show.
+        i.compute_capability
+            .map(|cc| format!(" (cc {cc})"))
+            .unwrap_or_default(),
         gib(i.memory_total_bytes),
         na(i.uuid.as_deref()),
     );

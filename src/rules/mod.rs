@@ -62,6 +62,7 @@ pub mod pcie;
 pub mod thermal;
 pub mod throttle;
 pub mod utilisation;
+pub mod vendor;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -110,6 +111,7 @@ pub fn windowed(input: &RuleInput<'_>) -> Vec<Finding> {
     findings.extend(pcie::evaluate(input));
     findings.extend(memory::evaluate(input));
     findings.extend(thermal::evaluate(input));
+    findings.extend(vendor::evaluate(input));
     findings
 }
 

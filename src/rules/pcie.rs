@@ -2,7 +2,8 @@
 //! than a healthy link's bit error rate allows.
 //!
 //! Links downshift when idle to save power; that is normal, so the link is judged only on
-//! samples where the GPU is in P0 and busy, or moving data. Probe bandwidth against the link's
+//! samples where the GPU is in P0 and busy (busy alone where there are no P-states, as on AMD),
+//! or moving data. Probe bandwidth against the link's
 //! expected rate joins this family once probes exist.
 
 use serde_json::json;
@@ -41,7 +42,8 @@ fn downtrained(input: &RuleInput<'_>, d: &crate::telemetry::DeviceInfo) -> Optio
         .iter()
         .filter_map(|(_, r)| {
             let (link_gen, width) = (r[0]? as u32, r[1]? as u32);
-            let busy_p0 = r[2] == Some(0.0) && r[3].is_some_and(|u| u >= 1.0);
+            // Without P-states (AMD), a working GPU is one with any utilisation.
+            let busy_p0 = r[2].is_none_or(|p| p == 0.0) && r[3].is_some_and(|u| u >= 1.0);
             let traffic = r[4].unwrap_or(0.0) + r[5].unwrap_or(0.0);
             (busy_p0 || traffic >= moving).then_some((link_gen, width))
         })

@@ -4,11 +4,15 @@
 //! pushes ticks into the history; rules and views read the history. No view knows which backend
 //! produced the data.
 
+pub mod amd;
+pub mod live;
 pub mod model;
 pub mod nvml;
 pub mod recording;
 pub mod replay;
+pub mod rocm;
 pub mod sampler;
+pub mod sysfs;
 
 pub use model::*;
 
