@@ -4,6 +4,7 @@ pub mod cli;
 pub mod commands;
 pub mod deadline;
 pub mod error;
+pub mod export;
 pub mod history;
 pub mod report;
 pub mod rules;

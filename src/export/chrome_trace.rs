@@ -1,0 +1,636 @@
+//! Chrome trace export: telemetry, findings, events, throttle intervals and probe spans in the
+//! Trace Event Format (JSON object form), which Perfetto UI and chrome://tracing open.
+//!
+//! Mapping: one process per GPU (pid = index + 1) named by metadata events, and one `host`
+//! process for host-wide findings and events. Counters are grouped per metric family (one `C`
+//! event carries every series of the family), and a group is written only when one of its
+//! rounded values changed: a counter track is a step function, so a repeated value adds bytes
+//! and no information. That keeps a one-hour, 8-GPU, 10 Hz recording well under 100 MB.
+//! Findings, XIDs and other events are instant events (`i`) on their own thread; each throttle
+//! reason (except `gpu_idle`, which only says the GPU has nothing to do) gets a thread whose
+//! complete events (`X`) are the intervals the reason was active; probe phases are complete
+//! events on the `probes` thread with their results in `args`. Timestamps are microseconds on
+//! the telemetry clock (ms since the epoch), relative to the first thing in the trace, whose
+//! epoch time is kept in `otherData.start_ms`.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::rules::Finding;
+use crate::telemetry::nvml::THROTTLE_REASONS;
+use crate::telemetry::{DeviceInfo, Event, EventKind, HostInfo, Sample, Tick, TimeMs};
+
+/// The value of `otherData.format`.
+pub const TRACE_FORMAT: &str = "gpudiag-trace";
+/// Bumped when a change would break a reader of `otherData` or of the event mapping.
+pub const TRACE_VERSION: u32 = 1;
+/// The process that holds host-wide findings and events; far above any GPU index + 1.
+pub const HOST_PID: u32 = 1_000_000;
+/// Threads inside a GPU process.
+pub const TID_TELEMETRY: u32 = 1;
+pub const TID_EVENTS: u32 = 2;
+pub const TID_PROBES: u32 = 3;
+/// Throttle reason with bit `b` (0..64) is on thread `TID_THROTTLE_BASE + b`.
+pub const TID_THROTTLE_BASE: u32 = 100;
+/// NVML's idle reason: not a slowdown, so it gets no track.
+const GPU_IDLE_BIT: u64 = 0x1;
+
+/// A whole trace, as written to `trace.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Trace {
+    #[serde(rename = "traceEvents")]
+    pub trace_events: Vec<TraceEvent>,
+    /// How the viewer shows times; the events themselves are always in µs.
+    #[serde(rename = "displayTimeUnit")]
+    pub display_time_unit: String,
+    #[serde(rename = "otherData")]
+    pub other_data: TraceInfo,
+}
+
+/// What produced the trace; viewers show it as metadata.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceInfo {
+    /// Always [`TRACE_FORMAT`].
+    pub format: String,
+    pub version: u32,
+    pub tool_version: String,
+    /// Epoch milliseconds of `ts == 0`; `None` for a trace with no timed event.
+    pub start_ms: Option<TimeMs>,
+    /// "nvml", "replay", ...
+    pub backend: String,
+    /// The recording traced, for replays.
+    pub recording: Option<String>,
+    /// Host name (redactable).
+    pub host: Option<String>,
+    pub driver_version: Option<String>,
+}
+
+/// An event phase (`ph`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Phase {
+    #[serde(rename = "M")]
+    Metadata,
+    #[serde(rename = "C")]
+    Counter,
+    #[serde(rename = "i")]
+    Instant,
+    #[serde(rename = "X")]
+    Complete,
+}
+
+/// Scope of an instant event (`s`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Scope {
+    #[serde(rename = "t")]
+    Thread,
+    #[serde(rename = "p")]
+    Process,
+    #[serde(rename = "g")]
+    Global,
+}
+
+/// Microseconds since the trace start.
+pub type Micros = u64;
+
+/// Named values of an event.
+pub type Args = BTreeMap<Cow<'static, str>, Value>;
+
+/// One event of the Trace Event Format, with the fields gpudiag uses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceEvent {
+    pub name: Cow<'static, str>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cat: Option<Cow<'static, str>>,
+    pub ph: Phase,
+    pub ts: Micros,
+    /// Complete events only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dur: Option<Micros>,
+    pub pid: u32,
+    pub tid: u32,
+    /// Instant events only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s: Option<Scope>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub args: Args,
+}
+
+/// A probe phase for the trace: the probes branch turns its results into these.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeSpan {
+    /// "bandwidth h2d pinned", "matmul bf16", ...
+    pub name: String,
+    /// `None` for a host-wide probe.
+    pub device: Option<u32>,
+    pub start_ms: TimeMs,
+    pub end_ms: TimeMs,
+    /// The results (value, unit, expected, ratio, ...).
+    pub results: serde_json::Map<String, Value>,
+}
+
+/// The counter families. Each is one `C` event name; its series are the args.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Group {
+    Util,
+    Memory,
+    Power,
+    Temperature,
+    Clocks,
+    Pcie,
+}
+
+impl Group {
+    const ALL: [Group; 6] = [
+        Group::Util,
+        Group::Memory,
+        Group::Power,
+        Group::Temperature,
+        Group::Clocks,
+        Group::Pcie,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Group::Util => "utilization %",
+            Group::Memory => "memory MiB",
+            Group::Power => "power W",
+            Group::Temperature => "temperature C",
+            Group::Clocks => "clocks MHz",
+            Group::Pcie => "PCIe MB/s",
+        }
+    }
+
+    /// The group's series in a sample, rounded to what a chart can show (the rounding is what
+    /// makes unchanged values compare equal, and keeps numbers short).
+    fn values(self, s: &Sample) -> [(&'static str, Option<f64>); 2] {
+        const MIB: f64 = 1024.0 * 1024.0;
+        let r1 = |v: Option<f64>| v.map(|x| (x * 10.0).round() / 10.0);
+        let mib = |v: Option<u64>| v.map(|x| (x as f64 / MIB).round());
+        let mb = |v: Option<f64>| r1(v.map(|x| x / 1e6));
+        match self {
+            Group::Util => [("gpu", r1(s.gpu_util_pct)), ("memory", r1(s.mem_util_pct))],
+            Group::Memory => [
+                ("used", mib(s.mem_used_bytes)),
+                ("free", mib(s.mem_free_bytes)),
+            ],
+            Group::Power => [("draw", r1(s.power_w)), ("limit", r1(s.power_limit_w))],
+            Group::Temperature => [("gpu", r1(s.temp_gpu_c)), ("memory", r1(s.temp_mem_c))],
+            Group::Clocks => [
+                ("sm", s.sm_clock_mhz.map(f64::from)),
+                ("memory", s.mem_clock_mhz.map(f64::from)),
+            ],
+            Group::Pcie => [
+                ("rx", mb(s.pcie_rx_bytes_per_s)),
+                ("tx", mb(s.pcie_tx_bytes_per_s)),
+            ],
+        }
+    }
+}
+
+/// Per-device state while building.
+#[derive(Default)]
+struct DeviceState {
+    /// The last values written per group, to skip unchanged ones.
+    last: [Option<[Option<f64>; 2]>; 6],
+    /// Start time of each active throttle run, by bit index.
+    throttle_start: BTreeMap<u32, TimeMs>,
+    /// Time of the last sample seen, where an open run ends if the recording stops.
+    last_ms: Option<TimeMs>,
+}
+
+/// Events with absolute times, before the start is known.
+struct Pending {
+    name: Cow<'static, str>,
+    cat: Option<Cow<'static, str>>,
+    ph: Phase,
+    time_ms: TimeMs,
+    dur_ms: Option<u64>,
+    pid: u32,
+    tid: u32,
+    args: Args,
+}
+
+/// Builds a trace tick by tick, so a long recording never has to be held as samples.
+pub struct TraceBuilder {
+    devices: Vec<DeviceInfo>,
+    info: TraceInfo,
+    state: BTreeMap<u32, DeviceState>,
+    events: Vec<Pending>,
+    /// Threads used per process, for their name metadata.
+    threads: BTreeMap<(u32, u32), Cow<'static, str>>,
+}
+
+/// The pid of a device (`None`: the host process).
+pub fn pid_of(device: Option<u32>) -> u32 {
+    device.map_or(HOST_PID, |d| d.saturating_add(1))
+}
+
+fn throttle_name(bit: u32) -> Cow<'static, str> {
+    let mask = 1u64 << bit;
+    THROTTLE_REASONS
+        .iter()
+        .find(|(b, _)| *b == mask)
+        .map_or_else(
+            || Cow::Owned(format!("unknown_{mask:#x}")),
+            |(_, n)| Cow::Borrowed(*n),
+        )
+}
+
+impl TraceBuilder {
+    pub fn new(
+        backend: &str,
+        recording: Option<String>,
+        host: &HostInfo,
+        devices: Vec<DeviceInfo>,
+    ) -> Self {
+        TraceBuilder {
+            devices,
+            info: TraceInfo {
+                format: TRACE_FORMAT.into(),
+                version: TRACE_VERSION,
+                tool_version: env!("CARGO_PKG_VERSION").into(),
+                start_ms: None,
+                backend: backend.into(),
+                recording,
+                host: host.hostname.clone(),
+                driver_version: host.driver_version.clone(),
+            },
+            state: BTreeMap::new(),
+            events: Vec::new(),
+            threads: BTreeMap::new(),
+        }
+    }
+
+    fn thread(&mut self, pid: u32, tid: u32, name: Cow<'static, str>) {
+        self.threads.entry((pid, tid)).or_insert(name);
+    }
+
+    /// Adds one tick: its samples as counters and throttle runs, its events as instants.
+    pub fn push_tick(&mut self, tick: &Tick) {
+        for e in &tick.events {
+            self.push_event(e);
+        }
+        for s in &tick.samples {
+            self.push_sample(s);
+        }
+    }
+
+    pub fn push_sample(&mut self, s: &Sample) {
+        let pid = pid_of(Some(s.device));
+        let state = self.state.entry(s.device).or_default();
+        let mut out = Vec::new();
+        for (i, group) in Group::ALL.into_iter().enumerate() {
+            let pairs = group.values(s);
+            let values = [pairs[0].1, pairs[1].1];
+            if values.iter().all(Option::is_none) || state.last[i] == Some(values) {
+                continue;
+            }
+            state.last[i] = Some(values);
+            let args: Args = pairs
+                .into_iter()
+                .filter_map(|(k, v)| Some((Cow::Borrowed(k), Value::from(v?))))
+                .collect();
+            out.push(Pending {
+                name: Cow::Borrowed(group.name()),
+                cat: None,
+                ph: Phase::Counter,
+                time_ms: s.time_ms,
+                dur_ms: None,
+                pid,
+                tid: TID_TELEMETRY,
+                args,
+            });
+        }
+        // Throttle runs: a bit that clears (or a sample that cannot say) ends its run here.
+        let bits = s.throttle_reasons.map(|b| b & !GPU_IDLE_BIT);
+        let mut ended = Vec::new();
+        state.throttle_start.retain(|&bit, &mut start| {
+            let still = bits.is_some_and(|b| b & (1u64 << bit) != 0);
+            if !still {
+                ended.push((bit, start, s.time_ms));
+            }
+            still
+        });
+        if let Some(b) = bits {
+            for bit in 0..64u32 {
+                if b & (1u64 << bit) != 0 {
+                    state.throttle_start.entry(bit).or_insert(s.time_ms);
+                }
+            }
+        }
+        state.last_ms = Some(s.time_ms);
+        self.events.extend(out);
+        for (bit, start, end) in ended {
+            self.push_throttle(pid, bit, start, end);
+        }
+    }
+
+    fn push_throttle(&mut self, pid: u32, bit: u32, start: TimeMs, end: TimeMs) {
+        let name = throttle_name(bit);
+        let tid = TID_THROTTLE_BASE + bit;
+        self.thread(pid, tid, Cow::Owned(format!("throttle: {name}")));
+        let mut args = Args::new();
+        args.insert(
+            "reason_bit".into(),
+            Value::from(format!("{:#x}", 1u64 << bit)),
+        );
+        self.events.push(Pending {
+            name,
+            cat: Some("throttle".into()),
+            ph: Phase::Complete,
+            time_ms: start,
+            dur_ms: Some(end.saturating_sub(start)),
+            pid,
+            tid,
+            args,
+        });
+    }
+
+    /// An XID, a lost GPU or a notice, as an instant on the device's (or host's) events thread.
+    pub fn push_event(&mut self, e: &Event) {
+        let pid = pid_of(e.device);
+        let (name, cat, mut args): (String, &'static str, Args) = match &e.kind {
+            EventKind::Xid { xid } => (format!("XID {xid}"), "xid", Args::new()),
+            EventKind::DeviceLost { reason } => ("device lost".into(), "event", {
+                let mut a = Args::new();
+                a.insert("reason".into(), Value::from(reason.clone()));
+                a
+            }),
+            EventKind::Notice { message } => ("notice".into(), "event", {
+                let mut a = Args::new();
+                a.insert("message".into(), Value::from(message.clone()));
+                a
+            }),
+        };
+        if let EventKind::Xid { xid } = e.kind {
+            args.insert("xid".into(), Value::from(xid));
+        }
+        self.thread(pid, TID_EVENTS, "findings and events".into());
+        self.events.push(Pending {
+            name: name.into(),
+            cat: Some(cat.into()),
+            ph: Phase::Instant,
+            time_ms: e.time_ms,
+            dur_ms: None,
+            pid,
+            tid: TID_EVENTS,
+            args,
+        });
+    }
+
+    /// A finding as an instant event; its args carry the whole finding.
+    pub fn push_finding(&mut self, f: &Finding) {
+        let pid = pid_of(f.device);
+        let args = match serde_json::to_value(f) {
+            Ok(Value::Object(map)) => map.into_iter().map(|(k, v)| (Cow::Owned(k), v)).collect(),
+            _ => Args::new(),
+        };
+        self.thread(pid, TID_EVENTS, "findings and events".into());
+        self.events.push(Pending {
+            name: Cow::Owned(format!("{}: {}", f.severity, f.title)),
+            cat: Some(Cow::Owned(format!("finding,{}", f.severity))),
+            ph: Phase::Instant,
+            time_ms: f.time_ms,
+            dur_ms: None,
+            pid,
+            tid: TID_EVENTS,
+            args,
+        });
+    }
+
+    /// A probe phase as a complete event with its results in `args`.
+    pub fn push_probe(&mut self, p: &ProbeSpan) {
+        let pid = pid_of(p.device);
+        self.thread(pid, TID_PROBES, "probes".into());
+        self.events.push(Pending {
+            name: Cow::Owned(p.name.clone()),
+            cat: Some("probe".into()),
+            ph: Phase::Complete,
+            time_ms: p.start_ms,
+            dur_ms: Some(p.end_ms.saturating_sub(p.start_ms)),
+            pid,
+            tid: TID_PROBES,
+            args: p
+                .results
+                .iter()
+                .map(|(k, v)| (Cow::Owned(k.clone()), v.clone()))
+                .collect(),
+        });
+    }
+
+    /// Closes open throttle runs at each device's last sample, names processes and threads,
+    /// converts times to µs since the earliest event and sorts events by time.
+    pub fn finish(mut self) -> Trace {
+        let open: Vec<(u32, u32, TimeMs, TimeMs)> = self
+            .state
+            .iter()
+            .flat_map(|(&dev, st)| {
+                let end = st.last_ms.unwrap_or_default();
+                st.throttle_start
+                    .iter()
+                    .map(move |(&bit, &start)| (dev, bit, start, end))
+            })
+            .collect();
+        for (dev, bit, start, end) in open {
+            self.push_throttle(pid_of(Some(dev)), bit, start, end);
+        }
+        let start = self.events.iter().map(|e| e.time_ms).min();
+        self.info.start_ms = start;
+        let origin = start.unwrap_or_default();
+
+        let mut meta = Vec::new();
+        let mut meta_event =
+            |name: &'static str, pid: u32, tid: u32, key: &'static str, v: Value| {
+                let mut args = Args::new();
+                args.insert(Cow::Borrowed(key), v);
+                meta.push(TraceEvent {
+                    name: Cow::Borrowed(name),
+                    cat: None,
+                    ph: Phase::Metadata,
+                    ts: 0,
+                    dur: None,
+                    pid,
+                    tid,
+                    s: None,
+                    args,
+                });
+            };
+        for d in &self.devices {
+            let pid = pid_of(Some(d.index));
+            let mut label = format!("GPU {}", d.label());
+            if let Some(bus) = &d.pci_bus_id {
+                label.push_str(&format!(" ({bus})"));
+            }
+            meta_event("process_name", pid, 0, "name", Value::from(label));
+            meta_event(
+                "process_sort_index",
+                pid,
+                0,
+                "sort_index",
+                Value::from(d.index),
+            );
+            meta_event(
+                "thread_name",
+                pid,
+                TID_TELEMETRY,
+                "name",
+                "telemetry".into(),
+            );
+        }
+        let host_used = self.events.iter().any(|e| e.pid == HOST_PID);
+        if host_used {
+            let name = match &self.info.host {
+                Some(h) => format!("host {h}"),
+                None => "host".into(),
+            };
+            meta_event("process_name", HOST_PID, 0, "name", Value::from(name));
+            meta_event(
+                "process_sort_index",
+                HOST_PID,
+                0,
+                "sort_index",
+                Value::from(-1),
+            );
+        }
+        // A device that appears in samples but not in the device list still gets a name.
+        let named: Vec<u32> = self.devices.iter().map(|d| pid_of(Some(d.index))).collect();
+        let mut unnamed: Vec<u32> = self
+            .events
+            .iter()
+            .map(|e| e.pid)
+            .filter(|p| *p != HOST_PID && !named.contains(p))
+            .collect();
+        unnamed.sort_unstable();
+        unnamed.dedup();
+        for pid in unnamed {
+            let label = format!("GPU {}", pid.saturating_sub(1));
+            meta_event("process_name", pid, 0, "name", Value::from(label));
+            meta_event(
+                "thread_name",
+                pid,
+                TID_TELEMETRY,
+                "name",
+                "telemetry".into(),
+            );
+        }
+        for ((pid, tid), name) in std::mem::take(&mut self.threads) {
+            meta_event(
+                "thread_name",
+                pid,
+                tid,
+                "name",
+                Value::from(name.into_owned()),
+            );
+            meta_event(
+                "thread_sort_index",
+                pid,
+                tid,
+                "sort_index",
+                Value::from(tid),
+            );
+        }
+
+        let mut events: Vec<TraceEvent> = self
+            .events
+            .into_iter()
+            .map(|e| TraceEvent {
+                s: (e.ph == Phase::Instant).then_some(Scope::Thread),
+                name: e.name,
+                cat: e.cat,
+                ph: e.ph,
+                ts: e.time_ms.saturating_sub(origin).saturating_mul(1000),
+                dur: e.dur_ms.map(|d| d.saturating_mul(1000)),
+                pid: e.pid,
+                tid: e.tid,
+                args: e.args,
+            })
+            .collect();
+        // Stable: events of one time keep the order they were added in.
+        events.sort_by_key(|e| e.ts);
+        meta.extend(events);
+        Trace {
+            trace_events: meta,
+            display_time_unit: "ms".into(),
+            other_data: self.info,
+        }
+    }
+}
+
+/// Checks what a viewer relies on; returns one line per problem (empty: valid). Used by the
+/// tests and by `gpudiag trace` itself before it renames the file into place.
+pub fn validate(trace: &Trace) -> Vec<String> {
+    let mut problems = Vec::new();
+    if trace.other_data.format != TRACE_FORMAT {
+        problems.push(format!("otherData.format is {:?}", trace.other_data.format));
+    }
+    let mut named_processes = std::collections::BTreeSet::new();
+    let mut named_threads = std::collections::BTreeSet::new();
+    let mut last_ts: BTreeMap<(u32, u32, bool), Micros> = BTreeMap::new();
+    for (i, e) in trace.trace_events.iter().enumerate() {
+        if e.name.is_empty() {
+            problems.push(format!("event {i}: empty name"));
+        }
+        match e.ph {
+            Phase::Metadata => {
+                if !e.args.contains_key("name") && !e.args.contains_key("sort_index") {
+                    problems.push(format!("event {i}: metadata {} without args", e.name));
+                }
+                match e.name.as_ref() {
+                    "process_name" => {
+                        named_processes.insert(e.pid);
+                    }
+                    "thread_name" => {
+                        named_threads.insert((e.pid, e.tid));
+                    }
+                    _ => {}
+                }
+            }
+            Phase::Counter => {
+                if e.args.is_empty()
+                    || !e
+                        .args
+                        .values()
+                        .all(|v| v.as_f64().is_some_and(f64::is_finite))
+                {
+                    problems.push(format!(
+                        "event {i}: counter {} needs finite numeric args",
+                        e.name
+                    ));
+                }
+            }
+            Phase::Instant => {
+                if e.s.is_none() {
+                    problems.push(format!("event {i}: instant {} without scope", e.name));
+                }
+            }
+            Phase::Complete => {
+                if e.dur.is_none() {
+                    problems.push(format!("event {i}: complete {} without dur", e.name));
+                }
+            }
+        }
+        if e.ph != Phase::Metadata {
+            // Counters are per process in viewers; other events per thread.
+            let key = (e.pid, e.tid, e.ph == Phase::Counter);
+            if let Some(prev) = last_ts.insert(key, e.ts).filter(|&p| p > e.ts) {
+                problems.push(format!(
+                    "event {i}: ts {} goes back from {prev} on pid {} tid {}",
+                    e.ts, e.pid, e.tid
+                ));
+            }
+        }
+    }
+    for &(pid, tid, _) in last_ts.keys() {
+        if !named_processes.contains(&pid) {
+            problems.push(format!("pid {pid} has events but no process_name"));
+        }
+        if !named_threads.contains(&(pid, tid)) {
+            problems.push(format!("pid {pid} tid {tid} has events but no thread_name"));
+        }
+    }
+    problems.dedup();
+    problems
+}
