@@ -634,3 +634,231 @@ pub fn validate(trace: &Trace) -> Vec<String> {
     problems.dedup();
     problems
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::{Evidence, Severity};
+
+    const T0: TimeMs = 1_767_225_600_000;
+
+    fn device(index: u32) -> DeviceInfo {
+        DeviceInfo {
+            index,
+            name: Some("NVIDIA H200".into()),
+            pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x19 + index)),
+            ..DeviceInfo::default()
+        }
+    }
+
+    fn sample(device: u32, at: TimeMs, util: f64, throttle: Option<u64>) -> Sample {
+        Sample {
+            gpu_util_pct: Some(util),
+            mem_util_pct: Some(10.0),
+            power_w: Some(300.04),
+            temp_gpu_c: Some(60.0),
+            sm_clock_mhz: Some(1980),
+            mem_used_bytes: Some(1024 * 1024 * 1024),
+            throttle_reasons: throttle,
+            ..Sample::new(device, T0 + at)
+        }
+    }
+
+    fn finding() -> Finding {
+        Finding {
+            id: "errors.xid_48".into(),
+            severity: Severity::Fail,
+            device: Some(0),
+            time_ms: T0 + 250,
+            title: "XID 48: double-bit ECC error in GPU memory".into(),
+            evidence: Evidence {
+                values: crate::rules::values([("xid", serde_json::json!(48))]),
+                window_s: 0.0,
+                threshold: "event".into(),
+            },
+            advice: "drain".into(),
+        }
+    }
+
+    fn build() -> Trace {
+        let host = HostInfo {
+            hostname: Some("node-1".into()),
+            ..HostInfo::default()
+        };
+        let mut b = TraceBuilder::new(
+            "replay",
+            Some("r.ndjson".into()),
+            &host,
+            vec![device(0), device(1)],
+        );
+        // 0x4 (power cap) for 100..300 ms, 0x1 (idle) never gets a track, 0x40 to the end.
+        let ticks = [
+            (0, 50.0, Some(0x1)),
+            (100, 50.0, Some(0x4)),
+            (200, 80.0, Some(0x44)),
+            (300, 80.0, Some(0x40)),
+        ];
+        for (at, util, tr) in ticks {
+            b.push_tick(&Tick {
+                samples: vec![sample(0, at, util, tr), sample(1, at, 5.0, None)],
+                events: if at == 200 {
+                    vec![Event {
+                        time_ms: T0 + 190,
+                        device: Some(0),
+                        kind: EventKind::Xid { xid: 48 },
+                    }]
+                } else {
+                    Vec::new()
+                },
+            });
+        }
+        b.push_finding(&finding());
+        let mut results = serde_json::Map::new();
+        results.insert("gb_per_s".into(), serde_json::json!(55.5));
+        b.push_probe(&ProbeSpan {
+            name: "bandwidth h2d pinned".into(),
+            device: Some(1),
+            start_ms: T0 + 20,
+            end_ms: T0 + 270,
+            results,
+        });
+        b.finish()
+    }
+
+    fn of(trace: &Trace, ph: Phase, pid: u32) -> Vec<&TraceEvent> {
+        trace
+            .trace_events
+            .iter()
+            .filter(|e| e.ph == ph && e.pid == pid)
+            .collect()
+    }
+
+    #[test]
+    fn typed_round_trip() {
+        let trace = build();
+        let text = serde_json::to_string(&trace).unwrap();
+        let back: Trace = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, trace);
+        let raw: Value = serde_json::from_str(&text).unwrap();
+        assert!(raw["traceEvents"].is_array());
+        assert_eq!(raw["displayTimeUnit"], "ms");
+        assert_eq!(raw["otherData"]["format"], TRACE_FORMAT);
+        assert_eq!(raw["otherData"]["start_ms"], T0);
+        assert!(validate(&trace).is_empty(), "{:?}", validate(&trace));
+    }
+
+    #[test]
+    fn counters_are_grouped_and_unchanged_groups_skipped() {
+        let trace = build();
+        let util: Vec<&TraceEvent> = of(&trace, Phase::Counter, 1)
+            .into_iter()
+            .filter(|e| e.name == "utilization %")
+            .collect();
+        // 50, 50 (skipped), 80, 80 (skipped).
+        assert_eq!(util.len(), 2);
+        assert_eq!(util[0].ts, 0);
+        assert_eq!(util[1].ts, 200_000);
+        assert_eq!(util[1].args["gpu"], 80.0);
+        assert_eq!(util[1].args["memory"], 10.0);
+        let power: Vec<&TraceEvent> = of(&trace, Phase::Counter, 1)
+            .into_iter()
+            .filter(|e| e.name == "power W")
+            .collect();
+        assert_eq!(power.len(), 1);
+        // Rounded to 0.1 W; the absent limit is left out, not 0.
+        assert_eq!(power[0].args["draw"], 300.0);
+        assert!(!power[0].args.contains_key("limit"));
+        let mem = of(&trace, Phase::Counter, 2)
+            .into_iter()
+            .find(|e| e.name == "memory MiB")
+            .unwrap();
+        assert_eq!(mem.args["used"], 1024.0);
+        assert!(!mem.args.contains_key("free"));
+        // No PCIe data at all: no PCIe counter.
+        assert!(!trace.trace_events.iter().any(|e| e.name == "PCIe MB/s"));
+    }
+
+    #[test]
+    fn throttle_runs_become_complete_events_without_idle() {
+        let trace = build();
+        let x: Vec<&TraceEvent> = of(&trace, Phase::Complete, 1);
+        let names: Vec<&str> = x.iter().map(|e| e.name.as_ref()).collect();
+        assert_eq!(names, ["sw_power_cap", "hw_thermal_slowdown"]);
+        assert_eq!((x[0].ts, x[0].dur), (100_000, Some(200_000)));
+        assert_eq!(x[0].tid, TID_THROTTLE_BASE + 2);
+        // Still active at the end: closed at the last sample.
+        assert_eq!((x[1].ts, x[1].dur), (200_000, Some(100_000)));
+        assert!(!trace.trace_events.iter().any(|e| e.name == "gpu_idle"));
+        let thread = trace
+            .trace_events
+            .iter()
+            .find(|e| {
+                e.ph == Phase::Metadata && e.tid == TID_THROTTLE_BASE + 2 && e.name == "thread_name"
+            })
+            .unwrap();
+        assert_eq!(thread.args["name"], "throttle: sw_power_cap");
+    }
+
+    #[test]
+    fn findings_xids_and_probes() {
+        let trace = build();
+        let i = of(&trace, Phase::Instant, 1);
+        assert_eq!(i.len(), 2);
+        assert_eq!(i[0].name, "XID 48");
+        assert_eq!(i[0].ts, 190_000);
+        assert_eq!(i[0].args["xid"], 48);
+        assert_eq!(
+            i[1].name,
+            "fail: XID 48: double-bit ECC error in GPU memory"
+        );
+        assert_eq!(i[1].args["id"], "errors.xid_48");
+        assert_eq!(i[1].args["severity"], "fail");
+        assert_eq!(i[1].s, Some(Scope::Thread));
+        let probe = of(&trace, Phase::Complete, 2)[0];
+        assert_eq!(probe.name, "bandwidth h2d pinned");
+        assert_eq!((probe.ts, probe.dur), (20_000, Some(250_000)));
+        assert_eq!(probe.args["gb_per_s"], 55.5);
+        assert_eq!(probe.tid, TID_PROBES);
+        let process = trace
+            .trace_events
+            .iter()
+            .find(|e| e.ph == Phase::Metadata && e.pid == 1 && e.name == "process_name")
+            .unwrap();
+        assert_eq!(process.args["name"], "GPU 0 NVIDIA H200 (00000000:19:00.0)");
+    }
+
+    #[test]
+    fn validator_catches_broken_traces() {
+        let good = build();
+        let mut t = good.clone();
+        let last = t.trace_events.len() - 1;
+        t.trace_events[last].ts = 0;
+        t.trace_events[last].ph = Phase::Instant;
+        t.trace_events[last].s = None;
+        let problems = validate(&t);
+        assert!(
+            problems.iter().any(|p| p.contains("without scope")),
+            "{problems:?}"
+        );
+        assert!(
+            problems.iter().any(|p| p.contains("goes back")),
+            "{problems:?}"
+        );
+        let mut t = good.clone();
+        t.trace_events.retain(|e| e.name != "process_name");
+        assert!(validate(&t).iter().any(|p| p.contains("no process_name")));
+        let mut t = good;
+        if let Some(e) = t.trace_events.iter_mut().find(|e| e.ph == Phase::Complete) {
+            e.dur = None;
+        }
+        assert!(validate(&t).iter().any(|p| p.contains("without dur")));
+    }
+
+    #[test]
+    fn empty_trace_is_valid() {
+        let t = TraceBuilder::new("nvml", None, &HostInfo::default(), Vec::new()).finish();
+        assert!(t.trace_events.is_empty());
+        assert_eq!(t.other_data.start_ms, None);
+        assert!(validate(&t).is_empty());
+    }
+}

@@ -6,14 +6,19 @@
 //! `modelName` and `Hostname`. gpudiag's own series start with `gpudiag_`. A value the GPU did
 //! not report is left out, never written as 0.
 //!
-//! Sampling runs in its own thread and publishes a [`Snapshot`]; HTTP is served by tiny_http,
-//! whose connection threads read requests, and a fixed set of worker threads that only render a
-//! snapshot and write the answer. A slow or malformed client ties up its own connection thread
-//! and nothing else: sampling and other scrapes go on.
+//! Sampling runs in its own thread and publishes a [`Snapshot`]; a scrape only renders it. Each
+//! connection gets its own thread (at most `MAX_CONNECTIONS` at once; more are closed at once),
+//! the request head is parsed by `httparse` with a size limit, and the whole exchange has a
+//! deadline, so a slow or malformed client holds one thread for at most `REQUEST_TIMEOUT` and
+//! never stalls sampling or other scrapes. tiny_http was tried first: it has no request
+//! timeouts, and its thread pool can queue a new connection behind stalled ones, which is the
+//! stall this design must not have.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -28,8 +33,16 @@ use crate::telemetry::{DeviceInfo, EventKind, HostInfo, Sample};
 
 /// The content type of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-/// Worker threads answering requests: scrapes are cheap, a few suffice for many scrapers.
-const WORKERS: usize = 4;
+/// Connections served at once; a scrape takes well under a millisecond, so only stalled clients
+/// ever come near this.
+const MAX_CONNECTIONS: usize = 64;
+/// The longest one exchange (request head in, answer out) may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// A scrape's request head is a few hundred bytes.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+const MAX_HEADERS: usize = 64;
+/// How often the accept loop looks at the stop flag when no client comes.
+const ACCEPT_POLL: Duration = Duration::from_millis(20);
 /// How long findings remember events (XIDs) in a long-running serve.
 const FINDINGS_WINDOW: Duration = Duration::from_secs(600);
 
@@ -584,13 +597,15 @@ pub fn serve(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<(), Error> {
         devices: devices.clone(),
         ..Snapshot::default()
     }));
-    let server = tiny_http::Server::http(args.listen)
+    let listener = TcpListener::bind(args.listen)
         .map_err(|e| Error::CannotRun(format!("cannot listen on {}: {e}", args.listen)))?;
-    let server = Arc::new(server);
-    let addr = match server.server_addr() {
-        tiny_http::ListenAddr::IP(a) => a.to_string(),
-        other => other.to_string(),
-    };
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::CannotRun(format!("cannot listen on {}: {e}", args.listen)))?;
+    // Non-blocking accept, so the loop notices `stop` (Ctrl-C) within one poll.
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::CannotRun(format!("cannot listen on {addr}: {e}")))?;
     let filter = source.selected.clone();
     let sampler = Sampler::spawn(source.backend, args.interval, None);
     let sampling = {
@@ -600,42 +615,299 @@ pub fn serve(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<(), Error> {
             .spawn(move || sample_into(sampler, filter, devices, recorded, shared, stop))
             .map_err(|e| Error::CannotRun(format!("cannot start the sampling thread: {e}")))?
     };
-    let mut workers = Vec::new();
-    for i in 0..WORKERS {
-        let (server, shared, stop) = (server.clone(), shared.clone(), stop.clone());
-        let w = std::thread::Builder::new()
-            .name(format!("gpudiag-http-{i}"))
-            .spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let rq = match server.recv_timeout(Duration::from_millis(200)) {
-                        Ok(Some(rq)) => rq,
-                        Ok(None) => continue,
-                        Err(_) => break,
-                    };
-                    let (status, ctype, body) = respond_to(rq.method().as_str(), rq.url(), &shared);
-                    let mut response =
-                        tiny_http::Response::from_string(body).with_status_code(status);
-                    if let Ok(h) = tiny_http::Header::from_bytes("Content-Type", ctype) {
-                        response.add_header(h);
-                    }
-                    if let (405, Ok(h)) = (status, tiny_http::Header::from_bytes("Allow", "GET")) {
-                        response.add_header(h);
-                    }
-                    // A client that went away is its own problem.
-                    let _ = rq.respond(response);
-                }
-            })
-            .map_err(|e| Error::CannotRun(format!("cannot start an HTTP worker: {e}")))?;
-        workers.push(w);
-    }
     eprintln!("gpudiag: serving metrics on http://{addr}/metrics (Ctrl-C to stop)");
+    let active = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    server.unblock();
-    for w in workers {
-        let _ = w.join();
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(ACCEPT_POLL);
+                continue;
+            }
+            // A connection reset before accept, or out of descriptors: wait and go on.
+            Err(_) => {
+                std::thread::sleep(ACCEPT_POLL);
+                continue;
+            }
+        };
+        // Over the limit, a new connection is closed at once: the ones in flight finish or time
+        // out within REQUEST_TIMEOUT, so the server recovers by itself.
+        if active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
+            drop(stream);
+            continue;
+        }
+        active.fetch_add(1, Ordering::AcqRel);
+        let (shared, active2) = (shared.clone(), active.clone());
+        let spawned = std::thread::Builder::new()
+            .name("gpudiag-http".into())
+            .spawn(move || {
+                handle_connection(stream, &shared);
+                active2.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            active.fetch_sub(1, Ordering::AcqRel);
+        }
     }
     let _ = sampling.join();
     Ok(())
+}
+
+/// Reads one request head (bounded in size and time), answers it and closes the connection.
+fn handle_connection(mut stream: TcpStream, shared: &RwLock<Snapshot>) {
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_write_timeout(Some(REQUEST_TIMEOUT));
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 2048];
+    let (status, ctype, body) = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break plain(408, "request timeout\n");
+        }
+        let _ = stream.set_read_timeout(Some(left));
+        match stream.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break plain(408, "request timeout\n");
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        }
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut request = httparse::Request::new(&mut headers);
+        match request.parse(&buf) {
+            Ok(httparse::Status::Complete(_)) => {
+                let method = request.method.unwrap_or("");
+                let path = request.path.unwrap_or("");
+                break respond_to(method, path, shared);
+            }
+            Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
+                break plain(431, "request head too large\n");
+            }
+            Ok(httparse::Status::Partial) => {}
+            Err(_) => break plain(400, "malformed request\n"),
+        }
+    };
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        431 => "Request Header Fields Too Large",
+        _ => "Error",
+    };
+    let allow = if status == 405 { "Allow: GET\r\n" } else { "" };
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\
+         {allow}Connection: close\r\n\r\n",
+        body.len()
+    );
+    // A client that went away, or stopped reading, is its own problem.
+    let _ = stream
+        .write_all(head.as_bytes())
+        .and_then(|()| stream.write_all(body.as_bytes()))
+        .and_then(|()| stream.flush());
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+
+fn plain(status: u16, body: &str) -> (u16, &'static str, String) {
+    (status, "text/plain; charset=utf-8", body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::Evidence;
+
+    fn snapshot() -> Snapshot {
+        let host = HostInfo {
+            hostname: Some("node \"7\"\\a\nb".into()),
+            driver_version: Some("580.65.06".into()),
+            ..HostInfo::default()
+        };
+        let devices = vec![
+            DeviceInfo {
+                index: 0,
+                uuid: Some("GPU-0".into()),
+                name: Some("NVIDIA H200".into()),
+                pci_bus_id: Some("00000000:19:00.0".into()),
+                ..DeviceInfo::default()
+            },
+            DeviceInfo {
+                index: 1,
+                ..DeviceInfo::default()
+            },
+        ];
+        let s0 = Sample {
+            gpu_util_pct: Some(99.0),
+            mem_used_bytes: Some(3 * 1024 * 1024 * 1024),
+            power_w: Some(689.125),
+            energy_j: Some(1.5),
+            throttle_reasons: Some(0x4),
+            pcie_replay_count: Some(0),
+            ..Sample::new(0, 1000)
+        };
+        // GPU 1 reports almost nothing: its series must be absent, not 0.
+        let s1 = Sample {
+            temp_gpu_c: Some(33.0),
+            ..Sample::new(1, 1000)
+        };
+        let now = Instant::now();
+        Snapshot {
+            host,
+            devices,
+            latest: [(0, s0), (1, s1)].into_iter().collect(),
+            received: [(0, now), (1, now)].into_iter().collect(),
+            last_xid: [(0, 48)].into_iter().collect(),
+            findings: vec![Finding {
+                id: "errors.xid_48".into(),
+                severity: Severity::Fail,
+                device: Some(0),
+                time_ms: 1000,
+                title: "t".into(),
+                evidence: Evidence {
+                    values: serde_json::Map::new(),
+                    window_s: 0.0,
+                    threshold: "event".into(),
+                },
+                advice: "a".into(),
+            }],
+            source_ended: false,
+        }
+    }
+
+    fn lines_of<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+            .collect()
+    }
+
+    #[test]
+    fn escaping() {
+        assert_eq!(escape_label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        assert_eq!(escape_help("x\\y\nz \"q\""), "x\\\\y\\nz \"q\"");
+        assert_eq!(format_value(99.0), "99");
+        assert_eq!(format_value(689.125), "689.125");
+        assert_eq!(format_value(-1.5), "-1.5");
+        assert_eq!(format_value(1e20), "100000000000000000000");
+    }
+
+    #[test]
+    fn help_and_type_precede_samples_once_per_family() {
+        let text = render(&snapshot(), Instant::now());
+        let mut seen = std::collections::BTreeSet::new();
+        let mut current = None;
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let name = rest.split(' ').next().unwrap().to_string();
+                assert!(seen.insert(name.clone()), "{name} twice");
+                current = Some(name);
+            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let mut it = rest.split(' ');
+                assert_eq!(it.next().map(str::to_string), current);
+                assert!(matches!(it.next(), Some("gauge" | "counter")));
+            } else {
+                let name = line.split(['{', ' ']).next().unwrap();
+                assert_eq!(Some(name.to_string()), current, "{line}");
+            }
+        }
+        assert!(text.ends_with('\n'));
+    }
+
+    #[test]
+    fn label_sets_units_and_absent_values() {
+        let text = render(&snapshot(), Instant::now());
+        let util = lines_of(&text, "DCGM_FI_DEV_GPU_UTIL");
+        assert_eq!(
+            util,
+            [
+                "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-0\",pci_bus_id=\"00000000:19:00.0\",\
+                 modelName=\"NVIDIA H200\",Hostname=\"node \\\"7\\\"\\\\a\\nb\"} 99"
+            ]
+        );
+        // MiB and mJ as dcgm-exporter has them.
+        assert!(lines_of(&text, "DCGM_FI_DEV_FB_USED")[0].ends_with(" 3072"));
+        assert!(lines_of(&text, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")[0].ends_with(" 1500"));
+        assert!(lines_of(&text, "DCGM_FI_DEV_POWER_USAGE")[0].ends_with(" 689.125"));
+        // A real 0 is exported; an absent value is not.
+        assert!(lines_of(&text, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER")[0].ends_with(" 0"));
+        assert!(
+            lines_of(&text, "DCGM_FI_DEV_GPU_UTIL")
+                .iter()
+                .all(|l| !l.contains("gpu=\"1\""))
+        );
+        assert!(!text.contains("DCGM_FI_DEV_MEMORY_TEMP"));
+        let temp = lines_of(&text, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(temp.len(), 1);
+        assert!(
+            temp[0].starts_with("DCGM_FI_DEV_GPU_TEMP{gpu=\"1\",Hostname="),
+            "{}",
+            temp[0]
+        );
+        assert!(lines_of(&text, "DCGM_FI_DEV_XID_ERRORS")[0].ends_with(" 48"));
+        // Throttle: one series per reason for GPU 0 only (GPU 1 did not say).
+        let throttle = lines_of(&text, "gpudiag_throttle_reason");
+        assert_eq!(throttle.len(), THROTTLE_REASONS.len());
+        assert!(
+            throttle
+                .iter()
+                .any(|l| l.contains("reason=\"sw_power_cap\"") && l.ends_with(" 1"))
+        );
+        assert!(
+            throttle
+                .iter()
+                .any(|l| l.contains("reason=\"gpu_idle\"") && l.ends_with(" 0"))
+        );
+        let finding = lines_of(&text, "gpudiag_finding");
+        assert_eq!(finding.len(), 1);
+        assert!(
+            finding[0].contains("id=\"errors.xid_48\",severity=\"fail\"} 1"),
+            "{}",
+            finding[0]
+        );
+        let counts = lines_of(&text, "gpudiag_findings");
+        assert_eq!(counts.len(), 3);
+        assert!(
+            counts
+                .iter()
+                .any(|l| l.contains("severity=\"fail\"") && l.ends_with(" 1"))
+        );
+        assert!(
+            counts
+                .iter()
+                .any(|l| l.contains("severity=\"warn\"") && l.ends_with(" 0"))
+        );
+        let age = lines_of(&text, "gpudiag_sample_age_seconds");
+        assert_eq!(age.len(), 2);
+        assert_eq!(
+            lines_of(&text, "gpudiag_source_ended"),
+            ["gpudiag_source_ended 0"]
+        );
+    }
+
+    #[test]
+    fn routes_and_methods() {
+        let snap = RwLock::new(snapshot());
+        let (code, ctype, body) = respond_to("GET", "/metrics?x=1", &snap);
+        assert_eq!((code, ctype), (200, CONTENT_TYPE));
+        assert!(body.contains("DCGM_FI_DEV_GPU_UTIL"));
+        assert_eq!(respond_to("GET", "/", &snap).0, 404);
+        assert_eq!(respond_to("GET", "/metricsx", &snap).0, 404);
+        assert_eq!(respond_to("POST", "/metrics", &snap).0, 405);
+        assert_eq!(respond_to("HEAD", "/metrics", &snap).0, 405);
+    }
+
+    #[test]
+    fn empty_snapshot_still_says_who_serves() {
+        let text = render(&Snapshot::default(), Instant::now());
+        assert!(text.contains("gpudiag_info{version="));
+        assert!(!text.contains("DCGM_"));
+    }
 }

@@ -225,12 +225,21 @@ pub fn report(args: &ReportArgs, stop: &AtomicBool) -> Result<PathBuf, Error> {
     let cap = capture(args, stop)?;
 
     let mut redactor = Redactor::new(!args.no_redact);
-    // Host and user names this process knows, besides those the data mentions.
-    if let Ok(h) = gethostname::gethostname().into_string() {
-        redactor.learn_host(&h);
-    }
+    // Host and user names this process knows, besides those the data mentions; the recorded
+    // host first, so it is `host-1` whichever machine writes the bundle.
     if let Some(h) = &cap.header.host.hostname {
         redactor.learn_host(h);
+    }
+    let mut lines = vec![to_value(&cap.header)?];
+    for r in &cap.records {
+        lines.push(to_value(r)?);
+    }
+    // The recording's secrets first, so its placeholders do not depend on who writes the bundle.
+    for v in &lines {
+        redactor.learn_value(v);
+    }
+    if let Ok(h) = gethostname::gethostname().into_string() {
+        redactor.learn_host(&h);
     }
     for var in ["USER", "LOGNAME", "SUDO_USER"] {
         if let Ok(u) = std::env::var(var) {
@@ -239,10 +248,6 @@ pub fn report(args: &ReportArgs, stop: &AtomicBool) -> Result<PathBuf, Error> {
     }
     if let Ok(home) = std::env::var("HOME") {
         redactor.learn_text(&home);
-    }
-    let mut lines = vec![to_value(&cap.header)?];
-    for r in &cap.records {
-        lines.push(to_value(r)?);
     }
     let environment = host::collect(
         &host::Roots::default(),
@@ -259,7 +264,7 @@ pub fn report(args: &ReportArgs, stop: &AtomicBool) -> Result<PathBuf, Error> {
         .clone()
         .map(Value::from)
         .unwrap_or(Value::Null);
-    for v in lines.iter().chain([&env_value, &recording_name]) {
+    for v in [&env_value, &recording_name] {
         redactor.learn_value(v);
     }
     for v in lines
