@@ -171,10 +171,10 @@ fn trace_of_the_demo_is_valid_and_has_every_group() {
         .map(|e| e["name"].as_str().unwrap())
         .collect();
     for group in [
-        "utilization %",
+        "util %",
         "memory MiB",
         "power W",
-        "temperature C",
+        "temp C",
         "clocks MHz",
         "PCIe MB/s",
     ] {
@@ -189,7 +189,7 @@ fn trace_of_the_demo_is_valid_and_has_every_group() {
     assert!(!throttles.contains(&"gpu_idle"));
     let max_util = by["C"]
         .iter()
-        .filter(|e| e["name"] == "utilization %")
+        .filter(|e| e["name"] == "util %")
         .filter_map(|e| e["args"]["gpu"].as_f64())
         .fold(0.0, f64::max);
     assert_eq!(max_util, 100.0);

@@ -41,8 +41,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// A scrape's request head is a few hundred bytes.
 const MAX_HEAD_BYTES: usize = 16 * 1024;
 const MAX_HEADERS: usize = 64;
-/// How often the accept loop looks at the stop flag when no client comes.
-const ACCEPT_POLL: Duration = Duration::from_millis(20);
+/// How often the accept loop looks at the stop flag when no client comes; a client that comes
+/// is accepted at once.
+const ACCEPT_POLL: Duration = Duration::from_millis(100);
 /// How long findings remember events (XIDs) in a long-running serve.
 const FINDINGS_WINDOW: Duration = Duration::from_secs(600);
 
@@ -618,12 +619,12 @@ pub fn serve(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<(), Error> {
     eprintln!("gpudiag: serving metrics on http://{addr}/metrics (Ctrl-C to stop)");
     let active = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::Relaxed) {
+        if !wait_readable(&listener, ACCEPT_POLL) {
+            continue;
+        }
         let stream = match listener.accept() {
             Ok((stream, _)) => stream,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(ACCEPT_POLL);
-                continue;
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             // A connection reset before accept, or out of descriptors: wait and go on.
             Err(_) => {
                 std::thread::sleep(ACCEPT_POLL);
@@ -650,6 +651,21 @@ pub fn serve(args: &ServeArgs, stop: Arc<AtomicBool>) -> Result<(), Error> {
     }
     let _ = sampling.join();
     Ok(())
+}
+
+/// Waits up to `timeout` for a connection to accept; false on timeout (or a poll error, which
+/// the caller treats the same: look at the stop flag and wait again).
+fn wait_readable(listener: &TcpListener, timeout: Duration) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut fd = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one valid pollfd that lives across the call; the fd is the listener's own.
+    let n = unsafe { libc::poll(&mut fd, 1, ms) };
+    n > 0
 }
 
 /// Reads one request head (bounded in size and time), answers it and closes the connection.
