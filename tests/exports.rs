@@ -744,3 +744,95 @@ fn serve_reports_a_busy_port_and_bad_flags() {
     let run = gpudiag(&["serve", "--demo", "--listen", "not-an-address"]);
     assert_eq!(run.code, 2);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Grafana dashboard
+
+/// Every metric name a fully populated snapshot exports.
+fn exported_metric_names() -> BTreeSet<String> {
+    use gpudiag::export::prometheus::{Snapshot, render};
+    use gpudiag::telemetry::{DeviceInfo, HostInfo, Sample};
+    let mut s = Sample::new(0, 1);
+    let json = serde_json::to_value(&s).unwrap();
+    // Every numeric field set, so every series appears.
+    let mut full = json.as_object().unwrap().clone();
+    for (k, v) in full.iter_mut() {
+        if v.is_null() {
+            *v = match k.as_str() {
+                "processes" | "throttle_reason_names" => serde_json::json!([]),
+                "retired_pages_pending" | "remapped_rows_pending" | "remapped_rows_failure" => {
+                    serde_json::json!(false)
+                }
+                _ => serde_json::json!(1),
+            };
+        }
+    }
+    s = serde_json::from_value(Value::Object(full)).unwrap();
+    let snap = Snapshot {
+        host: HostInfo {
+            hostname: Some("h".into()),
+            ..HostInfo::default()
+        },
+        devices: vec![DeviceInfo::default()],
+        latest: [(0, s)].into_iter().collect(),
+        received: [(0, Instant::now())].into_iter().collect(),
+        last_xid: [(0, 13)].into_iter().collect(),
+        findings: Vec::new(),
+        source_ended: false,
+    };
+    render(&snap, Instant::now())
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .chain(["gpudiag_finding".to_string()])
+        .collect()
+}
+
+fn exprs(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                match (k.as_str(), x) {
+                    ("expr" | "definition", Value::String(s)) => out.push(s.clone()),
+                    _ => exprs(x, out),
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| exprs(x, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn grafana_dashboard_uses_only_exported_metrics() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/grafana/gpudiag.json");
+    let dash: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    assert_eq!(dash["uid"], "gpudiag");
+    let panels = dash["panels"].as_array().unwrap();
+    let ids: BTreeSet<u64> = panels.iter().map(|p| p["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids.len(), panels.len(), "panel ids are unique");
+    let mut all = Vec::new();
+    exprs(&dash, &mut all);
+    assert!(all.len() >= 15, "{all:?}");
+    let exported = exported_metric_names();
+    assert!(exported.contains("DCGM_FI_DEV_GPU_UTIL"));
+    let mut used = BTreeSet::new();
+    for e in &all {
+        for word in e.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("DCGM_") || word.starts_with("gpudiag_") {
+                assert!(exported.contains(word), "{word} (in {e}) is not exported");
+                used.insert(word.to_string());
+            }
+        }
+    }
+    for must in [
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_GPU_TEMP",
+        "gpudiag_throttle_reason",
+        "gpudiag_finding",
+    ] {
+        assert!(used.contains(must), "the dashboard does not show {must}");
+    }
+}
