@@ -836,3 +836,52 @@ fn grafana_dashboard_uses_only_exported_metrics() {
         assert!(used.contains(must), "the dashboard does not show {must}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Trace schema
+
+fn trace_validator() -> jsonschema::Validator {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/schema/chrome-trace.schema.json");
+    let schema: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    jsonschema::meta::validate(&schema).unwrap();
+    jsonschema::draft202012::new(&schema).unwrap()
+}
+
+fn schema_errors(v: &jsonschema::Validator, instance: &Value) -> Vec<String> {
+    v.iter_errors(instance)
+        .map(|e| format!("{e} at {}", e.instance_path()))
+        .collect()
+}
+
+#[test]
+fn traces_validate_against_their_schema_and_drift_is_caught() {
+    let v = trace_validator();
+    let (demo, _d) = trace_of(&["--demo"]);
+    assert_eq!(schema_errors(&v, &demo), Vec::<String>::new());
+    for f in ["all_kinds.ndjson", "ecc_error.ndjson", "two_gpus.ndjson"] {
+        let (t, _d) = trace_of(&["--replay", s(&fixture(f))]);
+        assert_eq!(schema_errors(&v, &t), Vec::<String>::new(), "{f}");
+    }
+    let mutate = |f: &dyn Fn(&mut Value)| {
+        let mut t = demo.clone();
+        f(&mut t);
+        !schema_errors(&v, &t).is_empty()
+    };
+    let first_counter = demo["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|e| e["ph"] == "C")
+        .unwrap();
+    assert!(mutate(
+        &|t| t["traceEvents"][first_counter]["ph"] = "B".into()
+    ));
+    assert!(mutate(
+        &|t| t["traceEvents"][first_counter]["ts"] = (-1).into()
+    ));
+    assert!(mutate(
+        &|t| t["traceEvents"][first_counter]["args"]["gpu"] = "high".into()
+    ));
+    assert!(mutate(&|t| t["otherData"]["format"] = "other".into()));
+    assert!(mutate(&|t| t["traceEvents"][0]["surprise"] = 1.into()));
+}

@@ -42,6 +42,16 @@ fn gpu_count() -> usize {
 /// The same checks as the CPU tests, on the typed trace.
 fn check_trace(trace: &Trace, gpus: usize) {
     assert_eq!(chrome_trace::validate(trace), Vec::<String>::new());
+    let text = std::fs::read_to_string("assets/schema/chrome-trace.schema.json")
+        .expect("run from the repository root");
+    let schema: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let validator = jsonschema::draft202012::new(&schema).unwrap();
+    let value = serde_json::to_value(trace).unwrap();
+    let errors: Vec<String> = validator
+        .iter_errors(&value)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "trace schema errors: {errors:#?}");
     let processes: BTreeSet<u32> = trace
         .trace_events
         .iter()
