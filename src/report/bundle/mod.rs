@@ -128,17 +128,34 @@ fn default_name() -> PathBuf {
     PathBuf::from(format!("gpudiag-report-{}.tar.gz", t.replace(':', "-")))
 }
 
-/// What was captured: the header and every record, in order.
-struct Captured {
-    header: Header,
-    records: Vec<Record>,
-    backend: String,
-    recording: Option<String>,
-    live: bool,
-    devices: Vec<crate::telemetry::DeviceInfo>,
+/// What a bundle is made from: a recording held in memory (a fresh capture, a replayed file, or
+/// the TUI's session) and where it came from.
+#[derive(Debug, Clone)]
+pub struct Captured {
+    pub header: Header,
+    /// Every record, in recording order (events before the samples of their tick).
+    pub records: Vec<Record>,
+    /// The backend that produced the telemetry ("nvml", "replay").
+    pub backend: String,
+    /// The recording replayed, if any (redactable).
+    pub recording: Option<String>,
+    /// The telemetry comes from this host's GPUs now (so PCI topology and libraries apply).
+    pub live: bool,
+    pub devices: Vec<crate::telemetry::DeviceInfo>,
 }
 
-fn capture(args: &ReportArgs, stop: &AtomicBool) -> Result<Captured, Error> {
+/// How a bundle is written.
+#[derive(Debug, Clone, Copy)]
+pub struct BundleOptions {
+    /// Replace host names, user names, command-line arguments and home paths.
+    pub redact: bool,
+    /// Sampling interval, for the check report's window.
+    pub interval: Duration,
+    pub init_timeout: Duration,
+}
+
+/// Records the source the flags name: `--duration` of live sampling, or the whole replay.
+pub fn capture(args: &ReportArgs, stop: &AtomicBool) -> Result<Captured, Error> {
     let (source, recorded) = export::open(&args.source, Pace::AsFastAsPossible)?;
     let live = source.recording.is_none();
     let devices = source.devices();
@@ -223,8 +240,22 @@ pub fn report(args: &ReportArgs, stop: &AtomicBool) -> Result<PathBuf, Error> {
     let out = args.output.clone().unwrap_or_else(default_name);
     export::refuse_existing(&out, args.force)?;
     let cap = capture(args, stop)?;
+    write_bundle(
+        &out,
+        &cap,
+        &BundleOptions {
+            redact: !args.no_redact,
+            interval: args.interval,
+            init_timeout: args.source.init_timeout,
+        },
+    )?;
+    Ok(out)
+}
 
-    let mut redactor = Redactor::new(!args.no_redact);
+/// Writes the bundle of `cap` to `out` (atomically; an existing file is replaced, so callers
+/// that must not overwrite check first).
+pub fn write_bundle(out: &Path, cap: &Captured, opts: &BundleOptions) -> Result<(), Error> {
+    let mut redactor = Redactor::new(opts.redact);
     // Host and user names this process knows, besides those the data mentions; the recorded
     // host first, so it is `host-1` whichever machine writes the bundle.
     if let Some(h) = &cap.header.host.hostname {
@@ -289,11 +320,11 @@ pub fn report(args: &ReportArgs, stop: &AtomicBool) -> Result<PathBuf, Error> {
             devices: Vec::new(),
             replay: Some(tmp.clone()),
             demo: false,
-            init_timeout: args.source.init_timeout,
+            init_timeout: opts.init_timeout,
         },
         json: true,
         window: None,
-        interval: args.interval,
+        interval: opts.interval,
         fail_on: FailOn::Fail,
     });
     let _ = std::fs::remove_file(&tmp);
@@ -315,7 +346,7 @@ pub fn report(args: &ReportArgs, stop: &AtomicBool) -> Result<PathBuf, Error> {
         selected,
         recording: recording_name.clone(),
     };
-    let mut trace = export::capture_trace(source, recorded, args.interval, None, None)?.trace;
+    let mut trace = export::capture_trace(source, recorded, opts.interval, None, None)?.trace;
     trace.other_data.backend = cap.backend.clone();
     let mut trace_value = to_value(&trace)?;
     redactor.redact_value(&mut trace_value);
@@ -323,7 +354,7 @@ pub fn report(args: &ReportArgs, stop: &AtomicBool) -> Result<PathBuf, Error> {
         .map_err(|e| Error::CannotRun(format!("cannot serialise: {e}")))?;
 
     let readme = redactor.text(&readme_text(
-        &cap,
+        cap,
         recording_name.as_deref(),
         &redactor,
         &check,
@@ -336,7 +367,7 @@ pub fn report(args: &ReportArgs, stop: &AtomicBool) -> Result<PathBuf, Error> {
         (ENVIRONMENT, pretty(&env_value)?),
     ];
     let mtime = crate::telemetry::now_ms() / 1000;
-    export::write_atomic(&out, |w| {
+    export::write_atomic(out, |w| {
         let gz = GzEncoder::new(w, Compression::default());
         let mut tar = tar::Builder::new(gz);
         for (name, bytes) in &files {
@@ -349,8 +380,7 @@ pub fn report(args: &ReportArgs, stop: &AtomicBool) -> Result<PathBuf, Error> {
         }
         tar.into_inner()?.finish()?;
         Ok(())
-    })?;
-    Ok(out)
+    })
 }
 
 fn readme_text(
