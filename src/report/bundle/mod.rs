@@ -308,12 +308,17 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &BundleOptions) -> Result<
     let recording_name = recording_name.as_str().map(str::to_string);
 
     // The check report and the trace come from the redacted recording.
-    let tmp_dir = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-    let tmp = tmp_dir.join(format!(".gpudiag-report-{}.ndjson.gz", std::process::id()));
-    std::fs::write(&tmp, &recording_gz)
+    // `check` reads a recording from a path: a private temporary file, removed right after.
+    let tmp = std::env::temp_dir().join(format!(
+        "gpudiag-report-{}-{}.ndjson.gz",
+        std::process::id(),
+        crate::telemetry::now_ms()
+    ));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(&recording_gz))
         .map_err(|e| Error::io(format!("cannot write {}", tmp.display()), e))?;
     let check = commands::check(&CheckArgs {
         source: SourceArgs {
