@@ -885,3 +885,49 @@ fn traces_validate_against_their_schema_and_drift_is_caught() {
     assert!(mutate(&|t| t["otherData"]["format"] = "other".into()));
     assert!(mutate(&|t| t["traceEvents"][0]["surprise"] = 1.into()));
 }
+
+/// A bundle cut at any point or with a flipped byte is an error or a (shorter) replay, never a
+/// panic or a hang.
+#[test]
+fn damaged_bundles_never_panic() {
+    use gpudiag::report::bundle::open_bundle_recording;
+    use gpudiag::telemetry::replay::Pace;
+    let (path, dir) = report(&["--replay", s(&fixture("healthy.ndjson"))]);
+    let bytes = std::fs::read(&path).unwrap();
+    let damaged = dir.path().join("damaged.tar.gz");
+    let step = (bytes.len() / 150).max(1);
+    let mut outcomes = BTreeMap::new();
+    for cut in (0..bytes.len()).step_by(step) {
+        std::fs::write(&damaged, &bytes[..cut]).unwrap();
+        let ok = open_bundle_recording(&damaged, Pace::AsFastAsPossible).is_ok();
+        *outcomes.entry(ok).or_insert(0) += 1;
+        let mut flipped = bytes.clone();
+        flipped[cut] ^= 0xA5;
+        std::fs::write(&damaged, &flipped).unwrap();
+        let _ = open_bundle_recording(&damaged, Pace::AsFastAsPossible);
+    }
+    // Early cuts fail; the whole file opens.
+    assert!(outcomes.get(&false).is_some_and(|&n| n > 0), "{outcomes:?}");
+    assert!(open_bundle_recording(&path, Pace::AsFastAsPossible).is_ok());
+}
+
+#[test]
+fn oversized_request_heads_are_refused() {
+    let served = serve(&["--demo"]);
+    let mut c = TcpStream::connect(&served.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = String::from("GET /metrics HTTP/1.1\r\n");
+    for i in 0..1000 {
+        req.push_str(&format!("X-Filler-{i}: {}\r\n", "y".repeat(20)));
+    }
+    // The server may close before reading all of it; that is fine.
+    let _ = c.write_all(req.as_bytes());
+    let mut answer = Vec::new();
+    let _ = c.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 431 ") || answer.starts_with("HTTP/1.1 400 "),
+        "{answer:?}"
+    );
+    assert_eq!(get(&served.addr, "/metrics").0, 200);
+}
