@@ -43,6 +43,16 @@ pub enum Command {
     Record(RecordArgs),
     /// Show the configuration (rule thresholds and windows).
     Config(ConfigArgs),
+    /// Write a Chrome trace (Perfetto UI, chrome://tracing) of live telemetry or a recording.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Trace(TraceArgs),
+    /// Write a bug-report bundle (.tar.gz): check report, recording, trace and environment,
+    /// with host names, user names, command-line arguments and home paths redacted.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Report(ReportArgs),
+    /// Serve the telemetry and findings as Prometheus metrics on /metrics.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Serve(ServeArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -137,6 +147,58 @@ pub struct RecordArgs {
     /// Replace FILE if it exists.
     #[arg(long)]
     pub force: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Where to write the trace (JSON).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// How long to sample live GPUs (a replay is traced whole).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Time between samples (50ms or more).
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_interval)]
+    pub interval: Duration,
+    /// Replace FILE if it exists.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Where to write the bundle [default: gpudiag-report-<UTC time>.tar.gz].
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// How long to record live GPUs (a replay is bundled whole).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Time between samples (50ms or more).
+    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_interval)]
+    pub interval: Duration,
+    /// Keep host names, user names, command lines and home paths as they are.
+    #[arg(long)]
+    pub no_redact: bool,
+    /// Replace FILE if it exists.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Address to listen on; loopback by default (`0.0.0.0:9835` exposes it to the network).
+    /// Port 0 picks a free port, printed at start.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9835")]
+    pub listen: std::net::SocketAddr,
+    /// Time between samples (50ms or more).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
+    pub interval: Duration,
 }
 
 /// "60s", "250ms", "1m30s" or a bare "0".

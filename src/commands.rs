@@ -82,7 +82,7 @@ pub fn open_source(args: &SourceArgs, pace: Pace, one_shot: bool) -> Result<Sour
         let b = ReplayBackend::from_reader(DEMO_RECORDING, pace)?;
         (Box::new(b), Some(DEMO_NAME.into()))
     } else if let Some(path) = &args.replay {
-        let b = ReplayBackend::open(path, pace)?;
+        let b = crate::report::bundle::open_bundle_recording(path, pace)?;
         (Box::new(b), Some(path.display().to_string()))
     } else {
         let slow = if one_shot {

@@ -5,6 +5,7 @@ pub mod commands;
 pub mod config;
 pub mod deadline;
 pub mod error;
+pub mod export;
 pub mod history;
 pub mod report;
 pub mod rules;

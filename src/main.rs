@@ -52,8 +52,37 @@ fn run(cli: Cli) -> Result<i32, Error> {
             );
             Ok(exit::OK)
         }
+        Some(Command::Trace(ref args)) => {
+            let stop = stop_on_ctrl_c();
+            let capture = gpudiag::export::trace(args, &stop, &config()?)?;
+            eprintln!(
+                "gpudiag: traced {} tick(s), {} finding(s) to {}",
+                capture.ticks,
+                capture.findings.len(),
+                args.output.display()
+            );
+            Ok(exit::OK)
+        }
+        Some(Command::Report(ref args)) => {
+            let stop = stop_on_ctrl_c();
+            let path = gpudiag::report::bundle::report(args, &stop, &config()?)?;
+            eprintln!("gpudiag: wrote the bug-report bundle {}", path.display());
+            Ok(exit::OK)
+        }
+        Some(Command::Serve(ref args)) => {
+            gpudiag::export::prometheus::serve(args, stop_on_ctrl_c(), &config()?)?;
+            Ok(exit::OK)
+        }
         None => default_view(cli.demo, &config()?),
     }
+}
+
+/// A flag Ctrl-C (or SIGTERM) sets, so long captures and servers end cleanly.
+fn stop_on_ctrl_c() -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
+    stop
 }
 
 fn check(args: &CheckArgs, config: &Config) -> Result<i32, Error> {

@@ -1,0 +1,874 @@
+//! Chrome trace export: telemetry, findings, events, throttle intervals and probe spans in the
+//! Trace Event Format (JSON object form), which Perfetto UI and chrome://tracing open.
+//!
+//! Mapping: one process per GPU (pid = index + 1) named by metadata events, and one `host`
+//! process for host-wide findings and events. Counters are grouped per metric family (one `C`
+//! event carries every series of the family), and a group is written only when one of its
+//! rounded values changed: a counter track is a step function, so a repeated value adds bytes
+//! and no information. That keeps a one-hour, 8-GPU, 10 Hz recording well under 100 MB.
+//! Findings, XIDs and other events are instant events (`i`) on their own thread; each throttle
+//! reason (except `gpu_idle`, which only says the GPU has nothing to do) gets a thread whose
+//! complete events (`X`) are the intervals the reason was active; probe phases are complete
+//! events on the `probes` thread with their results in `args`. Timestamps are microseconds on
+//! the telemetry clock (ms since the epoch), relative to the first thing in the trace, whose
+//! epoch time is kept in `otherData.start_ms`.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::rules::Finding;
+use crate::telemetry::nvml::THROTTLE_REASONS;
+use crate::telemetry::{DeviceInfo, Event, EventKind, HostInfo, Sample, Tick, TimeMs};
+
+/// The value of `otherData.format`.
+pub const TRACE_FORMAT: &str = "gpudiag-trace";
+/// Bumped when a change would break a reader of `otherData` or of the event mapping.
+pub const TRACE_VERSION: u32 = 1;
+/// The process that holds host-wide findings and events; far above any GPU index + 1.
+pub const HOST_PID: u32 = 1_000_000;
+/// Threads inside a GPU process.
+pub const TID_TELEMETRY: u32 = 1;
+pub const TID_EVENTS: u32 = 2;
+pub const TID_PROBES: u32 = 3;
+/// Throttle reason with bit `b` (0..64) is on thread `TID_THROTTLE_BASE + b`.
+pub const TID_THROTTLE_BASE: u32 = 100;
+/// NVML's idle reason: not a slowdown, so it gets no track.
+const GPU_IDLE_BIT: u64 = 0x1;
+
+/// A whole trace, as written to `trace.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Trace {
+    #[serde(rename = "traceEvents")]
+    pub trace_events: Vec<TraceEvent>,
+    /// How the viewer shows times; the events themselves are always in µs.
+    #[serde(rename = "displayTimeUnit")]
+    pub display_time_unit: String,
+    #[serde(rename = "otherData")]
+    pub other_data: TraceInfo,
+}
+
+/// What produced the trace; viewers show it as metadata.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceInfo {
+    /// Always [`TRACE_FORMAT`].
+    pub format: String,
+    pub version: u32,
+    pub tool_version: String,
+    /// Epoch milliseconds of `ts == 0`; `None` for a trace with no timed event.
+    pub start_ms: Option<TimeMs>,
+    /// "nvml", "replay", ...
+    pub backend: String,
+    /// The recording traced, for replays.
+    pub recording: Option<String>,
+    /// Host name (redactable).
+    pub host: Option<String>,
+    pub driver_version: Option<String>,
+}
+
+/// An event phase (`ph`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Phase {
+    #[serde(rename = "M")]
+    Metadata,
+    #[serde(rename = "C")]
+    Counter,
+    #[serde(rename = "i")]
+    Instant,
+    #[serde(rename = "X")]
+    Complete,
+}
+
+/// Scope of an instant event (`s`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Scope {
+    #[serde(rename = "t")]
+    Thread,
+    #[serde(rename = "p")]
+    Process,
+    #[serde(rename = "g")]
+    Global,
+}
+
+/// Microseconds since the trace start.
+pub type Micros = u64;
+
+/// Named values of an event.
+pub type Args = BTreeMap<Cow<'static, str>, Value>;
+
+/// One event of the Trace Event Format, with the fields gpudiag uses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceEvent {
+    pub name: Cow<'static, str>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cat: Option<Cow<'static, str>>,
+    pub ph: Phase,
+    pub ts: Micros,
+    /// Complete events only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dur: Option<Micros>,
+    pub pid: u32,
+    pub tid: u32,
+    /// Instant events only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s: Option<Scope>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub args: Args,
+}
+
+/// A probe phase for the trace: the probes branch turns its results into these.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeSpan {
+    /// "bandwidth h2d pinned", "matmul bf16", ...
+    pub name: String,
+    /// `None` for a host-wide probe.
+    pub device: Option<u32>,
+    pub start_ms: TimeMs,
+    pub end_ms: TimeMs,
+    /// The results (value, unit, expected, ratio, ...).
+    pub results: serde_json::Map<String, Value>,
+}
+
+/// The counter families. Each is one `C` event name; its series are the args.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Group {
+    Util,
+    Memory,
+    Power,
+    Temperature,
+    Clocks,
+    Pcie,
+}
+
+impl Group {
+    const ALL: [Group; 6] = [
+        Group::Util,
+        Group::Memory,
+        Group::Power,
+        Group::Temperature,
+        Group::Clocks,
+        Group::Pcie,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Group::Util => "util %",
+            Group::Memory => "memory MiB",
+            Group::Power => "power W",
+            Group::Temperature => "temp C",
+            Group::Clocks => "clocks MHz",
+            Group::Pcie => "PCIe MB/s",
+        }
+    }
+
+    /// The group's series in a sample, rounded to what a chart can show (the rounding is what
+    /// makes unchanged values compare equal, and keeps numbers short).
+    fn values(self, s: &Sample) -> [(&'static str, Option<f64>); 2] {
+        const MIB: f64 = 1024.0 * 1024.0;
+        let r1 = |v: Option<f64>| v.map(|x| (x * 10.0).round() / 10.0);
+        let mib = |v: Option<u64>| v.map(|x| (x as f64 / MIB).round());
+        let mb = |v: Option<f64>| r1(v.map(|x| x / 1e6));
+        match self {
+            Group::Util => [("gpu", r1(s.gpu_util_pct)), ("memory", r1(s.mem_util_pct))],
+            Group::Memory => [
+                ("used", mib(s.mem_used_bytes)),
+                ("free", mib(s.mem_free_bytes)),
+            ],
+            Group::Power => [("draw", r1(s.power_w)), ("limit", r1(s.power_limit_w))],
+            Group::Temperature => [("gpu", r1(s.temp_gpu_c)), ("memory", r1(s.temp_mem_c))],
+            Group::Clocks => [
+                ("sm", s.sm_clock_mhz.map(f64::from)),
+                ("memory", s.mem_clock_mhz.map(f64::from)),
+            ],
+            Group::Pcie => [
+                ("rx", mb(s.pcie_rx_bytes_per_s)),
+                ("tx", mb(s.pcie_tx_bytes_per_s)),
+            ],
+        }
+    }
+}
+
+/// A whole number without its `.0` (most telemetry values are whole: %, MiB, MHz, °C), which
+/// saves bytes on every counter event.
+fn compact_number(v: f64) -> Value {
+    if v.fract() == 0.0 && v.abs() < 9e15 {
+        Value::from(v as i64)
+    } else {
+        Value::from(v)
+    }
+}
+
+/// Per-device state while building.
+#[derive(Default)]
+struct DeviceState {
+    /// The last values written per group, to skip unchanged ones.
+    last: [Option<[Option<f64>; 2]>; 6],
+    /// Start time of each active throttle run, by bit index.
+    throttle_start: BTreeMap<u32, TimeMs>,
+    /// Time of the last sample seen, where an open run ends if the recording stops.
+    last_ms: Option<TimeMs>,
+}
+
+/// Events with absolute times, before the start is known.
+struct Pending {
+    name: Cow<'static, str>,
+    cat: Option<Cow<'static, str>>,
+    ph: Phase,
+    time_ms: TimeMs,
+    dur_ms: Option<u64>,
+    pid: u32,
+    tid: u32,
+    args: Args,
+}
+
+/// Builds a trace tick by tick, so a long recording never has to be held as samples.
+pub struct TraceBuilder {
+    devices: Vec<DeviceInfo>,
+    info: TraceInfo,
+    state: BTreeMap<u32, DeviceState>,
+    events: Vec<Pending>,
+    /// Threads used per process, for their name metadata.
+    threads: BTreeMap<(u32, u32), Cow<'static, str>>,
+}
+
+/// The pid of a device (`None`: the host process).
+pub fn pid_of(device: Option<u32>) -> u32 {
+    device.map_or(HOST_PID, |d| d.saturating_add(1))
+}
+
+fn throttle_name(bit: u32) -> Cow<'static, str> {
+    let mask = 1u64 << bit;
+    THROTTLE_REASONS
+        .iter()
+        .find(|(b, _)| *b == mask)
+        .map_or_else(
+            || Cow::Owned(format!("unknown_{mask:#x}")),
+            |(_, n)| Cow::Borrowed(*n),
+        )
+}
+
+impl TraceBuilder {
+    pub fn new(
+        backend: &str,
+        recording: Option<String>,
+        host: &HostInfo,
+        devices: Vec<DeviceInfo>,
+    ) -> Self {
+        TraceBuilder {
+            devices,
+            info: TraceInfo {
+                format: TRACE_FORMAT.into(),
+                version: TRACE_VERSION,
+                tool_version: env!("CARGO_PKG_VERSION").into(),
+                start_ms: None,
+                backend: backend.into(),
+                recording,
+                host: host.hostname.clone(),
+                driver_version: host.driver_version.clone(),
+            },
+            state: BTreeMap::new(),
+            events: Vec::new(),
+            threads: BTreeMap::new(),
+        }
+    }
+
+    fn thread(&mut self, pid: u32, tid: u32, name: Cow<'static, str>) {
+        self.threads.entry((pid, tid)).or_insert(name);
+    }
+
+    /// Adds one tick: its samples as counters and throttle runs, its events as instants.
+    pub fn push_tick(&mut self, tick: &Tick) {
+        for e in &tick.events {
+            self.push_event(e);
+        }
+        for s in &tick.samples {
+            self.push_sample(s);
+        }
+    }
+
+    pub fn push_sample(&mut self, s: &Sample) {
+        let pid = pid_of(Some(s.device));
+        let state = self.state.entry(s.device).or_default();
+        let mut out = Vec::new();
+        for (i, group) in Group::ALL.into_iter().enumerate() {
+            let pairs = group.values(s);
+            let values = [pairs[0].1, pairs[1].1];
+            if values.iter().all(Option::is_none) || state.last[i] == Some(values) {
+                continue;
+            }
+            state.last[i] = Some(values);
+            let args: Args = pairs
+                .into_iter()
+                .filter_map(|(k, v)| Some((Cow::Borrowed(k), compact_number(v?))))
+                .collect();
+            out.push(Pending {
+                name: Cow::Borrowed(group.name()),
+                cat: None,
+                ph: Phase::Counter,
+                time_ms: s.time_ms,
+                dur_ms: None,
+                pid,
+                tid: TID_TELEMETRY,
+                args,
+            });
+        }
+        // Throttle runs: a bit that clears (or a sample that cannot say) ends its run here.
+        let bits = s.throttle_reasons.map(|b| b & !GPU_IDLE_BIT);
+        let mut ended = Vec::new();
+        state.throttle_start.retain(|&bit, &mut start| {
+            let still = bits.is_some_and(|b| b & (1u64 << bit) != 0);
+            if !still {
+                ended.push((bit, start, s.time_ms));
+            }
+            still
+        });
+        if let Some(b) = bits {
+            for bit in 0..64u32 {
+                if b & (1u64 << bit) != 0 {
+                    state.throttle_start.entry(bit).or_insert(s.time_ms);
+                }
+            }
+        }
+        state.last_ms = Some(s.time_ms);
+        self.events.extend(out);
+        for (bit, start, end) in ended {
+            self.push_throttle(pid, bit, start, end);
+        }
+    }
+
+    fn push_throttle(&mut self, pid: u32, bit: u32, start: TimeMs, end: TimeMs) {
+        let name = throttle_name(bit);
+        let tid = TID_THROTTLE_BASE + bit;
+        self.thread(pid, tid, Cow::Owned(format!("throttle: {name}")));
+        let mut args = Args::new();
+        args.insert(
+            "reason_bit".into(),
+            Value::from(format!("{:#x}", 1u64 << bit)),
+        );
+        self.events.push(Pending {
+            name,
+            cat: Some("throttle".into()),
+            ph: Phase::Complete,
+            time_ms: start,
+            dur_ms: Some(end.saturating_sub(start)),
+            pid,
+            tid,
+            args,
+        });
+    }
+
+    /// An XID, a lost GPU or a notice, as an instant on the device's (or host's) events thread.
+    pub fn push_event(&mut self, e: &Event) {
+        let pid = pid_of(e.device);
+        let (name, cat, mut args): (String, &'static str, Args) = match &e.kind {
+            EventKind::Xid { xid } => (format!("XID {xid}"), "xid", Args::new()),
+            EventKind::DeviceLost { reason } => ("device lost".into(), "event", {
+                let mut a = Args::new();
+                a.insert("reason".into(), Value::from(reason.clone()));
+                a
+            }),
+            EventKind::Notice { message } => ("notice".into(), "event", {
+                let mut a = Args::new();
+                a.insert("message".into(), Value::from(message.clone()));
+                a
+            }),
+        };
+        if let EventKind::Xid { xid } = e.kind {
+            args.insert("xid".into(), Value::from(xid));
+        }
+        self.thread(pid, TID_EVENTS, "findings and events".into());
+        self.events.push(Pending {
+            name: name.into(),
+            cat: Some(cat.into()),
+            ph: Phase::Instant,
+            time_ms: e.time_ms,
+            dur_ms: None,
+            pid,
+            tid: TID_EVENTS,
+            args,
+        });
+    }
+
+    /// A finding as an instant event; its args carry the whole finding.
+    pub fn push_finding(&mut self, f: &Finding) {
+        let pid = pid_of(f.device);
+        let args = match serde_json::to_value(f) {
+            Ok(Value::Object(map)) => map.into_iter().map(|(k, v)| (Cow::Owned(k), v)).collect(),
+            _ => Args::new(),
+        };
+        self.thread(pid, TID_EVENTS, "findings and events".into());
+        self.events.push(Pending {
+            name: Cow::Owned(format!("{}: {}", f.severity, f.title)),
+            cat: Some(Cow::Owned(format!("finding,{}", f.severity))),
+            ph: Phase::Instant,
+            time_ms: f.time_ms,
+            dur_ms: None,
+            pid,
+            tid: TID_EVENTS,
+            args,
+        });
+    }
+
+    /// A probe phase as a complete event with its results in `args`.
+    pub fn push_probe(&mut self, p: &ProbeSpan) {
+        let pid = pid_of(p.device);
+        self.thread(pid, TID_PROBES, "probes".into());
+        self.events.push(Pending {
+            name: Cow::Owned(p.name.clone()),
+            cat: Some("probe".into()),
+            ph: Phase::Complete,
+            time_ms: p.start_ms,
+            dur_ms: Some(p.end_ms.saturating_sub(p.start_ms)),
+            pid,
+            tid: TID_PROBES,
+            args: p
+                .results
+                .iter()
+                .map(|(k, v)| (Cow::Owned(k.clone()), v.clone()))
+                .collect(),
+        });
+    }
+
+    /// Closes open throttle runs at each device's last sample, names processes and threads,
+    /// converts times to µs since the earliest event and sorts events by time.
+    pub fn finish(mut self) -> Trace {
+        let open: Vec<(u32, u32, TimeMs, TimeMs)> = self
+            .state
+            .iter()
+            .flat_map(|(&dev, st)| {
+                let end = st.last_ms.unwrap_or_default();
+                st.throttle_start
+                    .iter()
+                    .map(move |(&bit, &start)| (dev, bit, start, end))
+            })
+            .collect();
+        for (dev, bit, start, end) in open {
+            self.push_throttle(pid_of(Some(dev)), bit, start, end);
+        }
+        let start = self.events.iter().map(|e| e.time_ms).min();
+        self.info.start_ms = start;
+        let origin = start.unwrap_or_default();
+
+        let mut meta = Vec::new();
+        let mut meta_event =
+            |name: &'static str, pid: u32, tid: u32, key: &'static str, v: Value| {
+                let mut args = Args::new();
+                args.insert(Cow::Borrowed(key), v);
+                meta.push(TraceEvent {
+                    name: Cow::Borrowed(name),
+                    cat: None,
+                    ph: Phase::Metadata,
+                    ts: 0,
+                    dur: None,
+                    pid,
+                    tid,
+                    s: None,
+                    args,
+                });
+            };
+        for d in &self.devices {
+            let pid = pid_of(Some(d.index));
+            let mut label = format!("GPU {}", d.label());
+            if let Some(bus) = &d.pci_bus_id {
+                label.push_str(&format!(" ({bus})"));
+            }
+            meta_event("process_name", pid, 0, "name", Value::from(label));
+            meta_event(
+                "process_sort_index",
+                pid,
+                0,
+                "sort_index",
+                Value::from(d.index),
+            );
+            meta_event(
+                "thread_name",
+                pid,
+                TID_TELEMETRY,
+                "name",
+                "telemetry".into(),
+            );
+        }
+        let host_used = self.events.iter().any(|e| e.pid == HOST_PID);
+        if host_used {
+            let name = match &self.info.host {
+                Some(h) => format!("host {h}"),
+                None => "host".into(),
+            };
+            meta_event("process_name", HOST_PID, 0, "name", Value::from(name));
+            meta_event(
+                "process_sort_index",
+                HOST_PID,
+                0,
+                "sort_index",
+                Value::from(-1),
+            );
+        }
+        // A device that appears in samples but not in the device list still gets a name.
+        let named: Vec<u32> = self.devices.iter().map(|d| pid_of(Some(d.index))).collect();
+        let mut unnamed: Vec<u32> = self
+            .events
+            .iter()
+            .map(|e| e.pid)
+            .filter(|p| *p != HOST_PID && !named.contains(p))
+            .collect();
+        unnamed.sort_unstable();
+        unnamed.dedup();
+        for pid in unnamed {
+            let label = format!("GPU {}", pid.saturating_sub(1));
+            meta_event("process_name", pid, 0, "name", Value::from(label));
+            meta_event(
+                "thread_name",
+                pid,
+                TID_TELEMETRY,
+                "name",
+                "telemetry".into(),
+            );
+        }
+        for ((pid, tid), name) in std::mem::take(&mut self.threads) {
+            meta_event(
+                "thread_name",
+                pid,
+                tid,
+                "name",
+                Value::from(name.into_owned()),
+            );
+            meta_event(
+                "thread_sort_index",
+                pid,
+                tid,
+                "sort_index",
+                Value::from(tid),
+            );
+        }
+
+        let mut events: Vec<TraceEvent> = self
+            .events
+            .into_iter()
+            .map(|e| TraceEvent {
+                s: (e.ph == Phase::Instant).then_some(Scope::Thread),
+                name: e.name,
+                cat: e.cat,
+                ph: e.ph,
+                ts: e.time_ms.saturating_sub(origin).saturating_mul(1000),
+                dur: e.dur_ms.map(|d| d.saturating_mul(1000)),
+                pid: e.pid,
+                tid: e.tid,
+                args: e.args,
+            })
+            .collect();
+        // Stable: events of one time keep the order they were added in.
+        events.sort_by_key(|e| e.ts);
+        meta.extend(events);
+        Trace {
+            trace_events: meta,
+            display_time_unit: "ms".into(),
+            other_data: self.info,
+        }
+    }
+}
+
+/// Checks what a viewer relies on; returns one line per problem (empty: valid). Used by the
+/// tests and by `gpudiag trace` itself before it renames the file into place.
+pub fn validate(trace: &Trace) -> Vec<String> {
+    let mut problems = Vec::new();
+    if trace.other_data.format != TRACE_FORMAT {
+        problems.push(format!("otherData.format is {:?}", trace.other_data.format));
+    }
+    let mut named_processes = std::collections::BTreeSet::new();
+    let mut named_threads = std::collections::BTreeSet::new();
+    let mut last_ts: BTreeMap<(u32, u32, bool), Micros> = BTreeMap::new();
+    for (i, e) in trace.trace_events.iter().enumerate() {
+        if e.name.is_empty() {
+            problems.push(format!("event {i}: empty name"));
+        }
+        match e.ph {
+            Phase::Metadata => {
+                if !e.args.contains_key("name") && !e.args.contains_key("sort_index") {
+                    problems.push(format!("event {i}: metadata {} without args", e.name));
+                }
+                match e.name.as_ref() {
+                    "process_name" => {
+                        named_processes.insert(e.pid);
+                    }
+                    "thread_name" => {
+                        named_threads.insert((e.pid, e.tid));
+                    }
+                    _ => {}
+                }
+            }
+            Phase::Counter => {
+                if e.args.is_empty()
+                    || !e
+                        .args
+                        .values()
+                        .all(|v| v.as_f64().is_some_and(f64::is_finite))
+                {
+                    problems.push(format!(
+                        "event {i}: counter {} needs finite numeric args",
+                        e.name
+                    ));
+                }
+            }
+            Phase::Instant => {
+                if e.s.is_none() {
+                    problems.push(format!("event {i}: instant {} without scope", e.name));
+                }
+            }
+            Phase::Complete => {
+                if e.dur.is_none() {
+                    problems.push(format!("event {i}: complete {} without dur", e.name));
+                }
+            }
+        }
+        if e.ph != Phase::Metadata {
+            // Counters are per process in viewers; other events per thread.
+            let key = (e.pid, e.tid, e.ph == Phase::Counter);
+            if let Some(prev) = last_ts.insert(key, e.ts).filter(|&p| p > e.ts) {
+                problems.push(format!(
+                    "event {i}: ts {} goes back from {prev} on pid {} tid {}",
+                    e.ts, e.pid, e.tid
+                ));
+            }
+        }
+    }
+    for &(pid, tid, _) in last_ts.keys() {
+        if !named_processes.contains(&pid) {
+            problems.push(format!("pid {pid} has events but no process_name"));
+        }
+        if !named_threads.contains(&(pid, tid)) {
+            problems.push(format!("pid {pid} tid {tid} has events but no thread_name"));
+        }
+    }
+    problems.dedup();
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::{Evidence, Severity};
+
+    const T0: TimeMs = 1_767_225_600_000;
+
+    fn device(index: u32) -> DeviceInfo {
+        DeviceInfo {
+            index,
+            name: Some("NVIDIA H200".into()),
+            pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x19 + index)),
+            ..DeviceInfo::default()
+        }
+    }
+
+    fn sample(device: u32, at: TimeMs, util: f64, throttle: Option<u64>) -> Sample {
+        Sample {
+            gpu_util_pct: Some(util),
+            mem_util_pct: Some(10.0),
+            power_w: Some(300.04),
+            temp_gpu_c: Some(60.0),
+            sm_clock_mhz: Some(1980),
+            mem_used_bytes: Some(1024 * 1024 * 1024),
+            throttle_reasons: throttle,
+            ..Sample::new(device, T0 + at)
+        }
+    }
+
+    fn finding() -> Finding {
+        Finding {
+            id: "errors.xid_48".into(),
+            severity: Severity::Fail,
+            device: Some(0),
+            time_ms: T0 + 250,
+            title: "XID 48: double-bit ECC error in GPU memory".into(),
+            evidence: Evidence {
+                values: crate::rules::values([("xid", serde_json::json!(48))]),
+                window_s: 0.0,
+                threshold: "event".into(),
+            },
+            advice: "drain".into(),
+        }
+    }
+
+    fn build() -> Trace {
+        let host = HostInfo {
+            hostname: Some("node-1".into()),
+            ..HostInfo::default()
+        };
+        let mut b = TraceBuilder::new(
+            "replay",
+            Some("r.ndjson".into()),
+            &host,
+            vec![device(0), device(1)],
+        );
+        // 0x4 (power cap) for 100..300 ms, 0x1 (idle) never gets a track, 0x40 to the end.
+        let ticks = [
+            (0, 50.0, Some(0x1)),
+            (100, 50.0, Some(0x4)),
+            (200, 80.0, Some(0x44)),
+            (300, 80.0, Some(0x40)),
+        ];
+        for (at, util, tr) in ticks {
+            b.push_tick(&Tick {
+                samples: vec![sample(0, at, util, tr), sample(1, at, 5.0, None)],
+                events: if at == 200 {
+                    vec![Event {
+                        time_ms: T0 + 190,
+                        device: Some(0),
+                        kind: EventKind::Xid { xid: 48 },
+                    }]
+                } else {
+                    Vec::new()
+                },
+            });
+        }
+        b.push_finding(&finding());
+        let mut results = serde_json::Map::new();
+        results.insert("gb_per_s".into(), serde_json::json!(55.5));
+        b.push_probe(&ProbeSpan {
+            name: "bandwidth h2d pinned".into(),
+            device: Some(1),
+            start_ms: T0 + 20,
+            end_ms: T0 + 270,
+            results,
+        });
+        b.finish()
+    }
+
+    fn of(trace: &Trace, ph: Phase, pid: u32) -> Vec<&TraceEvent> {
+        trace
+            .trace_events
+            .iter()
+            .filter(|e| e.ph == ph && e.pid == pid)
+            .collect()
+    }
+
+    #[test]
+    fn typed_round_trip() {
+        let trace = build();
+        let text = serde_json::to_string(&trace).unwrap();
+        let back: Trace = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, trace);
+        let raw: Value = serde_json::from_str(&text).unwrap();
+        assert!(raw["traceEvents"].is_array());
+        assert_eq!(raw["displayTimeUnit"], "ms");
+        assert_eq!(raw["otherData"]["format"], TRACE_FORMAT);
+        assert_eq!(raw["otherData"]["start_ms"], T0);
+        assert!(validate(&trace).is_empty(), "{:?}", validate(&trace));
+    }
+
+    #[test]
+    fn counters_are_grouped_and_unchanged_groups_skipped() {
+        let trace = build();
+        let util: Vec<&TraceEvent> = of(&trace, Phase::Counter, 1)
+            .into_iter()
+            .filter(|e| e.name == "util %")
+            .collect();
+        // 50, 50 (skipped), 80, 80 (skipped).
+        assert_eq!(util.len(), 2);
+        assert_eq!(util[0].ts, 0);
+        assert_eq!(util[1].ts, 200_000);
+        assert_eq!(util[1].args["gpu"], 80.0);
+        assert_eq!(util[1].args["memory"], 10.0);
+        let power: Vec<&TraceEvent> = of(&trace, Phase::Counter, 1)
+            .into_iter()
+            .filter(|e| e.name == "power W")
+            .collect();
+        assert_eq!(power.len(), 1);
+        // Rounded to 0.1 W; the absent limit is left out, not 0.
+        assert_eq!(power[0].args["draw"], 300.0);
+        assert!(!power[0].args.contains_key("limit"));
+        let mem = of(&trace, Phase::Counter, 2)
+            .into_iter()
+            .find(|e| e.name == "memory MiB")
+            .unwrap();
+        assert_eq!(mem.args["used"], 1024.0);
+        assert!(!mem.args.contains_key("free"));
+        // No PCIe data at all: no PCIe counter.
+        assert!(!trace.trace_events.iter().any(|e| e.name == "PCIe MB/s"));
+    }
+
+    #[test]
+    fn throttle_runs_become_complete_events_without_idle() {
+        let trace = build();
+        let x: Vec<&TraceEvent> = of(&trace, Phase::Complete, 1);
+        let names: Vec<&str> = x.iter().map(|e| e.name.as_ref()).collect();
+        assert_eq!(names, ["sw_power_cap", "hw_thermal_slowdown"]);
+        assert_eq!((x[0].ts, x[0].dur), (100_000, Some(200_000)));
+        assert_eq!(x[0].tid, TID_THROTTLE_BASE + 2);
+        // Still active at the end: closed at the last sample.
+        assert_eq!((x[1].ts, x[1].dur), (200_000, Some(100_000)));
+        assert!(!trace.trace_events.iter().any(|e| e.name == "gpu_idle"));
+        let thread = trace
+            .trace_events
+            .iter()
+            .find(|e| {
+                e.ph == Phase::Metadata && e.tid == TID_THROTTLE_BASE + 2 && e.name == "thread_name"
+            })
+            .unwrap();
+        assert_eq!(thread.args["name"], "throttle: sw_power_cap");
+    }
+
+    #[test]
+    fn findings_xids_and_probes() {
+        let trace = build();
+        let i = of(&trace, Phase::Instant, 1);
+        assert_eq!(i.len(), 2);
+        assert_eq!(i[0].name, "XID 48");
+        assert_eq!(i[0].ts, 190_000);
+        assert_eq!(i[0].args["xid"], 48);
+        assert_eq!(
+            i[1].name,
+            "fail: XID 48: double-bit ECC error in GPU memory"
+        );
+        assert_eq!(i[1].args["id"], "errors.xid_48");
+        assert_eq!(i[1].args["severity"], "fail");
+        assert_eq!(i[1].s, Some(Scope::Thread));
+        let probe = of(&trace, Phase::Complete, 2)[0];
+        assert_eq!(probe.name, "bandwidth h2d pinned");
+        assert_eq!((probe.ts, probe.dur), (20_000, Some(250_000)));
+        assert_eq!(probe.args["gb_per_s"], 55.5);
+        assert_eq!(probe.tid, TID_PROBES);
+        let process = trace
+            .trace_events
+            .iter()
+            .find(|e| e.ph == Phase::Metadata && e.pid == 1 && e.name == "process_name")
+            .unwrap();
+        assert_eq!(process.args["name"], "GPU 0 NVIDIA H200 (00000000:19:00.0)");
+    }
+
+    #[test]
+    fn validator_catches_broken_traces() {
+        let good = build();
+        let mut t = good.clone();
+        let last = t.trace_events.len() - 1;
+        t.trace_events[last].ts = 0;
+        t.trace_events[last].ph = Phase::Instant;
+        t.trace_events[last].s = None;
+        let problems = validate(&t);
+        assert!(
+            problems.iter().any(|p| p.contains("without scope")),
+            "{problems:?}"
+        );
+        assert!(
+            problems.iter().any(|p| p.contains("goes back")),
+            "{problems:?}"
+        );
+        let mut t = good.clone();
+        t.trace_events.retain(|e| e.name != "process_name");
+        assert!(validate(&t).iter().any(|p| p.contains("no process_name")));
+        let mut t = good;
+        if let Some(e) = t.trace_events.iter_mut().find(|e| e.ph == Phase::Complete) {
+            e.dur = None;
+        }
+        assert!(validate(&t).iter().any(|p| p.contains("without dur")));
+    }
+
+    #[test]
+    fn empty_trace_is_valid() {
+        let t = TraceBuilder::new("nvml", None, &HostInfo::default(), Vec::new()).finish();
+        assert!(t.trace_events.is_empty());
+        assert_eq!(t.other_data.start_ms, None);
+        assert!(validate(&t).is_empty());
+    }
+}

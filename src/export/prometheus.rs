@@ -1,0 +1,926 @@
+//! Prometheus export (`gpudiag serve`): the latest telemetry and findings in the text
+//! exposition format on `/metrics`.
+//!
+//! Names follow dcgm-exporter's default counters where one exists (same name, unit and type), so
+//! dashboards built for it work; labels are dcgm-exporter's `gpu`, `UUID`, `pci_bus_id`,
+//! `modelName` and `Hostname`. gpudiag's own series start with `gpudiag_`. A value the GPU did
+//! not report is left out, never written as 0.
+//!
+//! Sampling runs in its own thread and publishes a [`Snapshot`]; a scrape only renders it. Each
+//! connection gets its own thread (at most `MAX_CONNECTIONS` at once; more are closed at once),
+//! the request head is parsed by `httparse` with a size limit, and the whole exchange has a
+//! deadline, so a slow or malformed client holds one thread for at most `REQUEST_TIMEOUT` and
+//! never stalls sampling or other scrapes. tiny_http was tried first: it has no request
+//! timeouts, and its thread pool can queue a new connection behind stalled ones, which is the
+//! stall this design must not have.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use crate::cli::ServeArgs;
+use crate::commands::Collected;
+use crate::config::Config;
+use crate::error::Error;
+use crate::rules::{Finding, Severity};
+use crate::telemetry::nvml::THROTTLE_REASONS;
+use crate::telemetry::replay::Pace;
+use crate::telemetry::sampler::{Sampler, SamplerMsg};
+use crate::telemetry::{DeviceInfo, EventKind, HostInfo, Sample};
+
+/// The content type of the text exposition format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// Connections served at once; a scrape takes well under a millisecond, so only stalled clients
+/// ever come near this.
+const MAX_CONNECTIONS: usize = 64;
+/// The longest one exchange (request head in, answer out) may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// A scrape's request head is a few hundred bytes.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+const MAX_HEADERS: usize = 64;
+/// How often the accept loop looks at the stop flag when no client comes; a client that comes
+/// is accepted at once.
+const ACCEPT_POLL: Duration = Duration::from_millis(100);
+/// How long findings remember events (XIDs) in a long-running serve.
+const FINDINGS_WINDOW: Duration = Duration::from_secs(600);
+
+/// What a scrape shows: the newest state of every device.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub host: HostInfo,
+    pub devices: Vec<DeviceInfo>,
+    pub latest: BTreeMap<u32, Sample>,
+    /// When each device's latest sample arrived here, for `gpudiag_sample_age_seconds`.
+    pub received: BTreeMap<u32, Instant>,
+    /// The last XID seen per device (dcgm-exporter's `DCGM_FI_DEV_XID_ERRORS`).
+    pub last_xid: BTreeMap<u32, u64>,
+    pub findings: Vec<Finding>,
+    /// The source ended (a replay played out, or live sampling failed); values are the last ones.
+    pub source_ended: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Gauge,
+    Counter,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Gauge => "gauge",
+            Kind::Counter => "counter",
+        }
+    }
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Writes metric families in the text exposition format.
+#[derive(Default)]
+pub struct Exposition {
+    out: String,
+}
+
+impl Exposition {
+    /// One family: HELP and TYPE lines, then its samples. A family without samples is left
+    /// out entirely.
+    pub fn family(&mut self, name: &str, kind: Kind, help: &str, samples: &[(Labels, f64)]) {
+        let samples: Vec<&(Labels, f64)> = samples.iter().filter(|(_, v)| v.is_finite()).collect();
+        if samples.is_empty() {
+            return;
+        }
+        let _ = writeln!(self.out, "# HELP {name} {}", escape_help(help));
+        let _ = writeln!(self.out, "# TYPE {name} {}", kind.as_str());
+        for (labels, value) in samples {
+            self.out.push_str(name);
+            if !labels.is_empty() {
+                self.out.push('{');
+                for (i, (k, v)) in labels.iter().enumerate() {
+                    if i > 0 {
+                        self.out.push(',');
+                    }
+                    let _ = write!(self.out, "{k}=\"{}\"", escape_label_value(v));
+                }
+                self.out.push('}');
+            }
+            let _ = writeln!(self.out, " {}", format_value(*value));
+        }
+    }
+
+    pub fn finish(self) -> String {
+        self.out
+    }
+}
+
+/// Label values escape backslash, double quote and line feed.
+pub fn escape_label_value(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// HELP text escapes backslash and line feed.
+pub fn escape_help(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+/// Integers without a fraction; everything else in Rust's shortest round-trip form.
+pub fn format_value(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+/// dcgm-exporter's label set for a device; unknown values are left out.
+fn device_labels(d: &DeviceInfo, host: &HostInfo) -> Labels {
+    let mut l: Labels = vec![("gpu", d.index.to_string())];
+    if let Some(u) = &d.uuid {
+        l.push(("UUID", u.clone()));
+    }
+    if let Some(b) = &d.pci_bus_id {
+        l.push(("pci_bus_id", b.clone()));
+    }
+    if let Some(n) = &d.name {
+        l.push(("modelName", n.clone()));
+    }
+    if let Some(h) = &host.hostname {
+        l.push(("Hostname", h.clone()));
+    }
+    l
+}
+
+type Getter = fn(&Sample) -> Option<f64>;
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// (name, type, help, value) of every per-sample series.
+const SERIES: &[(&str, Kind, &str, Getter)] = &[
+    (
+        "DCGM_FI_DEV_GPU_UTIL",
+        Kind::Gauge,
+        "GPU utilization (in %).",
+        |s| s.gpu_util_pct,
+    ),
+    (
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        Kind::Gauge,
+        "Memory utilization (in %).",
+        |s| s.mem_util_pct,
+    ),
+    (
+        "DCGM_FI_DEV_ENC_UTIL",
+        Kind::Gauge,
+        "Encoder utilization (in %).",
+        |s| s.encoder_util_pct,
+    ),
+    (
+        "DCGM_FI_DEV_DEC_UTIL",
+        Kind::Gauge,
+        "Decoder utilization (in %).",
+        |s| s.decoder_util_pct,
+    ),
+    (
+        "DCGM_FI_DEV_FB_USED",
+        Kind::Gauge,
+        "Framebuffer memory used (in MiB).",
+        |s| s.mem_used_bytes.map(|b| (b as f64 / MIB).round()),
+    ),
+    (
+        "DCGM_FI_DEV_FB_FREE",
+        Kind::Gauge,
+        "Framebuffer memory free (in MiB).",
+        |s| s.mem_free_bytes.map(|b| (b as f64 / MIB).round()),
+    ),
+    (
+        "DCGM_FI_DEV_POWER_USAGE",
+        Kind::Gauge,
+        "Power draw (in W).",
+        |s| s.power_w,
+    ),
+    (
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        Kind::Counter,
+        "Total energy consumption since boot (in mJ).",
+        |s| s.energy_j.map(|j| (j * 1000.0).round()),
+    ),
+    (
+        "DCGM_FI_DEV_GPU_TEMP",
+        Kind::Gauge,
+        "GPU temperature (in C).",
+        |s| s.temp_gpu_c,
+    ),
+    (
+        "DCGM_FI_DEV_MEMORY_TEMP",
+        Kind::Gauge,
+        "Memory temperature (in C).",
+        |s| s.temp_mem_c,
+    ),
+    (
+        "DCGM_FI_DEV_SM_CLOCK",
+        Kind::Gauge,
+        "SM clock frequency (in MHz).",
+        |s| s.sm_clock_mhz.map(f64::from),
+    ),
+    (
+        "DCGM_FI_DEV_MEM_CLOCK",
+        Kind::Gauge,
+        "Memory clock frequency (in MHz).",
+        |s| s.mem_clock_mhz.map(f64::from),
+    ),
+    (
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        Kind::Counter,
+        "Total number of PCIe retries.",
+        |s| s.pcie_replay_count.map(|v| v as f64),
+    ),
+    (
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        Kind::Counter,
+        "Total number of single-bit volatile ECC errors.",
+        |s| s.ecc_corrected_volatile.map(|v| v as f64),
+    ),
+    (
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        Kind::Counter,
+        "Total number of double-bit volatile ECC errors.",
+        |s| s.ecc_uncorrected_volatile.map(|v| v as f64),
+    ),
+    (
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        Kind::Counter,
+        "Total number of single-bit persistent ECC errors.",
+        |s| s.ecc_corrected_aggregate.map(|v| v as f64),
+    ),
+    (
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        Kind::Counter,
+        "Total number of double-bit persistent ECC errors.",
+        |s| s.ecc_uncorrected_aggregate.map(|v| v as f64),
+    ),
+    (
+        "DCGM_FI_DEV_RETIRED_SBE",
+        Kind::Counter,
+        "Total number of retired pages due to single-bit errors.",
+        |s| s.retired_pages_sbe.map(|v| v as f64),
+    ),
+    (
+        "DCGM_FI_DEV_RETIRED_DBE",
+        Kind::Counter,
+        "Total number of retired pages due to double-bit errors.",
+        |s| s.retired_pages_dbe.map(|v| v as f64),
+    ),
+    (
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        Kind::Counter,
+        "Number of remapped rows for uncorrectable errors",
+        |s| s.remapped_rows_uncorrectable.map(|v| v as f64),
+    ),
+    (
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        Kind::Counter,
+        "Number of remapped rows for correctable errors",
+        |s| s.remapped_rows_correctable.map(|v| v as f64),
+    ),
+    (
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        Kind::Gauge,
+        "Whether remapping of rows has failed",
+        |s| s.remapped_rows_failure.map(|b| f64::from(u8::from(b))),
+    ),
+    (
+        "gpudiag_pcie_rx_bytes_per_second",
+        Kind::Gauge,
+        "PCIe receive throughput (bytes/s), as NVML measures it over about 20 ms.",
+        |s| s.pcie_rx_bytes_per_s,
+    ),
+    (
+        "gpudiag_pcie_tx_bytes_per_second",
+        Kind::Gauge,
+        "PCIe transmit throughput (bytes/s), as NVML measures it over about 20 ms.",
+        |s| s.pcie_tx_bytes_per_s,
+    ),
+    (
+        "gpudiag_pcie_link_generation",
+        Kind::Gauge,
+        "Current PCIe link generation.",
+        |s| s.pcie_gen.map(f64::from),
+    ),
+    (
+        "gpudiag_pcie_link_generation_max",
+        Kind::Gauge,
+        "Maximum PCIe link generation.",
+        |s| s.pcie_gen_max.map(f64::from),
+    ),
+    (
+        "gpudiag_pcie_link_width",
+        Kind::Gauge,
+        "Current PCIe link width (lanes).",
+        |s| s.pcie_width.map(f64::from),
+    ),
+    (
+        "gpudiag_pcie_link_width_max",
+        Kind::Gauge,
+        "Maximum PCIe link width (lanes).",
+        |s| s.pcie_width_max.map(f64::from),
+    ),
+    (
+        "gpudiag_power_limit_watts",
+        Kind::Gauge,
+        "Enforced power limit (W).",
+        |s| s.power_limit_w,
+    ),
+    (
+        "gpudiag_performance_state",
+        Kind::Gauge,
+        "Performance state (0 is P0, fastest).",
+        |s| s.pstate.map(f64::from),
+    ),
+    (
+        "gpudiag_fan_speed_percent",
+        Kind::Gauge,
+        "Fan speed (in %).",
+        |s| s.fan_pct,
+    ),
+    (
+        "gpudiag_temperature_slowdown_celsius",
+        Kind::Gauge,
+        "Temperature at which the GPU slows down (in C).",
+        |s| s.temp_slowdown_c,
+    ),
+];
+
+/// Renders a snapshot; `now` dates the sample ages.
+pub fn render(snap: &Snapshot, now: Instant) -> String {
+    let mut x = Exposition::default();
+    let devices: Vec<(&DeviceInfo, &Sample, Labels)> = snap
+        .devices
+        .iter()
+        .filter_map(|d| {
+            let s = snap.latest.get(&d.index)?;
+            Some((d, s, device_labels(d, &snap.host)))
+        })
+        .collect();
+    for (name, kind, help, get) in SERIES {
+        let samples: Vec<(Labels, f64)> = devices
+            .iter()
+            .filter_map(|(_, s, l)| Some((l.clone(), get(s)?)))
+            .collect();
+        x.family(name, *kind, help, &samples);
+    }
+    let xids: Vec<(Labels, f64)> = devices
+        .iter()
+        .filter_map(|(d, _, l)| Some((l.clone(), *snap.last_xid.get(&d.index)? as f64)))
+        .collect();
+    x.family(
+        "DCGM_FI_DEV_XID_ERRORS",
+        Kind::Gauge,
+        "Value of the last XID error encountered.",
+        &xids,
+    );
+
+    let mut throttle = Vec::new();
+    for (_, s, l) in &devices {
+        let Some(bits) = s.throttle_reasons else {
+            continue;
+        };
+        let mut names: Vec<(u64, String)> = THROTTLE_REASONS
+            .iter()
+            .map(|(b, n)| (*b, (*n).to_string()))
+            .collect();
+        // Bits NVML defines but this build does not name still get a series while set.
+        for bit in (0..64).map(|i| 1u64 << i) {
+            if bits & bit != 0 && !names.iter().any(|(b, _)| *b == bit) {
+                names.push((bit, format!("unknown_{bit:#x}")));
+            }
+        }
+        for (bit, name) in names {
+            let mut labels = l.clone();
+            labels.push(("reason", name));
+            throttle.push((labels, f64::from(u8::from(bits & bit != 0))));
+        }
+    }
+    x.family(
+        "gpudiag_throttle_reason",
+        Kind::Gauge,
+        "1 while this clock-event (throttle) reason is active, else 0.",
+        &throttle,
+    );
+
+    let ages: Vec<(Labels, f64)> = devices
+        .iter()
+        .filter_map(|(d, _, l)| {
+            let at = snap.received.get(&d.index)?;
+            Some((l.clone(), now.saturating_duration_since(*at).as_secs_f64()))
+        })
+        .collect();
+    x.family(
+        "gpudiag_sample_age_seconds",
+        Kind::Gauge,
+        "Seconds since gpudiag last read this GPU.",
+        &ages,
+    );
+
+    let mut active: Vec<(Labels, f64)> = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for f in &snap.findings {
+        if !seen.insert((f.id.clone(), f.device)) {
+            continue;
+        }
+        let mut labels = match f
+            .device
+            .and_then(|i| snap.devices.iter().find(|d| d.index == i))
+        {
+            Some(d) => device_labels(d, &snap.host),
+            None => {
+                let mut l: Labels = Vec::new();
+                if let Some(i) = f.device {
+                    l.push(("gpu", i.to_string()));
+                }
+                if let Some(h) = &snap.host.hostname {
+                    l.push(("Hostname", h.clone()));
+                }
+                l
+            }
+        };
+        labels.push(("id", f.id.clone()));
+        labels.push(("severity", f.severity.to_string()));
+        active.push((labels, 1.0));
+    }
+    x.family(
+        "gpudiag_finding",
+        Kind::Gauge,
+        "1 for each active finding, labelled by its id and severity.",
+        &active,
+    );
+    let counts: Vec<(Labels, f64)> = [Severity::Info, Severity::Warn, Severity::Fail]
+        .into_iter()
+        .map(|sev| {
+            let mut l: Labels = Vec::new();
+            if let Some(h) = &snap.host.hostname {
+                l.push(("Hostname", h.clone()));
+            }
+            l.push(("severity", sev.to_string()));
+            let n = snap.findings.iter().filter(|f| f.severity == sev).count();
+            (l, n as f64)
+        })
+        .collect();
+    x.family(
+        "gpudiag_findings",
+        Kind::Gauge,
+        "Number of active findings of each severity.",
+        &counts,
+    );
+    let mut info: Labels = vec![("version", env!("CARGO_PKG_VERSION").to_string())];
+    if let Some(h) = &snap.host.hostname {
+        info.push(("Hostname", h.clone()));
+    }
+    if let Some(v) = &snap.host.driver_version {
+        info.push(("driver_version", v.clone()));
+    }
+    x.family(
+        "gpudiag_info",
+        Kind::Gauge,
+        "Always 1; the labels say which gpudiag and driver serve these metrics.",
+        &[(info, 1.0)],
+    );
+    x.family(
+        "gpudiag_source_ended",
+        Kind::Gauge,
+        "1 when the telemetry source ended (a replay played out or sampling failed).",
+        &[(Vec::new(), f64::from(u8::from(snap.source_ended)))],
+    );
+    x.finish()
+}
+
+/// What a request gets: (status, content type, body).
+pub fn respond_to(method: &str, url: &str, snap: &RwLock<Snapshot>) -> (u16, &'static str, String) {
+    let path = url.split('?').next().unwrap_or(url);
+    if path != "/metrics" {
+        return (
+            404,
+            "text/plain; charset=utf-8",
+            "not found: gpudiag serves /metrics\n".into(),
+        );
+    }
+    if method != "GET" {
+        return (
+            405,
+            "text/plain; charset=utf-8",
+            "method not allowed: use GET\n".into(),
+        );
+    }
+    let body = match snap.read() {
+        Ok(s) => render(&s, Instant::now()),
+        // A panic while holding the lock left the snapshot as it was; it is still a snapshot.
+        Err(poisoned) => render(&poisoned.into_inner(), Instant::now()),
+    };
+    (200, CONTENT_TYPE, body)
+}
+
+/// Feeds ticks from the sampler into the snapshot until the source ends or `stop` is set.
+fn sample_into(
+    mut sampler: Sampler,
+    filter: crate::commands::DeviceFilter,
+    mut collected: Collected,
+    recorded: Vec<Finding>,
+    shared: Arc<RwLock<Snapshot>>,
+    stop: Arc<AtomicBool>,
+) {
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            sampler.stop();
+        }
+        let msg = match sampler.rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(m) => m,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => SamplerMsg::Ended(None),
+        };
+        let tick = match msg {
+            SamplerMsg::Tick(t) => filter.apply(t),
+            SamplerMsg::Ended(e) => {
+                if let Some(e) = e {
+                    eprintln!("gpudiag: sampling stopped: {e}; serving the last values");
+                }
+                let mut s = shared.write().unwrap_or_else(|p| p.into_inner());
+                s.source_ended = true;
+                return;
+            }
+        };
+        let now = Instant::now();
+        let xids: Vec<(u32, u64)> = tick
+            .events
+            .iter()
+            .filter_map(|e| match e.kind {
+                EventKind::Xid { xid } => Some((e.device?, xid)),
+                _ => None,
+            })
+            .collect();
+        let samples = tick.samples.clone();
+        collected.push(tick);
+        collected.keep_last(FINDINGS_WINDOW);
+        // What is wrong now: the engine's active findings, not everything ever raised.
+        let findings = super::with_recorded(collected.engine.active(), &recorded);
+        // Rules ran outside the lock: a scrape waits only for this copy.
+        let mut s = shared.write().unwrap_or_else(|p| p.into_inner());
+        for sample in samples {
+            s.received.insert(sample.device, now);
+            s.latest.insert(sample.device, sample);
+        }
+        s.last_xid.extend(xids);
+        s.findings = findings;
+    }
+}
+
+/// `gpudiag serve`: runs until `stop` is set.
+pub fn serve(args: &ServeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result<(), Error> {
+    let (source, recorded) = super::open(&args.source, Pace::Recorded { speed: 1.0 })?;
+    let collected = Collected::new(super::engine_for(&source, config));
+    let devices = source.devices();
+    let shared = Arc::new(RwLock::new(Snapshot {
+        host: source.backend.host().clone(),
+        devices: devices.clone(),
+        ..Snapshot::default()
+    }));
+    let listener = TcpListener::bind(args.listen)
+        .map_err(|e| Error::CannotRun(format!("cannot listen on {}: {e}", args.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::CannotRun(format!("cannot listen on {}: {e}", args.listen)))?;
+    // Non-blocking accept, so the loop notices `stop` (Ctrl-C) within one poll.
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::CannotRun(format!("cannot listen on {addr}: {e}")))?;
+    let filter = source.selected.clone();
+    let sampler = Sampler::spawn(source.backend, args.interval, None);
+    let sampling = {
+        let (shared, stop) = (shared.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("gpudiag-snapshot".into())
+            .spawn(move || sample_into(sampler, filter, collected, recorded, shared, stop))
+            .map_err(|e| Error::CannotRun(format!("cannot start the sampling thread: {e}")))?
+    };
+    eprintln!("gpudiag: serving metrics on http://{addr}/metrics (Ctrl-C to stop)");
+    let active = Arc::new(AtomicUsize::new(0));
+    while !stop.load(Ordering::Relaxed) {
+        if !wait_readable(&listener, ACCEPT_POLL) {
+            continue;
+        }
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            // A connection reset before accept, or out of descriptors: wait and go on.
+            Err(_) => {
+                std::thread::sleep(ACCEPT_POLL);
+                continue;
+            }
+        };
+        // Over the limit, a new connection is closed at once: the ones in flight finish or time
+        // out within REQUEST_TIMEOUT, so the server recovers by itself.
+        if active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
+            drop(stream);
+            continue;
+        }
+        active.fetch_add(1, Ordering::AcqRel);
+        let (shared, active2) = (shared.clone(), active.clone());
+        let spawned = std::thread::Builder::new()
+            .name("gpudiag-http".into())
+            .spawn(move || {
+                handle_connection(stream, &shared);
+                active2.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            active.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    let _ = sampling.join();
+    Ok(())
+}
+
+/// Waits up to `timeout` for a connection to accept; false on timeout (or a poll error, which
+/// the caller treats the same: look at the stop flag and wait again).
+fn wait_readable(listener: &TcpListener, timeout: Duration) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut fd = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one valid pollfd that lives across the call; the fd is the listener's own.
+    let n = unsafe { libc::poll(&mut fd, 1, ms) };
+    n > 0
+}
+
+/// Reads one request head (bounded in size and time), answers it and closes the connection.
+fn handle_connection(mut stream: TcpStream, shared: &RwLock<Snapshot>) {
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_write_timeout(Some(REQUEST_TIMEOUT));
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 2048];
+    let (status, ctype, body) = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break plain(408, "request timeout\n");
+        }
+        let _ = stream.set_read_timeout(Some(left));
+        match stream.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break plain(408, "request timeout\n");
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        }
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut request = httparse::Request::new(&mut headers);
+        match request.parse(&buf) {
+            Ok(httparse::Status::Complete(_)) => {
+                let method = request.method.unwrap_or("");
+                let path = request.path.unwrap_or("");
+                break respond_to(method, path, shared);
+            }
+            Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
+                break plain(431, "request head too large\n");
+            }
+            Ok(httparse::Status::Partial) => {}
+            Err(_) => break plain(400, "malformed request\n"),
+        }
+    };
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        431 => "Request Header Fields Too Large",
+        _ => "Error",
+    };
+    let allow = if status == 405 { "Allow: GET\r\n" } else { "" };
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\
+         {allow}Connection: close\r\n\r\n",
+        body.len()
+    );
+    // A client that went away, or stopped reading, is its own problem.
+    let _ = stream
+        .write_all(head.as_bytes())
+        .and_then(|()| stream.write_all(body.as_bytes()))
+        .and_then(|()| stream.flush());
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+
+fn plain(status: u16, body: &str) -> (u16, &'static str, String) {
+    (status, "text/plain; charset=utf-8", body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::Evidence;
+
+    fn snapshot() -> Snapshot {
+        let host = HostInfo {
+            hostname: Some("node \"7\"\\a\nb".into()),
+            driver_version: Some("580.65.06".into()),
+            ..HostInfo::default()
+        };
+        let devices = vec![
+            DeviceInfo {
+                index: 0,
+                uuid: Some("GPU-0".into()),
+                name: Some("NVIDIA H200".into()),
+                pci_bus_id: Some("00000000:19:00.0".into()),
+                ..DeviceInfo::default()
+            },
+            DeviceInfo {
+                index: 1,
+                ..DeviceInfo::default()
+            },
+        ];
+        let s0 = Sample {
+            gpu_util_pct: Some(99.0),
+            mem_used_bytes: Some(3 * 1024 * 1024 * 1024),
+            power_w: Some(689.125),
+            energy_j: Some(1.5),
+            throttle_reasons: Some(0x4),
+            pcie_replay_count: Some(0),
+            ..Sample::new(0, 1000)
+        };
+        // GPU 1 reports almost nothing: its series must be absent, not 0.
+        let s1 = Sample {
+            temp_gpu_c: Some(33.0),
+            ..Sample::new(1, 1000)
+        };
+        let now = Instant::now();
+        Snapshot {
+            host,
+            devices,
+            latest: [(0, s0), (1, s1)].into_iter().collect(),
+            received: [(0, now), (1, now)].into_iter().collect(),
+            last_xid: [(0, 48)].into_iter().collect(),
+            findings: vec![Finding {
+                id: "errors.xid_48".into(),
+                severity: Severity::Fail,
+                device: Some(0),
+                time_ms: 1000,
+                title: "t".into(),
+                evidence: Evidence {
+                    values: serde_json::Map::new(),
+                    window_s: 0.0,
+                    threshold: "event".into(),
+                },
+                advice: "a".into(),
+            }],
+            source_ended: false,
+        }
+    }
+
+    fn lines_of<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+            .collect()
+    }
+
+    #[test]
+    fn escaping() {
+        assert_eq!(escape_label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        assert_eq!(escape_help("x\\y\nz \"q\""), "x\\\\y\\nz \"q\"");
+        assert_eq!(format_value(99.0), "99");
+        assert_eq!(format_value(689.125), "689.125");
+        assert_eq!(format_value(-1.5), "-1.5");
+        assert_eq!(format_value(1e20), "100000000000000000000");
+    }
+
+    #[test]
+    fn help_and_type_precede_samples_once_per_family() {
+        let text = render(&snapshot(), Instant::now());
+        let mut seen = std::collections::BTreeSet::new();
+        let mut current = None;
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let name = rest.split(' ').next().unwrap().to_string();
+                assert!(seen.insert(name.clone()), "{name} twice");
+                current = Some(name);
+            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let mut it = rest.split(' ');
+                assert_eq!(it.next().map(str::to_string), current);
+                assert!(matches!(it.next(), Some("gauge" | "counter")));
+            } else {
+                let name = line.split(['{', ' ']).next().unwrap();
+                assert_eq!(Some(name.to_string()), current, "{line}");
+            }
+        }
+        assert!(text.ends_with('\n'));
+    }
+
+    #[test]
+    fn label_sets_units_and_absent_values() {
+        let text = render(&snapshot(), Instant::now());
+        let util = lines_of(&text, "DCGM_FI_DEV_GPU_UTIL");
+        assert_eq!(
+            util,
+            [
+                "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-0\",pci_bus_id=\"00000000:19:00.0\",\
+                 modelName=\"NVIDIA H200\",Hostname=\"node \\\"7\\\"\\\\a\\nb\"} 99"
+            ]
+        );
+        // MiB and mJ as dcgm-exporter has them.
+        assert!(lines_of(&text, "DCGM_FI_DEV_FB_USED")[0].ends_with(" 3072"));
+        assert!(lines_of(&text, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")[0].ends_with(" 1500"));
+        assert!(lines_of(&text, "DCGM_FI_DEV_POWER_USAGE")[0].ends_with(" 689.125"));
+        // A real 0 is exported; an absent value is not.
+        assert!(lines_of(&text, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER")[0].ends_with(" 0"));
+        assert!(
+            lines_of(&text, "DCGM_FI_DEV_GPU_UTIL")
+                .iter()
+                .all(|l| !l.contains("gpu=\"1\""))
+        );
+        assert!(!text.contains("DCGM_FI_DEV_MEMORY_TEMP"));
+        let temp = lines_of(&text, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(temp.len(), 1);
+        assert!(
+            temp[0].starts_with("DCGM_FI_DEV_GPU_TEMP{gpu=\"1\",Hostname="),
+            "{}",
+            temp[0]
+        );
+        assert!(lines_of(&text, "DCGM_FI_DEV_XID_ERRORS")[0].ends_with(" 48"));
+        // Throttle: one series per reason for GPU 0 only (GPU 1 did not say).
+        let throttle = lines_of(&text, "gpudiag_throttle_reason");
+        assert_eq!(throttle.len(), THROTTLE_REASONS.len());
+        assert!(
+            throttle
+                .iter()
+                .any(|l| l.contains("reason=\"sw_power_cap\"") && l.ends_with(" 1"))
+        );
+        assert!(
+            throttle
+                .iter()
+                .any(|l| l.contains("reason=\"gpu_idle\"") && l.ends_with(" 0"))
+        );
+        let finding = lines_of(&text, "gpudiag_finding");
+        assert_eq!(finding.len(), 1);
+        assert!(
+            finding[0].contains("id=\"errors.xid_48\",severity=\"fail\"} 1"),
+            "{}",
+            finding[0]
+        );
+        let counts = lines_of(&text, "gpudiag_findings");
+        assert_eq!(counts.len(), 3);
+        assert!(
+            counts
+                .iter()
+                .any(|l| l.contains("severity=\"fail\"") && l.ends_with(" 1"))
+        );
+        assert!(
+            counts
+                .iter()
+                .any(|l| l.contains("severity=\"warn\"") && l.ends_with(" 0"))
+        );
+        let age = lines_of(&text, "gpudiag_sample_age_seconds");
+        assert_eq!(age.len(), 2);
+        assert_eq!(
+            lines_of(&text, "gpudiag_source_ended"),
+            ["gpudiag_source_ended 0"]
+        );
+    }
+
+    #[test]
+    fn routes_and_methods() {
+        let snap = RwLock::new(snapshot());
+        let (code, ctype, body) = respond_to("GET", "/metrics?x=1", &snap);
+        assert_eq!((code, ctype), (200, CONTENT_TYPE));
+        assert!(body.contains("DCGM_FI_DEV_GPU_UTIL"));
+        assert_eq!(respond_to("GET", "/", &snap).0, 404);
+        assert_eq!(respond_to("GET", "/metricsx", &snap).0, 404);
+        assert_eq!(respond_to("POST", "/metrics", &snap).0, 405);
+        assert_eq!(respond_to("HEAD", "/metrics", &snap).0, 405);
+    }
+
+    #[test]
+    fn empty_snapshot_still_says_who_serves() {
+        let text = render(&Snapshot::default(), Instant::now());
+        assert!(text.contains("gpudiag_info{version="));
+        assert!(!text.contains("DCGM_"));
+    }
+}

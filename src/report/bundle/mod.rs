@@ -1,0 +1,471 @@
+//! The bug-report bundle (`gpudiag report`): one `.tar.gz` holding a README, the check report,
+//! a recording, its Chrome trace and the environment, redacted by default.
+//!
+//! Everything in the bundle derives from one redacted recording: the capture (or the replayed
+//! file) is redacted first, and the check report and trace are computed from that, so the same
+//! secret has the same placeholder in every file. The archive is written to a temporary file
+//! and renamed, so a bundle on disk is always whole. [`open_bundle_recording`] reads a bundle
+//! (or a plain recording: the content decides) as a replay.
+
+pub mod host;
+pub mod redact;
+
+use std::io::{Cursor, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use flate2::Compression;
+use flate2::read::GzDecoder;
+use flate2::write::GzEncoder;
+use serde_json::Value;
+
+use crate::cli::{CheckArgs, FailOn, ReportArgs, SourceArgs};
+use crate::commands;
+use crate::error::Error;
+use crate::export;
+use crate::telemetry::recording::{Header, Record};
+use crate::telemetry::replay::{Pace, ReplayBackend};
+use crate::telemetry::sampler::{Sampler, SamplerMsg};
+use crate::telemetry::{BackendError, recording::RecordingError};
+use redact::Redactor;
+
+/// The files of a bundle, in the order they are written.
+pub const README: &str = "README.txt";
+pub const CHECK_REPORT: &str = "check-report.json";
+pub const RECORDING: &str = "recording.ndjson.gz";
+pub const TRACE: &str = "trace.json";
+pub const ENVIRONMENT: &str = "environment.json";
+/// The largest member read back from a bundle: recordings are bounded, this guards against a
+/// hostile archive that claims terabytes.
+const MAX_MEMBER_BYTES: u64 = 4 << 30;
+
+/// True when `bytes` start a gzip stream whose content is a tar archive (ustar magic at 257).
+fn is_tar_gz(prefix: &[u8]) -> bool {
+    if prefix.len() < 2 || prefix[..2] != [0x1f, 0x8b] {
+        return false;
+    }
+    let mut head = Vec::with_capacity(512);
+    let _ = GzDecoder::new(prefix).take(512).read_to_end(&mut head);
+    head.len() >= 262 && &head[257..262] == b"ustar"
+}
+
+/// Opens `path` as a replay: a bug-report bundle's recording, or a recording file (plain or
+/// gzip). The content decides, not the name.
+pub fn open_bundle_recording(path: &Path, pace: Pace) -> Result<ReplayBackend, BackendError> {
+    let name = path.display().to_string();
+    let io = |op, source| {
+        BackendError::Recording(RecordingError::Io {
+            op,
+            path: name.clone(),
+            source,
+        })
+    };
+    let mut file = std::fs::File::open(path).map_err(|e| io("open", e))?;
+    let mut prefix = Vec::new();
+    (&mut file)
+        .take(64 * 1024)
+        .read_to_end(&mut prefix)
+        .map_err(|e| io("read", e))?;
+    if !is_tar_gz(&prefix) {
+        return ReplayBackend::open(path, pace);
+    }
+    let bytes = read_member(path, RECORDING)?.ok_or_else(|| {
+        BackendError::Recording(RecordingError::NotARecording {
+            path: name.clone(),
+            reason: format!("it is a tar.gz archive without {RECORDING}"),
+        })
+    })?;
+    ReplayBackend::from_reader(Cursor::new(bytes), pace)
+}
+
+/// The bytes of one member of a tar.gz bundle, `None` if it has no such member.
+pub fn read_member(path: &Path, member: &str) -> Result<Option<Vec<u8>>, BackendError> {
+    let name = path.display().to_string();
+    let bad = |reason: String| {
+        BackendError::Recording(RecordingError::NotARecording {
+            path: name.clone(),
+            reason,
+        })
+    };
+    let file = std::fs::File::open(path).map_err(|source| {
+        BackendError::Recording(RecordingError::Io {
+            op: "open",
+            path: name.clone(),
+            source,
+        })
+    })?;
+    let mut archive = tar::Archive::new(GzDecoder::new(std::io::BufReader::new(file)));
+    let entries = archive
+        .entries()
+        .map_err(|e| bad(format!("unreadable tar.gz: {e}")))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| bad(format!("unreadable tar.gz entry: {e}")))?;
+        let is_it = entry
+            .path()
+            .ok()
+            .is_some_and(|p| p.as_ref() == Path::new(member));
+        if !is_it {
+            continue;
+        }
+        let size = entry.header().size().unwrap_or(0);
+        if size > MAX_MEMBER_BYTES {
+            return Err(bad(format!("{member} claims {size} bytes, over the limit")));
+        }
+        let mut bytes = Vec::new();
+        entry
+            .take(MAX_MEMBER_BYTES)
+            .read_to_end(&mut bytes)
+            .map_err(|e| bad(format!("cannot read {member}: {e}")))?;
+        return Ok(Some(bytes));
+    }
+    Ok(None)
+}
+
+/// The default bundle name: `gpudiag-report-2026-11-22T01-02-03Z.tar.gz`.
+fn default_name() -> PathBuf {
+    let t = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    PathBuf::from(format!("gpudiag-report-{}.tar.gz", t.replace(':', "-")))
+}
+
+/// What a bundle is made from: a recording held in memory (a fresh capture, a replayed file, or
+/// the TUI's session) and where it came from.
+#[derive(Debug, Clone)]
+pub struct Captured {
+    pub header: Header,
+    /// Every record, in recording order (events before the samples of their tick).
+    pub records: Vec<Record>,
+    /// The backend that produced the telemetry ("nvml", "replay").
+    pub backend: String,
+    /// The recording replayed, if any (redactable).
+    pub recording: Option<String>,
+    /// The telemetry comes from this host's GPUs now (so PCI topology and libraries apply).
+    pub live: bool,
+    pub devices: Vec<crate::telemetry::DeviceInfo>,
+}
+
+/// How a bundle is written.
+#[derive(Debug, Clone)]
+pub struct BundleOptions {
+    /// Replace host names, user names, command-line arguments and home paths.
+    pub redact: bool,
+    /// Rule thresholds for the check report and the trace's findings.
+    pub config: crate::config::Config,
+    /// Sampling interval, for the check report's window.
+    pub interval: Duration,
+    pub init_timeout: Duration,
+}
+
+/// Records the source the flags name: `--duration` of live sampling, or the whole replay.
+pub fn capture(args: &ReportArgs, stop: &AtomicBool) -> Result<Captured, Error> {
+    let (source, recorded) = export::open(&args.source, Pace::AsFastAsPossible)?;
+    let live = source.recording.is_none();
+    let devices = source.devices();
+    let header = Header::new(
+        source.backend.name(),
+        source.backend.host().clone(),
+        devices.clone(),
+        live.then_some(args.interval.as_millis() as u64),
+    );
+    let backend = source.backend.name().to_string();
+    let recording = source.recording.clone();
+    let filter = source.selected.clone();
+    let limit = live.then_some(args.duration);
+    let mut sampler = Sampler::spawn(source.backend, args.interval, limit);
+    let mut records = Vec::new();
+    let mut failure = None;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            sampler.stop();
+        }
+        match sampler.rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(SamplerMsg::Tick(t)) => {
+                let t = filter.apply(t);
+                records.extend(t.events.into_iter().map(Record::Event));
+                records.extend(t.samples.into_iter().map(Record::Sample));
+            }
+            Ok(SamplerMsg::Ended(e)) => {
+                failure = e;
+                break;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    sampler.stop();
+    let sampled = records.iter().any(|r| matches!(r, Record::Sample(_)));
+    match failure {
+        Some(e) if !sampled => return Err(e.into()),
+        Some(e) => eprintln!("gpudiag: sampling stopped early: {e}"),
+        None => {}
+    }
+    if !sampled {
+        return Err(Error::Usage("the source holds no telemetry samples".into()));
+    }
+    records.extend(recorded.into_iter().map(Record::Finding));
+    Ok(Captured {
+        header,
+        records,
+        backend,
+        recording,
+        live,
+        devices,
+    })
+}
+
+fn to_value(v: &impl serde::Serialize) -> Result<Value, Error> {
+    serde_json::to_value(v).map_err(|e| Error::CannotRun(format!("cannot serialise: {e}")))
+}
+
+fn pretty(v: &Value) -> Result<Vec<u8>, Error> {
+    let mut out = serde_json::to_vec_pretty(v)
+        .map_err(|e| Error::CannotRun(format!("cannot serialise: {e}")))?;
+    out.push(b'\n');
+    Ok(out)
+}
+
+/// The recording as gzip-compressed NDJSON lines.
+fn gzip_lines(lines: &[Value]) -> Result<Vec<u8>, Error> {
+    let mut enc = GzEncoder::new(Vec::new(), Compression::default());
+    for l in lines {
+        serde_json::to_writer(&mut enc, l)
+            .map_err(|e| Error::CannotRun(format!("cannot serialise: {e}")))?;
+        enc.write_all(b"\n")
+            .map_err(|e| Error::io("compressing the recording", e))?;
+    }
+    enc.finish()
+        .map_err(|e| Error::io("compressing the recording", e))
+}
+
+/// `gpudiag report`: writes the bundle and returns its path.
+pub fn report(
+    args: &ReportArgs,
+    stop: &AtomicBool,
+    config: &crate::config::Config,
+) -> Result<PathBuf, Error> {
+    let out = args.output.clone().unwrap_or_else(default_name);
+    export::refuse_existing(&out, args.force)?;
+    let cap = capture(args, stop)?;
+    write_bundle(
+        &out,
+        &cap,
+        &BundleOptions {
+            redact: !args.no_redact,
+            config: config.clone(),
+            interval: args.interval,
+            init_timeout: args.source.init_timeout,
+        },
+    )?;
+    Ok(out)
+}
+
+/// Writes the bundle of `cap` to `out` (atomically; an existing file is replaced, so callers
+/// that must not overwrite check first).
+pub fn write_bundle(out: &Path, cap: &Captured, opts: &BundleOptions) -> Result<(), Error> {
+    let mut redactor = Redactor::new(opts.redact);
+    // Host and user names this process knows, besides those the data mentions; the recorded
+    // host first, so it is `host-1` whichever machine writes the bundle.
+    if let Some(h) = &cap.header.host.hostname {
+        redactor.learn_host(h);
+    }
+    let mut lines = vec![to_value(&cap.header)?];
+    for r in &cap.records {
+        lines.push(to_value(r)?);
+    }
+    // The recording's secrets first, so its placeholders do not depend on who writes the bundle.
+    for v in &lines {
+        redactor.learn_value(v);
+    }
+    if let Ok(h) = gethostname::gethostname().into_string() {
+        redactor.learn_host(&h);
+    }
+    for var in ["USER", "LOGNAME", "SUDO_USER"] {
+        if let Ok(u) = std::env::var(var) {
+            redactor.learn_user(&u);
+        }
+    }
+    if let Ok(home) = std::env::var("HOME") {
+        redactor.learn_text(&home);
+    }
+    let environment = host::collect(
+        &host::Roots::default(),
+        &cap.header.host,
+        &cap.devices,
+        cap.live,
+    );
+    let mut env_value = to_value(&environment)?;
+    if let Some(h) = &environment.hostname {
+        redactor.learn_host(h);
+    }
+    let mut recording_name = cap
+        .recording
+        .clone()
+        .map(Value::from)
+        .unwrap_or(Value::Null);
+    for v in [&env_value, &recording_name] {
+        redactor.learn_value(v);
+    }
+    for v in lines
+        .iter_mut()
+        .chain([&mut env_value, &mut recording_name])
+    {
+        redactor.redact_value(v);
+    }
+    let recording_gz = gzip_lines(&lines)?;
+    let recording_name = recording_name.as_str().map(str::to_string);
+
+    // The check report and the trace come from the redacted recording.
+    // `check` reads a recording from a path: a private temporary file, removed right after.
+    let tmp = std::env::temp_dir().join(format!(
+        "gpudiag-report-{}-{}.ndjson.gz",
+        std::process::id(),
+        crate::telemetry::now_ms()
+    ));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(&recording_gz))
+        .map_err(|e| Error::io(format!("cannot write {}", tmp.display()), e))?;
+    let check = commands::check(
+        &CheckArgs {
+            source: SourceArgs {
+                devices: Vec::new(),
+                replay: Some(tmp.clone()),
+                demo: false,
+                init_timeout: opts.init_timeout,
+                backend: crate::cli::BackendChoice::Replay,
+                sysfs_root: None,
+            },
+            json: true,
+            window: None,
+            interval: opts.interval,
+            fail_on: FailOn::Fail,
+        },
+        &opts.config,
+    );
+    let _ = std::fs::remove_file(&tmp);
+    let mut check = check?;
+    check.source.backend = cap.backend.clone();
+    check.source.recording = recording_name.clone();
+    if cap.live {
+        check.libraries = Some(environment.libraries.clone());
+    }
+    let mut check_value = to_value(&check)?;
+    redactor.redact_value(&mut check_value);
+
+    let replay =
+        ReplayBackend::from_reader(Cursor::new(recording_gz.clone()), Pace::AsFastAsPossible)?;
+    let recorded = replay.recorded_findings().to_vec();
+    let selected = commands::select_devices(crate::telemetry::Backend::devices(&replay), &[])?;
+    let source = commands::Source {
+        backend: Box::new(replay),
+        selected,
+        recording: recording_name.clone(),
+    };
+    let mut trace =
+        export::capture_trace(source, recorded, opts.interval, None, None, &opts.config)?.trace;
+    trace.other_data.backend = cap.backend.clone();
+    let mut trace_value = to_value(&trace)?;
+    redactor.redact_value(&mut trace_value);
+    let trace_bytes = serde_json::to_vec(&trace_value)
+        .map_err(|e| Error::CannotRun(format!("cannot serialise: {e}")))?;
+
+    let readme = redactor.text(&readme_text(
+        cap,
+        recording_name.as_deref(),
+        &redactor,
+        &check,
+    ));
+    let files: [(&str, Vec<u8>); 5] = [
+        (README, readme.into_bytes()),
+        (CHECK_REPORT, pretty(&check_value)?),
+        (RECORDING, recording_gz),
+        (TRACE, trace_bytes),
+        (ENVIRONMENT, pretty(&env_value)?),
+    ];
+    let mtime = crate::telemetry::now_ms() / 1000;
+    export::write_atomic(out, |w| {
+        let gz = GzEncoder::new(w, Compression::default());
+        let mut tar = tar::Builder::new(gz);
+        for (name, bytes) in &files {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(bytes.len() as u64);
+            h.set_mode(0o644);
+            h.set_mtime(mtime);
+            h.set_entry_type(tar::EntryType::Regular);
+            tar.append_data(&mut h, name, bytes.as_slice())?;
+        }
+        tar.into_inner()?.finish()?;
+        Ok(())
+    })
+}
+
+fn readme_text(
+    cap: &Captured,
+    recording: Option<&str>,
+    redactor: &Redactor,
+    check: &crate::report::check::CheckReport,
+) -> String {
+    let source = match recording {
+        Some(r) => format!("a replay of the recording {r}"),
+        None => format!(
+            "{} of live sampling ({} backend)",
+            humantime::format_duration(Duration::from_millis(
+                check.window.covered_s.max(0.0) as u64 * 1000
+            )),
+            cap.backend
+        ),
+    };
+    let redaction = if redactor.enabled() {
+        let what: Vec<String> = redactor
+            .summary()
+            .iter()
+            .map(|(k, n)| format!("{n} {k} name(s)"))
+            .collect();
+        format!(
+            "Redacted: host names, user names, command-line arguments and home paths were \
+             replaced by placeholders (host-1, user-1, args-1), the same value by the same \
+             placeholder in every file ({}). `gpudiag report --no-redact` keeps them.",
+            if what.is_empty() {
+                "nothing was found to replace".to_string()
+            } else {
+                what.join(", ")
+            }
+        )
+    } else {
+        "Not redacted (--no-redact): host names, user names, command lines and home paths \
+         are as they were."
+            .to_string()
+    };
+    format!(
+        "gpudiag bug-report bundle\n\
+         =========================\n\n\
+         Written by gpudiag {version} from {source}.\n\
+         Devices: {devices}. Status: {status}, {findings} finding(s).\n\n\
+         Files:\n\
+         - {README}: this file.\n\
+         - {CHECK_REPORT}: the check report (`gpudiag check --json`; schema \
+           assets/schema/check-report.schema.json).\n\
+         - {RECORDING}: the telemetry as a gpudiag recording (gzip NDJSON; schema \
+           assets/schema/recording.schema.json).\n\
+         - {TRACE}: a Chrome trace of the recording; open it in https://ui.perfetto.dev or \
+           chrome://tracing.\n\
+         - {ENVIRONMENT}: OS, kernel, CPU, driver and CUDA libraries, CUDA_*/NVIDIA_* \
+           variables, container detection, PCI topology and NUMA nodes, kernel log lines \
+           about NVRM/Xid.\n\n\
+         To look at it on any machine, GPU or not:\n\
+         \x20 gpudiag replay THIS_FILE.tar.gz\n\
+         \x20 gpudiag check --replay THIS_FILE.tar.gz\n\n\
+         {redaction}\n",
+        version = env!("CARGO_PKG_VERSION"),
+        devices = cap.devices.len(),
+        status = check.status,
+        findings = check
+            .devices
+            .iter()
+            .map(|d| d.findings.len())
+            .sum::<usize>()
+            + check.host_findings.len(),
+    )
+}

@@ -1,0 +1,339 @@
+//! Redaction of personal data in a bug-report bundle: host names, user names, command-line
+//! arguments and home paths are replaced by placeholders (`host-1`, `user-1`, `args-1`), the same
+//! secret by the same placeholder in every file, so the report stays readable.
+//!
+//! Two passes over every document: `learn` collects secrets (the host names it is told, user
+//! names, names under `/home/`, arguments of process command lines), then `redact` replaces
+//! them, so a secret first seen in the last file is still replaced in the first.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+/// Users whose names are words, not personal data; their home directories still get a
+/// placeholder, their names elsewhere are left alone.
+const SYSTEM_USERS: [&str; 6] = ["root", "nobody", "daemon", "admin", "user", "ubuntu"];
+/// Names shorter than this are not replaced as words in free text: they would hit everything.
+const MIN_WORD: usize = 3;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Class {
+    Host,
+    User,
+    Args,
+}
+
+impl Class {
+    fn prefix(self) -> &'static str {
+        match self {
+            Class::Host => "host",
+            Class::User => "user",
+            Class::Args => "args",
+        }
+    }
+}
+
+/// Maps secrets to placeholders. With `enabled == false` every method leaves data unchanged.
+#[derive(Debug, Clone, Default)]
+pub struct Redactor {
+    enabled: bool,
+    /// secret → (class, placeholder)
+    map: BTreeMap<String, (Class, String)>,
+    counts: BTreeMap<Class, usize>,
+}
+
+fn is_word_char(c: char) -> bool {
+    c.is_alphanumeric() || c == '-' || c == '_'
+}
+
+fn is_path_char(c: char) -> bool {
+    !(c == '/' || c.is_whitespace() || matches!(c, '"' | '\'' | ':' | ',' | ';' | ')' | ']' | '}'))
+}
+
+impl Redactor {
+    pub fn new(enabled: bool) -> Self {
+        Redactor {
+            enabled,
+            ..Redactor::default()
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    fn add(&mut self, class: Class, secret: &str) -> String {
+        if let Some((_, p)) = self.map.get(secret) {
+            return p.clone();
+        }
+        let n = self.counts.entry(class).or_default();
+        *n += 1;
+        let placeholder = format!("{}-{n}", class.prefix());
+        self.map
+            .insert(secret.to_string(), (class, placeholder.clone()));
+        placeholder
+    }
+
+    /// A host name (and its first label, for a fully qualified one).
+    pub fn learn_host(&mut self, host: &str) {
+        let host = host.trim();
+        if !self.enabled || host.is_empty() {
+            return;
+        }
+        let placeholder = self.add(Class::Host, host);
+        if let Some((short, _)) = host.split_once('.')
+            && short.len() >= MIN_WORD
+            && !self.map.contains_key(short)
+        {
+            self.map
+                .insert(short.to_string(), (Class::Host, placeholder));
+        }
+    }
+
+    pub fn learn_user(&mut self, user: &str) {
+        let user = user.trim();
+        if self.enabled && !user.is_empty() {
+            self.add(Class::User, user);
+        }
+    }
+
+    /// A process command line: the arguments after the program are a secret of their own.
+    pub fn learn_command(&mut self, command: &str) {
+        if !self.enabled {
+            return;
+        }
+        if let Some((_, args)) = command.trim().split_once(char::is_whitespace) {
+            let args = args.trim();
+            if !args.is_empty() {
+                self.add(Class::Args, args);
+            }
+        }
+        self.learn_text(command);
+    }
+
+    /// Names of home directories mentioned in `text`.
+    pub fn learn_text(&mut self, text: &str) {
+        if !self.enabled {
+            return;
+        }
+        let mut rest = text;
+        while let Some(at) = rest.find("/home/") {
+            let after = &rest[at + 6..];
+            let name: String = after.chars().take_while(|&c| is_path_char(c)).collect();
+            if !name.is_empty() {
+                self.learn_user(&name);
+            }
+            rest = after;
+        }
+        if contains_root_home(text) {
+            self.learn_user("root");
+        }
+    }
+
+    /// Learns from every string of a JSON document; `processes[].name` are command lines.
+    pub fn learn_value(&mut self, v: &Value) {
+        if !self.enabled {
+            return;
+        }
+        match v {
+            Value::String(s) => self.learn_text(s),
+            Value::Array(a) => a.iter().for_each(|x| self.learn_value(x)),
+            Value::Object(m) => {
+                if let Some(Value::Array(ps)) = m.get("processes") {
+                    for p in ps {
+                        if let Some(Value::String(c)) = p.get("name") {
+                            self.learn_command(c);
+                        }
+                        if let Some(Value::String(u)) = p.get("user") {
+                            self.learn_user(u);
+                        }
+                    }
+                }
+                m.values().for_each(|x| self.learn_value(x));
+            }
+            _ => {}
+        }
+    }
+
+    /// Replaces every secret in `text`.
+    pub fn text(&self, text: &str) -> String {
+        if !self.enabled || self.map.is_empty() {
+            return text.to_string();
+        }
+        // Longest first, so "node1.example.com" wins over "node1".
+        let mut secrets: Vec<(&String, &(Class, String))> = self.map.iter().collect();
+        secrets.sort_by_key(|(s, _)| std::cmp::Reverse(s.len()));
+        // Arguments first: they were learned raw, before any home path in them was replaced.
+        let mut out = text.to_string();
+        for (secret, (class, placeholder)) in &secrets {
+            if *class == Class::Args {
+                out = out.replace(secret.as_str(), &format!("[{placeholder}]"));
+            }
+        }
+        let mut out = self.home_paths(&out);
+        for (secret, (class, placeholder)) in secrets {
+            out = match class {
+                Class::Args => out,
+                Class::User
+                    if secret.chars().count() < MIN_WORD
+                        || SYSTEM_USERS.contains(&secret.as_str()) =>
+                {
+                    out
+                }
+                _ => replace_words(&out, secret, placeholder),
+            };
+        }
+        out
+    }
+
+    /// `/home/NAME` → `/home/user-N`, `/root` → `/home/user-N` (root's placeholder).
+    fn home_paths(&self, text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(at) = rest.find("/home/") {
+            out.push_str(&rest[..at + 6]);
+            let after = &rest[at + 6..];
+            let len: usize = after
+                .chars()
+                .take_while(|&c| is_path_char(c))
+                .map(char::len_utf8)
+                .sum();
+            let name = &after[..len];
+            match self.map.get(name) {
+                Some((_, p)) => out.push_str(p),
+                None => out.push_str(name),
+            }
+            rest = &after[len..];
+        }
+        out.push_str(rest);
+        match self.map.get("root") {
+            Some((_, p)) if contains_root_home(&out) => replace_root_home(&out, p),
+            _ => out,
+        }
+    }
+
+    /// Redacts every string of a JSON document in place (object keys are names, left alone).
+    pub fn redact_value(&self, v: &mut Value) {
+        if !self.enabled {
+            return;
+        }
+        match v {
+            Value::String(s) => {
+                let r = self.text(s);
+                if r != *s {
+                    *s = r;
+                }
+            }
+            Value::Array(a) => a.iter_mut().for_each(|x| self.redact_value(x)),
+            Value::Object(m) => m.values_mut().for_each(|x| self.redact_value(x)),
+            _ => {}
+        }
+    }
+
+    /// What was replaced, by class, for the README: ("host", 1), ("user", 2), ...
+    pub fn summary(&self) -> Vec<(&'static str, usize)> {
+        self.counts.iter().map(|(c, n)| (c.prefix(), *n)).collect()
+    }
+}
+
+/// Positions of `/root` that are the root home directory (followed by `/`, the end, or a
+/// delimiter; preceded by the start or a non-path character).
+fn root_home_positions(text: &str) -> Vec<usize> {
+    text.match_indices("/root")
+        .filter(|(i, _)| {
+            let before = text[..*i].chars().next_back();
+            let after = text[i + 5..].chars().next();
+            before.is_none_or(|c| !is_path_char(c) || c == '=')
+                && after.is_none_or(|c| c == '/' || !is_path_char(c))
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+fn contains_root_home(text: &str) -> bool {
+    !root_home_positions(text).is_empty()
+}
+
+fn replace_root_home(text: &str, placeholder: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut last = 0;
+    for i in root_home_positions(text) {
+        out.push_str(&text[last..i]);
+        out.push_str("/home/");
+        out.push_str(placeholder);
+        last = i + 5;
+    }
+    out.push_str(&text[last..]);
+    out
+}
+
+/// Replaces `word` where it is not part of a longer word.
+fn replace_words(text: &str, word: &str, with: &str) -> String {
+    if word.is_empty() || !text.contains(word) {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut last = 0;
+    for (i, _) in text.match_indices(word) {
+        if i < last {
+            continue;
+        }
+        let before = text[..i].chars().next_back();
+        let after = text[i + word.len()..].chars().next();
+        if before.is_some_and(is_word_char) || after.is_some_and(is_word_char) {
+            continue;
+        }
+        out.push_str(&text[last..i]);
+        out.push_str(with);
+        last = i + word.len();
+    }
+    out.push_str(&text[last..]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn same_secret_same_placeholder_everywhere() {
+        let mut r = Redactor::new(true);
+        r.learn_host("gpu-node-17.example.org");
+        let mut doc = json!({
+            "host": "gpu-node-17.example.org",
+            "log": "NVRM: gpu-node-17 Xid 79 by /home/alice/bin/train",
+            "processes": [{"name": "python /home/alice/x.py --token=hunter2", "user": "alice"}],
+            "home": "/root/.cache",
+        });
+        r.learn_value(&doc);
+        r.redact_value(&mut doc);
+        let text = doc.to_string();
+        for secret in ["gpu-node-17", "alice", "hunter2", "/root"] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        assert_eq!(doc["host"], "host-1");
+        assert_eq!(doc["log"], "NVRM: host-1 Xid 79 by /home/user-1/bin/train");
+        assert_eq!(doc["processes"][0]["name"], "python [args-1]");
+        assert_eq!(doc["processes"][0]["user"], "user-1");
+        assert_eq!(doc["home"], "/home/user-2/.cache");
+    }
+
+    #[test]
+    fn words_inside_other_words_are_kept() {
+        let mut r = Redactor::new(true);
+        r.learn_user("ann");
+        assert_eq!(r.text("annual ann's plan"), "annual user-1's plan");
+        assert_eq!(r.text("/rooted /root"), "/rooted /root");
+    }
+
+    #[test]
+    fn disabled_changes_nothing() {
+        let mut r = Redactor::new(false);
+        r.learn_host("h1.example");
+        let mut v = json!({"a": "h1.example /home/bob"});
+        r.learn_value(&v);
+        r.redact_value(&mut v);
+        assert_eq!(v, json!({"a": "h1.example /home/bob"}));
+    }
+}

@@ -1,0 +1,933 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! `gpudiag trace`, `gpudiag report` and `gpudiag serve` end to end on recordings: every trace
+//! event checked, bundles listed and parsed back, redaction of planted secrets, bundles replayed,
+//! and the HTTP server's answers to good, slow and malformed clients.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command as StdCommand, Stdio};
+use std::time::{Duration, Instant};
+
+use assert_cmd::Command;
+use flate2::read::GzDecoder;
+use gpudiag::export::chrome_trace::{self, Trace};
+use gpudiag::report::bundle::host::Environment;
+use gpudiag::report::check::CheckReport;
+use gpudiag::telemetry::recording::{self, Record};
+use serde_json::Value;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/recordings")
+        .join(name)
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn gpudiag(args: &[&str]) -> Run {
+    let out = Command::cargo_bin("gpudiag")
+        .unwrap()
+        .args(args)
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    Run {
+        code: out.status.code().expect("killed by a signal"),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn ok(run: &Run) {
+    assert_eq!(
+        run.code, 0,
+        "stdout: {}\nstderr: {}",
+        run.stdout, run.stderr
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Trace
+
+/// Checks every event of a trace as a viewer needs it, on the raw JSON (independently of the
+/// typed structs), and returns the events by phase.
+fn check_trace_json(v: &Value) -> BTreeMap<String, Vec<Value>> {
+    assert_eq!(v["otherData"]["format"], "gpudiag-trace");
+    assert_eq!(v["otherData"]["version"], 1);
+    assert_eq!(v["displayTimeUnit"], "ms");
+    let events = v["traceEvents"].as_array().expect("traceEvents array");
+    let mut by_phase: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    let mut last: BTreeMap<(u64, u64, bool), u64> = BTreeMap::new();
+    let mut named_pids = BTreeSet::new();
+    let mut named_threads = BTreeSet::new();
+    for (i, e) in events.iter().enumerate() {
+        let ctx = format!("event {i}: {e}");
+        let name = e["name"].as_str().expect(&ctx);
+        assert!(!name.is_empty(), "{ctx}");
+        let ph = e["ph"].as_str().expect(&ctx);
+        let ts = e["ts"].as_u64().expect(&ctx);
+        let pid = e["pid"].as_u64().expect(&ctx);
+        let tid = e["tid"].as_u64().expect(&ctx);
+        match ph {
+            "M" => {
+                assert!(
+                    [
+                        "process_name",
+                        "thread_name",
+                        "process_sort_index",
+                        "thread_sort_index"
+                    ]
+                    .contains(&name),
+                    "{ctx}"
+                );
+                if name.ends_with("_name") {
+                    assert!(!e["args"]["name"].as_str().expect(&ctx).is_empty(), "{ctx}");
+                } else {
+                    assert!(e["args"]["sort_index"].is_number(), "{ctx}");
+                }
+                if name == "process_name" {
+                    named_pids.insert(pid);
+                }
+                if name == "thread_name" {
+                    named_threads.insert((pid, tid));
+                }
+            }
+            "C" => {
+                let args = e["args"].as_object().expect(&ctx);
+                assert!(!args.is_empty(), "{ctx}");
+                assert!(
+                    args.values()
+                        .all(|a| a.as_f64().is_some_and(f64::is_finite)),
+                    "{ctx}"
+                );
+            }
+            "i" => assert!(
+                ["t", "p", "g"].contains(&e["s"].as_str().expect(&ctx)),
+                "{ctx}"
+            ),
+            "X" => {
+                e["dur"].as_u64().expect(&ctx);
+            }
+            other => panic!("unexpected phase {other}: {ctx}"),
+        }
+        if ph != "M" {
+            let key = (pid, tid, ph == "C");
+            if let Some(prev) = last.insert(key, ts) {
+                assert!(prev <= ts, "ts goes back from {prev}: {ctx}");
+            }
+        }
+        by_phase.entry(ph.to_string()).or_default().push(e.clone());
+    }
+    for (pid, tid, _) in last.keys() {
+        assert!(named_pids.contains(pid), "pid {pid} unnamed");
+        assert!(
+            named_threads.contains(&(*pid, *tid)),
+            "thread {pid}/{tid} unnamed"
+        );
+    }
+    // And the typed view agrees.
+    let typed: Trace = serde_json::from_value(v.clone()).unwrap();
+    assert_eq!(chrome_trace::validate(&typed), Vec::<String>::new());
+    assert_eq!(serde_json::to_value(&typed).unwrap(), *v);
+    by_phase
+}
+
+fn trace_of(args: &[&str]) -> (Value, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("trace.json");
+    let mut all = vec!["trace", "-o", s(&out)];
+    all.extend_from_slice(args);
+    let run = gpudiag(&all);
+    ok(&run);
+    assert!(run.stderr.contains("traced"), "{}", run.stderr);
+    // Only the trace is left: the temporary file was renamed.
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["trace.json"]);
+    (
+        serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap(),
+        dir,
+    )
+}
+
+#[test]
+fn trace_of_the_demo_is_valid_and_has_every_group() {
+    let (v, _dir) = trace_of(&["--demo"]);
+    let by = check_trace_json(&v);
+    let counters: BTreeSet<&str> = by["C"]
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    for group in [
+        "util %",
+        "memory MiB",
+        "power W",
+        "temp C",
+        "clocks MHz",
+        "PCIe MB/s",
+    ] {
+        assert!(counters.contains(group), "{group} missing: {counters:?}");
+    }
+    // The demo ramps to full load, where the H200 hits its power cap.
+    let throttles: Vec<&str> = by["X"]
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(throttles.contains(&"sw_power_cap"), "{throttles:?}");
+    assert!(!throttles.contains(&"gpu_idle"));
+    let max_util = by["C"]
+        .iter()
+        .filter(|e| e["name"] == "util %")
+        .filter_map(|e| e["args"]["gpu"].as_f64())
+        .fold(0.0, f64::max);
+    assert_eq!(max_util, 100.0);
+    assert_eq!(v["otherData"]["recording"], "demo.ndjson.gz (bundled)");
+}
+
+#[test]
+fn trace_of_every_fixture_is_valid() {
+    for f in [
+        "all_kinds.ndjson",
+        "ecc_error.ndjson",
+        "healthy.ndjson",
+        "newer_kinds.ndjson",
+        "sparse.ndjson",
+        "two_gpus.ndjson",
+    ] {
+        let (v, _dir) = trace_of(&["--replay", s(&fixture(f))]);
+        check_trace_json(&v);
+        assert_eq!(v["otherData"]["start_ms"], 1_767_225_600_000u64, "{f}");
+    }
+}
+
+#[test]
+fn trace_carries_findings_xids_and_throttle_intervals() {
+    let (v, _dir) = trace_of(&["--replay", s(&fixture("ecc_error.ndjson"))]);
+    let by = check_trace_json(&v);
+    let instants: Vec<(&str, &str)> = by["i"]
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap(), e["cat"].as_str().unwrap()))
+        .collect();
+    assert!(instants.contains(&("XID 48", "xid")), "{instants:?}");
+    let ecc = by["i"]
+        .iter()
+        .find(|e| e["args"]["id"] == "errors.ecc_uncorrectable")
+        .expect("the ECC finding");
+    assert_eq!(ecc["args"]["severity"], "fail");
+    assert_eq!(ecc["cat"], "finding,fail");
+    assert_eq!(ecc["pid"], 1);
+
+    // all_kinds: the finding the recording carries, a host-wide XID, a lost device.
+    let (v, _dir) = trace_of(&["--replay", s(&fixture("all_kinds.ndjson"))]);
+    let by = check_trace_json(&v);
+    let names: Vec<(&str, u64)> = by["i"]
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap(), e["pid"].as_u64().unwrap()))
+        .collect();
+    assert!(
+        names.contains(&("XID 157", u64::from(chrome_trace::HOST_PID))),
+        "{names:?}"
+    );
+    assert!(names.contains(&("device lost", 1)), "{names:?}");
+    assert!(by["i"].iter().any(|e| e["args"]["id"] == "errors.xid_94"));
+
+    // two_gpus: GPU 0 alternates between power cap and not; each run is an interval.
+    let (v, _dir) = trace_of(&["--replay", s(&fixture("two_gpus.ndjson"))]);
+    let by = check_trace_json(&v);
+    let caps: Vec<(u64, u64)> = by["X"]
+        .iter()
+        .filter(|e| e["name"] == "sw_power_cap")
+        .map(|e| (e["ts"].as_u64().unwrap(), e["dur"].as_u64().unwrap()))
+        .collect();
+    assert!(!caps.is_empty());
+    assert!(caps.iter().all(|&(_, d)| d > 0), "{caps:?}");
+}
+
+#[test]
+fn trace_refuses_to_overwrite_and_reports_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t.json");
+    std::fs::write(&out, "keep").unwrap();
+    let run = gpudiag(&["trace", "--demo", "-o", s(&out)]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("--force"), "{}", run.stderr);
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "keep");
+    ok(&gpudiag(&["trace", "--demo", "-o", s(&out), "--force"]));
+
+    let hostile =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hostile/not_a_recording.csv");
+    let run = gpudiag(&[
+        "trace",
+        "--replay",
+        s(&hostile),
+        "-o",
+        s(&dir.path().join("x.json")),
+    ]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.starts_with("gpudiag: "), "{}", run.stderr);
+    assert!(!dir.path().join("x.json").exists());
+    let run = gpudiag(&[
+        "trace",
+        "--demo",
+        "-o",
+        s(&dir.path().join("no/such/dir/t.json")),
+    ]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    let run = gpudiag(&[
+        "trace",
+        "--demo",
+        "-o",
+        s(&out),
+        "--force",
+        "--interval",
+        "1ms",
+    ]);
+    assert_eq!(run.code, 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bundle
+
+/// Every member of a bundle, gzip members decompressed.
+fn bundle_members(path: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut archive = tar::Archive::new(GzDecoder::new(std::fs::File::open(path).unwrap()));
+    archive
+        .entries()
+        .unwrap()
+        .map(|e| {
+            let mut e = e.unwrap();
+            let name = e.path().unwrap().to_string_lossy().into_owned();
+            let mut bytes = Vec::new();
+            e.read_to_end(&mut bytes).unwrap();
+            if name.ends_with(".gz") {
+                let mut plain = Vec::new();
+                GzDecoder::new(&bytes[..]).read_to_end(&mut plain).unwrap();
+                bytes = plain;
+            }
+            (name, bytes)
+        })
+        .collect()
+}
+
+fn member<'a>(members: &'a [(String, Vec<u8>)], name: &str) -> &'a [u8] {
+    &members.iter().find(|(n, _)| n == name).unwrap().1
+}
+
+fn report(args: &[&str]) -> (PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bundle.tar.gz");
+    let mut all = vec!["report", "-o", s(&out)];
+    all.extend_from_slice(args);
+    let run = gpudiag(&all);
+    ok(&run);
+    assert!(run.stderr.contains("bundle.tar.gz"), "{}", run.stderr);
+    (out, dir)
+}
+
+#[test]
+fn bundle_holds_every_part_and_each_parses() {
+    let (path, dir) = report(&["--replay", s(&fixture("ecc_error.ndjson"))]);
+    let members = bundle_members(&path);
+    let names: Vec<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "README.txt",
+            "check-report.json",
+            "recording.ndjson.gz",
+            "trace.json",
+            "environment.json"
+        ]
+    );
+    // Nothing else was left beside it.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+
+    let readme = String::from_utf8(member(&members, "README.txt").to_vec()).unwrap();
+    for n in &names {
+        assert!(readme.contains(n), "README does not mention {n}");
+    }
+    assert!(readme.contains("gpudiag replay"));
+    assert!(readme.contains("Redacted"));
+
+    let check: CheckReport = serde_json::from_slice(member(&members, "check-report.json")).unwrap();
+    assert_eq!(check.devices.len(), 1);
+    assert_eq!(check.window.ticks, 6);
+    let ids: Vec<&str> = check.devices[0]
+        .findings
+        .iter()
+        .map(|f| f.id.as_str())
+        .collect();
+    assert!(ids.contains(&"errors.ecc_uncorrectable"), "{ids:?}");
+    assert!(ids.contains(&"errors.xid_48"), "{ids:?}");
+
+    let (header, records, _) = recording::read_all_from(std::io::Cursor::new(
+        member(&members, "recording.ndjson.gz").to_vec(),
+    ))
+    .unwrap();
+    assert_eq!(header.devices.len(), 1);
+    let samples = records
+        .iter()
+        .filter(|r| matches!(r, Record::Sample(_)))
+        .count();
+    assert_eq!(samples, 6);
+
+    let trace: Value = serde_json::from_slice(member(&members, "trace.json")).unwrap();
+    let by = check_trace_json(&trace);
+    assert!(by["i"].iter().any(|e| e["name"] == "XID 48"));
+
+    let env: Environment = serde_json::from_slice(member(&members, "environment.json")).unwrap();
+    assert_eq!(env.os.arch, std::env::consts::ARCH);
+    assert_eq!(env.libraries.len(), 4);
+    assert!(
+        env.pci.is_empty(),
+        "a replay says nothing about this host's PCI tree"
+    );
+    assert!(env.kernel_log.readable || env.kernel_log.note.is_some());
+}
+
+#[test]
+fn bundle_replays_like_its_recording() {
+    let (path, _dir) = report(&["--replay", s(&fixture("two_gpus.ndjson"))]);
+    let from_bundle = gpudiag(&["check", "--json", "--replay", s(&path)]);
+    let original = gpudiag(&[
+        "check",
+        "--json",
+        "--replay",
+        s(&fixture("two_gpus.ndjson")),
+    ]);
+    assert_eq!(from_bundle.code, original.code, "{}", from_bundle.stderr);
+    let a: CheckReport = serde_json::from_str(&from_bundle.stdout).unwrap();
+    let b: CheckReport = serde_json::from_str(&original.stdout).unwrap();
+    assert_eq!(a.status, b.status);
+    assert_eq!(a.window.ticks, b.window.ticks);
+    assert_eq!(a.devices.len(), 2);
+    for (x, y) in a.devices.iter().zip(&b.devices) {
+        assert_eq!(x.info.uuid, y.info.uuid);
+        assert_eq!(x.summary, y.summary);
+        let ix: Vec<&str> = x.findings.iter().map(|f| f.id.as_str()).collect();
+        let iy: Vec<&str> = y.findings.iter().map(|f| f.id.as_str()).collect();
+        assert_eq!(ix, iy);
+    }
+    // The host name in the bundle is a placeholder.
+    assert_eq!(a.host.hostname.as_deref(), Some("host-1"));
+    assert_eq!(b.host.hostname.as_deref(), Some("gpu-node-07"));
+    // A trace of the bundle works too.
+    let (v, _d) = trace_of(&["--replay", s(&path)]);
+    check_trace_json(&v);
+}
+
+#[test]
+fn bundle_of_the_demo_and_a_broken_bundle() {
+    let (path, dir) = report(&["--demo"]);
+    ok(&gpudiag(&["check", "--replay", s(&path)]));
+    // A tar.gz without a recording is a clear usage error.
+    let empty = dir.path().join("empty.tar.gz");
+    {
+        let gz = flate2::write::GzEncoder::new(
+            std::fs::File::create(&empty).unwrap(),
+            flate2::Compression::default(),
+        );
+        let mut tar = tar::Builder::new(gz);
+        let mut h = tar::Header::new_gnu();
+        h.set_size(2);
+        h.set_mode(0o644);
+        tar.append_data(&mut h, "README.txt", &b"hi"[..]).unwrap();
+        tar.into_inner().unwrap().finish().unwrap();
+    }
+    let run = gpudiag(&["check", "--replay", s(&empty)]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("recording.ndjson.gz"), "{}", run.stderr);
+    // A truncated bundle is an error, never a panic.
+    let bytes = std::fs::read(&path).unwrap();
+    let cut = dir.path().join("cut.tar.gz");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let run = gpudiag(&["check", "--replay", s(&cut)]);
+    assert!(
+        run.code == 2 || run.code == 0,
+        "{}: {}",
+        run.code,
+        run.stderr
+    );
+    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+}
+
+const SECRET_HOST: &str = "lab-gpu-box-4711";
+const SECRET_USER: &str = "mallory";
+const SECRET_TOKEN: &str = "tok_9f8e7d6c5b4a";
+
+/// A recording with secrets planted where real ones show up: the host name, a process's user and
+/// command line (with a token argument and a home path), and a notice mentioning the home.
+fn planted_recording(dir: &Path) -> PathBuf {
+    let path = dir.join("planted.ndjson");
+    let header = serde_json::json!({
+        "format": "gpudiag-recording", "version": 1, "kind": "header",
+        "created_ms": 1_767_225_600_000u64, "tool_version": "0.1.0", "backend": "nvml",
+        "interval_ms": 1000,
+        "host": {"hostname": format!("{SECRET_HOST}.example.org"), "driver_version": "580.65.06"},
+        "devices": [{"index": 0, "uuid": "GPU-1", "name": "NVIDIA H200", "pci_bus_id": "00000000:19:00.0"}]
+    });
+    let mut lines = vec![header.to_string()];
+    for i in 0..3u64 {
+        lines.push(
+            serde_json::json!({
+                "kind": "sample", "time_ms": 1_767_225_600_000u64 + i * 1000, "device": 0,
+                "gpu_util_pct": 20.0, "mem_used_bytes": 1u64 << 30, "mem_total_bytes": 1u64 << 34,
+                "processes": [{
+                    "pid": 4242,
+                    "name": format!("/home/{SECRET_USER}/venv/bin/python train.py --api-token={SECRET_TOKEN}"),
+                    "user": SECRET_USER, "kind": "compute", "used_memory_bytes": 1u64 << 30,
+                    "sm_util_pct": null, "container_id": null
+                }]
+            })
+            .to_string(),
+        );
+    }
+    lines.push(
+        serde_json::json!({
+            "kind": "event", "time_ms": 1_767_225_601_500u64, "device": null, "event": "notice",
+            "message": format!("checkpoint written to /home/{SECRET_USER}/ckpt on {SECRET_HOST}")
+        })
+        .to_string(),
+    );
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+fn all_text(members: &[(String, Vec<u8>)]) -> String {
+    members
+        .iter()
+        .map(|(n, b)| format!("== {n}\n{}\n", String::from_utf8_lossy(b)))
+        .collect()
+}
+
+#[test]
+fn planted_secrets_never_reach_a_redacted_bundle() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = planted_recording(dir.path());
+    let (path, _d) = report(&["--replay", s(&rec)]);
+    let members = bundle_members(&path);
+    let text = all_text(&members);
+    let this_host = gethostname();
+    let mut secrets = vec![SECRET_HOST, SECRET_USER, SECRET_TOKEN, "train.py"];
+    if this_host.len() >= 4 {
+        secrets.push(&this_host);
+    }
+    for secret in secrets {
+        assert!(
+            !text.contains(secret),
+            "{secret} leaked into the bundle:\n{text}"
+        );
+    }
+    // The same secret has the same placeholder in every file.
+    let check: Value = serde_json::from_slice(member(&members, "check-report.json")).unwrap();
+    let process = &check["devices"][0]["latest"]["processes"][0];
+    assert_eq!(process["name"], "/home/user-1/venv/bin/python [args-1]");
+    assert_eq!(process["user"], "user-1");
+    let recording = String::from_utf8(member(&members, "recording.ndjson.gz").to_vec()).unwrap();
+    assert!(recording.contains("/home/user-1/venv/bin/python [args-1]"));
+    assert!(
+        recording.contains("checkpoint written to /home/user-1/ckpt on host-1"),
+        "{recording}"
+    );
+    let trace: Value = serde_json::from_slice(member(&members, "trace.json")).unwrap();
+    assert_eq!(
+        trace["otherData"]["host"],
+        "host-1.example.org".replace(".example.org", "")
+    );
+    // The recording header's host is redacted and the bundle still replays.
+    let run = gpudiag(&["check", "--json", "--replay", s(&path)]);
+    ok(&run);
+    assert!(!run.stdout.contains(SECRET_HOST));
+}
+
+#[test]
+fn no_redact_keeps_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = planted_recording(dir.path());
+    let (path, _d) = report(&["--replay", s(&rec), "--no-redact"]);
+    let members = bundle_members(&path);
+    let text = all_text(&members);
+    for secret in [SECRET_HOST, SECRET_USER, SECRET_TOKEN] {
+        assert!(text.contains(secret), "{secret} missing with --no-redact");
+    }
+    let readme = String::from_utf8(member(&members, "README.txt").to_vec()).unwrap();
+    assert!(readme.contains("Not redacted"));
+}
+
+#[test]
+fn report_errors_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("b.tar.gz");
+    std::fs::write(&out, "keep").unwrap();
+    let run = gpudiag(&["report", "--demo", "-o", s(&out)]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("--force"));
+    let run = gpudiag(&[
+        "report",
+        "--replay",
+        s(&dir.path().join("missing.ndjson")),
+        "-o",
+        s(&dir.path().join("c.tar.gz")),
+    ]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("missing.ndjson"), "{}", run.stderr);
+    assert!(!dir.path().join("c.tar.gz").exists());
+}
+
+fn gethostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------------------------
+// serve over HTTP
+
+/// A running `gpudiag serve`, killed on drop.
+pub struct Served {
+    child: Child,
+    pub addr: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `gpudiag serve --listen 127.0.0.1:0` with `args` and reads the address it prints.
+pub fn serve(args: &[&str]) -> Served {
+    let mut child = StdCommand::new(env!("CARGO_BIN_EXE_gpudiag"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    Served { child, addr }
+}
+
+/// One raw HTTP/1.0 exchange; returns (status, body).
+fn http(addr: &str, request: &str) -> (u16, String) {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+fn ended(body: &str) -> bool {
+    body.lines().any(|l| l == "gpudiag_source_ended 1")
+}
+
+fn get(addr: &str, path: &str) -> (u16, String) {
+    http(addr, &format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n"))
+}
+
+#[test]
+fn serve_answers_scrapes_and_rejects_the_rest() {
+    let served = serve(&["--replay", s(&fixture("two_gpus.ndjson"))]);
+    // The replay plays at recorded speed; wait for its last tick.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let (code, body) = get(&served.addr, "/metrics");
+        assert_eq!(code, 200);
+        if ended(&body) || Instant::now() > deadline {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(ended(&body), "{body}");
+    let util: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("DCGM_FI_DEV_GPU_UTIL{"))
+        .collect();
+    assert_eq!(util.len(), 2, "{body}");
+    assert!(util[0].contains("gpu=\"0\"") && util[0].contains("Hostname=\"gpu-node-07\""));
+    assert!(
+        body.contains("gpudiag_finding{"),
+        "the XID 31 finding: {body}"
+    );
+    assert_eq!(get(&served.addr, "/").0, 404);
+    assert_eq!(get(&served.addr, "/metrics/x").0, 404);
+    assert_eq!(
+        http(
+            &served.addr,
+            "POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n"
+        )
+        .0,
+        405
+    );
+    assert_eq!(
+        http(&served.addr, "DELETE /metrics HTTP/1.0\r\n\r\n").0,
+        405
+    );
+    // Garbage gets 400 (or a closed connection), never a crash.
+    let (code, _) = http(&served.addr, "\x00\x01garbage\r\n\r\n");
+    assert!(code == 400 || code == 0, "{code}");
+    assert_eq!(get(&served.addr, "/metrics").0, 200);
+}
+
+#[test]
+fn slow_clients_do_not_stall_other_scrapes() {
+    let served = serve(&["--demo"]);
+    // Several clients that send half a request and then nothing.
+    let stalled: Vec<TcpStream> = (0..8)
+        .map(|_| {
+            let mut c = TcpStream::connect(&served.addr).unwrap();
+            c.write_all(b"GET /metr").unwrap();
+            c
+        })
+        .collect();
+    for _ in 0..5 {
+        let start = Instant::now();
+        let (code, body) = get(&served.addr, "/metrics");
+        assert_eq!(code, 200);
+        assert!(body.contains("DCGM_FI_DEV_GPU_UTIL"));
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+    // The stalled ones are answered 408 at the request deadline (5 s) and closed.
+    let mut first = stalled.into_iter().next().unwrap();
+    first
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let start = Instant::now();
+    let mut answer = String::new();
+    first.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer:?}");
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn serve_reports_a_busy_port_and_bad_flags() {
+    let served = serve(&["--demo"]);
+    let run = gpudiag(&["serve", "--demo", "--listen", &served.addr]);
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert!(run.stderr.contains("cannot listen"), "{}", run.stderr);
+    let run = gpudiag(&["serve", "--demo", "--listen", "not-an-address"]);
+    assert_eq!(run.code, 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Grafana dashboard
+
+/// Every metric name a fully populated snapshot exports.
+fn exported_metric_names() -> BTreeSet<String> {
+    use gpudiag::export::prometheus::{Snapshot, render};
+    use gpudiag::telemetry::{DeviceInfo, HostInfo, Sample};
+    let mut s = Sample::new(0, 1);
+    let json = serde_json::to_value(&s).unwrap();
+    // Every numeric field set, so every series appears.
+    let mut full = json.as_object().unwrap().clone();
+    for (k, v) in full.iter_mut() {
+        if v.is_null() {
+            *v = match k.as_str() {
+                "processes" | "throttle_reason_names" => serde_json::json!([]),
+                "retired_pages_pending" | "remapped_rows_pending" | "remapped_rows_failure" => {
+                    serde_json::json!(false)
+                }
+                _ => serde_json::json!(1),
+            };
+        }
+    }
+    s = serde_json::from_value(Value::Object(full)).unwrap();
+    let snap = Snapshot {
+        host: HostInfo {
+            hostname: Some("h".into()),
+            ..HostInfo::default()
+        },
+        devices: vec![DeviceInfo::default()],
+        latest: [(0, s)].into_iter().collect(),
+        received: [(0, Instant::now())].into_iter().collect(),
+        last_xid: [(0, 13)].into_iter().collect(),
+        findings: Vec::new(),
+        source_ended: false,
+    };
+    render(&snap, Instant::now())
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .chain(["gpudiag_finding".to_string()])
+        .collect()
+}
+
+fn exprs(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                match (k.as_str(), x) {
+                    ("expr" | "definition", Value::String(s)) => out.push(s.clone()),
+                    _ => exprs(x, out),
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| exprs(x, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn grafana_dashboard_uses_only_exported_metrics() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/grafana/gpudiag.json");
+    let dash: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    assert_eq!(dash["uid"], "gpudiag");
+    let panels = dash["panels"].as_array().unwrap();
+    let ids: BTreeSet<u64> = panels.iter().map(|p| p["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids.len(), panels.len(), "panel ids are unique");
+    let mut all = Vec::new();
+    exprs(&dash, &mut all);
+    assert!(all.len() >= 15, "{all:?}");
+    let exported = exported_metric_names();
+    assert!(exported.contains("DCGM_FI_DEV_GPU_UTIL"));
+    let mut used = BTreeSet::new();
+    for e in &all {
+        for word in e.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("DCGM_") || word.starts_with("gpudiag_") {
+                assert!(exported.contains(word), "{word} (in {e}) is not exported");
+                used.insert(word.to_string());
+            }
+        }
+    }
+    for must in [
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_GPU_TEMP",
+        "gpudiag_throttle_reason",
+        "gpudiag_finding",
+    ] {
+        assert!(used.contains(must), "the dashboard does not show {must}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Trace schema
+
+fn trace_validator() -> jsonschema::Validator {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/schema/chrome-trace.schema.json");
+    let schema: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    jsonschema::meta::validate(&schema).unwrap();
+    jsonschema::draft202012::new(&schema).unwrap()
+}
+
+fn schema_errors(v: &jsonschema::Validator, instance: &Value) -> Vec<String> {
+    v.iter_errors(instance)
+        .map(|e| format!("{e} at {}", e.instance_path()))
+        .collect()
+}
+
+#[test]
+fn traces_validate_against_their_schema_and_drift_is_caught() {
+    let v = trace_validator();
+    let (demo, _d) = trace_of(&["--demo"]);
+    assert_eq!(schema_errors(&v, &demo), Vec::<String>::new());
+    for f in ["all_kinds.ndjson", "ecc_error.ndjson", "two_gpus.ndjson"] {
+        let (t, _d) = trace_of(&["--replay", s(&fixture(f))]);
+        assert_eq!(schema_errors(&v, &t), Vec::<String>::new(), "{f}");
+    }
+    let mutate = |f: &dyn Fn(&mut Value)| {
+        let mut t = demo.clone();
+        f(&mut t);
+        !schema_errors(&v, &t).is_empty()
+    };
+    let first_counter = demo["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|e| e["ph"] == "C")
+        .unwrap();
+    assert!(mutate(
+        &|t| t["traceEvents"][first_counter]["ph"] = "B".into()
+    ));
+    assert!(mutate(
+        &|t| t["traceEvents"][first_counter]["ts"] = (-1).into()
+    ));
+    assert!(mutate(
+        &|t| t["traceEvents"][first_counter]["args"]["gpu"] = "high".into()
+    ));
+    assert!(mutate(&|t| t["otherData"]["format"] = "other".into()));
+    assert!(mutate(&|t| t["traceEvents"][0]["surprise"] = 1.into()));
+}
+
+/// A bundle cut at any point or with a flipped byte is an error or a (shorter) replay, never a
+/// panic or a hang.
+#[test]
+fn damaged_bundles_never_panic() {
+    use gpudiag::report::bundle::open_bundle_recording;
+    use gpudiag::telemetry::replay::Pace;
+    let (path, dir) = report(&["--replay", s(&fixture("healthy.ndjson"))]);
+    let bytes = std::fs::read(&path).unwrap();
+    let damaged = dir.path().join("damaged.tar.gz");
+    let step = (bytes.len() / 150).max(1);
+    let mut outcomes = BTreeMap::new();
+    for cut in (0..bytes.len()).step_by(step) {
+        std::fs::write(&damaged, &bytes[..cut]).unwrap();
+        let ok = open_bundle_recording(&damaged, Pace::AsFastAsPossible).is_ok();
+        *outcomes.entry(ok).or_insert(0) += 1;
+        let mut flipped = bytes.clone();
+        flipped[cut] ^= 0xA5;
+        std::fs::write(&damaged, &flipped).unwrap();
+        let _ = open_bundle_recording(&damaged, Pace::AsFastAsPossible);
+    }
+    // Early cuts fail; the whole file opens.
+    assert!(outcomes.get(&false).is_some_and(|&n| n > 0), "{outcomes:?}");
+    assert!(open_bundle_recording(&path, Pace::AsFastAsPossible).is_ok());
+}
+
+#[test]
+fn oversized_request_heads_are_refused() {
+    let served = serve(&["--demo"]);
+    let mut c = TcpStream::connect(&served.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = String::from("GET /metrics HTTP/1.1\r\n");
+    for i in 0..1000 {
+        req.push_str(&format!("X-Filler-{i}: {}\r\n", "y".repeat(20)));
+    }
+    // The server may close before reading all of it; that is fine.
+    let _ = c.write_all(req.as_bytes());
+    let mut answer = Vec::new();
+    let _ = c.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 431 ") || answer.starts_with("HTTP/1.1 400 "),
+        "{answer:?}"
+    );
+    assert_eq!(get(&served.addr, "/metrics").0, 200);
+}

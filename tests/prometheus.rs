@@ -1,0 +1,209 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! A real Prometheus server scrapes `gpudiag serve --replay` and its HTTP API must return the
+//! series with the recording's values and dcgm-exporter's labels. Needs the `prometheus` binary
+//! (Debian's package; `.ci/run` installs it); skipped with a message where it is absent.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A child process killed on drop, so a failing test leaves nothing running.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn prometheus_binary() -> Option<String> {
+    let out = Command::new("sh")
+        .args(["-c", "command -v prometheus"])
+        .output()
+        .ok()?;
+    let path = String::from_utf8(out.stdout).ok()?.trim().to_string();
+    (out.status.success() && !path.is_empty()).then_some(path)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Percent-encodes a query parameter.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    let mut c = TcpStream::connect(addr).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    c.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut out = String::new();
+    c.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200")
+        .then(|| body.to_string())
+        .or_else(|| head.starts_with("HTTP/1.0 200").then(|| body.to_string()))
+}
+
+/// The result vector of an instant query, empty while Prometheus has nothing.
+fn query(prom: &str, q: &str) -> Vec<Value> {
+    let Some(body) = http_get(prom, &format!("/api/v1/query?query={}", encode(q))) else {
+        return Vec::new();
+    };
+    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    v["data"]["result"].as_array().cloned().unwrap_or_default()
+}
+
+fn value_of(result: &Value) -> f64 {
+    result["value"][1].as_str().unwrap().parse().unwrap()
+}
+
+/// Waits until `q` returns one series whose value `ok` accepts; returns it.
+fn wait_for(prom: &str, q: &str, ok: impl Fn(f64) -> bool, within: Duration) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let r = query(prom, q);
+        if let Some(first) = r.first().filter(|s| ok(value_of(s))) {
+            return first.clone();
+        }
+        assert!(Instant::now() < deadline, "{q}: got {r:?}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn a_real_prometheus_scrapes_serve() {
+    let Some(prometheus) = prometheus_binary() else {
+        eprintln!(
+            "SKIPPED: the prometheus binary is not installed here (apt-get install prometheus; \
+             .ci/run installs it in CI)"
+        );
+        return;
+    };
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recordings/two_gpus.ndjson");
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_gpudiag"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--replay"])
+        .arg(&fixture)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(serve.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _serve = Killed(serve);
+    let target = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             scrape_configs:\n  - job_name: gpudiag\n    scrape_interval: 1s\n    \
+             scrape_timeout: 1s\n    static_configs:\n      - targets: ['{target}']\n"
+        ),
+    )
+    .unwrap();
+    let prom = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(prometheus)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address={prom}"))
+        .arg("--log.level=warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _prometheus = Killed(child);
+
+    // The target is up, and the replay has played out (about 9 s of recorded time), so every
+    // series holds the recording's last values.
+    wait_for(
+        &prom,
+        "up{job=\"gpudiag\"}",
+        |v| v == 1.0,
+        Duration::from_secs(60),
+    );
+    wait_for(
+        &prom,
+        "gpudiag_source_ended",
+        |v| v == 1.0,
+        Duration::from_secs(60),
+    );
+    // One more scrape after the end.
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let util0 = wait_for(
+        &prom,
+        "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\"}",
+        |_| true,
+        Duration::from_secs(10),
+    );
+    assert_eq!(value_of(&util0), 0.0);
+    let m = &util0["metric"];
+    assert_eq!(m["UUID"], "GPU-3f8a2c71-9b4e-5d06-a1c2-7e9f0b4d2a11");
+    assert_eq!(m["pci_bus_id"], "00000000:19:00.0");
+    assert_eq!(m["modelName"], "NVIDIA H200");
+    assert_eq!(m["Hostname"], "gpu-node-07");
+    assert_eq!(m["job"], "gpudiag");
+
+    let power1 = query(&prom, "DCGM_FI_DEV_POWER_USAGE{gpu=\"1\"}");
+    assert_eq!(power1.len(), 1);
+    assert_eq!(value_of(&power1[0]), 115.5);
+    let energy0 = query(&prom, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu=\"0\"}");
+    assert_eq!(value_of(&energy0[0]), 48_217_115_800.0);
+    // 523239424 bytes = 499 MiB.
+    let fb = query(&prom, "DCGM_FI_DEV_FB_USED");
+    assert_eq!(fb.len(), 2);
+    assert!(fb.iter().all(|s| value_of(s) == 499.0), "{fb:?}");
+    let xid = query(&prom, "DCGM_FI_DEV_XID_ERRORS{gpu=\"0\"}");
+    assert_eq!(value_of(&xid[0]), 31.0);
+    let finding = query(&prom, "gpudiag_finding{id=\"errors.xid_31\"}");
+    assert_eq!(finding.len(), 1, "{finding:?}");
+    assert_eq!(finding[0]["metric"]["severity"], "warn");
+    assert_eq!(finding[0]["metric"]["gpu"], "0");
+    let warn = query(&prom, "gpudiag_findings{severity=\"warn\"}");
+    assert_eq!(value_of(&warn[0]), 1.0);
+    // The last sample of GPU 0 has only the idle reason (0x1).
+    let idle = query(
+        &prom,
+        "gpudiag_throttle_reason{gpu=\"0\",reason=\"gpu_idle\"}",
+    );
+    assert_eq!(value_of(&idle[0]), 1.0);
+    let cap = query(
+        &prom,
+        "gpudiag_throttle_reason{gpu=\"0\",reason=\"sw_power_cap\"}",
+    );
+    assert_eq!(value_of(&cap[0]), 0.0);
+    // The fixture has no fan: the series does not exist rather than reading 0.
+    assert!(query(&prom, "gpudiag_fan_speed_percent").is_empty());
+}
