@@ -27,6 +27,9 @@ pub struct Cli {
     /// Show the bundled demo recording (a real GPU going from idle to load and back).
     #[arg(long)]
     pub demo: bool,
+    /// Refresh interval of the terminal UI (50ms or more).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
+    pub interval: Duration,
 }
 
 #[derive(Debug, Subcommand)]
@@ -37,6 +40,10 @@ pub enum Command {
     /// Record telemetry to an NDJSON file (gzip when the name ends in .gz).
     #[command(after_help = EXIT_CODES_HELP)]
     Record(RecordArgs),
+    /// Open a recording in the terminal UI (play/pause, speed, seeking); without a terminal,
+    /// print its check summary.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Replay(ReplayArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -109,6 +116,26 @@ pub struct RecordArgs {
     pub force: bool,
 }
 
+#[derive(Debug, Clone, Args)]
+pub struct ReplayArgs {
+    /// The recording (NDJSON, plain or gzip).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// Playback speed: 1 plays as recorded, 10 ten times faster.
+    #[arg(long, default_value = "1", value_parser = parse_speed)]
+    pub speed: f64,
+}
+
+/// A replay speed: a positive number.
+pub fn parse_speed(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!(
+            "speed '{s}' must be a positive number such as 0.5, 1 or 10"
+        )),
+    }
+}
+
 /// "60s", "250ms", "1m30s" or a bare "0".
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
@@ -147,5 +174,7 @@ mod tests {
         assert!(parse_duration("soon").unwrap_err().contains("'soon'"));
         assert!(parse_interval("10ms").is_err());
         assert_eq!(parse_interval("50ms"), Ok(Duration::from_millis(50)));
+        assert_eq!(parse_speed("2"), Ok(2.0));
+        assert!(parse_speed("0").unwrap_err().contains("'0'"));
     }
 }

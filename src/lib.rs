@@ -8,3 +8,4 @@ pub mod history;
 pub mod report;
 pub mod rules;
 pub mod telemetry;
+pub mod tui;

@@ -1,15 +1,17 @@
 //! The gpudiag binary: parse the command line, run, map errors to the documented exit codes.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 
-use gpudiag::cli::{CheckArgs, Cli, Command, FailOn, SourceArgs};
+use gpudiag::cli::{CheckArgs, Cli, Command, FailOn, ReplayArgs, SourceArgs};
 use gpudiag::commands;
 use gpudiag::error::{Error, exit};
 use gpudiag::report::text;
+use gpudiag::tui;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -38,7 +40,8 @@ fn run(cli: Cli) -> Result<i32, Error> {
             );
             Ok(exit::OK)
         }
-        None => default_view(cli.demo),
+        Some(Command::Replay(args)) => replay(&args, cli.interval),
+        None => default_view(cli.demo, cli.interval),
     }
 }
 
@@ -54,9 +57,37 @@ fn check(args: &CheckArgs) -> Result<i32, Error> {
     Ok(report.exit_code)
 }
 
-/// Until the terminal UI lands, `gpudiag` shows the check summary; with no GPU it says so in one
-/// line and shows the bundled demo recording instead.
-fn default_view(demo: bool) -> Result<i32, Error> {
+/// The terminal UI needs a terminal on both ends; piped or redirected, gpudiag prints text so
+/// scripts keep working.
+fn interactive() -> bool {
+    std::io::stdout().is_terminal() && std::io::stdin().is_terminal()
+}
+
+/// `gpudiag replay FILE`: the UI in a terminal, the check summary otherwise.
+fn replay(args: &ReplayArgs, interval: std::time::Duration) -> Result<i32, Error> {
+    if interactive() {
+        return tui::run_replay(&args.file, args.speed, interval);
+    }
+    check(&CheckArgs {
+        source: SourceArgs {
+            devices: Vec::new(),
+            replay: Some(args.file.clone()),
+            demo: false,
+            init_timeout: std::time::Duration::from_secs(10),
+        },
+        json: false,
+        window: None,
+        interval: std::time::Duration::from_millis(100),
+        fail_on: FailOn::Fail,
+    })
+}
+
+/// `gpudiag`: the terminal UI; without a terminal, the check summary. With no GPU either says so
+/// in one line and shows the bundled demo recording instead.
+fn default_view(demo: bool, interval: std::time::Duration) -> Result<i32, Error> {
+    if interactive() {
+        return tui::run_default(demo, interval);
+    }
     let mut args = CheckArgs {
         source: SourceArgs {
             devices: Vec::new(),
