@@ -2,6 +2,7 @@
 //! each event to the app, carries out the effects it asks for, and redraws. There is no timer:
 //! with nothing arriving the loop sleeps in `recv`, so an idle UI costs nothing between ticks.
 
+use std::path::Path;
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::Instant;
 
@@ -12,7 +13,7 @@ use ratatui::backend::Backend as TermBackend;
 use super::app::{App, Effect, KillSignal};
 use super::feed::{Feed, FeedMsg};
 use super::ui;
-use crate::telemetry::recording::{Header, RecordingWriter};
+use crate::telemetry::recording::{Header, RecordingError, RecordingWriter};
 
 /// Everything that can wake the UI.
 #[derive(Debug)]
@@ -113,7 +114,7 @@ fn perform(app: &mut App, effect: Effect, feed: &Feed) {
     match effect {
         Effect::Feed(c) => feed.send(c),
         Effect::Signal { pid, signal } => app.status = Some(send_signal(pid, signal)),
-        Effect::SaveRecording => app.status = Some(save_recording(app)),
+        Effect::SaveRecording => app.status = Some(save_recording(app, Path::new("."))),
     }
 }
 
@@ -140,26 +141,43 @@ fn send_signal(pid: u32, signal: KillSignal) -> String {
     }
 }
 
-/// Writes the session's ticks so far to a new file in the working directory.
-pub fn save_recording(app: &App) -> String {
+/// Writes the session's ticks so far to a new file in `dir` (the UI uses the working
+/// directory); returns the message for the footer.
+pub fn save_recording(app: &App, dir: &Path) -> String {
     if app.session.is_empty() {
         return "nothing to save yet: no telemetry has arrived".into();
     }
     let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
         .to_string()
         .replace(':', "-");
-    let path = format!("gpudiag-{stamp}.ndjson.gz");
-    let interval_ms = match app.source {
-        super::app::SourceKind::Live => Some(app.interval.as_millis() as u64),
-        super::app::SourceKind::Replay { .. } => None,
-    };
     let header = Header::new(
         &app.backend_name,
         app.host.clone(),
         app.devices.clone(),
-        interval_ms,
+        match app.source {
+            super::app::SourceKind::Live => Some(app.interval.as_millis() as u64),
+            super::app::SourceKind::Replay { .. } => None,
+        },
     );
-    let result = RecordingWriter::create_with(&path, &header, false).and_then(|mut w| {
+    // Never overwrite: a second save within the same second gets a numbered name.
+    let mut attempt = 1;
+    let (path, created) = loop {
+        let name = if attempt == 1 {
+            format!("gpudiag-{stamp}.ndjson.gz")
+        } else {
+            format!("gpudiag-{stamp}-{attempt}.ndjson.gz")
+        };
+        let path = dir.join(name);
+        match RecordingWriter::create_with(&path, &header, false) {
+            Err(RecordingError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 =>
+            {
+                attempt += 1;
+            }
+            other => break (path, other),
+        }
+    };
+    let result = created.and_then(|mut w| {
         for t in &app.session {
             w.write_tick(t)?;
         }
@@ -172,7 +190,11 @@ pub fn save_recording(app: &App) -> String {
             } else {
                 ""
             };
-            format!("saved {} ticks to {path}{note}", app.session.len())
+            format!(
+                "saved {} ticks to {}{note}",
+                app.session.len(),
+                path.display()
+            )
         }
         Err(e) => format!("could not save the recording: {e}"),
     }
