@@ -595,7 +595,6 @@ impl App {
             KeyCode::Char('-') => return self.change_speed(-1),
             KeyCode::Left => return self.seek(-if shift { SEEK_LONG_MS } else { SEEK_MS }),
             KeyCode::Right => return self.seek(if shift { SEEK_LONG_MS } else { SEEK_MS }),
-            KeyCode::Esc => {}
             _ => {}
         }
         None

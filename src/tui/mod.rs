@@ -20,6 +20,7 @@ use std::time::Duration;
 use crate::cli::SourceArgs;
 use crate::commands::{self, DEMO_NAME, DEMO_RECORDING};
 use crate::error::{Error, exit};
+use crate::telemetry::nvml::DEFAULT_SLOW_INTERVAL;
 use crate::telemetry::replay::{Pace, ReplayBackend};
 use app::{App, AppInit, SourceKind};
 use event::AppEvent;
@@ -69,7 +70,12 @@ fn open_live(interval: Duration) -> Result<(Driver, AppInit), Error> {
         demo: false,
         init_timeout: INIT_TIMEOUT,
     };
-    let source = commands::open_source(&args, Pace::AsFastAsPossible, false)?;
+    let mut source = commands::open_source(&args, Pace::AsFastAsPossible, false)?;
+    // Slow fields (PCIe throughput, processes) need not be read more often than the screen
+    // refreshes; faster refreshes keep the backend's own cadence.
+    if interval > DEFAULT_SLOW_INTERVAL {
+        source.backend.set_slow_interval(interval);
+    }
     let init = AppInit {
         host: source.backend.host().clone(),
         devices: source.devices(),

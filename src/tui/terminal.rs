@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crossterm::event::{DisableMouseCapture, EnableMouseCapture};
 use crossterm::execute;
 use crossterm::terminal::{
-    EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
+    Clear, ClearType, EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
 };
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
@@ -26,7 +26,14 @@ impl TerminalGuard {
         enable_raw_mode()?;
         ACTIVE.store(true, Ordering::SeqCst);
         let mut out = stdout();
-        if let Err(e) = execute!(out, EnterAlternateScreen, EnableMouseCapture) {
+        // Clear through crossterm rather than `Terminal::clear`, which asks the terminal for the
+        // cursor position and waits up to 2 s for an answer some terminals never send.
+        if let Err(e) = execute!(
+            out,
+            EnterAlternateScreen,
+            EnableMouseCapture,
+            Clear(ClearType::All)
+        ) {
             restore();
             return Err(e);
         }
@@ -39,7 +46,6 @@ impl TerminalGuard {
         };
         let mut guard = TerminalGuard { terminal };
         guard.terminal.hide_cursor()?;
-        guard.terminal.clear()?;
         Ok(guard)
     }
 }

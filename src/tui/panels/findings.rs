@@ -19,9 +19,9 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
     f.render_widget(block, area);
     if app.findings.is_empty() {
         let msg = format!(
-            "No findings: nothing wrong in what has been seen so far. The rules run every {} s \
-             over the telemetry in view.",
-            FINDINGS_EVERY.as_secs()
+            "No findings so far: nothing looks wrong in the telemetry seen. \
+             The rules run every {} ms.",
+            FINDINGS_EVERY.as_millis()
         );
         f.render_widget(Paragraph::new(msg).wrap(Wrap { trim: true }), inner);
         return;
