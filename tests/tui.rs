@@ -558,6 +558,28 @@ fn feed_plays_pauses_and_seeks_a_recording() {
 }
 
 #[test]
+fn resuming_a_replay_keeps_its_pace() {
+    let b = ReplayBackend::open(fixture("healthy.ndjson"), Pace::Recorded { speed: 4.0 }).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let feed = Feed::spawn(Driver::Replay(Box::new(b)), Duration::from_secs(1), 4.0, tx).unwrap();
+    assert!(matches!(next_feed(&rx), FeedMsg::Ticks { .. }));
+    feed.send(Control::Pause(true));
+    // Ticks are 1 s apart at ×4: 250 ms. Pause for several of them.
+    std::thread::sleep(Duration::from_millis(1200));
+    while rx.try_recv().is_ok() {}
+    feed.send(Control::Pause(false));
+    let start = Instant::now();
+    let mut arrivals = Vec::new();
+    while arrivals.len() < 3 {
+        if let FeedMsg::Ticks { ticks, .. } = next_feed(&rx) {
+            arrivals.extend(ticks.iter().map(|_| start.elapsed()));
+        }
+    }
+    // The pause is not made up for by a burst: the third tick after it comes at the pace.
+    assert!(arrivals[2] >= Duration::from_millis(400), "{arrivals:?}");
+}
+
+#[test]
 fn saving_writes_a_recording_that_replays() {
     let app = loaded("two_gpus");
     let dir = tempfile::tempdir().unwrap();

@@ -229,6 +229,11 @@ impl Worker {
                 self.paused = p;
                 if !p {
                     self.next_due = Instant::now();
+                    // Re-anchor the replay's clock, or every tick due during the pause would
+                    // come at once.
+                    if let Driver::Replay(r) = &mut self.driver {
+                        let _ = r.set_pace(Pace::Recorded { speed: self.speed });
+                    }
                 }
             }
             Control::Speed(s) => {

@@ -81,3 +81,28 @@ fn install_panic_hook() {
         previous(info);
     }));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hook restores the terminal and then runs the hook that was there before, so the
+    /// panic message still prints (on a restored screen). nextest runs each test in its own
+    /// process, so replacing the global hook here touches no other test.
+    #[test]
+    fn panic_hook_restores_then_chains_the_previous_hook() {
+        static PREVIOUS_RAN: AtomicBool = AtomicBool::new(false);
+        std::panic::set_hook(Box::new(|_| PREVIOUS_RAN.store(true, Ordering::SeqCst)));
+        install_panic_hook();
+        // As if the UI were up.
+        ACTIVE.store(true, Ordering::SeqCst);
+        let result = std::panic::catch_unwind(|| panic!("boom"));
+        assert!(result.is_err());
+        assert!(PREVIOUS_RAN.load(Ordering::SeqCst));
+        assert!(
+            !ACTIVE.load(Ordering::SeqCst),
+            "the hook restored the terminal"
+        );
+        drop(std::panic::take_hook());
+    }
+}
