@@ -491,6 +491,49 @@ fn a_reset_forgets_the_old_data() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Without a terminal
+
+fn gpudiag(args: &[&str]) -> std::process::Output {
+    assert_cmd::Command::cargo_bin("gpudiag")
+        .unwrap()
+        .args(args)
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn replay_without_a_terminal_prints_the_check_summary() {
+    let file = fixture("ecc_error.ndjson");
+    let out = gpudiag(&["replay", file.to_str().unwrap()]);
+    // The same exit code as `check`: a fail finding is present.
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.contains("XID 48"), "{stdout}");
+    assert!(stdout.contains("source replay"), "{stdout}");
+}
+
+#[test]
+fn bad_interval_and_speed_exit_2_quoting_the_value() {
+    let out = gpudiag(&["--interval", "10ms", "--demo"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("'10ms'"));
+    let file = fixture("healthy.ndjson");
+    let out = gpudiag(&["replay", file.to_str().unwrap(), "--speed", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("'0'"));
+}
+
+#[test]
+fn replay_of_a_missing_file_exits_2_before_touching_the_terminal() {
+    let out = gpudiag(&["replay", "/nonexistent/rec.ndjson"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.starts_with("gpudiag: "), "{stderr}");
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
 // The feed thread and saving
 
 fn next_feed(rx: &mpsc::Receiver<AppEvent>) -> FeedMsg {

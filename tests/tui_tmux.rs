@@ -148,6 +148,41 @@ fn replay_of_an_ecc_error_shows_its_findings() {
     tmux.wait_for(&["exit=0"], WAIT);
 }
 
+/// Whether any SGR sequence in `styled` sets a foreground or background colour.
+fn has_colour(styled: &str) -> bool {
+    styled.split("\x1b[").skip(1).any(|seq| {
+        let Some(params) = seq.split('m').next() else {
+            return false;
+        };
+        params.split(';').any(|p| {
+            matches!(
+                p.parse::<u32>(),
+                Ok(30..=38 | 40..=48 | 90..=97 | 100..=107)
+            )
+        })
+    })
+}
+
+#[test]
+fn no_color_is_respected() {
+    for (no_color, coloured) in [(true, false), (false, true)] {
+        let Some(tmux) = Tmux::start(80, 24, &format!("colour-{no_color}")) else {
+            return;
+        };
+        let bin = env!("CARGO_BIN_EXE_gpudiag");
+        let env = if no_color { "NO_COLOR=1 " } else { "" };
+        tmux.type_line(&format!("{env}{bin} --demo"));
+        tmux.wait_for(&["[1 Devices]", "°C"], WAIT);
+        let styled = tmux.capture_styled();
+        assert_eq!(
+            has_colour(&styled),
+            coloured,
+            "NO_COLOR={no_color}:\n{styled:?}"
+        );
+        tmux.keys(&["q"]);
+    }
+}
+
 #[test]
 fn sigterm_restores_the_terminal() {
     let Some(tmux) = Tmux::start(80, 24, "sigterm") else {

@@ -67,6 +67,12 @@ impl Tmux {
         String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", "0"]).stdout).into_owned()
     }
 
+    /// The pane with its SGR escape sequences (colours, bold), as tmux keeps them.
+    pub fn capture_styled(&self) -> String {
+        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-e", "-t", "0"]).stdout)
+            .into_owned()
+    }
+
     pub fn display(&self, format: &str) -> String {
         String::from_utf8_lossy(
             &self
