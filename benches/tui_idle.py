@@ -46,8 +46,9 @@ def spawn_in_pty(cmd):
     return proc, master
 
 
-def drain(fd, marker, started, first):
-    """Reads fd until it closes; records when `marker` first shows up in the output."""
+def drain(fd, shown, started, first, head):
+    """Reads fd until it closes; records when `shown(output so far)` first holds, and keeps
+    the first 256 KiB of output in head[0]."""
     seen = b""
     while True:
         try:
@@ -56,21 +57,30 @@ def drain(fd, marker, started, first):
             return
         if not chunk:
             return
+        if len(head[0]) < 262144:
+            head[0] += chunk
         if first[0] is None:
             seen = (seen + chunk)[-65536:]
-            if marker in seen:
+            if shown(seen):
                 first[0] = time.perf_counter() - started
 
 
-def measure(name, cmd, marker, seconds, use_pty, stop):
+def dmon_data_line(out):
+    """dmon prints '#' header lines, then one line per GPU starting with its index."""
+    return any(line.strip()[:1].isdigit() for line in out.split(b"\n")[:-1])
+
+
+def measure(name, cmd, shown, seconds, use_pty, stop):
     started = time.perf_counter()
     first = [None]
+    head = [b""]
     if use_pty:
         proc, fd = spawn_in_pty(cmd)
     else:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         fd = proc.stdout.fileno()
-    reader = threading.Thread(target=drain, args=(fd, marker, started, first), daemon=True)
+    reader = threading.Thread(target=drain, args=(fd, shown, started, first, head),
+                              daemon=True)
     reader.start()
     time.sleep(seconds)
     if stop == "q":
@@ -100,6 +110,7 @@ def measure(name, cmd, marker, seconds, use_pty, stop):
         "rss_mb": usage.ru_maxrss / 1024.0,
         "first_ms": None if first[0] is None else first[0] * 1000.0,
         "exit": os.waitstatus_to_exitcode(status),
+        "output": head[0],
     }
 
 
@@ -115,8 +126,11 @@ def main():
     for iv in intervals:
         ms = max(50, round(iv * 1000))
         cmd = [args.gpudiag, "--interval", f"{ms}ms"] + (["--demo"] if args.demo else [])
-        rows.append((iv, "", measure(f"gpudiag{' --demo' if args.demo else ''}", cmd,
-                                     b"Devices", args.seconds, True, "q")))
+        r = measure(f"gpudiag{' --demo' if args.demo else ''}", cmd,
+                    lambda out: b"Devices" in out, args.seconds, True, "q")
+        # Without a GPU gpudiag opens the demo instead: such a row measures the wrong thing.
+        note = "" if args.demo or b"LIVE" in r["output"] else "NOT LIVE: no GPU seen, demo shown"
+        rows.append((iv, note, r))
         if args.demo:
             continue
         if shutil.which("nvidia-smi"):
@@ -124,11 +138,12 @@ def main():
             note = "" if d == iv else f"dmon runs at {d} s (whole seconds only)"
             rows.append((iv, note, measure(f"nvidia-smi dmon -d {d}",
                                            ["nvidia-smi", "dmon", "-d", str(d)],
-                                           b"\n    0 ", args.seconds, False, "int")))
+                                           dmon_data_line, args.seconds, False, "int")))
         nvitop = shutil.which("nvitop")
         if nvitop:
             rows.append((iv, "", measure("nvitop", [nvitop, "--interval", str(max(iv, 0.25))],
-                                         b"NVITOP", args.seconds, True, "q")))
+                                         lambda out: b"nvitop" in out.lower(), args.seconds,
+                                         True, "q")))
         else:
             print(f"(nvitop not found: skipped at {iv} s)", file=sys.stderr)
     print(f"Idle for {args.seconds:.0f} s in a {COLS}x{ROWS} pty; CPU and peak RSS of the "
