@@ -600,6 +600,102 @@ fn feed_plays_pauses_and_seeks_a_recording() {
     assert!(seen >= 4);
 }
 
+/// A live-paced backend that counts its polls and fails after `fail_after` of them.
+struct FakeLive {
+    host: gpudiag::telemetry::HostInfo,
+    devices: Vec<gpudiag::telemetry::DeviceInfo>,
+    polls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    fail_after: usize,
+}
+
+impl Backend for FakeLive {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+    fn host(&self) -> &gpudiag::telemetry::HostInfo {
+        &self.host
+    }
+    fn devices(&self) -> &[gpudiag::telemetry::DeviceInfo] {
+        &self.devices
+    }
+    fn pacing(&self) -> gpudiag::telemetry::Pacing {
+        gpudiag::telemetry::Pacing::Live
+    }
+    fn poll(&mut self) -> Result<Tick, gpudiag::telemetry::BackendError> {
+        let n = self.polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if n >= self.fail_after {
+            return Err(gpudiag::telemetry::BackendError::Unavailable(
+                "GPU fell off the bus".into(),
+            ));
+        }
+        let mut s = gpudiag::telemetry::Sample::new(0, gpudiag::telemetry::now_ms());
+        s.gpu_util_pct = Some(50.0);
+        Ok(Tick {
+            samples: vec![s],
+            events: Vec::new(),
+        })
+    }
+}
+
+#[test]
+fn live_feed_polls_on_its_interval_pauses_and_reports_failure() {
+    let polls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let backend = FakeLive {
+        host: Default::default(),
+        devices: vec![Default::default()],
+        polls: polls.clone(),
+        fail_after: 8,
+    };
+    let (tx, rx) = mpsc::channel();
+    let start = Instant::now();
+    let feed = Feed::spawn(
+        Driver::Live(Box::new(backend)),
+        Duration::from_millis(50),
+        1.0,
+        tx,
+    )
+    .unwrap();
+    for _ in 0..3 {
+        let FeedMsg::Ticks {
+            ticks, position, ..
+        } = next_feed(&rx)
+        else {
+            panic!("ended early")
+        };
+        assert_eq!(ticks.len(), 1);
+        assert_eq!(position, None, "live data has no replay position");
+    }
+    // Three ticks at 50 ms: the first at once, the third about 100 ms later.
+    assert!(
+        start.elapsed() >= Duration::from_millis(90),
+        "{:?}",
+        start.elapsed()
+    );
+    feed.send(Control::Pause(true));
+    std::thread::sleep(Duration::from_millis(100));
+    let paused_at = polls.load(std::sync::atomic::Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        polls.load(std::sync::atomic::Ordering::SeqCst),
+        paused_at,
+        "no polling while paused"
+    );
+    // Seek and speed mean nothing live; they must not disturb it.
+    feed.send(Control::Seek(-10_000));
+    feed.send(Control::Speed(8.0));
+    while rx.try_recv().is_ok() {}
+    feed.send(Control::Pause(false));
+    loop {
+        match next_feed(&rx) {
+            FeedMsg::Ticks { reset, .. } => assert!(!reset),
+            FeedMsg::Ended(why) => {
+                assert_eq!(why.as_deref(), Some("GPU fell off the bus"));
+                break;
+            }
+        }
+    }
+}
+
 #[test]
 fn resuming_a_replay_keeps_its_pace() {
     let b = ReplayBackend::open(fixture("healthy.ndjson"), Pace::Recorded { speed: 4.0 }).unwrap();
