@@ -651,7 +651,9 @@ impl App {
         let ProcessView::Rows(rows) = self.process_view() else {
             return None;
         };
-        let row = rows.get(self.selected_process)?;
+        // The list may have shrunk since the selection was made: take the last row then, as
+        // the table shows it.
+        let row = rows.get(self.selected_process.min(rows.len().saturating_sub(1)))?;
         let signal = if self.terminated.contains(&row.pid) {
             KillSignal::Kill
         } else {
