@@ -31,6 +31,9 @@ pub struct Cli {
     /// $XDG_CONFIG_HOME/gpudiag/config.toml (see `gpudiag config --default`).
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Refresh interval of the terminal UI (50ms or more).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
+    pub interval: Duration,
 }
 
 #[derive(Debug, Subcommand)]
@@ -53,6 +56,10 @@ pub enum Command {
     /// Serve the telemetry and findings as Prometheus metrics on /metrics.
     #[command(after_help = EXIT_CODES_HELP)]
     Serve(ServeArgs),
+    /// Open a recording in the terminal UI (play/pause, speed, seeking); without a terminal,
+    /// print its check summary.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Replay(ReplayArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -201,6 +208,26 @@ pub struct ServeArgs {
     pub interval: Duration,
 }
 
+#[derive(Debug, Clone, Args)]
+pub struct ReplayArgs {
+    /// The recording (NDJSON, plain or gzip).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// Playback speed: 1 plays as recorded, 10 ten times faster.
+    #[arg(long, default_value = "1", value_parser = parse_speed)]
+    pub speed: f64,
+}
+
+/// A replay speed: a positive number.
+pub fn parse_speed(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!(
+            "speed '{s}' must be a positive number such as 0.5, 1 or 10"
+        )),
+    }
+}
+
 /// "60s", "250ms", "1m30s" or a bare "0".
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
@@ -239,5 +266,7 @@ mod tests {
         assert!(parse_duration("soon").unwrap_err().contains("'soon'"));
         assert!(parse_interval("10ms").is_err());
         assert_eq!(parse_interval("50ms"), Ok(Duration::from_millis(50)));
+        assert_eq!(parse_speed("2"), Ok(2.0));
+        assert!(parse_speed("0").unwrap_err().contains("'0'"));
     }
 }

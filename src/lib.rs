@@ -10,3 +10,4 @@ pub mod history;
 pub mod report;
 pub mod rules;
 pub mod telemetry;
+pub mod tui;

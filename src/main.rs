@@ -1,17 +1,19 @@
 //! The gpudiag binary: parse the command line, run, map errors to the documented exit codes.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 
-use gpudiag::cli::{BackendChoice, CheckArgs, Cli, Command, FailOn, SourceArgs};
+use gpudiag::cli::{BackendChoice, CheckArgs, Cli, Command, FailOn, ReplayArgs, SourceArgs};
 use gpudiag::commands;
 use gpudiag::config::{Config, DEFAULT_CONFIG_TOML};
 use gpudiag::error::{Error, exit};
 use gpudiag::report::text;
 use gpudiag::telemetry::sysfs::SYSFS_ROOT_ENV;
+use gpudiag::tui;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -73,7 +75,8 @@ fn run(cli: Cli) -> Result<i32, Error> {
             gpudiag::export::prometheus::serve(args, stop_on_ctrl_c(), &config()?)?;
             Ok(exit::OK)
         }
-        None => default_view(cli.demo, &config()?),
+        Some(Command::Replay(ref args)) => replay(args, cli.interval, &config()?),
+        None => default_view(cli.demo, cli.interval, &config()?),
     }
 }
 
@@ -97,9 +100,42 @@ fn check(args: &CheckArgs, config: &Config) -> Result<i32, Error> {
     Ok(report.exit_code)
 }
 
-/// Until the terminal UI lands, `gpudiag` shows the check summary; with no GPU it says so in one
-/// line and shows the bundled demo recording instead.
-fn default_view(demo: bool, config: &Config) -> Result<i32, Error> {
+/// The terminal UI needs a terminal on both ends; piped or redirected, gpudiag prints text so
+/// scripts keep working.
+fn interactive() -> bool {
+    std::io::stdout().is_terminal() && std::io::stdin().is_terminal()
+}
+
+/// `gpudiag replay FILE`: the UI in a terminal, the check summary otherwise.
+fn replay(args: &ReplayArgs, interval: std::time::Duration, config: &Config) -> Result<i32, Error> {
+    if interactive() {
+        return tui::run_replay(&args.file, args.speed, interval, config);
+    }
+    check(
+        &CheckArgs {
+            source: SourceArgs {
+                devices: Vec::new(),
+                replay: Some(args.file.clone()),
+                demo: false,
+                init_timeout: std::time::Duration::from_secs(10),
+                backend: BackendChoice::Replay,
+                sysfs_root: None,
+            },
+            json: false,
+            window: None,
+            interval: std::time::Duration::from_millis(100),
+            fail_on: FailOn::Fail,
+        },
+        config,
+    )
+}
+
+/// `gpudiag`: the terminal UI; without a terminal, the check summary. With no GPU either says so
+/// in one line and shows the bundled demo recording instead.
+fn default_view(demo: bool, interval: std::time::Duration, config: &Config) -> Result<i32, Error> {
+    if interactive() {
+        return tui::run_default(demo, interval, config);
+    }
     let mut args = CheckArgs {
         source: SourceArgs {
             devices: Vec::new(),

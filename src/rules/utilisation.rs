@@ -66,6 +66,11 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
         };
         let mean_of = |m| input.history.stats(d.index, m, range).mean;
         let rx = mean_of(Metric::PcieRxBytesPerS);
+        // A burst of copies inflates the mean; what matters is how much of the time they ran.
+        let copying_share =
+            input
+                .history
+                .fraction_where(d.index, Metric::PcieRxBytesPerS, range, |b| b >= 1e9);
         let mem_util = mean_of(Metric::MemUtilPct);
         let power = mean_of(Metric::PowerW);
         let limit = latest.power_limit_w.or(d.power_limit_default_w);
@@ -100,6 +105,10 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
             "pcie_rx_mean_mb_per_s".into(),
             json!(rx.map(|b| round2(b / 1e6))),
         );
+        values.insert(
+            "pcie_rx_over_1gb_share".into(),
+            json!(copying_share.map(round2)),
+        );
         values.insert("power_mean_w".into(), json!(power.map(round2)));
         values.insert("power_limit_w".into(), json!(limit));
         values.insert(
@@ -124,14 +133,15 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 window_s: round2(span_s),
                 threshold: format!("mean utilisation < {}%", cfg.min_mean_util_pct),
             },
-            advice: advice(mean, rx, power_share),
+            advice: advice(mean, copying_share, power_share),
         });
     }
     out
 }
 
-/// Leads with the cause the signals point at, then lists the others.
-fn advice(mean_util: f64, rx_bytes_per_s: Option<f64>, power_share: Option<f64>) -> String {
+/// Leads with the cause the signals point at, then lists the others. `copying_share` is the
+/// share of the time the host sent at least 1 GB/s.
+fn advice(mean_util: f64, copying_share: Option<f64>, power_share: Option<f64>) -> String {
     const COPIES: &str = "Host-device copies dominate: pin host memory (pin_memory=True), copy \
                           with non_blocking=True on a side stream so copies overlap compute, and \
                           keep data resident on the GPU instead of copying it every step.";
@@ -141,7 +151,7 @@ fn advice(mean_util: f64, rx_bytes_per_s: Option<f64>, power_share: Option<f64>)
     const SMALL: &str = "Kernels are too small or separated by syncs: raise the batch size, \
                          remove per-step .item()/.cpu()/synchronize calls, fuse small operations \
                          (torch.compile) or capture steps in CUDA graphs.";
-    let copies = rx_bytes_per_s.is_some_and(|rx| rx >= 1e9);
+    let copies = copying_share.is_some_and(|share| share >= 0.3);
     let starved = mean_util < 10.0 && power_share.is_none_or(|p| p < 0.3);
     let lead = if copies {
         COPIES
@@ -167,8 +177,8 @@ mod tests {
 
     #[test]
     fn advice_leads_with_what_the_signals_show() {
-        assert!(advice(20.0, Some(5e9), Some(0.5)).starts_with("Host-device copies"));
-        assert!(advice(2.0, Some(1e6), Some(0.15)).starts_with("The GPU waits on the host"));
+        assert!(advice(20.0, Some(0.8), Some(0.5)).starts_with("Host-device copies"));
+        assert!(advice(2.0, Some(0.1), Some(0.15)).starts_with("The GPU waits on the host"));
         assert!(advice(30.0, None, Some(0.6)).starts_with("Kernels are too small"));
     }
 }

@@ -1,0 +1,710 @@
+//! The UI's state and how input and telemetry change it. No terminal here: tests drive an `App`
+//! with key events and feed messages and look at the fields, or render it into a `TestBackend`.
+//!
+//! Side effects (talking to the feed, signalling a process, writing a file) are returned as
+//! `Effect`s for the event loop to carry out, so the state stays pure and testable.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseEvent, MouseEventKind};
+
+use super::feed::{Control, FeedMsg, ReplayPosition, tick_time};
+use super::theme::Theme;
+use crate::config::RulesConfig;
+use crate::history::History;
+use crate::report::environment::LibraryInfo;
+use crate::rules::{Finding, RuleEngine, Severity};
+use crate::telemetry::{DeviceInfo, Event, HostInfo, Sample, Tick, TimeMs};
+
+/// Findings are re-evaluated at most this often: rules look at windows of seconds to minutes,
+/// so a faster refresh would only cost CPU.
+pub const FINDINGS_EVERY: Duration = Duration::from_secs(1);
+/// Events kept for the rules (XIDs and the like are rare; this only bounds a storm).
+const MAX_EVENTS: usize = 10_000;
+/// Ticks kept for "save a recording". At 1 s this is over 5 hours; at 100 ms over 30 minutes.
+/// The oldest go first, so a long session stays within a bounded amount of memory.
+pub const MAX_SESSION_TICKS: usize = 20_000;
+/// How far back the process growth rate looks.
+const GROWTH_WINDOW_MS: u64 = 60_000;
+/// Replay seek steps: arrow keys, and with Shift.
+const SEEK_MS: i64 = 10_000;
+const SEEK_LONG_MS: i64 = 60_000;
+const SPEEDS: [f64; 10] = [0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0];
+
+/// The screens, in tab order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Panel {
+    Devices,
+    Detail,
+    Processes,
+    Findings,
+    Probes,
+}
+
+impl Panel {
+    pub const ALL: [Panel; 5] = [
+        Panel::Devices,
+        Panel::Detail,
+        Panel::Processes,
+        Panel::Findings,
+        Panel::Probes,
+    ];
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Panel::Devices => "Devices",
+            Panel::Detail => "Detail",
+            Panel::Processes => "Processes",
+            Panel::Findings => "Findings",
+            Panel::Probes => "Probes",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        Panel::ALL.iter().position(|&p| p == self).unwrap_or(0)
+    }
+
+    fn step(self, by: isize) -> Panel {
+        let n = Panel::ALL.len() as isize;
+        let i = (self.index() as isize + by).rem_euclid(n) as usize;
+        Panel::ALL.get(i).copied().unwrap_or(Panel::Devices)
+    }
+}
+
+/// The window the detail charts show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Zoom {
+    M1,
+    M5,
+    M15,
+    H1,
+}
+
+impl Zoom {
+    const ALL: [Zoom; 4] = [Zoom::M1, Zoom::M5, Zoom::M15, Zoom::H1];
+
+    pub fn duration(self) -> Duration {
+        Duration::from_secs(match self {
+            Zoom::M1 => 60,
+            Zoom::M5 => 300,
+            Zoom::M15 => 900,
+            Zoom::H1 => 3600,
+        })
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Zoom::M1 => "1m",
+            Zoom::M5 => "5m",
+            Zoom::M15 => "15m",
+            Zoom::H1 => "1h",
+        }
+    }
+
+    fn step(self, by: isize) -> Zoom {
+        let i = Zoom::ALL.iter().position(|&z| z == self).unwrap_or(0) as isize;
+        let n = Zoom::ALL.len() as isize;
+        Zoom::ALL
+            .get((i + by).rem_euclid(n) as usize)
+            .copied()
+            .unwrap_or(Zoom::M1)
+    }
+}
+
+/// Process table order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcSort {
+    Memory,
+    Growth,
+    Sm,
+    Pid,
+}
+
+impl ProcSort {
+    pub fn label(self) -> &'static str {
+        match self {
+            ProcSort::Memory => "memory",
+            ProcSort::Growth => "growth",
+            ProcSort::Sm => "SM %",
+            ProcSort::Pid => "PID",
+        }
+    }
+
+    fn next(self) -> ProcSort {
+        match self {
+            ProcSort::Memory => ProcSort::Growth,
+            ProcSort::Growth => ProcSort::Sm,
+            ProcSort::Sm => ProcSort::Pid,
+            ProcSort::Pid => ProcSort::Memory,
+        }
+    }
+}
+
+/// The signals a kill sends, in the order it sends them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillSignal {
+    Term,
+    Kill,
+}
+
+impl KillSignal {
+    pub fn name(self) -> &'static str {
+        match self {
+            KillSignal::Term => "SIGTERM",
+            KillSignal::Kill => "SIGKILL",
+        }
+    }
+}
+
+/// A box drawn over the panels.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Overlay {
+    Help,
+    /// Waiting for y/n before signalling a process.
+    ConfirmKill {
+        pid: u32,
+        name: String,
+        signal: KillSignal,
+    },
+}
+
+/// What the event loop must do for the app.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    Feed(Control),
+    Signal { pid: u32, signal: KillSignal },
+    SaveRecording,
+}
+
+/// Where the telemetry comes from. Only the header (mode), seeking and killing care: panels
+/// render the same state either way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceKind {
+    Live,
+    Replay { name: String },
+}
+
+/// The probes panel's state. Probes are not in this build yet; a probe runner adds its states
+/// here (suite picked, running with progress, results) and sends its progress through the
+/// event loop's channel like the feed does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbesState {
+    NotInThisBuild,
+}
+
+/// One row of the process table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcRow {
+    pub device: u32,
+    pub pid: u32,
+    pub user: Option<String>,
+    pub name: Option<String>,
+    pub container_id: Option<String>,
+    pub used_memory_bytes: Option<u64>,
+    /// Bytes per second over the last minute; `None` until two reads a second apart exist.
+    pub growth_bytes_per_s: Option<f64>,
+    pub sm_util_pct: Option<f64>,
+}
+
+/// How the process table's content looks right now.
+pub enum ProcessView {
+    /// No device has delivered a process list yet; the reason the backend gave, if any.
+    NotRead(Option<String>),
+    Rows(Vec<ProcRow>),
+}
+
+/// What the app is created with.
+pub struct AppInit {
+    pub host: HostInfo,
+    pub devices: Vec<DeviceInfo>,
+    pub source: SourceKind,
+    pub backend_name: String,
+    pub interval: Duration,
+    pub theme: Theme,
+    /// May the user signal processes? Only for live local GPUs: a recording's PIDs belong to
+    /// another machine or another time.
+    pub can_signal: bool,
+}
+
+pub struct App {
+    pub host: HostInfo,
+    pub devices: Vec<DeviceInfo>,
+    pub source: SourceKind,
+    pub backend_name: String,
+    pub interval: Duration,
+    pub theme: Theme,
+    pub can_signal: bool,
+
+    pub history: History,
+    pub latest: BTreeMap<u32, Sample>,
+    pub events: VecDeque<Event>,
+    /// The same incremental rules as `check`, fed tick by tick.
+    engine: RuleEngine,
+    rules: RulesConfig,
+    libraries: Option<Vec<LibraryInfo>>,
+    /// Everything the rules raised this session, newest first.
+    pub findings: Vec<Finding>,
+    findings_at: Option<Instant>,
+    /// Memory readings per (device, pid) within the growth window.
+    proc_memory: BTreeMap<(u32, u32), VecDeque<(TimeMs, u64)>>,
+    /// Ticks seen this session, oldest first, for saving a recording.
+    pub session: VecDeque<Tick>,
+    pub session_dropped: bool,
+    /// Processes already sent SIGTERM: the next kill offers SIGKILL.
+    terminated: BTreeSet<u32>,
+
+    pub panel: Panel,
+    pub selected_device: usize,
+    pub selected_process: usize,
+    pub selected_finding: usize,
+    pub zoom: Zoom,
+    pub sort: ProcSort,
+    pub paused: bool,
+    pub speed: f64,
+    pub position: Option<ReplayPosition>,
+    /// Why no more data arrives: `Some(None)` at the end of a recording.
+    pub ended: Option<Option<String>>,
+    pub overlay: Option<Overlay>,
+    /// A one-line message in the footer until the next key.
+    pub status: Option<String>,
+    pub probes: ProbesState,
+    pub quit: bool,
+}
+
+impl App {
+    pub fn new(init: AppInit) -> Self {
+        let engine = RuleEngine::new(
+            RulesConfig::default(),
+            init.devices.clone(),
+            Some(init.host.clone()),
+            None,
+        );
+        App {
+            engine,
+            rules: RulesConfig::default(),
+            libraries: None,
+            host: init.host,
+            devices: init.devices,
+            source: init.source,
+            backend_name: init.backend_name,
+            interval: init.interval,
+            theme: init.theme,
+            can_signal: init.can_signal,
+            history: History::new(),
+            latest: BTreeMap::new(),
+            events: VecDeque::new(),
+            findings: Vec::new(),
+            findings_at: None,
+            proc_memory: BTreeMap::new(),
+            session: VecDeque::new(),
+            session_dropped: false,
+            terminated: BTreeSet::new(),
+            panel: Panel::Devices,
+            selected_device: 0,
+            selected_process: 0,
+            selected_finding: 0,
+            zoom: Zoom::M1,
+            sort: ProcSort::Memory,
+            paused: false,
+            speed: 1.0,
+            position: None,
+            ended: None,
+            overlay: None,
+            status: None,
+            probes: ProbesState::NotInThisBuild,
+            quit: false,
+        }
+    }
+
+    /// Judges with these thresholds (and, live, this host's CUDA libraries) from now on.
+    pub fn set_rules(&mut self, rules: RulesConfig, libraries: Option<Vec<LibraryInfo>>) {
+        self.rules = rules;
+        self.libraries = libraries;
+        self.reset_engine();
+    }
+
+    fn reset_engine(&mut self) {
+        self.engine = RuleEngine::new(
+            self.rules.clone(),
+            self.devices.clone(),
+            Some(self.host.clone()),
+            self.libraries.clone(),
+        );
+    }
+
+    /// The selected device's static info.
+    pub fn device(&self) -> Option<&DeviceInfo> {
+        self.devices.get(self.selected_device)
+    }
+
+    /// Newest data time over all devices: "now" for rules and charts, in recorded time.
+    pub fn now_ms(&self) -> Option<TimeMs> {
+        self.latest.values().map(|s| s.time_ms).max()
+    }
+
+    /// Applies what the feed sent. Findings follow at most once per `FINDINGS_EVERY`.
+    pub fn on_feed(&mut self, msg: FeedMsg, now: Instant) {
+        match msg {
+            FeedMsg::Ticks {
+                ticks,
+                reset,
+                position,
+            } => {
+                if reset {
+                    self.clear_data();
+                }
+                for t in ticks {
+                    self.push_tick(t);
+                }
+                if position.is_some() {
+                    self.position = position;
+                }
+                self.ended = None;
+                // A seek changes what the findings describe: show it at once.
+                if reset {
+                    self.findings_at = None;
+                }
+                self.maybe_refresh_findings(now);
+            }
+            FeedMsg::Ended(why) => {
+                self.ended = Some(why);
+                self.refresh_findings();
+                self.findings_at = Some(now);
+            }
+        }
+    }
+
+    fn clear_data(&mut self) {
+        self.history.clear();
+        self.latest.clear();
+        self.events.clear();
+        self.findings.clear();
+        self.reset_engine();
+        self.proc_memory.clear();
+        self.session.clear();
+        self.session_dropped = false;
+    }
+
+    /// Adds one tick to the history, the latest values and the session.
+    pub fn push_tick(&mut self, tick: Tick) {
+        for s in &tick.samples {
+            self.history.push_sample(s);
+            self.track_processes(s);
+            self.latest.insert(s.device, s.clone());
+        }
+        // Cheap per tick: the engine re-judges its windows only once a second of sample time.
+        self.engine.on_tick(&self.history, &tick);
+        self.events.extend(tick.events.iter().cloned());
+        while self.events.len() > MAX_EVENTS {
+            self.events.pop_front();
+        }
+        if tick_time(&tick).is_some() {
+            self.session.push_back(tick);
+            if self.session.len() > MAX_SESSION_TICKS {
+                self.session.pop_front();
+                self.session_dropped = true;
+            }
+        }
+    }
+
+    fn track_processes(&mut self, s: &Sample) {
+        // `None` means the slow read has not happened; keep what we know until it does.
+        let Some(procs) = &s.processes else {
+            return;
+        };
+        let live: BTreeSet<u32> = procs.iter().map(|p| p.pid).collect();
+        self.proc_memory
+            .retain(|&(dev, pid), _| dev != s.device || live.contains(&pid));
+        for p in procs {
+            let Some(used) = p.used_memory_bytes else {
+                continue;
+            };
+            let points = self.proc_memory.entry((s.device, p.pid)).or_default();
+            if points.back().is_some_and(|&(t, _)| t >= s.time_ms) {
+                continue;
+            }
+            points.push_back((s.time_ms, used));
+            while points
+                .front()
+                .is_some_and(|&(t, _)| t + GROWTH_WINDOW_MS < s.time_ms)
+            {
+                points.pop_front();
+            }
+        }
+    }
+
+    fn growth(&self, device: u32, pid: u32) -> Option<f64> {
+        let points = self.proc_memory.get(&(device, pid))?;
+        let (t0, m0) = *points.front()?;
+        let (t1, m1) = *points.back()?;
+        // Below a second apart, a rate would be noise.
+        if t1 < t0 + 1000 {
+            return None;
+        }
+        Some((m1 as f64 - m0 as f64) / ((t1 - t0) as f64 / 1000.0))
+    }
+
+    /// Copies the engine's findings for display: everything raised this session, newest first
+    /// (worst first among equals).
+    pub fn refresh_findings(&mut self) {
+        if self.now_ms().is_none() {
+            self.findings.clear();
+            return;
+        }
+        if self.ended.is_some() {
+            self.engine.finish(&self.history);
+        }
+        let mut findings = self.engine.raised();
+        findings.sort_by_key(|f| std::cmp::Reverse(f.time_ms));
+        self.findings = findings;
+        let n = self.findings.len();
+        self.selected_finding = self.selected_finding.min(n.saturating_sub(1));
+    }
+
+    /// `refresh_findings`, unless it ran less than `FINDINGS_EVERY` before `now`.
+    pub fn maybe_refresh_findings(&mut self, now: Instant) {
+        if self
+            .findings_at
+            .is_some_and(|at| now.saturating_duration_since(at) < FINDINGS_EVERY)
+        {
+            return;
+        }
+        self.findings_at = Some(now);
+        self.refresh_findings();
+    }
+
+    pub fn count(&self, severity: Severity) -> usize {
+        self.findings
+            .iter()
+            .filter(|f| f.severity == severity)
+            .count()
+    }
+
+    /// The process table as sorted now.
+    pub fn process_view(&self) -> ProcessView {
+        let mut any_read = false;
+        let mut rows = Vec::new();
+        for s in self.latest.values() {
+            let Some(procs) = &s.processes else {
+                continue;
+            };
+            any_read = true;
+            rows.extend(procs.iter().map(|p| ProcRow {
+                device: s.device,
+                pid: p.pid,
+                user: p.user.clone(),
+                name: p.name.clone(),
+                container_id: p.container_id.clone(),
+                used_memory_bytes: p.used_memory_bytes,
+                growth_bytes_per_s: self.growth(s.device, p.pid),
+                sm_util_pct: p.sm_util_pct,
+            }));
+        }
+        if !any_read {
+            let why = self
+                .latest
+                .values()
+                .find_map(|s| s.why_absent("processes"))
+                .map(ToString::to_string);
+            return ProcessView::NotRead(why);
+        }
+        // Absent values sort last whatever the order, so they never pose as the smallest.
+        let desc = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) => b.total_cmp(&a),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => std::cmp::Ordering::Equal,
+        };
+        match self.sort {
+            ProcSort::Memory => rows.sort_by(|a, b| {
+                desc(
+                    a.used_memory_bytes.map(|v| v as f64),
+                    b.used_memory_bytes.map(|v| v as f64),
+                )
+            }),
+            ProcSort::Growth => {
+                rows.sort_by(|a, b| desc(a.growth_bytes_per_s, b.growth_bytes_per_s))
+            }
+            ProcSort::Sm => rows.sort_by(|a, b| desc(a.sm_util_pct, b.sm_util_pct)),
+            ProcSort::Pid => rows.sort_by_key(|r| (r.pid, r.device)),
+        }
+        ProcessView::Rows(rows)
+    }
+
+    fn process_count(&self) -> usize {
+        match self.process_view() {
+            ProcessView::Rows(r) => r.len(),
+            ProcessView::NotRead(_) => 0,
+        }
+    }
+
+    /// Moves the selection of the current panel.
+    fn select(&mut self, by: isize) {
+        let moved = |cur: usize, n: usize| -> usize {
+            if n == 0 {
+                return 0;
+            }
+            (cur as isize + by).clamp(0, n as isize - 1) as usize
+        };
+        match self.panel {
+            Panel::Devices | Panel::Detail => {
+                self.selected_device = moved(self.selected_device, self.devices.len());
+            }
+            Panel::Processes => {
+                self.selected_process = moved(self.selected_process, self.process_count());
+            }
+            Panel::Findings => {
+                self.selected_finding = moved(self.selected_finding, self.findings.len());
+            }
+            Panel::Probes => {}
+        }
+    }
+
+    /// Handles one key press and says what the event loop must do.
+    pub fn on_key(&mut self, key: KeyEvent) -> Option<Effect> {
+        self.status = None;
+        let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
+        if ctrl && matches!(key.code, KeyCode::Char('c')) {
+            self.quit = true;
+            return None;
+        }
+        match self.overlay.take() {
+            Some(Overlay::ConfirmKill { pid, name, signal }) => {
+                return if matches!(key.code, KeyCode::Char('y') | KeyCode::Char('Y')) {
+                    if signal == KillSignal::Term {
+                        self.terminated.insert(pid);
+                    }
+                    self.status = Some(format!("sending {} to PID {pid} ({name})", signal.name()));
+                    Some(Effect::Signal { pid, signal })
+                } else {
+                    self.status = Some(format!("PID {pid} left alone"));
+                    None
+                };
+            }
+            Some(Overlay::Help) => {
+                // Any key closes help; q still quits, so the way out is never hidden.
+                if matches!(key.code, KeyCode::Char('q')) {
+                    self.quit = true;
+                }
+                return None;
+            }
+            None => {}
+        }
+        let shift = key.modifiers.contains(KeyModifiers::SHIFT);
+        match key.code {
+            KeyCode::Char('q') => self.quit = true,
+            KeyCode::Char('?') | KeyCode::F(1) => self.overlay = Some(Overlay::Help),
+            KeyCode::Tab => self.panel = self.panel.step(1),
+            KeyCode::BackTab => self.panel = self.panel.step(-1),
+            KeyCode::Char(c @ '1'..='5') => {
+                let i = (c as usize).saturating_sub('1' as usize);
+                if let Some(&p) = Panel::ALL.get(i) {
+                    self.panel = p;
+                }
+            }
+            KeyCode::Up => self.select(-1),
+            KeyCode::Down => self.select(1),
+            KeyCode::PageUp => self.select(-10),
+            KeyCode::PageDown => self.select(10),
+            KeyCode::Home => self.select(isize::MIN / 2),
+            KeyCode::End => self.select(isize::MAX / 2),
+            KeyCode::Enter if self.panel == Panel::Devices => self.panel = Panel::Detail,
+            KeyCode::Char(' ') | KeyCode::Char('p') => {
+                self.paused = !self.paused;
+                return Some(Effect::Feed(Control::Pause(self.paused)));
+            }
+            KeyCode::Char('z') => self.zoom = self.zoom.step(1),
+            KeyCode::Char('Z') => self.zoom = self.zoom.step(-1),
+            KeyCode::Char('s') => {
+                self.sort = self.sort.next();
+                self.status = Some(format!("processes sorted by {}", self.sort.label()));
+            }
+            KeyCode::Char('k') => return self.ask_kill(),
+            KeyCode::Char('w') => return Some(Effect::SaveRecording),
+            KeyCode::Char('+') | KeyCode::Char('=') => return self.change_speed(1),
+            KeyCode::Char('-') => return self.change_speed(-1),
+            KeyCode::Left => return self.seek(-if shift { SEEK_LONG_MS } else { SEEK_MS }),
+            KeyCode::Right => return self.seek(if shift { SEEK_LONG_MS } else { SEEK_MS }),
+            _ => {}
+        }
+        None
+    }
+
+    /// Mouse: the wheel moves the selection, a click on the tab bar switches panels.
+    pub fn on_mouse(&mut self, m: MouseEvent, tab_at: impl Fn(u16, u16) -> Option<Panel>) {
+        match m.kind {
+            MouseEventKind::ScrollUp => self.select(-1),
+            MouseEventKind::ScrollDown => self.select(1),
+            MouseEventKind::Down(_) => {
+                if let Some(p) = tab_at(m.column, m.row) {
+                    self.overlay = None;
+                    self.panel = p;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn is_replay(&self) -> bool {
+        matches!(self.source, SourceKind::Replay { .. })
+    }
+
+    fn change_speed(&mut self, by: isize) -> Option<Effect> {
+        if !self.is_replay() {
+            self.status = Some("speed applies to replays; live data comes as it is".into());
+            return None;
+        }
+        let i = SPEEDS.iter().position(|&s| s >= self.speed).unwrap_or(3) as isize;
+        let j = (i + by).clamp(0, SPEEDS.len() as isize - 1) as usize;
+        self.speed = SPEEDS.get(j).copied().unwrap_or(1.0);
+        self.status = Some(format!("replay speed ×{}", self.speed));
+        Some(Effect::Feed(Control::Speed(self.speed)))
+    }
+
+    fn seek(&mut self, delta_ms: i64) -> Option<Effect> {
+        if !self.is_replay() {
+            self.status = Some("seeking applies to replays".into());
+            return None;
+        }
+        Some(Effect::Feed(Control::Seek(delta_ms)))
+    }
+
+    fn ask_kill(&mut self) -> Option<Effect> {
+        if self.panel != Panel::Processes {
+            self.status = Some("select a process in the Processes panel (3) to kill it".into());
+            return None;
+        }
+        if !self.can_signal {
+            self.status = Some("these processes are from a recording: nothing to kill here".into());
+            return None;
+        }
+        let ProcessView::Rows(rows) = self.process_view() else {
+            return None;
+        };
+        // The list may have shrunk since the selection was made: take the last row then, as
+        // the table shows it.
+        let row = rows.get(self.selected_process.min(rows.len().saturating_sub(1)))?;
+        let signal = if self.terminated.contains(&row.pid) {
+            KillSignal::Kill
+        } else {
+            KillSignal::Term
+        };
+        self.overlay = Some(Overlay::ConfirmKill {
+            pid: row.pid,
+            name: row.name.clone().unwrap_or_else(|| "unknown".into()),
+            signal,
+        });
+        None
+    }
+
+    /// The replay position as "current/end" elapsed from the start.
+    pub fn position_text(&self) -> Option<String> {
+        let p = self.position?;
+        Some(format!(
+            "{}/{}",
+            super::format::elapsed(p.current_ms.saturating_sub(p.start_ms)),
+            super::format::elapsed(p.end_ms.saturating_sub(p.start_ms))
+        ))
+    }
+}

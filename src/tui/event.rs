@@ -1,0 +1,201 @@
+//! The event loop: input, the telemetry feed and signals feed one channel; the loop applies
+//! each event to the app, carries out the effects it asks for, and redraws. There is no timer:
+//! with nothing arriving the loop sleeps in `recv`, so an idle UI costs nothing between ticks.
+
+use std::path::Path;
+use std::sync::mpsc::{Receiver, Sender};
+use std::time::Instant;
+
+use crossterm::event::{Event as InputEvent, KeyEventKind};
+use ratatui::Terminal;
+use ratatui::backend::Backend as TermBackend;
+
+use super::app::{App, Effect, KillSignal};
+use super::feed::{Feed, FeedMsg};
+use super::ui;
+use crate::telemetry::recording::{Header, RecordingError, RecordingWriter};
+
+/// Everything that can wake the UI.
+#[derive(Debug)]
+pub enum AppEvent {
+    Input(InputEvent),
+    /// Reading the terminal failed: nobody can steer the UI any more.
+    InputClosed(String),
+    Feed(FeedMsg),
+    /// SIGTERM, SIGINT or SIGHUP from outside.
+    Terminate,
+}
+
+/// Reads terminal input on its own thread, so waiting for a key never blocks drawing.
+pub fn spawn_input(tx: Sender<AppEvent>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("gpudiag-input".into())
+        .spawn(move || {
+            loop {
+                let ev = match crossterm::event::read() {
+                    Ok(ev) => AppEvent::Input(ev),
+                    Err(e) => AppEvent::InputClosed(e.to_string()),
+                };
+                let closed = matches!(ev, AppEvent::InputClosed(_));
+                if tx.send(ev).is_err() || closed {
+                    return;
+                }
+            }
+        })
+        .map(|_| ())
+}
+
+/// Most events drained before one redraw: a seek delivers many ticks at once, and drawing
+/// after each would only delay the last.
+const MAX_BATCH: usize = 512;
+
+/// Runs until the user quits or a terminate signal arrives.
+pub fn run_loop<B: TermBackend>(
+    terminal: &mut Terminal<B>,
+    app: &mut App,
+    rx: &Receiver<AppEvent>,
+    feed: &Feed,
+) -> std::io::Result<()>
+where
+    B::Error: Into<std::io::Error>,
+{
+    draw(terminal, app)?;
+    while let Ok(first) = rx.recv() {
+        let mut next = Some(first);
+        let mut n = 0;
+        while let Some(ev) = next.take() {
+            handle(app, ev, feed, terminal.size().ok());
+            if app.quit {
+                return Ok(());
+            }
+            n += 1;
+            if n < MAX_BATCH {
+                next = rx.try_recv().ok();
+            }
+        }
+        draw(terminal, app)?;
+    }
+    Ok(())
+}
+
+fn draw<B: TermBackend>(terminal: &mut Terminal<B>, app: &App) -> std::io::Result<()>
+where
+    B::Error: Into<std::io::Error>,
+{
+    terminal
+        .draw(|f| ui::draw(f, app))
+        .map(|_| ())
+        .map_err(Into::into)
+}
+
+fn handle(app: &mut App, ev: AppEvent, feed: &Feed, size: Option<ratatui::layout::Size>) {
+    match ev {
+        AppEvent::Input(InputEvent::Key(k)) if k.kind != KeyEventKind::Release => {
+            if let Some(effect) = app.on_key(k) {
+                perform(app, effect, feed);
+            }
+        }
+        AppEvent::Input(InputEvent::Mouse(m)) => {
+            let width = size.map_or(80, |s| s.width);
+            app.on_mouse(m, |col, row| ui::tab_at(width, col, row));
+        }
+        // Resize and focus changes need only the redraw that follows every event.
+        AppEvent::Input(_) => {}
+        AppEvent::InputClosed(why) => {
+            app.status = Some(format!("terminal input closed: {why}"));
+            app.quit = true;
+        }
+        AppEvent::Feed(msg) => app.on_feed(msg, Instant::now()),
+        AppEvent::Terminate => app.quit = true,
+    }
+}
+
+fn perform(app: &mut App, effect: Effect, feed: &Feed) {
+    match effect {
+        Effect::Feed(c) => feed.send(c),
+        Effect::Signal { pid, signal } => app.status = Some(send_signal(pid, signal)),
+        Effect::SaveRecording => app.status = Some(save_recording(app, Path::new("."))),
+    }
+}
+
+fn send_signal(pid: u32, signal: KillSignal) -> String {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let Ok(raw) = i32::try_from(pid) else {
+        return format!("PID {pid} is out of range");
+    };
+    let sig = match signal {
+        KillSignal::Term => Signal::SIGTERM,
+        KillSignal::Kill => Signal::SIGKILL,
+    };
+    match kill(Pid::from_raw(raw), sig) {
+        Ok(()) if signal == KillSignal::Term => {
+            format!("sent SIGTERM to PID {pid}; press k again to send SIGKILL if it stays")
+        }
+        Ok(()) => format!("sent SIGKILL to PID {pid}"),
+        Err(nix::errno::Errno::EPERM) => {
+            format!("not allowed to signal PID {pid} (another user's process?)")
+        }
+        Err(nix::errno::Errno::ESRCH) => format!("PID {pid} has already exited"),
+        Err(e) => format!("could not signal PID {pid}: {e}"),
+    }
+}
+
+/// Writes the session's ticks so far to a new file in `dir` (the UI uses the working
+/// directory); returns the message for the footer.
+pub fn save_recording(app: &App, dir: &Path) -> String {
+    if app.session.is_empty() {
+        return "nothing to save yet: no telemetry has arrived".into();
+    }
+    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+        .to_string()
+        .replace(':', "-");
+    let header = Header::new(
+        &app.backend_name,
+        app.host.clone(),
+        app.devices.clone(),
+        match app.source {
+            super::app::SourceKind::Live => Some(app.interval.as_millis() as u64),
+            super::app::SourceKind::Replay { .. } => None,
+        },
+    );
+    // Never overwrite: a second save within the same second gets a numbered name.
+    let mut attempt = 1;
+    let (path, created) = loop {
+        let name = if attempt == 1 {
+            format!("gpudiag-{stamp}.ndjson.gz")
+        } else {
+            format!("gpudiag-{stamp}-{attempt}.ndjson.gz")
+        };
+        let path = dir.join(name);
+        match RecordingWriter::create_with(&path, &header, false) {
+            Err(RecordingError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 =>
+            {
+                attempt += 1;
+            }
+            other => break (path, other),
+        }
+    };
+    let result = created.and_then(|mut w| {
+        for t in &app.session {
+            w.write_tick(t)?;
+        }
+        w.finish()
+    });
+    match result {
+        Ok(()) => {
+            let note = if app.session_dropped {
+                " (the oldest ticks of this long session were not kept)"
+            } else {
+                ""
+            };
+            format!(
+                "saved {} ticks to {}{note}",
+                app.session.len(),
+                path.display()
+            )
+        }
+        Err(e) => format!("could not save the recording: {e}"),
+    }
+}

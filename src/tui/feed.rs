@@ -1,0 +1,312 @@
+//! The telemetry feed: a thread that owns the backend, polls it, and sends ticks to the UI's
+//! channel. The UI thread never calls the backend, so a slow NVML call or a replay's wait can
+//! only delay data, never input or drawing.
+//!
+//! Control messages (pause, speed, seek, stop) arrive on a second channel. A replay waiting for
+//! its next tick is woken through its interrupt flag, so controls take effect within ~50 ms.
+//! Seeking delivers the skipped ticks (and, backwards, up to `LOOKBACK` before the target) in one
+//! batch, so the charts show the context of the new position rather than starting empty.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::time::{Duration, Instant};
+
+use super::event::AppEvent;
+use crate::telemetry::replay::{Pace, ReplayBackend};
+use crate::telemetry::{Backend, BackendError, Tick, TimeMs};
+
+/// How much history a backward seek replays before its target: the widest chart window.
+pub const LOOKBACK: Duration = Duration::from_secs(3600);
+
+/// Where a replay stands, in recorded time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReplayPosition {
+    pub current_ms: TimeMs,
+    pub start_ms: TimeMs,
+    pub end_ms: TimeMs,
+    pub speed: f64,
+}
+
+/// What the feed tells the UI.
+#[derive(Debug)]
+pub enum FeedMsg {
+    /// New ticks, oldest first. `reset`: forget everything before them (a backward seek).
+    Ticks {
+        ticks: Vec<Tick>,
+        reset: bool,
+        position: Option<ReplayPosition>,
+    },
+    /// No more ticks for now: the recording ended (`None`) or the backend failed. A replay can
+    /// still seek back after this.
+    Ended(Option<String>),
+}
+
+/// What the UI asks of the feed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Control {
+    Pause(bool),
+    /// Replay speed, 1.0 = as recorded.
+    Speed(f64),
+    /// Move the replay by this many milliseconds of recorded time.
+    Seek(i64),
+    Stop,
+}
+
+/// The source the feed polls. Only the feed distinguishes live from replay: seeking and speed
+/// exist only for a recording.
+pub enum Driver {
+    Live(Box<dyn Backend>),
+    Replay(Box<ReplayBackend>),
+}
+
+/// Handle on the feed thread.
+pub struct Feed {
+    ctl: Sender<Control>,
+    interrupt: Arc<AtomicBool>,
+}
+
+impl Feed {
+    /// Starts the thread; `interval` paces live backends (replays pace themselves).
+    pub fn spawn(
+        driver: Driver,
+        interval: Duration,
+        speed: f64,
+        tx: Sender<AppEvent>,
+    ) -> std::io::Result<Feed> {
+        let (ctl, ctl_rx) = mpsc::channel();
+        let interrupt = Arc::new(AtomicBool::new(false));
+        let driver = match driver {
+            Driver::Replay(r) => Driver::Replay(Box::new((*r).with_interrupt(interrupt.clone()))),
+            live => live,
+        };
+        let mut worker = Worker {
+            driver,
+            interval,
+            speed,
+            paused: false,
+            at_end: false,
+            next_due: Instant::now(),
+            tx,
+            ctl_rx,
+            interrupt: interrupt.clone(),
+        };
+        std::thread::Builder::new()
+            .name("gpudiag-feed".into())
+            .spawn(move || worker.run())?;
+        Ok(Feed { ctl, interrupt })
+    }
+
+    pub fn send(&self, c: Control) {
+        // Send first, then wake: the woken poll finds the control waiting.
+        let _ = self.ctl.send(c);
+        self.interrupt.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        self.send(Control::Stop);
+    }
+}
+
+struct Worker {
+    driver: Driver,
+    interval: Duration,
+    speed: f64,
+    paused: bool,
+    at_end: bool,
+    next_due: Instant,
+    tx: Sender<AppEvent>,
+    ctl_rx: Receiver<Control>,
+    interrupt: Arc<AtomicBool>,
+}
+
+/// Whether the worker goes on after a control.
+enum Flow {
+    Go,
+    Stop,
+}
+
+/// The time a tick stands for: its samples' time, or its latest event's.
+pub fn tick_time(t: &Tick) -> Option<TimeMs> {
+    t.samples
+        .iter()
+        .map(|s| s.time_ms)
+        .max()
+        .or_else(|| t.events.iter().map(|e| e.time_ms).max())
+}
+
+impl Worker {
+    fn run(&mut self) {
+        loop {
+            self.interrupt.store(false, Ordering::Relaxed);
+            loop {
+                match self.ctl_rx.try_recv() {
+                    Ok(c) => {
+                        if let Flow::Stop = self.apply(c) {
+                            return;
+                        }
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return,
+                }
+            }
+            if self.paused || self.at_end {
+                // Nothing to poll: block until the UI says something.
+                match self.ctl_rx.recv() {
+                    Ok(c) => {
+                        if let Flow::Stop = self.apply(c) {
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(_) => return,
+                }
+            }
+            if !self.step() {
+                return;
+            }
+        }
+    }
+
+    /// One poll; false when the UI has gone away.
+    fn step(&mut self) -> bool {
+        let speed = self.speed;
+        let (result, position) = match &mut self.driver {
+            Driver::Live(_) => {
+                let wait = self.next_due.saturating_duration_since(Instant::now());
+                if !wait.is_zero() {
+                    match self.ctl_rx.recv_timeout(wait) {
+                        Ok(c) => return !matches!(self.apply(c), Flow::Stop),
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) => return false,
+                    }
+                }
+                // Anchored schedule; after a pause or a slow poll, start afresh from now
+                // instead of firing the missed ticks back to back.
+                let now = Instant::now();
+                self.next_due += self.interval;
+                if self.next_due <= now {
+                    self.next_due = now + self.interval;
+                }
+                match &mut self.driver {
+                    Driver::Live(backend) => (backend.poll(), None),
+                    Driver::Replay(_) => return true,
+                }
+            }
+            Driver::Replay(r) => {
+                let result = r.poll();
+                (result, Some(position(r, speed)))
+            }
+        };
+        match result {
+            // An interrupted replay wait: nothing to show.
+            Ok(t) if t.samples.is_empty() && t.events.is_empty() => true,
+            Ok(t) => send(
+                &self.tx,
+                FeedMsg::Ticks {
+                    ticks: vec![t],
+                    reset: false,
+                    position,
+                },
+            ),
+            Err(e) => {
+                self.at_end = true;
+                let why = match e {
+                    BackendError::EndOfRecording => None,
+                    other => Some(other.to_string()),
+                };
+                send(&self.tx, FeedMsg::Ended(why))
+            }
+        }
+    }
+
+    fn apply(&mut self, c: Control) -> Flow {
+        match c {
+            Control::Stop => return Flow::Stop,
+            Control::Pause(p) => {
+                self.paused = p;
+                if !p {
+                    self.next_due = Instant::now();
+                    // Re-anchor the replay's clock, or every tick due during the pause would
+                    // come at once.
+                    if let Driver::Replay(r) = &mut self.driver {
+                        let _ = r.set_pace(Pace::Recorded { speed: self.speed });
+                    }
+                }
+            }
+            Control::Speed(s) => {
+                if let Driver::Replay(r) = &mut self.driver
+                    && r.set_pace(Pace::Recorded { speed: s }).is_ok()
+                {
+                    self.speed = s;
+                }
+            }
+            Control::Seek(delta) => {
+                if !self.seek(delta) {
+                    return Flow::Stop;
+                }
+            }
+        }
+        Flow::Go
+    }
+
+    /// Moves a replay by `delta_ms`; false when the UI has gone away.
+    fn seek(&mut self, delta_ms: i64) -> bool {
+        let Driver::Replay(r) = &mut self.driver else {
+            return true;
+        };
+        let (current, start, end) = r.position();
+        let target = current.saturating_add_signed(delta_ms).clamp(start, end);
+        let reset = delta_ms < 0;
+        if reset {
+            r.seek_to(
+                target
+                    .saturating_sub(LOOKBACK.as_millis() as u64)
+                    .max(start),
+            );
+        } else if target == current {
+            return true;
+        }
+        // Deliver everything up to the target at once, then play on at the chosen speed.
+        let _ = r.set_pace(Pace::AsFastAsPossible);
+        let mut ticks = Vec::new();
+        while let Ok(t) = r.poll() {
+            let time = tick_time(&t);
+            ticks.push(t);
+            if time.is_some_and(|t| t >= target) {
+                break;
+            }
+        }
+        let _ = r.set_pace(Pace::Recorded { speed: self.speed });
+        self.at_end = r.remaining() == 0;
+        let position = Some(position(r, self.speed));
+        let ok = send(
+            &self.tx,
+            FeedMsg::Ticks {
+                ticks,
+                reset,
+                position,
+            },
+        );
+        if ok && self.at_end {
+            return send(&self.tx, FeedMsg::Ended(None));
+        }
+        ok
+    }
+}
+
+fn send(tx: &Sender<AppEvent>, msg: FeedMsg) -> bool {
+    tx.send(AppEvent::Feed(msg)).is_ok()
+}
+
+fn position(r: &ReplayBackend, speed: f64) -> ReplayPosition {
+    let (current_ms, start_ms, end_ms) = r.position();
+    ReplayPosition {
+        current_ms,
+        start_ms,
+        end_ms,
+        speed,
+    }
+}

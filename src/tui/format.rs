@@ -1,0 +1,143 @@
+//! Text formatting shared by the panels. Every helper takes an `Option` and prints "n/a" for
+//! `None`, so no panel can show 0 for a value that was never read.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use crate::telemetry::TimeMs;
+
+pub const NA: &str = "n/a";
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// A number with `decimals` places followed by `unit` ("97%", "655 W"), or "n/a".
+pub fn num(v: Option<f64>, decimals: usize, unit: &str) -> String {
+    v.map_or_else(|| NA.to_owned(), |v| format!("{v:.decimals$}{unit}"))
+}
+
+/// An integer such as a clock, or "n/a".
+pub fn int<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| NA.to_owned(), |v| v.to_string())
+}
+
+/// Bytes in GiB with one decimal below 100 GiB and none above, or "n/a".
+pub fn gib(bytes: Option<u64>) -> String {
+    match bytes {
+        None => NA.to_owned(),
+        Some(b) => {
+            let g = b as f64 / GIB;
+            if g >= 100.0 {
+                format!("{g:.0}")
+            } else {
+                format!("{g:.1}")
+            }
+        }
+    }
+}
+
+/// Bytes in the largest unit that keeps the number readable: "1.2 GiB", "340 MiB".
+pub fn bytes(b: Option<u64>) -> String {
+    match b {
+        None => NA.to_owned(),
+        Some(b) if b as f64 >= GIB => format!("{:.1} GiB", b as f64 / GIB),
+        Some(b) => format!("{:.0} MiB", b as f64 / MIB),
+    }
+}
+
+/// A throughput in bytes per second, compact ("1.3G", "240M", "12K"), decimal units as PCIe
+/// and the probes count them.
+pub fn rate(v: Option<f64>) -> String {
+    match v {
+        None => NA.to_owned(),
+        Some(b) if b >= 1e9 => format!("{:.1}G", b / 1e9),
+        Some(b) if b >= 1e6 => format!("{:.0}M", b / 1e6),
+        Some(b) if b >= 1e3 => format!("{:.0}K", b / 1e3),
+        Some(b) => format!("{b:.0}B"),
+    }
+}
+
+/// A signed growth rate in MiB/s ("+1.5 MiB/s"), or "n/a" while too few points exist.
+pub fn growth(bytes_per_s: Option<f64>) -> String {
+    match bytes_per_s {
+        None => NA.to_owned(),
+        Some(r) => format!("{:+.1} MiB/s", r / MIB),
+    }
+}
+
+/// Wall-clock time of day in UTC ("14:03:07"); recordings travel between time zones, so the
+/// UI says UTC rather than guessing the viewer's zone.
+pub fn clock(ms: TimeMs) -> String {
+    let t = UNIX_EPOCH + Duration::from_millis(ms);
+    let s = humantime::format_rfc3339_seconds(t).to_string();
+    // "2026-01-01T14:03:07Z" -> "14:03:07"
+    s.get(11..19).map_or(s.clone(), str::to_owned)
+}
+
+/// An elapsed time as "m:ss" or "h:mm:ss".
+pub fn elapsed(ms: u64) -> String {
+    let s = ms / 1000;
+    if s >= 3600 {
+        format!("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
+    } else {
+        format!("{}:{:02}", s / 60, s % 60)
+    }
+}
+
+/// A text bar of `width` cells filled to `frac` (0..=1); an absent value gives a bar of dots,
+/// which cannot be mistaken for an empty (0%) bar.
+pub fn bar(frac: Option<f64>, width: usize) -> String {
+    match frac {
+        None => "·".repeat(width),
+        Some(f) => {
+            let filled = ((f.clamp(0.0, 1.0) * width as f64).round() as usize).min(width);
+            format!("{}{}", "█".repeat(filled), "░".repeat(width - filled))
+        }
+    }
+}
+
+/// Cuts `s` to at most `width` characters, marking the cut with "…".
+pub fn fit(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        return s.to_owned();
+    }
+    if width == 0 {
+        return String::new();
+    }
+    let mut out: String = s.chars().take(width - 1).collect();
+    out.push('…');
+    out
+}
+
+/// Pads or cuts `s` to exactly `width` characters.
+pub fn pad(s: &str, width: usize) -> String {
+    format!("{:<width$}", fit(s, width))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absent_values_print_na_never_zero() {
+        assert_eq!(num(None, 0, "%"), "n/a");
+        assert_eq!(int::<u32>(None), "n/a");
+        assert_eq!(gib(None), "n/a");
+        assert_eq!(rate(None), "n/a");
+        assert_eq!(growth(None), "n/a");
+        assert_eq!(bar(None, 3), "···");
+        assert_eq!(bar(Some(0.0), 3), "░░░");
+        assert_eq!(num(Some(0.0), 0, "%"), "0%");
+    }
+
+    #[test]
+    fn units_and_times() {
+        assert_eq!(rate(Some(1.32e9)), "1.3G");
+        assert_eq!(rate(Some(2.4e8)), "240M");
+        assert_eq!(gib(Some(150_754_820_096)), "140");
+        assert_eq!(clock(1_767_225_661_000), "00:01:01");
+        assert_eq!(elapsed(88_000), "1:28");
+        assert_eq!(elapsed(3_723_000), "1:02:03");
+        assert_eq!(bar(Some(0.5), 4), "██░░");
+        assert_eq!(fit("abcdef", 4), "abc…");
+        assert_eq!(pad("ab", 4), "ab  ");
+    }
+}

@@ -1,0 +1,178 @@
+//! The terminal UI: `gpudiag` with no subcommand, `gpudiag --demo` and `gpudiag replay FILE`.
+//!
+//! `app` holds the state and turns keys and telemetry into changes and effects; `feed` owns the
+//! backend on its own thread; `event` runs the loop that joins them; `ui` lays out the screen
+//! and `panels` draws each part; `terminal` puts the terminal back however the UI ends.
+
+pub mod app;
+pub mod event;
+pub mod feed;
+pub mod format;
+pub mod panels;
+pub mod terminal;
+pub mod theme;
+pub mod ui;
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::cli::SourceArgs;
+use crate::commands::{self, DEMO_NAME, DEMO_RECORDING};
+use crate::config::Config;
+use crate::error::{Error, exit};
+use crate::telemetry::nvml::DEFAULT_SLOW_INTERVAL;
+use crate::telemetry::replay::{Pace, ReplayBackend};
+use app::{App, AppInit, SourceKind};
+use event::AppEvent;
+use feed::{Driver, Feed};
+use theme::Theme;
+
+/// How long NVML initialisation may take before the UI gives up on live GPUs.
+const INIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `gpudiag` in a terminal: live GPUs, or with none, one line saying so and then the demo.
+pub fn run_default(demo: bool, interval: Duration, config: &Config) -> Result<i32, Error> {
+    if demo {
+        return run_replay_source(open_demo()?, DEMO_NAME.into(), interval, 1.0, None, config);
+    }
+    match open_live(interval) {
+        Ok((driver, init)) => {
+            let libraries = Some(crate::report::environment::detect_libraries());
+            run(driver, init, interval, 1.0, None, config, libraries)
+        }
+        Err(Error::CannotRun(why)) => {
+            let line = format!(
+                "no live NVIDIA GPU here ({why}); opening the bundled demo recording \
+                 (gpudiag --demo)"
+            );
+            // Printed before the alternate screen, so it is still there after the UI closes.
+            eprintln!("gpudiag: {line}");
+            run_replay_source(
+                open_demo()?,
+                DEMO_NAME.into(),
+                interval,
+                1.0,
+                Some(line),
+                config,
+            )
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `gpudiag replay FILE` in a terminal.
+pub fn run_replay(
+    path: &Path,
+    speed: f64,
+    interval: Duration,
+    config: &Config,
+) -> Result<i32, Error> {
+    // A report bundle replays its recording.
+    let backend = crate::report::bundle::open_bundle_recording(path, Pace::Recorded { speed })?;
+    run_replay_source(
+        backend,
+        path.display().to_string(),
+        interval,
+        speed,
+        None,
+        config,
+    )
+}
+
+fn open_demo() -> Result<ReplayBackend, Error> {
+    Ok(ReplayBackend::from_reader(
+        DEMO_RECORDING,
+        Pace::Recorded { speed: 1.0 },
+    )?)
+}
+
+fn open_live(interval: Duration) -> Result<(Driver, AppInit), Error> {
+    let args = SourceArgs {
+        devices: Vec::new(),
+        replay: None,
+        demo: false,
+        init_timeout: INIT_TIMEOUT,
+        backend: crate::cli::BackendChoice::Auto,
+        sysfs_root: std::env::var_os(crate::telemetry::sysfs::SYSFS_ROOT_ENV).map(Into::into),
+    };
+    let mut source = commands::open_source(&args, Pace::AsFastAsPossible, false)?;
+    // Slow fields (PCIe throughput, processes) need not be read more often than the screen
+    // refreshes; faster refreshes keep the backend's own cadence.
+    if interval > DEFAULT_SLOW_INTERVAL {
+        source.backend.set_slow_interval(interval);
+    }
+    let init = AppInit {
+        host: source.backend.host().clone(),
+        devices: source.devices(),
+        source: SourceKind::Live,
+        backend_name: source.backend.name().to_owned(),
+        interval,
+        theme: Theme::from_env(),
+        can_signal: true,
+    };
+    Ok((Driver::Live(source.backend), init))
+}
+
+fn run_replay_source(
+    mut backend: ReplayBackend,
+    name: String,
+    interval: Duration,
+    speed: f64,
+    notice: Option<String>,
+    config: &Config,
+) -> Result<i32, Error> {
+    backend.set_pace(Pace::Recorded { speed })?;
+    let init = AppInit {
+        host: backend.header().host.clone(),
+        devices: backend.header().devices.clone(),
+        source: SourceKind::Replay { name },
+        backend_name: backend.header().backend.clone(),
+        interval,
+        theme: Theme::from_env(),
+        can_signal: false,
+    };
+    run(
+        Driver::Replay(Box::new(backend)),
+        init,
+        interval,
+        speed,
+        notice,
+        config,
+        None,
+    )
+}
+
+fn run(
+    driver: Driver,
+    init: AppInit,
+    interval: Duration,
+    speed: f64,
+    notice: Option<String>,
+    config: &Config,
+    libraries: Option<Vec<crate::report::environment::LibraryInfo>>,
+) -> Result<i32, Error> {
+    let io = |what: &str| {
+        let what = what.to_owned();
+        move |e: std::io::Error| Error::io(what, e)
+    };
+    let (tx, rx) = mpsc::channel();
+    let mut app = App::new(init);
+    app.set_rules(config.rules.clone(), libraries);
+    app.speed = speed;
+    app.status = notice;
+    let mut guard = terminal::TerminalGuard::enter().map_err(io("setting up the terminal"))?;
+    let feed = Feed::spawn(driver, interval, speed, tx.clone())
+        .map_err(io("starting the telemetry thread"))?;
+    // SIGTERM (and SIGINT, SIGHUP) end the loop like `q`, so the guard restores the terminal.
+    let signal_tx = tx.clone();
+    let _ = ctrlc::set_handler(move || {
+        let _ = signal_tx.send(AppEvent::Terminate);
+    });
+    event::spawn_input(tx).map_err(io("starting the input thread"))?;
+    event::run_loop(&mut guard.terminal, &mut app, &rx, &feed)
+        .map_err(io("drawing the terminal UI"))?;
+    drop(guard);
+    drop(feed);
+    Ok(exit::OK)
+}

@@ -1,0 +1,75 @@
+//! Boxes over the panels: the key help (?) and the kill confirmation.
+
+use ratatui::Frame;
+use ratatui::layout::Rect;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
+
+use crate::tui::app::{App, KillSignal};
+use crate::tui::ui::centered;
+
+/// Key, what it does.
+pub const KEYS: [(&str, &str); 16] = [
+    ("q  Ctrl-C", "quit"),
+    ("?  F1", "this help (any key closes it)"),
+    ("Tab  Shift-Tab", "next / previous panel"),
+    ("1-5", "Devices, Detail, Processes, Findings, Probes"),
+    ("mouse", "click a tab; wheel moves the selection"),
+    ("↑ ↓  PgUp PgDn", "select device, process or finding"),
+    ("Enter", "detail of the selected device"),
+    ("space  p", "pause / resume"),
+    ("z  Z", "zoom charts: 1m 5m 15m 1h"),
+    ("s", "sort processes: memory, growth, SM, PID"),
+    ("k", "kill the selected process (asks first)"),
+    ("w", "save this session as a recording (.ndjson.gz)"),
+    ("← →", "replay: seek 10 s (Shift: 60 s)"),
+    ("+ -", "replay: faster / slower"),
+    ("Esc", "close"),
+    ("", "absent values show n/a, never 0"),
+];
+
+pub fn help(f: &mut Frame, area: Rect, app: &App) {
+    let t = app.theme;
+    let lines: Vec<Line> = KEYS
+        .iter()
+        .map(|(k, what)| {
+            Line::from(vec![
+                Span::styled(format!("{k:>15}  "), t.title()),
+                Span::raw(*what),
+            ])
+        })
+        .collect();
+    let rect = centered(area, 70, KEYS.len() as u16 + 2);
+    f.render_widget(Clear, rect);
+    f.render_widget(
+        Paragraph::new(lines).block(Block::bordered().title(" Keys ")),
+        rect,
+    );
+}
+
+pub fn confirm_kill(
+    f: &mut Frame,
+    area: Rect,
+    app: &App,
+    pid: u32,
+    name: &str,
+    signal: KillSignal,
+) {
+    let t = app.theme;
+    let text = vec![
+        Line::from(Span::styled(
+            format!("Send {} to PID {pid} ({name})?", signal.name()),
+            t.warn(),
+        )),
+        Line::from(""),
+        Line::from("y: send it    any other key: cancel"),
+    ];
+    let rect = centered(area, 56, 5);
+    f.render_widget(Clear, rect);
+    f.render_widget(
+        Paragraph::new(text)
+            .wrap(Wrap { trim: true })
+            .block(Block::bordered().title(" Kill ")),
+        rect,
+    );
+}

@@ -1,0 +1,113 @@
+//! GPU test of the terminal UI: run on a host with an NVIDIA GPU (`.gpu-bundle/run-gpu-tests`),
+//! ignored elsewhere. tmux starts `gpudiag` on the real GPUs; the test checks that the device's
+//! name and live values appear, walks the panels, and that the UI exits cleanly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "support/tmux.rs"]
+mod tmux;
+
+use std::process::Command;
+use std::time::Duration;
+
+use tmux::Tmux;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn gpudiag_bin() -> String {
+    std::env::var("GPUDIAG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpudiag").into())
+}
+
+fn gpu_names() -> Vec<String> {
+    let out = Command::new("nvidia-smi")
+        .args(["--query-gpu=name", "--format=csv,noheader"])
+        .output()
+        .expect("nvidia-smi runs");
+    assert!(out.status.success());
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().to_owned())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// A number right before `unit` somewhere on the screen ("61°C" -> 61).
+fn value_before(screen: &str, unit: &str) -> Option<f64> {
+    screen.split(unit).next().and_then(|before| {
+        let digits: String = before
+            .chars()
+            .rev()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        digits.parse().ok()
+    })
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn live_ui_shows_the_gpu_and_exits_cleanly() {
+    let Some(tmux) = Tmux::start(120, 36, "gpu") else {
+        eprintln!("skipped: tmux is not installed on this GPU host");
+        return;
+    };
+    let names = gpu_names();
+    let first = names.first().expect("nvidia-smi lists a GPU");
+    tmux.type_line(&format!(
+        "S=$(stty -g); {} --interval 250ms; echo \"exit=$?\"; [ \"$(stty -g)\" = \"$S\" ] && echo tty-restored",
+        gpudiag_bin()
+    ));
+    let screen = tmux.wait_for(&["LIVE every 250ms", "[1 Devices]", first.as_str()], WAIT);
+    assert!(!screen.contains("REPLAY"), "{screen}");
+    // Live values: a temperature, a power draw and an SM clock, as numbers.
+    let screen = tmux.wait_for(&["°C", "MHz", "W  SM "], WAIT);
+    let temp = value_before(&screen, "°C").unwrap_or_else(|| panic!("no temperature:\n{screen}"));
+    assert!((5.0..120.0).contains(&temp), "{temp}\n{screen}");
+    // "  61°C  655/700W  SM 1980/1980MHz ...": the draw before the slash is a number.
+    let draw = screen
+        .lines()
+        .find_map(|l| l.split("W  SM ").nth(1).and(l.split("W  SM ").next()))
+        .and_then(|before| before.split_whitespace().last())
+        .and_then(|t| t.split('/').next())
+        .and_then(|n| n.parse::<f64>().ok());
+    assert!(draw.is_some_and(|w| w > 0.0), "no power draw:\n{screen}");
+    let sm = value_before(&screen, "MHz");
+    assert!(sm.is_some(), "no SM clock:\n{screen}");
+    // The header counts the GPUs nvidia-smi sees ("· 1 GPU", "· 8 GPUs"; tmux trims the
+    // line's trailing blanks).
+    let gpus = match names.len() {
+        1 => "· 1 GPU".to_owned(),
+        n => format!("· {n} GPUs"),
+    };
+    assert!(
+        screen
+            .lines()
+            .any(|l| l.trim_end().ends_with(&gpus) || l.contains(&format!("{gpus} "))),
+        "{gpus}\n{screen}"
+    );
+
+    tmux.keys(&["2"]);
+    tmux.wait_for(&["[2 Detail]", "util", "power", "clocks SM"], WAIT);
+    // Slow fields (PCIe throughput, processes) arrive within a couple of seconds.
+    std::thread::sleep(Duration::from_secs(3));
+    tmux.keys(&["3"]);
+    let procs = tmux.wait_for(&["[3 Processes]"], WAIT);
+    // A table, "no processes", or the reason the list is absent (never an empty table).
+    assert!(
+        procs.contains("PID")
+            || procs.contains("no processes")
+            || procs.contains("process list n/a"),
+        "{procs}"
+    );
+    tmux.keys(&["5"]);
+    tmux.wait_for(&["not available in this build"], WAIT);
+    tmux.keys(&["Space"]);
+    tmux.wait_for(&["PAUSED (live)"], WAIT);
+    tmux.keys(&["Space"]);
+    tmux.wait_for(&["LIVE every"], WAIT);
+    tmux.keys(&["q"]);
+    tmux.wait_for(&["exit=0", "tty-restored"], WAIT);
+    assert_eq!(tmux.display("#{alternate_on}"), "0");
+}

@@ -1,0 +1,743 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The terminal UI without a terminal: snapshots of every panel rendered into ratatui's
+//! `TestBackend` from fixture recordings and the demo, key sequences driving the app state, the
+//! feed thread on a real recording, and saving a session.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseButton, MouseEvent, MouseEventKind};
+use gpudiag::commands::DEMO_RECORDING;
+use gpudiag::rules::Severity;
+use gpudiag::telemetry::replay::{Pace, ReplayBackend};
+use gpudiag::telemetry::{Backend, Tick};
+use gpudiag::tui::app::{
+    App, AppInit, Effect, KillSignal, Overlay, Panel, ProcSort, ProcessView, SourceKind, Zoom,
+};
+use gpudiag::tui::event::{AppEvent, save_recording};
+use gpudiag::tui::feed::{Control, Driver, Feed, FeedMsg, ReplayPosition};
+use gpudiag::tui::theme::Theme;
+use gpudiag::tui::ui;
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/recordings")
+        .join(name)
+}
+
+fn open(name: &str) -> ReplayBackend {
+    if name == "demo" {
+        ReplayBackend::from_reader(DEMO_RECORDING, Pace::AsFastAsPossible).unwrap()
+    } else {
+        ReplayBackend::open(fixture(&format!("{name}.ndjson")), Pace::AsFastAsPossible).unwrap()
+    }
+}
+
+fn new_app(b: &ReplayBackend, name: &str, can_signal: bool) -> App {
+    App::new(AppInit {
+        host: b.host().clone(),
+        devices: b.devices().to_vec(),
+        source: SourceKind::Replay {
+            name: name.to_owned(),
+        },
+        backend_name: b.header().backend.clone(),
+        interval: Duration::from_secs(1),
+        theme: Theme { color: false },
+        can_signal,
+    })
+}
+
+fn all_ticks(b: &mut ReplayBackend) -> Vec<Tick> {
+    let mut ticks = Vec::new();
+    while let Ok(t) = b.poll() {
+        ticks.push(t);
+    }
+    ticks
+}
+
+fn position(b: &ReplayBackend) -> Option<ReplayPosition> {
+    let (current_ms, start_ms, end_ms) = b.position();
+    Some(ReplayPosition {
+        current_ms,
+        start_ms,
+        end_ms,
+        speed: 1.0,
+    })
+}
+
+/// An app that has seen the whole recording, as the UI is at its end.
+fn loaded(name: &str) -> App {
+    let mut b = open(name);
+    let mut app = new_app(&b, &format!("{name}.ndjson"), false);
+    let ticks = all_ticks(&mut b);
+    app.on_feed(
+        FeedMsg::Ticks {
+            ticks,
+            reset: false,
+            position: position(&b),
+        },
+        Instant::now(),
+    );
+    app.on_feed(FeedMsg::Ended(None), Instant::now());
+    app
+}
+
+fn render(app: &App, w: u16, h: u16) -> String {
+    let mut terminal = Terminal::new(TestBackend::new(w, h)).unwrap();
+    terminal.draw(|f| ui::draw(f, app)).unwrap();
+    terminal.backend().to_string()
+}
+
+fn key(code: KeyCode) -> KeyEvent {
+    KeyEvent::new(code, KeyModifiers::NONE)
+}
+
+fn press(app: &mut App, keys: &[KeyCode]) -> Vec<Effect> {
+    keys.iter().filter_map(|&k| app.on_key(key(k))).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Snapshots: every panel, at 80x24 and at 160x48
+
+const SIZES: [(u16, u16); 2] = [(80, 24), (160, 48)];
+
+fn snapshot_panels(name: &str, panels: &[Panel]) {
+    let mut app = loaded(name);
+    for &panel in panels {
+        app.panel = panel;
+        for (w, h) in SIZES {
+            let screen = render(&app, w, h);
+            insta::assert_snapshot!(
+                format!("{name}_{}_{w}x{h}", panel.title().to_lowercase()),
+                screen
+            );
+        }
+    }
+}
+
+#[test]
+fn demo_every_panel() {
+    snapshot_panels("demo", &Panel::ALL);
+}
+
+#[test]
+fn two_gpus_devices_detail_and_processes() {
+    snapshot_panels(
+        "two_gpus",
+        &[Panel::Devices, Panel::Detail, Panel::Processes],
+    );
+}
+
+#[test]
+fn processes_while_a_job_runs() {
+    let mut b = open("two_gpus");
+    let mut app = new_app(&b, "two_gpus.ndjson", false);
+    for _ in 0..6 {
+        app.push_tick(b.poll().unwrap());
+    }
+    app.panel = Panel::Processes;
+    for (w, h) in SIZES {
+        insta::assert_snapshot!(
+            format!("two_gpus_processes_running_{w}x{h}"),
+            render(&app, w, h)
+        );
+    }
+}
+
+#[test]
+fn ecc_error_findings() {
+    snapshot_panels("ecc_error", &[Panel::Findings, Panel::Devices]);
+}
+
+#[test]
+fn sparse_values_show_na() {
+    snapshot_panels("sparse", &[Panel::Devices, Panel::Detail, Panel::Processes]);
+    let app = loaded("sparse");
+    let screen = render(&app, 80, 24);
+    // Power is absent in this recording: it must read n/a, never 0.
+    assert!(screen.contains("n/a/n/aW"), "{screen}");
+    assert!(!screen.contains(" 0/"), "{screen}");
+}
+
+#[test]
+fn help_overlay_snapshot() {
+    let mut app = loaded("demo");
+    press(&mut app, &[KeyCode::Char('?')]);
+    insta::assert_snapshot!("demo_help_80x24", render(&app, 80, 24));
+}
+
+#[test]
+fn tiny_terminal_says_so() {
+    let app = loaded("demo");
+    let screen = render(&app, 40, 10);
+    assert!(screen.contains("needs at least"), "{screen}");
+}
+
+#[test]
+fn no_color_leaves_colours_out() {
+    let app = loaded("ecc_error");
+    let mut terminal = Terminal::new(TestBackend::new(80, 24)).unwrap();
+    terminal.draw(|f| ui::draw(f, &app)).unwrap();
+    let buf = terminal.backend().buffer();
+    assert!(
+        buf.content()
+            .iter()
+            .all(|c| c.fg == ratatui::style::Color::Reset && c.bg == ratatui::style::Color::Reset)
+    );
+    let mut coloured = loaded("ecc_error");
+    coloured.theme = Theme { color: true };
+    terminal.draw(|f| ui::draw(f, &coloured)).unwrap();
+    let buf = terminal.backend().buffer();
+    assert!(
+        buf.content()
+            .iter()
+            .any(|c| c.fg != ratatui::style::Color::Reset)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// State driven by keys
+
+#[test]
+fn tab_and_number_keys_switch_panels() {
+    let mut app = loaded("demo");
+    assert_eq!(app.panel, Panel::Devices);
+    press(&mut app, &[KeyCode::Tab, KeyCode::Tab]);
+    assert_eq!(app.panel, Panel::Processes);
+    press(
+        &mut app,
+        &[KeyCode::BackTab, KeyCode::BackTab, KeyCode::BackTab],
+    );
+    assert_eq!(app.panel, Panel::Probes);
+    press(&mut app, &[KeyCode::Char('4')]);
+    assert_eq!(app.panel, Panel::Findings);
+    press(&mut app, &[KeyCode::Char('1'), KeyCode::Enter]);
+    assert_eq!(app.panel, Panel::Detail);
+    assert!(!app.quit);
+    press(&mut app, &[KeyCode::Char('q')]);
+    assert!(app.quit);
+}
+
+#[test]
+fn ctrl_c_quits() {
+    let mut app = loaded("demo");
+    app.on_key(KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL));
+    assert!(app.quit);
+}
+
+#[test]
+fn pause_tells_the_feed_and_shows_in_the_header() {
+    let mut app = loaded("demo");
+    let effects = press(&mut app, &[KeyCode::Char(' ')]);
+    assert_eq!(effects, [Effect::Feed(Control::Pause(true))]);
+    assert!(app.paused);
+    assert!(render(&app, 80, 24).contains("PAUSED REPLAY 1:28/1:28"));
+    let effects = press(&mut app, &[KeyCode::Char('p')]);
+    assert_eq!(effects, [Effect::Feed(Control::Pause(false))]);
+    assert!(render(&app, 80, 24).contains("REPLAY END 1:28/1:28"));
+}
+
+#[test]
+fn help_opens_and_any_key_closes_it() {
+    let mut app = loaded("demo");
+    press(&mut app, &[KeyCode::Char('?')]);
+    assert_eq!(app.overlay, Some(Overlay::Help));
+    assert!(render(&app, 80, 24).contains("kill the selected process"));
+    // The key that closes help does nothing else.
+    press(&mut app, &[KeyCode::Tab]);
+    assert_eq!(app.overlay, None);
+    assert_eq!(app.panel, Panel::Devices);
+    press(&mut app, &[KeyCode::Char('?'), KeyCode::Char('q')]);
+    assert!(app.quit);
+}
+
+#[test]
+fn zoom_cycles_through_the_windows() {
+    let mut app = loaded("demo");
+    assert_eq!(app.zoom, Zoom::M1);
+    press(&mut app, &[KeyCode::Char('z')]);
+    assert_eq!(app.zoom, Zoom::M5);
+    press(&mut app, &[KeyCode::Char('z'), KeyCode::Char('z')]);
+    assert_eq!(app.zoom, Zoom::H1);
+    press(&mut app, &[KeyCode::Char('z')]);
+    assert_eq!(app.zoom, Zoom::M1);
+    press(&mut app, &[KeyCode::Char('Z')]);
+    assert_eq!(app.zoom, Zoom::H1);
+    app.panel = Panel::Detail;
+    assert!(render(&app, 80, 24).contains("last 1h"));
+}
+
+#[test]
+fn device_selection_moves_and_stops_at_the_ends() {
+    let mut app = loaded("two_gpus");
+    press(&mut app, &[KeyCode::Down, KeyCode::Down, KeyCode::Down]);
+    assert_eq!(app.selected_device, 1);
+    press(&mut app, &[KeyCode::Up, KeyCode::Up]);
+    assert_eq!(app.selected_device, 0);
+    press(&mut app, &[KeyCode::End, KeyCode::Enter]);
+    assert_eq!(app.panel, Panel::Detail);
+    assert!(render(&app, 80, 24).contains("1 NVIDIA H200 · last"));
+}
+
+fn pids(app: &App) -> Vec<u32> {
+    match app.process_view() {
+        ProcessView::Rows(rows) => rows.iter().map(|r| r.pid).collect(),
+        ProcessView::NotRead(why) => panic!("processes not read: {why:?}"),
+    }
+}
+
+#[test]
+fn processes_sort_and_absent_lists_say_why() {
+    let mut app = loaded("demo");
+    assert_eq!(app.sort, ProcSort::Memory);
+    app.panel = Panel::Processes;
+    for expected in [
+        ProcSort::Growth,
+        ProcSort::Sm,
+        ProcSort::Pid,
+        ProcSort::Memory,
+    ] {
+        press(&mut app, &[KeyCode::Char('s')]);
+        assert_eq!(app.sort, expected);
+        assert!(app.status.as_deref().unwrap().contains(expected.label()));
+    }
+    // Before any process read, the view says why rather than showing an empty table.
+    let mut b = open("two_gpus");
+    let mut early = new_app(&b, "two_gpus", false);
+    early.push_tick(b.poll().unwrap());
+    match early.process_view() {
+        ProcessView::NotRead(why) => assert_eq!(why.as_deref(), Some("not read yet")),
+        ProcessView::Rows(r) => panic!("{r:?}"),
+    }
+    early.push_tick(b.poll().unwrap());
+    assert_eq!(pids(&early), [48213]);
+}
+
+#[test]
+fn kill_is_refused_for_a_recording() {
+    let mut app = loaded("demo");
+    app.panel = Panel::Processes;
+    let effects = press(&mut app, &[KeyCode::Char('k')]);
+    assert!(effects.is_empty());
+    assert_eq!(app.overlay, None);
+    assert!(app.status.as_deref().unwrap().contains("recording"));
+}
+
+#[test]
+fn kill_asks_first_then_escalates_to_sigkill() {
+    let mut b = open("two_gpus");
+    let mut app = new_app(&b, "live-like", true);
+    // Midway, while the job still runs.
+    for t in all_ticks(&mut b).into_iter().take(6) {
+        app.push_tick(t);
+    }
+    // Only from the Processes panel.
+    press(&mut app, &[KeyCode::Char('k')]);
+    assert_eq!(app.overlay, None);
+    app.panel = Panel::Processes;
+    let pid = pids(&app)[0];
+    press(&mut app, &[KeyCode::Char('k')]);
+    assert_eq!(
+        app.overlay,
+        Some(Overlay::ConfirmKill {
+            pid,
+            name: "python3".into(),
+            signal: KillSignal::Term
+        })
+    );
+    assert!(render(&app, 80, 24).contains(&format!("Send SIGTERM to PID {pid}")));
+    // Anything but y cancels.
+    assert!(press(&mut app, &[KeyCode::Char('n')]).is_empty());
+    assert_eq!(app.overlay, None);
+    let effects = press(&mut app, &[KeyCode::Char('k'), KeyCode::Char('y')]);
+    assert_eq!(
+        effects,
+        [Effect::Signal {
+            pid,
+            signal: KillSignal::Term
+        }]
+    );
+    // Still there: the next kill offers SIGKILL.
+    let effects = press(&mut app, &[KeyCode::Char('k'), KeyCode::Char('y')]);
+    assert_eq!(
+        effects,
+        [Effect::Signal {
+            pid,
+            signal: KillSignal::Kill
+        }]
+    );
+}
+
+#[test]
+fn replay_keys_seek_and_change_speed() {
+    let mut app = loaded("demo");
+    assert_eq!(
+        press(&mut app, &[KeyCode::Left]),
+        [Effect::Feed(Control::Seek(-10_000))]
+    );
+    let shift_right = KeyEvent::new(KeyCode::Right, KeyModifiers::SHIFT);
+    assert_eq!(
+        app.on_key(shift_right),
+        Some(Effect::Feed(Control::Seek(60_000)))
+    );
+    assert_eq!(
+        press(&mut app, &[KeyCode::Char('+'), KeyCode::Char('+')]),
+        [
+            Effect::Feed(Control::Speed(2.0)),
+            Effect::Feed(Control::Speed(4.0))
+        ]
+    );
+    assert_eq!(
+        press(&mut app, &[KeyCode::Char('-')]),
+        [Effect::Feed(Control::Speed(2.0))]
+    );
+    for _ in 0..20 {
+        press(&mut app, &[KeyCode::Char('-')]);
+    }
+    assert_eq!(app.speed, 0.125);
+}
+
+#[test]
+fn live_ignores_replay_keys_with_a_message() {
+    let b = open("demo");
+    let mut app = new_app(&b, "x", true);
+    app.source = SourceKind::Live;
+    assert!(press(&mut app, &[KeyCode::Left]).is_empty());
+    assert!(app.status.as_deref().unwrap().contains("replays"));
+    assert!(press(&mut app, &[KeyCode::Char('+')]).is_empty());
+    assert!(render(&app, 80, 24).contains("LIVE every 1s"));
+    press(&mut app, &[KeyCode::Char(' ')]);
+    assert!(render(&app, 80, 24).contains("PAUSED (live)"));
+}
+
+#[test]
+fn mouse_clicks_tabs_and_scrolls_the_selection() {
+    let mut app = loaded("two_gpus");
+    let click = |col| MouseEvent {
+        kind: MouseEventKind::Down(MouseButton::Left),
+        column: col,
+        row: ui::HEADER_ROWS,
+        modifiers: KeyModifiers::NONE,
+    };
+    // " 1 Devices │ 2 Detail │ 3 Processes ..."
+    app.on_mouse(click(25), |c, r| ui::tab_at(80, c, r));
+    assert_eq!(app.panel, Panel::Processes);
+    app.on_mouse(click(14), |c, r| ui::tab_at(80, c, r));
+    assert_eq!(app.panel, Panel::Detail);
+    let wheel = MouseEvent {
+        kind: MouseEventKind::ScrollDown,
+        column: 10,
+        row: 10,
+        modifiers: KeyModifiers::NONE,
+    };
+    app.on_mouse(wheel, |c, r| ui::tab_at(80, c, r));
+    assert_eq!(app.selected_device, 1);
+}
+
+#[test]
+fn findings_refresh_at_most_once_a_second() {
+    let mut b = open("ecc_error");
+    let mut app = new_app(&b, "ecc_error", false);
+    let ticks = all_ticks(&mut b);
+    let (first, rest) = ticks.split_at(1);
+    let t0 = Instant::now();
+    app.on_feed(
+        FeedMsg::Ticks {
+            ticks: first.to_vec(),
+            reset: false,
+            position: None,
+        },
+        t0,
+    );
+    assert!(app.findings.is_empty());
+    app.on_feed(
+        FeedMsg::Ticks {
+            ticks: rest.to_vec(),
+            reset: false,
+            position: None,
+        },
+        t0 + Duration::from_millis(300),
+    );
+    assert!(app.findings.is_empty(), "evaluated again within a second");
+    app.maybe_refresh_findings(t0 + Duration::from_millis(1100));
+    assert!(app.count(Severity::Fail) > 0);
+    // Newest first.
+    let times: Vec<u64> = app.findings.iter().map(|f| f.time_ms).collect();
+    let mut sorted = times.clone();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    assert_eq!(times, sorted);
+    assert!(render(&app, 80, 24).contains(&format!("{} fail", app.count(Severity::Fail))));
+}
+
+#[test]
+fn a_reset_forgets_the_old_data() {
+    let mut app = loaded("ecc_error");
+    assert!(!app.findings.is_empty());
+    let mut b = open("healthy");
+    let ticks = all_ticks(&mut b);
+    app.on_feed(
+        FeedMsg::Ticks {
+            ticks,
+            reset: true,
+            position: None,
+        },
+        Instant::now(),
+    );
+    assert!(app.findings.is_empty());
+    assert_eq!(app.session.len(), 10);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Without a terminal
+
+fn gpudiag(args: &[&str]) -> std::process::Output {
+    assert_cmd::Command::cargo_bin("gpudiag")
+        .unwrap()
+        .args(args)
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn replay_without_a_terminal_prints_the_check_summary() {
+    let file = fixture("ecc_error.ndjson");
+    let out = gpudiag(&["replay", file.to_str().unwrap()]);
+    // The same exit code as `check`: a fail finding is present.
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.contains("XID 48"), "{stdout}");
+    assert!(stdout.contains("source replay"), "{stdout}");
+}
+
+#[test]
+fn bad_interval_and_speed_exit_2_quoting_the_value() {
+    let out = gpudiag(&["--interval", "10ms", "--demo"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("'10ms'"));
+    let file = fixture("healthy.ndjson");
+    let out = gpudiag(&["replay", file.to_str().unwrap(), "--speed", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("'0'"));
+}
+
+#[test]
+fn replay_of_a_missing_file_exits_2_before_touching_the_terminal() {
+    let out = gpudiag(&["replay", "/nonexistent/rec.ndjson"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.starts_with("gpudiag: "), "{stderr}");
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The feed thread and saving
+
+fn next_feed(rx: &mpsc::Receiver<AppEvent>) -> FeedMsg {
+    match rx.recv_timeout(Duration::from_secs(10)).unwrap() {
+        AppEvent::Feed(m) => m,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn feed_plays_pauses_and_seeks_a_recording() {
+    let b = ReplayBackend::open(fixture("healthy.ndjson"), Pace::Recorded { speed: 1.0 }).unwrap();
+    let (tx, rx) = mpsc::channel();
+    // Paused before the first tick is due, then seek: the ticks up to the target come at once.
+    let feed = Feed::spawn(Driver::Replay(Box::new(b)), Duration::from_secs(1), 1.0, tx).unwrap();
+    let FeedMsg::Ticks { ticks, .. } = next_feed(&rx) else {
+        panic!("no first tick")
+    };
+    assert_eq!(ticks.len(), 1);
+    feed.send(Control::Pause(true));
+    feed.send(Control::Seek(3_000));
+    let mut seen = 1;
+    let FeedMsg::Ticks {
+        ticks,
+        reset,
+        position,
+    } = next_feed(&rx)
+    else {
+        panic!("no seek batch")
+    };
+    // A second tick may have been due before the pause arrived.
+    seen += ticks.len();
+    assert!(!reset);
+    let p = position.unwrap();
+    assert!(p.current_ms >= p.start_ms + 3_000, "{p:?}");
+    // Backwards: everything from the start again, flagged as a reset.
+    feed.send(Control::Seek(-60_000));
+    let FeedMsg::Ticks {
+        ticks,
+        reset,
+        position,
+    } = next_feed(&rx)
+    else {
+        panic!("no reset batch")
+    };
+    assert!(reset);
+    assert_eq!(ticks.len(), 1);
+    let p = position.unwrap();
+    assert_eq!(p.current_ms, p.start_ms);
+    // Fast and unpaused: plays to the end and says so.
+    feed.send(Control::Speed(1000.0));
+    feed.send(Control::Pause(false));
+    let mut after = 0;
+    loop {
+        match next_feed(&rx) {
+            FeedMsg::Ticks { ticks, .. } => after += ticks.len(),
+            FeedMsg::Ended(why) => {
+                assert_eq!(why, None);
+                break;
+            }
+        }
+    }
+    assert_eq!(after, 9);
+    assert!(seen >= 4);
+}
+
+/// A live-paced backend that counts its polls and fails after `fail_after` of them.
+struct FakeLive {
+    host: gpudiag::telemetry::HostInfo,
+    devices: Vec<gpudiag::telemetry::DeviceInfo>,
+    polls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    fail_after: usize,
+}
+
+impl Backend for FakeLive {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+    fn host(&self) -> &gpudiag::telemetry::HostInfo {
+        &self.host
+    }
+    fn devices(&self) -> &[gpudiag::telemetry::DeviceInfo] {
+        &self.devices
+    }
+    fn pacing(&self) -> gpudiag::telemetry::Pacing {
+        gpudiag::telemetry::Pacing::Live
+    }
+    fn poll(&mut self) -> Result<Tick, gpudiag::telemetry::BackendError> {
+        let n = self.polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if n >= self.fail_after {
+            return Err(gpudiag::telemetry::BackendError::Unavailable(
+                "GPU fell off the bus".into(),
+            ));
+        }
+        let mut s = gpudiag::telemetry::Sample::new(0, gpudiag::telemetry::now_ms());
+        s.gpu_util_pct = Some(50.0);
+        Ok(Tick {
+            samples: vec![s],
+            events: Vec::new(),
+        })
+    }
+}
+
+#[test]
+fn live_feed_polls_on_its_interval_pauses_and_reports_failure() {
+    let polls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let backend = FakeLive {
+        host: Default::default(),
+        devices: vec![Default::default()],
+        polls: polls.clone(),
+        fail_after: 8,
+    };
+    let (tx, rx) = mpsc::channel();
+    let start = Instant::now();
+    let feed = Feed::spawn(
+        Driver::Live(Box::new(backend)),
+        Duration::from_millis(50),
+        1.0,
+        tx,
+    )
+    .unwrap();
+    for _ in 0..3 {
+        let FeedMsg::Ticks {
+            ticks, position, ..
+        } = next_feed(&rx)
+        else {
+            panic!("ended early")
+        };
+        assert_eq!(ticks.len(), 1);
+        assert_eq!(position, None, "live data has no replay position");
+    }
+    // Three ticks at 50 ms: the first at once, the third about 100 ms later.
+    assert!(
+        start.elapsed() >= Duration::from_millis(90),
+        "{:?}",
+        start.elapsed()
+    );
+    feed.send(Control::Pause(true));
+    std::thread::sleep(Duration::from_millis(100));
+    let paused_at = polls.load(std::sync::atomic::Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        polls.load(std::sync::atomic::Ordering::SeqCst),
+        paused_at,
+        "no polling while paused"
+    );
+    // Seek and speed mean nothing live; they must not disturb it.
+    feed.send(Control::Seek(-10_000));
+    feed.send(Control::Speed(8.0));
+    while rx.try_recv().is_ok() {}
+    feed.send(Control::Pause(false));
+    loop {
+        match next_feed(&rx) {
+            FeedMsg::Ticks { reset, .. } => assert!(!reset),
+            FeedMsg::Ended(why) => {
+                assert_eq!(why.as_deref(), Some("GPU fell off the bus"));
+                break;
+            }
+        }
+    }
+}
+
+#[test]
+fn resuming_a_replay_keeps_its_pace() {
+    let b = ReplayBackend::open(fixture("healthy.ndjson"), Pace::Recorded { speed: 4.0 }).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let feed = Feed::spawn(Driver::Replay(Box::new(b)), Duration::from_secs(1), 4.0, tx).unwrap();
+    assert!(matches!(next_feed(&rx), FeedMsg::Ticks { .. }));
+    feed.send(Control::Pause(true));
+    // Ticks are 1 s apart at ×4: 250 ms. Pause for several of them.
+    std::thread::sleep(Duration::from_millis(1200));
+    while rx.try_recv().is_ok() {}
+    feed.send(Control::Pause(false));
+    let start = Instant::now();
+    let mut arrivals = Vec::new();
+    while arrivals.len() < 3 {
+        if let FeedMsg::Ticks { ticks, .. } = next_feed(&rx) {
+            arrivals.extend(ticks.iter().map(|_| start.elapsed()));
+        }
+    }
+    // The pause is not made up for by a burst: the third tick after it comes at the pace.
+    assert!(arrivals[2] >= Duration::from_millis(400), "{arrivals:?}");
+}
+
+#[test]
+fn saving_writes_a_recording_that_replays() {
+    let app = loaded("two_gpus");
+    let dir = tempfile::tempdir().unwrap();
+    let msg = save_recording(&app, dir.path());
+    assert!(msg.starts_with("saved 10 ticks to "), "{msg}");
+    let file = std::fs::read_dir(dir.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert!(file.to_string_lossy().ends_with(".ndjson.gz"));
+    let mut back = ReplayBackend::open(&file, Pace::AsFastAsPossible).unwrap();
+    assert_eq!(back.devices().len(), 2);
+    assert_eq!(all_ticks(&mut back).len(), 10);
+    // A second save in the same second must not overwrite the first.
+    let again = save_recording(&app, dir.path());
+    assert!(again.starts_with("saved 10 ticks"), "{again}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+    let empty = new_app(&open("healthy"), "x", false);
+    assert!(save_recording(&empty, dir.path()).contains("nothing to save"));
+}
