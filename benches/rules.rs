@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use gpudiag::config::RulesConfig;
 use gpudiag::history::History;
-use gpudiag::rules::RuleEngine;
+use gpudiag::rules::{self, ProcessMemory, RuleEngine, RuleInput};
 use gpudiag::telemetry::{DeviceInfo, ProcessSample, Sample, Tick};
 
 const DEVICES: u32 = 8;
@@ -133,4 +133,59 @@ fn main() {
         total.as_secs_f64(),
         3600.0 / total.as_secs_f64()
     );
+    per_family(&history, &devices_for_families());
+}
+
+fn devices_for_families() -> Vec<DeviceInfo> {
+    (0..DEVICES).map(device).collect()
+}
+
+/// Where one windowed evaluation of all devices spends its time, at the end of the hour.
+fn per_family(history: &History, devices: &[DeviceInfo]) {
+    let config = RulesConfig::default();
+    let end = 1_767_225_600_000 + (HOUR_TICKS - 1) * STEP_MS;
+    let latest: std::collections::BTreeMap<u32, Sample> = (0..DEVICES)
+        .map(|d| (d, sample(d, end, HOUR_TICKS - 1)))
+        .collect();
+    let mut pm = ProcessMemory::default();
+    for i in (HOUR_TICKS - 6000..HOUR_TICKS).step_by(10) {
+        for d in 0..DEVICES {
+            pm.observe(&sample(d, 1_767_225_600_000 + i * STEP_MS, i), 600_000);
+        }
+    }
+    let input = RuleInput {
+        devices,
+        history,
+        latest: &latest,
+        events: &[],
+        now_ms: end,
+        config: &config,
+        host: None,
+        libraries: None,
+        process_memory: Some(&pm),
+    };
+    type Family = fn(&RuleInput<'_>) -> Vec<gpudiag::rules::Finding>;
+    let families: [(&str, Family); 7] = [
+        ("errors", rules::errors::evaluate),
+        ("utilisation", rules::utilisation::evaluate),
+        ("throttle", rules::throttle::evaluate),
+        ("pcie", rules::pcie::evaluate),
+        ("memory (nearly full + leaks)", rules::memory::evaluate),
+        ("thermal", rules::thermal::evaluate),
+        ("all windowed families", rules::windowed),
+    ];
+    println!();
+    println!("| one evaluation of {DEVICES} GPUs, by family | µs (median of 200) |");
+    println!("|---|---|");
+    for (name, f) in families {
+        let mut times: Vec<Duration> = (0..200)
+            .map(|_| {
+                let t = Instant::now();
+                black_box(f(&input));
+                t.elapsed()
+            })
+            .collect();
+        times.sort();
+        println!("| {name} | {:.1} |", times[100].as_secs_f64() * 1e6);
+    }
 }

@@ -209,6 +209,23 @@ impl History {
             .unwrap_or_default()
     }
 
+    /// The mean alone, for rules that need nothing else: no percentile sort, no fit, so it
+    /// costs one pass over the window. Same value as `stats(..).mean`.
+    pub fn mean(&self, device: u32, metric: Metric, window: impl Into<Window>) -> Option<f64> {
+        let s = self.get(device, metric)?;
+        let (cr, fr) = s.select(window.into());
+        let (mut sum, mut n) = (0.0, 0u64);
+        for b in s.coarse.range(cr) {
+            sum += b.sum_y;
+            n += u64::from(b.count);
+        }
+        for &(_, v) in s.fine.range(fr) {
+            sum += v;
+            n += 1;
+        }
+        (n > 0).then(|| sum / n as f64)
+    }
+
     /// Fraction of the window's time, in [0, 1], during which `pred` held; `None` when the window
     /// is empty. A bucket counts as holding when `pred` agrees on its min and max (exact for a
     /// threshold), otherwise as `pred` of its mean.
@@ -1368,5 +1385,26 @@ mod tests {
             (6 * HOUR_MS..6 * HOUR_MS + 10_000).contains(&span),
             "{span}"
         );
+    }
+
+    #[test]
+    fn mean_alone_matches_the_full_statistics() {
+        let mut h = History::with_config(HistoryConfig {
+            fine_retention: Duration::from_secs(60),
+            ..HistoryConfig::default()
+        });
+        for i in 0..3000u64 {
+            h.push(0, Metric::PowerW, i * 100, (i % 37) as f64 * 3.5);
+        }
+        for w in [
+            Window::Last(Duration::from_secs(10)),
+            Window::Last(Duration::from_secs(200)),
+            Window::All,
+        ] {
+            let full = h.stats(0, Metric::PowerW, w).mean.unwrap();
+            let alone = h.mean(0, Metric::PowerW, w).unwrap();
+            assert!((full - alone).abs() < 1e-9, "{w:?}: {full} vs {alone}");
+        }
+        assert_eq!(h.mean(1, Metric::PowerW, Window::All), None);
     }
 }

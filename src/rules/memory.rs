@@ -119,7 +119,7 @@ fn nearly_full(input: &RuleInput<'_>) -> Vec<Finding> {
     let cfg = &input.config.memory;
     let mut out = Vec::new();
     for d in input.devices {
-        let used = input.history.stats(
+        let used = input.history.mean(
             d.index,
             Metric::MemUsedBytes,
             secs(cfg.nearly_full_window_s),
@@ -129,7 +129,7 @@ fn nearly_full(input: &RuleInput<'_>) -> Vec<Finding> {
             .get(&d.index)
             .and_then(|s| s.mem_total_bytes)
             .or(d.memory_total_bytes);
-        let (Some(mean), Some(total)) = (used.mean, total) else {
+        let (Some(mean), Some(total)) = (used, total) else {
             continue;
         };
         let pct = mean / total as f64 * 100.0;

@@ -164,30 +164,31 @@ pub(crate) fn aligned<const N: usize>(
             .saturating_add(1),
         end_ms: end,
     };
-    // Series are sorted by time, so each joins the rows by a linear merge: this runs on every
-    // evaluation of every device, where a tree map's allocations would dominate.
-    let mut rows: Vec<(TimeMs, [Option<f64>; N])> = Vec::new();
-    for (i, &m) in metrics.iter().enumerate() {
-        let mut merged = Vec::with_capacity(rows.len());
-        let mut old = rows.into_iter().peekable();
-        for (t, v) in history.series_in(device, m, range) {
-            while let Some(row) = old.next_if(|r| r.0 < t) {
-                merged.push(row);
-            }
-            match old.next_if(|r| r.0 == t) {
-                Some(mut row) => {
-                    row.1[i] = Some(v);
-                    merged.push(row);
-                }
-                None => {
-                    let mut fresh = [None; N];
-                    fresh[i] = Some(v);
-                    merged.push((t, fresh));
-                }
+    // Series are sorted by time: one k-way walk builds each row once. This runs on every
+    // evaluation of every device, where re-merging wide rows per metric would dominate.
+    let series: [Vec<(TimeMs, f64)>; N] =
+        metrics.map(|m| history.series_in(device, m, range).collect());
+    let mut heads = [0usize; N];
+    let mut rows = Vec::with_capacity(series.iter().map(Vec::len).max().unwrap_or(0));
+    loop {
+        let next = series
+            .iter()
+            .zip(&heads)
+            .filter_map(|(s, &h)| s.get(h).map(|p| p.0))
+            .min();
+        let Some(t) = next else {
+            break;
+        };
+        let mut row = [None; N];
+        for (i, s) in series.iter().enumerate() {
+            if let Some(&(ts, v)) = s.get(heads[i])
+                && ts == t
+            {
+                row[i] = Some(v);
+                heads[i] += 1;
             }
         }
-        merged.extend(old);
-        rows = merged;
+        rows.push((t, row));
     }
     rows
 }

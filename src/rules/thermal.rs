@@ -28,7 +28,7 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
         ];
         for (id, what, metric, limit) in checks {
             let Some(limit) = limit else { continue };
-            let Some(mean) = input.history.stats(d.index, metric, window).mean else {
+            let Some(mean) = input.history.mean(d.index, metric, window) else {
                 continue;
             };
             if mean < limit - cfg.slowdown_margin_c {

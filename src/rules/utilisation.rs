@@ -64,7 +64,7 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
             start_ms: start,
             end_ms: now,
         };
-        let mean_of = |m| input.history.stats(d.index, m, range).mean;
+        let mean_of = |m| input.history.mean(d.index, m, range);
         let rx = mean_of(Metric::PcieRxBytesPerS);
         // A burst of copies inflates the mean; what matters is how much of the time they ran.
         let copying_share =
