@@ -5,6 +5,7 @@ pub mod commands;
 pub mod deadline;
 pub mod error;
 pub mod history;
+pub mod probes;
 pub mod report;
 pub mod rules;
 pub mod telemetry;

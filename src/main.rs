@@ -26,6 +26,13 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<i32, Error> {
     match cli.command {
         Some(Command::Check(args)) => check(&args),
+        Some(Command::Probe(args)) => {
+            let stop = Arc::new(AtomicBool::new(false));
+            let flag = stop.clone();
+            // Ctrl-C stops the probes between steps; buffers and contexts are freed on the way out.
+            let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
+            commands::probe(&args, stop)
+        }
         Some(Command::Record(args)) => {
             let stop = Arc::new(AtomicBool::new(false));
             let flag = stop.clone();
@@ -68,6 +75,8 @@ fn default_view(demo: bool) -> Result<i32, Error> {
         window: None,
         interval: std::time::Duration::from_millis(100),
         fail_on: FailOn::Fail,
+        probes: None,
+        force: false,
     };
     match check(&args) {
         Err(Error::CannotRun(why)) if !demo => {
