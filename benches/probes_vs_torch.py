@@ -45,11 +45,19 @@ def torch_numbers():
     r["triad"] = 3 * SIZE * 16 / timed(lambda: torch.add(x, y, alpha=3.0, out=z)) / 1e6
     del a, b, h, x, y, z
     torch.cuda.empty_cache()
-    for name, dt, tf32 in [("fp32", torch.float32, False), ("tf32", torch.float32, True),
-                           ("fp16", torch.float16, False), ("bf16", torch.bfloat16, False)]:
+    cases = [("fp32", torch.float32, False, "randn"), ("tf32", torch.float32, True, "randn"),
+             ("fp16", torch.float16, False, "randn"), ("bf16", torch.bfloat16, False, "randn")]
+    # The same operations on gpudiag's kind of data (integers in [-64, 64] / 64), to separate
+    # the effect of the data from that of the library call.
+    cases += [(n + "_int64", dt, tf, "int") for n, dt, tf, _ in cases[1:]]
+    for name, dt, tf32, kind in cases:
         torch.backends.cuda.matmul.allow_tf32 = tf32
-        A = torch.randn(N, N, device="cuda").to(dt)
-        B = torch.randn(N, N, device="cuda").to(dt)
+        if kind == "randn":
+            A = torch.randn(N, N, device="cuda").to(dt)
+            B = torch.randn(N, N, device="cuda").to(dt)
+        else:
+            A = (torch.randint(-64, 65, (N, N), device="cuda") / 64).to(dt)
+            B = (torch.randint(-64, 65, (N, N), device="cuda") / 64).to(dt)
         for _ in range(2):
             A @ B
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -76,6 +84,17 @@ def gpudiag_numbers():
             r[m["name"]] = m["value"]
             r["_by_" + m["name"]] = m["served_by"]
         r["_verdict_" + res["probe"]] = res["verdict"]
+    # Built-in kernel variants, driver-only (no cuBLAS): bf16 TFLOP/s of each.
+    for v in ["k64s3", "k32s3", "k32s4"]:
+        env = dict(os.environ, GPUDIAG_DRIVER_ONLY="1", GPUDIAG_MMA_VARIANT=v)
+        o = subprocess.run([BIN, "probe", "matmul", "--suite", "standard", "--json", "--device", "0"],
+                           capture_output=True, text=True, env=env)
+        try:
+            res = json.loads(o.stdout)["devices"][0]["results"][0]
+            r["_builtin_" + v] = {m["name"]: m["value"] for m in res["metrics"]}
+            r["_builtin_" + v]["verdict"] = res["verdict"]
+        except (ValueError, KeyError, IndexError):
+            r["_builtin_" + v] = o.stderr[-300:]
     t = time.time()
     chk = subprocess.run([BIN, "check", "--json", "--probes", "quick", "--device", "0"], capture_output=True, text=True)
     r["_check_quick_wall_s"] = time.time() - t
@@ -110,6 +129,10 @@ def main():
     for name, a, b, target in extra:
         ratio = a / b if a and b else None
         print(f"{name:<36} {a or float('nan'):>10.1f} {b or float('nan'):>10.1f} {ratio or float('nan'):>7.3f} {'>= %.2f' % target if target else ''}")
+    for n in ["tf32", "fp16", "bf16"]:
+        print(f"pytorch {n}: randn {t[n]:.1f}, integers/64 {t[n + '_int64']:.1f} TFLOP/s; gpudiag/pytorch-on-integers {g.get(n, float('nan')) / t[n + '_int64']:.3f}")
+    for v in ["k64s3", "k32s3", "k32s4"]:
+        print(f"built-in variant {v} (driver-only): {g.get('_builtin_' + v)}")
     print(f"fp8 TFLOP/s (cuBLASLt): {g.get('fp8')}")
     print(f"check --probes quick: {g['_check_quick_wall_s']:.2f} s wall, exit {g['_check_quick_exit']} (target < 15 s)")
     print(f"probe bandwidth matmul --suite standard: {g['_wall_s']:.1f} s wall")

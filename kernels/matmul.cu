@@ -1,9 +1,11 @@
 // Built-in tensor-core matmul for hosts without cuBLAS: C = A * B with bf16 or fp16 operands and
 // fp32 accumulation and output, through mma.sync m16n8k16 (sm_80+; Hopper runs it too).
 // Layouts match the cuBLASLt "TN" call of the matmul probe: A(i,k) at i*K + k, B(k,j) at j*K + k,
-// C(i,j) at j*M + i. M % 128 == 0, N % 256 == 0, K % 32 == 0 (the host checks).
-// Block tile 128x256x32, 8 warps of 64x64, a 3-stage cp.async pipeline, ldmatrix from padded
-// shared memory rows (40 halves: conflict-free 16-byte rows for ldmatrix).
+// C(i,j) at j*M + i. M % 128 == 0, N % 256 == 0, K % 64 == 0 (the host keeps sizes to multiples of 256).
+// Block tile 128x256xBK, 8 warps of 64x64, a STAGES-deep cp.async pipeline, ldmatrix from padded
+// shared memory rows (BK + 8 halves: conflict-free 16-byte rows for ldmatrix), and blocks
+// rastered in groups of 8 M-tiles so a wave re-reads B from L2 rather than from HBM.
+// Variants (BK, STAGES) are separate kernels so the host can pick the fastest.
 // Also the fill kernel that writes the probe's random inputs, mirrored on the host.
 
 typedef unsigned long long u64;
@@ -11,9 +13,7 @@ typedef unsigned short u16;
 
 #define BM 128
 #define BN 256
-#define BK 32
-#define STAGES 3
-#define LDS 40
+#define GROUP_M 8
 
 __device__ __forceinline__ unsigned smem_addr(const void *p)
 {
@@ -50,16 +50,24 @@ __device__ __forceinline__ void mma16816(float *d, const unsigned *a, const unsi
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-template <int BF16>
+template <int BF16, int BK, int STAGES>
 __device__ __forceinline__ void gemm(const u16 *__restrict__ A, const u16 *__restrict__ B,
                                      float *__restrict__ C, int M, int N, int K)
 {
+    constexpr int LDS = BK + 8;
+    constexpr int CHUNKS = BK / 8; // 16-byte chunks per tile row
     extern __shared__ __align__(16) u16 smem[];
     u16 *As = smem;                          // [STAGES][BM][LDS]
     u16 *Bs = smem + STAGES * BM * LDS;      // [STAGES][BN][LDS]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = (warp >> 2) * 64, wn = (warp & 3) * 64;
-    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    // Grouped raster over a 1-D grid: GROUP_M tile rows share each B column tile in L2.
+    const int tiles_m = M / BM, tiles_n = N / BN;
+    const int bid = blockIdx.x, per_group = GROUP_M * tiles_n;
+    const int first_m = (bid / per_group) * GROUP_M;
+    const int gsize = min(tiles_m - first_m, GROUP_M);
+    const int m0 = (first_m + (bid % per_group) % gsize) * BM;
+    const int n0 = ((bid % per_group) / gsize) * BN;
     const u16 *Ab = A + (u64)m0 * K;
     const u16 *Bb = B + (u64)n0 * K;
     const int ktiles = K / BK;
@@ -72,17 +80,16 @@ __device__ __forceinline__ void gemm(const u16 *__restrict__ A, const u16 *__res
 #pragma unroll
             for (int r = 0; r < 4; r++) acc[i][j][r] = 0.0f;
 
-    // Each row of a tile is 32 halves = four 16-byte chunks.
     auto load = [&](int stage, int kt) {
         const int k0 = kt * BK;
 #pragma unroll
-        for (int c = 0; c < 2; c++) {
-            int idx = tid + c * 256, r = idx >> 2, q = idx & 3;
+        for (int c = 0; c < BM * CHUNKS / 256; c++) {
+            int idx = tid + c * 256, r = idx / CHUNKS, q = idx % CHUNKS;
             cp_async16(As + (stage * BM + r) * LDS + q * 8, Ab + (u64)r * K + k0 + q * 8);
         }
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
-            int idx = tid + c * 256, r = idx >> 2, q = idx & 3;
+        for (int c = 0; c < BN * CHUNKS / 256; c++) {
+            int idx = tid + c * 256, r = idx / CHUNKS, q = idx % CHUNKS;
             cp_async16(Bs + (stage * BN + r) * LDS + q * 8, Bb + (u64)r * K + k0 + q * 8);
         }
     };
@@ -137,15 +144,39 @@ __device__ __forceinline__ void gemm(const u16 *__restrict__ A, const u16 *__res
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1)
-    mma_gemm_bf16(const u16 *A, const u16 *B, float *C, int M, int N, int K)
+    mma_gemm_bf16_k32s3(const u16 *A, const u16 *B, float *C, int M, int N, int K)
 {
-    gemm<1>(A, B, C, M, N, K);
+    gemm<1, 32, 3>(A, B, C, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1)
-    mma_gemm_f16(const u16 *A, const u16 *B, float *C, int M, int N, int K)
+    mma_gemm_f16_k32s3(const u16 *A, const u16 *B, float *C, int M, int N, int K)
 {
-    gemm<0>(A, B, C, M, N, K);
+    gemm<0, 32, 3>(A, B, C, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+    mma_gemm_bf16_k64s3(const u16 *A, const u16 *B, float *C, int M, int N, int K)
+{
+    gemm<1, 64, 3>(A, B, C, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+    mma_gemm_f16_k64s3(const u16 *A, const u16 *B, float *C, int M, int N, int K)
+{
+    gemm<0, 64, 3>(A, B, C, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+    mma_gemm_bf16_k32s4(const u16 *A, const u16 *B, float *C, int M, int N, int K)
+{
+    gemm<1, 32, 4>(A, B, C, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+    mma_gemm_f16_k32s4(const u16 *A, const u16 *B, float *C, int M, int N, int K)
+{
+    gemm<0, 32, 4>(A, B, C, M, N, K);
 }
 
 __device__ __forceinline__ unsigned hash32(unsigned x)

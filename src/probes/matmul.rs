@@ -83,6 +83,20 @@ pub const TYPES: [TypeSpec; 5] = [
     },
 ];
 
+/// Built-in kernel variants: name, K tile, pipeline stages. The first is the default; the
+/// hidden `GPUDIAG_MMA_VARIANT` picks another (for tuning on a new GPU).
+pub const BUILTIN_VARIANTS: [(&str, u32, u32); 3] =
+    [("k64s3", 64, 3), ("k32s3", 32, 3), ("k32s4", 32, 4)];
+
+fn builtin_variant() -> (&'static str, u32, u32) {
+    let want = std::env::var("GPUDIAG_MMA_VARIANT").unwrap_or_default();
+    BUILTIN_VARIANTS
+        .iter()
+        .copied()
+        .find(|v| v.0 == want)
+        .unwrap_or(BUILTIN_VARIANTS[0])
+}
+
 /// "bf16" → (bf16, auto); "bf16/builtin" → (bf16, built-in kernel only).
 pub fn parse_case(s: &str) -> Option<(TypeSpec, bool)> {
     let (t, builtin) = match s.split_once('/') {
@@ -358,17 +372,15 @@ fn one_case(
         let plan = &plan;
         Box::new(move || plan.run(pa, pb, pc, w, s))
     } else {
-        let fname = if spec.name == "bf16" {
-            "mma_gemm_bf16"
-        } else {
-            "mma_gemm_f16"
-        };
-        builtin_fn = mm.function(fname)?;
-        let smem: u32 = 3 * (128 + 256) * 40 * 2;
+        let (variant, bk, stages) = builtin_variant();
+        let ty = if spec.name == "bf16" { "bf16" } else { "f16" };
+        builtin_fn = mm.function(&format!("mma_gemm_{ty}_{variant}"))?;
+        let smem: u32 = stages * (128 + 256) * (bk + 8) * 2;
         set_max_dynamic_shared(builtin_fn, smem as i32)?;
-        served_by = format!("built-in mma.sync {}", mm.served_by);
+        served_by = format!("built-in mma.sync {variant} {}", mm.served_by);
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-        let grid = ((n / 256) as u32, (m / 128) as u32, 1);
+        // One block per 128×256 tile, rastered by the kernel itself.
+        let grid = (((m / 128) * (n / 256)) as u32, 1, 1);
         let f = builtin_fn;
         let (pa, pb, pc) = (a.ptr, b.ptr, c.ptr);
         Box::new(move || {

@@ -83,6 +83,9 @@ mod tests {
         assert!(select("matmul", (7, 5)).is_none());
         let m = select("matmul", (9, 0)).unwrap();
         assert!(m.text.contains(".target sm_90"));
-        assert!(m.text.contains("mma_gemm_bf16"));
+        for (v, _, _) in crate::probes::matmul::BUILTIN_VARIANTS {
+            assert!(m.text.contains(&format!("mma_gemm_bf16_{v}(")), "{v}");
+            assert!(m.text.contains(&format!("mma_gemm_f16_{v}(")), "{v}");
+        }
     }
 }
