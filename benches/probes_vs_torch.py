@@ -13,6 +13,7 @@ import torch
 BIN = os.environ.get("GPUDIAG_BIN", "target/release/gpudiag")
 SIZE = 1 << 30
 N = 8192
+VARIANTS = ["k64s3", "k32s3", "k32s4"]
 
 
 def timed(op, samples=5, copies=16, warm=4):
@@ -85,7 +86,7 @@ def gpudiag_numbers():
             r["_by_" + m["name"]] = m["served_by"]
         r["_verdict_" + res["probe"]] = res["verdict"]
     # Built-in kernel variants, driver-only (no cuBLAS): bf16 TFLOP/s of each.
-    for v in ["k64s3", "k32s3", "k32s4"]:
+    for v in VARIANTS:
         env = dict(os.environ, GPUDIAG_DRIVER_ONLY="1", GPUDIAG_MMA_VARIANT=v)
         o = subprocess.run([BIN, "probe", "matmul", "--suite", "standard", "--json", "--device", "0"],
                            capture_output=True, text=True, env=env)
@@ -131,7 +132,7 @@ def main():
         print(f"{name:<36} {a or float('nan'):>10.1f} {b or float('nan'):>10.1f} {ratio or float('nan'):>7.3f} {'>= %.2f' % target if target else ''}")
     for n in ["tf32", "fp16", "bf16"]:
         print(f"pytorch {n}: randn {t[n]:.1f}, integers/64 {t[n + '_int64']:.1f} TFLOP/s; gpudiag/pytorch-on-integers {g.get(n, float('nan')) / t[n + '_int64']:.3f}")
-    for v in ["k64s3", "k32s3", "k32s4"]:
+    for v in VARIANTS:
         print(f"built-in variant {v} (driver-only): {g.get('_builtin_' + v)}")
     print(f"fp8 TFLOP/s (cuBLASLt): {g.get('fp8')}")
     print(f"check --probes quick: {g['_check_quick_wall_s']:.2f} s wall, exit {g['_check_quick_exit']} (target < 15 s)")

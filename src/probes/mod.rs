@@ -271,6 +271,17 @@ mod tests {
     }
 
     #[test]
+    fn control_stops_on_ctrl_c_and_at_the_deadline() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ctl = Control::new(Duration::from_secs(60), stop.clone());
+        assert_eq!(ctl.check(), Ok(()));
+        stop.store(true, Ordering::Relaxed);
+        assert_eq!(ctl.check(), Err(ProbeError::Interrupted));
+        let late = Control::new(Duration::ZERO, Arc::new(AtomicBool::new(false)));
+        assert_eq!(late.check(), Err(ProbeError::Deadline));
+    }
+
+    #[test]
     fn verdicts_only_get_worse_and_notes_accumulate() {
         let mut r = ProbeResult::new("x", 0);
         r.downgrade(Verdict::Warn, "slow");
