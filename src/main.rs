@@ -57,6 +57,14 @@ fn check(args: &CheckArgs) -> Result<i32, Error> {
         commands::print(&format!("{json}\n"))?;
     } else {
         commands::print(&text::render(&report))?;
+        if let Some(suite) = args.probes {
+            let devices = report.devices.iter().filter_map(|d| d.probes.clone());
+            let probed = gpudiag::probes::runner::ProbeReport {
+                suite: suite.as_str().into(),
+                devices: devices.collect(),
+            };
+            commands::print(&gpudiag::probes::text::render(&probed))?;
+        }
     }
     Ok(report.exit_code)
 }

@@ -85,3 +85,41 @@ fn a_report_with_probe_results_validates_and_round_trips() {
         .remove("served_by");
     assert!(!validator.is_valid(&bad));
 }
+
+fn gpudiag(args: &[&str]) -> std::process::Output {
+    Command::cargo_bin("gpudiag")
+        .unwrap()
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn probe_usage_errors_exit_2() {
+    let out = gpudiag(&["probe", "p2p"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no probe 'p2p'"));
+    assert_eq!(
+        gpudiag(&["probe", "--suite", "huge"]).status.code(),
+        Some(2)
+    );
+    // Probes need live GPUs: a recording cannot be probed.
+    assert_eq!(
+        gpudiag(&["check", "--demo", "--probes", "quick"])
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(gpudiag(&["check", "--force"]).status.code(), Some(2));
+}
+
+#[test]
+fn probe_without_a_driver_says_so_and_exits_3() {
+    // CI machines have no libcuda; on a GPU host this test has nothing to prove.
+    if gpudiag::probes::gpu::driver_present() {
+        return;
+    }
+    let out = gpudiag(&["probe", "latency"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("libcuda"));
+}
