@@ -60,6 +60,9 @@ pub enum Command {
     /// print its check summary.
     #[command(after_help = EXIT_CODES_HELP)]
     Replay(ReplayArgs),
+    /// Run probes (latency, bandwidth, matmul, memory) on live GPUs; needs only the driver.
+    #[command(after_help = PROBE_EXIT_CODES_HELP)]
+    Probe(ProbeArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -67,6 +70,52 @@ pub struct ConfigArgs {
     /// Print the full default configuration file, a comment per key.
     #[arg(long)]
     pub default: bool,
+}
+
+pub const PROBE_EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  every probe passed, warned or was skipped
+  1  a probe failed (wrong matmul result, memory mismatches) or errored, or a GPU was refused
+  2  usage error
+  3  could not run: no NVIDIA driver (libcuda) or no GPU";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SuiteName {
+    Quick,
+    Standard,
+    Full,
+}
+
+impl SuiteName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SuiteName::Quick => "quick",
+            SuiteName::Standard => "standard",
+            SuiteName::Full => "full",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ProbeArgs {
+    /// Probes to run (latency, bandwidth, matmul, memory); none runs the whole suite.
+    #[arg(value_name = "NAME")]
+    pub names: Vec<String>,
+    /// Which suite's sizes and budget to use.
+    #[arg(long, value_enum, default_value = "quick")]
+    pub suite: SuiteName,
+    /// Only these GPUs: an index or a UUID; repeat for several.
+    #[arg(long = "device", value_name = "INDEX|UUID")]
+    pub devices: Vec<String>,
+    /// Print the results as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Probe a GPU even when other processes are using it.
+    #[arg(long)]
+    pub force: bool,
+    /// How long CUDA context creation may take.
+    #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = parse_duration)]
+    pub init_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -136,6 +185,12 @@ pub struct CheckArgs {
     /// Exit with code 1 when a finding of this severity or worse is present.
     #[arg(long, value_enum, default_value = "fail")]
     pub fail_on: FailOn,
+    /// Also run a probe suite on each GPU and put the results in the report.
+    #[arg(long, value_enum, value_name = "SUITE", conflicts_with_all = ["replay", "demo"])]
+    pub probes: Option<SuiteName>,
+    /// With --probes: probe GPUs even when other processes are using them.
+    #[arg(long, requires = "probes")]
+    pub force: bool,
 }
 
 #[derive(Debug, Clone, Args)]

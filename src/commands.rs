@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::cli::{BackendChoice, CheckArgs, RecordArgs, SourceArgs};
+use crate::cli::{BackendChoice, CheckArgs, ProbeArgs, RecordArgs, SourceArgs, SuiteName};
 use crate::config::Config;
 use crate::error::Error;
 use crate::history::History;
@@ -301,7 +301,25 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
     if let Some(w) = summary_window {
         collected.keep_last(w);
     }
-    let findings = collected.findings(summary_window);
+    let mut findings = collected.findings(summary_window);
+
+    let probed = match args.probes {
+        Some(suite) => Some(run_probes(
+            suite,
+            &devices
+                .iter()
+                .map(|d| d.index.to_string())
+                .collect::<Vec<_>>(),
+            args.force,
+            None,
+        )?),
+        None => None,
+    };
+    if let Some(p) = &probed {
+        let now = collected.last_ms().unwrap_or_else(now_ms);
+        findings.extend(crate::probes::runner::findings(&p.devices, now));
+        rules::sort(&mut findings);
+    }
     let fail_on = args.fail_on.into();
     let exit_code = check::exit_code_for(&findings, fail_on);
     let status = check::status_of(&findings);
@@ -312,6 +330,9 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
             summary: check::summarise(&collected.history, info.index, summary_window),
             latest: collected.latest.get(&info.index).cloned(),
             findings: per_device.remove(&info.index).unwrap_or_default(),
+            probes: probed
+                .as_ref()
+                .and_then(|p| p.devices.iter().find(|d| d.index == info.index).cloned()),
             info,
         })
         .collect();
@@ -347,6 +368,63 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         fail_on,
         exit_code,
     })
+}
+
+/// Runs a probe suite on the selected GPUs (NVML indices or UUIDs); Ctrl-C stops it cleanly.
+fn run_probes(
+    suite: SuiteName,
+    devices: &[String],
+    force: bool,
+    only: Option<&[String]>,
+) -> Result<crate::probes::runner::ProbeReport, Error> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    // A handler may already be installed (the `probe` command installs its own); then that
+    // one's flag is not ours, and Ctrl-C ends the process, whose exit frees the GPU memory.
+    let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
+    run_probes_with(suite, devices, force, only, stop, Duration::from_secs(20))
+}
+
+fn run_probes_with(
+    suite: SuiteName,
+    devices: &[String],
+    force: bool,
+    only: Option<&[String]>,
+    stop: Arc<AtomicBool>,
+    init_timeout: Duration,
+) -> Result<crate::probes::runner::ProbeReport, Error> {
+    let name = suite.as_str();
+    let s = crate::probes::suite::builtin(name).map_err(Error::Usage)?;
+    crate::probes::runner::run(&crate::probes::runner::Options {
+        suite_name: name.into(),
+        suite: s,
+        only: only.map(<[String]>::to_vec).unwrap_or_default(),
+        devices: devices.to_vec(),
+        force,
+        init_timeout,
+        stop,
+    })
+}
+
+/// `gpudiag probe`: prints the results; returns the exit code.
+pub fn probe(args: &ProbeArgs, stop: Arc<AtomicBool>) -> Result<i32, Error> {
+    crate::probes::runner::check_names(&args.names)?;
+    let report = run_probes_with(
+        args.suite,
+        &args.devices,
+        args.force,
+        Some(&args.names),
+        stop,
+        args.init_timeout,
+    )?;
+    if args.json {
+        let json = serde_json::to_string_pretty(&report)
+            .map_err(|e| Error::CannotRun(format!("could not serialise the results: {e}")))?;
+        print(&format!("{json}\n"))?;
+    } else {
+        print(&crate::probes::text::render(&report))?;
+    }
+    Ok(report.exit_code())
 }
 
 /// `gpudiag record`. Returns the number of ticks written.

@@ -7,6 +7,7 @@ pub mod deadline;
 pub mod error;
 pub mod export;
 pub mod history;
+pub mod probes;
 pub mod report;
 pub mod rules;
 pub mod telemetry;

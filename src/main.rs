@@ -42,6 +42,13 @@ fn run(cli: Cli) -> Result<i32, Error> {
             commands::print(&text)?;
             Ok(exit::OK)
         }
+        Some(Command::Probe(ref args)) => {
+            let stop = Arc::new(AtomicBool::new(false));
+            let flag = stop.clone();
+            // Ctrl-C stops the probes between steps; buffers and contexts are freed on the way out.
+            let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
+            commands::probe(args, stop)
+        }
         Some(Command::Record(ref args)) => {
             let stop = Arc::new(AtomicBool::new(false));
             let flag = stop.clone();
@@ -96,6 +103,14 @@ fn check(args: &CheckArgs, config: &Config) -> Result<i32, Error> {
         commands::print(&format!("{json}\n"))?;
     } else {
         commands::print(&text::render(&report))?;
+        if let Some(suite) = args.probes {
+            let devices = report.devices.iter().filter_map(|d| d.probes.clone());
+            let probed = gpudiag::probes::runner::ProbeReport {
+                suite: suite.as_str().into(),
+                devices: devices.collect(),
+            };
+            commands::print(&gpudiag::probes::text::render(&probed))?;
+        }
     }
     Ok(report.exit_code)
 }
@@ -125,6 +140,8 @@ fn replay(args: &ReplayArgs, interval: std::time::Duration, config: &Config) -> 
             window: None,
             interval: std::time::Duration::from_millis(100),
             fail_on: FailOn::Fail,
+            probes: None,
+            force: false,
         },
         config,
     )
@@ -149,6 +166,8 @@ fn default_view(demo: bool, interval: std::time::Duration, config: &Config) -> R
         window: None,
         interval: std::time::Duration::from_millis(100),
         fail_on: FailOn::Fail,
+        probes: None,
+        force: false,
     };
     match check(&args, config) {
         Err(Error::CannotRun(why)) if !demo => {

@@ -702,9 +702,9 @@ fn report_drift_is_caught() {
             "ticks_total",
         ),
         (
-            mutated(&base, |r| set(r, "/devices/0", "probes", json!([]))),
+            mutated(&base, |r| set(r, "/devices/0", "benchmarks", json!([]))),
             "/devices/0",
-            "probes",
+            "benchmarks",
         ),
         (
             mutated(&base, |r| set(r, "/devices/0/info", "nvlink", json!(4))),

@@ -80,6 +80,9 @@ pub struct DeviceReport {
     /// Window statistics per metric; metrics the device never reported are left out.
     pub summary: BTreeMap<Metric, WindowStats>,
     pub findings: Vec<Finding>,
+    /// Probe results when `check --probes` ran them; left out otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probes: Option<crate::probes::runner::DeviceProbes>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

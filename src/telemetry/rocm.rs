@@ -236,7 +236,8 @@ impl Library64 {
             let lib = match unsafe { Library::new(&name) } {
                 Ok(lib) => lib,
                 Err(e) => {
-                    tried.push(one_line(&e.to_string()));
+                    // libloading 0.9's message leaves out the file name; keep it beside it.
+                    tried.push(format!("{name}: {}", one_line(&e.to_string())));
                     continue;
                 }
             };

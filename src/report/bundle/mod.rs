@@ -341,6 +341,8 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &BundleOptions) -> Result<
             window: None,
             interval: opts.interval,
             fail_on: FailOn::Fail,
+            probes: None,
+            force: false,
         },
         &opts.config,
     );

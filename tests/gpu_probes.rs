@@ -1,0 +1,223 @@
+//! GPU tests of the probes: run on a host with an NVIDIA GPU (`.gpu-bundle/run-gpu-tests`),
+//! ignored elsewhere. Each probe must give sane numbers; the memory test must find a planted bit
+//! flip; the matmul check must reject a corrupted result; a busy GPU must be refused unless
+//! `--force`; `check --probes quick` must finish in under 15 s.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use gpudiag::probes::Verdict;
+use gpudiag::probes::runner::ProbeReport;
+
+fn gpudiag() -> Command {
+    let bin = std::env::var("GPUDIAG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpudiag").into());
+    let mut c = Command::new(bin);
+    c.env_remove("GPUDIAG_TEST_FAULT")
+        .env_remove("GPUDIAG_DRIVER_ONLY");
+    c
+}
+
+fn probe(args: &[&str], env: &[(&str, &str)]) -> (ProbeReport, Output) {
+    let out = gpudiag()
+        .arg("probe")
+        .args(args)
+        .arg("--json")
+        .envs(env.iter().copied())
+        .output()
+        .expect("gpudiag runs");
+    let report: ProbeReport = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        use std::os::unix::process::ExitStatusExt;
+        panic!(
+            "not a probe report ({e}); exit {:?}, signal {:?}; stderr: {}",
+            out.status.code(),
+            out.status.signal(),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    eprintln!("{}", serde_json::to_string(&report).unwrap());
+    (report, out)
+}
+
+fn metric(rep: &ProbeReport, probe: &str, name: &str) -> f64 {
+    let r = rep.devices[0]
+        .results
+        .iter()
+        .find(|r| r.probe == probe)
+        .unwrap();
+    r.metric(name)
+        .unwrap_or_else(|| panic!("{probe}.{name} missing: {r:?}"))
+        .value
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn quick_suite_gives_sane_numbers() {
+    let (rep, out) = probe(&["--suite", "quick", "--device", "0"], &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let d = &rep.devices[0];
+    assert!(d.refused.is_none(), "{:?}", d.refused);
+    for r in &d.results {
+        assert_eq!(r.verdict, Verdict::Pass, "{}: {:?}", r.probe, r.note);
+        assert!(!r.spans.is_empty(), "{} has no spans", r.probe);
+    }
+    let rt = metric(&rep, "latency", "round_trip");
+    assert!(rt > 1.0 && rt < 1000.0, "round trip {rt} us");
+    let g = metric(&rep, "latency", "graph_per_kernel");
+    assert!(g > 0.1 && g < 100.0, "graph per kernel {g} us");
+    assert!(metric(&rep, "bandwidth", "h2d_pinned") > 5.0);
+    assert!(metric(&rep, "bandwidth", "d2h_pinned") > 5.0);
+    assert!(metric(&rep, "bandwidth", "d2d_memcpy_traffic") > 300.0);
+    assert!(metric(&rep, "bandwidth", "d2d_kernel_traffic") > 300.0);
+    assert!(metric(&rep, "matmul", "bf16") > 20.0);
+    assert_eq!(metric(&rep, "memory", "mismatches"), 0.0);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn driver_only_uses_the_builtin_kernel_and_verifies() {
+    let (rep, out) = probe(
+        &["matmul", "--suite", "quick"],
+        &[("GPUDIAG_DRIVER_ONLY", "1")],
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let r = &rep.devices[0].results[0];
+    assert_eq!(r.verdict, Verdict::Pass, "{:?}", r.note);
+    let m = r.metric("bf16").unwrap();
+    assert!(m.served_by.contains("built-in mma.sync"), "{}", m.served_by);
+    assert!(m.value > 10.0);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn memory_test_finds_a_planted_bit_flip() {
+    let (rep, out) = probe(
+        &["memory", "--suite", "quick"],
+        &[("GPUDIAG_TEST_FAULT", "memory")],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let r = &rep.devices[0].results[0];
+    assert_eq!(r.verdict, Verdict::Fail);
+    assert_eq!(r.metric("mismatches").unwrap().value, 1.0);
+    let bad = r.details["mismatch_addresses"].as_array().unwrap();
+    assert_eq!(bad.len(), 1);
+    assert_eq!(bad[0]["flipped_bits"], "0x00000020");
+    assert_eq!(bad[0]["pattern"], "zeros");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn matmul_check_rejects_a_corrupted_result() {
+    for env in [
+        vec![("GPUDIAG_TEST_FAULT", "matmul")],
+        vec![
+            ("GPUDIAG_TEST_FAULT", "matmul"),
+            ("GPUDIAG_DRIVER_ONLY", "1"),
+        ],
+    ] {
+        let (rep, out) = probe(&["matmul", "--suite", "quick"], &env);
+        assert_eq!(out.status.code(), Some(1), "{env:?}");
+        let r = &rep.devices[0].results[0];
+        assert_eq!(r.verdict, Verdict::Fail, "{env:?}");
+        assert!(
+            r.note
+                .as_deref()
+                .unwrap()
+                .contains("differs from the reference")
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_busy_gpu_is_refused_unless_forced() {
+    // Another process holding a CUDA context: PyTorch where the host has it.
+    let holder = Command::new("python3")
+        .args(["-c", "import torch,time; x=torch.ones(1<<20, device='cuda:0'); print('ready', flush=True); time.sleep(60)"])
+        .stdout(std::process::Stdio::piped())
+        .spawn();
+    let Ok(holder) = holder else {
+        eprintln!("no python3 here: skipped");
+        return;
+    };
+    // Killed on every path, so a failure here cannot leave the GPU busy for the other tests.
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let holder = Kill(holder);
+    // Wait until NVML lists it.
+    let start = Instant::now();
+    loop {
+        let q = Command::new("nvidia-smi")
+            .args([
+                "--query-compute-apps=pid",
+                "--format=csv,noheader",
+                "-i",
+                "0",
+            ])
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&q.stdout).contains(&holder.0.id().to_string()) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "holder never showed up"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (rep, out) = probe(&["latency", "--device", "0"], &[]);
+    let refused = rep.devices[0].refused.clone();
+    let (forced, fout) = probe(&["latency", "--device", "0", "--force"], &[]);
+    drop(holder);
+    assert_eq!(out.status.code(), Some(1));
+    let why = refused.expect("refused");
+    assert!(why.contains("--force") && why.contains("pid"), "{why}");
+    assert!(rep.devices[0].results.is_empty());
+    assert_eq!(fout.status.code(), Some(0));
+    assert_eq!(forced.devices[0].results[0].verdict, Verdict::Pass);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn check_with_quick_probes_is_fast_and_valid() {
+    let start = Instant::now();
+    let out = gpudiag()
+        .args(["check", "--json", "--probes", "quick", "--device", "0"])
+        .output()
+        .unwrap();
+    let wall = start.elapsed();
+    eprintln!("check --probes quick: {:.2} s wall", wall.as_secs_f64());
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(wall < Duration::from_secs(15), "{wall:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let text = std::fs::read_to_string("assets/schema/check-report.schema.json")
+        .expect("run from the repository root");
+    let schema: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let validator = jsonschema::draft202012::new(&schema).unwrap();
+    let errors: Vec<String> = validator
+        .iter_errors(&v)
+        .map(|e| format!("{e} at {}", e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "{errors:#?}");
+    let probes = &v["devices"][0]["probes"];
+    assert_eq!(probes["results"].as_array().unwrap().len(), 4);
+    assert!(
+        probes["results"][1]["metrics"][0]["ratio"].is_number(),
+        "known model has ratios"
+    );
+}
