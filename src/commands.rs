@@ -318,6 +318,23 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
     if let Some(p) = &probed {
         let now = collected.last_ms().unwrap_or_else(now_ms);
         findings.extend(crate::probes::runner::findings(&p.devices, now));
+        for dp in &p.devices {
+            let Some(info) = devices.iter().find(|d| d.index == dp.index) else {
+                continue;
+            };
+            let measured: Vec<crate::probes::Measurement> = dp
+                .results
+                .iter()
+                .filter(|r| r.probe == "bandwidth")
+                .flat_map(|r| r.metrics.iter().cloned())
+                .collect();
+            findings.extend(rules::pcie::probe_bandwidth(
+                info,
+                collected.latest.get(&dp.index),
+                &measured,
+                now,
+            ));
+        }
         rules::sort(&mut findings);
     }
     let fail_on = args.fail_on.into();

@@ -166,3 +166,172 @@ mod tests {
         assert_eq!(replay_budget_per_min(1e-12, 0, 16), None);
     }
 }
+
+/// Probe bandwidth against the link: pinned host copies below `warn_share` (fail below
+/// `fail_share`) of what the GPU's maximum link carries after line encoding, and pageable copies
+/// far below pinned ones (a hint: pinned buffers would be faster).
+pub fn probe_bandwidth(
+    d: &crate::telemetry::DeviceInfo,
+    latest: Option<&crate::telemetry::Sample>,
+    measurements: &[crate::probes::Measurement],
+    now_ms: crate::telemetry::TimeMs,
+) -> Vec<Finding> {
+    const WARN_SHARE: f64 = 0.85;
+    const FAIL_SHARE: f64 = 0.5;
+    const PAGEABLE_HINT_SHARE: f64 = 0.5;
+    let get = |name: &str| {
+        measurements
+            .iter()
+            .find(|m| m.name == name && m.unit == "GB/s")
+            .map(|m| m.value)
+    };
+    let mut out = Vec::new();
+    let (Some(gen_max), Some(width_max)) = (d.pcie_gen_max, d.pcie_width_max) else {
+        return out;
+    };
+    let Some(link) = pcie_link_rate(gen_max, width_max) else {
+        return out;
+    };
+    let link_gbps = link.bytes_per_s / 1e9;
+    let current = latest.and_then(|s| Some((s.pcie_gen?, s.pcie_width?)));
+    for (name, what) in [
+        ("h2d_pinned", "host-to-device"),
+        ("d2h_pinned", "device-to-host"),
+    ] {
+        let Some(gbps) = get(name) else { continue };
+        let share = gbps / link_gbps;
+        if share >= WARN_SHARE {
+            continue;
+        }
+        let severity = if share < FAIL_SHARE {
+            Severity::Fail
+        } else {
+            Severity::Warn
+        };
+        out.push(Finding {
+            id: format!("pcie.probe_{name}"),
+            severity,
+            device: Some(d.index),
+            time_ms: now_ms,
+            title: format!(
+                "GPU {} pinned {what} copies reach {gbps:.1} GB/s, {:.0}% of what its Gen{gen_max} x{width_max} link carries ({link_gbps:.1} GB/s)",
+                d.index,
+                share * 100.0
+            ),
+            evidence: Evidence {
+                values: values([
+                    ("measured_gb_per_s", json!(round2(gbps))),
+                    ("link_gb_per_s", json!(round2(link_gbps))),
+                    ("share", json!(round2(share))),
+                    ("pcie_gen_now", json!(current.map(|c| c.0))),
+                    ("pcie_width_now", json!(current.map(|c| c.1))),
+                ]),
+                window_s: 0.0,
+                threshold: format!(
+                    "warn below {:.0}%, fail below {:.0}% of the link",
+                    WARN_SHARE * 100.0,
+                    FAIL_SHARE * 100.0
+                ),
+            },
+            advice: "Host transfers are slower than the slot allows: check the link's current \
+                     generation and width (a downtrained or shared link), the CPU socket the GPU \
+                     hangs off (NUMA: run on the GPU's local socket), and IOMMU or PCIe switch \
+                     settings; copies from other processes share the link too."
+                .into(),
+        });
+    }
+    if let (Some(pinned), Some(pageable)) = (get("h2d_pinned"), get("h2d_pageable"))
+        && pageable < PAGEABLE_HINT_SHARE * pinned
+    {
+        out.push(Finding {
+            id: "pcie.pageable_copies_slow".into(),
+            severity: Severity::Info,
+            device: Some(d.index),
+            time_ms: now_ms,
+            title: format!(
+                "GPU {} copies from pageable memory run at {pageable:.1} GB/s, {:.0}% of pinned ({pinned:.1} GB/s)",
+                d.index,
+                pageable / pinned * 100.0
+            ),
+            evidence: Evidence {
+                values: values([
+                    ("h2d_pageable_gb_per_s", json!(round2(pageable))),
+                    ("h2d_pinned_gb_per_s", json!(round2(pinned))),
+                ]),
+                window_s: 0.0,
+                threshold: format!("pageable < {:.0}% of pinned", PAGEABLE_HINT_SHARE * 100.0),
+            },
+            advice: "Expected: the driver stages pageable memory through a pinned buffer. \
+                     Applications that copy a lot should use pinned host memory \
+                     (pin_memory=True, cudaHostAlloc)."
+                .into(),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+    use crate::probes::Measurement;
+    use crate::telemetry::DeviceInfo;
+
+    fn h200() -> DeviceInfo {
+        DeviceInfo {
+            index: 0,
+            pcie_gen_max: Some(5),
+            pcie_width_max: Some(16),
+            ..DeviceInfo::default()
+        }
+    }
+
+    fn gbps(name: &str, v: f64) -> Measurement {
+        Measurement::new(name, v, "GB/s", "cuMemcpy", vec![v])
+    }
+
+    #[test]
+    fn the_h200_figures_pass_and_a_slow_link_warns_or_fails() {
+        // Measured on the H200 host: 55.5 / 55.3 GB/s pinned over Gen5 x16 (63.0 GB/s).
+        let ok = probe_bandwidth(
+            &h200(),
+            None,
+            &[gbps("h2d_pinned", 55.5), gbps("d2h_pinned", 55.3)],
+            0,
+        );
+        assert!(ok.is_empty(), "{ok:?}");
+        let slow = probe_bandwidth(
+            &h200(),
+            None,
+            &[gbps("h2d_pinned", 40.0), gbps("d2h_pinned", 20.0)],
+            0,
+        );
+        let ids: Vec<_> = slow.iter().map(|f| (f.id.as_str(), f.severity)).collect();
+        assert_eq!(
+            ids,
+            [
+                ("pcie.probe_h2d_pinned", Severity::Warn),
+                ("pcie.probe_d2h_pinned", Severity::Fail)
+            ]
+        );
+    }
+
+    #[test]
+    fn pageable_far_below_pinned_is_a_hint() {
+        let f = probe_bandwidth(
+            &h200(),
+            None,
+            &[gbps("h2d_pinned", 55.5), gbps("h2d_pageable", 7.8)],
+            0,
+        );
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].id, "pcie.pageable_copies_slow");
+        assert_eq!(f[0].severity, Severity::Info);
+        let close = probe_bandwidth(
+            &h200(),
+            None,
+            &[gbps("h2d_pinned", 55.5), gbps("h2d_pageable", 40.0)],
+            0,
+        );
+        assert!(close.is_empty());
+    }
+}
