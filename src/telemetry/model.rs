@@ -310,6 +310,34 @@ impl Sample {
         }
     }
 
+    /// Copies the device's static thresholds and maxima into the sample (with their reasons when
+    /// absent), so each sample stands alone for rules and exports, whatever backend made it.
+    pub fn copy_static_from(&mut self, info: &DeviceInfo) {
+        fn copy<T: Copy>(
+            v: Option<T>,
+            field: &str,
+            info: &DeviceInfo,
+            ab: &mut AbsentMap,
+        ) -> Option<T> {
+            if v.is_none() {
+                let why = info
+                    .absent
+                    .get(field)
+                    .cloned()
+                    .unwrap_or(Absent::Unavailable);
+                ab.insert(field.into(), why);
+            }
+            v
+        }
+        let ab = &mut self.absent;
+        self.temp_slowdown_c = copy(info.temp_slowdown_c, "temp_slowdown_c", info, ab);
+        self.temp_shutdown_c = copy(info.temp_shutdown_c, "temp_shutdown_c", info, ab);
+        self.sm_clock_max_mhz = copy(info.sm_clock_max_mhz, "sm_clock_max_mhz", info, ab);
+        self.mem_clock_max_mhz = copy(info.mem_clock_max_mhz, "mem_clock_max_mhz", info, ab);
+        self.pcie_gen_max = copy(info.pcie_gen_max, "pcie_gen_max", info, ab);
+        self.pcie_width_max = copy(info.pcie_width_max, "pcie_width_max", info, ab);
+    }
+
     /// Why `field` is absent, if the backend said.
     pub fn why_absent(&self, field: &str) -> Option<&Absent> {
         self.absent.get(field)

@@ -188,7 +188,7 @@ impl NvmlBackend {
             }
             lock(&slot.latest).apply(&mut sample);
         }
-        copy_static(info, &mut sample);
+        sample.copy_static_from(info);
         sample
     }
 }
@@ -698,34 +698,6 @@ fn sample_value_u64(v: &SampleValue) -> Result<u64, Absent> {
         SampleValue::F64(x) if x.is_finite() && x >= 0.0 => Ok(x.round() as u64),
         SampleValue::F64(_) => Err(bad()),
     }
-}
-
-/// Copies the static thresholds and maxima into the sample (with their reasons when absent),
-/// so each sample is self-contained for rules and exports.
-fn copy_static(info: &DeviceInfo, s: &mut Sample) {
-    fn copy<T: Copy>(
-        v: Option<T>,
-        field: &str,
-        info: &DeviceInfo,
-        ab: &mut AbsentMap,
-    ) -> Option<T> {
-        if v.is_none() {
-            let why = info
-                .absent
-                .get(field)
-                .cloned()
-                .unwrap_or(Absent::Unavailable);
-            ab.insert(field.into(), why);
-        }
-        v
-    }
-    let ab = &mut s.absent;
-    s.temp_slowdown_c = copy(info.temp_slowdown_c, "temp_slowdown_c", info, ab);
-    s.temp_shutdown_c = copy(info.temp_shutdown_c, "temp_shutdown_c", info, ab);
-    s.sm_clock_max_mhz = copy(info.sm_clock_max_mhz, "sm_clock_max_mhz", info, ab);
-    s.mem_clock_max_mhz = copy(info.mem_clock_max_mhz, "mem_clock_max_mhz", info, ab);
-    s.pcie_gen_max = copy(info.pcie_gen_max, "pcie_gen_max", info, ab);
-    s.pcie_width_max = copy(info.pcie_width_max, "pcie_width_max", info, ab);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1772,7 +1744,7 @@ mod tests {
         info.absent
             .insert("pcie_width_max".into(), Absent::NoPermission);
         let mut s = Sample::new(0, 1);
-        copy_static(&info, &mut s);
+        s.copy_static_from(&info);
         assert_eq!(s.temp_slowdown_c, Some(87.0));
         assert_eq!(s.temp_shutdown_c, Some(92.0));
         assert_eq!(s.sm_clock_max_mhz, Some(1980));

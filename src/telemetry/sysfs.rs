@@ -641,38 +641,9 @@ fn read_sample(card: &Card, info: &DeviceInfo, time_ms: u64) -> Sample {
         a.insert((*f).into(), Absent::Unavailable);
     }
 
-    // Static values travel in every sample, as on NVML, so each sample stands alone.
-    let mut copy = |v: Option<u32>, field: &str| {
-        if v.is_none() {
-            let why = info
-                .absent
-                .get(field)
-                .cloned()
-                .unwrap_or(Absent::Unavailable);
-            a.insert(field.into(), why);
-        }
-        v
-    };
-    s.sm_clock_max_mhz = copy(info.sm_clock_max_mhz, "sm_clock_max_mhz");
-    s.mem_clock_max_mhz = copy(info.mem_clock_max_mhz, "mem_clock_max_mhz");
-    s.pcie_gen_max = copy(info.pcie_gen_max, "pcie_gen_max");
-    s.pcie_width_max = copy(info.pcie_width_max, "pcie_width_max");
-    s.temp_slowdown_c = info.temp_slowdown_c;
-    s.temp_shutdown_c = info.temp_shutdown_c;
-    for (v, field) in [
-        (info.temp_slowdown_c, "temp_slowdown_c"),
-        (info.temp_shutdown_c, "temp_shutdown_c"),
-    ] {
-        if v.is_none() {
-            let why = info
-                .absent
-                .get(field)
-                .cloned()
-                .unwrap_or(Absent::Unavailable);
-            a.insert(field.into(), why);
-        }
-    }
     s.absent = ab;
+    // Static values travel in every sample, as on NVML, so each sample stands alone.
+    s.copy_static_from(info);
     s
 }
 
