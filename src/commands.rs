@@ -402,6 +402,19 @@ fn run_probes(
     run_probes_with(suite, devices, force, only, stop, Duration::from_secs(20))
 }
 
+/// The probes panel of the terminal UI: a suite on every GPU, refusing busy ones. The UI's own
+/// signal handling ends the session; a run in flight stops at its deadline.
+pub fn run_probes_in_ui(suite: SuiteName) -> Result<crate::probes::runner::ProbeReport, Error> {
+    run_probes_with(
+        suite,
+        &[],
+        false,
+        None,
+        Arc::new(AtomicBool::new(false)),
+        Duration::from_secs(20),
+    )
+}
+
 fn run_probes_with(
     suite: SuiteName,
     devices: &[String],

@@ -101,8 +101,16 @@ fn live_ui_shows_the_gpu_and_exits_cleanly() {
             || procs.contains("process list n/a"),
         "{procs}"
     );
+    // The quick suite from the probes panel, while telemetry keeps updating.
     tmux.keys(&["5"]);
-    tmux.wait_for(&["not available in this build"], WAIT);
+    tmux.wait_for(&["No probe run yet", "quick"], WAIT);
+    tmux.keys(&["Enter"]);
+    let results = tmux.wait_for(
+        &["h2d_pinned", "bf16", "mismatches"],
+        Duration::from_secs(90),
+    );
+    assert!(results.contains("pass"), "{results}");
+    assert!(!results.contains(" fail"), "{results}");
     tmux.keys(&["Space"]);
     tmux.wait_for(&["PAUSED (live)"], WAIT);
     tmux.keys(&["Space"]);

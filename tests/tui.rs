@@ -741,3 +741,68 @@ fn saving_writes_a_recording_that_replays() {
     let empty = new_app(&open("healthy"), "x", false);
     assert!(save_recording(&empty, dir.path()).contains("nothing to save"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Probes panel
+
+/// An app over live-looking data (the demo's devices), as a live session starts.
+fn live_app() -> App {
+    let b = open("demo");
+    App::new(AppInit {
+        host: b.host().clone(),
+        devices: b.devices().to_vec(),
+        source: SourceKind::Live,
+        backend_name: "nvml".into(),
+        interval: Duration::from_secs(1),
+        theme: Theme { color: false },
+        can_signal: true,
+    })
+}
+
+/// Real probe results: the quick suite on the H200 host (tests/gpu_probes.rs output).
+fn h200_quick() -> gpudiag::probes::runner::ProbeReport {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/probes/h200_quick.json"),
+    )
+    .unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn probes_panel_picks_a_suite_runs_it_and_shows_the_verdicts() {
+    use gpudiag::cli::SuiteName;
+    use gpudiag::tui::app::ProbesState;
+    let mut app = live_app();
+    press(&mut app, &[KeyCode::Char('5')]);
+    assert_eq!(app.panel, Panel::Probes);
+    assert!(render(&app, 80, 24).contains("No probe run yet"));
+    // Down picks standard; Enter starts it and asks the loop to run it off the UI thread.
+    let effects = press(&mut app, &[KeyCode::Down, KeyCode::Enter]);
+    assert_eq!(effects, [Effect::RunProbes(SuiteName::Standard)]);
+    assert!(matches!(
+        app.probes,
+        ProbesState::Running {
+            suite: SuiteName::Standard,
+            ..
+        }
+    ));
+    assert!(render(&app, 80, 24).contains("standard suite running"));
+    // A second Enter while running starts nothing.
+    assert!(press(&mut app, &[KeyCode::Enter]).is_empty());
+    app.on_probes(Ok(h200_quick()));
+    let screen = render(&app, 120, 40);
+    assert!(screen.contains("h2d_pinned"), "{screen}");
+    assert!(screen.contains("bf16"), "{screen}");
+    assert!(screen.contains("(88% of 63.0)"), "{screen}");
+    assert!(app.status.as_deref().unwrap().contains("all passed"));
+    app.on_probes(Err("the CUDA driver sees no GPU".into()));
+    assert!(render(&app, 80, 24).contains("Could not run: the CUDA driver sees no GPU"));
+}
+
+#[test]
+fn probes_need_a_live_source() {
+    let mut app = loaded("demo");
+    press(&mut app, &[KeyCode::Char('5')]);
+    assert!(press(&mut app, &[KeyCode::Enter]).is_empty());
+    assert!(render(&app, 80, 24).contains("Probes need live GPUs"));
+}

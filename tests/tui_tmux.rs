@@ -91,7 +91,7 @@ fn walk_the_demo(width: u16, height: u16) {
     save_screen(&format!("findings-{width}x{height}"), &findings);
 
     tmux.keys(&["5"]);
-    let probes = tmux.wait_for(&["[5 Probes]", "not available in this build"], WAIT);
+    let probes = tmux.wait_for(&["[5 Probes]", "Probes need live GPUs"], WAIT);
     save_screen(&format!("probes-{width}x{height}"), &probes);
 
     tmux.keys(&["?"]);

@@ -11,8 +11,10 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseEvent, MouseEventKi
 
 use super::feed::{Control, FeedMsg, ReplayPosition, tick_time};
 use super::theme::Theme;
+use crate::cli::SuiteName;
 use crate::config::RulesConfig;
 use crate::history::History;
+use crate::probes::runner::ProbeReport;
 use crate::report::environment::LibraryInfo;
 use crate::rules::{Finding, RuleEngine, Severity};
 use crate::telemetry::{DeviceInfo, Event, HostInfo, Sample, Tick, TimeMs};
@@ -173,8 +175,13 @@ pub enum Overlay {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
     Feed(Control),
-    Signal { pid: u32, signal: KillSignal },
+    Signal {
+        pid: u32,
+        signal: KillSignal,
+    },
     SaveRecording,
+    /// Run this suite on every GPU on a worker thread; its report comes back as an event.
+    RunProbes(SuiteName),
 }
 
 /// Where the telemetry comes from. Only the header (mode), seeking and killing care: panels
@@ -185,12 +192,19 @@ pub enum SourceKind {
     Replay { name: String },
 }
 
-/// The probes panel's state. Probes are not in this build yet; a probe runner adds its states
-/// here (suite picked, running with progress, results) and sends its progress through the
-/// event loop's channel like the feed does.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The probes panel's state: the suite picked, a run in progress, or the last results.
+#[derive(Debug, Clone, PartialEq)]
 pub enum ProbesState {
-    NotInThisBuild,
+    /// Probes need live GPUs; a recording has none to probe.
+    NeedsLive,
+    Ready {
+        suite: SuiteName,
+        last: Option<Result<ProbeReport, String>>,
+    },
+    Running {
+        suite: SuiteName,
+        started: Instant,
+    },
 }
 
 /// One row of the process table.
@@ -274,6 +288,7 @@ pub struct App {
 
 impl App {
     pub fn new(init: AppInit) -> Self {
+        let init_is_live = init.source == SourceKind::Live;
         let engine = RuleEngine::new(
             RulesConfig::default(),
             init.devices.clone(),
@@ -312,7 +327,14 @@ impl App {
             ended: None,
             overlay: None,
             status: None,
-            probes: ProbesState::NotInThisBuild,
+            probes: if init_is_live {
+                ProbesState::Ready {
+                    suite: SuiteName::Quick,
+                    last: None,
+                }
+            } else {
+                ProbesState::NeedsLive
+            },
             quit: false,
         }
     }
@@ -557,8 +579,33 @@ impl App {
             Panel::Findings => {
                 self.selected_finding = moved(self.selected_finding, self.findings.len());
             }
-            Panel::Probes => {}
+            Panel::Probes => {
+                if let ProbesState::Ready { suite, .. } = &mut self.probes {
+                    let all = [SuiteName::Quick, SuiteName::Standard, SuiteName::Full];
+                    let i = all.iter().position(|s| s == suite).unwrap_or(0);
+                    *suite = all[moved(i, all.len())];
+                }
+            }
         }
+    }
+
+    /// A probe run finished (or could not start).
+    pub fn on_probes(&mut self, result: Result<ProbeReport, String>) {
+        let suite = match &self.probes {
+            ProbesState::Running { suite, .. } | ProbesState::Ready { suite, .. } => *suite,
+            ProbesState::NeedsLive => return,
+        };
+        self.status = Some(match &result {
+            Ok(r) if r.exit_code() == 0 => {
+                format!("{} probes finished: all passed", suite.as_str())
+            }
+            Ok(_) => format!("{} probes finished: see the failures", suite.as_str()),
+            Err(e) => format!("probes could not run: {e}"),
+        });
+        self.probes = ProbesState::Ready {
+            suite,
+            last: Some(result),
+        };
     }
 
     /// Handles one key press and says what the event loop must do.
@@ -610,6 +657,15 @@ impl App {
             KeyCode::Home => self.select(isize::MIN / 2),
             KeyCode::End => self.select(isize::MAX / 2),
             KeyCode::Enter if self.panel == Panel::Devices => self.panel = Panel::Detail,
+            KeyCode::Enter if self.panel == Panel::Probes => {
+                if let ProbesState::Ready { suite, .. } = self.probes {
+                    self.probes = ProbesState::Running {
+                        suite,
+                        started: Instant::now(),
+                    };
+                    return Some(Effect::RunProbes(suite));
+                }
+            }
             KeyCode::Char(' ') | KeyCode::Char('p') => {
                 self.paused = !self.paused;
                 return Some(Effect::Feed(Control::Pause(self.paused)));

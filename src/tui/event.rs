@@ -24,6 +24,8 @@ pub enum AppEvent {
     Feed(FeedMsg),
     /// SIGTERM, SIGINT or SIGHUP from outside.
     Terminate,
+    /// A probe run started from the probes panel finished.
+    Probes(Result<crate::probes::runner::ProbeReport, String>),
 }
 
 /// Reads terminal input on its own thread, so waiting for a key never blocks drawing.
@@ -54,6 +56,7 @@ pub fn run_loop<B: TermBackend>(
     terminal: &mut Terminal<B>,
     app: &mut App,
     rx: &Receiver<AppEvent>,
+    tx: &Sender<AppEvent>,
     feed: &Feed,
 ) -> std::io::Result<()>
 where
@@ -64,7 +67,7 @@ where
         let mut next = Some(first);
         let mut n = 0;
         while let Some(ev) = next.take() {
-            handle(app, ev, feed, terminal.size().ok());
+            handle(app, ev, feed, tx, terminal.size().ok());
             if app.quit {
                 return Ok(());
             }
@@ -88,11 +91,17 @@ where
         .map_err(Into::into)
 }
 
-fn handle(app: &mut App, ev: AppEvent, feed: &Feed, size: Option<ratatui::layout::Size>) {
+fn handle(
+    app: &mut App,
+    ev: AppEvent,
+    feed: &Feed,
+    tx: &Sender<AppEvent>,
+    size: Option<ratatui::layout::Size>,
+) {
     match ev {
         AppEvent::Input(InputEvent::Key(k)) if k.kind != KeyEventKind::Release => {
             if let Some(effect) = app.on_key(k) {
-                perform(app, effect, feed);
+                perform(app, effect, feed, tx);
             }
         }
         AppEvent::Input(InputEvent::Mouse(m)) => {
@@ -107,14 +116,30 @@ fn handle(app: &mut App, ev: AppEvent, feed: &Feed, size: Option<ratatui::layout
         }
         AppEvent::Feed(msg) => app.on_feed(msg, Instant::now()),
         AppEvent::Terminate => app.quit = true,
+        AppEvent::Probes(result) => app.on_probes(result),
     }
 }
 
-fn perform(app: &mut App, effect: Effect, feed: &Feed) {
+fn perform(app: &mut App, effect: Effect, feed: &Feed, tx: &Sender<AppEvent>) {
     match effect {
         Effect::Feed(c) => feed.send(c),
         Effect::Signal { pid, signal } => app.status = Some(send_signal(pid, signal)),
         Effect::SaveRecording => app.status = Some(save_recording(app, Path::new("."))),
+        Effect::RunProbes(suite) => {
+            // Probes take seconds to minutes: on their own thread, so telemetry keeps drawing
+            // and shows their effect on clocks, power and temperature as they run.
+            let tx = tx.clone();
+            let spawned = std::thread::Builder::new()
+                .name("gpudiag-probes".into())
+                .spawn(move || {
+                    let result =
+                        crate::commands::run_probes_in_ui(suite).map_err(|e| e.to_string());
+                    let _ = tx.send(AppEvent::Probes(result));
+                });
+            if let Err(e) = spawned {
+                app.on_probes(Err(format!("could not start the probe thread: {e}")));
+            }
+        }
     }
 }
 

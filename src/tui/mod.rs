@@ -169,8 +169,8 @@ fn run(
     let _ = ctrlc::set_handler(move || {
         let _ = signal_tx.send(AppEvent::Terminate);
     });
-    event::spawn_input(tx).map_err(io("starting the input thread"))?;
-    event::run_loop(&mut guard.terminal, &mut app, &rx, &feed)
+    event::spawn_input(tx.clone()).map_err(io("starting the input thread"))?;
+    event::run_loop(&mut guard.terminal, &mut app, &rx, &tx, &feed)
         .map_err(io("drawing the terminal UI"))?;
     drop(guard);
     drop(feed);

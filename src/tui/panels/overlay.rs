@@ -16,7 +16,10 @@ pub const KEYS: [(&str, &str); 16] = [
     ("1-5", "Devices, Detail, Processes, Findings, Probes"),
     ("mouse", "click a tab; wheel moves the selection"),
     ("↑ ↓  PgUp PgDn", "select device, process or finding"),
-    ("Enter", "detail of the selected device"),
+    (
+        "Enter",
+        "detail of the selected device; in Probes, run the picked suite",
+    ),
     ("space  p", "pause / resume"),
     ("z  Z", "zoom charts: 1m 5m 15m 1h"),
     ("s", "sort processes: memory, growth, SM, PID"),

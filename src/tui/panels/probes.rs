@@ -1,32 +1,117 @@
-//! Probes: where a probe runner shows suites, progress and verdicts. This build has no probe
-//! runner, so the panel says so rather than showing anything made up.
+//! Probes: pick a suite, run it on the live GPUs while the other panels keep updating, and read
+//! the results against the reference table with their verdicts.
 
 use ratatui::Frame;
-use ratatui::layout::Rect;
+use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Paragraph, Wrap};
+use ratatui::widgets::{Block, Gauge, Paragraph, Wrap};
 
+use crate::cli::SuiteName;
 use crate::tui::app::{App, ProbesState};
+
+/// Rough wall time of each suite on one GPU, for the progress gauge: the runner reports no
+/// intermediate progress, so the gauge shows time against what a suite usually takes.
+fn typical_secs(suite: SuiteName) -> f64 {
+    match suite {
+        SuiteName::Quick => 4.0,
+        SuiteName::Standard => 60.0,
+        SuiteName::Full => 300.0,
+    }
+}
 
 pub fn render(f: &mut Frame, area: Rect, app: &App) {
     let t = app.theme;
     let block = Block::bordered().title(Span::styled(" Probes ", t.title()));
-    let lines = match app.probes {
-        ProbesState::NotInThisBuild => vec![
-            Line::from(Span::styled(
-                "Probes are not available in this build yet.",
-                t.warn(),
-            )),
-            Line::from(""),
-            Line::from(
-                "When they land, this panel picks a suite (quick, standard, full) or one probe \
-                 (bandwidth, matmul, memory, latency, p2p), runs it while telemetry keeps \
-                 updating, and shows results against the reference with verdicts.",
-            ),
-        ],
-    };
-    f.render_widget(
-        Paragraph::new(lines).wrap(Wrap { trim: true }).block(block),
-        area,
-    );
+    match &app.probes {
+        ProbesState::NeedsLive => {
+            let lines = vec![
+                Line::from(Span::styled(
+                    "Probes need live GPUs: this is a recording.",
+                    t.warn(),
+                )),
+                Line::from(""),
+                Line::from(
+                    "On a GPU host, open `gpudiag` and run a suite from this panel, or run \
+                     `gpudiag probe` / `gpudiag check --probes quick`.",
+                ),
+            ];
+            f.render_widget(
+                Paragraph::new(lines).wrap(Wrap { trim: true }).block(block),
+                area,
+            );
+        }
+        ProbesState::Running { suite, started } => {
+            let inner = block.inner(area);
+            f.render_widget(block, area);
+            let [gauge_area, text_area] =
+                Layout::vertical([Constraint::Length(3), Constraint::Min(0)]).areas(inner);
+            let elapsed = started.elapsed().as_secs_f64();
+            let ratio = (elapsed / typical_secs(*suite)).min(0.99);
+            f.render_widget(
+                Gauge::default()
+                    .block(Block::bordered().title(format!(
+                        " {} suite running · {elapsed:.0} s ",
+                        suite.as_str()
+                    )))
+                    .gauge_style(t.series(0))
+                    .ratio(ratio),
+                gauge_area,
+            );
+            f.render_widget(
+                Paragraph::new(
+                    "Latency, bandwidth, matmul and memory probes run one after the other on \
+                     each GPU. Watch clocks, power and temperature in the Devices and Detail \
+                     panels meanwhile.",
+                )
+                .wrap(Wrap { trim: true }),
+                text_area,
+            );
+        }
+        ProbesState::Ready { suite, last } => {
+            let mut lines = vec![Line::from(vec![
+                Span::raw("Suite: "),
+                suite_span(app, SuiteName::Quick, *suite),
+                Span::raw("  "),
+                suite_span(app, SuiteName::Standard, *suite),
+                Span::raw("  "),
+                suite_span(app, SuiteName::Full, *suite),
+                Span::raw("   ↑↓ pick · Enter run"),
+            ])];
+            lines.push(Line::from(""));
+            match last {
+                None => lines.push(Line::from(
+                    "No probe run yet. quick takes seconds, standard about a minute, full \
+                     minutes with the GPU nearly to itself; a GPU other processes use is \
+                     refused (use `gpudiag probe --force` to insist).",
+                )),
+                Some(Err(e)) => lines.push(Line::from(Span::styled(
+                    format!("Could not run: {e}"),
+                    t.severity(crate::rules::Severity::Fail),
+                ))),
+                Some(Ok(report)) => {
+                    let text = crate::probes::text::render(report);
+                    lines.extend(text.lines().map(|l| {
+                        let style = if l.contains(" fail") || l.contains(" error") {
+                            t.severity(crate::rules::Severity::Fail)
+                        } else if l.contains(" warn") {
+                            t.warn()
+                        } else {
+                            ratatui::style::Style::default()
+                        };
+                        Line::from(Span::styled(l.to_owned(), style))
+                    }));
+                }
+            }
+            f.render_widget(Paragraph::new(lines).block(block), area);
+        }
+    }
+}
+
+fn suite_span(app: &App, this: SuiteName, picked: SuiteName) -> Span<'static> {
+    let label = format!(" {} ", this.as_str());
+    if this == picked {
+        Span::styled(label, app.theme.selected())
+    } else {
+        Span::raw(label)
+    }
 }
