@@ -704,6 +704,18 @@ fn serve_answers_scrapes_and_rejects_the_rest() {
 #[test]
 fn slow_clients_do_not_stall_other_scrapes() {
     let served = serve(&["--demo"]);
+    // A scrape before the first sample has no GPU series yet; wait for data first.
+    let ready = Instant::now();
+    while !get(&served.addr, "/metrics")
+        .1
+        .contains("DCGM_FI_DEV_GPU_UTIL")
+    {
+        assert!(
+            ready.elapsed() < Duration::from_secs(10),
+            "no samples served"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // Several clients that send half a request and then nothing.
     let stalled: Vec<TcpStream> = (0..8)
         .map(|_| {

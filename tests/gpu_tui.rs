@@ -109,8 +109,23 @@ fn live_ui_shows_the_gpu_and_exits_cleanly() {
         &["h2d_pinned", "bf16", "mismatches"],
         Duration::from_secs(90),
     );
-    assert!(results.contains("pass"), "{results}");
-    assert!(!results.contains(" fail"), "{results}");
+    // Each probe's verdict line reads "<probe>  <verdict>  <time>".
+    let verdicts: Vec<(&str, &str)> = results
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.trim_matches(|c| c == '│' || c == ' ').split_whitespace();
+            let probe = w.next()?;
+            let verdict = w.next()?;
+            ["latency", "bandwidth", "matmul", "memory"]
+                .contains(&probe)
+                .then_some((probe, verdict))
+        })
+        .collect();
+    assert_eq!(verdicts.len(), 4, "{results}");
+    assert!(
+        verdicts.iter().all(|(_, v)| *v == "pass"),
+        "{verdicts:?}\n{results}"
+    );
     tmux.keys(&["Space"]);
     tmux.wait_for(&["PAUSED (live)"], WAIT);
     tmux.keys(&["Space"]);

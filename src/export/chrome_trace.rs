@@ -165,6 +165,11 @@ impl Group {
 
     /// The group's series in a sample, rounded to what a chart can show (the rounding is what
     /// makes unchanged values compare equal, and keeps numbers short).
+    /// The two series names of the group, in `values` order.
+    fn keys(self) -> [&'static str; 2] {
+        self.values(&Sample::default()).map(|(k, _)| k)
+    }
+
     fn values(self, s: &Sample) -> [(&'static str, Option<f64>); 2] {
         const MIB: f64 = 1024.0 * 1024.0;
         let r1 = |v: Option<f64>| v.map(|x| (x * 10.0).round() / 10.0);
@@ -205,6 +210,8 @@ fn compact_number(v: f64) -> Value {
 struct DeviceState {
     /// The last values written per group, to skip unchanged ones.
     last: [Option<[Option<f64>; 2]>; 6],
+    /// When each group was last written, so `finish` can close its track at the last sample.
+    written_ms: [Option<TimeMs>; 6],
     /// Start time of each active throttle run, by bit index.
     throttle_start: BTreeMap<u32, TimeMs>,
     /// Time of the last sample seen, where an open run ends if the recording stops.
@@ -299,6 +306,7 @@ impl TraceBuilder {
                 continue;
             }
             state.last[i] = Some(values);
+            state.written_ms[i] = Some(s.time_ms);
             let args: Args = pairs
                 .into_iter()
                 .filter_map(|(k, v)| Some((Cow::Borrowed(k), compact_number(v?))))
@@ -447,6 +455,37 @@ impl TraceBuilder {
         for (dev, bit, start, end) in open {
             self.push_throttle(pid_of(Some(dev)), bit, start, end);
         }
+        // A group that stopped changing was last written long before the capture ended: repeat
+        // its value at the last sample so each track spans the whole capture.
+        let mut closing = Vec::new();
+        for (&dev, st) in &self.state {
+            let Some(end) = st.last_ms else { continue };
+            for (i, group) in Group::ALL.into_iter().enumerate() {
+                let (Some(values), Some(written)) = (st.last[i], st.written_ms[i]) else {
+                    continue;
+                };
+                if written >= end {
+                    continue;
+                }
+                let names = group.keys();
+                let args: Args = names
+                    .into_iter()
+                    .zip(values)
+                    .filter_map(|(k, v)| Some((Cow::Borrowed(k), compact_number(v?))))
+                    .collect();
+                closing.push(Pending {
+                    name: Cow::Borrowed(group.name()),
+                    cat: None,
+                    ph: Phase::Counter,
+                    time_ms: end,
+                    dur_ms: None,
+                    pid: pid_of(Some(dev)),
+                    tid: TID_TELEMETRY,
+                    args,
+                });
+            }
+        }
+        self.events.extend(closing);
         let start = self.events.iter().map(|e| e.time_ms).min();
         self.info.start_ms = start;
         let origin = start.unwrap_or_default();
@@ -764,17 +803,21 @@ mod tests {
             .into_iter()
             .filter(|e| e.name == "util %")
             .collect();
-        // 50, 50 (skipped), 80, 80 (skipped).
-        assert_eq!(util.len(), 2);
+        // 50, 50 (skipped), 80, 80 (skipped), then 80 again closing the track at the last sample.
+        assert_eq!(util.len(), 3);
         assert_eq!(util[0].ts, 0);
         assert_eq!(util[1].ts, 200_000);
         assert_eq!(util[1].args["gpu"], 80.0);
         assert_eq!(util[1].args["memory"], 10.0);
+        assert_eq!(util[2].ts, 300_000);
+        assert_eq!(util[2].args, util[1].args);
         let power: Vec<&TraceEvent> = of(&trace, Phase::Counter, 1)
             .into_iter()
             .filter(|e| e.name == "power W")
             .collect();
-        assert_eq!(power.len(), 1);
+        // Written once, closed at the last sample with the same value.
+        assert_eq!(power.len(), 2);
+        assert_eq!(power[1].args, power[0].args);
         // Rounded to 0.1 W; the absent limit is left out, not 0.
         assert_eq!(power[0].args["draw"], 300.0);
         assert!(!power[0].args.contains_key("limit"));
@@ -841,7 +884,11 @@ mod tests {
     fn validator_catches_broken_traces() {
         let good = build();
         let mut t = good.clone();
-        let last = t.trace_events.len() - 1;
+        let last = t
+            .trace_events
+            .iter()
+            .rposition(|e| e.ph == Phase::Instant)
+            .unwrap();
         t.trace_events[last].ts = 0;
         t.trace_events[last].ph = Phase::Instant;
         t.trace_events[last].s = None;

@@ -194,12 +194,18 @@ impl NvmlBackend {
 }
 
 impl Drop for NvmlBackend {
-    /// Tells the slow readers to stop. They are not joined: one may be inside an NVML call that
-    /// a sick driver holds for seconds, and dropping the backend must not hang. Each thread holds
-    /// its own `Arc<Nvml>`, so NVML shuts down when the last of them exits.
+    /// Tells the background threads to stop and waits a bounded while for them. Not joining
+    /// at all let the process exit while a thread was inside an NVML call, and after a CUDA
+    /// context had existed (the probes) the libraries' exit handlers then crashed under it;
+    /// waiting without a bound would hang on a sick driver that holds a call for seconds. Each
+    /// thread holds its own `Arc<Nvml>`, so the count tells when they are all gone.
     fn drop(&mut self) {
         lock(&self.slow.control).stop = true;
         self.slow.wake.notify_all();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while Arc::strong_count(&self.nvml) > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 
@@ -975,7 +981,7 @@ fn basename(path: &str) -> &str {
 // XID events
 
 /// How long one wait on the event set may block; bounds how late the thread notices a stop.
-const EVENT_WAIT_MS: u32 = 500;
+const EVENT_WAIT_MS: u32 = 100;
 
 /// Starts the thread that waits on an NVML event set for XID errors of every device and queues
 /// them as `Event`s for the next poll. Devices that cannot deliver XID events are reported once,

@@ -79,8 +79,20 @@ impl Sampler {
 }
 
 impl Drop for Sampler {
+    /// Stops the thread and waits a bounded while for it, so the backend is dropped (and its own
+    /// threads stopped) before the process can exit under them; a backend stuck in a vendor call
+    /// is left behind after the bound rather than hanging the caller.
     fn drop(&mut self) {
         self.stop();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        if let Some(handle) = self.handle.take() {
+            while !handle.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if handle.is_finished() {
+                let _ = handle.join();
+            }
+        }
     }
 }
 

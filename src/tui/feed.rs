@@ -64,6 +64,7 @@ pub enum Driver {
 pub struct Feed {
     ctl: Sender<Control>,
     interrupt: Arc<AtomicBool>,
+    worker: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Feed {
@@ -91,10 +92,14 @@ impl Feed {
             ctl_rx,
             interrupt: interrupt.clone(),
         };
-        std::thread::Builder::new()
+        let worker = std::thread::Builder::new()
             .name("gpudiag-feed".into())
             .spawn(move || worker.run())?;
-        Ok(Feed { ctl, interrupt })
+        Ok(Feed {
+            ctl,
+            interrupt,
+            worker: Some(worker),
+        })
     }
 
     pub fn send(&self, c: Control) {
@@ -105,8 +110,20 @@ impl Feed {
 }
 
 impl Drop for Feed {
+    /// Stops the worker and waits a bounded while for it, so the backend it owns is dropped
+    /// (and its own threads stopped) before the process exits; a backend stuck in a vendor call
+    /// is left behind after the bound rather than hanging the exit.
     fn drop(&mut self) {
         self.send(Control::Stop);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        if let Some(worker) = self.worker.take() {
+            while !worker.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if worker.is_finished() {
+                let _ = worker.join();
+            }
+        }
     }
 }
 
