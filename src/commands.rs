@@ -425,7 +425,7 @@ fn run_probes_with(
 ) -> Result<crate::probes::runner::ProbeReport, Error> {
     let name = suite.as_str();
     let s = crate::probes::suite::builtin(name).map_err(Error::Usage)?;
-    crate::probes::runner::run(&crate::probes::runner::Options {
+    let result = crate::probes::runner::run(&crate::probes::runner::Options {
         suite_name: name.into(),
         suite: s,
         only: only.map(<[String]>::to_vec).unwrap_or_default(),
@@ -433,7 +433,31 @@ fn run_probes_with(
         force,
         init_timeout,
         stop,
-    })
+    });
+    match result {
+        // No CUDA GPU: if the GPUs here are AMD ones, say that plainly rather than "no driver".
+        Err(Error::CannotRun(why)) => Err(Error::CannotRun(match amd_gpus_here() {
+            Some(names) => format!(
+                "{}: this host's GPUs are AMD ({names}); probes run on NVIDIA GPUs for now",
+                crate::telemetry::amd::PROBES_UNAVAILABLE
+            ),
+            None => why,
+        })),
+        other => other,
+    }
+}
+
+/// The AMD GPUs the amdgpu driver shows, by name, when there are any.
+fn amd_gpus_here() -> Option<String> {
+    let root = std::env::var_os(crate::telemetry::sysfs::SYSFS_ROOT_ENV)
+        .map_or_else(|| std::path::PathBuf::from("/"), Into::into);
+    let backend = crate::telemetry::sysfs::SysfsBackend::open(&root).ok()?;
+    let names: Vec<String> = backend
+        .devices()
+        .iter()
+        .filter_map(|d| crate::telemetry::amd::probes_unavailable(d).map(|_| d.label()))
+        .collect();
+    (!names.is_empty()).then(|| names.join(", "))
 }
 
 /// `gpudiag probe`: prints the results; returns the exit code.

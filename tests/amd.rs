@@ -607,3 +607,26 @@ fn downtrained_amd_links_fire_the_pcie_rule_without_p_states() {
         assert!(link.title.contains(expected), "{fixture}: {}", link.title);
     }
 }
+
+#[test]
+fn probe_on_an_amd_host_says_amd_probes_are_not_available_yet() {
+    // Only meaningful where no CUDA driver answers first (CI); on a GPU host probes would run.
+    let libcuda = gpudiag::report::environment::detect_libraries()
+        .into_iter()
+        .any(|l| l.name == "libcuda" && l.found);
+    if libcuda {
+        eprintln!("skipped: this host has libcuda");
+        return;
+    }
+    let out = assert_cmd::Command::cargo_bin("gpudiag")
+        .unwrap()
+        .env("GPUDIAG_SYSFS_ROOT", "tests/fixtures/sysfs/mi300x")
+        .args(["probe", "--suite", "quick"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("AMD probes are not available yet"), "{err}");
+    assert!(err.contains("AMD Instinct MI300X"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}

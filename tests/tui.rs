@@ -806,3 +806,37 @@ fn probes_need_a_live_source() {
     assert!(press(&mut app, &[KeyCode::Enter]).is_empty());
     assert!(render(&app, 80, 24).contains("Probes need live GPUs"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// An AMD GPU (the MI300X sysfs fixture) in the same panels
+
+#[test]
+fn amd_fixture_device_renders_like_any_gpu() {
+    use gpudiag::telemetry::sysfs::SysfsBackend;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/mi300x");
+    let mut b = SysfsBackend::open(&root).unwrap();
+    let mut app = App::new(AppInit {
+        host: b.host().clone(),
+        devices: b.devices().to_vec(),
+        source: SourceKind::Live,
+        backend_name: b.name().into(),
+        interval: Duration::from_secs(1),
+        theme: Theme { color: false },
+        can_signal: false,
+    });
+    for _ in 0..3 {
+        app.push_tick(b.poll().unwrap());
+    }
+    app.refresh_findings();
+    let screen = render(&app, 120, 30);
+    assert!(screen.contains("AMD Instinct MI300X"), "{screen}");
+    // Gen4 of a Gen5 link, shown as on NVIDIA; absent values read n/a, never 0.
+    assert!(screen.contains("PCIe 4x16(max 5x16)"), "{screen}");
+    insta::assert_snapshot!("amd_mi300x_devices_120x30", screen);
+    press(&mut app, &[KeyCode::Char('4')]);
+    let findings = render(&app, 120, 30);
+    assert!(
+        findings.contains("AMD GPU: checks that need NVIDIA-only signals"),
+        "{findings}"
+    );
+}
