@@ -39,10 +39,34 @@ pub fn run_with_deadline<T: Send + 'static>(
     }
 }
 
+/// Waits at most `bound` for a thread to finish and joins it; past the bound the thread is left
+/// behind (it may be inside a vendor call a sick driver holds) and `None` comes back.
+pub fn join_within<T>(handle: std::thread::JoinHandle<T>, bound: Duration) -> Option<T> {
+    let deadline = std::time::Instant::now() + bound;
+    while !handle.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if handle.is_finished() {
+        handle.join().ok()
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    #[test]
+    fn join_within_joins_a_finished_thread_and_leaves_a_stuck_one() {
+        let quick = std::thread::spawn(|| 7);
+        assert_eq!(join_within(quick, Duration::from_secs(5)), Some(7));
+        let start = Instant::now();
+        let stuck = std::thread::spawn(|| std::thread::sleep(Duration::from_secs(30)));
+        assert_eq!(join_within(stuck, Duration::from_millis(100)), None);
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
 
     #[test]
     fn a_quick_call_returns_its_value() {

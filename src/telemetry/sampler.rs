@@ -84,14 +84,8 @@ impl Drop for Sampler {
     /// is left behind after the bound rather than hanging the caller.
     fn drop(&mut self) {
         self.stop();
-        let deadline = Instant::now() + Duration::from_secs(2);
         if let Some(handle) = self.handle.take() {
-            while !handle.is_finished() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            if handle.is_finished() {
-                let _ = handle.join();
-            }
+            let _ = crate::deadline::join_within(handle, Duration::from_secs(2));
         }
     }
 }

@@ -115,14 +115,8 @@ impl Drop for Feed {
     /// is left behind after the bound rather than hanging the exit.
     fn drop(&mut self) {
         self.send(Control::Stop);
-        let deadline = Instant::now() + Duration::from_secs(2);
         if let Some(worker) = self.worker.take() {
-            while !worker.is_finished() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            if worker.is_finished() {
-                let _ = worker.join();
-            }
+            let _ = crate::deadline::join_within(worker, Duration::from_secs(2));
         }
     }
 }
