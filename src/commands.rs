@@ -42,6 +42,12 @@ impl Source {
             .cloned()
             .collect()
     }
+
+    /// The topology of the selected GPUs, where the source knows it.
+    pub fn topology(&self) -> Option<crate::topology::Topology> {
+        let selected: Vec<u32> = self.selected.0.iter().copied().collect();
+        self.backend.topology().map(|t| t.restricted_to(&selected))
+    }
 }
 
 /// The device indices `--device` selected.
@@ -245,6 +251,7 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
     let backend_name = source.backend.name().to_owned();
     let source_warnings = source.backend.source_warnings();
     let recording = source.recording.clone();
+    let topology = source.topology();
 
     let mut source = source;
     let engine = RuleEngine::new(
@@ -318,6 +325,7 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
     if let Some(p) = &probed {
         let now = collected.last_ms().unwrap_or_else(now_ms);
         findings.extend(crate::probes::runner::findings(&p.devices, now));
+        findings.extend(crate::probes::runner::host_findings(&p.host, now));
         for dp in &p.devices {
             let Some(info) = devices.iter().find(|d| d.index == dp.index) else {
                 continue;
@@ -335,6 +343,11 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
                 now,
             ));
         }
+        findings.extend(rules::peers::compare(
+            &p.devices,
+            config.rules.peers.margin,
+            now,
+        ));
         rules::sort(&mut findings);
     }
     let fail_on = args.fail_on.into();
@@ -380,6 +393,8 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
             end_ms: collected.last_ms(),
         },
         devices: device_reports,
+        topology,
+        host_probes: probed.as_ref().map(|p| p.host.clone()),
         host_findings,
         status,
         fail_on,
@@ -461,9 +476,9 @@ fn amd_gpus_here() -> Option<String> {
 }
 
 /// `gpudiag probe`: prints the results; returns the exit code.
-pub fn probe(args: &ProbeArgs, stop: Arc<AtomicBool>) -> Result<i32, Error> {
+pub fn probe(args: &ProbeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result<i32, Error> {
     crate::probes::runner::check_names(&args.names)?;
-    let report = run_probes_with(
+    let mut report = run_probes_with(
         args.suite,
         &args.devices,
         args.force,
@@ -471,12 +486,17 @@ pub fn probe(args: &ProbeArgs, stop: Arc<AtomicBool>) -> Result<i32, Error> {
         stop,
         args.init_timeout,
     )?;
+    report.findings = rules::peers::compare(&report.devices, config.rules.peers.margin, now_ms());
     if args.json {
         let json = serde_json::to_string_pretty(&report)
             .map_err(|e| Error::CannotRun(format!("could not serialise the results: {e}")))?;
         print(&format!("{json}\n"))?;
     } else {
-        print(&crate::probes::text::render(&report))?;
+        let mut text = crate::probes::text::render(&report);
+        for f in &report.findings {
+            text.push_str(&format!("[{}] {} — {}\n", f.severity, f.title, f.advice));
+        }
+        print(&text)?;
     }
     Ok(report.exit_code())
 }
@@ -493,12 +513,13 @@ pub fn record(args: &RecordArgs, stop: Arc<AtomicBool>, config: &Config) -> Resu
         .recording
         .is_none()
         .then_some(args.interval.as_millis() as u64);
-    let header = Header::new(
+    let mut header = Header::new(
         source.backend.name(),
         source.backend.host().clone(),
         source.devices(),
         interval_ms,
     );
+    header.topology = source.topology();
     let mut writer = match RecordingWriter::create_with(&args.output, &header, args.force) {
         Err(RecordingError::Io { source, .. })
             if source.kind() == std::io::ErrorKind::AlreadyExists =>

@@ -26,6 +26,21 @@ pub struct RulesConfig {
     pub pcie: PcieConfig,
     pub memory: MemoryConfig,
     pub thermal: ThermalConfig,
+    pub peers: PeersConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PeersConfig {
+    /// A GPU (or a link) this share (0..1) below the median of its peers of the same model (or
+    /// connection) is flagged.
+    pub margin: f64,
+}
+
+impl Default for PeersConfig {
+    fn default() -> Self {
+        PeersConfig { margin: 0.10 }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -227,6 +242,12 @@ leak_min_steps = 4
 window_s = 10.0
 # Warns within this many degrees C of the slowdown threshold.
 slowdown_margin_c = 5.0
+
+[rules.peers]
+# Probe results (matmul, bandwidth, peer copies) this share (0..1) below the median of the
+# host's other GPUs of the same model are flagged; likewise a GPU pair's link against the other
+# links of the same kind (NV18, PIX, ...).
+margin = 0.10
 "#;
 
 #[derive(Debug, thiserror::Error)]
@@ -280,7 +301,7 @@ impl Config {
     /// Range checks serde cannot express; each error names the key.
     fn validate(&self, origin: &str) -> Result<(), ConfigError> {
         let r = &self.rules;
-        let checks: [(&str, f64, f64, f64); 19] = [
+        let checks: [(&str, f64, f64, f64); 20] = [
             (
                 "rules.engine.eval_interval_s",
                 r.engine.eval_interval_s,
@@ -359,6 +380,7 @@ impl Config {
                 1e9,
             ),
             ("rules.thermal.window_s", r.thermal.window_s, 1.0, 86400.0),
+            ("rules.peers.margin", r.peers.margin, 0.0, 0.99),
             (
                 "rules.thermal.slowdown_margin_c",
                 r.thermal.slowdown_margin_c,

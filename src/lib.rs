@@ -11,4 +11,5 @@ pub mod probes;
 pub mod report;
 pub mod rules;
 pub mod telemetry;
+pub mod topology;
 pub mod tui;

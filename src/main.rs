@@ -16,6 +16,7 @@ use gpudiag::telemetry::sysfs::SYSFS_ROOT_ENV;
 use gpudiag::tui;
 
 fn main() -> ExitCode {
+    keep_nvlink_multicast_off();
     let cli = Cli::parse();
     let code = match run(cli) {
         Ok(code) => code,
@@ -25,6 +26,18 @@ fn main() -> ExitCode {
         }
     };
     ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// NCCL's NVLink multicast (NVLS) creates fabric objects that can outlive a crashed process and
+/// take a shared host's GPUs out of service; the all-reduce probe measures without it unless
+/// the user asked for it explicitly.
+fn keep_nvlink_multicast_off() {
+    let var = gpudiag::probes::nccl::NVLS_ENV;
+    if std::env::var_os(var).is_none() {
+        // SAFETY: called first thing in main, before any thread exists that could read the
+        // environment concurrently.
+        unsafe { std::env::set_var(var, "0") };
+    }
 }
 
 fn run(cli: Cli) -> Result<i32, Error> {
@@ -47,7 +60,7 @@ fn run(cli: Cli) -> Result<i32, Error> {
             let flag = stop.clone();
             // Ctrl-C stops the probes between steps; buffers and contexts are freed on the way out.
             let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
-            commands::probe(args, stop)
+            commands::probe(args, stop, &config()?)
         }
         Some(Command::Record(ref args)) => {
             let stop = Arc::new(AtomicBool::new(false));
@@ -108,6 +121,8 @@ fn check(args: &CheckArgs, config: &Config) -> Result<i32, Error> {
             let probed = gpudiag::probes::runner::ProbeReport {
                 suite: suite.as_str().into(),
                 devices: devices.collect(),
+                host: report.host_probes.clone().unwrap_or_default(),
+                findings: Vec::new(),
             };
             commands::print(&gpudiag::probes::text::render(&probed))?;
         }

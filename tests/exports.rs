@@ -389,7 +389,7 @@ fn bundle_holds_every_part_and_each_parses() {
 
     let env: Environment = serde_json::from_slice(member(&members, "environment.json")).unwrap();
     assert_eq!(env.os.arch, std::env::consts::ARCH);
-    assert_eq!(env.libraries.len(), 4);
+    assert_eq!(env.libraries.len(), 5);
     assert!(
         env.pci.is_empty(),
         "a replay says nothing about this host's PCI tree"

@@ -96,9 +96,9 @@ fn gpudiag(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn probe_usage_errors_exit_2() {
-    let out = gpudiag(&["probe", "p2p"]);
+    let out = gpudiag(&["probe", "p2q"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no probe 'p2p'"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no probe 'p2q'"));
     assert_eq!(
         gpudiag(&["probe", "--suite", "huge"]).status.code(),
         Some(2)

@@ -18,7 +18,7 @@ const REPORT_SCHEMA: &str = "check-report.schema.json";
 const RECORDING_SCHEMA: &str = "recording.schema.json";
 /// `$defs` both schema files carry, which must stay identical. A def added to both files must be
 /// added here too (the identity test counts them).
-const SHARED_DEFS: [&str; 11] = [
+const SHARED_DEFS: [&str; 18] = [
     "Absent",
     "Severity",
     "HostInfo",
@@ -30,6 +30,13 @@ const SHARED_DEFS: [&str; 11] = [
     "Evidence",
     "FindingFields",
     "Finding",
+    "PciePath",
+    "P2pCaps",
+    "GpuPair",
+    "NvLinkErrors",
+    "NvLink",
+    "GpuPlacement",
+    "Topology",
 ];
 
 fn root() -> &'static Path {
@@ -511,7 +518,7 @@ fn report_with_this_hosts_libraries_validates() {
     let value = replay_report("all_kinds.ndjson", &[]);
     let mut report: CheckReport = serde_json::from_value(value).unwrap();
     let libraries = gpudiag::report::environment::detect_libraries();
-    assert_eq!(libraries.len(), 4);
+    assert_eq!(libraries.len(), 5);
     report.libraries = Some(libraries);
     let value = serde_json::to_value(&report).unwrap();
     assert_valid(&v, &value, "report with libraries");

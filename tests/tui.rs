@@ -47,6 +47,7 @@ fn new_app(b: &ReplayBackend, name: &str, can_signal: bool) -> App {
         interval: Duration::from_secs(1),
         theme: Theme { color: false },
         can_signal,
+        topology: b.topology(),
     })
 }
 
@@ -211,7 +212,11 @@ fn tab_and_number_keys_switch_panels() {
         &mut app,
         &[KeyCode::BackTab, KeyCode::BackTab, KeyCode::BackTab],
     );
+    assert_eq!(app.panel, Panel::Topology);
+    press(&mut app, &[KeyCode::BackTab]);
     assert_eq!(app.panel, Panel::Probes);
+    press(&mut app, &[KeyCode::Char('6')]);
+    assert_eq!(app.panel, Panel::Topology);
     press(&mut app, &[KeyCode::Char('4')]);
     assert_eq!(app.panel, Panel::Findings);
     press(&mut app, &[KeyCode::Char('1'), KeyCode::Enter]);
@@ -756,6 +761,7 @@ fn live_app() -> App {
         interval: Duration::from_secs(1),
         theme: Theme { color: false },
         can_signal: true,
+        topology: b.topology(),
     })
 }
 
@@ -823,6 +829,7 @@ fn amd_fixture_device_renders_like_any_gpu() {
         interval: Duration::from_secs(1),
         theme: Theme { color: false },
         can_signal: false,
+        topology: b.topology(),
     });
     for _ in 0..3 {
         app.push_tick(b.poll().unwrap());

@@ -30,7 +30,7 @@ fn ck(r: sys::CUresult, what: &str) -> Result<(), ProbeError> {
 }
 
 /// Times `samples` × (16 ops between events), after 4 warm-up ops; milliseconds per sample.
-fn time_ops(
+pub(crate) fn time_ops(
     s: &Stream,
     samples: u32,
     ctl: &Control,
@@ -54,7 +54,7 @@ fn time_ops(
 }
 
 /// GB/s per sample for `bytes` moved per op.
-fn rates(ms: &[f64], bytes: f64) -> Vec<f64> {
+pub(crate) fn rates(ms: &[f64], bytes: f64) -> Vec<f64> {
     ms.iter()
         .map(|t| gb_per_s(bytes * f64::from(COPIES), *t))
         .collect()

@@ -141,6 +141,20 @@ impl Gpu {
         })
     }
 
+    /// Makes this GPU's context current on the calling thread: allocations, streams and events
+    /// belong to the context current when they are made, so work on several GPUs switches.
+    pub fn bind(&self) -> Result<(), ProbeError> {
+        self.ctx.bind_to_thread().map_err(cuda("cuCtxSetCurrent"))
+    }
+
+    pub fn raw_context(&self) -> sys::CUcontext {
+        self.ctx.cu_ctx()
+    }
+
+    pub fn raw_device(&self) -> sys::CUdevice {
+        self.ctx.cu_device()
+    }
+
     /// (free, total) device memory in bytes.
     pub fn mem_info(&self) -> Result<(u64, u64), ProbeError> {
         let (f, t) = self.ctx.mem_get_info().map_err(cuda("cuMemGetInfo"))?;

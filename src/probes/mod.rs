@@ -10,6 +10,8 @@ pub mod guard;
 pub mod latency;
 pub mod matmul;
 pub mod memory;
+pub mod nccl;
+pub mod p2p;
 pub mod ptx;
 pub mod runner;
 pub mod suite;
@@ -33,7 +35,10 @@ pub(crate) fn test_fault(which: &str) -> bool {
 }
 
 /// The probes gpudiag knows, in the order a suite runs them.
-pub const PROBE_NAMES: [&str; 4] = ["latency", "bandwidth", "matmul", "memory"];
+pub const PROBE_NAMES: [&str; 6] = ["latency", "bandwidth", "matmul", "memory", "p2p", "nccl"];
+
+/// Probes that run over all selected GPUs at once, after the per-GPU ones.
+pub const MULTI_GPU_PROBES: [&str; 2] = ["p2p", "nccl"];
 
 /// What a probe concluded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

@@ -15,6 +15,7 @@ use super::matmul::Engines;
 use super::suite::{self, Suite};
 use super::{
     Control, PROBE_NAMES, ProbeError, ProbeResult, Verdict, bandwidth, latency, matmul, memory,
+    nccl, p2p,
 };
 use crate::error::Error;
 use crate::rules::{Evidence, Finding, Severity};
@@ -49,6 +50,13 @@ pub struct DeviceProbes {
 pub struct ProbeReport {
     pub suite: String,
     pub devices: Vec<DeviceProbes>,
+    /// Probes over all selected GPUs at once (the NCCL all-reduce); empty when none ran.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host: Vec<ProbeResult>,
+    /// GPUs and links behind their peers (`gpudiag probe` fills it; `check` reports them with
+    /// its other findings).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<Finding>,
 }
 
 impl ProbeReport {
@@ -133,8 +141,14 @@ pub fn run(opts: &Options) -> Result<ProbeReport, Error> {
     } else {
         opts.only.clone()
     };
+    let (multi, per_gpu): (Vec<String>, Vec<String>) = names
+        .into_iter()
+        .partition(|n| super::MULTI_GPU_PROBES.contains(&n.as_str()));
+    let names = per_gpu;
     let table = suite::reference();
     let mut devices = Vec::new();
+    // Contexts stay open for the probes over several GPUs, which need all of them at once.
+    let mut opened: Vec<(u32, usize, Gpu)> = Vec::new();
     for (index, _, ordinal) in selected {
         let mut d = DeviceProbes {
             index: *index,
@@ -213,11 +227,99 @@ pub fn run(opts: &Options) -> Result<ProbeReport, Error> {
             d.results.push(r);
         }
         devices.push(d);
+        if !multi.is_empty() {
+            opened.push((*index, ordinal, g));
+        }
     }
+    let host = run_multi(opts, &multi, &nvml, &opened, &mut devices);
     Ok(ProbeReport {
         suite: opts.suite_name.clone(),
         devices,
+        host,
+        findings: Vec::new(),
     })
+}
+
+/// The probes over several GPUs (`p2p`, `nccl`) on every GPU that could be probed; p2p results
+/// go to each GPU's list, the all-reduce to the host's.
+fn run_multi(
+    opts: &Options,
+    multi: &[String],
+    nvml: &Option<Arc<Nvml>>,
+    opened: &[(u32, usize, Gpu)],
+    devices: &mut [DeviceProbes],
+) -> Vec<ProbeResult> {
+    let mut host = Vec::new();
+    if multi.is_empty() {
+        return host;
+    }
+    let ctl = Control::new(
+        Duration::from_secs_f64(opts.suite.deadline_s),
+        opts.stop.clone(),
+    );
+    // Every GPU may give the same share of its free memory.
+    let budget = opened
+        .iter()
+        .filter_map(|(_, _, g)| {
+            g.bind().ok()?;
+            let (free, _) = g.mem_info().ok()?;
+            Some(guard::memory_budget(
+                free,
+                opts.suite.memory_share,
+                u64::MAX,
+            ))
+        })
+        .min()
+        .unwrap_or(0);
+    for name in multi {
+        let start = Instant::now();
+        match name.as_str() {
+            "p2p" => {
+                let topology = nvml.as_ref().map(|n| {
+                    let buses = nvml_devices(n);
+                    let gpus: Vec<(u32, Option<String>)> = opened
+                        .iter()
+                        .map(|(i, _, _)| {
+                            let bus = buses
+                                .iter()
+                                .find(|(x, _, _)| x == i)
+                                .and_then(|b| b.2.clone());
+                            (*i, bus)
+                        })
+                        .collect();
+                    crate::telemetry::nvml::read_topology(n, &gpus)
+                });
+                let gpus: Vec<(u32, &Gpu)> = opened.iter().map(|(i, _, g)| (*i, g)).collect();
+                let results = p2p::run(&gpus, &opts.suite.p2p, budget, topology.as_ref(), &ctl);
+                for mut r in results {
+                    r.param("suite", opts.suite_name.as_str());
+                    r.duration_ms = start.elapsed().as_secs_f64() * 1e3;
+                    if let Some(d) = devices.iter_mut().find(|d| d.index == r.device) {
+                        d.results.push(r);
+                    }
+                }
+            }
+            "nccl" => {
+                let ranks: Vec<nccl::Rank> = opened
+                    .iter()
+                    .map(|(index, ordinal, _)| nccl::Rank {
+                        index: *index,
+                        ordinal: *ordinal,
+                    })
+                    .collect();
+                let mut r = nccl::run(&ranks, &opts.suite.nccl, budget, &ctl);
+                r.param("suite", opts.suite_name.as_str());
+                r.duration_ms = start.elapsed().as_secs_f64() * 1e3;
+                host.push(r);
+            }
+            _ => {}
+        }
+    }
+    for (_, _, g) in opened {
+        let _ = g.bind();
+        let _ = g.synchronize();
+    }
+    host
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -285,43 +387,68 @@ pub fn findings(devices: &[DeviceProbes], now_ms: u64) -> Vec<Finding> {
                 advice: "Run when the GPU is idle, or pass --force to probe a busy GPU.".into(),
             });
         }
-        for r in &d.results {
-            let (severity, advice) = match r.verdict {
-                Verdict::Fail if r.probe == "memory" => (
-                    Severity::Fail,
-                    "Drain the node: memory returned wrong data. Check ECC and remapped rows, reseat or replace the GPU.",
-                ),
-                Verdict::Fail => (
-                    Severity::Fail,
-                    "The GPU computed a wrong result or leaked memory: drain it and run the full suite.",
-                ),
-                Verdict::Warn => (
-                    Severity::Warn,
-                    "Below what this model should reach: check clocks, throttling, PCIe link.",
-                ),
-                Verdict::Error => (Severity::Warn, "The probe could not finish: see its note."),
-                _ => continue,
-            };
-            out.push(Finding {
-                id: format!("probes.{}", r.probe),
-                severity,
-                device: Some(d.index),
-                time_ms: now_ms,
-                title: format!(
-                    "{} probe: {}",
-                    r.probe,
-                    r.note.as_deref().unwrap_or("did not pass")
-                ),
-                evidence: Evidence {
-                    values: crate::rules::values([("verdict", serde_json::json!(r.verdict))]),
-                    window_s: r.duration_ms / 1e3,
-                    threshold: "verdict pass".into(),
-                },
-                advice: advice.into(),
-            });
-        }
+        out.extend(
+            d.results
+                .iter()
+                .filter_map(|r| result_finding(r, Some(d.index), now_ms)),
+        );
     }
     out
+}
+
+/// Findings for the probes over all GPUs (the all-reduce), which belong to no single GPU.
+pub fn host_findings(host: &[ProbeResult], now_ms: u64) -> Vec<Finding> {
+    host.iter()
+        .filter_map(|r| result_finding(r, None, now_ms))
+        .collect()
+}
+
+fn result_finding(r: &ProbeResult, device: Option<u32>, now_ms: u64) -> Option<Finding> {
+    let (severity, advice) = match r.verdict {
+        Verdict::Fail if r.probe == "p2p" => (
+            Severity::Fail,
+            "A GPU pair copied wrong data or could not copy: drain the node and check the NVLink and PCIe error counters of both GPUs (gpudiag check shows the topology).",
+        ),
+        Verdict::Warn if r.probe == "p2p" => (
+            Severity::Warn,
+            "Peer access between these GPUs is off, so copies go through host memory: check the IOMMU/ACS settings, the hypervisor's P2P support and NVIDIA_P2P regkeys.",
+        ),
+        Verdict::Fail if r.probe == "nccl" => (
+            Severity::Fail,
+            "NCCL returned wrong sums: drain the node and run the p2p probe to find the pair at fault.",
+        ),
+        Verdict::Fail if r.probe == "memory" => (
+            Severity::Fail,
+            "Drain the node: memory returned wrong data. Check ECC and remapped rows, reseat or replace the GPU.",
+        ),
+        Verdict::Fail => (
+            Severity::Fail,
+            "The GPU computed a wrong result or leaked memory: drain it and run the full suite.",
+        ),
+        Verdict::Warn => (
+            Severity::Warn,
+            "Below what this model should reach: check clocks, throttling, PCIe link.",
+        ),
+        Verdict::Error => (Severity::Warn, "The probe could not finish: see its note."),
+        _ => return None,
+    };
+    Some(Finding {
+        id: format!("probes.{}", r.probe),
+        severity,
+        device,
+        time_ms: now_ms,
+        title: format!(
+            "{} probe: {}",
+            r.probe,
+            r.note.as_deref().unwrap_or("did not pass")
+        ),
+        evidence: Evidence {
+            values: crate::rules::values([("verdict", serde_json::json!(r.verdict))]),
+            window_s: r.duration_ms / 1e3,
+            threshold: "verdict pass".into(),
+        },
+        advice: advice.into(),
+    })
 }
 
 #[cfg(test)]
@@ -352,11 +479,15 @@ mod tests {
         let rep = ProbeReport {
             suite: "quick".into(),
             devices: vec![device(Verdict::Fail)],
+            host: vec![],
+            findings: vec![],
         };
         assert_eq!(rep.exit_code(), 1);
         let rep = ProbeReport {
             suite: "quick".into(),
             devices: vec![device(Verdict::Pass)],
+            host: vec![],
+            findings: vec![],
         };
         assert_eq!(rep.exit_code(), 0);
     }
@@ -364,7 +495,8 @@ mod tests {
     #[test]
     fn unknown_probe_names_are_usage_errors() {
         assert!(check_names(&["matmul".into()]).is_ok());
-        let e = check_names(&["p2p".into()]).unwrap_err();
-        assert!(e.to_string().contains("no probe 'p2p'"));
+        assert!(check_names(&["p2p".into(), "nccl".into()]).is_ok());
+        let e = check_names(&["p2q".into()]).unwrap_err();
+        assert!(e.to_string().contains("no probe 'p2q'"));
     }
 }

@@ -20,6 +20,48 @@ pub struct Suite {
     pub matmul: MatmulParams,
     pub memory: MemoryParams,
     pub latency: LatencyParams,
+    #[serde(default)]
+    pub p2p: P2pParams,
+    #[serde(default)]
+    pub nccl: NcclParams,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct P2pParams {
+    /// Bytes per copy (also capped by `memory_share`: two buffers per GPU).
+    pub bytes: u64,
+    /// Timed samples per pair and direction (16 copies each, after 4 warm-ups).
+    pub samples: u32,
+}
+
+impl Default for P2pParams {
+    fn default() -> Self {
+        P2pParams {
+            bytes: 64 << 20,
+            samples: 3,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NcclParams {
+    /// Message sizes in bytes (float32 elements, so multiples of 4).
+    pub sizes: Vec<u64>,
+    pub warmups: u32,
+    /// Timed all-reduces per size.
+    pub iterations: u32,
+}
+
+impl Default for NcclParams {
+    fn default() -> Self {
+        NcclParams {
+            sizes: vec![8 << 20, 64 << 20, 256 << 20],
+            warmups: 5,
+            iterations: 20,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -91,7 +133,15 @@ pub fn parse_suite(text: &str) -> Result<Suite, String> {
     if let Some(p) = s.probes.iter().find(|p| !PROBE_NAMES.contains(&p.as_str())) {
         return Err(format!("unknown probe '{p}'"));
     }
-    if s.deadline_s <= 0.0 || s.bandwidth.samples == 0 || s.matmul.iterations == 0 {
+    if s.nccl.sizes.iter().any(|b| *b < 4 || b % 4 != 0) {
+        return Err("nccl.sizes must be positive multiples of 4 bytes (float32)".into());
+    }
+    if s.deadline_s <= 0.0
+        || s.bandwidth.samples == 0
+        || s.matmul.iterations == 0
+        || s.p2p.samples == 0
+        || s.nccl.iterations == 0
+    {
         return Err("deadline, samples and iterations must be positive".into());
     }
     Ok(s)
@@ -199,11 +249,11 @@ mod tests {
         let good = include_str!("../../probes/quick.toml");
         let bad = good.replace("memory_share = 0.03", "memory_share = 1.5");
         assert!(parse_suite(&bad).unwrap_err().contains("memory_share"));
-        let bad = good.replace("\"memory\"]", "\"p2p\"]");
+        let bad = good.replace("\"p2p\"]", "\"p2q\"]");
         assert!(
             parse_suite(&bad)
                 .unwrap_err()
-                .contains("unknown probe 'p2p'")
+                .contains("unknown probe 'p2q'")
         );
         let bad = format!("{good}\nsurprise = 1\n");
         assert!(parse_suite(&bad).is_err());

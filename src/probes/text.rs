@@ -1,7 +1,10 @@
-//! Plain-text rendering of probe results: one line per figure with its share of the model's peak.
+//! Plain-text rendering of probe results: one line per figure with its share of the model's
+//! peak, the GPU-to-GPU matrices when the p2p probe ran, and the all-reduce figures.
 
 use std::fmt::Write;
 
+use super::ProbeResult;
+use super::p2p::{self, PeerLink};
 use super::runner::ProbeReport;
 
 pub fn render(report: &ProbeReport) -> String {
@@ -24,33 +27,158 @@ pub fn render(report: &ProbeReport) -> String {
             continue;
         }
         for r in &d.results {
-            let verdict = serde_json::to_value(r.verdict)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
-            let _ = writeln!(
-                out,
-                "  {:<10} {:<8} {:>8.0} ms{}",
-                r.probe,
-                verdict,
-                r.duration_ms,
-                r.note
-                    .as_deref()
-                    .map(|n| format!("  {n}"))
-                    .unwrap_or_default()
-            );
-            for m in &r.metrics {
-                let share = m
-                    .ratio
-                    .map(|x| format!(" ({:.0}% of {:.1})", x * 100.0, m.expected.unwrap_or(0.0)))
-                    .unwrap_or_default();
-                let _ = writeln!(
-                    out,
-                    "    {:<22} {:>12.3} {:<8}{}  [{}]",
-                    m.name, m.value, m.unit, share, m.served_by
-                );
-            }
+            out.push_str(&render_result(r));
+        }
+    }
+    let links: Vec<PeerLink> = report
+        .devices
+        .iter()
+        .flat_map(|d| &d.results)
+        .filter(|r| r.probe == "p2p")
+        .flat_map(p2p::links_of)
+        .collect();
+    out.push_str(&render_matrices(&links));
+    if !report.host.is_empty() {
+        out.push_str("All GPUs together\n");
+        for r in &report.host {
+            out.push_str(&render_result(r));
         }
     }
     out
+}
+
+fn verdict_name(r: &ProbeResult) -> String {
+    serde_json::to_value(r.verdict)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// One probe: its verdict and time, then one line per figure.
+pub fn render_result(r: &ProbeResult) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "  {:<10} {:<8} {:>8.0} ms{}",
+        r.probe,
+        verdict_name(r),
+        r.duration_ms,
+        r.note
+            .as_deref()
+            .map(|n| format!("  {n}"))
+            .unwrap_or_default()
+    );
+    for m in &r.metrics {
+        let share = m
+            .ratio
+            .map(|x| format!(" ({:.0}% of {:.1})", x * 100.0, m.expected.unwrap_or(0.0)))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "    {:<22} {:>12.3} {:<8}{}  [{}]",
+            m.name, m.value, m.unit, share, m.served_by
+        );
+    }
+    out
+}
+
+/// Source-by-destination matrices of unidirectional and bidirectional GB/s and latency, like
+/// `p2pBandwidthLatencyTest` prints them; empty without links.
+pub fn render_matrices(links: &[PeerLink]) -> String {
+    let mut out = String::new();
+    let mut gpus: Vec<u32> = links.iter().flat_map(|l| [l.src, l.dst]).collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    if gpus.len() < 2 {
+        return out;
+    }
+    type Pick = fn(&PeerLink) -> Option<f64>;
+    let tables: [(&str, Pick, usize); 3] = [
+        (
+            "Peer copies, one direction (GB/s)",
+            |l| l.unidirectional_gbps,
+            1,
+        ),
+        (
+            "Peer copies, both directions (GB/s)",
+            |l| l.bidirectional_gbps,
+            1,
+        ),
+        ("Peer copy latency, 4 bytes (us)", |l| l.latency_us, 2),
+    ];
+    for (title, pick, decimals) in tables {
+        let _ = write!(out, "{title}\n  src\\dst");
+        for g in &gpus {
+            let _ = write!(out, " {:>8}", format!("GPU{g}"));
+        }
+        out.push('\n');
+        for s in &gpus {
+            let _ = write!(out, "  {:<7}", format!("GPU{s}"));
+            for d in &gpus {
+                let cell = if s == d {
+                    "-".to_owned()
+                } else {
+                    links
+                        .iter()
+                        .find(|l| l.src == *s && l.dst == *d)
+                        .and_then(pick)
+                        .map_or("n/a".to_owned(), |v| format!("{v:.decimals$}"))
+                };
+                let _ = write!(out, " {cell:>8}");
+            }
+            out.push('\n');
+        }
+    }
+    for l in links
+        .iter()
+        .filter(|l| !l.peer_access || l.verified == Some(false))
+    {
+        let _ = writeln!(
+            out,
+            "  GPU{} -> GPU{}: {}{}",
+            l.src,
+            l.dst,
+            if l.verified == Some(false) {
+                "BROKEN: wrong bytes arrived"
+            } else {
+                "peer access off (staged through host memory)"
+            },
+            l.note
+                .as_deref()
+                .map(|n| format!("; {n}"))
+                .unwrap_or_default()
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(src: u32, dst: u32, uni: f64) -> PeerLink {
+        PeerLink {
+            src,
+            dst,
+            connection: Some("NV18".into()),
+            peer_access: true,
+            unidirectional_gbps: Some(uni),
+            bidirectional_gbps: Some(2.0 * uni),
+            latency_us: Some(2.25),
+            verified: Some(true),
+            note: None,
+        }
+    }
+
+    #[test]
+    fn matrices_put_sources_in_rows() {
+        let mut broken = link(1, 0, 120.0);
+        broken.verified = Some(false);
+        let text = render_matrices(&[link(0, 1, 390.0), broken]);
+        assert!(text.contains("  GPU0           -    390.0"), "{text}");
+        assert!(text.contains("  GPU1       120.0        -"), "{text}");
+        assert!(text.contains("GPU1 -> GPU0: BROKEN"), "{text}");
+        assert!(text.contains("2.25"), "{text}");
+        assert!(render_matrices(&[]).is_empty());
+    }
 }

@@ -27,6 +27,13 @@ pub struct CheckReport {
     pub libraries: Option<Vec<LibraryInfo>>,
     pub window: WindowInfo,
     pub devices: Vec<DeviceReport>,
+    /// How the checked GPUs connect (PCIe paths, NVLinks, NUMA); `None` when the source cannot
+    /// tell (a recording made before topology was recorded, a non-NVIDIA backend).
+    #[serde(default)]
+    pub topology: Option<crate::topology::Topology>,
+    /// Probes over several GPUs at once (the NCCL all-reduce) when `check --probes` ran them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_probes: Option<Vec<crate::probes::ProbeResult>>,
     /// Findings that belong to no single device.
     pub host_findings: Vec<Finding>,
     pub status: Status,

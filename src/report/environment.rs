@@ -33,6 +33,9 @@ struct Candidate {
     name: &'static str,
     sonames: &'static [&'static str],
     optional: bool,
+    /// The `nvidia-*` Python wheel that also ships the library: PyTorch users often have NCCL
+    /// only there, outside every loader path.
+    python_package: Option<&'static str>,
 }
 
 const CANDIDATES: &[Candidate] = &[
@@ -40,21 +43,31 @@ const CANDIDATES: &[Candidate] = &[
         name: "libcuda",
         sonames: &["libcuda.so.1", "libcuda.so"],
         optional: false,
+        python_package: None,
     },
     Candidate {
         name: "libnvrtc",
         sonames: &["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"],
         optional: true,
+        python_package: None,
     },
     Candidate {
         name: "libcublas",
         sonames: &["libcublas.so.13", "libcublas.so.12", "libcublas.so"],
         optional: true,
+        python_package: None,
     },
     Candidate {
         name: "libcublasLt",
         sonames: &["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"],
         optional: true,
+        python_package: None,
+    },
+    Candidate {
+        name: "libnccl",
+        sonames: &["libnccl.so.2", "libnccl.so"],
+        optional: true,
+        python_package: Some("nccl"),
     },
 ];
 
@@ -79,9 +92,61 @@ pub fn detect_libraries() -> Vec<LibraryInfo> {
                     note: Some(format!("ignored: {DRIVER_ONLY_ENV} is set")),
                 };
             }
-            locate(c, &dirs)
+            match c.python_package {
+                Some(package) => {
+                    let mut with_python = dirs.clone();
+                    with_python.extend(python_wheel_lib_dirs(package));
+                    locate(c, &with_python)
+                }
+                None => locate(c, &dirs),
+            }
         })
         .collect()
+}
+
+/// `lib` folders of NVIDIA's Python wheels for `package` ("nccl"): in the active virtual or
+/// conda environment, the system and user site-packages, in that order.
+fn python_wheel_lib_dirs(package: &str) -> Vec<PathBuf> {
+    let mut roots: Vec<PathBuf> = Vec::new();
+    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+        if let Some(v) = std::env::var_os(var) {
+            roots.push(PathBuf::from(v).join("lib"));
+        }
+    }
+    roots.push(PathBuf::from("/usr/local/lib"));
+    roots.push(PathBuf::from("/usr/lib"));
+    if let Some(home) = std::env::var_os("HOME") {
+        roots.push(PathBuf::from(home).join(".local/lib"));
+    }
+    let mut dirs = Vec::new();
+    for root in roots {
+        let Ok(entries) = std::fs::read_dir(&root) else {
+            continue;
+        };
+        let mut pythons: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|f| f.to_str())
+                    .is_some_and(|f| f.starts_with("python3"))
+            })
+            .collect();
+        pythons.sort();
+        for py in pythons {
+            for site in ["site-packages", "dist-packages"] {
+                let nvidia = py.join(site).join("nvidia");
+                // CUDA 13 wheels put every library under nvidia/cu13/lib.
+                for sub in [package, "cu13", "cu12"] {
+                    let d = nvidia.join(sub).join("lib");
+                    if d.is_dir() {
+                        dirs.push(d);
+                    }
+                }
+            }
+        }
+    }
+    dirs
 }
 
 fn locate(c: &Candidate, dirs: &[PathBuf]) -> LibraryInfo {
@@ -307,7 +372,7 @@ mod tests {
     #[test]
     fn missing_libraries_are_reported_not_fatal() {
         let libs = detect_libraries();
-        assert_eq!(libs.len(), 4);
+        assert_eq!(libs.len(), 5);
         for l in libs.iter().filter(|l| !l.found) {
             assert!(l.note.is_some(), "{} has no note", l.name);
             assert!(l.version.is_none());

@@ -69,6 +69,10 @@ pub fn render(report: &CheckReport) -> String {
         out.push('\n');
         render_device(&mut out, d);
     }
+    if let Some(t) = &report.topology {
+        out.push('\n');
+        out.push_str(&crate::topology::render(t));
+    }
     if !report.host_findings.is_empty() {
         out.push_str("\nhost findings:\n");
         for f in &report.host_findings {

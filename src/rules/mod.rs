@@ -59,6 +59,7 @@ pub mod environment;
 pub mod errors;
 pub mod memory;
 pub mod pcie;
+pub mod peers;
 pub mod thermal;
 pub mod throttle;
 pub mod utilisation;

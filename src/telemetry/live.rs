@@ -223,6 +223,37 @@ impl Backend for CompositeBackend {
         Ok(tick)
     }
 
+    fn topology(&self) -> Option<crate::topology::Topology> {
+        // Each vendor's part knows only its own GPUs; renumber them to the host-wide indices.
+        let mut merged = crate::topology::Topology::default();
+        let mut any = false;
+        for part in &self.parts {
+            let Some(t) = part.backend.topology() else {
+                continue;
+            };
+            any = true;
+            for mut g in t.gpus {
+                let Some(index) = part.global(g.index) else {
+                    continue;
+                };
+                g.index = index;
+                for l in &mut g.nvlinks {
+                    l.remote_gpu = l.remote_gpu.and_then(|r| part.global(r));
+                }
+                merged.gpus.push(g);
+            }
+            for mut p in t.pairs {
+                let (Some(a), Some(b)) = (part.global(p.a), part.global(p.b)) else {
+                    continue;
+                };
+                (p.a, p.b) = (a.min(b), a.max(b));
+                merged.pairs.push(p);
+            }
+            merged.notes.extend(t.notes);
+        }
+        any.then_some(merged)
+    }
+
     fn source_warnings(&self) -> Vec<String> {
         self.parts
             .iter()

@@ -71,6 +71,11 @@ pub trait Backend: Send {
     fn wait_for_slow_fields(&self, _timeout: Duration) {}
     /// Live backends: the cadence of slow fields (PCIe throughput, process lists); hint only.
     fn set_slow_interval(&mut self, _interval: Duration) {}
+    /// How the GPUs connect (PCIe paths, NVLinks, NUMA), read from the hardware or the
+    /// recording; `None` where the source cannot tell.
+    fn topology(&self) -> Option<crate::topology::Topology> {
+        None
+    }
 }
 
 /// Wall-clock now in milliseconds since the Unix epoch, never going backwards within a process:

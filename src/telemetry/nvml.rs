@@ -34,7 +34,8 @@ use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::device::Device;
 use nvml_wrapper::enum_wrappers::device::{
-    Clock, PcieUtilCounter, PerformanceState, TemperatureSensor, TemperatureThreshold,
+    Clock, P2pCapabilitiesIndex, P2pStatus, PcieUtilCounter, PerformanceState, TemperatureSensor,
+    TemperatureThreshold, TopologyLevel,
 };
 use nvml_wrapper::enums::device::{DeviceArchitecture, SampleValue, UsedGpuMemory};
 use nvml_wrapper::enums::event::XidError;
@@ -224,6 +225,15 @@ impl Backend for NvmlBackend {
 
     fn pacing(&self) -> Pacing {
         Pacing::Live
+    }
+
+    fn topology(&self) -> Option<crate::topology::Topology> {
+        let gpus: Vec<(u32, Option<String>)> = self
+            .devices
+            .iter()
+            .map(|d| (d.index, d.pci_bus_id.clone()))
+            .collect();
+        Some(read_topology(&self.nvml, &gpus))
     }
 
     fn poll(&mut self) -> Result<super::Tick, BackendError> {
@@ -1102,6 +1112,199 @@ fn event_loop(nvml: &Nvml, indices: &[u32], queue: &Mutex<Vec<Event>>, shared: &
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Topology
+
+/// NVML reports at most this many NVLinks per GPU (`NVML_NVLINK_MAX_LINKS`).
+const NVLINK_MAX_LINKS: u32 = 18;
+
+/// `NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON`: the speed every active link of the GPU runs at.
+const FI_NVLINK_SPEED_MBPS_COMMON: u32 = 90;
+
+/// Reads how the GPUs (NVML index, PCI bus id) connect. Every failure becomes a `None` (and one
+/// note per cause); a GPU without NVLink simply has no links.
+pub(crate) fn read_topology(
+    nvml: &Nvml,
+    devices: &[(u32, Option<String>)],
+) -> crate::topology::Topology {
+    use crate::topology::{GpuPair, GpuPlacement, Topology, finish_pairs};
+    let mut notes: Vec<String> = Vec::new();
+    let mut note = |n: String| {
+        if !notes.contains(&n) {
+            notes.push(n);
+        }
+    };
+    let handles: Vec<(u32, Option<Device<'_>>)> = devices
+        .iter()
+        .map(|(i, _)| (*i, nvml.device_by_index(*i).ok()))
+        .collect();
+    let bus_of = |i: u32| {
+        devices
+            .iter()
+            .find(|(d, _)| *d == i)
+            .and_then(|(_, b)| b.clone())
+    };
+    let mut gpus = Vec::new();
+    for (index, dev) in &handles {
+        let Some(dev) = dev else {
+            note(format!("GPU {index}: no NVML handle"));
+            continue;
+        };
+        let pci_bus_id = bus_of(*index);
+        gpus.push(GpuPlacement {
+            index: *index,
+            numa_node: numa_node(dev, pci_bus_id.as_deref()),
+            cpu_affinity: match dev.cpu_affinity(16) {
+                Ok(words) => crate::topology::cpu_list(&words),
+                Err(e) => {
+                    note(format!("CPU affinity: {}", absent_from(&e)));
+                    None
+                }
+            },
+            nvlink_speed_gbps: nvlink_speed_gbps(dev),
+            nvlinks: read_nvlinks(dev, devices),
+            pci_bus_id,
+        });
+    }
+    let mut pairs = Vec::new();
+    for (i, (a, da)) in handles.iter().enumerate() {
+        for (b, db) in &handles[i + 1..] {
+            let (Some(da), Some(db)) = (da, db) else {
+                continue;
+            };
+            let mut pair = GpuPair {
+                a: *a,
+                b: *b,
+                pcie_path: None,
+                nvlinks: 0,
+                label: String::new(),
+                p2p: Default::default(),
+                note: None,
+            };
+            // The wrapper takes the other device by value; a fresh handle is the same GPU.
+            match nvml
+                .device_by_index(*b)
+                .map(|other| da.topology_common_ancestor(other))
+            {
+                Ok(Ok(level)) => pair.pcie_path = Some(pcie_path(level)),
+                Ok(Err(e)) | Err(e) => pair.note = Some(format!("PCIe path: {}", absent_from(&e))),
+            }
+            pair.p2p = p2p_caps(da, db);
+            pairs.push(pair);
+        }
+    }
+    finish_pairs(&gpus, &mut pairs);
+    Topology { gpus, pairs, notes }
+}
+
+fn pcie_path(level: TopologyLevel) -> crate::topology::PciePath {
+    use crate::topology::PciePath;
+    match level {
+        TopologyLevel::Internal => PciePath::Board,
+        TopologyLevel::Single => PciePath::Switch,
+        TopologyLevel::Multiple => PciePath::Switches,
+        TopologyLevel::HostBridge => PciePath::HostBridge,
+        TopologyLevel::Node => PciePath::NumaNode,
+        TopologyLevel::System => PciePath::System,
+    }
+}
+
+/// NVML's NUMA node, else the kernel's (`-1` there means the platform gives none).
+fn numa_node(dev: &Device<'_>, bus: Option<&str>) -> Option<u32> {
+    if let Ok(n) = dev.numa_node_id() {
+        return Some(n);
+    }
+    let bus = bus?.to_ascii_lowercase();
+    // The kernel names PCI devices with a 4-digit domain; NVML uses 8.
+    let sysfs_name = match bus.split_once(':') {
+        Some((dom, rest)) if dom.len() > 4 => format!("{}:{rest}", &dom[dom.len() - 4..]),
+        _ => bus,
+    };
+    let text =
+        std::fs::read_to_string(format!("/sys/bus/pci/devices/{sysfs_name}/numa_node")).ok()?;
+    text.trim()
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| u32::try_from(n).ok())
+}
+
+fn nvlink_speed_gbps(dev: &Device<'_>) -> Option<f64> {
+    let answer = dev
+        .field_values_for(&[FieldId(FI_NVLINK_SPEED_MBPS_COMMON)])
+        .ok()?;
+    let sample = answer.into_iter().next()?.ok()?;
+    let mbps = match sample.value.ok()? {
+        SampleValue::U32(v) => f64::from(v),
+        SampleValue::U64(v) => v as f64,
+        SampleValue::I64(v) => v as f64,
+        _ => return None,
+    };
+    // NVML's "MBps" are 1e6 bytes per second; 0 means no link is up.
+    (mbps > 0.0).then_some(mbps / 1e3)
+}
+
+fn read_nvlinks(
+    dev: &Device<'_>,
+    devices: &[(u32, Option<String>)],
+) -> Vec<crate::topology::NvLink> {
+    use crate::topology::{NvLink, NvLinkErrors};
+    use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
+    let mut links = Vec::new();
+    for link in 0..NVLINK_MAX_LINKS {
+        let l = dev.link_wrapper_for(link);
+        // InvalidArg / NotSupported: the GPU has fewer links (or none); stop at the first.
+        let Ok(active) = l.is_active() else { break };
+        let remote = if active {
+            l.remote_pci_info().ok().map(|p| p.bus_id)
+        } else {
+            None
+        };
+        let remote_gpu = remote.as_deref().and_then(|bus| {
+            devices
+                .iter()
+                .find(|(_, b)| b.as_deref().is_some_and(|b| b.eq_ignore_ascii_case(bus)))
+                .map(|(i, _)| *i)
+        });
+        let errors = NvLinkErrors {
+            replay: l.error_counter(ErrorCounter::DlReplay).ok(),
+            recovery: l.error_counter(ErrorCounter::DlRecovery).ok(),
+            crc_flit: l.error_counter(ErrorCounter::DlCrcFlit).ok(),
+            crc_data: l.error_counter(ErrorCounter::DlCrcData).ok(),
+        };
+        links.push(NvLink {
+            link,
+            active,
+            remote_pci_bus_id: remote,
+            remote_gpu,
+            errors,
+        });
+    }
+    links
+}
+
+fn p2p_caps(a: &Device<'_>, b: &Device<'_>) -> crate::topology::P2pCaps {
+    let status = |idx: P2pCapabilitiesIndex| a.p2p_status(b, idx).ok().map(p2p_status_name);
+    crate::topology::P2pCaps {
+        read: status(P2pCapabilitiesIndex::Read),
+        write: status(P2pCapabilitiesIndex::Write),
+        nvlink: status(P2pCapabilitiesIndex::NvLink),
+        atomics: status(P2pCapabilitiesIndex::Atomics),
+    }
+}
+
+fn p2p_status_name(s: P2pStatus) -> String {
+    match s {
+        P2pStatus::Ok => "ok",
+        P2pStatus::ChipsetNotSupported => "chipset_not_supported",
+        P2pStatus::GpuNotSupported => "gpu_not_supported",
+        P2pStatus::IohTopologyNotSupported => "topology_not_supported",
+        P2pStatus::DisabledByRegkey => "disabled_by_regkey",
+        P2pStatus::NotSupported => "not_supported",
+        P2pStatus::Unknown => "unknown",
+    }
+    .to_owned()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -118,6 +118,9 @@ pub struct Header {
     pub host: HostInfo,
     #[serde(default)]
     pub devices: Vec<DeviceInfo>,
+    /// How the recorded host's GPUs connect; absent in recordings of older versions.
+    #[serde(default)]
+    pub topology: Option<crate::topology::Topology>,
 }
 
 impl Header {
@@ -137,6 +140,7 @@ impl Header {
             interval_ms,
             host,
             devices,
+            topology: None,
         }
     }
 }
@@ -153,6 +157,8 @@ struct HeaderLine<'a> {
     interval_ms: Option<u64>,
     host: &'a HostInfo,
     devices: &'a [DeviceInfo],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    topology: Option<&'a crate::topology::Topology>,
 }
 
 impl Serialize for Header {
@@ -167,6 +173,7 @@ impl Serialize for Header {
             interval_ms: self.interval_ms,
             host: &self.host,
             devices: &self.devices,
+            topology: self.topology.as_ref(),
         }
         .serialize(serializer)
     }

@@ -207,6 +207,10 @@ impl Backend for ReplayBackend {
         &self.header.devices
     }
 
+    fn topology(&self) -> Option<crate::topology::Topology> {
+        self.header.topology.clone()
+    }
+
     fn source_warnings(&self) -> Vec<String> {
         self.stats.warnings()
     }

@@ -42,15 +42,17 @@ pub enum Panel {
     Processes,
     Findings,
     Probes,
+    Topology,
 }
 
 impl Panel {
-    pub const ALL: [Panel; 5] = [
+    pub const ALL: [Panel; 6] = [
         Panel::Devices,
         Panel::Detail,
         Panel::Processes,
         Panel::Findings,
         Panel::Probes,
+        Panel::Topology,
     ];
 
     pub fn title(self) -> &'static str {
@@ -60,6 +62,7 @@ impl Panel {
             Panel::Processes => "Processes",
             Panel::Findings => "Findings",
             Panel::Probes => "Probes",
+            Panel::Topology => "Topology",
         }
     }
 
@@ -239,6 +242,8 @@ pub struct AppInit {
     /// May the user signal processes? Only for live local GPUs: a recording's PIDs belong to
     /// another machine or another time.
     pub can_signal: bool,
+    /// How the GPUs connect, where the source knows.
+    pub topology: Option<crate::topology::Topology>,
 }
 
 pub struct App {
@@ -249,6 +254,7 @@ pub struct App {
     pub interval: Duration,
     pub theme: Theme,
     pub can_signal: bool,
+    pub topology: Option<crate::topology::Topology>,
 
     pub history: History,
     pub latest: BTreeMap<u32, Sample>,
@@ -306,6 +312,7 @@ impl App {
             interval: init.interval,
             theme: init.theme,
             can_signal: init.can_signal,
+            topology: init.topology,
             history: History::new(),
             latest: BTreeMap::new(),
             events: VecDeque::new(),
@@ -586,11 +593,19 @@ impl App {
                     *suite = all[moved(i, all.len())];
                 }
             }
+            Panel::Topology => {}
         }
     }
 
     /// A probe run finished (or could not start).
-    pub fn on_probes(&mut self, result: Result<ProbeReport, String>) {
+    pub fn on_probes(&mut self, mut result: Result<ProbeReport, String>) {
+        if let Ok(report) = &mut result {
+            report.findings = crate::rules::peers::compare(
+                &report.devices,
+                self.rules.peers.margin,
+                crate::telemetry::now_ms(),
+            );
+        }
         let suite = match &self.probes {
             ProbesState::Running { suite, .. } | ProbesState::Ready { suite, .. } => *suite,
             ProbesState::NeedsLive => return,
@@ -644,7 +659,7 @@ impl App {
             KeyCode::Char('?') | KeyCode::F(1) => self.overlay = Some(Overlay::Help),
             KeyCode::Tab => self.panel = self.panel.step(1),
             KeyCode::BackTab => self.panel = self.panel.step(-1),
-            KeyCode::Char(c @ '1'..='5') => {
+            KeyCode::Char(c @ '1'..='6') => {
                 let i = (c as usize).saturating_sub('1' as usize);
                 if let Some(&p) = Panel::ALL.get(i) {
                     self.panel = p;

@@ -110,6 +110,7 @@ fn open_live(interval: Duration) -> Result<(Driver, AppInit), Error> {
         interval,
         theme: Theme::from_env(),
         can_signal: true,
+        topology: source.topology(),
     };
     Ok((Driver::Live(source.backend), init))
 }
@@ -131,6 +132,7 @@ fn run_replay_source(
         interval,
         theme: Theme::from_env(),
         can_signal: false,
+        topology: backend.header().topology.clone(),
     };
     run(
         Driver::Replay(Box::new(backend)),

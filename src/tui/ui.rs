@@ -42,6 +42,7 @@ pub fn draw(f: &mut Frame, app: &App) {
         Panel::Processes => panels::processes::render(f, body, app),
         Panel::Findings => panels::findings::render(f, body, app),
         Panel::Probes => panels::probes::render(f, body, app),
+        Panel::Topology => panels::topology::render(f, body, app),
     }
     f.render_widget(footer_line(app, footer.width), footer);
     match &app.overlay {

@@ -8,3 +8,4 @@ pub mod header;
 pub mod overlay;
 pub mod probes;
 pub mod processes;
+pub mod topology;

@@ -13,7 +13,7 @@ pub const KEYS: [(&str, &str); 16] = [
     ("q  Ctrl-C", "quit"),
     ("?  F1", "this help (any key closes it)"),
     ("Tab  Shift-Tab", "next / previous panel"),
-    ("1-5", "Devices, Detail, Processes, Findings, Probes"),
+    ("1-6", "Devices Detail Processes Findings Probes Topology"),
     ("mouse", "click a tab; wheel moves the selection"),
     ("↑ ↓  PgUp PgDn", "select device, process or finding"),
     (

@@ -89,7 +89,10 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
                     t.severity(crate::rules::Severity::Fail),
                 ))),
                 Some(Ok(report)) => {
-                    let text = crate::probes::text::render(report);
+                    let mut text = crate::probes::text::render(report);
+                    for f in &report.findings {
+                        text.push_str(&format!("[{}] {}\n", f.severity, f.title));
+                    }
                     lines.extend(text.lines().map(|l| {
                         let style = if l.contains(" fail") || l.contains(" error") {
                             t.severity(crate::rules::Severity::Fail)
