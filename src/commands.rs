@@ -15,12 +15,16 @@ use crate::report::check::{
 };
 use crate::report::environment;
 use crate::rules::{self, RuleEngine};
+use crate::telemetry::guard::Guarded;
 use crate::telemetry::live::{self, LiveBackend, LiveOptions};
 use crate::telemetry::nvml::SlowFields;
 use crate::telemetry::recording::{Header, Record, RecordingError, RecordingWriter};
 use crate::telemetry::replay::{Pace, ReplayBackend};
 use crate::telemetry::sampler::{Sampler, SamplerMsg};
-use crate::telemetry::{Backend, DeviceInfo, Event, EventKind, Sample, Tick, TimeMs, now_ms};
+use crate::telemetry::sanity::Sanitiser;
+use crate::telemetry::{
+    Backend, DeviceInfo, Event, EventKind, Pacing, Sample, Tick, TimeMs, fault, now_ms,
+};
 
 /// The demo recording shipped inside the binary: a real GPU going from idle to load and back.
 pub const DEMO_RECORDING: &[u8] = include_bytes!("../assets/demo/demo.ndjson.gz");
@@ -98,12 +102,29 @@ pub fn open_source(args: &SourceArgs, pace: Pace, one_shot: bool) -> Result<Sour
         })?;
         (b, None)
     };
+    let backend = harden(backend, args.poll_timeout)?;
     let selected = select_devices(backend.devices(), &args.devices)?;
     Ok(Source {
         backend,
         selected,
         recording,
     })
+}
+
+/// Puts a source under the per-poll deadline when its polls can hang (live GPUs), after applying
+/// the test fault schedule of `GPUDIAG_TEST_FAULTS` when one is set (a faulty source is always
+/// guarded: its faults include hangs).
+pub fn harden(
+    backend: Box<dyn Backend>,
+    poll_timeout: Duration,
+) -> Result<Box<dyn Backend>, Error> {
+    let faulty = fault::env_active();
+    let backend = fault::from_env(backend).map_err(Error::Usage)?;
+    if faulty || backend.pacing() == Pacing::Live {
+        Ok(Box::new(Guarded::new(backend, poll_timeout)?))
+    } else {
+        Ok(backend)
+    }
 }
 
 /// Resolves `--device` selectors (an index or a UUID) to device indices; none selects all.
@@ -214,7 +235,10 @@ impl Collected {
             .engine
             .active()
             .into_iter()
-            .filter(|f| f.time_ms >= start || !f.id.starts_with("errors.xid_"))
+            .filter(|f| {
+                let event_like = f.id.starts_with("errors.xid_") || rules::health::is_health(&f.id);
+                f.time_ms >= start || !event_like
+            })
             .collect();
         for f in raised {
             let seen = out.iter().any(|a| a.id == f.id && a.device == f.device);
@@ -265,7 +289,10 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         // A single read needs no sampler thread; every thread that calls NVML costs resident
         // memory, and `check --window 0` is held to nvidia-smi's footprint.
         match source.backend.poll() {
-            Ok(t) => collected.push(selected.apply(t)),
+            Ok(mut t) => {
+                Sanitiser::new().apply(&mut t);
+                collected.push(selected.apply(t));
+            }
             Err(e) => failure = Some(e),
         }
     } else {
