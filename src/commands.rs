@@ -318,7 +318,9 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         return Err(Error::Usage("the source holds no telemetry samples".into()));
     }
     for e in &collected.events {
-        if let EventKind::Notice { message } = &e.kind {
+        if let EventKind::Notice { message } = &e.kind
+            && !warnings.contains(message)
+        {
             warnings.push(message.clone());
         }
     }

@@ -214,7 +214,11 @@ mod tests {
                 (IMPLAUSIBLE, Some(3), Severity::Warn),
             ]
         );
-        assert!(f[2].title.contains("did not return within 300 ms"), "{}", f[2].title);
+        assert!(
+            f[2].title.contains("did not return within 300 ms"),
+            "{}",
+            f[2].title
+        );
         assert!(f[3].title.contains("1e9 °C"), "{}", f[3].title);
     }
 

@@ -17,7 +17,7 @@
 //! | `value:FIELD=NUMBER` | the field reads NUMBER (`NaN`, `inf`, `-50`, `1e9`; whole numbers for counters) |
 //! | `lost` | at the first tick: an XID 79 event and a `device_lost` event; from then on every field is absent with reason `gpu_lost` (the end of WHEN is ignored: lost stays lost) |
 //! | `hang:DURATION` | the poll blocks for DURATION (`800ms`, `5s`) before answering |
-//! | `gone` | the device is left out of the poll (it left the driver's device list); it returns after WHEN |
+//! | `gone` | the device is left out of the poll (it left the driver's device list), with a notice event; it returns after WHEN |
 //!
 //! WHEN counts polls of this backend from 0: `N` (that poll), `N..M` (N up to but not including
 //! M), `N..` (from N on). With a unit it is wall time since the first poll: `2s`, `500ms..3s`,
@@ -132,7 +132,7 @@ fn parse_when(s: &str) -> Result<When, String> {
         Some((a, b)) => (a.trim(), Some(b.trim()).filter(|b| !b.is_empty())),
         None => (s, None),
     };
-    let timed = a.ends_with('s');
+    let timed = a.chars().last().is_some_and(|c| c.is_ascii_alphabetic());
     if timed {
         let d = |x: &str| crate::cli::parse_duration(x);
         return Ok(When::Time {
@@ -334,7 +334,20 @@ impl Backend for FaultBackend {
                     }
                 }
                 What::Hang(d) => hang = hang.max(*d),
-                What::Gone => tick.samples.retain(|s| !hits(s.device)),
+                What::Gone => {
+                    let before = tick.samples.len();
+                    tick.samples.retain(|s| !hits(s.device));
+                    // Said in an event too, so a tick left empty still stands for a poll.
+                    if tick.samples.len() < before {
+                        tick.events.push(Event {
+                            time_ms,
+                            device: f.device,
+                            kind: EventKind::Notice {
+                                message: "a GPU left the driver's device list (injected)".into(),
+                            },
+                        });
+                    }
+                }
             }
         }
         for s in &mut tick.samples {

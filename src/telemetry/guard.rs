@@ -46,6 +46,8 @@ pub struct Guarded {
     outstanding: bool,
     /// Consecutive stalled polls, for the notice.
     stalled: u64,
+    /// Time of the last tick handed out.
+    last_ms: Option<super::TimeMs>,
     worker: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -76,13 +78,19 @@ impl Guarded {
             rx,
             outstanding: false,
             stalled: 0,
+            last_ms: None,
             worker: Some(worker),
         })
     }
 
     fn stalled_tick(&mut self) -> Tick {
         self.stalled += 1;
-        let time_ms = now_ms();
+        // Live: now. A replay: just after its last tick, so recorded time stays coherent.
+        let time_ms = match (self.pacing, self.last_ms) {
+            (Pacing::SelfPaced, Some(t)) => t + 1,
+            _ => now_ms(),
+        };
+        self.last_ms = Some(time_ms);
         let why = sanity::stalled_reason(self.deadline);
         let samples = self
             .devices
@@ -109,8 +117,12 @@ impl Guarded {
         Tick { samples, events }
     }
 
-    /// Marks listed devices that the poll left out.
+    /// Marks listed devices that the poll left out. An empty tick from a replay means "nothing
+    /// yet" (an interrupted wait), not "every GPU gone"; a live poll always lists its GPUs.
     fn mark_missing(&self, tick: &mut Tick) {
+        if self.pacing == Pacing::SelfPaced && tick.samples.is_empty() && tick.events.is_empty() {
+            return;
+        }
         let time_ms = tick
             .samples
             .iter()
@@ -170,11 +182,20 @@ impl Backend for Guarded {
 
     fn poll(&mut self) -> Result<Tick, BackendError> {
         if self.outstanding {
-            match self.rx.try_recv() {
+            // A live caller paces itself, so it hears "stalled" at once; a self-paced caller
+            // (a replay under test faults) polls in a loop and must wait, or it would spin.
+            let answer = match self.pacing {
+                Pacing::Live => self.rx.try_recv().map_err(|e| match e {
+                    TryRecvError::Empty => RecvTimeoutError::Timeout,
+                    TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+                }),
+                Pacing::SelfPaced => self.rx.recv_timeout(self.deadline),
+            };
+            match answer {
                 // The stuck call came back: its tick is stale, poll afresh below.
                 Ok(_) => self.outstanding = false,
-                Err(TryRecvError::Empty) => return Ok(self.stalled_tick()),
-                Err(TryRecvError::Disconnected) => return Err(died()),
+                Err(RecvTimeoutError::Timeout) => return Ok(self.stalled_tick()),
+                Err(RecvTimeoutError::Disconnected) => return Err(died()),
             }
         }
         let Some(tx) = &self.tx else {
@@ -187,11 +208,12 @@ impl Backend for Guarded {
         match self.rx.recv_timeout(self.deadline) {
             Ok(result) => {
                 self.outstanding = false;
-                if self.stalled > 0 {
-                    self.stalled = 0;
-                }
+                self.stalled = 0;
                 let mut tick = result?;
                 self.mark_missing(&mut tick);
+                if let Some(t) = tick.samples.iter().map(|s| s.time_ms).max() {
+                    self.last_ms = Some(t);
+                }
                 Ok(tick)
             }
             Err(RecvTimeoutError::Timeout) => Ok(self.stalled_tick()),
