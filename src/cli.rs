@@ -12,7 +12,8 @@ Exit codes:
   0  healthy, or only findings below --fail-on
   1  a finding at or above --fail-on (default: fail)
   2  usage error: a bad flag, or an input file that cannot be read or understood
-  3  could not run: no NVIDIA driver or NVML, no GPU, or NVML initialisation hung";
+  3  could not run: no NVIDIA driver or NVML, no GPU, NVML initialisation hung, or a probe's
+     CUDA call hung well past the suite's deadline";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -77,7 +78,8 @@ Exit codes:
   0  every probe passed, warned or was skipped
   1  a probe failed (wrong matmul result, memory mismatches) or errored, or a GPU was refused
   2  usage error
-  3  could not run: no NVIDIA driver (libcuda) or no GPU";
+  3  could not run: no NVIDIA driver (libcuda) or no GPU, or a CUDA call hung well past the
+     suite's deadline";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SuiteName {

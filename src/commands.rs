@@ -428,7 +428,45 @@ fn run_probes(
     // A handler may already be installed (the `probe` command installs its own); then that
     // one's flag is not ours, and Ctrl-C ends the process, whose exit frees the GPU memory.
     let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
-    run_probes_with(suite, devices, force, only, stop, Duration::from_secs(20))
+    let init_timeout = Duration::from_secs(20);
+    let _watchdog = hang_watchdog(suite, devices.len(), init_timeout);
+    run_probes_with(suite, devices, force, only, stop, init_timeout)
+}
+
+/// GPUs assumed when `--device` names none, for the hang bound: more than most hosts have.
+const HANG_BOUND_GPUS: u32 = 8;
+/// Time past a suite's deadline after which a probe still running is taken as hung.
+const HANG_GRACE: Duration = Duration::from_secs(30);
+
+/// A probe checks its deadline between steps, but a CUDA synchronisation on a hung GPU never
+/// returns to check it, and Ctrl-C only sets a flag. Past (deadline + context timeout + grace)
+/// per GPU, the command says so and exits 3 at once: `_exit`, because the normal exit runs
+/// CUDA's exit handlers, which would wait on the hung context too. The terminal UI runs probes
+/// on a worker thread and stays responsive, so it arms none.
+fn hang_watchdog(
+    suite: SuiteName,
+    devices: usize,
+    init_timeout: Duration,
+) -> Option<crate::deadline::Watchdog> {
+    let deadline_s = crate::probes::suite::builtin(suite.as_str())
+        .ok()?
+        .deadline_s;
+    let gpus = if devices == 0 {
+        HANG_BOUND_GPUS
+    } else {
+        u32::try_from(devices).unwrap_or(HANG_BOUND_GPUS)
+    };
+    let per_gpu = Duration::from_secs_f64(deadline_s.max(0.0)) + init_timeout + HANG_GRACE;
+    let bound = per_gpu * gpus;
+    crate::deadline::Watchdog::arm("gpudiag-probe-watchdog", bound, move || {
+        eprintln!(
+            "gpudiag: a probe is still inside a CUDA call {} s after its suite's deadline; the \
+             GPU looks hung (check the kernel log for XIDs). Giving up (exit code 3).",
+            HANG_GRACE.as_secs()
+        );
+        // SAFETY: _exit ends the process at once; nothing after it runs.
+        unsafe { libc::_exit(crate::error::exit::CANNOT_RUN) }
+    })
 }
 
 /// The probes panel of the terminal UI: a suite on every GPU, refusing busy ones. The UI's own
@@ -492,6 +530,7 @@ fn amd_gpus_here() -> Option<String> {
 /// `gpudiag probe`: prints the results; returns the exit code.
 pub fn probe(args: &ProbeArgs, stop: Arc<AtomicBool>) -> Result<i32, Error> {
     crate::probes::runner::check_names(&args.names)?;
+    let _watchdog = hang_watchdog(args.suite, args.devices.len(), args.init_timeout);
     let report = run_probes_with(
         args.suite,
         &args.devices,

@@ -134,7 +134,10 @@ fn parse_when(s: &str) -> Result<When, String> {
     };
     let timed = a.chars().last().is_some_and(|c| c.is_ascii_alphabetic());
     if timed {
-        let d = |x: &str| crate::cli::parse_duration(x);
+        let d = |x: &str| {
+            crate::cli::parse_duration(x)
+                .map_err(|e| format!("'{x}' is not a poll number or a time like 2s ({e})"))
+        };
         return Ok(When::Time {
             start: d(a)?,
             end: b.map(d).transpose()?,
