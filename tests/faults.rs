@@ -715,3 +715,69 @@ fn a_bad_schedule_is_a_usage_error_that_quotes_it() {
         out.stderr
     );
 }
+
+#[test]
+fn a_permanently_hung_call_leaves_record_killable_and_its_file_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("hung.ndjson");
+    // The hang never ends: every later poll is answered "stalled" at the deadline.
+    let mut child = StdCommand::new(env!("CARGO_BIN_EXE_gpudiag"))
+        .args(["record", "-o", s(&rec), "--poll-timeout", "100ms"])
+        .args(["--replay", s(&fixture("two_gpus.ndjson"))])
+        .env(FAULTS_ENV, "hang:1h@2")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until stalled ticks are being written: the poll is stuck for good by then.
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&rec).unwrap_or_default();
+        if text.contains("did not return within 100 ms") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no stalled tick recorded: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = i32::try_from(child.id()).unwrap();
+    // SAFETY: signals our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("record did not end after SIGINT with a hung driver call");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    // The file is complete and valid, and replays with the stall as a finding.
+    let v = validator("recording.schema.json");
+    for (i, line) in std::fs::read_to_string(&rec).unwrap().lines().enumerate() {
+        let value: Value = serde_json::from_str(line).unwrap();
+        assert_valid(&v, &value, &format!("line {}", i + 1));
+    }
+    let out = Command::cargo_bin("gpudiag")
+        .unwrap()
+        .env_remove(FAULTS_ENV)
+        .args(["check", "--json", "--replay", s(&rec)])
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let f = report_findings(&report);
+    assert!(has(&f, "telemetry.stalled", 0, "warn"), "{f:?}");
+    assert!(has(&f, "telemetry.stalled", 1, "warn"), "{f:?}");
+}

@@ -26,6 +26,11 @@
 //!
 //! Example: `value:temp_gpu_c=1e9@3;hang:5s@6;lost@10#0` reads 10⁹ °C at poll 3, hangs poll 6
 //! for five seconds, and loses GPU 0 at poll 10.
+//!
+//! Over a replay, `--poll-timeout` counts the replay's own wait too: `serve` plays at the
+//! recorded pace, so there the timeout must exceed the recorded spacing. A hang that never ends
+//! over a replay stalls it for good (a stalled tick per timeout), so a `check --replay` under
+//! one runs until stopped; a live check ends with its window as usual.
 
 use std::time::{Duration, Instant};
 
