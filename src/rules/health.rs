@@ -42,10 +42,15 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 other => other.to_string(),
             })
         };
-        if let Some(why) = first(Health::Lost)
+        // Without the event (a backend that only marks fields), the fields say it.
+        if reasons.iter().any(|r| r.0 == Health::Lost)
             && !out.iter().any(|f| f.id == LOST && f.device == Some(device))
         {
-            out.push(lost(device, s.time_ms, &why));
+            out.push(lost(
+                device,
+                s.time_ms,
+                "the driver answers GPU lost for its values",
+            ));
         }
         if reasons.iter().any(|r| r.0 == Health::Missing) {
             out.push(missing(device, s.time_ms));
