@@ -12,7 +12,8 @@ Exit codes:
   0  healthy, or only findings below --fail-on
   1  a finding at or above --fail-on (default: fail)
   2  usage error: a bad flag, or an input file that cannot be read or understood
-  3  could not run: no NVIDIA driver or NVML, no GPU, or NVML initialisation hung";
+  3  could not run: no NVIDIA driver or NVML, no GPU, NVML initialisation hung, or a probe's
+     CUDA call hung well past the suite's deadline";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -77,7 +78,8 @@ Exit codes:
   0  every probe passed, warned or was skipped
   1  a probe failed (wrong matmul result, memory mismatches) or errored, or a GPU was refused
   2  usage error
-  3  could not run: no NVIDIA driver (libcuda) or no GPU";
+  3  could not run: no NVIDIA driver (libcuda) or no GPU, or a CUDA call hung well past the
+     suite's deadline";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SuiteName {
@@ -149,6 +151,10 @@ pub struct SourceArgs {
     /// How long NVML initialisation may take before gpudiag gives up (exit code 3).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub init_timeout: Duration,
+    /// How long one poll of the GPUs may take; past it the devices are marked stalled and
+    /// sampling goes on (a hung driver call no longer freezes gpudiag).
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_poll_timeout)]
+    pub poll_timeout: Duration,
     /// Where live telemetry comes from: every vendor found (auto), NVIDIA's NVML, AMD's ROCm
     /// SMI or amdgpu sysfs; `replay` goes with --replay.
     #[arg(long, value_enum, default_value = "auto")]
@@ -291,6 +297,15 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     }
     humantime::parse_duration(t)
         .map_err(|e| format!("'{s}' is not a duration ({e}); write it like 250ms, 10s or 2m"))
+}
+
+/// A poll deadline: at least 10 ms, since below that a healthy read of several GPUs misses it.
+pub fn parse_poll_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(10) {
+        return Err(format!("poll timeout '{s}' is below the 10ms minimum"));
+    }
+    Ok(d)
 }
 
 /// A sampling interval: at least 50 ms, because NVML's fast fields update no faster than that

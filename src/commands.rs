@@ -15,12 +15,16 @@ use crate::report::check::{
 };
 use crate::report::environment;
 use crate::rules::{self, RuleEngine};
+use crate::telemetry::guard::Guarded;
 use crate::telemetry::live::{self, LiveBackend, LiveOptions};
 use crate::telemetry::nvml::SlowFields;
 use crate::telemetry::recording::{Header, Record, RecordingError, RecordingWriter};
 use crate::telemetry::replay::{Pace, ReplayBackend};
 use crate::telemetry::sampler::{Sampler, SamplerMsg};
-use crate::telemetry::{Backend, DeviceInfo, Event, EventKind, Sample, Tick, TimeMs, now_ms};
+use crate::telemetry::sanity::Sanitiser;
+use crate::telemetry::{
+    Backend, DeviceInfo, Event, EventKind, Pacing, Sample, Tick, TimeMs, fault, now_ms,
+};
 
 /// The demo recording shipped inside the binary: a real GPU going from idle to load and back.
 pub const DEMO_RECORDING: &[u8] = include_bytes!("../assets/demo/demo.ndjson.gz");
@@ -104,12 +108,29 @@ pub fn open_source(args: &SourceArgs, pace: Pace, one_shot: bool) -> Result<Sour
         })?;
         (b, None)
     };
+    let backend = harden(backend, args.poll_timeout)?;
     let selected = select_devices(backend.devices(), &args.devices)?;
     Ok(Source {
         backend,
         selected,
         recording,
     })
+}
+
+/// Puts a source under the per-poll deadline when its polls can hang (live GPUs), after applying
+/// the test fault schedule of `GPUDIAG_TEST_FAULTS` when one is set (a faulty source is always
+/// guarded: its faults include hangs).
+pub fn harden(
+    backend: Box<dyn Backend>,
+    poll_timeout: Duration,
+) -> Result<Box<dyn Backend>, Error> {
+    let faulty = fault::env_active();
+    let backend = fault::from_env(backend).map_err(Error::Usage)?;
+    if faulty || backend.pacing() == Pacing::Live {
+        Ok(Box::new(Guarded::new(backend, poll_timeout)?))
+    } else {
+        Ok(backend)
+    }
 }
 
 /// Resolves `--device` selectors (an index or a UUID) to device indices; none selects all.
@@ -220,7 +241,10 @@ impl Collected {
             .engine
             .active()
             .into_iter()
-            .filter(|f| f.time_ms >= start || !f.id.starts_with("errors.xid_"))
+            .filter(|f| {
+                let event_like = f.id.starts_with("errors.xid_") || rules::health::is_health(&f.id);
+                f.time_ms >= start || !event_like
+            })
             .collect();
         for f in raised {
             let seen = out.iter().any(|a| a.id == f.id && a.device == f.device);
@@ -272,7 +296,10 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         // A single read needs no sampler thread; every thread that calls NVML costs resident
         // memory, and `check --window 0` is held to nvidia-smi's footprint.
         match source.backend.poll() {
-            Ok(t) => collected.push(selected.apply(t)),
+            Ok(mut t) => {
+                Sanitiser::new().apply(&mut t);
+                collected.push(selected.apply(t));
+            }
             Err(e) => failure = Some(e),
         }
     } else {
@@ -298,7 +325,9 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         return Err(Error::Usage("the source holds no telemetry samples".into()));
     }
     for e in &collected.events {
-        if let EventKind::Notice { message } = &e.kind {
+        if let EventKind::Notice { message } = &e.kind
+            && !warnings.contains(message)
+        {
             warnings.push(message.clone());
         }
     }
@@ -414,7 +443,46 @@ fn run_probes(
     // A handler may already be installed (the `probe` command installs its own); then that
     // one's flag is not ours, and Ctrl-C ends the process, whose exit frees the GPU memory.
     let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
-    run_probes_with(suite, devices, force, only, stop, Duration::from_secs(20))
+    let init_timeout = Duration::from_secs(20);
+    let _watchdog = hang_watchdog(suite, devices.len(), init_timeout);
+    run_probes_with(suite, devices, force, only, stop, init_timeout)
+}
+
+/// GPUs assumed when `--device` names none, for the hang bound: more than most hosts have.
+const HANG_BOUND_GPUS: u32 = 8;
+/// Time past a suite's deadline after which a probe still running is taken as hung.
+const HANG_GRACE: Duration = Duration::from_secs(30);
+
+/// A probe checks its deadline between steps, but a CUDA synchronisation on a hung GPU never
+/// returns to check it, and Ctrl-C only sets a flag. Past (deadline + context timeout + grace)
+/// per GPU, the command says so and exits 3 at once: `_exit`, because the normal exit runs
+/// CUDA's exit handlers, which would wait on the hung context too. The terminal UI runs probes
+/// on a worker thread and stays responsive, so it arms none.
+fn hang_watchdog(
+    suite: SuiteName,
+    devices: usize,
+    init_timeout: Duration,
+) -> Option<crate::deadline::Watchdog> {
+    let deadline_s = crate::probes::suite::builtin(suite.as_str())
+        .ok()?
+        .deadline_s;
+    let gpus = if devices == 0 {
+        HANG_BOUND_GPUS
+    } else {
+        u32::try_from(devices).unwrap_or(HANG_BOUND_GPUS)
+    };
+    let per_gpu = Duration::from_secs_f64(deadline_s.max(0.0)) + init_timeout + HANG_GRACE;
+    // One more deadline for the probes over all GPUs together (p2p, nccl).
+    let bound = per_gpu * gpus.saturating_add(1);
+    crate::deadline::Watchdog::arm("gpudiag-probe-watchdog", bound, move || {
+        eprintln!(
+            "gpudiag: a probe is still inside a CUDA call {} s after its suite's deadline; the \
+             GPU looks hung (check the kernel log for XIDs). Giving up (exit code 3).",
+            HANG_GRACE.as_secs()
+        );
+        // SAFETY: _exit ends the process at once; nothing after it runs.
+        unsafe { libc::_exit(crate::error::exit::CANNOT_RUN) }
+    })
 }
 
 /// The probes panel of the terminal UI: a suite on every GPU, refusing busy ones. The UI's own
@@ -478,6 +546,7 @@ fn amd_gpus_here() -> Option<String> {
 /// `gpudiag probe`: prints the results; returns the exit code.
 pub fn probe(args: &ProbeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result<i32, Error> {
     crate::probes::runner::check_names(&args.names)?;
+    let _watchdog = hang_watchdog(args.suite, args.devices.len(), args.init_timeout);
     let mut report = run_probes_with(
         args.suite,
         &args.devices,

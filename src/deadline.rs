@@ -3,6 +3,8 @@
 //! A blocking C call cannot be cancelled, so the call runs on its own thread and the caller
 //! stops waiting at the deadline; the thread is left behind. That is acceptable for calls made
 //! once (library initialisation) where the program reports the hang and exits or degrades.
+//! Where the blocking call must stay on the caller's thread (CUDA work bound to its context), a
+//! `Watchdog` acts instead when it outlives its bound.
 
 use std::sync::mpsc;
 use std::time::Duration;
@@ -53,6 +55,32 @@ pub fn join_within<T>(handle: std::thread::JoinHandle<T>, bound: Duration) -> Op
     }
 }
 
+/// Runs an action on its own thread if it is not dropped within its bound. Dropping it disarms
+/// it without waiting.
+pub struct Watchdog {
+    _disarm: mpsc::Sender<()>,
+}
+
+impl Watchdog {
+    /// Arms a watchdog; `None` when no thread could be started (then nothing guards the work).
+    pub fn arm(
+        name: &str,
+        bound: Duration,
+        on_expiry: impl FnOnce() + Send + 'static,
+    ) -> Option<Watchdog> {
+        let (tx, rx) = mpsc::channel::<()>();
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(bound) {
+                    on_expiry();
+                }
+            })
+            .ok()?;
+        Some(Watchdog { _disarm: tx })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,6 +94,35 @@ mod tests {
         let stuck = std::thread::spawn(|| std::thread::sleep(Duration::from_secs(30)));
         assert_eq!(join_within(stuck, Duration::from_millis(100)), None);
         assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_watchdog_fires_when_outlived_and_not_when_dropped() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let fired = Arc::new(AtomicBool::new(false));
+        let f = fired.clone();
+        let dog = Watchdog::arm("test-dog", Duration::from_millis(20), move || {
+            f.store(true, Ordering::SeqCst);
+        });
+        assert!(dog.is_some());
+        let start = Instant::now();
+        while !fired.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(fired.load(Ordering::SeqCst));
+        drop(dog);
+
+        let (tx, rx) = mpsc::channel();
+        let dog = Watchdog::arm("test-dog", Duration::from_millis(200), move || {
+            let _ = tx.send(());
+        });
+        drop(dog);
+        // Disarmed: the thread ends without acting, which closes the channel unanswered.
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)),
+            Err(mpsc::RecvTimeoutError::Disconnected)
+        );
     }
 
     #[test]

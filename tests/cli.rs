@@ -215,13 +215,15 @@ fn fail_on_sets_the_severity_that_exits_1() {
     assert_eq!(fail.code, 0);
     assert_eq!(fail.report().exit_code, 0);
 
-    // An info finding (an unknown XID, host-wide) only counts with --fail-on info.
+    // An info finding (an unknown XID, host-wide) stays info; this recording's GPU is lost at
+    // its end (a device_lost event), which fails the check whatever the info findings.
     let path = fixture("all_kinds.ndjson");
     let run = check_replay(&path, &["--fail-on", "warn"]);
     assert_eq!(run.code, 1);
     let run = check_replay(&path, &[]);
-    assert_eq!(run.code, 0);
+    assert_eq!(run.code, 1);
     let report = run.report();
+    assert_eq!(report.devices[0].findings[0].id, "device.lost");
     assert_eq!(ids(&report.host_findings), ["errors.xid_157"]);
     assert_eq!(report.host_findings[0].severity, Severity::Info);
     assert_eq!(report.host_findings[0].device, None);
@@ -886,7 +888,8 @@ fn text_output_shows_na_for_absent_values_never_0() {
 #[test]
 fn text_output_of_a_card_with_a_fan_and_processes() {
     let run = gpudiag(&["check", "--replay", s(&fixture("all_kinds.ndjson"))]);
-    assert_eq!(run.code, 0, "{}", run.stderr);
+    // The recording ends with its GPU lost: a fail.
+    assert_eq!(run.code, 1, "{}", run.stderr);
     let out = &run.stdout;
     for expected in [
         "GPU 0  NVIDIA L40S  00000000:81:00.0  Ada Lovelace (cc 8.9)",
@@ -897,7 +900,8 @@ fn text_output_of_a_card_with_a_fan_and_processes() {
         "pid 5151  python3  n/a GiB",
         "[warn] XID 94: contained ECC error",
         "host findings:\n  [info] XID 157",
-        "status: warn (0 fail, 1 warn, 2 info) · exit code 0",
+        "[fail] GPU 0 is lost: it stopped answering the driver",
+        "status: fail (1 fail, 1 warn, 2 info) · exit code 1",
     ] {
         assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
     }

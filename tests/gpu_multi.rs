@@ -150,6 +150,29 @@ fn topology_matches_nvidia_smi() {
             );
         }
     }
+    // NVLinks up per GPU, as `nvidia-smi nvlink -s` lists them ("Link 3: 26.562 GB/s").
+    let out = Command::new("nvidia-smi")
+        .args(["nvlink", "-s"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    eprintln!("{text}");
+    let mut up: Vec<usize> = Vec::new();
+    for l in text.lines() {
+        if l.starts_with("GPU ") {
+            up.push(0);
+        } else if let Some(n) = up
+            .last_mut()
+            .filter(|_| l.contains("Link ") && l.contains("GB/s"))
+        {
+            *n += 1;
+        }
+    }
+    for g in &topo.gpus {
+        if let Some(want) = up.get(g.index as usize) {
+            assert_eq!(g.active_links(), *want, "GPU{} NVLinks up", g.index);
+        }
+    }
     // The text report shows the matrix (or says there is one GPU).
     let text = gpudiag().args(["check", "--window", "0"]).output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);

@@ -537,7 +537,9 @@ fn host_findings_and_every_json_shape_of_a_sample_validate() {
     assert_eq!(host.device, None);
     assert_eq!(host.severity, Severity::Info);
     let d0 = &report.devices[0];
-    assert_eq!(d0.findings[0].id, "errors.xid_94");
+    // Worst first: the device_lost event at the end, then the XID.
+    assert_eq!(d0.findings[0].id, "device.lost");
+    assert_eq!(d0.findings[1].id, "errors.xid_94");
     let latest = d0.latest.as_ref().unwrap();
     assert_eq!(latest.fan_pct, Some(44.0));
     let procs = latest.processes.as_ref().unwrap();

@@ -77,7 +77,7 @@ pub fn open(args: &SourceArgs, pace: Pace) -> Result<(Source, Vec<Finding>), Err
         .collect();
     Ok((
         Source {
-            backend: Box::new(replay),
+            backend: commands::harden(Box::new(replay), args.poll_timeout)?,
             selected,
             recording: Some(name),
         },

@@ -2,7 +2,8 @@
 //!
 //! Event rules (XIDs) run on the tick that brings the event. Windowed rules run at most once per
 //! `eval_interval_s` of sample time, over windows of fixed length, so a tick costs the same after
-//! ten hours as after ten seconds. Environment rules depend only on static facts and run once.
+//! ten hours as after ten seconds. Telemetry health (`health.rs`) looks only at the tick's newest
+//! samples and runs on every tick. Environment rules depend only on static facts and run once.
 
 use std::collections::BTreeMap;
 
@@ -74,6 +75,11 @@ impl RuleEngine {
             for f in found {
                 self.raise(f);
             }
+        }
+        // Telemetry health is judged on every tick: a stall or a bad value lasts one tick.
+        let found = super::health::evaluate(&self.input(history, &tick.events, now));
+        for f in found {
+            self.raise(f);
         }
         if !self.environment_done {
             self.environment_done = true;
@@ -175,5 +181,7 @@ impl RuleEngine {
 
 /// Event and environment findings stay until the session ends; windowed ones are re-judged.
 fn is_sticky(f: &Finding) -> bool {
-    f.id.starts_with("errors.xid_") || f.id.starts_with("environment.")
+    f.id.starts_with("errors.xid_")
+        || f.id.starts_with("environment.")
+        || super::health::is_health(&f.id)
 }

@@ -57,6 +57,7 @@ pub struct Finding {
 pub mod engine;
 pub mod environment;
 pub mod errors;
+pub mod health;
 pub mod memory;
 pub mod pcie;
 pub mod peers;
@@ -99,6 +100,7 @@ pub struct RuleInput<'a> {
 pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
     let mut findings = windowed(input);
     findings.extend(errors::evaluate_events(input));
+    findings.extend(health::evaluate(input));
     findings.extend(environment::evaluate(input));
     sort(&mut findings);
     findings

@@ -42,7 +42,7 @@ pub fn open_live(opts: &LiveOptions) -> Result<Box<dyn Backend>, BackendError> {
             opts.slow_fields,
         )?)),
         LiveBackend::Rocm => Ok(Box::new(RocmBackend::open(opts.init_timeout)?)),
-        LiveBackend::Sysfs => Ok(Box::new(SysfsBackend::open(&root)?)),
+        LiveBackend::Sysfs => open_sysfs(&root, opts.init_timeout),
         LiveBackend::Auto => open_auto(opts, &root),
     }
 }
@@ -81,7 +81,21 @@ fn open_amd(opts: &LiveOptions, root: &Path) -> Result<Box<dyn Backend>, Backend
     {
         return Ok(Box::new(b));
     }
-    Ok(Box::new(SysfsBackend::open(root)?))
+    open_sysfs(root, opts.init_timeout)
+}
+
+/// amdgpu sysfs under `init_deadline`, like NVML and ROCm SMI: reading a wedged GPU's files
+/// can block in the kernel driver.
+fn open_sysfs(root: &Path, init_deadline: Duration) -> Result<Box<dyn Backend>, BackendError> {
+    let root = root.to_path_buf();
+    match crate::deadline::run_with_deadline("sysfs-open", init_deadline, move || {
+        SysfsBackend::open(&root)
+    }) {
+        Ok(opened) => Ok(Box::new(opened?)),
+        Err(e) => Err(BackendError::Unavailable(format!(
+            "reading amdgpu sysfs failed: {e}"
+        ))),
+    }
 }
 
 fn none_found(nvidia: BackendError, amd: &BackendError) -> BackendError {

@@ -5,6 +5,8 @@
 //! produced the data.
 
 pub mod amd;
+pub mod fault;
+pub mod guard;
 pub mod live;
 pub mod model;
 pub mod nvml;
@@ -12,6 +14,7 @@ pub mod recording;
 pub mod replay;
 pub mod rocm;
 pub mod sampler;
+pub mod sanity;
 pub mod sysfs;
 
 pub use model::*;

@@ -1120,8 +1120,13 @@ fn event_loop(nvml: &Nvml, indices: &[u32], queue: &Mutex<Vec<Event>>, shared: &
 /// NVML reports at most this many NVLinks per GPU (`NVML_NVLINK_MAX_LINKS`).
 const NVLINK_MAX_LINKS: u32 = 18;
 
-/// `NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON`: the speed every active link of the GPU runs at.
+/// `NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON`: the speed every active link of the GPU runs at, and
+/// `..._L0`, link 0's, which some drivers answer when they leave the common one unanswered.
 const FI_NVLINK_SPEED_MBPS_COMMON: u32 = 90;
+const FI_NVLINK_SPEED_MBPS_L0: u32 = 84;
+
+/// `NVML_AFFINITY_SCOPE_NODE` from nvml.h: affinity as a mask of NUMA nodes.
+const NVML_AFFINITY_SCOPE_NODE: u32 = 0;
 
 /// Reads how the GPUs (NVML index, PCI bus id) connect. Every failure becomes a `None` (and one
 /// note per cause); a GPU without NVLink simply has no links.
@@ -1211,8 +1216,20 @@ fn pcie_path(level: TopologyLevel) -> crate::topology::PciePath {
     }
 }
 
-/// NVML's NUMA node, else the kernel's (`-1` there means the platform gives none).
+/// The NUMA node nearest the GPU's memory traffic (what `nvidia-smi topo -m` shows as NUMA
+/// affinity), else the GPU's own NUMA node, else the kernel's (`-1` there means none is given,
+/// as in many VMs).
 fn numa_node(dev: &Device<'_>, bus: Option<&str>) -> Option<u32> {
+    if let Ok(mask) = dev.memory_affinity(1, NVML_AFFINITY_SCOPE_NODE) {
+        let words: Vec<u64> = mask.into_iter().collect();
+        if let Some(first) = words
+            .iter()
+            .enumerate()
+            .find_map(|(w, bits)| (*bits != 0).then(|| w as u32 * 64 + bits.trailing_zeros()))
+        {
+            return Some(first);
+        }
+    }
     if let Ok(n) = dev.numa_node_id() {
         return Some(n);
     }
@@ -1232,17 +1249,21 @@ fn numa_node(dev: &Device<'_>, bus: Option<&str>) -> Option<u32> {
 
 fn nvlink_speed_gbps(dev: &Device<'_>) -> Option<f64> {
     let answer = dev
-        .field_values_for(&[FieldId(FI_NVLINK_SPEED_MBPS_COMMON)])
+        .field_values_for(&[
+            FieldId(FI_NVLINK_SPEED_MBPS_COMMON),
+            FieldId(FI_NVLINK_SPEED_MBPS_L0),
+        ])
         .ok()?;
-    let sample = answer.into_iter().next()?.ok()?;
-    let mbps = match sample.value.ok()? {
-        SampleValue::U32(v) => f64::from(v),
-        SampleValue::U64(v) => v as f64,
-        SampleValue::I64(v) => v as f64,
-        _ => return None,
-    };
-    // NVML's "MBps" are 1e6 bytes per second; 0 means no link is up.
-    (mbps > 0.0).then_some(mbps / 1e3)
+    answer.into_iter().find_map(|sample| {
+        let mbps = match sample.ok()?.value.ok()? {
+            SampleValue::U32(v) => f64::from(v),
+            SampleValue::U64(v) => v as f64,
+            SampleValue::I64(v) => v as f64,
+            _ => return None,
+        };
+        // NVML's "MBps" are 1e6 bytes per second; 0 means no link is up.
+        (mbps > 0.0).then_some(mbps / 1e3)
+    })
 }
 
 fn read_nvlinks(

@@ -2,12 +2,15 @@
 //!
 //! The schedule is anchored to the start time (tick n is due at start + n·interval), so a slow
 //! poll does not make the whole run drift. The sleep between ticks waits on a channel, so `stop`
-//! takes effect at once rather than after the interval.
+//! takes effect at once rather than after the interval. Ticks due while a poll was running late
+//! are skipped, not fired back to back, so a stalled driver leaves gaps, not a burst. Every tick
+//! passes the plausibility check (`sanity.rs`) before anyone sees it.
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::sanity::Sanitiser;
 use super::{Backend, BackendError, Pacing, Tick};
 
 /// What the sampler sends.
@@ -101,6 +104,7 @@ fn run(
     let self_paced = backend.pacing() == Pacing::SelfPaced;
     let mut first_tick_ms = None;
     let mut n: u32 = 0;
+    let mut sanitiser = Sanitiser::new();
     loop {
         match stop_rx.try_recv() {
             Ok(()) | Err(mpsc::TryRecvError::Disconnected) => {
@@ -109,7 +113,7 @@ fn run(
             }
             Err(mpsc::TryRecvError::Empty) => {}
         }
-        let tick = match backend.poll() {
+        let mut tick = match backend.poll() {
             Ok(t) => t,
             Err(BackendError::EndOfRecording) => {
                 let _ = tx.send(SamplerMsg::Ended(None));
@@ -120,6 +124,7 @@ fn run(
                 return;
             }
         };
+        sanitiser.apply(&mut tick);
         // A replay measures its limit in recorded time, a live run in wall time.
         let elapsed = if self_paced {
             let t = tick.samples.first().map(|s| s.time_ms);
@@ -139,6 +144,13 @@ fn run(
             continue;
         }
         n = n.saturating_add(1);
+        // A poll that ran past its slot (a slow or stalled driver call) skips the slots it
+        // missed, keeping the schedule's phase.
+        let behind = start.elapsed().as_nanos() / interval.as_nanos().max(1);
+        let behind = u32::try_from(behind).unwrap_or(u32::MAX);
+        if n <= behind {
+            n = behind.saturating_add(1);
+        }
         let due = start + interval * n;
         let wait = due.saturating_duration_since(Instant::now());
         match stop_rx.recv_timeout(wait) {

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::event::AppEvent;
 use crate::telemetry::replay::{Pace, ReplayBackend};
+use crate::telemetry::sanity::Sanitiser;
 use crate::telemetry::{Backend, BackendError, Tick, TimeMs};
 
 /// How much history a backward seek replays before its target: the widest chart window.
@@ -91,6 +92,7 @@ impl Feed {
             tx,
             ctl_rx,
             interrupt: interrupt.clone(),
+            sanitiser: Sanitiser::new(),
         };
         let worker = std::thread::Builder::new()
             .name("gpudiag-feed".into())
@@ -131,6 +133,8 @@ struct Worker {
     tx: Sender<AppEvent>,
     ctl_rx: Receiver<Control>,
     interrupt: Arc<AtomicBool>,
+    /// Every tick is checked for implausible values before the UI sees it.
+    sanitiser: Sanitiser,
 }
 
 /// Whether the worker goes on after a control.
@@ -214,14 +218,17 @@ impl Worker {
         match result {
             // An interrupted replay wait: nothing to show.
             Ok(t) if t.samples.is_empty() && t.events.is_empty() => true,
-            Ok(t) => send(
-                &self.tx,
-                FeedMsg::Ticks {
-                    ticks: vec![t],
-                    reset: false,
-                    position,
-                },
-            ),
+            Ok(mut t) => {
+                self.sanitiser.apply(&mut t);
+                send(
+                    &self.tx,
+                    FeedMsg::Ticks {
+                        ticks: vec![t],
+                        reset: false,
+                        position,
+                    },
+                )
+            }
             Err(e) => {
                 self.at_end = true;
                 let why = match e {
@@ -283,7 +290,11 @@ impl Worker {
         // Deliver everything up to the target at once, then play on at the chosen speed.
         let _ = r.set_pace(Pace::AsFastAsPossible);
         let mut ticks = Vec::new();
-        while let Ok(t) = r.poll() {
+        if reset {
+            self.sanitiser.reset();
+        }
+        while let Ok(mut t) = r.poll() {
+            self.sanitiser.apply(&mut t);
             let time = tick_time(&t);
             ticks.push(t);
             if time.is_some_and(|t| t >= target) {

@@ -93,6 +93,7 @@ fn open_live(interval: Duration) -> Result<(Driver, AppInit), Error> {
         replay: None,
         demo: false,
         init_timeout: INIT_TIMEOUT,
+        poll_timeout: crate::telemetry::guard::DEFAULT_POLL_TIMEOUT,
         backend: crate::cli::BackendChoice::Auto,
         sysfs_root: std::env::var_os(crate::telemetry::sysfs::SYSFS_ROOT_ENV).map(Into::into),
     };

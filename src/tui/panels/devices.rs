@@ -1,12 +1,15 @@
 //! The device list: one two-line row per GPU with utilisation and memory bars, temperature,
 //! power against its limit, SM clock against its maximum, the PCIe link and its traffic, and a
-//! marker naming the active throttle reason.
+//! marker naming the active throttle reason, or, when its telemetry is unhealthy, a marker
+//! saying so (lost, missing, stalled, implausible values dropped).
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph};
 
+use crate::rules::Severity;
+use crate::telemetry::sanity::{self, Health};
 use crate::telemetry::{DeviceInfo, Sample};
 use crate::tui::app::App;
 use crate::tui::format::{self, NA};
@@ -49,6 +52,16 @@ pub fn throttle_marker(s: Option<&Sample>) -> Option<String> {
                 .collect();
             (!active.is_empty()).then(|| format!("⚠ {}", active.join(",")))
         }
+    }
+}
+
+/// The health marker of a device's newest sample: what is wrong with its telemetry, and how bad.
+pub fn health_marker(s: Option<&Sample>) -> Option<(&'static str, Severity)> {
+    match sanity::worst(s?)? {
+        Health::Lost => Some(("✖ GPU LOST", Severity::Fail)),
+        Health::Missing => Some(("✖ MISSING", Severity::Fail)),
+        Health::Stalled => Some(("⚠ STALLED: driver call hung", Severity::Warn)),
+        Health::Implausible => Some(("⚠ implausible values dropped", Severity::Warn)),
     }
 }
 
@@ -164,7 +177,10 @@ fn device_lines(
         format::rate(s.and_then(|s| s.pcie_rx_bytes_per_s)),
         format::rate(s.and_then(|s| s.pcie_tx_bytes_per_s))
     )));
-    if let Some(m) = throttle_marker(s) {
+    if let Some((m, severity)) = health_marker(s) {
+        // Said first and instead of the throttle marker, whose "n/a" would only repeat it.
+        spans.insert(0, Span::styled(format!("  {m}"), t.severity(severity)));
+    } else if let Some(m) = throttle_marker(s) {
         let style = if m.starts_with('⚠') {
             t.warn()
         } else {

@@ -1,0 +1,459 @@
+//! Plausibility at ingestion, and the reasons that mark a device's telemetry as unhealthy.
+//!
+//! A sick driver returns garbage before it returns errors: NaN, negative power, a temperature of
+//! 10⁹ °C, a counter that runs backwards. Such a value must never reach history, rules, exports or
+//! a recording as a number, so the threads that take ticks from a backend (the sampler and the
+//! UI's feed) pass every tick through one `Sanitiser` first: an implausible value becomes `None`
+//! with an absent reason that quotes it ("implausible value 1e9 °C from the driver").
+//!
+//! The health reasons travel as `Absent::Error` messages with fixed prefixes rather than new
+//! `Absent` variants, so recordings and check reports keep their schema and older readers still
+//! read them; `classify` is the one place that recognises them again (rules, the UI's markers).
+
+use std::collections::BTreeMap;
+
+use super::{Absent, AbsentMap, Sample, Tick};
+
+/// Prefix of the reason for a value dropped as implausible.
+pub const IMPLAUSIBLE: &str = "implausible value";
+/// Prefix of the reason for fields a poll could not read before its deadline.
+pub const STALLED: &str = "driver call did not return within";
+/// The reason for every field of a device the backend listed at start but not in this poll.
+pub const MISSING: &str = "GPU missing from the driver's device list";
+
+/// What an absent reason says about the device's telemetry, beyond "this field is absent".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Health {
+    /// The driver returned a value outside the physical range, or a counter went backwards.
+    Implausible,
+    /// The poll exceeded its deadline: the driver call hung.
+    Stalled,
+    /// The device was not in the poll at all.
+    Missing,
+    /// The GPU is lost (fell off the bus).
+    Lost,
+}
+
+/// Recognises the health reasons (and `GpuLost`) among absent reasons.
+pub fn classify(why: &Absent) -> Option<Health> {
+    match why {
+        Absent::GpuLost => Some(Health::Lost),
+        Absent::Error(m) if m.starts_with(IMPLAUSIBLE) => Some(Health::Implausible),
+        Absent::Error(m) if m.starts_with(STALLED) => Some(Health::Stalled),
+        Absent::Error(m) if m.starts_with(MISSING) => Some(Health::Missing),
+        _ => None,
+    }
+}
+
+/// The worst health state a sample's absent reasons show (lost > missing > stalled >
+/// implausible), for a one-word marker.
+pub fn worst(s: &Sample) -> Option<Health> {
+    s.absent.values().filter_map(classify).max()
+}
+
+/// The fields of `s` dropped as implausible, with their reasons.
+pub fn implausible_fields(s: &Sample) -> impl Iterator<Item = (&str, &str)> {
+    s.absent.iter().filter_map(|(k, v)| match v {
+        Absent::Error(m) if m.starts_with(IMPLAUSIBLE) => Some((k.as_str(), m.as_str())),
+        _ => None,
+    })
+}
+
+/// The reason for a stalled poll.
+pub fn stalled_reason(deadline: std::time::Duration) -> Absent {
+    Absent::Error(format!("{STALLED} {} ms", deadline.as_millis()))
+}
+
+/// Every field a per-tick sample carries, for marking a whole device absent.
+pub const SAMPLE_FIELDS: &[&str] = &[
+    "gpu_util_pct",
+    "mem_util_pct",
+    "mem_used_bytes",
+    "mem_free_bytes",
+    "mem_total_bytes",
+    "power_w",
+    "power_limit_w",
+    "energy_j",
+    "temp_gpu_c",
+    "temp_mem_c",
+    "temp_slowdown_c",
+    "temp_shutdown_c",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "sm_clock_max_mhz",
+    "mem_clock_max_mhz",
+    "pstate",
+    "throttle_reasons",
+    "throttle_reason_names",
+    "pcie_gen",
+    "pcie_width",
+    "pcie_gen_max",
+    "pcie_width_max",
+    "pcie_rx_bytes_per_s",
+    "pcie_tx_bytes_per_s",
+    "pcie_replay_count",
+    "ecc_corrected_volatile",
+    "ecc_uncorrected_volatile",
+    "ecc_corrected_aggregate",
+    "ecc_uncorrected_aggregate",
+    "retired_pages_sbe",
+    "retired_pages_dbe",
+    "retired_pages_pending",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "remapped_rows_pending",
+    "remapped_rows_failure",
+    "fan_pct",
+    "encoder_util_pct",
+    "decoder_util_pct",
+    "processes",
+];
+
+/// A sample of `device` at `time_ms` with every field absent for `why`.
+pub fn all_absent(device: u32, time_ms: super::TimeMs, why: &Absent) -> Sample {
+    let mut s = Sample::new(device, time_ms);
+    for f in SAMPLE_FIELDS {
+        s.absent.insert((*f).to_owned(), why.clone());
+    }
+    s
+}
+
+/// Temperatures outside this range (°C) are not readings of a working sensor: silicon does not
+/// run below -40 °C, and every GPU shuts down far below 200 °C.
+const TEMP_RANGE_C: (f64, f64) = (-40.0, 200.0);
+/// No GPU board draws 5 kW; the largest draw about 1.2 kW.
+const POWER_MAX_W: f64 = 5000.0;
+/// Well above any memory or SM clock shipped (about 3 GHz SM, 10 GHz effective memory).
+const CLOCK_MAX_MHZ: u32 = 100_000;
+/// PCIe Gen6 x16 carries about 128 GB/s; ten times that is not a reading.
+const PCIE_MAX_BYTES_PER_S: f64 = 1.28e12;
+
+/// Checks every tick for implausible values. Keeps the last value seen of each counter per
+/// device, so a counter that goes backwards is caught; the comparison is with the last value
+/// seen, not the last accepted, so a real reset (driver reload) costs one tick, not the rest of
+/// the session.
+#[derive(Debug, Default)]
+pub struct Sanitiser {
+    counters: BTreeMap<(u32, &'static str), f64>,
+}
+
+impl Sanitiser {
+    pub fn new() -> Self {
+        Sanitiser::default()
+    }
+
+    /// Forgets the counters (a replay seeking backwards starts them afresh).
+    pub fn reset(&mut self) {
+        self.counters.clear();
+    }
+
+    /// Drops implausible values from every sample of `tick`; returns how many were dropped.
+    pub fn apply(&mut self, tick: &mut Tick) -> usize {
+        tick.samples.iter_mut().map(|s| self.sample(s)).sum()
+    }
+
+    /// Drops implausible values from one sample; returns how many were dropped.
+    pub fn sample(&mut self, s: &mut Sample) -> usize {
+        let mut n = 0;
+        let ab = &mut s.absent;
+        let pct = |v: f64| (0.0..=100.0).contains(&v);
+        let temp = |v: f64| (TEMP_RANGE_C.0..=TEMP_RANGE_C.1).contains(&v);
+        let power = |v: f64| (0.0..=POWER_MAX_W).contains(&v);
+        let rate = |v: f64| (0.0..=PCIE_MAX_BYTES_PER_S).contains(&v);
+        for (v, field) in [
+            (&mut s.gpu_util_pct, "gpu_util_pct"),
+            (&mut s.mem_util_pct, "mem_util_pct"),
+            (&mut s.fan_pct, "fan_pct"),
+            (&mut s.encoder_util_pct, "encoder_util_pct"),
+            (&mut s.decoder_util_pct, "decoder_util_pct"),
+        ] {
+            n += check(v, field, "%", pct, ab);
+        }
+        for (v, field) in [
+            (&mut s.temp_gpu_c, "temp_gpu_c"),
+            (&mut s.temp_mem_c, "temp_mem_c"),
+            (&mut s.temp_slowdown_c, "temp_slowdown_c"),
+            (&mut s.temp_shutdown_c, "temp_shutdown_c"),
+        ] {
+            n += check(v, field, "°C", temp, ab);
+        }
+        n += check(&mut s.power_w, "power_w", "W", power, ab);
+        n += check(&mut s.power_limit_w, "power_limit_w", "W", power, ab);
+        n += check(
+            &mut s.pcie_rx_bytes_per_s,
+            "pcie_rx_bytes_per_s",
+            "B/s",
+            rate,
+            ab,
+        );
+        n += check(
+            &mut s.pcie_tx_bytes_per_s,
+            "pcie_tx_bytes_per_s",
+            "B/s",
+            rate,
+            ab,
+        );
+        n += check(&mut s.energy_j, "energy_j", "J", |v| v >= 0.0, ab);
+        for (v, field) in [
+            (&mut s.sm_clock_mhz, "sm_clock_mhz"),
+            (&mut s.mem_clock_mhz, "mem_clock_mhz"),
+            (&mut s.sm_clock_max_mhz, "sm_clock_max_mhz"),
+            (&mut s.mem_clock_max_mhz, "mem_clock_max_mhz"),
+        ] {
+            n += check_u32(v, field, "MHz", |c| c <= CLOCK_MAX_MHZ, ab);
+        }
+        // P-states run P0..P15 (32 is NVML's "unknown", which the backend already maps away).
+        n += check_u32(&mut s.pstate, "pstate", "", |p| p <= 15, ab);
+        n += check_u32(&mut s.pcie_gen, "pcie_gen", "", |g| g <= 16, ab);
+        n += check_u32(&mut s.pcie_width, "pcie_width", "lanes", |w| w <= 64, ab);
+
+        let device = s.device;
+        n += self.counter_f64(device, &mut s.energy_j, "energy_j", "J", ab);
+        for (v, field) in [
+            (&mut s.pcie_replay_count, "pcie_replay_count"),
+            (&mut s.ecc_corrected_volatile, "ecc_corrected_volatile"),
+            (&mut s.ecc_uncorrected_volatile, "ecc_uncorrected_volatile"),
+            (&mut s.ecc_corrected_aggregate, "ecc_corrected_aggregate"),
+            (
+                &mut s.ecc_uncorrected_aggregate,
+                "ecc_uncorrected_aggregate",
+            ),
+            (&mut s.retired_pages_sbe, "retired_pages_sbe"),
+            (&mut s.retired_pages_dbe, "retired_pages_dbe"),
+            (
+                &mut s.remapped_rows_correctable,
+                "remapped_rows_correctable",
+            ),
+            (
+                &mut s.remapped_rows_uncorrectable,
+                "remapped_rows_uncorrectable",
+            ),
+        ] {
+            n += self.counter_u64(device, v, field, ab);
+        }
+        n
+    }
+
+    /// A monotonic counter: a value below the last one seen is dropped.
+    fn counter_f64(
+        &mut self,
+        device: u32,
+        v: &mut Option<f64>,
+        field: &'static str,
+        unit: &str,
+        ab: &mut AbsentMap,
+    ) -> usize {
+        let Some(x) = *v else {
+            return 0;
+        };
+        let last = self.counters.insert((device, field), x);
+        match last {
+            Some(prev) if x < prev => {
+                *v = None;
+                ab.insert(field.into(), backwards(&fmt(x), &fmt(prev), unit));
+                1
+            }
+            _ => 0,
+        }
+    }
+
+    fn counter_u64(
+        &mut self,
+        device: u32,
+        v: &mut Option<u64>,
+        field: &'static str,
+        ab: &mut AbsentMap,
+    ) -> usize {
+        let Some(x) = *v else {
+            return 0;
+        };
+        // Counters stay far below 2^53, where f64 holds them exactly.
+        let last = self.counters.insert((device, field), x as f64);
+        match last {
+            Some(prev) if (x as f64) < prev => {
+                *v = None;
+                ab.insert(field.into(), backwards(&x.to_string(), &fmt(prev), ""));
+                1
+            }
+            _ => 0,
+        }
+    }
+}
+
+fn backwards(now: &str, before: &str, unit: &str) -> Absent {
+    let unit = if unit.is_empty() {
+        String::new()
+    } else {
+        format!(" {unit}")
+    };
+    Absent::Error(format!(
+        "{IMPLAUSIBLE} {now}{unit} from the driver: the counter went backwards from {before}{unit}"
+    ))
+}
+
+fn check(
+    v: &mut Option<f64>,
+    field: &str,
+    unit: &str,
+    ok: impl Fn(f64) -> bool,
+    ab: &mut AbsentMap,
+) -> usize {
+    match *v {
+        Some(x) if !x.is_finite() || !ok(x) => {
+            *v = None;
+            ab.insert(field.into(), implausible(&fmt(x), unit));
+            1
+        }
+        _ => 0,
+    }
+}
+
+fn check_u32(
+    v: &mut Option<u32>,
+    field: &str,
+    unit: &str,
+    ok: impl Fn(u32) -> bool,
+    ab: &mut AbsentMap,
+) -> usize {
+    match *v {
+        Some(x) if !ok(x) => {
+            *v = None;
+            ab.insert(field.into(), implausible(&x.to_string(), unit));
+            1
+        }
+        _ => 0,
+    }
+}
+
+fn implausible(value: &str, unit: &str) -> Absent {
+    let unit = if unit.is_empty() {
+        String::new()
+    } else {
+        format!(" {unit}")
+    };
+    Absent::Error(format!("{IMPLAUSIBLE} {value}{unit} from the driver"))
+}
+
+/// Short and exact enough to recognise: 1e9 rather than 1000000000.
+fn fmt(x: f64) -> String {
+    if x.is_finite() && x != 0.0 && (x.abs() >= 1e6 || x.abs() < 1e-3) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tick(s: Sample) -> Tick {
+        Tick {
+            samples: vec![s],
+            events: vec![],
+        }
+    }
+
+    #[test]
+    fn absurd_values_become_absent_with_a_reason_that_quotes_them() {
+        let mut s = Sample::new(0, 1);
+        s.temp_gpu_c = Some(1e9);
+        s.power_w = Some(-50.0);
+        s.gpu_util_pct = Some(f64::NAN);
+        s.mem_util_pct = Some(140.0);
+        s.fan_pct = Some(40.0);
+        let mut t = tick(s);
+        assert_eq!(Sanitiser::new().apply(&mut t), 4);
+        let s = &t.samples[0];
+        assert_eq!(s.temp_gpu_c, None);
+        assert_eq!(s.power_w, None);
+        assert_eq!(s.gpu_util_pct, None);
+        assert_eq!(s.mem_util_pct, None);
+        assert_eq!(s.fan_pct, Some(40.0));
+        assert_eq!(
+            s.absent["temp_gpu_c"],
+            Absent::Error("implausible value 1e9 °C from the driver".into())
+        );
+        assert_eq!(
+            s.absent["power_w"],
+            Absent::Error("implausible value -50 W from the driver".into())
+        );
+        assert_eq!(
+            s.absent["gpu_util_pct"],
+            Absent::Error("implausible value NaN % from the driver".into())
+        );
+        assert_eq!(implausible_fields(s).count(), 4);
+        assert_eq!(worst(s), Some(Health::Implausible));
+    }
+
+    #[test]
+    fn plausible_values_pass_untouched() {
+        let mut s = Sample::new(0, 1);
+        s.temp_gpu_c = Some(-5.0);
+        s.power_w = Some(0.0);
+        s.gpu_util_pct = Some(100.0);
+        s.energy_j = Some(10.0);
+        s.pcie_replay_count = Some(0);
+        let before = s.clone();
+        let mut t = tick(s);
+        assert_eq!(Sanitiser::new().apply(&mut t), 0);
+        assert_eq!(t.samples[0], before);
+    }
+
+    #[test]
+    fn a_counter_going_backwards_is_dropped_once_and_rebased() {
+        let mut san = Sanitiser::new();
+        let mut at = |replays: u64, energy: f64| {
+            let mut s = Sample::new(3, 1);
+            s.pcie_replay_count = Some(replays);
+            s.energy_j = Some(energy);
+            let mut t = tick(s);
+            san.apply(&mut t);
+            t.samples.remove(0)
+        };
+        assert_eq!(at(100, 500.0).pcie_replay_count, Some(100));
+        let back = at(5, 400.0);
+        assert_eq!(back.pcie_replay_count, None);
+        assert_eq!(back.energy_j, None);
+        match &back.absent["pcie_replay_count"] {
+            Absent::Error(m) => assert!(m.contains("went backwards from 100"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // After a reset the counter counts on from its new base.
+        let next = at(6, 401.0);
+        assert_eq!(next.pcie_replay_count, Some(6));
+        assert_eq!(next.energy_j, Some(401.0));
+    }
+
+    #[test]
+    fn counters_are_kept_per_device() {
+        let mut san = Sanitiser::new();
+        let mut a = Sample::new(0, 1);
+        a.pcie_replay_count = Some(100);
+        let mut b = Sample::new(1, 1);
+        b.pcie_replay_count = Some(5);
+        let mut t = Tick {
+            samples: vec![a, b],
+            events: vec![],
+        };
+        assert_eq!(san.apply(&mut t), 0);
+    }
+
+    #[test]
+    fn classify_knows_each_reason() {
+        assert_eq!(classify(&Absent::GpuLost), Some(Health::Lost));
+        assert_eq!(
+            classify(&stalled_reason(std::time::Duration::from_millis(250))),
+            Some(Health::Stalled)
+        );
+        assert_eq!(
+            classify(&Absent::Error(MISSING.into())),
+            Some(Health::Missing)
+        );
+        assert_eq!(classify(&Absent::NotSupported), None);
+        assert_eq!(classify(&Absent::Error("Unknown Error".into())), None);
+        let s = all_absent(2, 7, &Absent::GpuLost);
+        assert_eq!(s.absent.len(), SAMPLE_FIELDS.len());
+        assert_eq!(worst(&s), Some(Health::Lost));
+    }
+}
