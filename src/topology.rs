@@ -99,15 +99,6 @@ pub struct NvLinkErrors {
     pub crc_data: Option<u64>,
 }
 
-impl NvLinkErrors {
-    pub fn total(&self) -> u64 {
-        [self.replay, self.recovery, self.crc_flit, self.crc_data]
-            .into_iter()
-            .flatten()
-            .sum()
-    }
-}
-
 /// One NVLink of a GPU.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NvLink {
@@ -137,6 +128,22 @@ pub struct GpuPlacement {
 impl GpuPlacement {
     pub fn active_links(&self) -> usize {
         self.nvlinks.iter().filter(|l| l.active).count()
+    }
+
+    /// Each error counter summed over the links; `None` where no link reported it.
+    pub fn nvlink_errors(&self) -> NvLinkErrors {
+        let sum = |f: fn(&NvLinkErrors) -> Option<u64>| {
+            self.nvlinks
+                .iter()
+                .filter_map(|l| f(&l.errors))
+                .reduce(|a, b| a.saturating_add(b))
+        };
+        NvLinkErrors {
+            replay: sum(|e| e.replay),
+            recovery: sum(|e| e.recovery),
+            crc_flit: sum(|e| e.crc_flit),
+            crc_data: sum(|e| e.crc_data),
+        }
     }
 }
 
@@ -306,17 +313,22 @@ pub fn render(t: &Topology) -> String {
         }
     }
     for g in t.gpus.iter().filter(|g| !g.nvlinks.is_empty()) {
-        let errors: u64 = g.nvlinks.iter().map(|l| l.errors.total()).sum();
+        let e = g.nvlink_errors();
+        let count = |v: Option<u64>| v.map_or("n/a".to_owned(), |n| n.to_string());
         let _ = writeln!(
             out,
-            "  GPU{} NVLink: {}/{} links up{}, {} error(s) counted",
+            "  GPU{} NVLink: {}/{} links up{}; errors since driver load: replay {}, recovery {}, \
+             CRC flit {}, CRC data {}",
             g.index,
             g.active_links(),
             g.nvlinks.len(),
             g.nvlink_speed_gbps
                 .map(|s| format!(" at {s:.1} GB/s each"))
                 .unwrap_or_default(),
-            errors
+            count(e.replay),
+            count(e.recovery),
+            count(e.crc_flit),
+            count(e.crc_data),
         );
     }
     for n in &t.notes {
@@ -382,6 +394,25 @@ mod tests {
         assert_eq!(shared_nvlinks(&a, &c), 1);
         // b and c share no link and reach no switch.
         assert_eq!(shared_nvlinks(&b, &c), 0);
+    }
+
+    #[test]
+    fn nvlink_error_counters_sum_over_links_and_stay_absent_when_unread() {
+        let mut a = link(0, true, None, "sw");
+        a.errors = NvLinkErrors {
+            replay: Some(1),
+            recovery: Some(0),
+            crc_flit: None,
+            crc_data: Some(16),
+        };
+        let mut b = link(1, true, None, "sw");
+        b.errors.crc_data = Some(4);
+        let g = gpu(0, vec![a, b]);
+        let e = g.nvlink_errors();
+        assert_eq!(
+            (e.replay, e.recovery, e.crc_flit, e.crc_data),
+            (Some(1), Some(0), None, Some(20))
+        );
     }
 
     #[test]

@@ -173,6 +173,47 @@ fn topology_matches_nvidia_smi() {
             assert_eq!(g.active_links(), *want, "GPU{} NVLinks up", g.index);
         }
     }
+    // Error counters per GPU against `nvidia-smi nvlink -e` ("Link 0: Replay Errors: 0").
+    let out = Command::new("nvidia-smi")
+        .args(["nvlink", "-e"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut smi: Vec<[u64; 3]> = Vec::new();
+    for l in text.lines() {
+        if l.starts_with("GPU ") {
+            smi.push([0; 3]);
+            continue;
+        }
+        let Some(sums) = smi.last_mut() else { continue };
+        let value = |l: &str| l.rsplit(':').next()?.trim().parse::<u64>().ok();
+        for (i, key) in ["Replay Errors", "Recovery Errors", "CRC Errors"]
+            .iter()
+            .enumerate()
+        {
+            if l.contains(key) {
+                sums[i] += value(l).unwrap_or(0);
+            }
+        }
+    }
+    for g in topo.gpus.iter().filter(|g| g.active_links() > 0) {
+        let Some(want) = smi.get(g.index as usize) else {
+            continue;
+        };
+        let e = g.nvlink_errors();
+        eprintln!(
+            "GPU{}: ours {e:?}, nvidia-smi replay/recovery/CRC {want:?}",
+            g.index
+        );
+        assert_eq!(e.replay, Some(want[0]), "GPU{} replay", g.index);
+        assert_eq!(e.recovery, Some(want[1]), "GPU{} recovery", g.index);
+        assert!(
+            e.crc_flit == Some(want[2]) || e.crc_data == Some(want[2]),
+            "GPU{} CRC: ours {e:?}, nvidia-smi {}",
+            g.index,
+            want[2]
+        );
+    }
     // The text report shows the matrix (or says there is one GPU).
     let text = gpudiag().args(["check", "--window", "0"]).output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);

@@ -380,6 +380,10 @@ impl Backend for FaultBackend {
     fn set_slow_interval(&mut self, interval: Duration) {
         self.inner.set_slow_interval(interval);
     }
+
+    fn topology(&self) -> Option<crate::topology::Topology> {
+        self.inner.topology()
+    }
 }
 
 #[cfg(test)]

@@ -30,6 +30,8 @@ enum Request {
     Poll,
     WaitSlow(Duration, Sender<()>),
     SetSlow(Duration),
+    /// Reads the topology; answered on the channel.
+    Topology(mpsc::Sender<Option<crate::topology::Topology>>),
 }
 
 /// A backend whose polls run on a worker thread under a deadline.
@@ -159,6 +161,9 @@ fn serve(
                 let _ = done.send(());
             }
             Request::SetSlow(t) => inner.set_slow_interval(t),
+            Request::Topology(reply) => {
+                let _ = reply.send(inner.topology());
+            }
         }
     }
 }
@@ -241,7 +246,22 @@ impl Backend for Guarded {
             let _ = tx.send(Request::SetSlow(interval));
         }
     }
+
+    fn topology(&self) -> Option<crate::topology::Topology> {
+        let tx = self.tx.as_ref()?;
+        let (reply_tx, reply_rx) = mpsc::channel();
+        tx.send(Request::Topology(reply_tx)).ok()?;
+        // Some hundred NVLink queries on a big host: more than one poll's worth of time, still
+        // bounded, since a worker stuck in a call never gets to the request.
+        reply_rx
+            .recv_timeout(self.deadline + TOPOLOGY_GRACE)
+            .ok()
+            .flatten()
+    }
 }
+
+/// Extra time the topology read may take beyond the poll deadline.
+const TOPOLOGY_GRACE: Duration = Duration::from_secs(2);
 
 fn died() -> BackendError {
     BackendError::Unavailable("the polling thread stopped without an answer".into())
@@ -306,6 +326,12 @@ mod tests {
                 events: vec![],
             })
         }
+        fn topology(&self) -> Option<crate::topology::Topology> {
+            Some(crate::topology::Topology {
+                notes: vec![format!("read after {} poll(s)", self.n)],
+                ..Default::default()
+            })
+        }
     }
 
     fn slow(sleep_on: Vec<u32>, skip_device_on: Vec<u32>) -> Box<dyn Backend> {
@@ -321,6 +347,14 @@ mod tests {
             sleep_on,
             skip_device_on,
         })
+    }
+
+    #[test]
+    fn the_topology_is_read_on_the_worker_that_owns_the_backend() {
+        let mut g = Guarded::new(slow(vec![], vec![]), Duration::from_secs(5)).unwrap();
+        g.poll().unwrap();
+        let t = g.topology().expect("forwarded");
+        assert_eq!(t.notes, ["read after 1 poll(s)"]);
     }
 
     #[test]
