@@ -108,7 +108,6 @@ pub struct NvLink {
     pub remote_pci_bus_id: Option<String>,
     /// The NVML index of the GPU at the far end; `None` for an NVSwitch or an unseen GPU.
     pub remote_gpu: Option<u32>,
-    pub errors: NvLinkErrors,
 }
 
 /// Where one GPU sits.
@@ -121,6 +120,9 @@ pub struct GpuPlacement {
     pub cpu_affinity: Option<String>,
     /// Per-link speed NVML reports, in GB/s (1e9 bytes), for links that are up.
     pub nvlink_speed_gbps: Option<f64>,
+    /// NVLink error counters summed over the GPU's links since the driver loaded; each `None`
+    /// where NVML does not count it (and all `None` on a GPU without NVLink).
+    pub nvlink_errors: NvLinkErrors,
     /// Every link NVML reports, active or not; empty where the GPU has none.
     pub nvlinks: Vec<NvLink>,
 }
@@ -128,22 +130,6 @@ pub struct GpuPlacement {
 impl GpuPlacement {
     pub fn active_links(&self) -> usize {
         self.nvlinks.iter().filter(|l| l.active).count()
-    }
-
-    /// Each error counter summed over the links; `None` where no link reported it.
-    pub fn nvlink_errors(&self) -> NvLinkErrors {
-        let sum = |f: fn(&NvLinkErrors) -> Option<u64>| {
-            self.nvlinks
-                .iter()
-                .filter_map(|l| f(&l.errors))
-                .reduce(|a, b| a.saturating_add(b))
-        };
-        NvLinkErrors {
-            replay: sum(|e| e.replay),
-            recovery: sum(|e| e.recovery),
-            crc_flit: sum(|e| e.crc_flit),
-            crc_data: sum(|e| e.crc_data),
-        }
     }
 }
 
@@ -313,7 +299,7 @@ pub fn render(t: &Topology) -> String {
         }
     }
     for g in t.gpus.iter().filter(|g| !g.nvlinks.is_empty()) {
-        let e = g.nvlink_errors();
+        let e = &g.nvlink_errors;
         let count = |v: Option<u64>| v.map_or("n/a".to_owned(), |n| n.to_string());
         let _ = writeln!(
             out,
@@ -347,7 +333,6 @@ mod tests {
             active,
             remote_pci_bus_id: Some(bus.into()),
             remote_gpu: remote,
-            errors: NvLinkErrors::default(),
         }
     }
 
@@ -358,6 +343,7 @@ mod tests {
             numa_node: Some(index / 4),
             cpu_affinity: Some("0-47".into()),
             nvlink_speed_gbps: Some(26.562),
+            nvlink_errors: NvLinkErrors::default(),
             nvlinks,
         }
     }
@@ -394,25 +380,6 @@ mod tests {
         assert_eq!(shared_nvlinks(&a, &c), 1);
         // b and c share no link and reach no switch.
         assert_eq!(shared_nvlinks(&b, &c), 0);
-    }
-
-    #[test]
-    fn nvlink_error_counters_sum_over_links_and_stay_absent_when_unread() {
-        let mut a = link(0, true, None, "sw");
-        a.errors = NvLinkErrors {
-            replay: Some(1),
-            recovery: Some(0),
-            crc_flit: None,
-            crc_data: Some(16),
-        };
-        let mut b = link(1, true, None, "sw");
-        b.errors.crc_data = Some(4);
-        let g = gpu(0, vec![a, b]);
-        let e = g.nvlink_errors();
-        assert_eq!(
-            (e.replay, e.recovery, e.crc_flit, e.crc_data),
-            (Some(1), Some(0), None, Some(20))
-        );
     }
 
     #[test]

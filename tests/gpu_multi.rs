@@ -200,7 +200,7 @@ fn topology_matches_nvidia_smi() {
         let Some(want) = smi.get(g.index as usize) else {
             continue;
         };
-        let e = g.nvlink_errors();
+        let e = &g.nvlink_errors;
         eprintln!(
             "GPU{}: ours {e:?}, nvidia-smi replay/recovery/CRC {want:?}",
             g.index

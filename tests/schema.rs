@@ -512,6 +512,33 @@ fn report_deserialises_into_the_typed_report_and_back() {
 
 /// A live check carries the CUDA libraries found; this host has none, so they come back as not
 /// found with a note. The report built from them must still match the schema.
+/// A real two-H200 recording carries its topology; the report built from it carries it too,
+/// and both match their schemas.
+#[test]
+fn topology_of_a_two_gpu_host_validates_in_recording_and_report() {
+    let rec = validator(RECORDING_SCHEMA);
+    let (kinds, problems) = validate_recording(
+        &rec,
+        &root().join("tests/fixtures/recordings/h200x2.ndjson"),
+    );
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert_eq!(kinds.get("header"), Some(&1));
+    let v = validator(REPORT_SCHEMA);
+    let value = replay_report("h200x2.ndjson", &[]);
+    assert_valid(&v, &value, "report with topology");
+    let report: CheckReport = serde_json::from_value(value).unwrap();
+    let t = report.topology.expect("topology from the recording");
+    assert_eq!(t.pairs.len(), 1);
+    assert_eq!(
+        (t.pairs[0].label.as_str(), t.pairs[0].nvlinks),
+        ("NV18", 18)
+    );
+    assert_eq!(t.gpus[0].nvlink_errors.replay, Some(0));
+    // Recordings without one say nothing rather than an empty topology.
+    let old: CheckReport = serde_json::from_value(replay_report("all_kinds.ndjson", &[])).unwrap();
+    assert!(old.topology.is_none());
+}
+
 #[test]
 fn report_with_this_hosts_libraries_validates() {
     let v = validator(REPORT_SCHEMA);

@@ -132,6 +132,16 @@ fn two_gpus_devices_detail_and_processes() {
     );
 }
 
+/// A real two-H200 recording: NV18 between the GPUs, NUMA 0, the CRC counters the driver kept.
+#[test]
+fn two_h200s_topology_and_devices() {
+    snapshot_panels("h200x2", &[Panel::Topology, Panel::Devices]);
+    let mut app = loaded("h200x2");
+    press(&mut app, &[KeyCode::Char('6')]);
+    let screen = render(&app, 80, 24);
+    assert!(screen.contains("GPU0       X   NV18"), "{screen}");
+}
+
 #[test]
 fn processes_while_a_job_runs() {
     let mut b = open("two_gpus");
