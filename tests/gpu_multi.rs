@@ -4,28 +4,15 @@
 //! on a GPU host (`.gpu-bundle/run-gpu-tests`); each test adapts to the number of GPUs it finds.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/gpu.rs"]
+mod gpu;
+use gpu::{gpu_count, gpudiag};
 use std::process::{Command, Output};
 
 use gpudiag::probes::Verdict;
 use gpudiag::probes::p2p::links_of;
 use gpudiag::probes::runner::ProbeReport;
 use gpudiag::report::check::CheckReport;
-
-fn gpudiag() -> Command {
-    let bin = std::env::var("GPUDIAG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpudiag").into());
-    let mut c = Command::new(bin);
-    c.env_remove("GPUDIAG_TEST_FAULT")
-        .env_remove("GPUDIAG_DRIVER_ONLY");
-    c
-}
-
-fn gpu_count() -> usize {
-    let out = Command::new("nvidia-smi").args(["-L"]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.starts_with("GPU "))
-        .count()
-}
 
 fn probe(args: &[&str]) -> (ProbeReport, Output) {
     let out = gpudiag()

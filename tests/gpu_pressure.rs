@@ -7,20 +7,15 @@
 //! ours to do, and these tests never change the card's settings.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/gpu.rs"]
+mod gpu;
+use gpu::gpudiag;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpudiag::probes::Verdict;
 use gpudiag::probes::runner::ProbeReport;
-
-fn gpudiag() -> Command {
-    let bin = std::env::var("GPUDIAG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpudiag").into());
-    let mut c = Command::new(bin);
-    c.env_remove("GPUDIAG_TEST_FAULT")
-        .env_remove("GPUDIAG_DRIVER_ONLY");
-    c
-}
 
 /// Killed on every path, so a failing test cannot leave the GPU busy for the next one.
 struct Holder(Child);

@@ -4,19 +4,14 @@
 //! `--force`; `check --probes quick` must finish in under 15 s.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/gpu.rs"]
+mod gpu;
+use gpu::gpudiag;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use gpudiag::probes::Verdict;
 use gpudiag::probes::runner::ProbeReport;
-
-fn gpudiag() -> Command {
-    let bin = std::env::var("GPUDIAG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpudiag").into());
-    let mut c = Command::new(bin);
-    c.env_remove("GPUDIAG_TEST_FAULT")
-        .env_remove("GPUDIAG_DRIVER_ONLY");
-    c
-}
 
 fn probe(args: &[&str], env: &[(&str, &str)]) -> (ProbeReport, Output) {
     let out = gpudiag()
