@@ -227,7 +227,7 @@ fn outputs_are_whole_or_absent_whenever_the_signal_comes() {
                 if cmd == "trace" {
                     serde_json::from_slice::<Value>(&bytes).expect(&what);
                 } else {
-                    // Every member there and whole (reading to the end checks the gzip CRC).
+                    // Every member there, each readable to its end.
                     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(&bytes[..]));
                     let mut members = Vec::new();
                     for entry in archive.entries().unwrap() {
