@@ -18,7 +18,18 @@ case $target in
       tail -c +2 "$artifact" > "$out/$name.ndjson"
     fi ;;
   bundle) gzip -n < "$artifact" > "$out/$name.tar.gz" ;;
-  config) cp "$artifact" "$out/$name.toml" ;;
+  # Each input is read as TOML text and as (key, value) pairs set on the default config; keep
+  # both readings (the second as the TOML it made, which the target prints on request).
+  config)
+    if iconv -f UTF-8 -t UTF-8 "$artifact" >/dev/null 2>&1; then
+      cp "$artifact" "$out/$name.toml"
+    fi
+    bin=target/x86_64-unknown-linux-gnu/release/config
+    [ -x "$bin" ] || cargo +nightly fuzz build config
+    GPUDIAG_FUZZ_SHOW_CONFIG=1 "$bin" "$artifact" 2>&1 \
+      | sed -n '/^--- structured config ---$/,/^--- end ---$/p' | sed '1d;$d' \
+      > "$out/$name-structured.toml"
+    [ -s "$out/$name-structured.toml" ] || rm "$out/$name-structured.toml" ;;
   # First byte: how the target split the reads; the request is the rest.
   http_request) tail -c +2 "$artifact" > "$out/$name.http" ;;
   *) echo "unknown target $target" >&2; exit 2 ;;

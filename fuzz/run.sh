@@ -23,6 +23,8 @@ case $target in
       { printf '\x00'; cat "$f"; } > "$corpus/fixture-plain-$n"
       { printf '\x01'; cat "$f"; } > "$corpus/fixture-gzip-$n"
     done
+    # JSON tokens, extreme numbers and every name in the recording schema.
+    extra=(-dict=recording.dict)
     max_len=32768 ;;
   bundle)
     # Tar archives (the target gzips them) holding a fixture as the bundle's recording.
@@ -40,6 +42,7 @@ for f in ["recordings/sparse.ndjson", "recordings/all_kinds.ndjson", "hostile/he
             t.addfile(info, io.BytesIO(data))
     (corpus / ("fixture-" + pathlib.Path(f).stem + ".tar")).write_bytes(buf.getvalue())
 PY
+    extra=(-dict=recording.dict)
     max_len=65536 ;;
   config)
     cargo run --quiet --locked --manifest-path ../Cargo.toml -- config --default \
