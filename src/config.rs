@@ -301,7 +301,7 @@ impl Config {
     /// Range checks serde cannot express; each error names the key.
     fn validate(&self, origin: &str) -> Result<(), ConfigError> {
         let r = &self.rules;
-        let checks: [(&str, f64, f64, f64); 20] = [
+        let checks: [(&str, f64, f64, f64); 24] = [
             (
                 "rules.engine.eval_interval_s",
                 r.engine.eval_interval_s,
@@ -361,10 +361,22 @@ impl Config {
             ),
             ("rules.pcie.replay_ber", r.pcie.replay_ber, 0.0, 1.0),
             (
+                "rules.pcie.replay_min_span_s",
+                r.pcie.replay_min_span_s,
+                0.0,
+                86400.0,
+            ),
+            (
                 "rules.memory.nearly_full_pct",
                 r.memory.nearly_full_pct,
                 0.0,
                 100.0,
+            ),
+            (
+                "rules.memory.nearly_full_window_s",
+                r.memory.nearly_full_window_s,
+                1.0,
+                86400.0,
             ),
             (
                 "rules.memory.leak_window_s",
@@ -372,10 +384,22 @@ impl Config {
                 10.0,
                 86400.0,
             ),
+            (
+                "rules.memory.leak_min_span_s",
+                r.memory.leak_min_span_s,
+                0.0,
+                86400.0,
+            ),
             ("rules.memory.leak_min_r2", r.memory.leak_min_r2, 0.0, 1.0),
             (
                 "rules.memory.leak_min_rate_mib_per_min",
                 r.memory.leak_min_rate_mib_per_min,
+                0.0,
+                1e9,
+            ),
+            (
+                "rules.memory.leak_min_growth_mib",
+                r.memory.leak_min_growth_mib,
                 0.0,
                 1e9,
             ),
@@ -454,6 +478,28 @@ mod tests {
             e.to_string().contains("rules.throttle.min_fraction = 3"),
             "{e}"
         );
+    }
+
+    /// Every float key is range-checked: the fuzzer found `nearly_full_window_s = 3.9e140`
+    /// unchecked, and a window that large panicked when it became a Duration.
+    #[test]
+    fn every_float_key_refuses_nan_infinity_and_huge_values() {
+        let doc = toml::Table::try_from(Config::default()).unwrap();
+        let mut keys = 0;
+        for (section, table) in doc["rules"].as_table().unwrap() {
+            for (key, value) in table.as_table().unwrap() {
+                if !value.is_float() {
+                    continue;
+                }
+                keys += 1;
+                for bad in ["nan", "inf", "-inf", "1e300", "-1"] {
+                    let text = format!("[rules.{section}]\n{key} = {bad}\n");
+                    let e = Config::parse(&text, "c.toml").unwrap_err().to_string();
+                    assert!(e.contains(&format!("rules.{section}.{key}")), "{text}: {e}");
+                }
+            }
+        }
+        assert_eq!(keys, 24);
     }
 
     #[test]

@@ -90,7 +90,10 @@ impl RuleEngine {
         }
         if let Some(now) = now {
             let interval = (self.config.engine.eval_interval_s * 1000.0) as u64;
-            let due = self.last_eval_ms.is_none_or(|last| now >= last + interval);
+            // Saturating: a recording may carry any time, up to u64::MAX.
+            let due = self
+                .last_eval_ms
+                .is_none_or(|last| now >= last.saturating_add(interval));
             if due && !tick.samples.is_empty() {
                 self.evaluate_windowed(history, now);
             }

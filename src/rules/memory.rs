@@ -44,7 +44,7 @@ impl ProcessMemory {
             let keep = series
                 .points
                 .back()
-                .is_none_or(|&(t, last)| last != v || s.time_ms >= t + 1000);
+                .is_none_or(|&(t, last)| last != v || s.time_ms >= t.saturating_add(1000));
             if keep {
                 series.points.push_back((s.time_ms, v));
             }
@@ -85,7 +85,8 @@ pub fn fit(points: &[(TimeMs, f64)]) -> Option<(f64, f64)> {
     }
     let t0 = points[0].0;
     let n = points.len() as f64;
-    let xs = points.iter().map(|&(t, _)| (t - t0) as f64 / 1000.0);
+    // Signed: a recording's clock may step backwards.
+    let xs = points.iter().map(|&(t, _)| (t as f64 - t0 as f64) / 1000.0);
     let (sx, sy) = points
         .iter()
         .zip(xs.clone())

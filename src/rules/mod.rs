@@ -135,8 +135,10 @@ pub(crate) fn values<const N: usize>(
     pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }
 
+/// A window from config seconds. The config is range-checked; this still never panics on what
+/// slips past (a huge or infinite value saturates; NaN and negatives are zero).
 pub(crate) fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s.max(0.0))
+    Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX)
 }
 
 /// Rounds for evidence: two decimals are plenty and keep the JSON readable.

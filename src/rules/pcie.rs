@@ -56,7 +56,8 @@ fn downtrained(input: &RuleInput<'_>, d: &crate::telemetry::DeviceInfo) -> Optio
     if active.len() < 3 || fraction < cfg.min_fraction {
         return None;
     }
-    let (link_gen, width) = *low[low.len() - 1];
+    // `min_fraction = 0` lets an all-good window through the test above.
+    let &&(link_gen, width) = low.last()?;
     let now = pcie_link_rate(link_gen, width).map(|r| round2(r.bytes_per_s / 1e9));
     let full = pcie_link_rate(gen_max, width_max).map(|r| round2(r.bytes_per_s / 1e9));
     Some(Finding {

@@ -24,7 +24,7 @@ use crate::cli::{CheckArgs, FailOn, ReportArgs, SourceArgs};
 use crate::commands;
 use crate::error::Error;
 use crate::export;
-use crate::telemetry::recording::{Header, Record};
+use crate::telemetry::recording::{Header, Record, RecordingReader};
 use crate::telemetry::replay::{Pace, ReplayBackend};
 use crate::telemetry::sampler::{Sampler, SamplerMsg};
 use crate::telemetry::{BackendError, recording::RecordingError};
@@ -36,9 +36,6 @@ pub const CHECK_REPORT: &str = "check-report.json";
 pub const RECORDING: &str = "recording.ndjson.gz";
 pub const TRACE: &str = "trace.json";
 pub const ENVIRONMENT: &str = "environment.json";
-/// The largest member read back from a bundle: recordings are bounded, this guards against a
-/// hostile archive that claims terabytes.
-const MAX_MEMBER_BYTES: u64 = 4 << 30;
 
 /// True when `bytes` start a gzip stream whose content is a tar archive (ustar magic at 257).
 fn is_tar_gz(prefix: &[u8]) -> bool {
@@ -70,17 +67,38 @@ pub fn open_bundle_recording(path: &Path, pace: Pace) -> Result<ReplayBackend, B
     if !is_tar_gz(&prefix) {
         return ReplayBackend::open(path, pace);
     }
-    let bytes = read_member(path, RECORDING)?.ok_or_else(|| {
+    let (start, size) = member_span(path, RECORDING)?.ok_or_else(|| {
         BackendError::Recording(RecordingError::NotARecording {
             path: name.clone(),
             reason: format!("it is a tar.gz archive without {RECORDING}"),
         })
     })?;
-    ReplayBackend::from_reader(Cursor::new(bytes), pace)
+    // Streamed from a second pass over the file rather than read into memory: a bundle of a
+    // few hundred kilobytes can hold a member that inflates to gigabytes.
+    let mut tar = GzDecoder::new(std::io::BufReader::new(
+        std::fs::File::open(path).map_err(|e| io("open", e))?,
+    ));
+    let skipped = std::io::copy(&mut (&mut tar).take(start), &mut std::io::sink())
+        .map_err(|e| io("read", e))?;
+    if skipped < start {
+        return Err(BackendError::Recording(RecordingError::NotARecording {
+            path: name,
+            reason: format!("{RECORDING} lies past the end of the archive"),
+        }));
+    }
+    // Named, so an error says which file it is about.
+    let mut reader =
+        RecordingReader::from_reader_named(tar.take(size), &format!("{name} ({RECORDING})"))?;
+    let mut records = Vec::new();
+    while let Some(r) = reader.next_record()? {
+        records.push(r);
+    }
+    let (header, stats) = reader.into_parts();
+    ReplayBackend::from_parts(header, records, stats, pace)
 }
 
-/// The bytes of one member of a tar.gz bundle, `None` if it has no such member.
-pub fn read_member(path: &Path, member: &str) -> Result<Option<Vec<u8>>, BackendError> {
+/// Where a member's bytes start in the decompressed tar stream, and how many there are.
+fn member_span(path: &Path, member: &str) -> Result<Option<(u64, u64)>, BackendError> {
     let name = path.display().to_string();
     let bad = |reason: String| {
         BackendError::Recording(RecordingError::NotARecording {
@@ -101,23 +119,13 @@ pub fn read_member(path: &Path, member: &str) -> Result<Option<Vec<u8>>, Backend
         .map_err(|e| bad(format!("unreadable tar.gz: {e}")))?;
     for entry in entries {
         let entry = entry.map_err(|e| bad(format!("unreadable tar.gz entry: {e}")))?;
-        let is_it = entry
+        if entry
             .path()
             .ok()
-            .is_some_and(|p| p.as_ref() == Path::new(member));
-        if !is_it {
-            continue;
+            .is_some_and(|p| p.as_ref() == Path::new(member))
+        {
+            return Ok(Some((entry.raw_file_position(), entry.size())));
         }
-        let size = entry.header().size().unwrap_or(0);
-        if size > MAX_MEMBER_BYTES {
-            return Err(bad(format!("{member} claims {size} bytes, over the limit")));
-        }
-        let mut bytes = Vec::new();
-        entry
-            .take(MAX_MEMBER_BYTES)
-            .read_to_end(&mut bytes)
-            .map_err(|e| bad(format!("cannot read {member}: {e}")))?;
-        return Ok(Some(bytes));
     }
     Ok(None)
 }
