@@ -275,7 +275,6 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
     let backend_name = source.backend.name().to_owned();
     let source_warnings = source.backend.source_warnings();
     let recording = source.recording.clone();
-    let topology = source.topology();
 
     let mut source = source;
     let engine = RuleEngine::new(
@@ -292,6 +291,7 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         .backend
         .wait_for_slow_fields(Duration::from_millis(500));
     let mut failure = None;
+    let topology;
     if limit == Some(Duration::ZERO) {
         // A single read needs no sampler thread; every thread that calls NVML costs resident
         // memory, and `check --window 0` is held to nvidia-smi's footprint.
@@ -302,7 +302,10 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
             }
             Err(e) => failure = Some(e),
         }
+        // Asked after the poll: the backend reads it on its own thread meanwhile.
+        topology = source.topology();
     } else {
+        topology = source.topology();
         let mut sampler = Sampler::spawn(source.backend, args.interval, limit);
         for msg in sampler.rx.iter() {
             match msg {

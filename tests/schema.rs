@@ -539,6 +539,35 @@ fn topology_of_a_two_gpu_host_validates_in_recording_and_report() {
     assert!(old.topology.is_none());
 }
 
+/// The standard suite's results from both GPUs of a two-H200 host, p2p per GPU and the NCCL
+/// all-reduce for the host, placed in a report as `check --probes` does: schema-valid.
+#[test]
+fn report_with_multi_gpu_probe_results_validates() {
+    let v = validator(REPORT_SCHEMA);
+    let mut report: CheckReport =
+        serde_json::from_value(replay_report("h200x2.ndjson", &[])).unwrap();
+    let text =
+        std::fs::read_to_string(root().join("tests/fixtures/probes/h200x2_standard.json")).unwrap();
+    let probed: gpudiag::probes::runner::ProbeReport = serde_json::from_str(&text).unwrap();
+    for (d, p) in report.devices.iter_mut().zip(&probed.devices) {
+        d.probes = Some(p.clone());
+    }
+    report.host_probes = Some(probed.host.clone());
+    let value = serde_json::to_value(&report).unwrap();
+    assert_valid(&v, &value, "report with p2p and nccl results");
+    assert_eq!(value["devices"][1]["probes"]["results"][4]["probe"], "p2p");
+    assert_eq!(value["host_probes"][0]["probe"], "nccl");
+    // The schema lists exactly the probes gpudiag knows.
+    let schema = load_schema(REPORT_SCHEMA);
+    let names: Vec<&str> = schema["$defs"]["ProbeResult"]["properties"]["probe"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert_eq!(names, gpudiag::probes::PROBE_NAMES);
+}
+
 #[test]
 fn report_with_this_hosts_libraries_validates() {
     let v = validator(REPORT_SCHEMA);

@@ -1206,10 +1206,10 @@ pub(crate) fn read_topology(
                 }
             },
             nvlink_speed_gbps: nvlink_speed_gbps(dev),
-            nvlink_errors: if nvlinks.is_empty() {
-                NvLinkErrors::default()
-            } else {
+            nvlink_errors: if nvlinks.iter().any(|l| l.active) {
                 nvlink_error_totals(dev, &nvlinks)
+            } else {
+                NvLinkErrors::default()
             },
             nvlinks,
             pci_bus_id,
