@@ -1170,7 +1170,7 @@ pub(crate) fn read_topology(
     nvml: &Nvml,
     devices: &[(u32, Option<String>)],
 ) -> crate::topology::Topology {
-    use crate::topology::{GpuPlacement, Topology, finish_pairs};
+    use crate::topology::{GpuPair, GpuPlacement, Topology, finish_pairs};
     let mut notes: Vec<String> = Vec::new();
     let mut note = |n: String| {
         if !notes.contains(&n) {
@@ -1187,55 +1187,34 @@ pub(crate) fn read_topology(
             .find(|(d, _)| *d == i)
             .and_then(|(_, b)| b.clone())
     };
-    let mut pairs = Vec::new();
-    // One thread per GPU: its NVLink error totals alone take about 63 ms on an H200, and the
-    // pairs' P2P status (6 ms a pair) is read here meanwhile.
-    let placements: Vec<Result<GpuPlacement, String>> = std::thread::scope(|scope| {
-        let workers: Vec<_> = handles
-            .iter()
-            .map(|(index, dev)| {
-                let index = *index;
-                let pci_bus_id = bus_of(index);
-                let present = dev.is_some();
-                scope.spawn(move || {
-                    if !present {
-                        return Err(format!("GPU {index}: no NVML handle"));
-                    }
-                    let dev = nvml
-                        .device_by_index(index)
-                        .map_err(|e| format!("GPU {index}: {}", absent_from(&e)))?;
-                    Ok(read_placement(&dev, index, pci_bus_id, devices))
-                })
-            })
-            .collect();
-        pairs = read_pairs(nvml, &handles);
-        workers
-            .into_iter()
-            .map(|w| {
-                w.join()
-                    .unwrap_or_else(|_| Err("a topology reader failed".into()))
-            })
-            .collect()
-    });
-    let mut gpus: Vec<GpuPlacement> = Vec::new();
-    for p in placements {
-        match p {
-            Ok(g) => {
-                if g.cpu_affinity.is_none() {
-                    note("CPU affinity: not reported".into());
+    let mut gpus = Vec::new();
+    for (index, dev) in &handles {
+        let Some(dev) = dev else {
+            note(format!("GPU {index}: no NVML handle"));
+            continue;
+        };
+        let pci_bus_id = bus_of(*index);
+        let nvlinks = read_nvlinks(dev, devices);
+        gpus.push(GpuPlacement {
+            index: *index,
+            numa_node: numa_node(dev, pci_bus_id.as_deref()),
+            cpu_affinity: match dev.cpu_affinity(16) {
+                Ok(words) => crate::topology::cpu_list(&words),
+                Err(e) => {
+                    note(format!("CPU affinity: {}", absent_from(&e)));
+                    None
                 }
-                gpus.push(g);
-            }
-            Err(n) => note(n),
-        }
+            },
+            nvlink_speed_gbps: nvlink_speed_gbps(dev),
+            nvlink_errors: if nvlinks.iter().any(|l| l.active) {
+                nvlink_error_totals(dev, &nvlinks)
+            } else {
+                NvLinkErrors::default()
+            },
+            nvlinks,
+            pci_bus_id,
+        });
     }
-    finish_pairs(&gpus, &mut pairs);
-    Topology { gpus, pairs, notes }
-}
-
-/// Every pair's PCIe path and NVML peer-to-peer status.
-fn read_pairs(nvml: &Nvml, handles: &[(u32, Option<Device<'_>>)]) -> Vec<crate::topology::GpuPair> {
-    use crate::topology::GpuPair;
     let mut pairs = Vec::new();
     for (i, (a, da)) in handles.iter().enumerate() {
         for (b, db) in &handles[i + 1..] {
@@ -1263,33 +1242,8 @@ fn read_pairs(nvml: &Nvml, handles: &[(u32, Option<Device<'_>>)]) -> Vec<crate::
             pairs.push(pair);
         }
     }
-    pairs
-}
-
-/// Where one GPU sits: NUMA node, nearby CPUs, NVLinks and their error totals.
-fn read_placement(
-    dev: &Device<'_>,
-    index: u32,
-    pci_bus_id: Option<String>,
-    devices: &[(u32, Option<String>)],
-) -> crate::topology::GpuPlacement {
-    let nvlinks = read_nvlinks(dev, devices);
-    crate::topology::GpuPlacement {
-        index,
-        numa_node: numa_node(dev, pci_bus_id.as_deref()),
-        cpu_affinity: dev
-            .cpu_affinity(16)
-            .ok()
-            .and_then(|words| crate::topology::cpu_list(&words)),
-        nvlink_speed_gbps: nvlink_speed_gbps(dev),
-        nvlink_errors: if nvlinks.iter().any(|l| l.active) {
-            nvlink_error_totals(dev, &nvlinks)
-        } else {
-            NvLinkErrors::default()
-        },
-        nvlinks,
-        pci_bus_id,
-    }
+    finish_pairs(&gpus, &mut pairs);
+    Topology { gpus, pairs, notes }
 }
 
 fn pcie_path(level: TopologyLevel) -> crate::topology::PciePath {
