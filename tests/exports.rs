@@ -4,10 +4,9 @@
 //! and the HTTP server's answers to good, slow and malformed clients.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command as StdCommand, Stdio};
 use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
@@ -17,6 +16,10 @@ use gpudiag::report::bundle::host::Environment;
 use gpudiag::report::check::CheckReport;
 use gpudiag::telemetry::recording::{self, Record};
 use serde_json::Value;
+
+#[path = "support/serve.rs"]
+mod serve_support;
+pub use serve_support::{Served, serve};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -594,41 +597,6 @@ fn gethostname() -> String {
 
 // ---------------------------------------------------------------------------------------------
 // serve over HTTP
-
-/// A running `gpudiag serve`, killed on drop.
-pub struct Served {
-    child: Child,
-    pub addr: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `gpudiag serve --listen 127.0.0.1:0` with `args` and reads the address it prints.
-pub fn serve(args: &[&str]) -> Served {
-    let mut child = StdCommand::new(env!("CARGO_BIN_EXE_gpudiag"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stderr.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
-    Served { child, addr }
-}
 
 /// One raw HTTP/1.0 exchange; returns (status, body).
 fn http(addr: &str, request: &str) -> (u16, String) {

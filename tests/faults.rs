@@ -4,10 +4,10 @@
 //! through the binary with `GPUDIAG_TEST_FAULTS` over recordings: `check --json` (schema-valid),
 //! `record` then `check --replay`, `trace` and `serve`.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command as StdCommand, Stdio};
+use std::process::{Command as StdCommand, Stdio};
 use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
@@ -27,6 +27,10 @@ use gpudiag::tui::ui;
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use serde_json::Value;
+
+#[path = "support/serve.rs"]
+mod serve_support;
+use serve_support::serve_with;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -627,19 +631,6 @@ fn trace_of_a_faulty_run_is_valid_and_shows_the_faults() {
     );
 }
 
-/// A running `gpudiag serve`, killed on drop.
-struct Served {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn get(addr: &str) -> String {
     let mut c = TcpStream::connect(addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -657,25 +648,15 @@ fn get(addr: &str) -> String {
 fn serve_keeps_answering_through_faults() {
     // serve plays a replay at its recorded pace (a tick a second here), so the poll deadline
     // must be longer than that spacing, and the injected hang longer than the deadline.
-    let mut child = StdCommand::new(env!("CARGO_BIN_EXE_gpudiag"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--poll-timeout", "2s"])
-        .args(["--replay", s(&fixture("two_gpus.ndjson"))])
-        .env(FAULTS_ENV, "value:temp_gpu_c=1e9@1#0;hang:4s@2;lost@3#1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stderr.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
-    let served = Served { child, addr };
+    let served = serve_with(
+        &[
+            "--poll-timeout",
+            "2s",
+            "--replay",
+            s(&fixture("two_gpus.ndjson")),
+        ],
+        &[(FAULTS_ENV, "value:temp_gpu_c=1e9@1#0;hang:4s@2;lost@3#1")],
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     let body = loop {
         let body = get(&served.addr);

@@ -3,13 +3,17 @@
 //! series with the recording's values and dcgm-exporter's labels. Needs the `prometheus` binary
 //! (Debian's package; `.ci/run` installs it); skipped with a message where it is absent.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+#[path = "support/serve.rs"]
+mod serve_support;
+use serve_support::serve;
 
 /// A child process killed on drop, so a failing test leaves nothing running.
 struct Killed(Child);
@@ -100,24 +104,8 @@ fn a_real_prometheus_scrapes_serve() {
     };
     let fixture =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recordings/two_gpus.ndjson");
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_gpudiag"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--replay"])
-        .arg(&fixture)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(serve.stderr.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let _serve = Killed(serve);
-    let target = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
+    let served = serve(&["--replay", fixture.to_str().expect("a UTF-8 path")]);
+    let target = served.addr.clone();
 
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("prometheus.yml");

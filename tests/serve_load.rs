@@ -4,12 +4,15 @@
 //! bounded answer (or a close), good scrapes keep getting their metrics and sampling keeps its
 //! pace. Durations here only keep a broken server from hanging the test; nothing is timed.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+#[path = "support/serve.rs"]
+mod serve_support;
+use serve_support::{Served, serve};
 
 /// `MAX_CONNECTIONS` (answers being written) and `MAX_PENDING` (request heads coming in) in
 /// src/export/prometheus.rs.
@@ -18,38 +21,9 @@ const MAX_PENDING: usize = 256;
 /// Generous: what a scrape may take on a loaded 2-core CI machine before the test calls it a hang.
 const HANG: Duration = Duration::from_secs(20);
 
-struct Served {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl Served {
     fn start(args: &[&str]) -> Served {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gpudiag"))
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stderr.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|r| r.split('/').next())
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .to_string();
-        let served = Served { child, addr };
+        let served = serve(args);
         let ready = Instant::now();
         while !matches!(served.scrape(), Scrape::Ok(b) if b.contains("DCGM_FI_DEV_GPU_UTIL")) {
             assert!(ready.elapsed() < HANG, "no samples served");
