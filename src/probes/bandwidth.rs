@@ -6,7 +6,7 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys;
 
-use super::gpu::{DeviceBuffer, Event, Gpu, PinnedBuffer, Stream, grid_for, launch};
+use super::gpu::{DeviceBuffer, Event, Gpu, PinnedBuffer, Stream, ck, grid_for, launch};
 use super::suite::{BandwidthParams, ModelRef};
 use super::{Control, Measurement, ProbeError, ProbeResult, SpanTimer, Verdict, gb_per_s, median};
 
@@ -23,11 +23,6 @@ pub const TESTS: [&str; 8] = [
     "d2d_kernel",
     "triad",
 ];
-
-fn ck(r: sys::CUresult, what: &str) -> Result<(), ProbeError> {
-    r.result()
-        .map_err(|e| ProbeError::Cuda(format!("{what}: {e}")))
-}
 
 /// Times `samples` × (16 ops between events), after 4 warm-up ops; milliseconds per sample.
 pub(crate) fn time_ops(

@@ -15,11 +15,13 @@ use super::ProbeError;
 use super::ptx;
 use crate::deadline::run_with_deadline;
 
-fn cuda(what: &str) -> impl FnOnce(DriverError) -> ProbeError + '_ {
+/// Turns a driver error into a probe error that says which call failed.
+pub(crate) fn cuda(what: &str) -> impl FnOnce(DriverError) -> ProbeError + '_ {
     move |e| ProbeError::Cuda(format!("{what}: {e}"))
 }
 
-fn ck(r: sys::CUresult, what: &str) -> Result<(), ProbeError> {
+/// A raw driver call's result, as a probe error naming the call.
+pub(crate) fn ck(r: sys::CUresult, what: &str) -> Result<(), ProbeError> {
     r.result().map_err(cuda(what))
 }
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, sys};
 
-use super::gpu::{DeviceBuffer, Stream};
+use super::gpu::{DeviceBuffer, Stream, cuda};
 use super::suite::NcclParams;
 use super::{Control, Measurement, ProbeError, ProbeResult, SpanTimer, Verdict, gb_per_s};
 use crate::deadline::{DeadlineError, run_with_deadline};
@@ -222,10 +222,6 @@ impl Drop for RankState {
         let _ = self.ctx.bind_to_thread();
         let _ = self.stream.synchronize();
     }
-}
-
-fn cuda(what: &str) -> impl FnOnce(cudarc::driver::DriverError) -> ProbeError + '_ {
-    move |e| ProbeError::Cuda(format!("{what}: {e}"))
 }
 
 fn measure(

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use cudarc::driver::sys;
 
 use super::bandwidth::{COPIES, rates, time_ops};
-use super::gpu::{DeviceBuffer, Event, Gpu, Stream};
+use super::gpu::{DeviceBuffer, Event, Gpu, Stream, ck};
 use super::suite::P2pParams;
 use super::{Control, Measurement, ProbeError, ProbeResult, SpanTimer, Verdict, median};
 use crate::topology::Topology;
@@ -100,11 +100,6 @@ impl Drop for Side<'_> {
         let _ = self.gpu.bind();
         let _ = self.stream.synchronize();
     }
-}
-
-fn ck(r: sys::CUresult, what: &str) -> Result<(), ProbeError> {
-    r.result()
-        .map_err(|e| ProbeError::Cuda(format!("{what}: {e}")))
 }
 
 fn copy_peer(
