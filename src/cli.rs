@@ -5,7 +5,11 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::rules::Severity;
+use gpudiag_core::rules::Severity;
+use gpudiag_core::session::{Origin, SourceSpec};
+use gpudiag_model::error::Error;
+use gpudiag_model::units::parse_duration;
+use gpudiag_telemetry::live::LiveBackend;
 
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes:
@@ -160,8 +164,44 @@ pub struct SourceArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub backend: BackendChoice,
     /// Read amdgpu sysfs and /proc under this directory instead of / (fake trees in tests).
-    #[arg(long, value_name = "PATH", env = crate::telemetry::sysfs::SYSFS_ROOT_ENV, hide = true)]
+    #[arg(long, value_name = "PATH", env = gpudiag_telemetry::sysfs::SYSFS_ROOT_ENV, hide = true)]
     pub sysfs_root: Option<PathBuf>,
+}
+
+impl SourceArgs {
+    /// What to open, checked: `--backend` names a live backend, or `replay` with a recording.
+    pub fn spec(&self) -> Result<SourceSpec, Error> {
+        let recording = match (&self.replay, self.demo) {
+            (_, true) => Some(Origin::Demo),
+            (Some(path), false) => Some(Origin::File(path.clone())),
+            (None, false) => None,
+        };
+        let origin = match (self.backend, recording) {
+            (BackendChoice::Replay, None) => {
+                return Err(Error::Usage(
+                    "--backend replay needs --replay FILE (or --demo)".into(),
+                ));
+            }
+            (BackendChoice::Auto | BackendChoice::Replay, Some(origin)) => origin,
+            (other, Some(_)) => {
+                return Err(Error::Usage(format!(
+                    "--backend {} reads live GPUs; it cannot go with --replay or --demo",
+                    format!("{other:?}").to_lowercase()
+                )));
+            }
+            (BackendChoice::Auto, None) => Origin::Live(LiveBackend::Auto),
+            (BackendChoice::Nvml, None) => Origin::Live(LiveBackend::Nvml),
+            (BackendChoice::Rocm, None) => Origin::Live(LiveBackend::Rocm),
+            (BackendChoice::Sysfs, None) => Origin::Live(LiveBackend::Sysfs),
+        };
+        Ok(SourceSpec {
+            origin,
+            devices: self.devices.clone(),
+            init_timeout: self.init_timeout,
+            poll_timeout: self.poll_timeout,
+            sysfs_root: self.sysfs_root.clone(),
+        })
+    }
 }
 
 /// `--backend`.
@@ -287,16 +327,6 @@ pub fn parse_speed(s: &str) -> Result<f64, String> {
             "speed '{s}' must be a positive number such as 0.5, 1 or 10"
         )),
     }
-}
-
-/// "60s", "250ms", "1m30s" or a bare "0".
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    if t == "0" {
-        return Ok(Duration::ZERO);
-    }
-    humantime::parse_duration(t)
-        .map_err(|e| format!("'{s}' is not a duration ({e}); write it like 250ms, 10s or 2m"))
 }
 
 /// A poll deadline: at least 10 ms, since below that a healthy read of several GPUs misses it.

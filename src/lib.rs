@@ -1,15 +1,17 @@
-//! gpudiag: GPU telemetry, probes and diagnostics. The binary is a thin shell over this library.
+//! gpudiag's top layer: the command line, one module per subcommand, the terminal UI and the
+//! writers (text, Chrome trace, Prometheus, bug-report bundles). Everything below it lives in
+//! the workspace's crates (`crates/`): model ← telemetry, probes ← core ← this binary.
+//!
+//! The layers are re-exported under their old names so integration tests and benches can reach
+//! them through one crate.
 
 pub mod cli;
 pub mod commands;
-pub mod config;
-pub mod deadline;
-pub mod error;
 pub mod export;
-pub mod history;
-pub mod probes;
 pub mod report;
-pub mod rules;
-pub mod telemetry;
-pub mod topology;
 pub mod tui;
+
+pub use gpudiag_core::{check, config, history, rules, session};
+pub use gpudiag_model::{cuda_libraries, deadline, error, topology};
+pub use gpudiag_probes as probes;
+pub use gpudiag_telemetry as telemetry;

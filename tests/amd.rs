@@ -597,8 +597,7 @@ fn downtrained_amd_links_fire_the_pcie_rule_without_p_states() {
             .arg(format!("tests/fixtures/sysfs/{fixture}"))
             .output()
             .unwrap();
-        let report: gpudiag::report::check::CheckReport =
-            serde_json::from_slice(&out.stdout).unwrap();
+        let report: gpudiag::check::CheckReport = serde_json::from_slice(&out.stdout).unwrap();
         let link = report.devices[0]
             .findings
             .iter()
@@ -611,7 +610,7 @@ fn downtrained_amd_links_fire_the_pcie_rule_without_p_states() {
 #[test]
 fn probe_on_an_amd_host_says_amd_probes_are_not_available_yet() {
     // Only meaningful where no CUDA driver answers first (CI); on a GPU host probes would run.
-    let libcuda = gpudiag::report::environment::detect_libraries()
+    let libcuda = gpudiag::cuda_libraries::detect_libraries()
         .into_iter()
         .any(|l| l.name == "libcuda" && l.found);
     if libcuda {

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
-use gpudiag::report::check::{CheckReport, Status};
+use gpudiag::check::{CheckReport, Status};
 use gpudiag::rules::Severity;
 use gpudiag::telemetry::Metric;
 use gpudiag::telemetry::recording::MAX_LINE_BYTES;

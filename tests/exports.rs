@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
 use flate2::read::GzDecoder;
+use gpudiag::check::CheckReport;
 use gpudiag::export::chrome_trace::{self, Trace};
 use gpudiag::report::bundle::host::Environment;
-use gpudiag::report::check::CheckReport;
 use gpudiag::telemetry::recording::{self, Record};
 use serde_json::Value;
 
@@ -870,7 +870,7 @@ fn traces_validate_against_their_schema_and_drift_is_caught() {
 /// panic or a hang.
 #[test]
 fn damaged_bundles_never_panic() {
-    use gpudiag::report::bundle::open_bundle_recording;
+    use gpudiag::telemetry::bundle::open_bundle_recording;
     use gpudiag::telemetry::replay::Pace;
     let (path, dir) = report(&["--replay", s(&fixture("healthy.ndjson"))]);
     let bytes = std::fs::read(&path).unwrap();

@@ -11,9 +11,9 @@ use std::process::{Command as StdCommand, Stdio};
 use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
-use gpudiag::commands::{Collected, DEMO_RECORDING};
 use gpudiag::config::RulesConfig;
 use gpudiag::rules::{Finding, RuleEngine, Severity};
+use gpudiag::session::{DEMO_RECORDING, Pipeline};
 use gpudiag::telemetry::fault::{self, FAULTS_ENV, FaultBackend};
 use gpudiag::telemetry::guard::Guarded;
 use gpudiag::telemetry::replay::{Pace, ReplayBackend};
@@ -52,14 +52,14 @@ fn open(name: &str) -> ReplayBackend {
 // Library level: fault backend → poll deadline → sampler (plausibility) → history → rules
 
 struct Run {
-    collected: Collected,
+    pipeline: Pipeline,
     ticks: Vec<Tick>,
     failure: Option<String>,
 }
 
 impl Run {
     fn findings(&self) -> Vec<Finding> {
-        self.collected.engine.raised()
+        self.pipeline.engine.raised()
     }
 
     fn finding(&self, id: &str, device: u32) -> Option<Finding> {
@@ -84,7 +84,7 @@ fn pipeline(name: &str, spec: &str, poll_timeout: Duration) -> Run {
     let faulty = FaultBackend::new(Box::new(replay), fault::parse(spec).unwrap());
     let guarded = Guarded::new(Box::new(faulty), poll_timeout).unwrap();
     let sampler = Sampler::spawn(Box::new(guarded), Duration::from_millis(100), None);
-    let mut collected = Collected::new(RuleEngine::new(
+    let mut pipeline = Pipeline::new(RuleEngine::new(
         RulesConfig::default(),
         devices,
         Some(host),
@@ -96,7 +96,7 @@ fn pipeline(name: &str, spec: &str, poll_timeout: Duration) -> Run {
         match msg {
             SamplerMsg::Tick(t) => {
                 ticks.push(t.clone());
-                collected.push(t);
+                pipeline.push(t);
             }
             SamplerMsg::Ended(e) => {
                 failure = e.map(|e| e.to_string());
@@ -104,16 +104,16 @@ fn pipeline(name: &str, spec: &str, poll_timeout: Duration) -> Run {
             }
         }
     }
-    collected.engine.finish(&collected.history);
+    pipeline.engine.finish(&pipeline.history);
     Run {
-        collected,
+        pipeline,
         ticks,
         failure,
     }
 }
 
 fn all_values(run: &Run, device: u32, metric: Metric) -> Vec<f64> {
-    run.collected
+    run.pipeline
         .history
         .series(device, metric)
         .map(|(_, v)| v)
@@ -210,23 +210,23 @@ fn a_gpu_lost_mid_session_is_marked_and_graded_once() {
     assert!(run.finding("device.lost", 0).is_none());
     assert!(run.finding("errors.xid_79", 0).is_none());
     // From the loss on, GPU 1 has no values in history and every field says why.
-    let last = run.collected.latest.get(&1).unwrap();
+    let last = run.pipeline.latest.get(&1).unwrap();
     assert_eq!(sanity::worst(last), Some(Health::Lost));
     assert_eq!(last.gpu_util_pct, None);
     assert!(
-        run.collected
+        run.pipeline
             .history
             .series(1, Metric::GpuUtilPct)
             .all(|(t, _)| t < lost_at)
     );
     assert!(
-        run.collected
+        run.pipeline
             .history
             .series(0, Metric::GpuUtilPct)
             .any(|(t, _)| t > lost_at)
     );
     let lost_events = run
-        .collected
+        .pipeline
         .events
         .iter()
         .filter(|e| matches!(e.kind, EventKind::DeviceLost { .. }))
@@ -274,7 +274,7 @@ fn a_hung_poll_is_marked_stalled_and_the_run_goes_on() {
     assert!(after.is_some(), "no values after the stall");
     // The stall is said once as a notice, however many ticks it lasted.
     let notices = run
-        .collected
+        .pipeline
         .events
         .iter()
         .filter(|e| matches!(&e.kind, EventKind::Notice { message } if message.contains("did not return")))
@@ -299,7 +299,7 @@ fn a_gpu_that_disappears_and_returns_is_marked_missing_then_back() {
     assert_eq!(f.severity, Severity::Warn);
     assert!(run.finding("device.missing", 0).is_none());
     // It came back: its newest sample is healthy.
-    assert_eq!(sanity::worst(&run.collected.latest[&1]), None);
+    assert_eq!(sanity::worst(&run.pipeline.latest[&1]), None);
 }
 
 #[test]
@@ -307,7 +307,7 @@ fn a_field_made_unsupported_is_absent_with_its_reason_and_no_alarm() {
     let run = pipeline("demo", "unsupported:temp_gpu_c@0..", Duration::from_secs(5));
     assert_eq!(run.failure, None);
     assert!(all_values(&run, 0, Metric::TempGpuC).is_empty());
-    let last = &run.collected.latest[&0];
+    let last = &run.pipeline.latest[&0];
     assert_eq!(last.temp_gpu_c, None);
     assert_eq!(last.why_absent("temp_gpu_c"), Some(&Absent::NotSupported));
     // Not supported is normal (fans on SXM parts): no health finding, and rules that need the

@@ -8,9 +8,9 @@ use std::path::Path;
 use std::process::Command;
 
 use flate2::read::GzDecoder;
+use gpudiag::check::CheckReport;
 use gpudiag::export::chrome_trace::{self, Phase, Trace};
 use gpudiag::report::bundle::host::Environment;
-use gpudiag::report::check::CheckReport;
 
 fn gpudiag() -> Command {
     let bin = std::env::var("GPUDIAG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpudiag").into());

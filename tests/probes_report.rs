@@ -4,10 +4,10 @@
 //! probe results are built in Rust and attached to the demo recording's report.
 
 use assert_cmd::Command;
+use gpudiag::check::CheckReport;
 use gpudiag::probes::gpu::GpuInfo;
 use gpudiag::probes::runner::DeviceProbes;
 use gpudiag::probes::{Measurement, ProbeResult, Span, Verdict};
-use gpudiag::report::check::CheckReport;
 use serde_json::{Value, json};
 
 fn probes() -> DeviceProbes {

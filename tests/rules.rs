@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use gpudiag::config::{Config, RulesConfig};
+use gpudiag::cuda_libraries::LibraryInfo;
 use gpudiag::history::History;
-use gpudiag::report::environment::LibraryInfo;
 use gpudiag::rules::{Finding, RuleEngine, Severity};
 use gpudiag::telemetry::{
     ComputeCapability, DeviceInfo, Event, EventKind, HostInfo, ProcessSample, Sample, Tick,

@@ -3,8 +3,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use assert_cmd::Command;
+use gpudiag::check::CheckReport;
 use gpudiag::config::{Config, DEFAULT_CONFIG_TOML};
-use gpudiag::report::check::CheckReport;
 
 fn gpudiag() -> Command {
     let mut c = Command::cargo_bin("gpudiag").unwrap();

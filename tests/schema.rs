@@ -6,7 +6,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
-use gpudiag::report::check::{CheckReport, Status};
+use gpudiag::check::{CheckReport, Status};
 use gpudiag::rules::Severity;
 use gpudiag::telemetry::{Absent, DeviceInfo, Metric, Sample};
 use jsonschema::error::ValidationErrorKind;
@@ -573,7 +573,7 @@ fn report_with_this_hosts_libraries_validates() {
     let v = validator(REPORT_SCHEMA);
     let value = replay_report("all_kinds.ndjson", &[]);
     let mut report: CheckReport = serde_json::from_value(value).unwrap();
-    let libraries = gpudiag::report::environment::detect_libraries();
+    let libraries = gpudiag::cuda_libraries::detect_libraries();
     assert_eq!(libraries.len(), 5);
     report.libraries = Some(libraries);
     let value = serde_json::to_value(&report).unwrap();

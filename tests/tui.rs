@@ -8,8 +8,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseButton, MouseEvent, MouseEventKind};
-use gpudiag::commands::DEMO_RECORDING;
 use gpudiag::rules::Severity;
+use gpudiag::session::DEMO_RECORDING;
 use gpudiag::telemetry::replay::{Pace, ReplayBackend};
 use gpudiag::telemetry::{Backend, Tick};
 use gpudiag::tui::app::{

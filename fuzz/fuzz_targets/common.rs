@@ -35,6 +35,7 @@ fn source(path: PathBuf) -> SourceArgs {
         replay: Some(path),
         demo: false,
         init_timeout: Duration::from_secs(10),
+        poll_timeout: Duration::from_secs(2),
         backend: BackendChoice::Replay,
         sysfs_root: None,
     }
@@ -69,15 +70,16 @@ pub fn replay_everything(data: &[u8], config: &Config) {
             }
         }
     }
-    let (source, recorded) = gpudiag::export::open(
-        &source(path),
+    let spec = source(path).spec().expect("a replay spec");
+    let source = gpudiag::session::open_source(
+        &spec,
         gpudiag::telemetry::replay::Pace::AsFastAsPossible,
+        false,
     )
     .expect("opened once already");
     let stop = AtomicBool::new(false);
     match gpudiag::export::capture_trace(
         source,
-        recorded,
         Duration::from_millis(100),
         None,
         Some(&stop),

@@ -15,7 +15,7 @@ fn snapshot() -> &'static RwLock<Snapshot> {
     static SNAP: OnceLock<RwLock<Snapshot>> = OnceLock::new();
     SNAP.get_or_init(|| {
         let mut replay =
-            ReplayBackend::from_reader(gpudiag::commands::DEMO_RECORDING, Pace::AsFastAsPossible)
+            ReplayBackend::from_reader(gpudiag::session::DEMO_RECORDING, Pace::AsFastAsPossible)
                 .expect("the demo recording reads");
         let mut snap = Snapshot {
             host: replay.host().clone(),

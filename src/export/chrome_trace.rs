@@ -19,9 +19,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::rules::Finding;
-use crate::telemetry::nvml::THROTTLE_REASONS;
-use crate::telemetry::{DeviceInfo, Event, EventKind, HostInfo, Sample, Tick, TimeMs};
+use gpudiag_core::rules::Finding;
+use gpudiag_model::decode::THROTTLE_REASONS;
+use gpudiag_telemetry::{DeviceInfo, Event, EventKind, HostInfo, Sample, Tick, TimeMs};
 
 /// The value of `otherData.format`.
 pub const TRACE_FORMAT: &str = "gpudiag-trace";
@@ -687,7 +687,7 @@ pub fn validate(trace: &Trace) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::{Evidence, Severity};
+    use gpudiag_core::rules::{Evidence, Severity};
 
     const T0: TimeMs = 1_767_225_600_000;
 
@@ -721,7 +721,7 @@ mod tests {
             time_ms: T0 + 250,
             title: "XID 48: double-bit ECC error in GPU memory".into(),
             evidence: Evidence {
-                values: crate::rules::values([("xid", serde_json::json!(48))]),
+                values: gpudiag_core::rules::values([("xid", serde_json::json!(48))]),
                 window_s: 0.0,
                 threshold: "event".into(),
             },

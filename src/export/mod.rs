@@ -13,77 +13,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
-use crate::cli::{SourceArgs, TraceArgs};
-use crate::commands::{self, Collected, DEMO_NAME, DEMO_RECORDING, Source};
-use crate::config::Config;
-use crate::error::Error;
-use crate::rules::{self, Finding, RuleEngine};
-use crate::telemetry::Backend;
-use crate::telemetry::replay::{Pace, ReplayBackend};
-use crate::telemetry::sampler::{Sampler, SamplerMsg};
+use crate::cli::TraceArgs;
 use chrome_trace::{Trace, TraceBuilder};
-
-/// The rule engine every export judges its telemetry with: the same rules and thresholds as
-/// `check`, raised tick by tick as the data arrives. Libraries are this host's only for live
-/// sources; a recording from elsewhere says nothing about them.
-pub fn engine_for(source: &Source, config: &Config) -> RuleEngine {
-    let libraries = source
-        .recording
-        .is_none()
-        .then(crate::report::environment::detect_libraries);
-    RuleEngine::new(
-        config.rules.clone(),
-        source.devices(),
-        Some(source.backend.host().clone()),
-        libraries,
-    )
-}
-
-/// Adds the findings a recording carried that the rules did not raise again themselves.
-pub fn with_recorded(mut findings: Vec<Finding>, recorded: &[Finding]) -> Vec<Finding> {
-    for f in recorded {
-        if !findings
-            .iter()
-            .any(|g| g.id == f.id && g.device == f.device)
-        {
-            findings.push(f.clone());
-        }
-    }
-    rules::sort(&mut findings);
-    findings
-}
-
-/// Opens a source like `commands::open_source`, but keeps the findings a replayed recording
-/// carries (they belong in a trace) and reads a bug-report bundle as its recording.
-pub fn open(args: &SourceArgs, pace: Pace) -> Result<(Source, Vec<Finding>), Error> {
-    let (replay, name) = if args.demo {
-        (
-            ReplayBackend::from_reader(DEMO_RECORDING, pace)?,
-            DEMO_NAME.to_string(),
-        )
-    } else if let Some(path) = &args.replay {
-        (
-            crate::report::bundle::open_bundle_recording(path, pace)?,
-            path.display().to_string(),
-        )
-    } else {
-        return Ok((commands::open_source(args, pace, false)?, Vec::new()));
-    };
-    let findings = replay.recorded_findings().to_vec();
-    let selected = commands::select_devices(replay.devices(), &args.devices)?;
-    let findings = findings
-        .into_iter()
-        .filter(|f| f.device.is_none_or(|d| selected.0.contains(&d)))
-        .collect();
-    Ok((
-        Source {
-            backend: commands::harden(Box::new(replay), args.poll_timeout)?,
-            selected,
-            recording: Some(name),
-        },
-        findings,
-    ))
-}
+use gpudiag_core::config::Config;
+use gpudiag_core::rules::Finding;
+use gpudiag_core::session::{Pipeline, Source, engine_for, open_source, with_recorded};
+use gpudiag_model::error::Error;
+use gpudiag_telemetry::replay::Pace;
+use gpudiag_telemetry::sampler::{Sampler, SamplerMsg};
 
 /// Everything one pass over a source produced.
 pub struct Capture {
@@ -97,7 +34,6 @@ pub struct Capture {
 /// the rules give at the end and those the recording carried.
 pub fn capture_trace(
     source: Source,
-    recorded: Vec<Finding>,
     interval: Duration,
     limit: Option<Duration>,
     stop: Option<&AtomicBool>,
@@ -105,6 +41,7 @@ pub fn capture_trace(
 ) -> Result<Capture, Error> {
     let devices = source.devices();
     let is_replay = source.recording.is_some();
+    let recorded = source.recorded.clone();
     let mut builder = TraceBuilder::new(
         source.backend.name(),
         source.recording.clone(),
@@ -113,7 +50,7 @@ pub fn capture_trace(
     );
     let mut warnings = source.backend.source_warnings();
     let filter = source.selected.clone();
-    let mut collected = Collected::new(engine_for(&source, config));
+    let mut pipeline = Pipeline::new(engine_for(&source, config));
     let mut sampler = Sampler::spawn(
         source.backend,
         interval,
@@ -128,7 +65,7 @@ pub fn capture_trace(
             Ok(SamplerMsg::Tick(t)) => {
                 let t = filter.apply(t);
                 builder.push_tick(&t);
-                collected.push(t);
+                pipeline.push(t);
             }
             Ok(SamplerMsg::Ended(e)) => {
                 failure = e;
@@ -140,22 +77,22 @@ pub fn capture_trace(
     }
     sampler.stop();
     match failure {
-        Some(e) if collected.tick_times.is_empty() => return Err(e.into()),
+        Some(e) if pipeline.tick_times.is_empty() => return Err(e.into()),
         Some(e) => warnings.push(format!("sampling stopped early: {e}")),
         None => {}
     }
-    if collected.tick_times.is_empty() {
+    if pipeline.tick_times.is_empty() {
         return Err(Error::Usage("the source holds no telemetry samples".into()));
     }
-    collected.engine.finish(&collected.history);
-    let findings = with_recorded(collected.engine.raised(), &recorded);
+    pipeline.engine.finish(&pipeline.history);
+    let findings = with_recorded(pipeline.engine.raised(), &recorded);
     for f in &findings {
         builder.push_finding(f);
     }
     Ok(Capture {
         trace: builder.finish(),
         findings,
-        ticks: collected.tick_times.len() as u64,
+        ticks: pipeline.tick_times.len() as u64,
         warnings,
     })
 }
@@ -164,10 +101,9 @@ pub fn capture_trace(
 /// `stop` (Ctrl-C) ends a live capture early; what was sampled is still written.
 pub fn trace(args: &TraceArgs, stop: &AtomicBool, config: &Config) -> Result<Capture, Error> {
     refuse_existing(&args.output, args.force)?;
-    let (source, recorded) = open(&args.source, Pace::AsFastAsPossible)?;
+    let source = open_source(&args.source.spec()?, Pace::AsFastAsPossible, false)?;
     let capture = capture_trace(
         source,
-        recorded,
         args.interval,
         Some(args.duration),
         Some(stop),

@@ -26,14 +26,14 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::cli::ServeArgs;
-use crate::commands::Collected;
-use crate::config::Config;
-use crate::error::Error;
-use crate::rules::{Finding, Severity};
-use crate::telemetry::nvml::THROTTLE_REASONS;
-use crate::telemetry::replay::Pace;
-use crate::telemetry::sampler::{Sampler, SamplerMsg};
-use crate::telemetry::{DeviceInfo, EventKind, HostInfo, Sample};
+use gpudiag_core::config::Config;
+use gpudiag_core::rules::{Finding, Severity};
+use gpudiag_core::session::{DeviceFilter, Pipeline, engine_for, open_source, with_recorded};
+use gpudiag_model::decode::THROTTLE_REASONS;
+use gpudiag_model::error::Error;
+use gpudiag_telemetry::replay::Pace;
+use gpudiag_telemetry::sampler::{Sampler, SamplerMsg};
+use gpudiag_telemetry::{DeviceInfo, EventKind, HostInfo, Sample};
 
 /// The content type of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -540,8 +540,8 @@ pub fn respond_to(method: &str, url: &str, snap: &RwLock<Snapshot>) -> (u16, &'s
 /// Feeds ticks from the sampler into the snapshot until the source ends or `stop` is set.
 fn sample_into(
     mut sampler: Sampler,
-    filter: crate::commands::DeviceFilter,
-    mut collected: Collected,
+    filter: DeviceFilter,
+    mut pipeline: Pipeline,
     recorded: Vec<Finding>,
     shared: Arc<RwLock<Snapshot>>,
     stop: Arc<AtomicBool>,
@@ -576,10 +576,10 @@ fn sample_into(
             })
             .collect();
         let samples = tick.samples.clone();
-        collected.push(tick);
-        collected.keep_last(FINDINGS_WINDOW);
+        pipeline.push(tick);
+        pipeline.keep_last(FINDINGS_WINDOW);
         // What is wrong now: the engine's active findings, not everything ever raised.
-        let findings = super::with_recorded(collected.engine.active(), &recorded);
+        let findings = with_recorded(pipeline.engine.active(), &recorded);
         // Rules ran outside the lock: a scrape waits only for this copy.
         let mut s = shared.write().unwrap_or_else(|p| p.into_inner());
         for sample in samples {
@@ -593,8 +593,9 @@ fn sample_into(
 
 /// `gpudiag serve`: runs until `stop` is set.
 pub fn serve(args: &ServeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result<(), Error> {
-    let (source, recorded) = super::open(&args.source, Pace::Recorded { speed: 1.0 })?;
-    let collected = Collected::new(super::engine_for(&source, config));
+    let source = open_source(&args.source.spec()?, Pace::Recorded { speed: 1.0 }, false)?;
+    let recorded = source.recorded.clone();
+    let pipeline = Pipeline::new(engine_for(&source, config));
     let devices = source.devices();
     let shared = Arc::new(RwLock::new(Snapshot {
         host: source.backend.host().clone(),
@@ -616,7 +617,7 @@ pub fn serve(args: &ServeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result
         let (shared, stop) = (shared.clone(), stop.clone());
         std::thread::Builder::new()
             .name("gpudiag-snapshot".into())
-            .spawn(move || sample_into(sampler, filter, collected, recorded, shared, stop))
+            .spawn(move || sample_into(sampler, filter, pipeline, recorded, shared, stop))
             .map_err(|e| Error::CannotRun(format!("cannot start the sampling thread: {e}")))?
     };
     eprintln!("gpudiag: serving metrics on http://{addr}/metrics (Ctrl-C to stop)");
@@ -857,7 +858,7 @@ fn plain(status: u16, body: &str) -> (u16, &'static str, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::Evidence;
+    use gpudiag_core::rules::Evidence;
 
     fn snapshot() -> Snapshot {
         let host = HostInfo {

@@ -1,6 +1,4 @@
-//! Reports: the check report (`gpudiag check`), its exit status, and the environment it records.
+//! Reports for people: the check report as text and the bug-report bundle.
 
 pub mod bundle;
-pub mod check;
-pub mod environment;
 pub mod text;

@@ -2,8 +2,8 @@
 
 use std::fmt::Write;
 
-use super::check::{CheckReport, DeviceReport};
-use crate::telemetry::{Metric, Sample};
+use gpudiag_core::check::{CheckReport, DeviceReport};
+use gpudiag_telemetry::{Metric, Sample};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -71,7 +71,7 @@ pub fn render(report: &CheckReport) -> String {
     }
     if let Some(t) = &report.topology {
         out.push('\n');
-        out.push_str(&crate::topology::render(t));
+        out.push_str(&gpudiag_model::topology::render(t));
     }
     if !report.host_findings.is_empty() {
         out.push_str("\nhost findings:\n");
@@ -88,7 +88,7 @@ pub fn render(report: &CheckReport) -> String {
             .filter(|f| f.severity == sev)
             .count()
     };
-    use crate::rules::Severity::*;
+    use gpudiag_core::rules::Severity::*;
     let _ = writeln!(
         out,
         "\nstatus: {} ({} fail, {} warn, {} info) · exit code {}",

@@ -12,12 +12,12 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseEvent, MouseEventKi
 use super::feed::{Control, FeedMsg, ReplayPosition, tick_time};
 use super::theme::Theme;
 use crate::cli::SuiteName;
-use crate::config::RulesConfig;
-use crate::history::History;
-use crate::probes::runner::ProbeReport;
-use crate::report::environment::LibraryInfo;
-use crate::rules::{Finding, RuleEngine, Severity};
-use crate::telemetry::{DeviceInfo, Event, HostInfo, Sample, Tick, TimeMs};
+use gpudiag_core::config::RulesConfig;
+use gpudiag_core::history::History;
+use gpudiag_core::rules::{Finding, RuleEngine, Severity};
+use gpudiag_model::cuda_libraries::LibraryInfo;
+use gpudiag_probes::runner::ProbeReport;
+use gpudiag_telemetry::{DeviceInfo, Event, HostInfo, Sample, Tick, TimeMs};
 
 /// Findings are re-evaluated at most this often: rules look at windows of seconds to minutes,
 /// so a faster refresh would only cost CPU.
@@ -243,7 +243,7 @@ pub struct AppInit {
     /// another machine or another time.
     pub can_signal: bool,
     /// How the GPUs connect, where the source knows.
-    pub topology: Option<crate::topology::Topology>,
+    pub topology: Option<gpudiag_model::topology::Topology>,
 }
 
 pub struct App {
@@ -254,7 +254,7 @@ pub struct App {
     pub interval: Duration,
     pub theme: Theme,
     pub can_signal: bool,
-    pub topology: Option<crate::topology::Topology>,
+    pub topology: Option<gpudiag_model::topology::Topology>,
 
     pub history: History,
     pub latest: BTreeMap<u32, Sample>,
@@ -600,10 +600,10 @@ impl App {
     /// A probe run finished (or could not start).
     pub fn on_probes(&mut self, mut result: Result<ProbeReport, String>) {
         if let Ok(report) = &mut result {
-            report.findings = crate::rules::peers::compare(
+            report.findings = gpudiag_core::rules::peers::compare(
                 &report.devices,
                 self.rules.peers.margin,
-                crate::telemetry::now_ms(),
+                gpudiag_telemetry::now_ms(),
             );
         }
         let suite = match &self.probes {

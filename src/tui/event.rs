@@ -13,7 +13,7 @@ use ratatui::backend::Backend as TermBackend;
 use super::app::{App, Effect, KillSignal};
 use super::feed::{Feed, FeedMsg};
 use super::ui;
-use crate::telemetry::recording::{Header, RecordingError, RecordingWriter};
+use gpudiag_telemetry::recording::{Header, RecordingError, RecordingWriter};
 
 /// Everything that can wake the UI.
 #[derive(Debug)]
@@ -25,7 +25,7 @@ pub enum AppEvent {
     /// SIGTERM, SIGINT or SIGHUP from outside.
     Terminate,
     /// A probe run started from the probes panel finished.
-    Probes(Result<crate::probes::runner::ProbeReport, String>),
+    Probes(Result<gpudiag_probes::runner::ProbeReport, String>),
 }
 
 /// Reads terminal input on its own thread, so waiting for a key never blocks drawing.

@@ -13,9 +13,9 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use super::event::AppEvent;
-use crate::telemetry::replay::{Pace, ReplayBackend};
-use crate::telemetry::sanity::Sanitiser;
-use crate::telemetry::{Backend, BackendError, Tick, TimeMs};
+use gpudiag_telemetry::replay::{Pace, ReplayBackend};
+use gpudiag_telemetry::sanity::Sanitiser;
+use gpudiag_telemetry::{Backend, BackendError, Tick, TimeMs};
 
 /// How much history a backward seek replays before its target: the widest chart window.
 pub const LOOKBACK: Duration = Duration::from_secs(3600);
@@ -118,7 +118,7 @@ impl Drop for Feed {
     fn drop(&mut self) {
         self.send(Control::Stop);
         if let Some(worker) = self.worker.take() {
-            let _ = crate::deadline::join_within(worker, Duration::from_secs(2));
+            let _ = gpudiag_model::deadline::join_within(worker, Duration::from_secs(2));
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use crate::telemetry::TimeMs;
+use gpudiag_telemetry::TimeMs;
 
 pub const NA: &str = "n/a";
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;

@@ -17,15 +17,15 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::cli::SourceArgs;
-use crate::commands::{self, DEMO_NAME, DEMO_RECORDING};
-use crate::config::Config;
-use crate::error::{Error, exit};
-use crate::telemetry::nvml::DEFAULT_SLOW_INTERVAL;
-use crate::telemetry::replay::{Pace, ReplayBackend};
 use app::{App, AppInit, SourceKind};
 use event::AppEvent;
 use feed::{Driver, Feed};
+use gpudiag_core::config::Config;
+use gpudiag_core::session::{DEMO_NAME, DEMO_RECORDING, Origin, SourceSpec, open_source};
+use gpudiag_model::error::{Error, exit};
+use gpudiag_telemetry::live::LiveBackend;
+use gpudiag_telemetry::nvml::DEFAULT_SLOW_INTERVAL;
+use gpudiag_telemetry::replay::{Pace, ReplayBackend};
 use theme::Theme;
 
 /// How long NVML initialisation may take before the UI gives up on live GPUs.
@@ -38,7 +38,7 @@ pub fn run_default(demo: bool, interval: Duration, config: &Config) -> Result<i3
     }
     match open_live(interval) {
         Ok((driver, init)) => {
-            let libraries = Some(crate::report::environment::detect_libraries());
+            let libraries = Some(gpudiag_model::cuda_libraries::detect_libraries());
             run(driver, init, interval, 1.0, None, config, libraries)
         }
         Err(Error::CannotRun(why)) => {
@@ -69,7 +69,7 @@ pub fn run_replay(
     config: &Config,
 ) -> Result<i32, Error> {
     // A report bundle replays its recording.
-    let backend = crate::report::bundle::open_bundle_recording(path, Pace::Recorded { speed })?;
+    let backend = gpudiag_telemetry::bundle::open_bundle_recording(path, Pace::Recorded { speed })?;
     run_replay_source(
         backend,
         path.display().to_string(),
@@ -88,16 +88,14 @@ fn open_demo() -> Result<ReplayBackend, Error> {
 }
 
 fn open_live(interval: Duration) -> Result<(Driver, AppInit), Error> {
-    let args = SourceArgs {
+    let spec = SourceSpec {
+        origin: Origin::Live(LiveBackend::Auto),
         devices: Vec::new(),
-        replay: None,
-        demo: false,
         init_timeout: INIT_TIMEOUT,
-        poll_timeout: crate::telemetry::guard::DEFAULT_POLL_TIMEOUT,
-        backend: crate::cli::BackendChoice::Auto,
-        sysfs_root: std::env::var_os(crate::telemetry::sysfs::SYSFS_ROOT_ENV).map(Into::into),
+        poll_timeout: gpudiag_telemetry::guard::DEFAULT_POLL_TIMEOUT,
+        sysfs_root: std::env::var_os(gpudiag_telemetry::sysfs::SYSFS_ROOT_ENV).map(Into::into),
     };
-    let mut source = commands::open_source(&args, Pace::AsFastAsPossible, false)?;
+    let mut source = open_source(&spec, Pace::AsFastAsPossible, false)?;
     // Slow fields (PCIe throughput, processes) need not be read more often than the screen
     // refreshes; faster refreshes keep the backend's own cadence.
     if interval > DEFAULT_SLOW_INTERVAL {
@@ -153,7 +151,7 @@ fn run(
     speed: f64,
     notice: Option<String>,
     config: &Config,
-    libraries: Option<Vec<crate::report::environment::LibraryInfo>>,
+    libraries: Option<Vec<gpudiag_model::cuda_libraries::LibraryInfo>>,
 ) -> Result<i32, Error> {
     let io = |what: &str| {
         let what = what.to_owned();

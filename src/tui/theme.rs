@@ -3,7 +3,7 @@
 
 use ratatui::style::{Color, Modifier, Style};
 
-use crate::rules::Severity;
+use gpudiag_core::rules::Severity;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Theme {

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::report::environment::{self, LibraryInfo};
-use crate::telemetry::{DeviceInfo, HostInfo};
+use gpudiag_model::cuda_libraries::{self, LibraryInfo};
+use gpudiag_telemetry::{DeviceInfo, HostInfo};
 
 /// Kernel log lines kept at most (the newest).
 const MAX_KLOG_LINES: usize = 200;
@@ -139,7 +139,7 @@ pub fn collect(roots: &Roots, host: &HostInfo, devices: &[DeviceInfo], live: boo
         cpu: cpu_info(roots),
         memory_total_bytes: mem_total(roots),
         driver: host.clone(),
-        libraries: environment::detect_libraries(),
+        libraries: cuda_libraries::detect_libraries(),
         env: std::env::vars()
             .filter(|(k, _)| k.starts_with("CUDA_") || k.starts_with("NVIDIA_"))
             .collect(),

@@ -10,125 +10,31 @@
 pub mod host;
 pub mod redact;
 
-use std::io::{Cursor, Read, Write};
+use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use flate2::Compression;
-use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
 use serde_json::Value;
 
 use crate::cli::{CheckArgs, FailOn, ReportArgs, SourceArgs};
 use crate::commands;
-use crate::error::Error;
 use crate::export;
-use crate::telemetry::recording::{Header, Record, RecordingReader};
-use crate::telemetry::replay::{Pace, ReplayBackend};
-use crate::telemetry::sampler::{Sampler, SamplerMsg};
-use crate::telemetry::{BackendError, recording::RecordingError};
+use gpudiag_core::session::{Source, open_source};
+use gpudiag_model::error::Error;
+use gpudiag_telemetry::recording::{Header, Record};
+use gpudiag_telemetry::replay::{Pace, ReplayBackend};
+use gpudiag_telemetry::sampler::{Sampler, SamplerMsg};
 use redact::Redactor;
 
 /// The files of a bundle, in the order they are written.
 pub const README: &str = "README.txt";
 pub const CHECK_REPORT: &str = "check-report.json";
-pub const RECORDING: &str = "recording.ndjson.gz";
+pub use gpudiag_telemetry::bundle::RECORDING;
 pub const TRACE: &str = "trace.json";
 pub const ENVIRONMENT: &str = "environment.json";
-
-/// True when `bytes` start a gzip stream whose content is a tar archive (ustar magic at 257).
-fn is_tar_gz(prefix: &[u8]) -> bool {
-    if prefix.len() < 2 || prefix[..2] != [0x1f, 0x8b] {
-        return false;
-    }
-    let mut head = Vec::with_capacity(512);
-    let _ = GzDecoder::new(prefix).take(512).read_to_end(&mut head);
-    head.len() >= 262 && &head[257..262] == b"ustar"
-}
-
-/// Opens `path` as a replay: a bug-report bundle's recording, or a recording file (plain or
-/// gzip). The content decides, not the name.
-pub fn open_bundle_recording(path: &Path, pace: Pace) -> Result<ReplayBackend, BackendError> {
-    let name = path.display().to_string();
-    let io = |op, source| {
-        BackendError::Recording(RecordingError::Io {
-            op,
-            path: name.clone(),
-            source,
-        })
-    };
-    let mut file = std::fs::File::open(path).map_err(|e| io("open", e))?;
-    let mut prefix = Vec::new();
-    (&mut file)
-        .take(64 * 1024)
-        .read_to_end(&mut prefix)
-        .map_err(|e| io("read", e))?;
-    if !is_tar_gz(&prefix) {
-        return ReplayBackend::open(path, pace);
-    }
-    let (start, size) = member_span(path, RECORDING)?.ok_or_else(|| {
-        BackendError::Recording(RecordingError::NotARecording {
-            path: name.clone(),
-            reason: format!("it is a tar.gz archive without {RECORDING}"),
-        })
-    })?;
-    // Streamed from a second pass over the file rather than read into memory: a bundle of a
-    // few hundred kilobytes can hold a member that inflates to gigabytes.
-    let mut tar = GzDecoder::new(std::io::BufReader::new(
-        std::fs::File::open(path).map_err(|e| io("open", e))?,
-    ));
-    let skipped = std::io::copy(&mut (&mut tar).take(start), &mut std::io::sink())
-        .map_err(|e| io("read", e))?;
-    if skipped < start {
-        return Err(BackendError::Recording(RecordingError::NotARecording {
-            path: name,
-            reason: format!("{RECORDING} lies past the end of the archive"),
-        }));
-    }
-    // Named, so an error says which file it is about.
-    let mut reader =
-        RecordingReader::from_reader_named(tar.take(size), &format!("{name} ({RECORDING})"))?;
-    let mut records = Vec::new();
-    while let Some(r) = reader.next_record()? {
-        records.push(r);
-    }
-    let (header, stats) = reader.into_parts();
-    ReplayBackend::from_parts(header, records, stats, pace)
-}
-
-/// Where a member's bytes start in the decompressed tar stream, and how many there are.
-fn member_span(path: &Path, member: &str) -> Result<Option<(u64, u64)>, BackendError> {
-    let name = path.display().to_string();
-    let bad = |reason: String| {
-        BackendError::Recording(RecordingError::NotARecording {
-            path: name.clone(),
-            reason,
-        })
-    };
-    let file = std::fs::File::open(path).map_err(|source| {
-        BackendError::Recording(RecordingError::Io {
-            op: "open",
-            path: name.clone(),
-            source,
-        })
-    })?;
-    let mut archive = tar::Archive::new(GzDecoder::new(std::io::BufReader::new(file)));
-    let entries = archive
-        .entries()
-        .map_err(|e| bad(format!("unreadable tar.gz: {e}")))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| bad(format!("unreadable tar.gz entry: {e}")))?;
-        if entry
-            .path()
-            .ok()
-            .is_some_and(|p| p.as_ref() == Path::new(member))
-        {
-            return Ok(Some((entry.raw_file_position(), entry.size())));
-        }
-    }
-    Ok(None)
-}
 
 /// The default bundle name: `gpudiag-report-2026-11-22T01-02-03Z.tar.gz`.
 fn default_name() -> PathBuf {
@@ -149,7 +55,7 @@ pub struct Captured {
     pub recording: Option<String>,
     /// The telemetry comes from this host's GPUs now (so PCI topology and libraries apply).
     pub live: bool,
-    pub devices: Vec<crate::telemetry::DeviceInfo>,
+    pub devices: Vec<gpudiag_telemetry::DeviceInfo>,
 }
 
 /// How a bundle is written.
@@ -158,7 +64,7 @@ pub struct BundleOptions {
     /// Replace host names, user names, command-line arguments and home paths.
     pub redact: bool,
     /// Rule thresholds for the check report and the trace's findings.
-    pub config: crate::config::Config,
+    pub config: gpudiag_core::config::Config,
     /// Sampling interval, for the check report's window.
     pub interval: Duration,
     pub init_timeout: Duration,
@@ -166,7 +72,8 @@ pub struct BundleOptions {
 
 /// Records the source the flags name: `--duration` of live sampling, or the whole replay.
 pub fn capture(args: &ReportArgs, stop: &AtomicBool) -> Result<Captured, Error> {
-    let (source, recorded) = export::open(&args.source, Pace::AsFastAsPossible)?;
+    let source = open_source(&args.source.spec()?, Pace::AsFastAsPossible, false)?;
+    let recorded = source.recorded.clone();
     let live = source.recording.is_none();
     let devices = source.devices();
     let header = Header::new(
@@ -249,7 +156,7 @@ fn gzip_lines(lines: &[Value]) -> Result<Vec<u8>, Error> {
 pub fn report(
     args: &ReportArgs,
     stop: &AtomicBool,
-    config: &crate::config::Config,
+    config: &gpudiag_core::config::Config,
 ) -> Result<PathBuf, Error> {
     let out = args.output.clone().unwrap_or_else(default_name);
     export::refuse_existing(&out, args.force)?;
@@ -327,7 +234,7 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &BundleOptions) -> Result<
     let tmp = std::env::temp_dir().join(format!(
         "gpudiag-report-{}-{}.ndjson.gz",
         std::process::id(),
-        crate::telemetry::now_ms()
+        gpudiag_telemetry::now_ms()
     ));
     std::fs::OpenOptions::new()
         .write(true)
@@ -342,7 +249,7 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &BundleOptions) -> Result<
                 replay: Some(tmp.clone()),
                 demo: false,
                 init_timeout: opts.init_timeout,
-                poll_timeout: crate::telemetry::guard::DEFAULT_POLL_TIMEOUT,
+                poll_timeout: gpudiag_telemetry::guard::DEFAULT_POLL_TIMEOUT,
                 backend: crate::cli::BackendChoice::Replay,
                 sysfs_root: None,
             },
@@ -367,15 +274,8 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &BundleOptions) -> Result<
 
     let replay =
         ReplayBackend::from_reader(Cursor::new(recording_gz.clone()), Pace::AsFastAsPossible)?;
-    let recorded = replay.recorded_findings().to_vec();
-    let selected = commands::select_devices(crate::telemetry::Backend::devices(&replay), &[])?;
-    let source = commands::Source {
-        backend: Box::new(replay),
-        selected,
-        recording: recording_name.clone(),
-    };
-    let mut trace =
-        export::capture_trace(source, recorded, opts.interval, None, None, &opts.config)?.trace;
+    let source = Source::from_backend(Box::new(replay), recording_name.clone())?;
+    let mut trace = export::capture_trace(source, opts.interval, None, None, &opts.config)?.trace;
     trace.other_data.backend = cap.backend.clone();
     let mut trace_value = to_value(&trace)?;
     redactor.redact_value(&mut trace_value);
@@ -395,7 +295,7 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &BundleOptions) -> Result<
         (TRACE, trace_bytes),
         (ENVIRONMENT, pretty(&env_value)?),
     ];
-    let mtime = crate::telemetry::now_ms() / 1000;
+    let mtime = gpudiag_telemetry::now_ms() / 1000;
     export::write_atomic(out, |w| {
         let gz = GzEncoder::new(w, Compression::default());
         let mut tar = tar::Builder::new(gz);
@@ -416,7 +316,7 @@ fn readme_text(
     cap: &Captured,
     recording: Option<&str>,
     redactor: &Redactor,
-    check: &crate::report::check::CheckReport,
+    check: &gpudiag_core::check::CheckReport,
 ) -> String {
     let source = match recording {
         Some(r) => format!("a replay of the recording {r}"),

@@ -8,10 +8,10 @@ use ratatui::symbols::Marker;
 use ratatui::text::Span;
 use ratatui::widgets::{Axis, Block, Chart, Dataset, GraphType, Paragraph};
 
-use crate::history::Window;
-use crate::telemetry::{Metric, TimeMs};
 use crate::tui::app::App;
 use crate::tui::format::{self, NA};
+use gpudiag_core::history::Window;
+use gpudiag_telemetry::{Metric, TimeMs};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 

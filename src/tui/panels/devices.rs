@@ -8,12 +8,12 @@ use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph};
 
-use crate::rules::Severity;
-use crate::telemetry::sanity::{self, Health};
-use crate::telemetry::{DeviceInfo, Sample};
 use crate::tui::app::App;
 use crate::tui::format::{self, NA};
 use crate::tui::theme::Theme;
+use gpudiag_core::rules::Severity;
+use gpudiag_telemetry::sanity::{self, Health};
+use gpudiag_telemetry::{DeviceInfo, Sample};
 
 /// Rows each device takes.
 const ROWS_PER_DEVICE: u16 = 2;

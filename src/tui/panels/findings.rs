@@ -5,9 +5,9 @@ use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Wrap};
 
-use crate::rules::{Evidence, Finding};
 use crate::tui::app::{App, FINDINGS_EVERY};
 use crate::tui::format;
+use gpudiag_core::rules::{Evidence, Finding};
 
 /// Lines each finding takes: headline, evidence, advice.
 const LINES_PER_FINDING: usize = 3;

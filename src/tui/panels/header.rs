@@ -6,9 +6,9 @@ use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
-use crate::rules::Severity;
 use crate::tui::app::{App, SourceKind};
 use crate::tui::format::NA;
+use gpudiag_core::rules::Severity;
 
 pub fn render(f: &mut Frame, area: Rect, app: &App) {
     let t = app.theme;

@@ -86,16 +86,16 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
                 )),
                 Some(Err(e)) => lines.push(Line::from(Span::styled(
                     format!("Could not run: {e}"),
-                    t.severity(crate::rules::Severity::Fail),
+                    t.severity(gpudiag_core::rules::Severity::Fail),
                 ))),
                 Some(Ok(report)) => {
-                    let mut text = crate::probes::text::render(report);
+                    let mut text = gpudiag_probes::text::render(report);
                     for f in &report.findings {
                         text.push_str(&format!("[{}] {}\n", f.severity, f.title));
                     }
                     lines.extend(text.lines().map(|l| {
                         let style = if l.contains(" fail") || l.contains(" error") {
-                            t.severity(crate::rules::Severity::Fail)
+                            t.severity(gpudiag_core::rules::Severity::Fail)
                         } else if l.contains(" warn") {
                             t.warn()
                         } else {

@@ -19,7 +19,7 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
             t.dim(),
         ))),
         Some(topo) => {
-            for l in crate::topology::render(topo).lines() {
+            for l in gpudiag_model::topology::render(topo).lines() {
                 let style = if l.contains("not available") || l.contains("BROKEN") {
                     t.warn()
                 } else {

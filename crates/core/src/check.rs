@@ -1,0 +1,200 @@
+//! The check report: the versioned JSON document `gpudiag check --json` prints, and the overall
+//! status a scheduler acts on. Its JSON Schema is `assets/schema/check-report.schema.json`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::history::{History, Window, WindowStats};
+use crate::rules::{Finding, Severity};
+use gpudiag_model::cuda_libraries::LibraryInfo;
+use gpudiag_model::error::exit;
+use gpudiag_telemetry::{DeviceInfo, HostInfo, Metric, Sample, TimeMs};
+
+/// Bumped on any change that removes or retypes a field; adding a field keeps it.
+pub const CHECK_SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckReport {
+    pub schema_version: u32,
+    pub tool: ToolInfo,
+    pub generated_ms: TimeMs,
+    pub host: HostInfo,
+    pub source: SourceInfo,
+    /// CUDA libraries found on this host; `None` when checking a recording (this host's
+    /// libraries say nothing about the recorded one).
+    pub libraries: Option<Vec<LibraryInfo>>,
+    pub window: WindowInfo,
+    pub devices: Vec<DeviceReport>,
+    /// How the checked GPUs connect (PCIe paths, NVLinks, NUMA); `None` when the source cannot
+    /// tell (a recording made before topology was recorded, a non-NVIDIA backend).
+    #[serde(default)]
+    pub topology: Option<gpudiag_model::topology::Topology>,
+    /// Probes over several GPUs at once (the NCCL all-reduce) when `check --probes` ran them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_probes: Option<Vec<gpudiag_probes::ProbeResult>>,
+    /// Findings that belong to no single device.
+    pub host_findings: Vec<Finding>,
+    pub status: Status,
+    /// The severity at which `status` turns into exit code 1.
+    pub fail_on: Severity,
+    pub exit_code: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolInfo {
+    pub name: String,
+    pub version: String,
+}
+
+impl ToolInfo {
+    pub fn this() -> Self {
+        ToolInfo {
+            name: "gpudiag".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceInfo {
+    /// "nvml" or "replay".
+    pub backend: String,
+    /// The recording checked, for replays (redactable).
+    pub recording: Option<String>,
+    /// Notes about the source: for replays, a last line cut off by a crash (skipped), record
+    /// kinds this version does not know (skipped).
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WindowInfo {
+    /// The window asked for, in seconds; `None` means the whole recording.
+    pub requested_s: Option<f64>,
+    /// From the first to the last sample, in seconds.
+    pub covered_s: f64,
+    pub ticks: u64,
+    pub start_ms: Option<TimeMs>,
+    pub end_ms: Option<TimeMs>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceReport {
+    pub info: DeviceInfo,
+    /// The last sample of the window, with the reasons for absent values.
+    pub latest: Option<Sample>,
+    /// Window statistics per metric; metrics the device never reported are left out.
+    pub summary: BTreeMap<Metric, WindowStats>,
+    pub findings: Vec<Finding>,
+    /// Probe results when `check --probes` ran them; left out otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probes: Option<gpudiag_probes::runner::DeviceProbes>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// No findings above `info`.
+    Healthy,
+    Warn,
+    Fail,
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Status::Healthy => "healthy",
+            Status::Warn => "warn",
+            Status::Fail => "fail",
+        })
+    }
+}
+
+/// The worst severity among `findings`, as a status.
+pub fn status_of<'a>(findings: impl IntoIterator<Item = &'a Finding>) -> Status {
+    match findings.into_iter().map(|f| f.severity).max() {
+        Some(Severity::Fail) => Status::Fail,
+        Some(Severity::Warn) => Status::Warn,
+        Some(Severity::Info) | None => Status::Healthy,
+    }
+}
+
+/// Exit code 1 when any finding is at or above `fail_on`, else 0.
+pub fn exit_code_for<'a>(
+    findings: impl IntoIterator<Item = &'a Finding>,
+    fail_on: Severity,
+) -> i32 {
+    if findings.into_iter().any(|f| f.severity >= fail_on) {
+        exit::FINDINGS
+    } else {
+        exit::OK
+    }
+}
+
+/// Per-metric statistics of one device over the last `window` (everything held when `None`).
+pub fn summarise(
+    history: &History,
+    device: u32,
+    window: Option<Duration>,
+) -> BTreeMap<Metric, WindowStats> {
+    let window = window.map_or(Window::All, Window::Last);
+    Metric::ALL
+        .iter()
+        .map(|&m| (m, history.stats(device, m, window)))
+        .filter(|(_, s)| s.count > 0)
+        .collect()
+}
+
+/// Splits findings into per-device lists and host-wide ones.
+pub fn split_findings(findings: Vec<Finding>) -> (BTreeMap<u32, Vec<Finding>>, Vec<Finding>) {
+    let mut per_device: BTreeMap<u32, Vec<Finding>> = BTreeMap::new();
+    let mut host = Vec::new();
+    for f in findings {
+        match f.device {
+            Some(d) => per_device.entry(d).or_default().push(f),
+            None => host.push(f),
+        }
+    }
+    (per_device, host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::Evidence;
+
+    fn finding(severity: Severity) -> Finding {
+        Finding {
+            id: "x.y".into(),
+            severity,
+            device: Some(0),
+            time_ms: 0,
+            title: "t".into(),
+            evidence: Evidence {
+                values: Default::default(),
+                window_s: 0.0,
+                threshold: "".into(),
+            },
+            advice: "a".into(),
+        }
+    }
+
+    #[test]
+    fn status_is_the_worst_severity() {
+        assert_eq!(status_of(&[]), Status::Healthy);
+        assert_eq!(status_of(&[finding(Severity::Info)]), Status::Healthy);
+        let mixed = [finding(Severity::Info), finding(Severity::Warn)];
+        assert_eq!(status_of(&mixed), Status::Warn);
+        assert_eq!(status_of(&[finding(Severity::Fail)]), Status::Fail);
+    }
+
+    #[test]
+    fn exit_code_follows_fail_on() {
+        let warn = [finding(Severity::Warn)];
+        assert_eq!(exit_code_for(&warn, Severity::Fail), 0);
+        assert_eq!(exit_code_for(&warn, Severity::Warn), 1);
+        assert_eq!(exit_code_for(&warn, Severity::Info), 1);
+        assert_eq!(exit_code_for(&[], Severity::Info), 0);
+    }
+}

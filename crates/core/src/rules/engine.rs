@@ -1,0 +1,190 @@
+//! The live rule driver: feeds ticks to the rules at a bounded cost per tick.
+//!
+//! Event rules (XIDs) run on the tick that brings the event. Windowed rules run at most once per
+//! `eval_interval_s` of sample time, over windows of fixed length, so a tick costs the same after
+//! ten hours as after ten seconds. Telemetry health (`health.rs`) looks only at the tick's newest
+//! samples and runs on every tick. Environment rules depend only on static facts and run once.
+
+use std::collections::BTreeMap;
+
+use super::{Finding, ProcessMemory, RuleInput, sort};
+use crate::config::RulesConfig;
+use crate::history::History;
+use gpudiag_model::cuda_libraries::LibraryInfo;
+use gpudiag_telemetry::{DeviceInfo, Event, HostInfo, Sample, Tick, TimeMs};
+
+/// A finding's identity across evaluations: the same problem on the same device.
+type Key = (String, Option<u32>);
+
+pub struct RuleEngine {
+    config: RulesConfig,
+    devices: Vec<DeviceInfo>,
+    host: Option<HostInfo>,
+    libraries: Option<Vec<LibraryInfo>>,
+    latest: BTreeMap<u32, Sample>,
+    process_memory: ProcessMemory,
+    last_eval_ms: Option<TimeMs>,
+    environment_done: bool,
+    /// Findings of the latest windowed evaluation plus every event finding, by key.
+    active: BTreeMap<Key, Finding>,
+    /// Every distinct finding raised since the start, in order of onset: `time_ms` is when it
+    /// first fired, the rest is from the last evaluation in which it held.
+    raised: Vec<Finding>,
+    raised_index: std::collections::HashMap<Key, usize>,
+}
+
+impl RuleEngine {
+    pub fn new(
+        config: RulesConfig,
+        devices: Vec<DeviceInfo>,
+        host: Option<HostInfo>,
+        libraries: Option<Vec<LibraryInfo>>,
+    ) -> Self {
+        RuleEngine {
+            config,
+            devices,
+            host,
+            libraries,
+            latest: BTreeMap::new(),
+            process_memory: ProcessMemory::default(),
+            last_eval_ms: None,
+            environment_done: false,
+            active: BTreeMap::new(),
+            raised: Vec::new(),
+            raised_index: Default::default(),
+        }
+    }
+
+    /// Takes one tick, already pushed into `history` by the caller. Returns the findings raised
+    /// for the first time by this tick.
+    pub fn on_tick(&mut self, history: &History, tick: &Tick) -> Vec<Finding> {
+        let before = self.raised.len();
+        let leak_window = (self.config.memory.leak_window_s * 1000.0) as u64;
+        for s in &tick.samples {
+            self.process_memory.observe(s, leak_window);
+            self.latest.insert(s.device, s.clone());
+        }
+        let now = tick
+            .samples
+            .iter()
+            .map(|s| s.time_ms)
+            .chain(tick.events.iter().map(|e| e.time_ms))
+            .max();
+        if !tick.events.is_empty() {
+            let found = super::errors::evaluate_events(&self.input(history, &tick.events, now));
+            for f in found {
+                self.raise(f);
+            }
+        }
+        // Telemetry health is judged on every tick: a stall or a bad value lasts one tick.
+        let found = super::health::evaluate(&self.input(history, &tick.events, now));
+        for f in found {
+            self.raise(f);
+        }
+        if !self.environment_done {
+            self.environment_done = true;
+            let found = super::environment::evaluate(&self.input(history, &[], now));
+            for f in found {
+                self.raise(f);
+            }
+        }
+        if let Some(now) = now {
+            let interval = (self.config.engine.eval_interval_s * 1000.0) as u64;
+            // Saturating: a recording may carry any time, up to u64::MAX.
+            let due = self
+                .last_eval_ms
+                .is_none_or(|last| now >= last.saturating_add(interval));
+            if due && !tick.samples.is_empty() {
+                self.evaluate_windowed(history, now);
+            }
+        }
+        self.raised[before..].to_vec()
+    }
+
+    /// Evaluates the windowed rules now, whatever the cadence (the end of a check window).
+    pub fn finish(&mut self, history: &History) {
+        if let Some(now) = self.latest.values().map(|s| s.time_ms).max() {
+            self.evaluate_windowed(history, now);
+        }
+    }
+
+    fn evaluate_windowed(&mut self, history: &History, now: TimeMs) {
+        self.last_eval_ms = Some(now);
+        let found = super::windowed(&self.input(history, &[], Some(now)));
+        // Windowed findings are current state: replace the previous evaluation's, keep events.
+        self.active.retain(|_, f| is_sticky(f));
+        for f in found {
+            self.raise(f);
+        }
+    }
+
+    fn raise(&mut self, f: Finding) {
+        let key = (f.id.clone(), f.device);
+        match self.raised_index.get(&key) {
+            Some(&i) => {
+                let onset = self.raised[i].time_ms;
+                self.raised[i] = Finding {
+                    time_ms: onset,
+                    ..f.clone()
+                };
+            }
+            None => {
+                self.raised_index.insert(key.clone(), self.raised.len());
+                self.raised.push(f.clone());
+            }
+        }
+        self.active.insert(key, f);
+    }
+
+    fn input<'a>(
+        &'a self,
+        history: &'a History,
+        events: &'a [Event],
+        now: Option<TimeMs>,
+    ) -> RuleInput<'a> {
+        RuleInput {
+            devices: &self.devices,
+            history,
+            latest: &self.latest,
+            events,
+            now_ms: now.unwrap_or_default(),
+            config: &self.config,
+            host: self.host.as_ref(),
+            libraries: self.libraries.as_deref(),
+            process_memory: Some(&self.process_memory),
+        }
+    }
+
+    /// What is wrong now: the latest windowed findings plus every event and environment finding,
+    /// worst first.
+    pub fn active(&self) -> Vec<Finding> {
+        let mut v: Vec<Finding> = self.active.values().cloned().collect();
+        sort(&mut v);
+        v
+    }
+
+    /// Everything raised since the start (first occurrence of each id and device), worst first:
+    /// what a check over a window or a recording reports.
+    pub fn raised(&self) -> Vec<Finding> {
+        let mut v = self.raised.clone();
+        sort(&mut v);
+        v
+    }
+
+    /// Sample time of the last windowed evaluation.
+    pub fn last_evaluation_ms(&self) -> Option<TimeMs> {
+        self.last_eval_ms
+    }
+
+    /// Processes with a memory series (for tests and the benchmark).
+    pub fn tracked_processes(&self) -> usize {
+        self.process_memory.len()
+    }
+}
+
+/// Event and environment findings stay until the session ends; windowed ones are re-judged.
+fn is_sticky(f: &Finding) -> bool {
+    f.id.starts_with("errors.xid_")
+        || f.id.starts_with("environment.")
+        || super::health::is_health(&f.id)
+}

@@ -1,0 +1,270 @@
+//! Memory: a GPU nearly out of memory, and a process whose memory grows steadily (a leak).
+//!
+//! A leak is judged on a per-process series kept by `ProcessMemory` (the history is per device):
+//! it must grow at a rate worth worrying about, add up to a real amount, fit a straight line well
+//! (a single large allocation is a step, which a line fits badly) and grow in several separate
+//! increases.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde_json::json;
+
+use super::{Evidence, Finding, RuleInput, Severity, round2, secs, values};
+use gpudiag_telemetry::{Metric, Sample, TimeMs};
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Per-(device, pid) memory series, bounded by the leak window.
+#[derive(Debug, Default, Clone)]
+pub struct ProcessMemory {
+    series: BTreeMap<(u32, u32), ProcessSeries>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct ProcessSeries {
+    name: Option<String>,
+    points: VecDeque<(TimeMs, f64)>,
+}
+
+impl ProcessMemory {
+    /// Takes the process list of a sample. Process lists refresh on the slow cadence while
+    /// samples repeat them every tick, so a point is kept only when the value changed or a
+    /// second has passed: the series stays small and its fit is not weighted by the tick rate.
+    pub fn observe(&mut self, s: &Sample, window_ms: u64) {
+        let Some(processes) = &s.processes else {
+            return;
+        };
+        for p in processes {
+            let Some(bytes) = p.used_memory_bytes else {
+                continue;
+            };
+            let series = self.series.entry((s.device, p.pid)).or_default();
+            series.name.clone_from(&p.name);
+            let v = bytes as f64;
+            let keep = series
+                .points
+                .back()
+                .is_none_or(|&(t, last)| last != v || s.time_ms >= t.saturating_add(1000));
+            if keep {
+                series.points.push_back((s.time_ms, v));
+            }
+        }
+        // Forget processes not seen for a whole window, and points older than the window.
+        let cutoff = s.time_ms.saturating_sub(window_ms);
+        self.series.retain(|&(device, _), series| {
+            if device == s.device {
+                while series.points.front().is_some_and(|&(t, _)| t < cutoff) {
+                    series.points.pop_front();
+                }
+            }
+            !series.points.is_empty()
+        });
+    }
+
+    /// When `pid` was first seen on `device` within the retained window.
+    pub fn first_seen(&self, device: u32, pid: u32) -> Option<TimeMs> {
+        self.series
+            .get(&(device, pid))
+            .and_then(|s| s.points.front())
+            .map(|&(t, _)| t)
+    }
+
+    pub fn len(&self) -> usize {
+        self.series.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.series.is_empty()
+    }
+}
+
+/// Least-squares fit of a series: slope per second and R².
+pub fn fit(points: &[(TimeMs, f64)]) -> Option<(f64, f64)> {
+    if points.len() < 3 {
+        return None;
+    }
+    let t0 = points[0].0;
+    let n = points.len() as f64;
+    // Signed: a recording's clock may step backwards.
+    let xs = points.iter().map(|&(t, _)| (t as f64 - t0 as f64) / 1000.0);
+    let (sx, sy) = points
+        .iter()
+        .zip(xs.clone())
+        .fold((0.0, 0.0), |(sx, sy), (&(_, y), x)| (sx + x, sy + y));
+    let (mx, my) = (sx / n, sy / n);
+    let (mut sxx, mut sxy, mut syy) = (0.0, 0.0, 0.0);
+    for (&(_, y), x) in points.iter().zip(xs) {
+        sxx += (x - mx) * (x - mx);
+        sxy += (x - mx) * (y - my);
+        syy += (y - my) * (y - my);
+    }
+    if sxx <= 0.0 {
+        return None;
+    }
+    let slope = sxy / sxx;
+    let r2 = if syy <= 0.0 {
+        1.0
+    } else {
+        (sxy * sxy) / (sxx * syy)
+    };
+    Some((slope, r2))
+}
+
+pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
+    let mut out = nearly_full(input);
+    out.extend(leaks(input));
+    out
+}
+
+fn nearly_full(input: &RuleInput<'_>) -> Vec<Finding> {
+    let cfg = &input.config.memory;
+    let mut out = Vec::new();
+    for d in input.devices {
+        let used = input.history.mean(
+            d.index,
+            Metric::MemUsedBytes,
+            secs(cfg.nearly_full_window_s),
+        );
+        let total = input
+            .latest
+            .get(&d.index)
+            .and_then(|s| s.mem_total_bytes)
+            .or(d.memory_total_bytes);
+        let (Some(mean), Some(total)) = (used, total) else {
+            continue;
+        };
+        let pct = mean / total as f64 * 100.0;
+        if pct <= cfg.nearly_full_pct {
+            continue;
+        }
+        out.push(Finding {
+            id: "memory.nearly_full".into(),
+            severity: Severity::Warn,
+            device: Some(d.index),
+            time_ms: input.now_ms,
+            title: format!("GPU {} memory {pct:.1}% full", d.index),
+            evidence: Evidence {
+                values: values([
+                    ("used_mean_mib", json!(round2(mean / MIB))),
+                    ("total_mib", json!(round2(total as f64 / MIB))),
+                    ("used_pct", json!(round2(pct))),
+                ]),
+                window_s: cfg.nearly_full_window_s,
+                threshold: format!("> {}% of total", cfg.nearly_full_pct),
+            },
+            advice: "Out-of-memory errors are close: reduce the batch size or activation memory \
+                     (mixed precision, gradient checkpointing), release cached blocks, or find the \
+                     process holding the most memory in the process list."
+                .into(),
+        });
+    }
+    out
+}
+
+fn leaks(input: &RuleInput<'_>) -> Vec<Finding> {
+    let cfg = &input.config.memory;
+    let Some(store) = input.process_memory else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (&(device, pid), series) in &store.series {
+        let points: Vec<(TimeMs, f64)> = series.points.iter().copied().collect();
+        let (Some(&(t0, first)), Some(&(t1, last))) = (points.first(), points.last()) else {
+            continue;
+        };
+        let span_s = t1.saturating_sub(t0) as f64 / 1000.0;
+        let Some((slope, r2)) = fit(&points) else {
+            continue;
+        };
+        let rate_mib_min = slope * 60.0 / MIB;
+        let growth_mib = (last - first) / MIB;
+        let steps = points.windows(2).filter(|w| w[1].1 > w[0].1).count() as u32;
+        if span_s < cfg.leak_min_span_s
+            || rate_mib_min < cfg.leak_min_rate_mib_per_min
+            || growth_mib < cfg.leak_min_growth_mib
+            || r2 < cfg.leak_min_r2
+            || steps < cfg.leak_min_steps
+        {
+            continue;
+        }
+        let name = series.name.as_deref().unwrap_or("unknown");
+        out.push(Finding {
+            id: "memory.possible_leak".into(),
+            severity: Severity::Warn,
+            device: Some(device),
+            time_ms: input.now_ms,
+            title: format!(
+                "{name} (pid {pid}) on GPU {device} grows steadily: +{rate_mib_min:.0} MiB/min, \
+                 {growth_mib:.0} MiB in {:.0} min",
+                span_s / 60.0
+            ),
+            evidence: Evidence {
+                values: values([
+                    ("pid", json!(pid)),
+                    ("name", json!(series.name)),
+                    ("rate_mib_per_min", json!(round2(rate_mib_min))),
+                    ("growth_mib", json!(round2(growth_mib))),
+                    ("r2", json!(round2(r2))),
+                    ("increases", json!(steps)),
+                    ("used_mib", json!(round2(last / MIB))),
+                ]),
+                window_s: round2(span_s),
+                threshold: format!(
+                    ">= {} MiB/min and >= {} MiB with R² >= {} over >= {} increases",
+                    cfg.leak_min_rate_mib_per_min,
+                    cfg.leak_min_growth_mib,
+                    cfg.leak_min_r2,
+                    cfg.leak_min_steps
+                ),
+            },
+            advice: "A possible leak: tensors kept alive across iterations (a running loss kept \
+                     with its graph instead of .item(), growing lists or caches of GPU tensors), \
+                     or an allocator that never reuses blocks. Compare \
+                     torch.cuda.memory_summary() or a memory snapshot between iterations; at this \
+                     rate the process runs out of memory eventually."
+                .into(),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fit_recovers_a_line_and_rejects_a_step() {
+        let line: Vec<(TimeMs, f64)> = (0..60)
+            .map(|i| (i * 1000, 100.0 + 2.0 * i as f64))
+            .collect();
+        let (slope, r2) = fit(&line).unwrap();
+        assert!((slope - 2.0).abs() < 1e-9);
+        assert!((r2 - 1.0).abs() < 1e-9);
+        let step: Vec<(TimeMs, f64)> = (0..60)
+            .map(|i| (i * 1000, if i < 30 { 0.0 } else { 1000.0 }))
+            .collect();
+        let (_, r2) = fit(&step).unwrap();
+        assert!(r2 < 0.8, "a step fits a line badly: {r2}");
+    }
+
+    #[test]
+    fn observe_keeps_changes_and_one_point_a_second() {
+        let mut pm = ProcessMemory::default();
+        for i in 0..50u64 {
+            let mut s = Sample::new(0, i * 100);
+            s.processes = Some(vec![gpudiag_telemetry::ProcessSample {
+                pid: 7,
+                name: Some("python3".into()),
+                user: None,
+                kind: None,
+                used_memory_bytes: Some(1 << 30),
+                sm_util_pct: None,
+                container_id: None,
+                container_pid: None,
+            }]);
+            pm.observe(&s, 600_000);
+        }
+        // 5 s of 10 Hz samples with an unchanged value: one point per second.
+        assert_eq!(pm.series[&(0, 7)].points.len(), 5);
+    }
+}

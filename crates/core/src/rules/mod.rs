@@ -1,0 +1,174 @@
+//! Rules: pure functions over the history and device info that produce findings.
+//!
+//! One file per family. Each family reads a `RuleInput` (history, latest samples, events, static
+//! device info, thresholds) and returns findings; none keeps state. `engine::RuleEngine` is the
+//! live driver: it feeds ticks, keeps the little state rules need across ticks (per-process
+//! memory for leaks), and evaluates the windowed rules on a fixed cadence, so the cost per tick
+//! depends on the window lengths, never on how long the history has grown.
+
+pub use gpudiag_model::finding::{Evidence, Finding, Severity, values};
+
+pub mod engine;
+pub mod environment;
+pub mod errors;
+pub mod health;
+pub mod memory;
+pub mod pcie;
+pub mod peers;
+pub mod thermal;
+pub mod throttle;
+pub mod utilisation;
+pub mod vendor;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::config::RulesConfig;
+use crate::history::History;
+use gpudiag_model::cuda_libraries::LibraryInfo;
+use gpudiag_telemetry::{DeviceInfo, Event, HostInfo, Metric, Sample, TimeMs};
+
+pub use engine::RuleEngine;
+pub use memory::ProcessMemory;
+
+/// Everything a rule may look at. Rules are pure: the same input gives the same findings.
+pub struct RuleInput<'a> {
+    pub devices: &'a [DeviceInfo],
+    pub history: &'a History,
+    /// The newest sample per device (for flags and counters that are not series).
+    pub latest: &'a BTreeMap<u32, Sample>,
+    /// Events to judge (XIDs, lost devices); each is judged once by the engine.
+    pub events: &'a [Event],
+    /// The time findings are stamped with.
+    pub now_ms: TimeMs,
+    pub config: &'a RulesConfig,
+    /// Host facts (driver and the CUDA version it supports), when known.
+    pub host: Option<&'a HostInfo>,
+    /// CUDA libraries found on this host; `None` for recordings from elsewhere.
+    pub libraries: Option<&'a [LibraryInfo]>,
+    /// Per-process memory series for the leak rule; `None` when nobody kept them.
+    pub process_memory: Option<&'a ProcessMemory>,
+}
+
+/// Runs every rule family once. Findings come back worst first, then by device.
+pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
+    let mut findings = windowed(input);
+    findings.extend(errors::evaluate_events(input));
+    findings.extend(health::evaluate(input));
+    findings.extend(environment::evaluate(input));
+    sort(&mut findings);
+    findings
+}
+
+/// The families judged over windows of the history (everything but events and environment).
+pub fn windowed(input: &RuleInput<'_>) -> Vec<Finding> {
+    let mut findings = errors::evaluate(input);
+    findings.extend(utilisation::evaluate(input));
+    findings.extend(throttle::evaluate(input));
+    findings.extend(pcie::evaluate(input));
+    findings.extend(memory::evaluate(input));
+    findings.extend(thermal::evaluate(input));
+    findings.extend(vendor::evaluate(input));
+    findings
+}
+
+/// Worst first, then by device, then by id, so output is stable.
+pub fn sort(findings: &mut [Finding]) {
+    findings.sort_by(|a, b| {
+        b.severity
+            .cmp(&a.severity)
+            .then(a.device.cmp(&b.device))
+            .then(a.id.cmp(&b.id))
+    });
+}
+
+/// A window from config seconds. The config is range-checked; this still never panics on what
+/// slips past (a huge or infinite value saturates; NaN and negatives are zero).
+pub(crate) fn secs(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX)
+}
+
+/// Rounds for evidence: two decimals are plenty and keep the JSON readable.
+pub(crate) fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+/// Samples of several metrics of one device aligned on their timestamps, oldest first. Metrics
+/// come from the same `Sample`, so equal times mean the same instant; a metric a sample lacked
+/// is `None` there.
+pub(crate) fn aligned<const N: usize>(
+    history: &History,
+    device: u32,
+    metrics: [Metric; N],
+    window: Duration,
+) -> Vec<(TimeMs, [Option<f64>; N])> {
+    // All series of a device end at the same tick, so one end anchors every window.
+    let end = metrics
+        .iter()
+        .filter_map(|&m| history.latest(device, m).map(|(t, _)| t))
+        .max();
+    let Some(end) = end else {
+        return Vec::new();
+    };
+    let range = crate::history::Window::Range {
+        start_ms: end
+            .saturating_sub(window.as_millis() as u64)
+            .saturating_add(1),
+        end_ms: end,
+    };
+    // Series are sorted by time: one k-way walk builds each row once. This runs on every
+    // evaluation of every device, where re-merging wide rows per metric would dominate.
+    let series: [Vec<(TimeMs, f64)>; N] =
+        metrics.map(|m| history.series_in(device, m, range).collect());
+    let mut heads = [0usize; N];
+    let mut rows = Vec::with_capacity(series.iter().map(Vec::len).max().unwrap_or(0));
+    loop {
+        let next = series
+            .iter()
+            .zip(&heads)
+            .filter_map(|(s, &h)| s.get(h).map(|p| p.0))
+            .min();
+        let Some(t) = next else {
+            break;
+        };
+        let mut row = [None; N];
+        for (i, s) in series.iter().enumerate() {
+            if let Some(&(ts, v)) = s.get(heads[i])
+                && ts == t
+            {
+                row[i] = Some(v);
+                heads[i] += 1;
+            }
+        }
+        rows.push((t, row));
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_joins_series_on_time_and_keeps_gaps() {
+        let mut h = History::default();
+        for t in 0..10u64 {
+            h.push(0, Metric::GpuUtilPct, t * 100, t as f64);
+            if t % 2 == 0 {
+                h.push(0, Metric::PowerW, t * 100, 100.0 + t as f64);
+            }
+        }
+        h.push(0, Metric::PowerW, 950, 1.0);
+        let rows = aligned(
+            &h,
+            0,
+            [Metric::GpuUtilPct, Metric::PowerW],
+            Duration::from_millis(500),
+        );
+        let times: Vec<u64> = rows.iter().map(|r| r.0).collect();
+        assert_eq!(times, [500, 600, 700, 800, 900, 950]);
+        assert_eq!(rows[1].1, [Some(6.0), Some(106.0)]);
+        assert_eq!(rows[2].1, [Some(7.0), None]);
+        assert_eq!(rows[5].1, [None, Some(1.0)]);
+    }
+}

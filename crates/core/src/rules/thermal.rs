@@ -1,0 +1,63 @@
+//! Thermal: a GPU (or its memory) running within a few degrees of the temperature at which it
+//! slows itself down.
+
+use serde_json::json;
+
+use super::{Evidence, Finding, RuleInput, Severity, round2, secs, values};
+use gpudiag_telemetry::Metric;
+
+pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
+    let cfg = &input.config.thermal;
+    let window = secs(cfg.window_s);
+    let mut out = Vec::new();
+    for d in input.devices {
+        let latest = input.latest.get(&d.index);
+        let checks = [
+            (
+                "thermal.near_slowdown",
+                "GPU",
+                Metric::TempGpuC,
+                latest.and_then(|s| s.temp_slowdown_c).or(d.temp_slowdown_c),
+            ),
+            (
+                "thermal.memory_near_limit",
+                "memory",
+                Metric::TempMemC,
+                d.temp_mem_max_c,
+            ),
+        ];
+        for (id, what, metric, limit) in checks {
+            let Some(limit) = limit else { continue };
+            let Some(mean) = input.history.mean(d.index, metric, window) else {
+                continue;
+            };
+            if mean < limit - cfg.slowdown_margin_c {
+                continue;
+            }
+            out.push(Finding {
+                id: id.into(),
+                severity: Severity::Warn,
+                device: Some(d.index),
+                time_ms: input.now_ms,
+                title: format!(
+                    "GPU {} {what} temperature {mean:.0} °C, within {:.0} °C of its {limit:.0} °C limit",
+                    d.index,
+                    (limit - mean).max(0.0)
+                ),
+                evidence: Evidence {
+                    values: values([
+                        ("temp_mean_c", json!(round2(mean))),
+                        ("limit_c", json!(limit)),
+                    ]),
+                    window_s: cfg.window_s,
+                    threshold: format!(">= limit - {} °C", cfg.slowdown_margin_c),
+                },
+                advice: "The GPU is about to lower its clocks to cool down. Improve airflow \
+                         (inlet temperature, fan curves, blocked or dusty intakes); if one GPU \
+                         runs hotter than its peers, check its heatsink mounting and placement."
+                    .into(),
+            });
+        }
+    }
+    out
+}

@@ -1,0 +1,56 @@
+//! Findings: what a rule or a probe concluded, with the evidence and what to do.
+
+use serde::{Deserialize, Serialize};
+
+use crate::sample::TimeMs;
+
+/// How bad a finding is. Ordered: `Info < Warn < Fail`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Info,
+    Warn,
+    Fail,
+}
+
+impl std::fmt::Display for Severity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Severity::Info => "info",
+            Severity::Warn => "warn",
+            Severity::Fail => "fail",
+        })
+    }
+}
+
+/// The numbers behind a finding.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Evidence {
+    /// What was measured, e.g. `{"ecc_uncorrected_volatile": 2}`.
+    pub values: serde_json::Map<String, serde_json::Value>,
+    /// The window the values cover, in seconds (0 for a single read or an event).
+    pub window_s: f64,
+    /// The threshold the rule compared against, in words ("> 0").
+    pub threshold: String,
+}
+
+/// One diagnosis: what is wrong, the evidence, and what to do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    /// Stable identifier, e.g. `errors.ecc_uncorrectable`.
+    pub id: String,
+    pub severity: Severity,
+    /// Device index; `None` for host-wide findings.
+    pub device: Option<u32>,
+    pub time_ms: TimeMs,
+    pub title: String,
+    pub evidence: Evidence,
+    pub advice: String,
+}
+
+/// Builds an evidence map from name/value pairs.
+pub fn values<const N: usize>(
+    pairs: [(&str, serde_json::Value); N],
+) -> serde_json::Map<String, serde_json::Value> {
+    pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}

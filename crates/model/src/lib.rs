@@ -1,0 +1,13 @@
+//! gpudiag's data model, shared by every layer above it: what a sample, a device, an event and a
+//! finding are, how throttle bits and PCIe links decode, how GPUs connect, which CUDA libraries a
+//! host has, and the exit codes every command maps its errors to. It knows no backend, rule or
+//! view, so nothing here can reach up the data flow.
+
+pub mod cuda_libraries;
+pub mod deadline;
+pub mod decode;
+pub mod error;
+pub mod finding;
+pub mod sample;
+pub mod topology;
+pub mod units;

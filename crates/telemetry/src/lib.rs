@@ -1,0 +1,103 @@
+//! Telemetry: the model, the backend trait, and the backends that implement it.
+//!
+//! Data flows one way: a `Backend` yields `DeviceInfo` once and a `Tick` per poll; the sampler
+//! pushes ticks into the history; rules and views read the history. No view knows which backend
+//! produced the data.
+
+pub mod amd;
+pub mod bundle;
+pub mod fault;
+pub mod guard;
+pub mod live;
+pub mod nvml;
+pub mod recording;
+pub mod replay;
+pub mod rocm;
+pub mod sampler;
+pub mod sanity;
+pub mod sysfs;
+
+pub use gpudiag_model::sample::*;
+
+use std::time::Duration;
+
+/// What one poll of a backend yields.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tick {
+    pub samples: Vec<Sample>,
+    pub events: Vec<Event>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The vendor library is missing or would not initialise; gpudiag cannot run (exit code 3).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The backend works but sees no device (exit code 3).
+    #[error("no GPU found: {0}")]
+    NoDevice(String),
+    /// A recording ended (replay only).
+    #[error("end of recording")]
+    EndOfRecording,
+    #[error(transparent)]
+    Recording(#[from] recording::RecordingError),
+}
+
+/// How a backend is paced.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pacing {
+    /// Live hardware: the caller decides when to poll; each poll reads now.
+    Live,
+    /// A replay: `poll` waits until the next recorded tick is due (or returns at once when
+    /// playing as fast as possible), so the caller polls in a loop without sleeping.
+    SelfPaced,
+}
+
+/// A source of telemetry. Implementations must never substitute 0 (or any sentinel) for a value
+/// they cannot read: leave it `None` and record the reason in the sample's `absent` map.
+pub trait Backend: Send {
+    /// "nvml", "replay", ...
+    fn name(&self) -> &'static str;
+    fn host(&self) -> &HostInfo;
+    /// Static attributes, read once when the backend opened.
+    fn devices(&self) -> &[DeviceInfo];
+    fn pacing(&self) -> Pacing;
+    /// One tick of telemetry for every device.
+    fn poll(&mut self) -> Result<Tick, BackendError>;
+    /// Notes about the source a user should see (a recording's cut-off last line, skipped
+    /// record kinds). Empty for live hardware.
+    fn source_warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Findings the source carries from when it was recorded (raised live by the recorder);
+    /// empty for live hardware. Views show them beside today's rules' findings, marked as such.
+    fn recorded_findings(&self) -> Vec<gpudiag_model::finding::Finding> {
+        Vec::new()
+    }
+    /// Live backends: waits (at most `timeout`) until the slow fields have been read once, so a
+    /// single read reports them instead of "not read yet". Others return at once.
+    fn wait_for_slow_fields(&self, _timeout: Duration) {}
+    /// Live backends: the cadence of slow fields (PCIe throughput, process lists); hint only.
+    fn set_slow_interval(&mut self, _interval: Duration) {}
+    /// How the GPUs connect (PCIe paths, NVLinks, NUMA), read from the hardware or the
+    /// recording; `None` where the source cannot tell.
+    fn topology(&self) -> Option<gpudiag_model::topology::Topology> {
+        None
+    }
+}
+
+/// A recording that cannot be read is the user's input at fault (exit code 2).
+impl From<recording::RecordingError> for gpudiag_model::error::Error {
+    fn from(e: recording::RecordingError) -> Self {
+        gpudiag_model::error::Error::Usage(e.to_string())
+    }
+}
+
+impl From<BackendError> for gpudiag_model::error::Error {
+    fn from(e: BackendError) -> Self {
+        match e {
+            BackendError::Recording(r) => r.into(),
+            other => gpudiag_model::error::Error::CannotRun(other.to_string()),
+        }
+    }
+}
