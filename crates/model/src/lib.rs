@@ -1,13 +1,15 @@
 //! gpudiag's data model, shared by every layer above it: what a sample, a device, an event and a
-//! finding are, how throttle bits and PCIe links decode, how GPUs connect, which CUDA libraries a
-//! host has, and the exit codes every command maps its errors to. It knows no backend, rule or
-//! view, so nothing here can reach up the data flow.
+//! finding are, the metric table that declares each telemetry field once, how throttle bits and
+//! PCIe links decode, how GPUs connect, which CUDA libraries a host has, and the exit codes every
+//! command maps its errors to. It knows no backend, rule or view (the table says how views show
+//! a field, as data), so nothing here can reach up the data flow.
 
 pub mod cuda_libraries;
 pub mod deadline;
 pub mod decode;
 pub mod error;
 pub mod finding;
+pub mod metrics;
 pub mod sample;
 pub mod topology;
 pub mod units;

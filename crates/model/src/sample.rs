@@ -8,6 +8,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::metrics::{
+    Chart, Format, GIB, MIB, MetricDef, Prometheus, Round, Scale, Unit, Vendors, metric_table,
+};
+
 /// Milliseconds since the Unix epoch. One clock for samples, events, probes and traces.
 pub type TimeMs = u64;
 
@@ -174,95 +178,257 @@ pub struct Sample {
     pub absent: AbsentMap,
 }
 
-/// The numeric series a `Sample` carries, for history, summaries and exports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Metric {
-    GpuUtilPct,
-    MemUtilPct,
-    MemUsedBytes,
-    MemFreeBytes,
-    MemTotalBytes,
-    PowerW,
-    PowerLimitW,
-    EnergyJ,
-    TempGpuC,
-    TempMemC,
-    SmClockMhz,
-    MemClockMhz,
-    Pstate,
-    ThrottleReasons,
-    PcieGen,
-    PcieWidth,
-    PcieRxBytesPerS,
-    PcieTxBytesPerS,
-    PcieReplayCount,
-    EccCorrectedVolatile,
-    EccUncorrectedVolatile,
-    RemappedRowsUncorrectable,
-    FanPct,
-    EncoderUtilPct,
-    DecoderUtilPct,
+metric_table! {
+    /// The numeric series a `Sample` carries, for history, summaries and exports: one variant
+    /// per table entry marked `=> Variant` below.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum Metric;
+
+    // Text lines: 1 load and memory, 2 power and cooling, 3 clocks, 4 PCIe, 5 memory errors.
+    gpu_util_pct => GpuUtilPct: MetricDef::gauge(Unit::Percent, Vendors::ALL)
+        .plausible(0.0, 100.0)
+        .text(1, "util {}% (mean {mean}%, max {max}%)")
+        .chart(Chart::Util, Scale::One)
+        .trace("util %", "gpu", Scale::One, Round::Tenth)
+        .prometheus(Prometheus::new("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).")),
+    mem_util_pct => MemUtilPct: MetricDef::gauge(Unit::Percent, Vendors::ALL)
+        .plausible(0.0, 100.0)
+        .text(1, "mem util {}%")
+        .chart(Chart::Util, Scale::One)
+        .trace("util %", "memory", Scale::One, Round::Tenth)
+        .prometheus(Prometheus::new("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).")),
+    mem_used_bytes => MemUsedBytes: MetricDef::gauge(Unit::Bytes, Vendors::ALL)
+        .format(IN_GIB)
+        .text(1, "memory {} / {mem_total_bytes} GiB")
+        .chart(Chart::Memory, Scale::Per(GIB))
+        .trace("memory MiB", "used", Scale::Per(MIB), Round::Whole)
+        .prometheus(
+            Prometheus::new("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).")
+                .scaled(Scale::Per(MIB), Round::Whole),
+        ),
+    mem_free_bytes => MemFreeBytes: MetricDef::gauge(Unit::Bytes, Vendors::ALL)
+        .format(IN_GIB)
+        .trace("memory MiB", "free", Scale::Per(MIB), Round::Whole)
+        .prometheus(
+            Prometheus::new("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).")
+                .scaled(Scale::Per(MIB), Round::Whole),
+        ),
+    mem_total_bytes => MemTotalBytes: MetricDef::gauge(Unit::Bytes, Vendors::ALL).format(IN_GIB),
+    // No GPU board draws 5 kW; the largest draw about 1.2 kW.
+    power_w => PowerW: MetricDef::gauge(Unit::Watts, Vendors::ALL)
+        .plausible(0.0, 5000.0)
+        .text(2, "power {} / {power_limit_w} W (mean {mean} W)")
+        .chart(Chart::Power, Scale::One)
+        .trace("power W", "draw", Scale::One, Round::Tenth)
+        .prometheus(Prometheus::new("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).")),
+    power_limit_w => PowerLimitW: MetricDef::gauge(Unit::Watts, Vendors::ALL)
+        .plausible(0.0, 5000.0)
+        .trace("power W", "limit", Scale::One, Round::Tenth)
+        .prometheus(Prometheus::new("gpudiag_power_limit_watts", "Enforced power limit (W).")),
+    energy_j => EnergyJ: MetricDef::counter(Unit::Joules, Vendors::ALL)
+        .plausible(0.0, f64::INFINITY)
+        .prometheus(
+            Prometheus::new(
+                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                "Total energy consumption since boot (in mJ).",
+            )
+            .scaled(Scale::Times(1000.0), Round::Whole),
+        ),
+    // Silicon does not run below -40 °C, and every GPU shuts down far below 200 °C.
+    temp_gpu_c => TempGpuC: MetricDef::gauge(Unit::Celsius, Vendors::ALL)
+        .plausible(-40.0, 200.0)
+        .text(2, "temp {} °C (slowdown {temp_slowdown_c} °C)")
+        .chart(Chart::Temperature, Scale::One)
+        .trace("temp C", "gpu", Scale::One, Round::Tenth)
+        .prometheus(Prometheus::new("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).")),
+    temp_mem_c => TempMemC: MetricDef::gauge(Unit::Celsius, Vendors::ALL)
+        .plausible(-40.0, 200.0)
+        .chart(Chart::Temperature, Scale::One)
+        .trace("temp C", "memory", Scale::One, Round::Tenth)
+        .prometheus(Prometheus::new("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).")),
+    temp_slowdown_c: MetricDef::gauge(Unit::Celsius, Vendors::ALL)
+        .plausible(-40.0, 200.0)
+        .prometheus(Prometheus::new(
+            "gpudiag_temperature_slowdown_celsius",
+            "Temperature at which the GPU slows down (in C).",
+        )),
+    temp_shutdown_c: MetricDef::gauge(Unit::Celsius, Vendors::ALL).plausible(-40.0, 200.0),
+    // Well above any clock shipped (about 3 GHz SM, 10 GHz effective memory).
+    sm_clock_mhz => SmClockMhz: MetricDef::gauge(Unit::Megahertz, Vendors::ALL)
+        .plausible(0.0, 100_000.0)
+        .text(3, "SM clock {} / {sm_clock_max_mhz} MHz")
+        .chart(Chart::Clocks, Scale::One)
+        .trace("clocks MHz", "sm", Scale::One, Round::Exact)
+        .prometheus(Prometheus::new("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).")),
+    mem_clock_mhz => MemClockMhz: MetricDef::gauge(Unit::Megahertz, Vendors::ALL)
+        .plausible(0.0, 100_000.0)
+        .text(3, "memory clock {} / {mem_clock_max_mhz} MHz")
+        .chart(Chart::Clocks, Scale::One)
+        .trace("clocks MHz", "memory", Scale::One, Round::Exact)
+        .prometheus(Prometheus::new(
+            "DCGM_FI_DEV_MEM_CLOCK",
+            "Memory clock frequency (in MHz).",
+        )),
+    sm_clock_max_mhz: MetricDef::gauge(Unit::Megahertz, Vendors::ALL).plausible(0.0, 100_000.0),
+    mem_clock_max_mhz: MetricDef::gauge(Unit::Megahertz, Vendors::ALL).plausible(0.0, 100_000.0),
+    // P0..P15 (32 is NVML's "unknown", which the backend maps away).
+    pstate => Pstate: MetricDef::gauge(Unit::Count, Vendors::NVIDIA)
+        .plausible(0.0, 15.0)
+        .text(3, "P{}")
+        .prometheus(Prometheus::new(
+            "gpudiag_performance_state",
+            "Performance state (0 is P0, fastest).",
+        )),
+    // Exported and traced per reason, decoded (`decode::THROTTLE_REASONS`), not as a number.
+    throttle_reasons => ThrottleReasons: MetricDef::gauge(Unit::Count, Vendors::NVIDIA),
+    pcie_gen => PcieGen: MetricDef::gauge(Unit::Count, Vendors::ALL)
+        .plausible(0.0, 16.0)
+        .text(4, "PCIe Gen{} x{pcie_width} (max Gen{pcie_gen_max} x{pcie_width_max})")
+        .prometheus(Prometheus::new(
+            "gpudiag_pcie_link_generation",
+            "Current PCIe link generation.",
+        )),
+    pcie_width => PcieWidth: MetricDef::gauge(Unit::Lanes, Vendors::ALL)
+        .plausible(0.0, 64.0)
+        .prometheus(Prometheus::new(
+            "gpudiag_pcie_link_width",
+            "Current PCIe link width (lanes).",
+        )),
+    pcie_gen_max: MetricDef::gauge(Unit::Count, Vendors::ALL).prometheus(Prometheus::new(
+        "gpudiag_pcie_link_generation_max",
+        "Maximum PCIe link generation.",
+    )),
+    pcie_width_max: MetricDef::gauge(Unit::Lanes, Vendors::ALL).prometheus(Prometheus::new(
+        "gpudiag_pcie_link_width_max",
+        "Maximum PCIe link width (lanes).",
+    )),
+    // PCIe Gen6 x16 carries about 128 GB/s; ten times that is not a reading.
+    pcie_rx_bytes_per_s => PcieRxBytesPerS: MetricDef::gauge(Unit::BytesPerSecond, Vendors::NVIDIA)
+        .plausible(0.0, 1.28e12)
+        .format(Format::Rate)
+        .text(4, "rx {}")
+        .chart(Chart::Pcie, Scale::Times(1e-9))
+        .trace("PCIe MB/s", "rx", Scale::Per(1e6), Round::Tenth)
+        .prometheus(Prometheus::new(
+            "gpudiag_pcie_rx_bytes_per_second",
+            "PCIe receive throughput (bytes/s), as NVML measures it over about 20 ms.",
+        )),
+    pcie_tx_bytes_per_s => PcieTxBytesPerS: MetricDef::gauge(Unit::BytesPerSecond, Vendors::NVIDIA)
+        .plausible(0.0, 1.28e12)
+        .format(Format::Rate)
+        .text(4, "tx {}")
+        .chart(Chart::Pcie, Scale::Times(1e-9))
+        .trace("PCIe MB/s", "tx", Scale::Per(1e6), Round::Tenth)
+        .prometheus(Prometheus::new(
+            "gpudiag_pcie_tx_bytes_per_second",
+            "PCIe transmit throughput (bytes/s), as NVML measures it over about 20 ms.",
+        )),
+    pcie_replay_count => PcieReplayCount: MetricDef::counter(Unit::Count, Vendors::ALL)
+        .text(4, "replays {}")
+        .prometheus(Prometheus::new(
+            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+            "Total number of PCIe retries.",
+        )),
+    ecc_corrected_volatile => EccCorrectedVolatile: MetricDef::counter(Unit::Count, Vendors::ALL)
+        .text(5, "ECC volatile {} corrected / {ecc_uncorrected_volatile} uncorrected")
+        .prometheus(Prometheus::new(
+            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+            "Total number of single-bit volatile ECC errors.",
+        )),
+    ecc_uncorrected_volatile => EccUncorrectedVolatile:
+        MetricDef::counter(Unit::Count, Vendors::ALL).prometheus(Prometheus::new(
+            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+            "Total number of double-bit volatile ECC errors.",
+        )),
+    ecc_corrected_aggregate: MetricDef::counter(Unit::Count, Vendors::NVIDIA).prometheus(
+        Prometheus::new(
+            "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+            "Total number of single-bit persistent ECC errors.",
+        ),
+    ),
+    ecc_uncorrected_aggregate: MetricDef::counter(Unit::Count, Vendors::NVIDIA).prometheus(
+        Prometheus::new(
+            "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+            "Total number of double-bit persistent ECC errors.",
+        ),
+    ),
+    retired_pages_sbe: MetricDef::counter(Unit::Count, Vendors::NVIDIA).prometheus(
+        Prometheus::new(
+            "DCGM_FI_DEV_RETIRED_SBE",
+            "Total number of retired pages due to single-bit errors.",
+        ),
+    ),
+    retired_pages_dbe: MetricDef::counter(Unit::Count, Vendors::NVIDIA).prometheus(
+        Prometheus::new(
+            "DCGM_FI_DEV_RETIRED_DBE",
+            "Total number of retired pages due to double-bit errors.",
+        ),
+    ),
+    retired_pages_pending: MetricDef::gauge(Unit::Flag, Vendors::ALL).format(Format::Flag),
+    remapped_rows_correctable: MetricDef::counter(Unit::Count, Vendors::NVIDIA).prometheus(
+        Prometheus::new(
+            "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+            "Number of remapped rows for correctable errors",
+        ),
+    ),
+    remapped_rows_uncorrectable => RemappedRowsUncorrectable:
+        MetricDef::counter(Unit::Count, Vendors::NVIDIA).prometheus(Prometheus::new(
+            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+            "Number of remapped rows for uncorrectable errors",
+        )),
+    remapped_rows_pending: MetricDef::gauge(Unit::Flag, Vendors::NVIDIA)
+        .format(Format::Flag)
+        .text(5, "remap pending {}"),
+    remapped_rows_failure: MetricDef::gauge(Unit::Flag, Vendors::NVIDIA)
+        .format(Format::Flag)
+        .prometheus(Prometheus::new(
+            "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+            "Whether remapping of rows has failed",
+        )),
+    fan_pct => FanPct: MetricDef::gauge(Unit::Percent, Vendors::ALL)
+        .plausible(0.0, 100.0)
+        .text(2, "fan {|%}")
+        .prometheus(Prometheus::new("gpudiag_fan_speed_percent", "Fan speed (in %).")),
+    encoder_util_pct => EncoderUtilPct: MetricDef::gauge(Unit::Percent, Vendors::NVIDIA)
+        .plausible(0.0, 100.0)
+        .prometheus(Prometheus::new("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).")),
+    decoder_util_pct => DecoderUtilPct: MetricDef::gauge(Unit::Percent, Vendors::NVIDIA)
+        .plausible(0.0, 100.0)
+        .prometheus(Prometheus::new("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).")),
 }
 
-impl Metric {
-    pub const ALL: [Metric; 25] = [
-        Metric::GpuUtilPct,
-        Metric::MemUtilPct,
-        Metric::MemUsedBytes,
-        Metric::MemFreeBytes,
-        Metric::MemTotalBytes,
-        Metric::PowerW,
-        Metric::PowerLimitW,
-        Metric::EnergyJ,
-        Metric::TempGpuC,
-        Metric::TempMemC,
-        Metric::SmClockMhz,
-        Metric::MemClockMhz,
-        Metric::Pstate,
-        Metric::ThrottleReasons,
-        Metric::PcieGen,
-        Metric::PcieWidth,
-        Metric::PcieRxBytesPerS,
-        Metric::PcieTxBytesPerS,
-        Metric::PcieReplayCount,
-        Metric::EccCorrectedVolatile,
-        Metric::EccUncorrectedVolatile,
-        Metric::RemappedRowsUncorrectable,
-        Metric::FanPct,
-        Metric::EncoderUtilPct,
-        Metric::DecoderUtilPct,
-    ];
+/// Bytes as GiB with one decimal.
+const IN_GIB: Format = Format::Fixed {
+    decimals: 1,
+    scale: Scale::Per(GIB),
+};
 
+/// `Sample` fields that hold lists rather than one value, so the table leaves them out.
+pub const LIST_FIELDS: [&str; 2] = ["throttle_reason_names", "processes"];
+
+/// Where each series sits in `METRICS`.
+const SERIES_AT: [usize; Metric::COUNT] = {
+    let mut at = [0; Metric::COUNT];
+    let mut i = 0;
+    while i < METRICS.len() {
+        if let Some(m) = METRICS[i].series {
+            at[m as usize] = i;
+        }
+        i += 1;
+    }
+    at
+};
+
+impl Metric {
     /// The serde name, which is also the `Sample` field name.
     pub fn name(self) -> &'static str {
-        match self {
-            Metric::GpuUtilPct => "gpu_util_pct",
-            Metric::MemUtilPct => "mem_util_pct",
-            Metric::MemUsedBytes => "mem_used_bytes",
-            Metric::MemFreeBytes => "mem_free_bytes",
-            Metric::MemTotalBytes => "mem_total_bytes",
-            Metric::PowerW => "power_w",
-            Metric::PowerLimitW => "power_limit_w",
-            Metric::EnergyJ => "energy_j",
-            Metric::TempGpuC => "temp_gpu_c",
-            Metric::TempMemC => "temp_mem_c",
-            Metric::SmClockMhz => "sm_clock_mhz",
-            Metric::MemClockMhz => "mem_clock_mhz",
-            Metric::Pstate => "pstate",
-            Metric::ThrottleReasons => "throttle_reasons",
-            Metric::PcieGen => "pcie_gen",
-            Metric::PcieWidth => "pcie_width",
-            Metric::PcieRxBytesPerS => "pcie_rx_bytes_per_s",
-            Metric::PcieTxBytesPerS => "pcie_tx_bytes_per_s",
-            Metric::PcieReplayCount => "pcie_replay_count",
-            Metric::EccCorrectedVolatile => "ecc_corrected_volatile",
-            Metric::EccUncorrectedVolatile => "ecc_uncorrected_volatile",
-            Metric::RemappedRowsUncorrectable => "remapped_rows_uncorrectable",
-            Metric::FanPct => "fan_pct",
-            Metric::EncoderUtilPct => "encoder_util_pct",
-            Metric::DecoderUtilPct => "decoder_util_pct",
-        }
+        self.def().name
+    }
+
+    /// The series' entry in the metric table.
+    pub fn def(self) -> &'static MetricDef {
+        &METRICS[SERIES_AT[self as usize]]
     }
 }
 
@@ -276,38 +442,9 @@ impl Sample {
         }
     }
 
-    /// The value of one numeric series, as f64 (counters beyond 2^53 lose precision, which no
-    /// GPU counter reaches).
+    /// The value of one numeric series, as f64.
     pub fn value(&self, metric: Metric) -> Option<f64> {
-        let u = |v: Option<u64>| v.map(|x| x as f64);
-        let u32f = |v: Option<u32>| v.map(f64::from);
-        match metric {
-            Metric::GpuUtilPct => self.gpu_util_pct,
-            Metric::MemUtilPct => self.mem_util_pct,
-            Metric::MemUsedBytes => u(self.mem_used_bytes),
-            Metric::MemFreeBytes => u(self.mem_free_bytes),
-            Metric::MemTotalBytes => u(self.mem_total_bytes),
-            Metric::PowerW => self.power_w,
-            Metric::PowerLimitW => self.power_limit_w,
-            Metric::EnergyJ => self.energy_j,
-            Metric::TempGpuC => self.temp_gpu_c,
-            Metric::TempMemC => self.temp_mem_c,
-            Metric::SmClockMhz => u32f(self.sm_clock_mhz),
-            Metric::MemClockMhz => u32f(self.mem_clock_mhz),
-            Metric::Pstate => u32f(self.pstate),
-            Metric::ThrottleReasons => u(self.throttle_reasons),
-            Metric::PcieGen => u32f(self.pcie_gen),
-            Metric::PcieWidth => u32f(self.pcie_width),
-            Metric::PcieRxBytesPerS => self.pcie_rx_bytes_per_s,
-            Metric::PcieTxBytesPerS => self.pcie_tx_bytes_per_s,
-            Metric::PcieReplayCount => u(self.pcie_replay_count),
-            Metric::EccCorrectedVolatile => u(self.ecc_corrected_volatile),
-            Metric::EccUncorrectedVolatile => u(self.ecc_uncorrected_volatile),
-            Metric::RemappedRowsUncorrectable => u(self.remapped_rows_uncorrectable),
-            Metric::FanPct => self.fan_pct,
-            Metric::EncoderUtilPct => self.encoder_util_pct,
-            Metric::DecoderUtilPct => self.decoder_util_pct,
-        }
+        metric.def().get(self)
     }
 
     /// Copies the device's static thresholds and maxima into the sample (with their reasons when
@@ -386,4 +523,110 @@ pub fn now_ms() -> TimeMs {
         .map(|d| d.as_millis() as TimeMs)
         .unwrap_or_default();
     LAST.fetch_max(wall, Ordering::Relaxed).max(wall)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::metrics::{Piece, Repr, by_name, pieces};
+
+    fn serde_keys() -> Vec<String> {
+        let v = serde_json::to_value(Sample::new(0, 0)).unwrap_or_default();
+        let mut keys: Vec<String> = v
+            .as_object()
+            .map(|o| o.keys().cloned().collect())
+            .unwrap_or_default();
+        keys.retain(|k| k != "time_ms" && k != "device");
+        keys
+    }
+
+    #[test]
+    fn the_table_declares_every_value_field_once() {
+        let table: Vec<&str> = METRICS.iter().map(|m| m.name).collect();
+        let unique: BTreeSet<&str> = table.iter().copied().collect();
+        assert_eq!(unique.len(), table.len(), "a field is declared twice");
+        let mut covered: BTreeSet<String> = unique.iter().map(|s| s.to_string()).collect();
+        covered.extend(LIST_FIELDS.iter().map(|s| s.to_string()));
+        let keys: BTreeSet<String> = serde_keys().into_iter().collect();
+        assert_eq!(covered, keys);
+    }
+
+    #[test]
+    fn series_are_named_after_their_fields() {
+        assert_eq!(Metric::ALL.len(), Metric::COUNT);
+        for (i, m) in Metric::ALL.into_iter().enumerate() {
+            assert_eq!(m as usize, i);
+            assert_eq!(m.def().series, Some(m));
+            assert_eq!(serde_json::to_value(m).ok(), Some(m.name().into()));
+        }
+        let series = METRICS.iter().filter(|m| m.series.is_some()).count();
+        assert_eq!(series, Metric::COUNT);
+    }
+
+    #[test]
+    fn accessors_read_and_write_their_own_field() {
+        for m in METRICS {
+            let mut s = Sample::new(0, 0);
+            let one = 1.0;
+            assert_eq!(m.set(&mut s, Some(one)), Ok(()), "{}", m.name);
+            assert_eq!(m.get(&s), Some(one), "{}", m.name);
+            let json = serde_json::to_value(&s).unwrap_or_default();
+            let expected = match m.repr {
+                Repr::Bool => serde_json::json!(true),
+                Repr::F64 => serde_json::json!(1.0),
+                Repr::U64 | Repr::U32 => serde_json::json!(1),
+            };
+            assert_eq!(json[m.name], expected, "{}", m.name);
+            assert_eq!(m.set(&mut s, None), Ok(()));
+            assert_eq!(m.get(&s), None);
+        }
+    }
+
+    #[test]
+    fn templates_name_only_fields_of_the_table() {
+        let check = |template: &str, own: &[&str]| {
+            for p in pieces(template) {
+                if let Piece::Value { name, .. } = p {
+                    assert!(
+                        own.contains(&name) || by_name(name).is_some(),
+                        "{{{name}}} in {template:?}"
+                    );
+                }
+            }
+        };
+        for m in METRICS {
+            if let Some(t) = m.text {
+                let stats: &[&str] = if m.series.is_some() {
+                    &["", "mean", "max"]
+                } else {
+                    &[""]
+                };
+                check(t.template, stats);
+            }
+        }
+        for c in Chart::ALL {
+            check(c.title(), &["ceiling"]);
+            assert!(c.fields().next().is_some(), "{c:?} plots nothing");
+            if let crate::metrics::Ceiling::Field(name, _) = c.ceiling() {
+                assert!(by_name(name).is_some(), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn prometheus_families_agree_on_type_and_help() {
+        for a in METRICS {
+            for b in METRICS {
+                let (Some(pa), Some(pb)) = (a.prometheus, b.prometheus) else {
+                    continue;
+                };
+                if pa.name == pb.name && a.name != b.name {
+                    assert_eq!((a.kind, pa.help), (b.kind, pb.help), "{}", pa.name);
+                    assert!(pa.label.is_some() && pa.label != pb.label, "{}", pa.name);
+                }
+            }
+        }
+    }
 }
