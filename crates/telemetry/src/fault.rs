@@ -38,6 +38,7 @@ use super::sanity;
 use super::{
     Absent, Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Pacing, Sample, Tick,
 };
+use gpudiag_model::metrics::{self, Repr, Unrepresentable};
 
 /// The hidden environment variable that holds a fault schedule.
 pub const FAULTS_ENV: &str = "GPUDIAG_TEST_FAULTS";
@@ -163,61 +164,18 @@ fn parse_when(s: &str) -> Result<When, String> {
     Ok(When::Ticks { start, end })
 }
 
-/// Sets one sample field by name, converting to the field's type; `None` clears it.
+/// Sets one numeric sample field by name, converting to the field's type; `None` clears it.
+/// Flags are not numbers here: a schedule makes them absent, or leaves them be.
 fn set_field(s: &mut Sample, field: &str, v: Option<f64>) -> Result<(), String> {
-    let whole = |v: f64| -> Result<u64, String> {
-        if v.is_finite() && v >= 0.0 && v.fract() == 0.0 {
-            Ok(v as u64)
-        } else {
-            Err(format!("{field} is a counter: give a whole number >= 0"))
+    let m = metrics::by_name(field)
+        .filter(|m| m.repr != Repr::Bool)
+        .ok_or_else(|| format!("no numeric sample field named '{field}'"))?;
+    m.set(s, v).map_err(|e| match e {
+        Unrepresentable::TooLarge => format!("{field} is too large"),
+        Unrepresentable::NotWhole | Unrepresentable::NotAFlag => {
+            format!("{field} is a counter: give a whole number >= 0")
         }
-    };
-    let u64v = |v: Option<f64>| v.map(whole).transpose();
-    let u32v = |v: Option<f64>| -> Result<Option<u32>, String> {
-        u64v(v)?
-            .map(|x| u32::try_from(x).map_err(|_| format!("{field} is too large")))
-            .transpose()
-    };
-    match field {
-        "gpu_util_pct" => s.gpu_util_pct = v,
-        "mem_util_pct" => s.mem_util_pct = v,
-        "power_w" => s.power_w = v,
-        "power_limit_w" => s.power_limit_w = v,
-        "energy_j" => s.energy_j = v,
-        "temp_gpu_c" => s.temp_gpu_c = v,
-        "temp_mem_c" => s.temp_mem_c = v,
-        "temp_slowdown_c" => s.temp_slowdown_c = v,
-        "temp_shutdown_c" => s.temp_shutdown_c = v,
-        "pcie_rx_bytes_per_s" => s.pcie_rx_bytes_per_s = v,
-        "pcie_tx_bytes_per_s" => s.pcie_tx_bytes_per_s = v,
-        "fan_pct" => s.fan_pct = v,
-        "encoder_util_pct" => s.encoder_util_pct = v,
-        "decoder_util_pct" => s.decoder_util_pct = v,
-        "mem_used_bytes" => s.mem_used_bytes = u64v(v)?,
-        "mem_free_bytes" => s.mem_free_bytes = u64v(v)?,
-        "mem_total_bytes" => s.mem_total_bytes = u64v(v)?,
-        "throttle_reasons" => s.throttle_reasons = u64v(v)?,
-        "pcie_replay_count" => s.pcie_replay_count = u64v(v)?,
-        "ecc_corrected_volatile" => s.ecc_corrected_volatile = u64v(v)?,
-        "ecc_uncorrected_volatile" => s.ecc_uncorrected_volatile = u64v(v)?,
-        "ecc_corrected_aggregate" => s.ecc_corrected_aggregate = u64v(v)?,
-        "ecc_uncorrected_aggregate" => s.ecc_uncorrected_aggregate = u64v(v)?,
-        "retired_pages_sbe" => s.retired_pages_sbe = u64v(v)?,
-        "retired_pages_dbe" => s.retired_pages_dbe = u64v(v)?,
-        "remapped_rows_correctable" => s.remapped_rows_correctable = u64v(v)?,
-        "remapped_rows_uncorrectable" => s.remapped_rows_uncorrectable = u64v(v)?,
-        "sm_clock_mhz" => s.sm_clock_mhz = u32v(v)?,
-        "mem_clock_mhz" => s.mem_clock_mhz = u32v(v)?,
-        "sm_clock_max_mhz" => s.sm_clock_max_mhz = u32v(v)?,
-        "mem_clock_max_mhz" => s.mem_clock_max_mhz = u32v(v)?,
-        "pstate" => s.pstate = u32v(v)?,
-        "pcie_gen" => s.pcie_gen = u32v(v)?,
-        "pcie_width" => s.pcie_width = u32v(v)?,
-        "pcie_gen_max" => s.pcie_gen_max = u32v(v)?,
-        "pcie_width_max" => s.pcie_width_max = u32v(v)?,
-        other => return Err(format!("no numeric sample field named '{other}'")),
-    }
-    Ok(())
+    })
 }
 
 /// Wraps a backend and applies a fault schedule to its polls.

@@ -12,7 +12,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{Absent, AbsentMap, Sample, Tick};
+use super::{Absent, LIST_FIELDS, METRICS, Sample, Tick};
+use gpudiag_model::metrics::{Kind, MetricDef, Repr};
 
 /// Prefix of the reason for a value dropped as implausible.
 pub const IMPLAUSIBLE: &str = "implausible value";
@@ -65,68 +66,28 @@ pub fn stalled_reason(deadline: std::time::Duration) -> Absent {
 }
 
 /// Every field a per-tick sample carries, for marking a whole device absent.
-pub const SAMPLE_FIELDS: &[&str] = &[
-    "gpu_util_pct",
-    "mem_util_pct",
-    "mem_used_bytes",
-    "mem_free_bytes",
-    "mem_total_bytes",
-    "power_w",
-    "power_limit_w",
-    "energy_j",
-    "temp_gpu_c",
-    "temp_mem_c",
-    "temp_slowdown_c",
-    "temp_shutdown_c",
-    "sm_clock_mhz",
-    "mem_clock_mhz",
-    "sm_clock_max_mhz",
-    "mem_clock_max_mhz",
-    "pstate",
-    "throttle_reasons",
-    "throttle_reason_names",
-    "pcie_gen",
-    "pcie_width",
-    "pcie_gen_max",
-    "pcie_width_max",
-    "pcie_rx_bytes_per_s",
-    "pcie_tx_bytes_per_s",
-    "pcie_replay_count",
-    "ecc_corrected_volatile",
-    "ecc_uncorrected_volatile",
-    "ecc_corrected_aggregate",
-    "ecc_uncorrected_aggregate",
-    "retired_pages_sbe",
-    "retired_pages_dbe",
-    "retired_pages_pending",
-    "remapped_rows_correctable",
-    "remapped_rows_uncorrectable",
-    "remapped_rows_pending",
-    "remapped_rows_failure",
-    "fan_pct",
-    "encoder_util_pct",
-    "decoder_util_pct",
-    "processes",
-];
+pub const SAMPLE_FIELDS: [&str; METRICS.len() + LIST_FIELDS.len()] = {
+    let mut fields = [""; METRICS.len() + LIST_FIELDS.len()];
+    let mut i = 0;
+    while i < METRICS.len() {
+        fields[i] = METRICS[i].name;
+        i += 1;
+    }
+    while i < fields.len() {
+        fields[i] = LIST_FIELDS[i - METRICS.len()];
+        i += 1;
+    }
+    fields
+};
 
 /// A sample of `device` at `time_ms` with every field absent for `why`.
 pub fn all_absent(device: u32, time_ms: super::TimeMs, why: &Absent) -> Sample {
     let mut s = Sample::new(device, time_ms);
     for f in SAMPLE_FIELDS {
-        s.absent.insert((*f).to_owned(), why.clone());
+        s.absent.insert(f.to_owned(), why.clone());
     }
     s
 }
-
-/// Temperatures outside this range (°C) are not readings of a working sensor: silicon does not
-/// run below -40 °C, and every GPU shuts down far below 200 °C.
-const TEMP_RANGE_C: (f64, f64) = (-40.0, 200.0);
-/// No GPU board draws 5 kW; the largest draw about 1.2 kW.
-const POWER_MAX_W: f64 = 5000.0;
-/// Well above any memory or SM clock shipped (about 3 GHz SM, 10 GHz effective memory).
-const CLOCK_MAX_MHZ: u32 = 100_000;
-/// PCIe Gen6 x16 carries about 128 GB/s; ten times that is not a reading.
-const PCIE_MAX_BYTES_PER_S: f64 = 1.28e12;
 
 /// Checks every tick for implausible values. Keeps the last value seen of each counter per
 /// device, so a counter that goes backwards is caught; the comparison is with the last value
@@ -152,131 +113,34 @@ impl Sanitiser {
         tick.samples.iter_mut().map(|s| self.sample(s)).sum()
     }
 
-    /// Drops implausible values from one sample; returns how many were dropped.
+    /// Drops implausible values from one sample; returns how many were dropped. The table says
+    /// what is plausible for each field and which fields are counters.
     pub fn sample(&mut self, s: &mut Sample) -> usize {
-        let mut n = 0;
-        let ab = &mut s.absent;
-        let pct = |v: f64| (0.0..=100.0).contains(&v);
-        let temp = |v: f64| (TEMP_RANGE_C.0..=TEMP_RANGE_C.1).contains(&v);
-        let power = |v: f64| (0.0..=POWER_MAX_W).contains(&v);
-        let rate = |v: f64| (0.0..=PCIE_MAX_BYTES_PER_S).contains(&v);
-        for (v, field) in [
-            (&mut s.gpu_util_pct, "gpu_util_pct"),
-            (&mut s.mem_util_pct, "mem_util_pct"),
-            (&mut s.fan_pct, "fan_pct"),
-            (&mut s.encoder_util_pct, "encoder_util_pct"),
-            (&mut s.decoder_util_pct, "decoder_util_pct"),
-        ] {
-            n += check(v, field, "%", pct, ab);
+        let mut dropped = 0;
+        for m in METRICS {
+            let Some(x) = m.get(s) else {
+                continue;
+            };
+            let why = match m.plausible {
+                Some(range) if !range.admits(x) => Some(implausible(&quote(m, x), m.unit.symbol())),
+                _ if m.kind == Kind::Counter => self.went_backwards(s.device, m, x),
+                _ => None,
+            };
+            if let Some(why) = why {
+                // Clearing a field cannot fail: only storing a number can.
+                let _ = m.set(s, None);
+                s.absent.insert(m.name.into(), why);
+                dropped += 1;
+            }
         }
-        for (v, field) in [
-            (&mut s.temp_gpu_c, "temp_gpu_c"),
-            (&mut s.temp_mem_c, "temp_mem_c"),
-            (&mut s.temp_slowdown_c, "temp_slowdown_c"),
-            (&mut s.temp_shutdown_c, "temp_shutdown_c"),
-        ] {
-            n += check(v, field, "°C", temp, ab);
-        }
-        n += check(&mut s.power_w, "power_w", "W", power, ab);
-        n += check(&mut s.power_limit_w, "power_limit_w", "W", power, ab);
-        n += check(
-            &mut s.pcie_rx_bytes_per_s,
-            "pcie_rx_bytes_per_s",
-            "B/s",
-            rate,
-            ab,
-        );
-        n += check(
-            &mut s.pcie_tx_bytes_per_s,
-            "pcie_tx_bytes_per_s",
-            "B/s",
-            rate,
-            ab,
-        );
-        n += check(&mut s.energy_j, "energy_j", "J", |v| v >= 0.0, ab);
-        for (v, field) in [
-            (&mut s.sm_clock_mhz, "sm_clock_mhz"),
-            (&mut s.mem_clock_mhz, "mem_clock_mhz"),
-            (&mut s.sm_clock_max_mhz, "sm_clock_max_mhz"),
-            (&mut s.mem_clock_max_mhz, "mem_clock_max_mhz"),
-        ] {
-            n += check_u32(v, field, "MHz", |c| c <= CLOCK_MAX_MHZ, ab);
-        }
-        // P-states run P0..P15 (32 is NVML's "unknown", which the backend already maps away).
-        n += check_u32(&mut s.pstate, "pstate", "", |p| p <= 15, ab);
-        n += check_u32(&mut s.pcie_gen, "pcie_gen", "", |g| g <= 16, ab);
-        n += check_u32(&mut s.pcie_width, "pcie_width", "lanes", |w| w <= 64, ab);
-
-        let device = s.device;
-        n += self.counter_f64(device, &mut s.energy_j, "energy_j", "J", ab);
-        for (v, field) in [
-            (&mut s.pcie_replay_count, "pcie_replay_count"),
-            (&mut s.ecc_corrected_volatile, "ecc_corrected_volatile"),
-            (&mut s.ecc_uncorrected_volatile, "ecc_uncorrected_volatile"),
-            (&mut s.ecc_corrected_aggregate, "ecc_corrected_aggregate"),
-            (
-                &mut s.ecc_uncorrected_aggregate,
-                "ecc_uncorrected_aggregate",
-            ),
-            (&mut s.retired_pages_sbe, "retired_pages_sbe"),
-            (&mut s.retired_pages_dbe, "retired_pages_dbe"),
-            (
-                &mut s.remapped_rows_correctable,
-                "remapped_rows_correctable",
-            ),
-            (
-                &mut s.remapped_rows_uncorrectable,
-                "remapped_rows_uncorrectable",
-            ),
-        ] {
-            n += self.counter_u64(device, v, field, ab);
-        }
-        n
+        dropped
     }
 
-    /// A monotonic counter: a value below the last one seen is dropped.
-    fn counter_f64(
-        &mut self,
-        device: u32,
-        v: &mut Option<f64>,
-        field: &'static str,
-        unit: &str,
-        ab: &mut AbsentMap,
-    ) -> usize {
-        let Some(x) = *v else {
-            return 0;
-        };
-        let last = self.counters.insert((device, field), x);
-        match last {
-            Some(prev) if x < prev => {
-                *v = None;
-                ab.insert(field.into(), backwards(&fmt(x), &fmt(prev), unit));
-                1
-            }
-            _ => 0,
-        }
-    }
-
-    fn counter_u64(
-        &mut self,
-        device: u32,
-        v: &mut Option<u64>,
-        field: &'static str,
-        ab: &mut AbsentMap,
-    ) -> usize {
-        let Some(x) = *v else {
-            return 0;
-        };
-        // Counters stay far below 2^53, where f64 holds them exactly.
-        let last = self.counters.insert((device, field), x as f64);
-        match last {
-            Some(prev) if (x as f64) < prev => {
-                *v = None;
-                ab.insert(field.into(), backwards(&x.to_string(), &fmt(prev), ""));
-                1
-            }
-            _ => 0,
-        }
+    /// A counter below the last value seen of it: the reason to drop it. The value becomes the
+    /// new base either way.
+    fn went_backwards(&mut self, device: u32, m: &'static MetricDef, x: f64) -> Option<Absent> {
+        let last = self.counters.insert((device, m.name), x)?;
+        (x < last).then(|| backwards(&quote(m, x), &fmt(last), m.unit.symbol()))
     }
 }
 
@@ -291,37 +155,11 @@ fn backwards(now: &str, before: &str, unit: &str) -> Absent {
     ))
 }
 
-fn check(
-    v: &mut Option<f64>,
-    field: &str,
-    unit: &str,
-    ok: impl Fn(f64) -> bool,
-    ab: &mut AbsentMap,
-) -> usize {
-    match *v {
-        Some(x) if !x.is_finite() || !ok(x) => {
-            *v = None;
-            ab.insert(field.into(), implausible(&fmt(x), unit));
-            1
-        }
-        _ => 0,
-    }
-}
-
-fn check_u32(
-    v: &mut Option<u32>,
-    field: &str,
-    unit: &str,
-    ok: impl Fn(u32) -> bool,
-    ab: &mut AbsentMap,
-) -> usize {
-    match *v {
-        Some(x) if !ok(x) => {
-            *v = None;
-            ab.insert(field.into(), implausible(&x.to_string(), unit));
-            1
-        }
-        _ => 0,
+/// A value as the driver gave it: integers whole, floats short (`fmt`).
+fn quote(m: &MetricDef, x: f64) -> String {
+    match m.repr {
+        Repr::F64 => fmt(x),
+        Repr::U64 | Repr::U32 | Repr::Bool => format!("{}", x as u64),
     }
 }
 
