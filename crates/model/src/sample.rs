@@ -303,7 +303,8 @@ metric_table! {
         "gpudiag_pcie_link_width_max",
         "Maximum PCIe link width (lanes).",
     )),
-    // PCIe Gen6 x16 carries about 128 GB/s; ten times that is not a reading.
+    // PCIe Gen6 x16 carries about 128 GB/s; ten times that is not a reading. NVIDIA only: on
+    // AMD, amdgpu's pcie_bw and ROCm SMI's throughput call sleep a second per read.
     pcie_rx_bytes_per_s => PcieRxBytesPerS: MetricDef::gauge(Unit::BytesPerSecond, Vendors::NVIDIA)
         .plausible(0.0, 1.28e12)
         .format(Format::Rate)
@@ -613,6 +614,40 @@ mod tests {
                 assert!(by_name(name).is_some(), "{name}");
             }
         }
+    }
+
+    #[test]
+    fn amd_backends_mark_nvidia_concepts_unavailable() {
+        use crate::metrics::{Vendor, unavailable_on};
+        let amd: BTreeSet<&str> = unavailable_on(Vendor::Amd).collect();
+        for nvidia_only in [
+            "pstate",
+            "throttle_reasons",
+            "throttle_reason_names",
+            "pcie_rx_bytes_per_s",
+            "pcie_tx_bytes_per_s",
+            "ecc_corrected_aggregate",
+            "ecc_uncorrected_aggregate",
+            "retired_pages_sbe",
+            "retired_pages_dbe",
+            "remapped_rows_correctable",
+            "remapped_rows_uncorrectable",
+            "remapped_rows_pending",
+            "remapped_rows_failure",
+            "encoder_util_pct",
+            "decoder_util_pct",
+        ] {
+            assert!(amd.contains(nvidia_only), "{nvidia_only}");
+        }
+        for read_on_amd in [
+            "gpu_util_pct",
+            "energy_j",
+            "retired_pages_pending",
+            "processes",
+        ] {
+            assert!(!amd.contains(read_on_amd), "{read_on_amd}");
+        }
+        assert_eq!(unavailable_on(Vendor::Nvidia).count(), 0);
     }
 
     #[test]

@@ -34,6 +34,7 @@ use super::{
     Absent, AbsentMap, Backend, BackendError, DeviceInfo, HostInfo, Pacing, Sample, Tick, now_ms,
 };
 use gpudiag_model::deadline::run_with_deadline;
+use gpudiag_model::metrics::{Vendor, unavailable_on};
 
 /// The names tried, in order: the development symlink, Debian's soname, then ROCm's sonames
 /// newest first. Each is tried as is (the loader's search path) and under /opt/rocm/lib, where
@@ -706,26 +707,6 @@ fn read_device_info(lib: &Library64, dv: u32, sensor: u32) -> DeviceInfo {
     info
 }
 
-/// `Sample` fields ROCm SMI does not give (NVIDIA concepts, or the PCIe throughput call, which
-/// sleeps a second per read).
-const UNAVAILABLE_SAMPLE: &[&str] = &[
-    "pstate",
-    "throttle_reasons",
-    "throttle_reason_names",
-    "pcie_rx_bytes_per_s",
-    "pcie_tx_bytes_per_s",
-    "ecc_corrected_aggregate",
-    "ecc_uncorrected_aggregate",
-    "retired_pages_sbe",
-    "retired_pages_dbe",
-    "remapped_rows_correctable",
-    "remapped_rows_uncorrectable",
-    "remapped_rows_pending",
-    "remapped_rows_failure",
-    "encoder_util_pct",
-    "decoder_util_pct",
-];
-
 fn read_sample(lib: &Library64, info: &DeviceInfo, sensor: u32, time_ms: u64) -> Sample {
     let api = &lib.api;
     let dv = info.index;
@@ -840,8 +821,8 @@ fn read_sample(lib: &Library64, info: &DeviceInfo, sensor: u32, time_ms: u64) ->
         "fan_pct",
         a,
     );
-    for f in UNAVAILABLE_SAMPLE {
-        a.insert((*f).into(), Absent::Unavailable);
+    for f in unavailable_on(Vendor::Amd) {
+        a.insert(f.into(), Absent::Unavailable);
     }
     s.absent = ab;
     // Static values travel in every sample, as on NVML, so each sample stands alone.

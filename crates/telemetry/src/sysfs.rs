@@ -36,6 +36,7 @@ use super::{
     Absent, AbsentMap, Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Pacing,
     ProcessSample, Sample, Tick, now_ms,
 };
+use gpudiag_model::metrics::{Vendor, unavailable_on};
 
 /// The root the backend reads under unless told otherwise.
 pub const DEFAULT_ROOT: &str = "/";
@@ -527,26 +528,6 @@ fn read_host_info(root: &Path) -> HostInfo {
 // ---------------------------------------------------------------------------------------------
 // Samples
 
-/// `Sample` fields no sysfs file gives (NVIDIA concepts, or counters amdgpu does not export
-/// without blocking: `pcie_bw` sleeps a second per read).
-const UNAVAILABLE_SAMPLE: &[&str] = &[
-    "pstate",
-    "throttle_reasons",
-    "throttle_reason_names",
-    "pcie_rx_bytes_per_s",
-    "pcie_tx_bytes_per_s",
-    "ecc_corrected_aggregate",
-    "ecc_uncorrected_aggregate",
-    "retired_pages_sbe",
-    "retired_pages_dbe",
-    "remapped_rows_correctable",
-    "remapped_rows_uncorrectable",
-    "remapped_rows_pending",
-    "remapped_rows_failure",
-    "encoder_util_pct",
-    "decoder_util_pct",
-];
-
 fn read_sample(card: &Card, info: &DeviceInfo, time_ms: u64) -> Sample {
     let dev = &card.dev;
     let mut s = Sample::new(info.index, time_ms);
@@ -637,8 +618,8 @@ fn read_sample(card: &Card, info: &DeviceInfo, time_ms: u64) -> Sample {
         "retired_pages_pending",
         a,
     );
-    for f in UNAVAILABLE_SAMPLE {
-        a.insert((*f).into(), Absent::Unavailable);
+    for f in unavailable_on(Vendor::Amd) {
+        a.insert(f.into(), Absent::Unavailable);
     }
 
     s.absent = ab;
