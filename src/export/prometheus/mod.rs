@@ -31,9 +31,10 @@ use gpudiag_core::rules::{Finding, Severity};
 use gpudiag_core::session::{DeviceFilter, Pipeline, engine_for, open_source, with_recorded};
 use gpudiag_model::decode::THROTTLE_REASONS;
 use gpudiag_model::error::Error;
+use gpudiag_model::metrics::{self, MetricDef, Prometheus};
 use gpudiag_telemetry::replay::Pace;
 use gpudiag_telemetry::sampler::{Sampler, SamplerMsg};
-use gpudiag_telemetry::{DeviceInfo, EventKind, HostInfo, Sample};
+use gpudiag_telemetry::{DeviceInfo, EventKind, HostInfo, METRICS, Sample};
 
 /// How long findings remember events (XIDs) in a long-running serve.
 const FINDINGS_WINDOW: Duration = Duration::from_secs(600);
@@ -71,205 +72,65 @@ fn device_labels(d: &DeviceInfo, host: &HostInfo) -> Labels {
     l
 }
 
-type Getter = fn(&Sample) -> Option<f64>;
-
-const MIB: f64 = 1024.0 * 1024.0;
-
-/// (name, type, help, value) of every per-sample series.
-const SERIES: &[(&str, Kind, &str, Getter)] = &[
-    (
-        "DCGM_FI_DEV_GPU_UTIL",
-        Kind::Gauge,
-        "GPU utilization (in %).",
-        |s| s.gpu_util_pct,
-    ),
-    (
-        "DCGM_FI_DEV_MEM_COPY_UTIL",
-        Kind::Gauge,
-        "Memory utilization (in %).",
-        |s| s.mem_util_pct,
-    ),
-    (
-        "DCGM_FI_DEV_ENC_UTIL",
-        Kind::Gauge,
-        "Encoder utilization (in %).",
-        |s| s.encoder_util_pct,
-    ),
-    (
-        "DCGM_FI_DEV_DEC_UTIL",
-        Kind::Gauge,
-        "Decoder utilization (in %).",
-        |s| s.decoder_util_pct,
-    ),
-    (
-        "DCGM_FI_DEV_FB_USED",
-        Kind::Gauge,
-        "Framebuffer memory used (in MiB).",
-        |s| s.mem_used_bytes.map(|b| (b as f64 / MIB).round()),
-    ),
-    (
-        "DCGM_FI_DEV_FB_FREE",
-        Kind::Gauge,
-        "Framebuffer memory free (in MiB).",
-        |s| s.mem_free_bytes.map(|b| (b as f64 / MIB).round()),
-    ),
-    (
-        "DCGM_FI_DEV_POWER_USAGE",
-        Kind::Gauge,
-        "Power draw (in W).",
-        |s| s.power_w,
-    ),
-    (
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-        Kind::Counter,
-        "Total energy consumption since boot (in mJ).",
-        |s| s.energy_j.map(|j| (j * 1000.0).round()),
-    ),
-    (
-        "DCGM_FI_DEV_GPU_TEMP",
-        Kind::Gauge,
-        "GPU temperature (in C).",
-        |s| s.temp_gpu_c,
-    ),
-    (
-        "DCGM_FI_DEV_MEMORY_TEMP",
-        Kind::Gauge,
-        "Memory temperature (in C).",
-        |s| s.temp_mem_c,
-    ),
-    (
-        "DCGM_FI_DEV_SM_CLOCK",
-        Kind::Gauge,
-        "SM clock frequency (in MHz).",
-        |s| s.sm_clock_mhz.map(f64::from),
-    ),
-    (
-        "DCGM_FI_DEV_MEM_CLOCK",
-        Kind::Gauge,
-        "Memory clock frequency (in MHz).",
-        |s| s.mem_clock_mhz.map(f64::from),
-    ),
-    (
-        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-        Kind::Counter,
-        "Total number of PCIe retries.",
-        |s| s.pcie_replay_count.map(|v| v as f64),
-    ),
-    (
-        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-        Kind::Counter,
-        "Total number of single-bit volatile ECC errors.",
-        |s| s.ecc_corrected_volatile.map(|v| v as f64),
-    ),
-    (
-        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-        Kind::Counter,
-        "Total number of double-bit volatile ECC errors.",
-        |s| s.ecc_uncorrected_volatile.map(|v| v as f64),
-    ),
-    (
-        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
-        Kind::Counter,
-        "Total number of single-bit persistent ECC errors.",
-        |s| s.ecc_corrected_aggregate.map(|v| v as f64),
-    ),
-    (
-        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
-        Kind::Counter,
-        "Total number of double-bit persistent ECC errors.",
-        |s| s.ecc_uncorrected_aggregate.map(|v| v as f64),
-    ),
-    (
-        "DCGM_FI_DEV_RETIRED_SBE",
-        Kind::Counter,
-        "Total number of retired pages due to single-bit errors.",
-        |s| s.retired_pages_sbe.map(|v| v as f64),
-    ),
-    (
-        "DCGM_FI_DEV_RETIRED_DBE",
-        Kind::Counter,
-        "Total number of retired pages due to double-bit errors.",
-        |s| s.retired_pages_dbe.map(|v| v as f64),
-    ),
-    (
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-        Kind::Counter,
-        "Number of remapped rows for uncorrectable errors",
-        |s| s.remapped_rows_uncorrectable.map(|v| v as f64),
-    ),
-    (
-        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-        Kind::Counter,
-        "Number of remapped rows for correctable errors",
-        |s| s.remapped_rows_correctable.map(|v| v as f64),
-    ),
-    (
-        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-        Kind::Gauge,
-        "Whether remapping of rows has failed",
-        |s| s.remapped_rows_failure.map(|b| f64::from(u8::from(b))),
-    ),
-    (
-        "gpudiag_pcie_rx_bytes_per_second",
-        Kind::Gauge,
-        "PCIe receive throughput (bytes/s), as NVML measures it over about 20 ms.",
-        |s| s.pcie_rx_bytes_per_s,
-    ),
-    (
-        "gpudiag_pcie_tx_bytes_per_second",
-        Kind::Gauge,
-        "PCIe transmit throughput (bytes/s), as NVML measures it over about 20 ms.",
-        |s| s.pcie_tx_bytes_per_s,
-    ),
-    (
-        "gpudiag_pcie_link_generation",
-        Kind::Gauge,
-        "Current PCIe link generation.",
-        |s| s.pcie_gen.map(f64::from),
-    ),
-    (
-        "gpudiag_pcie_link_generation_max",
-        Kind::Gauge,
-        "Maximum PCIe link generation.",
-        |s| s.pcie_gen_max.map(f64::from),
-    ),
-    (
-        "gpudiag_pcie_link_width",
-        Kind::Gauge,
-        "Current PCIe link width (lanes).",
-        |s| s.pcie_width.map(f64::from),
-    ),
-    (
-        "gpudiag_pcie_link_width_max",
-        Kind::Gauge,
-        "Maximum PCIe link width (lanes).",
-        |s| s.pcie_width_max.map(f64::from),
-    ),
-    (
-        "gpudiag_power_limit_watts",
-        Kind::Gauge,
-        "Enforced power limit (W).",
-        |s| s.power_limit_w,
-    ),
-    (
-        "gpudiag_performance_state",
-        Kind::Gauge,
-        "Performance state (0 is P0, fastest).",
-        |s| s.pstate.map(f64::from),
-    ),
-    (
-        "gpudiag_fan_speed_percent",
-        Kind::Gauge,
-        "Fan speed (in %).",
-        |s| s.fan_pct,
-    ),
-    (
-        "gpudiag_temperature_slowdown_celsius",
-        Kind::Gauge,
-        "Temperature at which the GPU slows down (in C).",
-        |s| s.temp_slowdown_c,
-    ),
+/// The order the families had before the metric table, so /metrics reads the same from one
+/// version to the next; families added since follow in table order.
+const FAMILY_ORDER: [&str; 32] = [
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_ENC_UTIL",
+    "DCGM_FI_DEV_DEC_UTIL",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+    "DCGM_FI_DEV_RETIRED_SBE",
+    "DCGM_FI_DEV_RETIRED_DBE",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "gpudiag_pcie_rx_bytes_per_second",
+    "gpudiag_pcie_tx_bytes_per_second",
+    "gpudiag_pcie_link_generation",
+    "gpudiag_pcie_link_generation_max",
+    "gpudiag_pcie_link_width",
+    "gpudiag_pcie_link_width_max",
+    "gpudiag_power_limit_watts",
+    "gpudiag_performance_state",
+    "gpudiag_fan_speed_percent",
+    "gpudiag_temperature_slowdown_celsius",
 ];
+
+/// The per-sample families: the table's fields with a Prometheus series, grouped by series
+/// name (several fields may share one, told apart by a label).
+fn table_families() -> Vec<(&'static Prometheus, Kind, Vec<&'static MetricDef>)> {
+    let mut families: Vec<(&'static Prometheus, Kind, Vec<&'static MetricDef>)> = Vec::new();
+    for m in METRICS {
+        let Some(p) = &m.prometheus else { continue };
+        match families.iter_mut().find(|(f, _, _)| f.name == p.name) {
+            Some((_, _, fields)) => fields.push(m),
+            None => families.push((p, kind_of(m), vec![m])),
+        }
+    }
+    let position = |name: &str| FAMILY_ORDER.iter().position(|n| *n == name);
+    families.sort_by_key(|(p, _, _)| position(p.name).unwrap_or(FAMILY_ORDER.len()));
+    families
+}
+
+fn kind_of(m: &MetricDef) -> Kind {
+    match m.kind {
+        metrics::Kind::Gauge => Kind::Gauge,
+        metrics::Kind::Counter => Kind::Counter,
+    }
+}
 
 /// Renders a snapshot; `now` dates the sample ages.
 pub fn render(snap: &Snapshot, now: Instant) -> String {
@@ -282,12 +143,18 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
             Some((d, s, device_labels(d, &snap.host)))
         })
         .collect();
-    for (name, kind, help, get) in SERIES {
-        let samples: Vec<(Labels, f64)> = devices
-            .iter()
-            .filter_map(|(_, s, l)| Some((l.clone(), get(s)?)))
-            .collect();
-        x.family(name, *kind, help, &samples);
+    for (family, kind, fields) in table_families() {
+        let mut samples: Vec<(Labels, f64)> = Vec::new();
+        for m in fields {
+            let Some(p) = &m.prometheus else { continue };
+            for (_, s, l) in &devices {
+                let Some(v) = m.get(s) else { continue };
+                let mut labels = l.clone();
+                labels.extend(p.label.map(|(k, v)| (k, v.to_owned())));
+                samples.push((labels, p.round.apply(p.scale.apply(v))));
+            }
+        }
+        x.family(family.name, kind, family.help, &samples);
     }
     let xids: Vec<(Labels, f64)> = devices
         .iter()
@@ -300,6 +167,8 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         &xids,
     );
 
+    // The table holds throttle reasons as one bit mask, which no dashboard can use as a
+    // number: each reason is its own 0/1 series here.
     let mut throttle = Vec::new();
     for (_, s, l) in &devices {
         let Some(bits) = s.throttle_reasons else {
@@ -674,6 +543,12 @@ mod tests {
         assert_eq!(respond_to("GET", "/metricsx", &snap).0, 404);
         assert_eq!(respond_to("POST", "/metrics", &snap).0, 405);
         assert_eq!(respond_to("HEAD", "/metrics", &snap).0, 405);
+    }
+
+    #[test]
+    fn every_family_of_the_old_order_comes_from_the_table() {
+        let families: Vec<&str> = table_families().iter().map(|(p, _, _)| p.name).collect();
+        assert_eq!(families[..FAMILY_ORDER.len()], FAMILY_ORDER);
     }
 
     #[test]
