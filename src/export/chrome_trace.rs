@@ -21,6 +21,7 @@ use serde_json::Value;
 
 use gpudiag_core::rules::Finding;
 use gpudiag_model::decode::THROTTLE_REASONS;
+use gpudiag_model::metrics::{self, MetricDef};
 use gpudiag_telemetry::{DeviceInfo, Event, EventKind, HostInfo, Sample, Tick, TimeMs};
 
 /// The value of `otherData.format`.
@@ -131,67 +132,32 @@ pub struct ProbeSpan {
     pub results: serde_json::Map<String, Value>,
 }
 
-/// The counter families. Each is one `C` event name; its series are the args.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Group {
-    Util,
-    Memory,
-    Power,
-    Temperature,
-    Clocks,
-    Pcie,
+/// One counter group of the metric table: one `C` event name, its fields' series the args.
+struct Group {
+    name: &'static str,
+    fields: Vec<&'static MetricDef>,
 }
 
 impl Group {
-    const ALL: [Group; 6] = [
-        Group::Util,
-        Group::Memory,
-        Group::Power,
-        Group::Temperature,
-        Group::Clocks,
-        Group::Pcie,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            Group::Util => "util %",
-            Group::Memory => "memory MiB",
-            Group::Power => "power W",
-            Group::Temperature => "temp C",
-            Group::Clocks => "clocks MHz",
-            Group::Pcie => "PCIe MB/s",
-        }
-    }
-
     /// The group's series in a sample, rounded to what a chart can show (the rounding is what
     /// makes unchanged values compare equal, and keeps numbers short).
-    /// The two series names of the group, in `values` order.
-    fn keys(self) -> [&'static str; 2] {
-        self.values(&Sample::default()).map(|(k, _)| k)
+    fn values(&self, s: &Sample) -> Vec<Option<f64>> {
+        self.fields
+            .iter()
+            .map(|m| {
+                let t = m.trace?;
+                Some(t.round.apply(t.scale.apply(m.get(s)?)))
+            })
+            .collect()
     }
 
-    fn values(self, s: &Sample) -> [(&'static str, Option<f64>); 2] {
-        const MIB: f64 = 1024.0 * 1024.0;
-        let r1 = |v: Option<f64>| v.map(|x| (x * 10.0).round() / 10.0);
-        let mib = |v: Option<u64>| v.map(|x| (x as f64 / MIB).round());
-        let mb = |v: Option<f64>| r1(v.map(|x| x / 1e6));
-        match self {
-            Group::Util => [("gpu", r1(s.gpu_util_pct)), ("memory", r1(s.mem_util_pct))],
-            Group::Memory => [
-                ("used", mib(s.mem_used_bytes)),
-                ("free", mib(s.mem_free_bytes)),
-            ],
-            Group::Power => [("draw", r1(s.power_w)), ("limit", r1(s.power_limit_w))],
-            Group::Temperature => [("gpu", r1(s.temp_gpu_c)), ("memory", r1(s.temp_mem_c))],
-            Group::Clocks => [
-                ("sm", s.sm_clock_mhz.map(f64::from)),
-                ("memory", s.mem_clock_mhz.map(f64::from)),
-            ],
-            Group::Pcie => [
-                ("rx", mb(s.pcie_rx_bytes_per_s)),
-                ("tx", mb(s.pcie_tx_bytes_per_s)),
-            ],
-        }
+    /// The args of one event: the present values under their series names.
+    fn args(&self, values: &[Option<f64>]) -> Args {
+        self.fields
+            .iter()
+            .zip(values)
+            .filter_map(|(m, v)| Some((Cow::Borrowed(m.trace?.key), compact_number((*v)?))))
+            .collect()
     }
 }
 
@@ -208,10 +174,11 @@ fn compact_number(v: f64) -> Value {
 /// Per-device state while building.
 #[derive(Default)]
 struct DeviceState {
-    /// The last values written per group, to skip unchanged ones.
-    last: [Option<[Option<f64>; 2]>; 6],
+    /// The last values written per group (in `TraceBuilder::groups` order), to skip unchanged
+    /// ones.
+    last: BTreeMap<usize, Vec<Option<f64>>>,
     /// When each group was last written, so `finish` can close its track at the last sample.
-    written_ms: [Option<TimeMs>; 6],
+    written_ms: BTreeMap<usize, TimeMs>,
     /// Start time of each active throttle run, by bit index.
     throttle_start: BTreeMap<u32, TimeMs>,
     /// Time of the last sample seen, where an open run ends if the recording stops.
@@ -233,6 +200,7 @@ struct Pending {
 /// Builds a trace tick by tick, so a long recording never has to be held as samples.
 pub struct TraceBuilder {
     devices: Vec<DeviceInfo>,
+    groups: Vec<Group>,
     info: TraceInfo,
     state: BTreeMap<u32, DeviceState>,
     events: Vec<Pending>,
@@ -265,6 +233,10 @@ impl TraceBuilder {
     ) -> Self {
         TraceBuilder {
             devices,
+            groups: metrics::trace_groups()
+                .into_iter()
+                .map(|(name, fields)| Group { name, fields })
+                .collect(),
             info: TraceInfo {
                 format: TRACE_FORMAT.into(),
                 version: TRACE_VERSION,
@@ -299,20 +271,16 @@ impl TraceBuilder {
         let pid = pid_of(Some(s.device));
         let state = self.state.entry(s.device).or_default();
         let mut out = Vec::new();
-        for (i, group) in Group::ALL.into_iter().enumerate() {
-            let pairs = group.values(s);
-            let values = [pairs[0].1, pairs[1].1];
-            if values.iter().all(Option::is_none) || state.last[i] == Some(values) {
+        for (i, group) in self.groups.iter().enumerate() {
+            let values = group.values(s);
+            if values.iter().all(Option::is_none) || state.last.get(&i) == Some(&values) {
                 continue;
             }
-            state.last[i] = Some(values);
-            state.written_ms[i] = Some(s.time_ms);
-            let args: Args = pairs
-                .into_iter()
-                .filter_map(|(k, v)| Some((Cow::Borrowed(k), compact_number(v?))))
-                .collect();
+            let args = group.args(&values);
+            state.last.insert(i, values);
+            state.written_ms.insert(i, s.time_ms);
             out.push(Pending {
-                name: Cow::Borrowed(group.name()),
+                name: Cow::Borrowed(group.name),
                 cat: None,
                 ph: Phase::Counter,
                 time_ms: s.time_ms,
@@ -460,21 +428,17 @@ impl TraceBuilder {
         let mut closing = Vec::new();
         for (&dev, st) in &self.state {
             let Some(end) = st.last_ms else { continue };
-            for (i, group) in Group::ALL.into_iter().enumerate() {
-                let (Some(values), Some(written)) = (st.last[i], st.written_ms[i]) else {
+            for (i, group) in self.groups.iter().enumerate() {
+                let (Some(values), Some(&written)) = (st.last.get(&i), st.written_ms.get(&i))
+                else {
                     continue;
                 };
                 if written >= end {
                     continue;
                 }
-                let names = group.keys();
-                let args: Args = names
-                    .into_iter()
-                    .zip(values)
-                    .filter_map(|(k, v)| Some((Cow::Borrowed(k), compact_number(v?))))
-                    .collect();
+                let args = group.args(values);
                 closing.push(Pending {
-                    name: Cow::Borrowed(group.name()),
+                    name: Cow::Borrowed(group.name),
                     cat: None,
                     ph: Phase::Counter,
                     time_ms: end,
