@@ -610,6 +610,8 @@ mod tests {
         for c in Chart::ALL {
             check(c.title(), &["ceiling"]);
             assert!(c.fields().next().is_some(), "{c:?} plots nothing");
+            // Charts plot the history, which keeps series only.
+            assert!(c.fields().all(|m| m.series.is_some()), "{c:?}");
             if let crate::metrics::Ceiling::Field(name, _) = c.ceiling() {
                 assert!(by_name(name).is_some(), "{name}");
             }

@@ -1,6 +1,7 @@
 //! Device detail: time charts of utilisation, memory, power, temperature, clocks and PCIe
 //! traffic for the selected GPU, over the zoom window (1m, 5m, 15m, 1h), read from `History`.
-//! The x axis ends at the device's newest sample, so a replay charts recorded time.
+//! The x axis ends at the device's newest sample, so a replay charts recorded time. Which
+//! fields each chart plots, its title and the top of its axis come from the metric table.
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -11,17 +12,44 @@ use ratatui::widgets::{Axis, Block, Chart, Dataset, GraphType, Paragraph};
 use crate::tui::app::App;
 use crate::tui::format::{self, NA};
 use gpudiag_core::history::Window;
-use gpudiag_telemetry::{Metric, TimeMs};
+use gpudiag_model::metrics::{self, Ceiling, MetricDef};
+use gpudiag_telemetry::{DeviceInfo, Sample, TimeMs};
 
-const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
-
-/// One chart: its title, the series it plots (scaled), and the top of its y axis.
+/// One chart: its title, the fields it plots, and the top of its y axis.
 struct ChartSpec {
     title: String,
-    metrics: Vec<(Metric, f64)>,
+    fields: Vec<&'static MetricDef>,
     y_max: Option<f64>,
-    /// The field whose absence explains an empty chart.
-    field: Metric,
+}
+
+impl ChartSpec {
+    /// The chart as the metric table declares it, filled in from the latest sample and the
+    /// device's static attributes.
+    fn new(chart: metrics::Chart, s: Option<&Sample>, d: &DeviceInfo) -> Self {
+        let fields: Vec<&'static MetricDef> = chart.fields().collect();
+        let value = |m: &MetricDef| s.and_then(|s| m.get(s));
+        let ceiling = match chart.ceiling() {
+            Ceiling::Fixed(v) => Some(v),
+            Ceiling::Field(name, device) => {
+                metrics::by_name(name).and_then(value).or_else(|| device(d))
+            }
+            Ceiling::Device(device) => device(d),
+            Ceiling::Seen => None,
+        };
+        let first = fields.first().copied();
+        let rate = |b: f64| format::rate(Some(b));
+        let title = metrics::expand(chart.title(), |name, unit| match name {
+            "ceiling" => first.map_or(NA.to_owned(), |m| m.format.show(ceiling, unit, rate)),
+            _ => metrics::by_name(name)
+                .map_or(NA.to_owned(), |m| m.format.show(value(m), unit, rate)),
+        });
+        let y_max = ceiling.and_then(|c| Some(first?.chart?.scale.apply(c)));
+        ChartSpec {
+            title,
+            fields,
+            y_max,
+        }
+    }
 }
 
 pub fn render(f: &mut Frame, area: Rect, app: &App) {
@@ -43,82 +71,7 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
     f.render_widget(block, area);
 
     let s = app.latest.get(&d.index);
-    let v = |m: Metric| s.and_then(|s| s.value(m));
-    let total = v(Metric::MemTotalBytes).or(d.memory_total_bytes.map(|b| b as f64));
-    let specs = [
-        ChartSpec {
-            title: format!(
-                "util {} · mem bw {}",
-                format::num(v(Metric::GpuUtilPct), 0, "%"),
-                format::num(v(Metric::MemUtilPct), 0, "%")
-            ),
-            metrics: vec![(Metric::GpuUtilPct, 1.0), (Metric::MemUtilPct, 1.0)],
-            y_max: Some(100.0),
-            field: Metric::GpuUtilPct,
-        },
-        ChartSpec {
-            title: format!(
-                "memory {}/{} GiB",
-                format::num(v(Metric::MemUsedBytes).map(|b| b / GIB), 1, ""),
-                format::num(total.map(|b| b / GIB), 1, "")
-            ),
-            metrics: vec![(Metric::MemUsedBytes, 1.0 / GIB)],
-            y_max: total.map(|b| b / GIB),
-            field: Metric::MemUsedBytes,
-        },
-        ChartSpec {
-            title: format!(
-                "power {}/{} W",
-                format::num(v(Metric::PowerW), 0, ""),
-                format::num(v(Metric::PowerLimitW), 0, "")
-            ),
-            metrics: vec![(Metric::PowerW, 1.0)],
-            y_max: v(Metric::PowerLimitW).or(d.power_limit_max_w),
-            field: Metric::PowerW,
-        },
-        ChartSpec {
-            title: format!(
-                "temp {} · mem {} · slowdown {}",
-                format::num(v(Metric::TempGpuC), 0, "°C"),
-                format::num(v(Metric::TempMemC), 0, "°C"),
-                format::num(
-                    s.and_then(|s| s.temp_slowdown_c).or(d.temp_slowdown_c),
-                    0,
-                    "°C"
-                )
-            ),
-            metrics: vec![(Metric::TempGpuC, 1.0), (Metric::TempMemC, 1.0)],
-            y_max: s.and_then(|s| s.temp_slowdown_c).or(d.temp_slowdown_c),
-            field: Metric::TempGpuC,
-        },
-        ChartSpec {
-            title: format!(
-                "clocks SM {} · mem {} MHz",
-                format::num(v(Metric::SmClockMhz), 0, ""),
-                format::num(v(Metric::MemClockMhz), 0, "")
-            ),
-            metrics: vec![(Metric::SmClockMhz, 1.0), (Metric::MemClockMhz, 1.0)],
-            y_max: [d.sm_clock_max_mhz, d.mem_clock_max_mhz]
-                .into_iter()
-                .flatten()
-                .max()
-                .map(f64::from),
-            field: Metric::SmClockMhz,
-        },
-        ChartSpec {
-            title: format!(
-                "PCIe rx {} tx {} B/s",
-                format::rate(v(Metric::PcieRxBytesPerS)),
-                format::rate(v(Metric::PcieTxBytesPerS))
-            ),
-            metrics: vec![
-                (Metric::PcieRxBytesPerS, 1.0 / 1e9),
-                (Metric::PcieTxBytesPerS, 1.0 / 1e9),
-            ],
-            y_max: None,
-            field: Metric::PcieRxBytesPerS,
-        },
-    ];
+    let specs = metrics::Chart::ALL.map(|c| ChartSpec::new(c, s, d));
     // Two columns of three charts; on a wide, short terminal three columns of two.
     let (cols, rows) = if inner.width >= 150 && inner.height < 24 {
         (3, 2)
@@ -155,29 +108,29 @@ fn render_chart(
         None => Vec::new(),
         Some(end) => {
             let start = end.saturating_sub(app.zoom.duration().as_millis() as u64);
-            spec.metrics
+            let window = Window::Range {
+                start_ms: start,
+                end_ms: end,
+            };
+            spec.fields
                 .iter()
-                .map(|&(m, scale)| {
+                .filter_map(|m| Some((m.series?, m.chart?.scale)))
+                .map(|(series, scale)| {
                     app.history
-                        .series_in(
-                            device,
-                            m,
-                            Window::Range {
-                                start_ms: start,
-                                end_ms: end,
-                            },
-                        )
-                        .map(|(ts, v)| ((ts as f64 - end as f64) / 1000.0, v * scale))
+                        .series_in(device, series, window)
+                        .map(|(ts, v)| ((ts as f64 - end as f64) / 1000.0, scale.apply(v)))
                         .collect()
                 })
                 .collect()
         }
     };
     if series.iter().all(Vec::is_empty) {
+        // The first field's absence explains the chart's.
         let why = app
             .latest
             .get(&device)
-            .and_then(|s| s.why_absent(spec.field.name()))
+            .zip(spec.fields.first())
+            .and_then(|(s, m)| s.why_absent(m.name))
             .map_or_else(|| "no data yet".to_owned(), ToString::to_string);
         f.render_widget(
             Paragraph::new(format!("{NA}: {why}"))
