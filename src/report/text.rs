@@ -1,9 +1,13 @@
-//! The human-readable form of a check report. Absent values print as "n/a", never as 0.
+//! The human-readable form of a check report. Absent values print as "n/a", never as 0. A
+//! device's telemetry lines are the text templates of the metric table, line by line.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use gpudiag_core::check::{CheckReport, DeviceReport};
-use gpudiag_telemetry::{Metric, Sample};
+use gpudiag_core::history::WindowStats;
+use gpudiag_model::metrics::{self, MetricDef};
+use gpudiag_telemetry::{METRICS, Sample};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -19,11 +23,11 @@ fn gib(v: Option<u64>) -> String {
     fixed(v.map(|b| b as f64 / GIB), 1)
 }
 
-fn rate(v: Option<f64>) -> String {
-    match v {
-        None => "n/a".into(),
-        Some(b) if b >= 1e9 => format!("{:.1} GB/s", b / 1e9),
-        Some(b) => format!("{:.0} MB/s", b / 1e6),
+fn rate(b: f64) -> String {
+    if b >= 1e9 {
+        format!("{:.1} GB/s", b / 1e9)
+    } else {
+        format!("{:.0} MB/s", b / 1e6)
     }
 }
 
@@ -117,61 +121,40 @@ fn render_device(out: &mut String, d: &DeviceReport) {
         gib(i.memory_total_bytes),
         na(i.uuid.as_deref()),
     );
-    let mean = |m: Metric| d.summary.get(&m).and_then(|s| s.mean);
-    let max = |m: Metric| d.summary.get(&m).and_then(|s| s.max);
     let Some(s) = &d.latest else {
         out.push_str("  no samples\n");
         return;
     };
-    let _ = writeln!(
-        out,
-        "  util {}% (mean {}%, max {}%)  mem util {}%  memory {} / {} GiB",
-        fixed(s.gpu_util_pct, 0),
-        fixed(mean(Metric::GpuUtilPct), 0),
-        fixed(max(Metric::GpuUtilPct), 0),
-        fixed(s.mem_util_pct, 0),
-        gib(s.mem_used_bytes),
-        gib(s.mem_total_bytes),
-    );
-    let _ = writeln!(
-        out,
-        "  power {} / {} W (mean {} W)  temp {} °C (slowdown {} °C)  fan {}",
-        fixed(s.power_w, 0),
-        fixed(s.power_limit_w, 0),
-        fixed(mean(Metric::PowerW), 0),
-        fixed(s.temp_gpu_c, 0),
-        fixed(s.temp_slowdown_c, 0),
-        s.fan_pct
-            .map_or_else(|| "n/a".into(), |f| format!("{f:.0}%")),
-    );
-    let _ = writeln!(
-        out,
-        "  SM clock {} / {} MHz  memory clock {} / {} MHz  P{}",
-        na(s.sm_clock_mhz),
-        na(s.sm_clock_max_mhz),
-        na(s.mem_clock_mhz),
-        na(s.mem_clock_max_mhz),
-        na(s.pstate),
-    );
-    let _ = writeln!(
-        out,
-        "  PCIe Gen{} x{} (max Gen{} x{})  rx {}  tx {}  replays {}",
-        na(s.pcie_gen),
-        na(s.pcie_width),
-        na(s.pcie_gen_max),
-        na(s.pcie_width_max),
-        rate(s.pcie_rx_bytes_per_s),
-        rate(s.pcie_tx_bytes_per_s),
-        na(s.pcie_replay_count),
-    );
-    let _ = writeln!(
-        out,
-        "  ECC volatile {} corrected / {} uncorrected  remap pending {}  throttle: {}",
-        na(s.ecc_corrected_volatile),
-        na(s.ecc_uncorrected_volatile),
-        na(s.remapped_rows_pending),
-        throttle_names(s),
-    );
+    let stat = |m: &MetricDef, pick: fn(&WindowStats) -> Option<f64>| {
+        m.series
+            .and_then(|series| d.summary.get(&series))
+            .and_then(pick)
+    };
+    let mut lines: BTreeMap<u8, Vec<String>> = BTreeMap::new();
+    for m in METRICS {
+        let Some(text) = m.text else { continue };
+        let item = metrics::expand(text.template, |name, unit| {
+            let (format, v) = match name {
+                "" => (m.format, m.get(s)),
+                "mean" => (m.format, stat(m, |w| w.mean)),
+                "max" => (m.format, stat(m, |w| w.max)),
+                other => match metrics::by_name(other) {
+                    Some(o) => (o.format, o.get(s)),
+                    None => (m.format, None),
+                },
+            };
+            format.show(v, unit, rate)
+        });
+        lines.entry(text.line).or_default().push(item);
+    }
+    // Throttle reasons are a list of decoded names, not a value the table formats; they close
+    // the last line.
+    if let Some(last) = lines.values_mut().next_back() {
+        last.push(format!("throttle: {}", throttle_names(s)));
+    }
+    for items in lines.values() {
+        let _ = writeln!(out, "  {}", items.join("  "));
+    }
     if let Some(procs) = &s.processes {
         let _ = writeln!(out, "  processes: {}", procs.len());
         for p in procs {
