@@ -132,7 +132,8 @@ pub fn exit_code_for<'a>(
     }
 }
 
-/// Per-metric statistics of one device over the last `window` (everything held when `None`).
+/// Statistics of every series of the metric table for one device over the last `window`
+/// (everything held when `None`); series the device never reported are left out.
 pub fn summarise(
     history: &History,
     device: u32,

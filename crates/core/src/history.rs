@@ -1,6 +1,6 @@
 //! Bounded time series per (device, metric), with the window statistics rules and views share.
 //!
-//! Memory must stay flat for hours of 8 GPUs × 25 metrics at 10 Hz, so each series has two tiers:
+//! Memory must stay flat for hours of 8 GPUs × all metrics at 10 Hz, so each series has two tiers:
 //! raw points for the recent past (`fine_retention`, default 10 min) and fixed-width buckets
 //! (default 10 s) for older data up to `retention` (default 6 h), after which data is dropped. A
 //! point lives in exactly one tier; it moves to the coarse tier when it ages out, so a push costs
@@ -1329,7 +1329,7 @@ mod tests {
     const MIB: usize = 1 << 20;
     const HOUR_MS: u64 = 3600 * 1000;
 
-    /// 8 GPUs × all 25 metrics at 10 Hz for 3 h. Retention is shortened to 1 h here so the
+    /// 8 GPUs × every metric at 10 Hz for 3 h. Retention is shortened to 1 h here so the
     /// history reaches steady state inside the run and "does not grow" is observable; the
     /// default 6 h retention is covered analytically by the next test.
     #[test]
