@@ -151,6 +151,13 @@ pub struct Sample {
     pub throttle_reasons: Option<u64>,
     /// The decoded names of `throttle_reasons`, e.g. `["sw_power_cap"]`.
     pub throttle_reason_names: Option<Vec<String>>,
+    /// Seconds the clocks have been held down for each clock-event (throttle) reason since the
+    /// driver loaded (NVML's clock-event reason counters).
+    pub throttle_sw_power_cap_s: Option<f64>,
+    pub throttle_sync_boost_s: Option<f64>,
+    pub throttle_sw_thermal_slowdown_s: Option<f64>,
+    pub throttle_hw_thermal_slowdown_s: Option<f64>,
+    pub throttle_hw_power_brake_slowdown_s: Option<f64>,
     pub pcie_gen: Option<u32>,
     pub pcie_width: Option<u32>,
     pub pcie_gen_max: Option<u32>,
@@ -282,6 +289,21 @@ metric_table! {
         )),
     // Exported and traced per reason, decoded (`decode::THROTTLE_REASONS`), not as a number.
     throttle_reasons => ThrottleReasons: MetricDef::gauge(Unit::Count, Vendors::NVIDIA),
+    throttle_sw_power_cap_s: THROTTLE_SECONDS
+        .trace("throttle s", "sw_power_cap", Scale::One, Round::Tenth)
+        .prometheus(THROTTLE_SECONDS_TOTAL.labelled("reason", "sw_power_cap")),
+    throttle_sync_boost_s: THROTTLE_SECONDS
+        .trace("throttle s", "sync_boost", Scale::One, Round::Tenth)
+        .prometheus(THROTTLE_SECONDS_TOTAL.labelled("reason", "sync_boost")),
+    throttle_sw_thermal_slowdown_s: THROTTLE_SECONDS
+        .trace("throttle s", "sw_thermal_slowdown", Scale::One, Round::Tenth)
+        .prometheus(THROTTLE_SECONDS_TOTAL.labelled("reason", "sw_thermal_slowdown")),
+    throttle_hw_thermal_slowdown_s: THROTTLE_SECONDS
+        .trace("throttle s", "hw_thermal_slowdown", Scale::One, Round::Tenth)
+        .prometheus(THROTTLE_SECONDS_TOTAL.labelled("reason", "hw_thermal_slowdown")),
+    throttle_hw_power_brake_slowdown_s: THROTTLE_SECONDS
+        .trace("throttle s", "hw_power_brake_slowdown", Scale::One, Round::Tenth)
+        .prometheus(THROTTLE_SECONDS_TOTAL.labelled("reason", "hw_power_brake_slowdown")),
     pcie_gen => PcieGen: MetricDef::gauge(Unit::Count, Vendors::ALL)
         .plausible(0.0, 16.0)
         .text(4, "PCIe Gen{} x{pcie_width} (max Gen{pcie_gen_max} x{pcie_width_max})")
@@ -398,6 +420,18 @@ metric_table! {
         .plausible(0.0, 100.0)
         .prometheus(Prometheus::new("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).")),
 }
+
+/// A clock-event duration: time held down for one reason, counted by the driver. Not a history
+/// series: no rule reads it yet, and the history's memory budget is sized for today's series.
+const THROTTLE_SECONDS: MetricDef =
+    MetricDef::counter(Unit::Seconds, Vendors::NVIDIA).plausible(0.0, f64::INFINITY);
+
+/// One family for all reasons, labelled like `gpudiag_throttle_reason`.
+const THROTTLE_SECONDS_TOTAL: Prometheus = Prometheus::new(
+    "gpudiag_throttle_seconds_total",
+    "Seconds the clocks were held down for this clock-event (throttle) reason since the driver \
+     loaded.",
+);
 
 /// Bytes as GiB with one decimal.
 const IN_GIB: Format = Format::Fixed {

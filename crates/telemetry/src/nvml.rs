@@ -10,7 +10,8 @@
 //!   every `poll()`. Measured on an H200 (driver 580) at a 10 Hz cadence, each call costs about
 //!   10-15 µs (memory info ~70 µs; back-to-back loops show 0.2 µs because NVML caches answers
 //!   for a few ms), and the ECC / retired-page / remapped-row / memory-temperature counters
-//!   come from one batched `nvmlDeviceGetFieldValues` (~25 µs for all twelve);
+//!   come from one batched `nvmlDeviceGetFieldValues` (~25 µs for all twelve), which also
+//!   carries the clock-event (throttle) reason durations;
 //! - slow fields are read by one background thread per device and `poll()` copies the latest
 //!   reading, so a slow or hung device never stalls the sampler. They are the calls measured
 //!   too slow for every tick on that H200: PCIe throughput (~20 ms each, rx and tx), the energy
@@ -54,6 +55,7 @@ use super::{
     HostInfo, Pacing, ProcessSample, Sample, now_ms,
 };
 use gpudiag_model::deadline::{DeadlineError, run_with_deadline};
+use gpudiag_model::metrics;
 
 /// How often slow fields are read unless `set_slow_interval` says otherwise.
 pub const DEFAULT_SLOW_INTERVAL: Duration = Duration::from_secs(1);
@@ -514,6 +516,11 @@ const FAST_FIELDS: &[&str] = &[
     "pstate",
     "throttle_reasons",
     "throttle_reason_names",
+    "throttle_sw_power_cap_s",
+    "throttle_sync_boost_s",
+    "throttle_sw_thermal_slowdown_s",
+    "throttle_hw_thermal_slowdown_s",
+    "throttle_hw_power_brake_slowdown_s",
     "ecc_corrected_volatile",
     "ecc_uncorrected_volatile",
     "ecc_corrected_aggregate",
@@ -605,10 +612,87 @@ fn read_fast(dev: &Device<'_>, s: &mut Sample) {
     s.decoder_util_pct =
         read(dev.decoder_utilization(), "decoder_util_pct", a).map(|u| f64::from(u.utilization));
 
-    let ids = BatchField::ALL.map(|f| FieldId(f.id()));
-    apply_field_values(s, a, dev.field_values_for(&ids));
+    // One driver round trip for the counters and the clock-event durations; NVML answers
+    // each field with its own status, so one the driver lacks costs only itself.
+    let ids: Vec<FieldId> = BatchField::ALL
+        .map(|f| FieldId(f.id()))
+        .into_iter()
+        .chain(CLOCK_EVENT_FIELDS.map(|(id, _)| FieldId(id)))
+        .collect();
+    match dev.field_values_for(&ids) {
+        Ok(mut values) => {
+            let clock_events = values.split_off(BatchField::ALL.len().min(values.len()));
+            apply_field_values(s, a, Ok(values));
+            apply_clock_events(s, a, Ok(clock_events));
+        }
+        Err(e) => {
+            apply_clock_events(s, a, Err(absent_from(&e)));
+            apply_field_values(s, a, Err(e));
+        }
+    }
 
     s.absent = ab;
+}
+
+/// NVML's clock-event reason durations (nanoseconds the clocks were held down for one reason
+/// since the driver loaded) and the series each fills, in the order they are asked for after
+/// `BatchField::ALL`. The ids are nvml.h's from before driver 580.82 renumbered 251-255; the
+/// wrapper translates them for newer drivers.
+const CLOCK_EVENT_FIELDS: [(u32, &str); 5] = {
+    use nvml_wrapper::sys_exports::field_id::*;
+    [
+        (
+            NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP,
+            "throttle_sw_power_cap_s",
+        ),
+        (
+            NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST,
+            "throttle_sync_boost_s",
+        ),
+        (
+            NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
+            "throttle_sw_thermal_slowdown_s",
+        ),
+        (
+            NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
+            "throttle_hw_thermal_slowdown_s",
+        ),
+        (
+            NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN,
+            "throttle_hw_power_brake_slowdown_s",
+        ),
+    ]
+};
+
+/// Fills the clock-event durations from their part of the batch answer, or marks them all
+/// absent for why the whole call failed. A GPU or driver without a reason's counter answers
+/// that field with an error: absent, never 0.
+fn apply_clock_events(
+    s: &mut Sample,
+    ab: &mut AbsentMap,
+    answers: Result<Vec<Result<FieldValueSample, NvmlError>>, Absent>,
+) {
+    for (i, (_, field)) in CLOCK_EVENT_FIELDS.into_iter().enumerate() {
+        let answer = match &answers {
+            Err(why) => Err(why.clone()),
+            Ok(values) => match values.get(i) {
+                Some(Ok(sample)) => sample.value.as_ref().map_err(absent_from),
+                Some(Err(e)) => Err(absent_from(e)),
+                None => Err(Absent::Error(
+                    "NVML returned fewer field values than asked".into(),
+                )),
+            },
+        };
+        let stored = answer.and_then(sample_value_u64).and_then(|ns| {
+            let def = metrics::by_name(field)
+                .ok_or_else(|| Absent::Error(format!("{field} is not a Sample field")))?;
+            def.set(s, Some(ns_to_s(ns)))
+                .map_err(|e| Absent::Error(format!("cannot store {ns} ns: {e:?}")))
+        });
+        if let Err(why) = stored {
+            ab.insert(field.into(), why);
+        }
+    }
 }
 
 /// Counters read in one `nvmlDeviceGetFieldValues` call: one driver round trip instead of
@@ -1536,6 +1620,11 @@ pub fn mw_to_w(mw: u32) -> f64 {
     f64::from(mw) / 1000.0
 }
 
+/// Nanoseconds (NVML clock-event durations) to seconds.
+pub fn ns_to_s(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
 /// Millijoules (NVML energy counter) to joules.
 pub fn mj_to_j(mj: u64) -> f64 {
     mj as f64 / 1000.0
@@ -1886,6 +1975,74 @@ mod tests {
             matches!(ab.get("remapped_rows_failure"), Some(Absent::Error(m)) if m.contains("fewer"))
         );
         assert_eq!(ab.len(), BatchField::ALL.len());
+    }
+
+    #[test]
+    fn clock_event_durations_decode_from_nanoseconds() {
+        // An H200 on driver 580: power capped for 1.5 s so far, the others never, and a driver
+        // that does not know the power-brake counter.
+        let answers = vec![
+            field(Ok(SampleValue::U64(1_500_000_000))),
+            field(Ok(SampleValue::U64(0))),
+            field(Ok(SampleValue::U64(250_000_000))),
+            field(Ok(SampleValue::U64(0))),
+            field(Err(NvmlError::NotSupported)),
+        ];
+        let mut s = Sample::new(0, 1);
+        let mut ab = AbsentMap::new();
+        apply_clock_events(&mut s, &mut ab, Ok(answers));
+        assert_eq!(s.throttle_sw_power_cap_s, Some(1.5));
+        assert_eq!(s.throttle_sync_boost_s, Some(0.0));
+        assert_eq!(s.throttle_sw_thermal_slowdown_s, Some(0.25));
+        assert_eq!(s.throttle_hw_thermal_slowdown_s, Some(0.0));
+        assert_eq!(s.throttle_hw_power_brake_slowdown_s, None);
+        assert_eq!(
+            ab.get("throttle_hw_power_brake_slowdown_s"),
+            Some(&Absent::NotSupported)
+        );
+        assert_eq!(ab.len(), 1);
+
+        // A value NVML could not read, a negative one, and an answer cut short.
+        let answers = vec![
+            field(Ok(SampleValue::U64(0))).map(|mut f| {
+                f.value = Err(NvmlError::NoPermission);
+                f
+            }),
+            field(Ok(SampleValue::I64(-1))),
+        ];
+        let mut s = Sample::new(0, 1);
+        let mut ab = AbsentMap::new();
+        apply_clock_events(&mut s, &mut ab, Ok(answers));
+        assert_eq!(
+            ab.get("throttle_sw_power_cap_s"),
+            Some(&Absent::NoPermission)
+        );
+        assert!(matches!(
+            ab.get("throttle_sync_boost_s"),
+            Some(Absent::Error(_))
+        ));
+        assert!(matches!(
+            ab.get("throttle_hw_power_brake_slowdown_s"),
+            Some(Absent::Error(m)) if m.contains("fewer")
+        ));
+        assert_eq!(ab.len(), CLOCK_EVENT_FIELDS.len());
+        assert_eq!(s, Sample::new(0, 1));
+
+        // The whole call failed: every duration absent for its reason.
+        let mut ab = AbsentMap::new();
+        apply_clock_events(&mut s, &mut ab, Err(Absent::GpuLost));
+        assert_eq!(ab.len(), CLOCK_EVENT_FIELDS.len());
+        assert!(ab.values().all(|a| *a == Absent::GpuLost));
+    }
+
+    #[test]
+    fn clock_event_field_ids_are_nvml_constants() {
+        let ids: Vec<u32> = CLOCK_EVENT_FIELDS.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, [74, 76, 251, 252, 253]);
+        for (_, field) in CLOCK_EVENT_FIELDS {
+            assert!(FAST_FIELDS.contains(&field), "{field}");
+            assert!(metrics::by_name(field).is_some(), "{field}");
+        }
     }
 
     #[test]
