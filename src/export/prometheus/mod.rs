@@ -534,6 +534,30 @@ mod tests {
     }
 
     #[test]
+    fn fields_sharing_a_family_are_told_apart_by_a_label() {
+        let mut snap = snapshot();
+        if let Some(s) = snap.latest.get_mut(&0) {
+            s.throttle_sw_power_cap_s = Some(1.5);
+            s.throttle_hw_thermal_slowdown_s = Some(0.0);
+        }
+        let text = render(&snap, Instant::now());
+        let name = "gpudiag_throttle_seconds_total";
+        assert_eq!(text.matches(&format!("# TYPE {name} counter")).count(), 1);
+        let lines = lines_of(&text, name);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(
+            lines[0].ends_with(",reason=\"sw_power_cap\"} 1.5"),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[1].ends_with(",reason=\"hw_thermal_slowdown\"} 0"),
+            "{}",
+            lines[1]
+        );
+    }
+
+    #[test]
     fn routes_and_methods() {
         let snap = RwLock::new(snapshot());
         let (code, ctype, body) = respond_to("GET", "/metrics?x=1", &snap);
