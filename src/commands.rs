@@ -300,9 +300,9 @@ fn run_probes_with(
 
 /// The AMD GPUs the amdgpu driver shows, by name, when there are any.
 fn amd_gpus_here() -> Option<String> {
-    let root = std::env::var_os(gpudiag_telemetry::sysfs::SYSFS_ROOT_ENV)
+    let root = std::env::var_os(gpudiag_telemetry::amd::sysfs::SYSFS_ROOT_ENV)
         .map_or_else(|| std::path::PathBuf::from("/"), Into::into);
-    let backend = gpudiag_telemetry::sysfs::SysfsBackend::open(&root).ok()?;
+    let backend = gpudiag_telemetry::amd::sysfs::SysfsBackend::open(&root).ok()?;
     let names: Vec<String> = backend
         .devices()
         .iter()

@@ -12,7 +12,7 @@ use gpudiag::commands;
 use gpudiag::config::{Config, DEFAULT_CONFIG_TOML};
 use gpudiag::error::{Error, exit};
 use gpudiag::report::text;
-use gpudiag::telemetry::sysfs::SYSFS_ROOT_ENV;
+use gpudiag::telemetry::amd::sysfs::SYSFS_ROOT_ENV;
 use gpudiag::tui;
 
 fn main() -> ExitCode {

@@ -828,7 +828,7 @@ fn probes_need_a_live_source() {
 
 #[test]
 fn amd_fixture_device_renders_like_any_gpu() {
-    use gpudiag::telemetry::sysfs::SysfsBackend;
+    use gpudiag::telemetry::amd::sysfs::SysfsBackend;
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/mi300x");
     let mut b = SysfsBackend::open(&root).unwrap();
     let mut app = App::new(AppInit {

@@ -12,12 +12,8 @@ pub mod live;
 pub mod nvml;
 pub mod recording;
 pub mod replay;
-#[path = "amd/rocm.rs"]
-pub mod rocm;
 pub mod sampler;
 pub mod sanity;
-#[path = "amd/sysfs.rs"]
-pub mod sysfs;
 
 pub use gpudiag_model::sample::*;
 
