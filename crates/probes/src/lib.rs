@@ -6,6 +6,7 @@
 pub mod bandwidth;
 pub mod blas;
 pub mod gpu;
+#[path = "conditions.rs"]
 pub mod guard;
 pub mod latency;
 pub mod matmul;

@@ -7,6 +7,7 @@
 pub mod amd;
 pub mod bundle;
 pub mod fault;
+#[path = "poll_deadline.rs"]
 pub mod guard;
 pub mod live;
 pub mod nvml;
