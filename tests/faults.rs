@@ -15,7 +15,7 @@ use gpudiag::config::RulesConfig;
 use gpudiag::rules::{Finding, RuleEngine, Severity};
 use gpudiag::session::{DEMO_RECORDING, Pipeline};
 use gpudiag::telemetry::fault::{self, FAULTS_ENV, FaultBackend};
-use gpudiag::telemetry::guard::Guarded;
+use gpudiag::telemetry::poll_deadline::PollDeadline;
 use gpudiag::telemetry::replay::{Pace, ReplayBackend};
 use gpudiag::telemetry::sampler::{Sampler, SamplerMsg};
 use gpudiag::telemetry::sanity::{self, Health};
@@ -82,7 +82,7 @@ fn pipeline(name: &str, spec: &str, poll_timeout: Duration) -> Run {
     let devices = replay.devices().to_vec();
     let host = replay.host().clone();
     let faulty = FaultBackend::new(Box::new(replay), fault::parse(spec).unwrap());
-    let guarded = Guarded::new(Box::new(faulty), poll_timeout).unwrap();
+    let guarded = PollDeadline::new(Box::new(faulty), poll_timeout).unwrap();
     let sampler = Sampler::spawn(Box::new(guarded), Duration::from_millis(100), None);
     let mut pipeline = Pipeline::new(RuleEngine::new(
         RulesConfig::default(),

@@ -92,7 +92,7 @@ fn open_live(interval: Duration) -> Result<(Driver, AppInit), Error> {
         origin: Origin::Live(LiveBackend::Auto),
         devices: Vec::new(),
         init_timeout: INIT_TIMEOUT,
-        poll_timeout: gpudiag_telemetry::guard::DEFAULT_POLL_TIMEOUT,
+        poll_timeout: gpudiag_telemetry::poll_deadline::DEFAULT_POLL_TIMEOUT,
         sysfs_root: std::env::var_os(gpudiag_telemetry::amd::sysfs::SYSFS_ROOT_ENV).map(Into::into),
     };
     let mut source = open_source(&spec, Pace::AsFastAsPossible, false)?;

@@ -9,9 +9,9 @@ use std::time::Duration;
 use gpudiag_model::error::Error;
 use gpudiag_model::finding::Finding;
 use gpudiag_model::topology::Topology;
-use gpudiag_telemetry::guard::Guarded;
 use gpudiag_telemetry::live::{self, LiveBackend, LiveOptions};
 use gpudiag_telemetry::nvml::SlowFields;
+use gpudiag_telemetry::poll_deadline::PollDeadline;
 use gpudiag_telemetry::replay::{Pace, ReplayBackend};
 use gpudiag_telemetry::{Backend, DeviceInfo, Event, Pacing, Sample, Tick, TimeMs, fault};
 
@@ -164,7 +164,7 @@ pub fn with_faults_and_deadline(
     let faulty = fault::env_active();
     let backend = fault::from_env(backend).map_err(Error::Usage)?;
     if faulty || backend.pacing() == Pacing::Live {
-        Ok(Box::new(Guarded::new(backend, poll_timeout)?))
+        Ok(Box::new(PollDeadline::new(backend, poll_timeout)?))
     } else {
         Ok(backend)
     }

@@ -7,10 +7,9 @@
 pub mod amd;
 pub mod bundle;
 pub mod fault;
-#[path = "poll_deadline.rs"]
-pub mod guard;
 pub mod live;
 pub mod nvml;
+pub mod poll_deadline;
 pub mod recording;
 pub mod replay;
 pub mod sampler;

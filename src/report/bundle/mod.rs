@@ -249,7 +249,7 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &BundleOptions) -> Result<
                 replay: Some(tmp.clone()),
                 demo: false,
                 init_timeout: opts.init_timeout,
-                poll_timeout: gpudiag_telemetry::guard::DEFAULT_POLL_TIMEOUT,
+                poll_timeout: gpudiag_telemetry::poll_deadline::DEFAULT_POLL_TIMEOUT,
                 backend: crate::cli::BackendChoice::Replay,
                 sysfs_root: None,
             },
