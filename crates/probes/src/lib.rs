@@ -5,9 +5,8 @@
 
 pub mod bandwidth;
 pub mod blas;
+pub mod conditions;
 pub mod gpu;
-#[path = "conditions.rs"]
-pub mod guard;
 pub mod latency;
 pub mod matmul;
 pub mod memory;

@@ -7,8 +7,8 @@
 use serde_json::json;
 
 use super::blas::{self, GemmSpec, Lt, dtype};
+use super::conditions::RunTelemetry;
 use super::gpu::{DeviceBuffer, Event, Gpu, grid_for, launch, set_max_dynamic_shared};
-use super::guard::RunTelemetry;
 use super::suite::{MatmulParams, ModelRef};
 use super::{
     Control, Measurement, ProbeError, ProbeResult, SpanTimer, Verdict, median, test_fault, tflops,

@@ -1,4 +1,4 @@
-//! Runs a suite (or named probes) on the selected GPUs: guards first (busy GPU, memory budget),
+//! Runs a suite (or named probes) on the selected GPUs: checks first (busy GPU, memory budget),
 //! then one context per device, each probe under the suite's deadline and Ctrl-C, results
 //! collected even when a probe fails or stops.
 
@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use nvml_wrapper::Nvml;
 use serde::{Deserialize, Serialize};
 
+use super::conditions::{self, RunTelemetry};
 use super::gpu::{self, Gpu, GpuInfo};
-use super::guard::{self, RunTelemetry};
 use super::matmul::Engines;
 use super::suite::{self, Suite};
 use super::{
@@ -171,8 +171,8 @@ pub fn run(opts: &Options) -> Result<ProbeReport, Error> {
         };
         if !opts.force {
             let refusal = match &nvml {
-                Some(n) => match guard::other_processes(n, *index) {
-                    Ok(others) => guard::busy_refusal(*index, &others),
+                Some(n) => match conditions::other_processes(n, *index) {
+                    Ok(others) => conditions::busy_refusal(*index, &others),
                     Err(e) => Some(format!("could not list the GPU's processes ({e}); pass --force to run anyway")),
                 },
                 None => Some("NVML is unavailable, so other users of the GPU cannot be seen; pass --force to run anyway".into()),
@@ -270,7 +270,7 @@ fn run_multi(
         .filter_map(|(_, _, g)| {
             g.bind().ok()?;
             let (free, _) = g.mem_info().ok()?;
-            Some(guard::memory_budget(
+            Some(conditions::memory_budget(
                 free,
                 opts.suite.memory_share,
                 u64::MAX,
@@ -344,7 +344,7 @@ fn run_one(
 ) -> Result<(), ProbeError> {
     let s = &opts.suite;
     let (free, _) = g.mem_info()?;
-    let budget = guard::memory_budget(free, s.memory_share, u64::MAX);
+    let budget = conditions::memory_budget(free, s.memory_share, u64::MAX);
     r.param("memory_share", s.memory_share);
     r.param("memory_budget_bytes", budget);
     match name {
@@ -363,10 +363,10 @@ fn run_one(
             matmul::run(g, &s.matmul, budget, model, engines, &tel, ctl, r)
         }
         "memory" => {
-            let mem_budget = guard::memory_budget(free, s.memory.share, s.memory.max_bytes);
+            let mem_budget = conditions::memory_budget(free, s.memory.share, s.memory.max_bytes);
             r.param("memory_budget_bytes", mem_budget);
             let ecc = || match nvml {
-                Some(n) => guard::ecc_counters(n, index),
+                Some(n) => conditions::ecc_counters(n, index),
                 None => serde_json::Value::Null,
             };
             memory::run(g, &s.memory, mem_budget, &ecc, ctl, r)
