@@ -10,15 +10,14 @@ use gpudiag_core::check::{
     self, CHECK_SCHEMA_VERSION, CheckReport, DeviceReport, SourceInfo, ToolInfo, WindowInfo,
 };
 use gpudiag_core::config::Config;
+use gpudiag_core::rules::Finding;
 use gpudiag_core::rules::{self, RuleEngine};
-use gpudiag_core::session::{Pipeline, open_source};
+use gpudiag_core::session::{self, Limit, NoSink, Pipeline, RunOptions, Sink, open_source};
 use gpudiag_model::cuda_libraries;
 use gpudiag_model::error::Error;
 use gpudiag_telemetry::recording::{Header, Record, RecordingError, RecordingWriter};
 use gpudiag_telemetry::replay::Pace;
-use gpudiag_telemetry::sampler::{Sampler, SamplerMsg};
-use gpudiag_telemetry::sanity::Sanitiser;
-use gpudiag_telemetry::{Backend, EventKind, now_ms};
+use gpudiag_telemetry::{Backend, EventKind, Tick, now_ms};
 
 /// `gpudiag check`.
 pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
@@ -48,40 +47,27 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         libraries.clone(),
     );
     let mut pipeline = Pipeline::new(engine);
-    let selected = source.selected.clone();
     // A check is one report: let the slow fields (PCIe throughput, processes) arrive first, so
     // even a single read has them. One slow round takes about 45 ms per GPU, in parallel.
     source
         .backend
         .wait_for_slow_fields(Duration::from_millis(500));
-    let mut failure = None;
-    let topology;
-    if limit == Some(Duration::ZERO) {
-        // A single read needs no sampler thread; every thread that calls NVML costs resident
-        // memory, and `check --window 0` is held to nvidia-smi's footprint.
-        match source.backend.poll() {
-            Ok(mut t) => {
-                Sanitiser::new().apply(&mut t);
-                pipeline.push(selected.apply(t));
-            }
-            Err(e) => failure = Some(e),
-        }
+    let (failure, topology) = if limit == Some(Duration::ZERO) {
+        let failure = session::read_once(&mut source, &mut pipeline, &mut NoSink)?;
         // Asked after the poll: the backend reads it on its own thread meanwhile.
-        topology = source.topology();
+        (failure, source.topology())
     } else {
-        topology = source.topology();
-        let mut sampler = Sampler::spawn(source.backend, args.interval, limit);
-        for msg in sampler.rx.iter() {
-            match msg {
-                SamplerMsg::Tick(t) => pipeline.push(selected.apply(t)),
-                SamplerMsg::Ended(e) => {
-                    failure = e;
-                    break;
-                }
-            }
-        }
-        sampler.stop();
-    }
+        let topology = source.topology();
+        let opts = RunOptions {
+            interval: args.interval,
+            limit: limit.map_or(Limit::None, Limit::Live),
+            stop: None,
+        };
+        (
+            session::run(source, &mut pipeline, &opts, &mut NoSink)?,
+            topology,
+        )
+    };
     let mut warnings = source_warnings;
     match failure {
         Some(e) if pipeline.tick_times.is_empty() => return Err(e.into()),
@@ -368,7 +354,6 @@ pub fn record(args: &RecordArgs, stop: Arc<AtomicBool>, config: &Config) -> Resu
         }
         other => other?,
     };
-    let filter = source.selected.clone();
     // Findings go into the recording as they are raised, so a replay shows them where they
     // happened; the history they need is bounded, so hours of recording stay small in memory.
     let mut pipeline = Pipeline::new(RuleEngine::new(
@@ -376,40 +361,45 @@ pub fn record(args: &RecordArgs, stop: Arc<AtomicBool>, config: &Config) -> Resu
         header.devices.clone(),
         Some(header.host.clone()),
         libraries,
-    ));
-    let mut sampler = Sampler::spawn(source.backend, args.interval, args.duration);
-    let mut ticks = 0u64;
-    let mut failure = None;
-    loop {
-        if stop.load(Ordering::Relaxed) {
-            sampler.stop();
-        }
-        match sampler.rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(SamplerMsg::Tick(t)) => {
-                let t = filter.apply(t);
-                writer.write_tick(&t)?;
-                if !t.samples.is_empty() {
-                    ticks += 1;
-                }
-                for s in &t.samples {
-                    pipeline.history.push_sample(s);
-                }
-                for f in pipeline.engine.on_tick(&pipeline.history, &t) {
-                    writer.write(&Record::Finding(f))?;
-                }
-            }
-            Ok(SamplerMsg::Ended(e)) => {
-                failure = e;
-                break;
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-        }
-    }
+    ))
+    .retaining(RECORD_RETAIN);
+    let mut sink = RecordSink {
+        writer: &mut writer,
+        ticks: 0,
+    };
+    let opts = RunOptions {
+        interval: args.interval,
+        limit: args.duration.map_or(Limit::None, Limit::SourceTime),
+        stop: Some(&stop),
+    };
+    let failure = session::run(source, &mut pipeline, &opts, &mut sink)?;
+    let ticks = sink.ticks;
     writer.finish()?;
     match failure {
         Some(e) => Err(e.into()),
         None => Ok(ticks),
+    }
+}
+
+/// How long `record` keeps tick times and events in memory (the recording has them all).
+const RECORD_RETAIN: Duration = Duration::from_secs(600);
+
+/// Writes every tick, and the findings it raised, to the recording as it arrives.
+struct RecordSink<'a> {
+    writer: &'a mut RecordingWriter,
+    ticks: u64,
+}
+
+impl Sink for RecordSink<'_> {
+    fn on_tick(&mut self, tick: &Tick, raised: &[Finding], _: &Pipeline) -> Result<(), Error> {
+        self.writer.write_tick(tick)?;
+        if !tick.samples.is_empty() {
+            self.ticks += 1;
+        }
+        for f in raised {
+            self.writer.write(&Record::Finding(f.clone()))?;
+        }
+        Ok(())
     }
 }
 

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use super::event::AppEvent;
 use gpudiag_telemetry::replay::{Pace, ReplayBackend};
-use gpudiag_telemetry::sanity::Sanitiser;
 use gpudiag_telemetry::{Backend, BackendError, Tick, TimeMs};
 
 /// How much history a backward seek replays before its target: the widest chart window.
@@ -92,7 +91,6 @@ impl Feed {
             tx,
             ctl_rx,
             interrupt: interrupt.clone(),
-            sanitiser: Sanitiser::new(),
         };
         let worker = std::thread::Builder::new()
             .name("gpudiag-feed".into())
@@ -133,8 +131,6 @@ struct Worker {
     tx: Sender<AppEvent>,
     ctl_rx: Receiver<Control>,
     interrupt: Arc<AtomicBool>,
-    /// Every tick is checked for implausible values before the UI sees it.
-    sanitiser: Sanitiser,
 }
 
 /// Whether the worker goes on after a control.
@@ -218,17 +214,14 @@ impl Worker {
         match result {
             // An interrupted replay wait: nothing to show.
             Ok(t) if t.samples.is_empty() && t.events.is_empty() => true,
-            Ok(mut t) => {
-                self.sanitiser.apply(&mut t);
-                send(
-                    &self.tx,
-                    FeedMsg::Ticks {
-                        ticks: vec![t],
-                        reset: false,
-                        position,
-                    },
-                )
-            }
+            Ok(t) => send(
+                &self.tx,
+                FeedMsg::Ticks {
+                    ticks: vec![t],
+                    reset: false,
+                    position,
+                },
+            ),
             Err(e) => {
                 self.at_end = true;
                 let why = match e {
@@ -290,11 +283,7 @@ impl Worker {
         // Deliver everything up to the target at once, then play on at the chosen speed.
         let _ = r.set_pace(Pace::AsFastAsPossible);
         let mut ticks = Vec::new();
-        if reset {
-            self.sanitiser.reset();
-        }
-        while let Ok(mut t) = r.poll() {
-            self.sanitiser.apply(&mut t);
+        while let Ok(t) = r.poll() {
             let time = tick_time(&t);
             ticks.push(t);
             if time.is_some_and(|t| t >= target) {

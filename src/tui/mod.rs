@@ -39,7 +39,11 @@ pub fn run_default(demo: bool, interval: Duration, config: &Config) -> Result<i3
     match open_live(interval) {
         Ok((driver, init)) => {
             let libraries = Some(gpudiag_model::cuda_libraries::detect_libraries());
-            run(driver, init, interval, 1.0, None, config, libraries)
+            let facts = SourceFacts {
+                libraries,
+                recorded: Vec::new(),
+            };
+            run(driver, init, interval, 1.0, None, config, facts)
         }
         Err(Error::CannotRun(why)) => {
             let line = format!(
@@ -133,6 +137,7 @@ fn run_replay_source(
         can_signal: false,
         topology: backend.header().topology.clone(),
     };
+    let recorded = gpudiag_telemetry::Backend::recorded_findings(&backend);
     run(
         Driver::Replay(Box::new(backend)),
         init,
@@ -140,8 +145,19 @@ fn run_replay_source(
         speed,
         notice,
         config,
-        None,
+        SourceFacts {
+            libraries: None,
+            recorded,
+        },
     )
+}
+
+/// What the rules judge a source with besides its telemetry.
+struct SourceFacts {
+    /// This host's CUDA libraries, for live GPUs only.
+    libraries: Option<Vec<gpudiag_model::cuda_libraries::LibraryInfo>>,
+    /// Findings a replayed recording carries.
+    recorded: Vec<gpudiag_core::rules::Finding>,
 }
 
 fn run(
@@ -151,7 +167,7 @@ fn run(
     speed: f64,
     notice: Option<String>,
     config: &Config,
-    libraries: Option<Vec<gpudiag_model::cuda_libraries::LibraryInfo>>,
+    facts: SourceFacts,
 ) -> Result<i32, Error> {
     let io = |what: &str| {
         let what = what.to_owned();
@@ -159,7 +175,8 @@ fn run(
     };
     let (tx, rx) = mpsc::channel();
     let mut app = App::new(init);
-    app.set_rules(config.rules.clone(), libraries);
+    app.set_rules(config.rules.clone(), facts.libraries);
+    app.set_recorded(facts.recorded);
     app.speed = speed;
     app.status = notice;
     let mut guard = terminal::TerminalGuard::enter().map_err(io("setting up the terminal"))?;
