@@ -21,7 +21,7 @@ use gpudiag::telemetry::sampler::{Sampler, SamplerMsg};
 use gpudiag::telemetry::sanity::{self, Health};
 use gpudiag::telemetry::{Absent, Backend, EventKind, Metric, Tick};
 use gpudiag::tui::app::{App, AppInit, Panel, SourceKind};
-use gpudiag::tui::feed::FeedMsg;
+use gpudiag::tui::messages::FeedMsg;
 use gpudiag::tui::theme::Theme;
 use gpudiag::tui::ui;
 use ratatui::Terminal;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseEvent, MouseEventKind};
 
-use super::feed::{self, Control, FeedMsg, ReplayPosition, tick_time};
+use super::messages::{FeedControl, FeedMsg, LOOKBACK, ReplayPosition, tick_time};
 use super::theme::Theme;
 use crate::cli::SuiteName;
 use gpudiag_core::config::RulesConfig;
@@ -176,7 +176,7 @@ pub enum Overlay {
 /// What the event loop must do for the app.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
-    Feed(Control),
+    Feed(FeedControl),
     Signal {
         pid: u32,
         signal: KillSignal,
@@ -301,7 +301,7 @@ impl App {
             None,
         );
         App {
-            pipeline: Pipeline::new(engine).retaining(feed::LOOKBACK),
+            pipeline: Pipeline::new(engine).retaining(LOOKBACK),
             recorded: Vec::new(),
             rules: RulesConfig::default(),
             libraries: None,
@@ -362,7 +362,7 @@ impl App {
             Some(self.host.clone()),
             self.libraries.clone(),
         );
-        self.pipeline = Pipeline::new(engine).retaining(feed::LOOKBACK);
+        self.pipeline = Pipeline::new(engine).retaining(LOOKBACK);
     }
 
     /// The selected device's static info.
@@ -679,7 +679,7 @@ impl App {
             }
             KeyCode::Char(' ') | KeyCode::Char('p') => {
                 self.paused = !self.paused;
-                return Some(Effect::Feed(Control::Pause(self.paused)));
+                return Some(Effect::Feed(FeedControl::Pause(self.paused)));
             }
             KeyCode::Char('z') => self.zoom = self.zoom.step(1),
             KeyCode::Char('Z') => self.zoom = self.zoom.step(-1),
@@ -726,7 +726,7 @@ impl App {
         let j = (i + by).clamp(0, SPEEDS.len() as isize - 1) as usize;
         self.speed = SPEEDS.get(j).copied().unwrap_or(1.0);
         self.status = Some(format!("replay speed ×{}", self.speed));
-        Some(Effect::Feed(Control::Speed(self.speed)))
+        Some(Effect::Feed(FeedControl::Speed(self.speed)))
     }
 
     fn seek(&mut self, delta_ms: i64) -> Option<Effect> {
@@ -734,7 +734,7 @@ impl App {
             self.status = Some("seeking applies to replays".into());
             return None;
         }
-        Some(Effect::Feed(Control::Seek(delta_ms)))
+        Some(Effect::Feed(FeedControl::Seek(delta_ms)))
     }
 
     fn ask_kill(&mut self) -> Option<Effect> {

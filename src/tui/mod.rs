@@ -8,6 +8,7 @@ pub mod app;
 pub mod event;
 pub mod feed;
 pub mod format;
+pub mod messages;
 pub mod panels;
 pub mod terminal;
 pub mod theme;
@@ -18,7 +19,6 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use app::{App, AppInit, SourceKind};
-use event::AppEvent;
 use feed::{Driver, Feed};
 use gpudiag_core::config::Config;
 use gpudiag_core::session::{DEMO_NAME, DEMO_RECORDING, Origin, SourceSpec, open_source};
@@ -26,6 +26,7 @@ use gpudiag_model::error::{Error, exit};
 use gpudiag_telemetry::live::LiveBackend;
 use gpudiag_telemetry::nvml::DEFAULT_SLOW_INTERVAL;
 use gpudiag_telemetry::replay::{Pace, ReplayBackend};
+use messages::AppEvent;
 use theme::Theme;
 
 /// How long NVML initialisation may take before the UI gives up on live GPUs.
