@@ -7,8 +7,10 @@ use gpudiag_core::check::{
     self, CHECK_SCHEMA_VERSION, CheckReport, DeviceReport, SourceInfo, ToolInfo, WindowInfo,
 };
 use gpudiag_core::config::Config;
-use gpudiag_core::rules::{self, RuleEngine};
-use gpudiag_core::session::{self, Limit, NoSink, Pipeline, RunOptions, open_source};
+use gpudiag_core::rules::{self, Finding, RuleEngine};
+use gpudiag_core::session::{
+    self, Limit, NoSink, Pipeline, RunOptions, open_source, with_recorded,
+};
 use gpudiag_model::cuda_libraries;
 use gpudiag_model::error::Error;
 use gpudiag_telemetry::replay::Pace;
@@ -35,6 +37,7 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
     let backend_name = source.backend.name().to_owned();
     let source_warnings = source.backend.source_warnings();
     let recording = source.recording.clone();
+    let recorded = source.recorded.clone();
 
     let mut source = source;
     let engine = RuleEngine::new(
@@ -87,7 +90,14 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
     if let Some(w) = summary_window {
         pipeline.keep_last(w);
     }
-    let mut findings = pipeline.findings(summary_window);
+    // What the recording carried, where today's rules did not raise it again; with a window,
+    // only what it carried in that window.
+    let window_start = summary_window.and(pipeline.first_ms());
+    let recorded: Vec<Finding> = recorded
+        .into_iter()
+        .filter(|f| window_start.is_none_or(|start| f.time_ms >= start))
+        .collect();
+    let mut findings = with_recorded(pipeline.findings(summary_window), &recorded);
 
     let probed = match args.probes {
         Some(suite) => Some(run_probes(

@@ -914,6 +914,7 @@ mod tests {
                     threshold: "event".into(),
                 },
                 advice: "a".into(),
+                recorded: false,
             }],
             source_ended: false,
         }

@@ -371,14 +371,18 @@ pub fn engine_for(source: &Source, config: &Config) -> RuleEngine {
     )
 }
 
-/// Adds the findings a recording carried that the rules did not raise again themselves.
+/// Adds the findings a recording carried that the rules did not raise again themselves,
+/// marked as recorded.
 pub fn with_recorded(mut findings: Vec<Finding>, recorded: &[Finding]) -> Vec<Finding> {
     for f in recorded {
         if !findings
             .iter()
             .any(|g| g.id == f.id && g.device == f.device)
         {
-            findings.push(f.clone());
+            findings.push(Finding {
+                recorded: true,
+                ..f.clone()
+            });
         }
     }
     crate::rules::sort(&mut findings);

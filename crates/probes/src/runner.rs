@@ -393,6 +393,7 @@ pub fn findings(devices: &[DeviceProbes], now_ms: u64) -> Vec<Finding> {
                     threshold: "probes requested".into(),
                 },
                 advice: "Run when the GPU is idle, or pass --force to probe a busy GPU.".into(),
+                recorded: false,
             });
         }
         out.extend(
@@ -456,6 +457,7 @@ fn result_finding(r: &ProbeResult, device: Option<u32>, now_ms: u64) -> Option<F
             threshold: "verdict pass".into(),
         },
         advice: advice.into(),
+        recorded: false,
     })
 }
 

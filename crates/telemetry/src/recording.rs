@@ -993,6 +993,7 @@ mod tests {
                 threshold: "> 0".into(),
             },
             advice: "drain the node".into(),
+            recorded: false,
         };
         vec![Record::Sample(s), Record::Event(e), Record::Finding(f)]
     }
