@@ -726,6 +726,7 @@ mod tests {
                 threshold: "event".into(),
             },
             advice: "drain".into(),
+            recorded: false,
         }
     }
 

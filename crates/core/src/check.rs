@@ -177,6 +177,7 @@ mod tests {
                 threshold: "".into(),
             },
             advice: "a".into(),
+            recorded: false,
         }
     }
 

@@ -46,6 +46,18 @@ pub struct Finding {
     pub title: String,
     pub evidence: Evidence,
     pub advice: String,
+    /// Carried by a recording (raised live when it was made) rather than raised by today's rules
+    /// over its samples; views show it as such.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub recorded: bool,
+}
+
+impl Finding {
+    /// " (recorded)" for a finding a recording carried, so text views can tell it apart from
+    /// one today's rules raised; empty otherwise.
+    pub fn recorded_tag(&self) -> &'static str {
+        if self.recorded { " (recorded)" } else { "" }
+    }
 }
 
 /// Builds an evidence map from name/value pairs.

@@ -203,14 +203,14 @@ pub enum ProbeError {
 /// Deadline and Ctrl-C, checked by probes between steps so they stop cleanly (GPU memory is
 /// freed by the buffers' destructors on the way out).
 #[derive(Clone)]
-pub struct Control {
+pub struct ProbeDeadline {
     pub deadline: Instant,
     pub stop: Arc<AtomicBool>,
 }
 
-impl Control {
+impl ProbeDeadline {
     pub fn new(budget: Duration, stop: Arc<AtomicBool>) -> Self {
-        Control {
+        ProbeDeadline {
             deadline: Instant::now() + budget,
             stop,
         }
@@ -278,11 +278,11 @@ mod tests {
     #[test]
     fn control_stops_on_ctrl_c_and_at_the_deadline() {
         let stop = Arc::new(AtomicBool::new(false));
-        let ctl = Control::new(Duration::from_secs(60), stop.clone());
+        let ctl = ProbeDeadline::new(Duration::from_secs(60), stop.clone());
         assert_eq!(ctl.check(), Ok(()));
         stop.store(true, Ordering::Relaxed);
         assert_eq!(ctl.check(), Err(ProbeError::Interrupted));
-        let late = Control::new(Duration::ZERO, Arc::new(AtomicBool::new(false)));
+        let late = ProbeDeadline::new(Duration::ZERO, Arc::new(AtomicBool::new(false)));
         assert_eq!(late.check(), Err(ProbeError::Deadline));
     }
 

@@ -14,8 +14,8 @@ use super::gpu::{self, Gpu, GpuInfo};
 use super::matmul::Engines;
 use super::suite::{self, Suite};
 use super::{
-    Control, PROBE_NAMES, ProbeError, ProbeResult, Verdict, bandwidth, latency, matmul, memory,
-    nccl, p2p,
+    PROBE_NAMES, ProbeDeadline, ProbeError, ProbeResult, Verdict, bandwidth, latency, matmul,
+    memory, nccl, p2p,
 };
 use gpudiag_model::error::Error;
 use gpudiag_model::finding::{Evidence, Finding, Severity};
@@ -194,7 +194,7 @@ pub fn run(opts: &Options) -> Result<ProbeReport, Error> {
         let model = suite::lookup(&table, &g.info.name);
         d.model = model.map(|m| m.model.clone());
         d.gpu = Some(g.info.clone());
-        let ctl = Control::new(
+        let ctl = ProbeDeadline::new(
             Duration::from_secs_f64(opts.suite.deadline_s),
             opts.stop.clone(),
         );
@@ -260,7 +260,7 @@ fn run_multi(
     if multi.is_empty() {
         return host;
     }
-    let ctl = Control::new(
+    let ctl = ProbeDeadline::new(
         Duration::from_secs_f64(opts.suite.deadline_s),
         opts.stop.clone(),
     );
@@ -339,7 +339,7 @@ fn run_one(
     engines: Option<&Engines>,
     nvml: &Option<Arc<Nvml>>,
     index: u32,
-    ctl: &Control,
+    ctl: &ProbeDeadline,
     r: &mut ProbeResult,
 ) -> Result<(), ProbeError> {
     let s = &opts.suite;
@@ -393,6 +393,7 @@ pub fn findings(devices: &[DeviceProbes], now_ms: u64) -> Vec<Finding> {
                     threshold: "probes requested".into(),
                 },
                 advice: "Run when the GPU is idle, or pass --force to probe a busy GPU.".into(),
+                recorded: false,
             });
         }
         out.extend(
@@ -456,6 +457,7 @@ fn result_finding(r: &ProbeResult, device: Option<u32>, now_ms: u64) -> Option<F
             threshold: "verdict pass".into(),
         },
         advice: advice.into(),
+        recorded: false,
     })
 }
 

@@ -42,7 +42,7 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
     let inner = block.inner(area);
     f.render_widget(block, area);
 
-    let s = app.latest.get(&d.index);
+    let s = app.pipeline.latest.get(&d.index);
     let v = |m: Metric| s.and_then(|s| s.value(m));
     let total = v(Metric::MemTotalBytes).or(d.memory_total_bytes.map(|b| b as f64));
     let specs = [
@@ -131,7 +131,7 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         let cs = Layout::horizontal(vec![Constraint::Ratio(1, cols); cols as usize]).split(*r);
         cells.extend(cs.iter().copied());
     }
-    let end_ms = app.history.latest_ms(d.index);
+    let end_ms = app.pipeline.history.latest_ms(d.index);
     for (spec, cell) in specs.iter().zip(cells) {
         render_chart(f, cell, app, d.index, end_ms, spec);
     }
@@ -158,7 +158,8 @@ fn render_chart(
             spec.metrics
                 .iter()
                 .map(|&(m, scale)| {
-                    app.history
+                    app.pipeline
+                        .history
                         .series_in(
                             device,
                             m,
@@ -175,6 +176,7 @@ fn render_chart(
     };
     if series.iter().all(Vec::is_empty) {
         let why = app
+            .pipeline
             .latest
             .get(&device)
             .and_then(|s| s.why_absent(spec.field.name()))

@@ -301,6 +301,7 @@ mod test_fixtures {
                 threshold: "> 0".into(),
             },
             advice: "drain the node".into(),
+            recorded: false,
         };
         vec![Record::Sample(s), Record::Event(e), Record::Finding(f)]
     }
