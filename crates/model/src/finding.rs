@@ -50,9 +50,11 @@ pub struct Finding {
     /// Device index; `None` for host-wide findings.
     pub device: Option<u32>,
     pub time_ms: TimeMs,
+    /// One line.
     #[schemars(length(min = 1))]
     pub title: String,
     pub evidence: Evidence,
+    /// What to do.
     #[schemars(length(min = 1))]
     pub advice: String,
 }

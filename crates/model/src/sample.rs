@@ -64,6 +64,7 @@ impl std::fmt::Display for ComputeCapability {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields, transform = crate::schema::absent_keys)]
 pub struct DeviceInfo {
+    /// Device index as the backend enumerates it.
     pub index: u32,
     pub uuid: Option<String>,
     pub name: Option<String>,
@@ -91,6 +92,7 @@ pub struct DeviceInfo {
     pub ecc_enabled: Option<bool>,
     pub persistence_mode: Option<bool>,
     pub mig_enabled: Option<bool>,
+    /// Why each absent value is absent, keyed by the field's name; left out when none is.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub absent: AbsentMap,
 }
@@ -132,7 +134,9 @@ pub struct ProcessSample {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields, transform = crate::schema::absent_keys)]
 pub struct Sample {
+    /// Milliseconds since the Unix epoch.
     pub time_ms: TimeMs,
+    /// Device index.
     pub device: u32,
     #[schemars(range(min = 0, max = 100))]
     pub gpu_util_pct: Option<f64>,
@@ -183,6 +187,7 @@ pub struct Sample {
     pub remapped_rows_uncorrectable: Option<u64>,
     pub remapped_rows_pending: Option<bool>,
     pub remapped_rows_failure: Option<bool>,
+    /// Fan 0 speed; NVML may report more than 100.
     #[schemars(range(min = 0))]
     pub fan_pct: Option<f64>,
     #[schemars(range(min = 0, max = 100))]
@@ -191,6 +196,7 @@ pub struct Sample {
     pub decoder_util_pct: Option<f64>,
     /// `None` until the slow-cadence process read has happened (see `absent`).
     pub processes: Option<Vec<ProcessSample>>,
+    /// Why each absent value is absent, keyed by the field's name; left out when none is.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub absent: AbsentMap,
 }
@@ -382,7 +388,10 @@ pub struct Event {
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum EventKind {
     /// An NVIDIA XID error reported by the driver.
-    Xid { xid: u64 },
+    Xid {
+        /// The XID code.
+        xid: u64,
+    },
     /// The device stopped answering (GPU lost) or could not be read.
     DeviceLost { reason: String },
     /// A backend-level notice worth keeping in a recording (e.g. a slow call timed out).
@@ -395,6 +404,7 @@ pub enum EventKind {
 pub struct HostInfo {
     /// Host name (redactable).
     pub hostname: Option<String>,
+    /// NVIDIA driver version, e.g. "580.65.06".
     pub driver_version: Option<String>,
     /// The newest CUDA version the driver supports, e.g. "13.0".
     pub cuda_driver_version: Option<String>,
