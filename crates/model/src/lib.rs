@@ -9,5 +9,6 @@ pub mod decode;
 pub mod error;
 pub mod finding;
 pub mod sample;
+pub mod schema;
 pub mod topology;
 pub mod units;

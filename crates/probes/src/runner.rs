@@ -41,7 +41,8 @@ pub struct Options {
 pub type TopologyReader = fn(&Nvml, &[(u32, Option<String>)]) -> Topology;
 
 /// Probe results for one GPU.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct DeviceProbes {
     pub index: u32,
     pub gpu: Option<GpuInfo>,

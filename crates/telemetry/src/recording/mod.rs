@@ -92,16 +92,20 @@ pub enum RecordingError {
 }
 
 /// Line 1 of a recording. `kind: "header"` is added when it is written.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields, transform = gpudiag_model::schema::tagged("kind", "header"))]
 pub struct Header {
     /// Always [`FORMAT_NAME`].
+    #[schemars(extend("const" = FORMAT_NAME))]
     pub format: String,
+    #[schemars(range(min = 1))]
     pub version: u32,
     /// When the recording started, ms since the Unix epoch.
     pub created_ms: TimeMs,
     /// The gpudiag version that wrote the file.
     pub tool_version: String,
     /// The backend that produced the telemetry ("nvml", ...).
+    #[schemars(length(min = 1))]
     pub backend: String,
     /// The polling interval, when there was a fixed one.
     #[serde(default)]
@@ -112,6 +116,8 @@ pub struct Header {
     pub devices: Vec<DeviceInfo>,
     /// How the recorded host's GPUs connect; absent in recordings of older versions.
     #[serde(default)]
+    #[schemars(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "gpudiag_model::topology::Topology")]
     pub topology: Option<gpudiag_model::topology::Topology>,
 }
 
@@ -174,7 +180,7 @@ impl Serialize for Header {
 /// One line after the header. Serialises with `kind` first and the record's fields beside it.
 // Nearly every record is a sample, so boxing the large variant would only add an allocation per line.
 #[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Record {
     Sample(Sample),
