@@ -164,7 +164,7 @@ pub struct SourceArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub backend: BackendChoice,
     /// Read amdgpu sysfs and /proc under this directory instead of / (fake trees in tests).
-    #[arg(long, value_name = "PATH", env = gpudiag_telemetry::sysfs::SYSFS_ROOT_ENV, hide = true)]
+    #[arg(long, value_name = "PATH", env = gpudiag_telemetry::amd::sysfs::SYSFS_ROOT_ENV, hide = true)]
     pub sysfs_root: Option<PathBuf>,
 }
 

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod commands;
 pub mod export;
 pub mod report;
+pub mod schema;
 pub mod tui;
 
 pub use gpudiag_core::{check, config, history, rules, session};

@@ -12,7 +12,7 @@ use gpudiag::commands;
 use gpudiag::config::{Config, DEFAULT_CONFIG_TOML};
 use gpudiag::error::{Error, exit};
 use gpudiag::report::text;
-use gpudiag::telemetry::sysfs::SYSFS_ROOT_ENV;
+use gpudiag::telemetry::amd::sysfs::SYSFS_ROOT_ENV;
 use gpudiag::tui;
 
 fn main() -> ExitCode {
@@ -148,7 +148,7 @@ fn replay(args: &ReplayArgs, interval: std::time::Duration, config: &Config) -> 
                 replay: Some(args.file.clone()),
                 demo: false,
                 init_timeout: std::time::Duration::from_secs(10),
-                poll_timeout: gpudiag::telemetry::guard::DEFAULT_POLL_TIMEOUT,
+                poll_timeout: gpudiag::telemetry::poll_deadline::DEFAULT_POLL_TIMEOUT,
                 backend: BackendChoice::Replay,
                 sysfs_root: None,
             },
@@ -175,7 +175,7 @@ fn default_view(demo: bool, interval: std::time::Duration, config: &Config) -> R
             replay: None,
             demo,
             init_timeout: std::time::Duration::from_secs(10),
-            poll_timeout: gpudiag::telemetry::guard::DEFAULT_POLL_TIMEOUT,
+            poll_timeout: gpudiag::telemetry::poll_deadline::DEFAULT_POLL_TIMEOUT,
             backend: BackendChoice::Auto,
             sysfs_root: std::env::var_os(SYSFS_ROOT_ENV).map(Into::into),
         },

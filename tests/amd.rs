@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use assert_cmd::Command;
 use serde_json::Value;
 
-use gpudiag::telemetry::rocm::{self, Library64, LoadError, RocmBackend};
-use gpudiag::telemetry::sysfs::SysfsBackend;
+use gpudiag::telemetry::amd::rocm::{self, Library64, LoadError, RocmBackend};
+use gpudiag::telemetry::amd::sysfs::SysfsBackend;
 use gpudiag::telemetry::{Absent, Backend, BackendError, Sample};
 
 const GIB: u64 = 1 << 30;

@@ -906,3 +906,65 @@ fn text_output_of_a_card_with_a_fan_and_processes() {
         assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
     }
 }
+
+/// A finding a recording carries that today's rules do not raise again over its samples (an
+/// older version's rule, a state the samples do not show): every view shows it, marked as
+/// recorded, and none loses it.
+#[test]
+fn recorded_findings_reach_every_view_marked_as_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("carried.ndjson");
+    let mut text = std::fs::read_to_string(fixture("healthy.ndjson")).unwrap();
+    text.push_str(
+        r#"{"kind":"finding","id":"thermal.near_slowdown","severity":"warn","device":0,"time_ms":1767225605000,"title":"GPU 0 runs within 5 °C of its slowdown temperature","evidence":{"values":{"temp_gpu_c":86.0},"window_s":10.0,"threshold":">= 85 °C"},"advice":"Check the airflow."}"#,
+    );
+    text.push('\n');
+    std::fs::write(&path, text).unwrap();
+
+    let report = check_replay(&path, &[]).report();
+    let carried: Vec<_> = report.devices[0]
+        .findings
+        .iter()
+        .filter(|f| f.id == "thermal.near_slowdown")
+        .collect();
+    assert_eq!(carried.len(), 1, "{:?}", report.devices[0].findings);
+    assert!(carried[0].recorded);
+    assert!(
+        report.devices[0]
+            .findings
+            .iter()
+            .filter(|f| f.id != "thermal.near_slowdown")
+            .all(|f| !f.recorded)
+    );
+
+    let text = gpudiag(&["check", "--replay", s(&path)]);
+    assert!(
+        text.stdout
+            .contains("within 5 °C of its slowdown temperature (recorded)"),
+        "{}",
+        text.stdout
+    );
+
+    let trace_path = dir.path().join("t.json");
+    let run = gpudiag(&["trace", "--replay", s(&path), "-o", s(&trace_path)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
+    let marked = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["args"]["id"] == "thermal.near_slowdown")
+        .map(|e| e["args"]["recorded"].clone())
+        .collect::<Vec<_>>();
+    assert_eq!(marked, [serde_json::Value::Bool(true)]);
+
+    // Outside a --window at the recording's end, the carried finding is not the window's.
+    let late = check_replay(&path, &["--window", "2s"]).report();
+    assert!(
+        late.devices[0]
+            .findings
+            .iter()
+            .all(|f| f.id != "thermal.near_slowdown")
+    );
+}

@@ -13,15 +13,15 @@ use std::time::{Duration, Instant};
 use assert_cmd::Command;
 use gpudiag::config::RulesConfig;
 use gpudiag::rules::{Finding, RuleEngine, Severity};
-use gpudiag::session::{DEMO_RECORDING, Pipeline};
+use gpudiag::session::{DEMO_RECORDING, Pipeline, Sink};
 use gpudiag::telemetry::fault::{self, FAULTS_ENV, FaultBackend};
-use gpudiag::telemetry::guard::Guarded;
+use gpudiag::telemetry::poll_deadline::PollDeadline;
 use gpudiag::telemetry::replay::{Pace, ReplayBackend};
 use gpudiag::telemetry::sampler::{Sampler, SamplerMsg};
 use gpudiag::telemetry::sanity::{self, Health};
 use gpudiag::telemetry::{Absent, Backend, EventKind, Metric, Tick};
 use gpudiag::tui::app::{App, AppInit, Panel, SourceKind};
-use gpudiag::tui::feed::FeedMsg;
+use gpudiag::tui::messages::FeedMsg;
 use gpudiag::tui::theme::Theme;
 use gpudiag::tui::ui;
 use ratatui::Terminal;
@@ -76,13 +76,28 @@ impl Run {
     }
 }
 
+/// Keeps the ticks a pipeline hands its sink.
+struct KeepTicks(Vec<Tick>);
+
+impl Sink for KeepTicks {
+    fn on_tick(
+        &mut self,
+        tick: &Tick,
+        _: &[gpudiag::rules::Finding],
+        _: &Pipeline,
+    ) -> Result<(), gpudiag::error::Error> {
+        self.0.push(tick.clone());
+        Ok(())
+    }
+}
+
 /// Plays `name` through the fault schedule `spec` and the whole pipeline, as `check` does.
 fn pipeline(name: &str, spec: &str, poll_timeout: Duration) -> Run {
     let replay = open(name);
     let devices = replay.devices().to_vec();
     let host = replay.host().clone();
     let faulty = FaultBackend::new(Box::new(replay), fault::parse(spec).unwrap());
-    let guarded = Guarded::new(Box::new(faulty), poll_timeout).unwrap();
+    let guarded = PollDeadline::new(Box::new(faulty), poll_timeout).unwrap();
     let sampler = Sampler::spawn(Box::new(guarded), Duration::from_millis(100), None);
     let mut pipeline = Pipeline::new(RuleEngine::new(
         RulesConfig::default(),
@@ -95,8 +110,10 @@ fn pipeline(name: &str, spec: &str, poll_timeout: Duration) -> Run {
     for msg in sampler.rx.iter() {
         match msg {
             SamplerMsg::Tick(t) => {
-                ticks.push(t.clone());
-                pipeline.push(t);
+                // The ticks as the pipeline passes them on: sanitised.
+                let mut keep = KeepTicks(Vec::new());
+                pipeline.push_into(t, &mut keep).unwrap();
+                ticks.extend(keep.0);
             }
             SamplerMsg::Ended(e) => {
                 failure = e.map(|e| e.to_string());
@@ -401,7 +418,7 @@ fn tui_marks_stalled_and_missing_gpus() {
     // A stalled device, as the deadline marks it.
     let stalled = sanity::all_absent(
         0,
-        app.latest[&0].time_ms + 1,
+        app.pipeline.latest[&0].time_ms + 1,
         &sanity::stalled_reason(Duration::from_millis(2000)),
     );
     app.push_tick(Tick {

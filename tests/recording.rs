@@ -106,6 +106,7 @@ fn every_record() -> Vec<Record> {
                 threshold: "any XID 79".into(),
             },
             advice: "reseat the card".into(),
+            recorded: false,
         }),
         Record::Sample(Sample::new(0, T0 + 500)),
     ]

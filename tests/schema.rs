@@ -1,5 +1,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The JSON Schemas in `assets/schema/` against real output, and mutations that must fail.
+//!
+//! The schemas are generated from the Rust types (`src/schema.rs`). After changing a type that
+//! a schema covers, regenerate the files and review their diff:
+//!
+//!     GPUDIAG_BLESS=1 cargo nextest run --test schema
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -16,26 +21,15 @@ use serde_json::{Value, json};
 const T0: u64 = 1_767_225_600_000;
 const REPORT_SCHEMA: &str = "check-report.schema.json";
 const RECORDING_SCHEMA: &str = "recording.schema.json";
-/// `$defs` both schema files carry, which must stay identical. A def added to both files must be
-/// added here too (the identity test counts them).
-const SHARED_DEFS: [&str; 18] = [
+const TRACE_SCHEMA: &str = "chrome-trace.schema.json";
+/// `$defs` both schema files must carry (and, being generated from the same types, identically).
+const SHARED_DEFS: [&str; 7] = [
     "Absent",
     "Severity",
     "HostInfo",
-    "ComputeCapability",
     "DeviceInfo",
     "ProcessSample",
-    "SampleFields",
-    "Sample",
     "Evidence",
-    "FindingFields",
-    "Finding",
-    "PciePath",
-    "P2pCaps",
-    "GpuPair",
-    "NvLinkErrors",
-    "NvLink",
-    "GpuPlacement",
     "Topology",
 ];
 
@@ -208,6 +202,37 @@ fn validate_recording(v: &Validator, path: &Path) -> (BTreeMap<String, usize>, V
 // ---------------------------------------------------------------------------------------------
 // The schemas themselves
 
+/// The committed files are what the types generate. With `GPUDIAG_BLESS=1` this test rewrites
+/// them instead (tests running at the same time may still read the old files: run again).
+#[test]
+fn committed_schemas_are_generated_from_the_types() {
+    let bless = std::env::var_os("GPUDIAG_BLESS").is_some_and(|v| v == "1");
+    let mut stale = Vec::new();
+    for (name, generated) in gpudiag::schema::all() {
+        let path = root().join("assets/schema").join(name);
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        if committed == generated {
+            continue;
+        }
+        if bless {
+            std::fs::write(&path, &generated).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            continue;
+        }
+        let line = committed
+            .lines()
+            .zip(generated.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or_else(|| committed.lines().count().min(generated.lines().count()));
+        stale.push(format!("{name} (first difference at line {})", line + 1));
+    }
+    assert!(
+        stale.is_empty(),
+        "the committed schemas differ from what the types generate: {}.\n\
+         Regenerate them with `GPUDIAG_BLESS=1 cargo nextest run --test schema` and review the diff.",
+        stale.join(", ")
+    );
+}
+
 #[test]
 fn schemas_are_valid_draft_2020_12_documents() {
     for name in [REPORT_SCHEMA, RECORDING_SCHEMA] {
@@ -247,75 +272,107 @@ fn shared_defs_are_identical_in_both_schemas() {
             "{RECORDING_SCHEMA} lacks $defs/{name}"
         );
     }
-    let mut compared = 0;
     for (name, def) in a {
         if let Some(other) = b.get(name) {
             assert_eq!(
                 def, other,
-                "$defs/{name} differs between {REPORT_SCHEMA} and {RECORDING_SCHEMA}; \
-                 change both copies together"
+                "$defs/{name} differs between {REPORT_SCHEMA} and {RECORDING_SCHEMA}"
             );
-            compared += 1;
         }
     }
-    assert_eq!(compared, SHARED_DEFS.len(), "update SHARED_DEFS");
+    // A sample or finding line is the report's Sample or Finding with `kind` beside its fields.
+    for (kind, def) in [("sample", "Sample"), ("finding", "Finding")] {
+        let mut line = recording["$defs"]["Record"]["oneOf"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["properties"]["kind"]["const"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} record"))
+            .clone();
+        let properties = line["properties"].as_object_mut().unwrap();
+        assert_eq!(properties.remove("kind").unwrap()["type"], "string");
+        let required = line["required"].as_array_mut().unwrap();
+        assert_eq!(required.remove(0), "kind");
+        assert_eq!(
+            line, report["$defs"][def],
+            "the {kind} line and $defs/{def}"
+        );
+    }
 }
 
 /// Every object schema is closed: `additionalProperties: false`, or `unevaluatedProperties: false`
-/// where a flattened record adds `kind` to a shared set of fields. The open `*Fields` defs are the
-/// only exception, and nothing may use them without closing them.
+/// where fields come from `oneOf` branches too (an event's fields beside `kind` and `event`); the
+/// branches of such an object are closed by it. Free-form maps say `additionalProperties` with
+/// the schema of their values.
 #[test]
 fn every_object_in_the_schemas_is_closed() {
-    fn walk(path: &str, v: &Value, open: &mut Vec<String>) {
+    fn walk(path: &str, v: &Value, closed_by_parent: bool, open: &mut Vec<String>) {
         match v {
             Value::Object(m) => {
                 let is_object = m.get("type") == Some(&json!("object"))
                     || m.get("type")
                         .and_then(Value::as_array)
                         .is_some_and(|t| t.contains(&json!("object")));
+                let unevaluated = m.get("unevaluatedProperties") == Some(&json!(false));
                 let closed = m
                     .get("additionalProperties")
                     .is_some_and(|a| a != &json!(true))
-                    || m.get("unevaluatedProperties") == Some(&json!(false));
+                    || unevaluated;
                 let free_form =
                     m.contains_key("additionalProperties") || path.ends_with("/properties/values");
-                if is_object && !closed && !free_form && !path.ends_with("Fields") {
+                if is_object && !closed && !free_form && !closed_by_parent {
                     open.push(path.to_owned());
                 }
+                let branches = ["oneOf", "anyOf", "allOf"];
+                if m.get("additionalProperties") == Some(&json!(false))
+                    && branches.iter().any(|k| m.contains_key(*k))
+                {
+                    // additionalProperties does not see the branches' fields.
+                    open.push(format!("{path} (additionalProperties beside {branches:?})"));
+                }
                 for (k, child) in m {
-                    walk(&format!("{path}/{k}"), child, open);
+                    let through = unevaluated && branches.contains(&k.as_str());
+                    walk(&format!("{path}/{k}"), child, through, open);
                 }
             }
             Value::Array(a) => {
                 for (i, child) in a.iter().enumerate() {
-                    walk(&format!("{path}/{i}"), child, open);
+                    walk(&format!("{path}/{i}"), child, closed_by_parent, open);
                 }
             }
             _ => {}
         }
     }
-    for name in [REPORT_SCHEMA, RECORDING_SCHEMA] {
+    for name in [REPORT_SCHEMA, RECORDING_SCHEMA, TRACE_SCHEMA] {
         let schema = load_schema(name);
         let mut open = Vec::new();
-        walk("#", &schema, &mut open);
+        walk("#", &schema, false, &mut open);
         // The recording's top level only dispatches on `kind`; each branch is closed.
         open.retain(|p| p != "#" || name != RECORDING_SCHEMA);
         assert!(open.is_empty(), "{name}: open object schemas at {open:?}");
-        for (def, body) in schema["$defs"].as_object().unwrap() {
-            if def.ends_with("Fields") {
-                assert!(
-                    body.get("additionalProperties").is_none(),
-                    "{def} must stay open"
-                );
-            }
-            if body.get("$ref").is_some() {
-                assert_eq!(
-                    body["unevaluatedProperties"], false,
-                    "{def} must close its $ref"
-                );
-            }
-        }
     }
+}
+
+/// The strings a schema allows: its `enum`, or the `const`s and `enum`s of its `oneOf` branches
+/// (an enum whose variants have doc comments), following a `$ref`.
+fn allowed_strings(schema: &Value, s: &Value) -> BTreeSet<String> {
+    if let Some(r) = s["$ref"].as_str() {
+        return allowed_strings(schema, schema.pointer(&r[1..]).unwrap());
+    }
+    let mut out = BTreeSet::new();
+    let mut add = |v: &Value| {
+        if let Some(x) = v["const"].as_str() {
+            out.insert(x.to_owned());
+        }
+        for x in v["enum"].as_array().into_iter().flatten() {
+            out.insert(x.as_str().unwrap().to_owned());
+        }
+    };
+    add(s);
+    for branch in s["oneOf"].as_array().into_iter().flatten() {
+        add(branch);
+    }
+    out
 }
 
 /// The enums and field lists in the schema follow the Rust types, so a field added to a struct
@@ -331,9 +388,19 @@ fn schema_names_follow_the_rust_types() {
             .map(|x| x.as_str().unwrap().to_owned())
             .collect()
     };
+    let strings = |values: Vec<Value>| -> BTreeSet<String> {
+        values
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let keys = |v: &Value| -> BTreeSet<String> { v.as_object().unwrap().keys().cloned().collect() };
 
-    let metrics: Vec<String> = Metric::ALL.iter().map(|m| m.name().to_owned()).collect();
-    assert_eq!(enum_of(&defs["Metric"]["enum"]), metrics);
+    // The summary is keyed by metric name, each the name of a Sample field, and nothing else.
+    let metrics: BTreeSet<String> = Metric::ALL.iter().map(|m| m.name().to_owned()).collect();
+    let summary = &defs["DeviceReport"]["properties"]["summary"];
+    assert_eq!(keys(&summary["properties"]), metrics);
+    assert_eq!(summary["additionalProperties"], false);
     for m in Metric::ALL {
         assert_eq!(serde_json::to_value(m).unwrap(), json!(m.name()));
     }
@@ -348,8 +415,8 @@ fn schema_names_follow_the_rust_types() {
         .map(|s| serde_json::to_value(s).unwrap())
         .collect();
     assert_eq!(
-        schema["properties"]["status"]["enum"],
-        Value::Array(statuses)
+        allowed_strings(&schema, &schema["properties"]["status"]),
+        strings(statuses)
     );
 
     let absent_units: Vec<Value> = [
@@ -363,8 +430,8 @@ fn schema_names_follow_the_rust_types() {
     .map(|a| serde_json::to_value(a).unwrap())
     .collect();
     assert_eq!(
-        defs["Absent"]["oneOf"][0]["enum"],
-        Value::Array(absent_units)
+        allowed_strings(&schema, &defs["Absent"]),
+        strings(absent_units)
     );
     assert_eq!(
         serde_json::to_value(Absent::Error("x".into())).unwrap(),
@@ -373,14 +440,13 @@ fn schema_names_follow_the_rust_types() {
 
     // Field lists, as sets (JSON objects are unordered): the serialised keys of a default value,
     // where `absent` is skipped because it is empty.
-    let keys = |v: &Value| -> BTreeSet<String> { v.as_object().unwrap().keys().cloned().collect() };
     let names = |v: &Value| -> BTreeSet<String> { enum_of(v).into_iter().collect() };
     let with_absent = |mut k: BTreeSet<String>| {
         k.insert("absent".to_owned());
         k
     };
     let sample_keys = keys(&serde_json::to_value(Sample::new(0, 0)).unwrap());
-    let sample_def = &defs["SampleFields"]["properties"];
+    let sample_def = &defs["Sample"]["properties"];
     assert_eq!(keys(sample_def), with_absent(sample_keys.clone()));
     let mut absent_keys = sample_keys.clone();
     absent_keys.remove("time_ms");
@@ -450,6 +516,18 @@ fn report_deserialises_into_the_typed_report_and_back() {
     let report: CheckReport = serde_json::from_value(value.clone()).unwrap();
     // The schema, the JSON and the types describe the same document: nothing is lost either way.
     assert_eq!(serde_json::to_value(&report).unwrap(), value);
+
+    // The schema is closed, but gpudiag's readers are not: a newer writer's extra fields, at any
+    // level, are ignored.
+    let newer = mutated(&value, |r| {
+        set(r, "", "extra", json!(1));
+        set(r, "/devices/0/info", "extra", json!(1));
+        set(r, "/devices/0/latest", "extra", json!(1));
+        set(r, "/devices/0/findings/0", "extra", json!(1));
+    });
+    assert!(!errors(&validator(REPORT_SCHEMA), &newer).is_empty());
+    let read: CheckReport = serde_json::from_value(newer).unwrap();
+    assert_eq!(read, report);
 
     assert_eq!(report.schema_version, 1);
     assert_eq!(report.tool.name, "gpudiag");

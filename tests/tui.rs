@@ -15,8 +15,9 @@ use gpudiag::telemetry::{Backend, Tick};
 use gpudiag::tui::app::{
     App, AppInit, Effect, KillSignal, Overlay, Panel, ProcSort, ProcessView, SourceKind, Zoom,
 };
-use gpudiag::tui::event::{AppEvent, save_recording};
-use gpudiag::tui::feed::{Control, Driver, Feed, FeedMsg, ReplayPosition};
+use gpudiag::tui::event::save_recording;
+use gpudiag::tui::feed::{Driver, Feed};
+use gpudiag::tui::messages::{AppEvent, FeedControl, FeedMsg, ReplayPosition};
 use gpudiag::tui::theme::Theme;
 use gpudiag::tui::ui;
 use ratatui::Terminal;
@@ -247,11 +248,11 @@ fn ctrl_c_quits() {
 fn pause_tells_the_feed_and_shows_in_the_header() {
     let mut app = loaded("demo");
     let effects = press(&mut app, &[KeyCode::Char(' ')]);
-    assert_eq!(effects, [Effect::Feed(Control::Pause(true))]);
+    assert_eq!(effects, [Effect::Feed(FeedControl::Pause(true))]);
     assert!(app.paused);
     assert!(render(&app, 80, 24).contains("PAUSED REPLAY 1:28/1:28"));
     let effects = press(&mut app, &[KeyCode::Char('p')]);
-    assert_eq!(effects, [Effect::Feed(Control::Pause(false))]);
+    assert_eq!(effects, [Effect::Feed(FeedControl::Pause(false))]);
     assert!(render(&app, 80, 24).contains("REPLAY END 1:28/1:28"));
 }
 
@@ -391,23 +392,23 @@ fn replay_keys_seek_and_change_speed() {
     let mut app = loaded("demo");
     assert_eq!(
         press(&mut app, &[KeyCode::Left]),
-        [Effect::Feed(Control::Seek(-10_000))]
+        [Effect::Feed(FeedControl::Seek(-10_000))]
     );
     let shift_right = KeyEvent::new(KeyCode::Right, KeyModifiers::SHIFT);
     assert_eq!(
         app.on_key(shift_right),
-        Some(Effect::Feed(Control::Seek(60_000)))
+        Some(Effect::Feed(FeedControl::Seek(60_000)))
     );
     assert_eq!(
         press(&mut app, &[KeyCode::Char('+'), KeyCode::Char('+')]),
         [
-            Effect::Feed(Control::Speed(2.0)),
-            Effect::Feed(Control::Speed(4.0))
+            Effect::Feed(FeedControl::Speed(2.0)),
+            Effect::Feed(FeedControl::Speed(4.0))
         ]
     );
     assert_eq!(
         press(&mut app, &[KeyCode::Char('-')]),
-        [Effect::Feed(Control::Speed(2.0))]
+        [Effect::Feed(FeedControl::Speed(2.0))]
     );
     for _ in 0..20 {
         press(&mut app, &[KeyCode::Char('-')]);
@@ -568,8 +569,8 @@ fn feed_plays_pauses_and_seeks_a_recording() {
         panic!("no first tick")
     };
     assert_eq!(ticks.len(), 1);
-    feed.send(Control::Pause(true));
-    feed.send(Control::Seek(3_000));
+    feed.send(FeedControl::Pause(true));
+    feed.send(FeedControl::Seek(3_000));
     let mut seen = 1;
     let FeedMsg::Ticks {
         ticks,
@@ -585,7 +586,7 @@ fn feed_plays_pauses_and_seeks_a_recording() {
     let p = position.unwrap();
     assert!(p.current_ms >= p.start_ms + 3_000, "{p:?}");
     // Backwards: everything from the start again, flagged as a reset.
-    feed.send(Control::Seek(-60_000));
+    feed.send(FeedControl::Seek(-60_000));
     let FeedMsg::Ticks {
         ticks,
         reset,
@@ -599,8 +600,8 @@ fn feed_plays_pauses_and_seeks_a_recording() {
     let p = position.unwrap();
     assert_eq!(p.current_ms, p.start_ms);
     // Fast and unpaused: plays to the end and says so.
-    feed.send(Control::Speed(1000.0));
-    feed.send(Control::Pause(false));
+    feed.send(FeedControl::Speed(1000.0));
+    feed.send(FeedControl::Pause(false));
     let mut after = 0;
     loop {
         match next_feed(&rx) {
@@ -686,7 +687,7 @@ fn live_feed_polls_on_its_interval_pauses_and_reports_failure() {
         "{:?}",
         start.elapsed()
     );
-    feed.send(Control::Pause(true));
+    feed.send(FeedControl::Pause(true));
     std::thread::sleep(Duration::from_millis(100));
     let paused_at = polls.load(std::sync::atomic::Ordering::SeqCst);
     std::thread::sleep(Duration::from_millis(300));
@@ -696,10 +697,10 @@ fn live_feed_polls_on_its_interval_pauses_and_reports_failure() {
         "no polling while paused"
     );
     // Seek and speed mean nothing live; they must not disturb it.
-    feed.send(Control::Seek(-10_000));
-    feed.send(Control::Speed(8.0));
+    feed.send(FeedControl::Seek(-10_000));
+    feed.send(FeedControl::Speed(8.0));
     while rx.try_recv().is_ok() {}
-    feed.send(Control::Pause(false));
+    feed.send(FeedControl::Pause(false));
     loop {
         match next_feed(&rx) {
             FeedMsg::Ticks { reset, .. } => assert!(!reset),
@@ -717,11 +718,11 @@ fn resuming_a_replay_keeps_its_pace() {
     let (tx, rx) = mpsc::channel();
     let feed = Feed::spawn(Driver::Replay(Box::new(b)), Duration::from_secs(1), 4.0, tx).unwrap();
     assert!(matches!(next_feed(&rx), FeedMsg::Ticks { .. }));
-    feed.send(Control::Pause(true));
+    feed.send(FeedControl::Pause(true));
     // Ticks are 1 s apart at ×4: 250 ms. Pause for several of them.
     std::thread::sleep(Duration::from_millis(1200));
     while rx.try_recv().is_ok() {}
-    feed.send(Control::Pause(false));
+    feed.send(FeedControl::Pause(false));
     let start = Instant::now();
     let mut arrivals = Vec::new();
     while arrivals.len() < 3 {
@@ -828,7 +829,7 @@ fn probes_need_a_live_source() {
 
 #[test]
 fn amd_fixture_device_renders_like_any_gpu() {
-    use gpudiag::telemetry::sysfs::SysfsBackend;
+    use gpudiag::telemetry::amd::sysfs::SysfsBackend;
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/mi300x");
     let mut b = SysfsBackend::open(&root).unwrap();
     let mut app = App::new(AppInit {

@@ -40,22 +40,27 @@ pub const TID_THROTTLE_BASE: u32 = 100;
 const GPU_IDLE_BIT: u64 = 0x1;
 
 /// A whole trace, as written to `trace.json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct Trace {
     #[serde(rename = "traceEvents")]
     pub trace_events: Vec<TraceEvent>,
     /// How the viewer shows times; the events themselves are always in µs.
     #[serde(rename = "displayTimeUnit")]
+    #[schemars(extend("enum" = ["ms", "ns"]))]
     pub display_time_unit: String,
     #[serde(rename = "otherData")]
     pub other_data: TraceInfo,
 }
 
 /// What produced the trace; viewers show it as metadata.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct TraceInfo {
     /// Always [`TRACE_FORMAT`].
+    #[schemars(extend("const" = TRACE_FORMAT))]
     pub format: String,
+    #[schemars(extend("const" = TRACE_VERSION))]
     pub version: u32,
     pub tool_version: String,
     /// Epoch milliseconds of `ts == 0`; `None` for a trace with no timed event.
@@ -70,7 +75,19 @@ pub struct TraceInfo {
 }
 
 /// An event phase (`ph`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 pub enum Phase {
     #[serde(rename = "M")]
     Metadata,
@@ -83,7 +100,7 @@ pub enum Phase {
 }
 
 /// Scope of an instant event (`s`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum Scope {
     #[serde(rename = "t")]
     Thread,
@@ -100,20 +117,25 @@ pub type Micros = u64;
 pub type Args = BTreeMap<Cow<'static, str>, Value>;
 
 /// One event of the Trace Event Format, with the fields gpudiag uses.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields, transform = crate::schema::trace_event_phases)]
 pub struct TraceEvent {
+    #[schemars(length(min = 1))]
     pub name: Cow<'static, str>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "String")]
     pub cat: Option<Cow<'static, str>>,
     pub ph: Phase,
     pub ts: Micros,
     /// Complete events only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Micros")]
     pub dur: Option<Micros>,
     pub pid: u32,
     pub tid: u32,
     /// Instant events only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Scope")]
     pub s: Option<Scope>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub args: Args,
@@ -690,6 +712,7 @@ mod tests {
                 threshold: "event".into(),
             },
             advice: "drain".into(),
+            recorded: false,
         }
     }
 

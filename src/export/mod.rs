@@ -9,18 +9,19 @@ pub mod prometheus;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::RecvTimeoutError;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::cli::TraceArgs;
 use chrome_trace::{Trace, TraceBuilder};
 use gpudiag_core::config::Config;
 use gpudiag_core::rules::Finding;
-use gpudiag_core::session::{Pipeline, Source, engine_for, open_source, with_recorded};
+use gpudiag_core::session::{
+    self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source, with_recorded,
+};
 use gpudiag_model::error::Error;
+use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::replay::Pace;
-use gpudiag_telemetry::sampler::{Sampler, SamplerMsg};
 
 /// Everything one pass over a source produced.
 pub struct Capture {
@@ -40,7 +41,6 @@ pub fn capture_trace(
     config: &Config,
 ) -> Result<Capture, Error> {
     let devices = source.devices();
-    let is_replay = source.recording.is_some();
     let recorded = source.recorded.clone();
     let mut builder = TraceBuilder::new(
         source.backend.name(),
@@ -49,33 +49,14 @@ pub fn capture_trace(
         devices.clone(),
     );
     let mut warnings = source.backend.source_warnings();
-    let filter = source.selected.clone();
     let mut pipeline = Pipeline::new(engine_for(&source, config));
-    let mut sampler = Sampler::spawn(
-        source.backend,
+    let mut sink = TraceSink(&mut builder);
+    let opts = RunOptions {
         interval,
-        if is_replay { None } else { limit },
-    );
-    let mut failure = None;
-    loop {
-        if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
-            sampler.stop();
-        }
-        match sampler.rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(SamplerMsg::Tick(t)) => {
-                let t = filter.apply(t);
-                builder.push_tick(&t);
-                pipeline.push(t);
-            }
-            Ok(SamplerMsg::Ended(e)) => {
-                failure = e;
-                break;
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => break,
-        }
-    }
-    sampler.stop();
+        limit: limit.map_or(Limit::None, Limit::Live),
+        stop,
+    };
+    let failure = session::run(source, &mut pipeline, &opts, &mut sink)?;
     match failure {
         Some(e) if pipeline.tick_times.is_empty() => return Err(e.into()),
         Some(e) => warnings.push(format!("sampling stopped early: {e}")),
@@ -95,6 +76,16 @@ pub fn capture_trace(
         ticks: pipeline.tick_times.len() as u64,
         warnings,
     })
+}
+
+/// Draws every tick into the trace as it arrives.
+struct TraceSink<'a>(&'a mut TraceBuilder);
+
+impl Sink for TraceSink<'_> {
+    fn on_tick(&mut self, tick: &Tick, _: &[Finding], _: &Pipeline) -> Result<(), Error> {
+        self.0.push_tick(tick);
+        Ok(())
+    }
 }
 
 /// `gpudiag trace`: returns the capture (the file is written).

@@ -80,7 +80,14 @@ pub fn render(report: &CheckReport) -> String {
     if !report.host_findings.is_empty() {
         out.push_str("\nhost findings:\n");
         for f in &report.host_findings {
-            let _ = writeln!(out, "  [{}] {} — {}", f.severity, f.title, f.advice);
+            let _ = writeln!(
+                out,
+                "  [{}] {}{} — {}",
+                f.severity,
+                f.title,
+                f.recorded_tag(),
+                f.advice
+            );
         }
     }
     let count = |sev| {
@@ -173,8 +180,11 @@ fn render_device(out: &mut String, d: &DeviceReport) {
     for f in &d.findings {
         let _ = writeln!(
             out,
-            "  [{}] {}\n      what to do: {}",
-            f.severity, f.title, f.advice
+            "  [{}] {}{}\n      what to do: {}",
+            f.severity,
+            f.title,
+            f.recorded_tag(),
+            f.advice
         );
     }
 }

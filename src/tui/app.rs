@@ -9,21 +9,20 @@ use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseEvent, MouseEventKind};
 
-use super::feed::{Control, FeedMsg, ReplayPosition, tick_time};
+use super::messages::{FeedControl, FeedMsg, LOOKBACK, ReplayPosition, tick_time};
 use super::theme::Theme;
 use crate::cli::SuiteName;
 use gpudiag_core::config::RulesConfig;
-use gpudiag_core::history::History;
 use gpudiag_core::rules::{Finding, RuleEngine, Severity};
+use gpudiag_core::session::{Pipeline, with_recorded};
 use gpudiag_model::cuda_libraries::LibraryInfo;
 use gpudiag_probes::runner::ProbeReport;
-use gpudiag_telemetry::{DeviceInfo, Event, HostInfo, Sample, Tick, TimeMs};
+use gpudiag_telemetry::{DeviceInfo, HostInfo, Sample, Tick, TimeMs};
 
 /// Findings are re-evaluated at most this often: rules look at windows of seconds to minutes,
 /// so a faster refresh would only cost CPU.
 pub const FINDINGS_EVERY: Duration = Duration::from_secs(1);
 /// Events kept for the rules (XIDs and the like are rare; this only bounds a storm).
-const MAX_EVENTS: usize = 10_000;
 /// Ticks kept for "save a recording". At 1 s this is over 5 hours; at 100 ms over 30 minutes.
 /// The oldest go first, so a long session stays within a bounded amount of memory.
 pub const MAX_SESSION_TICKS: usize = 20_000;
@@ -177,7 +176,7 @@ pub enum Overlay {
 /// What the event loop must do for the app.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
-    Feed(Control),
+    Feed(FeedControl),
     Signal {
         pid: u32,
         signal: KillSignal,
@@ -256,11 +255,11 @@ pub struct App {
     pub can_signal: bool,
     pub topology: Option<gpudiag_model::topology::Topology>,
 
-    pub history: History,
-    pub latest: BTreeMap<u32, Sample>,
-    pub events: VecDeque<Event>,
-    /// The same incremental rules as `check`, fed tick by tick.
-    engine: RuleEngine,
+    /// The same pipeline as every command: sanitised ticks, history, latest values, and the
+    /// incremental rules, fed tick by tick.
+    pub pipeline: Pipeline,
+    /// Findings a replayed recording carries (raised live when it was made).
+    recorded: Vec<Finding>,
     rules: RulesConfig,
     libraries: Option<Vec<LibraryInfo>>,
     /// Everything the rules raised this session, newest first.
@@ -302,7 +301,8 @@ impl App {
             None,
         );
         App {
-            engine,
+            pipeline: Pipeline::new(engine).retaining(LOOKBACK),
+            recorded: Vec::new(),
             rules: RulesConfig::default(),
             libraries: None,
             host: init.host,
@@ -313,9 +313,6 @@ impl App {
             theme: init.theme,
             can_signal: init.can_signal,
             topology: init.topology,
-            history: History::new(),
-            latest: BTreeMap::new(),
-            events: VecDeque::new(),
             findings: Vec::new(),
             findings_at: None,
             proc_memory: BTreeMap::new(),
@@ -353,13 +350,19 @@ impl App {
         self.reset_engine();
     }
 
+    /// Shows the findings a replayed recording carries beside the rules' own.
+    pub fn set_recorded(&mut self, findings: Vec<Finding>) {
+        self.recorded = findings;
+    }
+
     fn reset_engine(&mut self) {
-        self.engine = RuleEngine::new(
+        let engine = RuleEngine::new(
             self.rules.clone(),
             self.devices.clone(),
             Some(self.host.clone()),
             self.libraries.clone(),
         );
+        self.pipeline = Pipeline::new(engine).retaining(LOOKBACK);
     }
 
     /// The selected device's static info.
@@ -369,7 +372,7 @@ impl App {
 
     /// Newest data time over all devices: "now" for rules and charts, in recorded time.
     pub fn now_ms(&self) -> Option<TimeMs> {
-        self.latest.values().map(|s| s.time_ms).max()
+        self.pipeline.latest.values().map(|s| s.time_ms).max()
     }
 
     /// Applies what the feed sent. Findings follow at most once per `FINDINGS_EVERY`.
@@ -405,9 +408,6 @@ impl App {
     }
 
     fn clear_data(&mut self) {
-        self.history.clear();
-        self.latest.clear();
-        self.events.clear();
         self.findings.clear();
         self.reset_engine();
         self.proc_memory.clear();
@@ -415,26 +415,20 @@ impl App {
         self.session_dropped = false;
     }
 
-    /// Adds one tick to the history, the latest values and the session.
+    /// Adds one tick to the pipeline and the session. Cheap per tick: the engine re-judges its
+    /// windows only once a second of sample time.
     pub fn push_tick(&mut self, tick: Tick) {
         for s in &tick.samples {
-            self.history.push_sample(s);
             self.track_processes(s);
-            self.latest.insert(s.device, s.clone());
-        }
-        // Cheap per tick: the engine re-judges its windows only once a second of sample time.
-        self.engine.on_tick(&self.history, &tick);
-        self.events.extend(tick.events.iter().cloned());
-        while self.events.len() > MAX_EVENTS {
-            self.events.pop_front();
         }
         if tick_time(&tick).is_some() {
-            self.session.push_back(tick);
+            self.session.push_back(tick.clone());
             if self.session.len() > MAX_SESSION_TICKS {
                 self.session.pop_front();
                 self.session_dropped = true;
             }
         }
+        self.pipeline.push(tick);
     }
 
     fn track_processes(&mut self, s: &Sample) {
@@ -482,9 +476,10 @@ impl App {
             return;
         }
         if self.ended.is_some() {
-            self.engine.finish(&self.history);
+            let pipeline = &mut self.pipeline;
+            pipeline.engine.finish(&pipeline.history);
         }
-        let mut findings = self.engine.raised();
+        let mut findings = with_recorded(self.pipeline.engine.raised(), &self.recorded);
         findings.sort_by_key(|f| std::cmp::Reverse(f.time_ms));
         self.findings = findings;
         let n = self.findings.len();
@@ -514,7 +509,7 @@ impl App {
     pub fn process_view(&self) -> ProcessView {
         let mut any_read = false;
         let mut rows = Vec::new();
-        for s in self.latest.values() {
+        for s in self.pipeline.latest.values() {
             let Some(procs) = &s.processes else {
                 continue;
             };
@@ -532,6 +527,7 @@ impl App {
         }
         if !any_read {
             let why = self
+                .pipeline
                 .latest
                 .values()
                 .find_map(|s| s.why_absent("processes"))
@@ -683,7 +679,7 @@ impl App {
             }
             KeyCode::Char(' ') | KeyCode::Char('p') => {
                 self.paused = !self.paused;
-                return Some(Effect::Feed(Control::Pause(self.paused)));
+                return Some(Effect::Feed(FeedControl::Pause(self.paused)));
             }
             KeyCode::Char('z') => self.zoom = self.zoom.step(1),
             KeyCode::Char('Z') => self.zoom = self.zoom.step(-1),
@@ -730,7 +726,7 @@ impl App {
         let j = (i + by).clamp(0, SPEEDS.len() as isize - 1) as usize;
         self.speed = SPEEDS.get(j).copied().unwrap_or(1.0);
         self.status = Some(format!("replay speed ×{}", self.speed));
-        Some(Effect::Feed(Control::Speed(self.speed)))
+        Some(Effect::Feed(FeedControl::Speed(self.speed)))
     }
 
     fn seek(&mut self, delta_ms: i64) -> Option<Effect> {
@@ -738,7 +734,7 @@ impl App {
             self.status = Some("seeking applies to replays".into());
             return None;
         }
-        Some(Effect::Feed(Control::Seek(delta_ms)))
+        Some(Effect::Feed(FeedControl::Seek(delta_ms)))
     }
 
     fn ask_kill(&mut self) -> Option<Effect> {

@@ -11,22 +11,10 @@ use ratatui::Terminal;
 use ratatui::backend::Backend as TermBackend;
 
 use super::app::{App, Effect, KillSignal};
-use super::feed::{Feed, FeedMsg};
+use super::feed::Feed;
+use super::messages::AppEvent;
 use super::ui;
 use gpudiag_telemetry::recording::{Header, RecordingError, RecordingWriter};
-
-/// Everything that can wake the UI.
-#[derive(Debug)]
-pub enum AppEvent {
-    Input(InputEvent),
-    /// Reading the terminal failed: nobody can steer the UI any more.
-    InputClosed(String),
-    Feed(FeedMsg),
-    /// SIGTERM, SIGINT or SIGHUP from outside.
-    Terminate,
-    /// A probe run started from the probes panel finished.
-    Probes(Result<gpudiag_probes::runner::ProbeReport, String>),
-}
 
 /// Reads terminal input on its own thread, so waiting for a key never blocks drawing.
 pub fn spawn_input(tx: Sender<AppEvent>) -> std::io::Result<()> {

@@ -2,7 +2,7 @@
 //! channel. The UI thread never calls the backend, so a slow NVML call or a replay's wait can
 //! only delay data, never input or drawing.
 //!
-//! Control messages (pause, speed, seek, stop) arrive on a second channel. A replay waiting for
+//! FeedControl messages (pause, speed, seek, stop) arrive on a second channel. A replay waiting for
 //! its next tick is woken through its interrupt flag, so controls take effect within ~50 ms.
 //! Seeking delivers the skipped ticks (and, backwards, up to `LOOKBACK` before the target) in one
 //! batch, so the charts show the context of the new position rather than starting empty.
@@ -12,47 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
-use super::event::AppEvent;
+use super::messages::{AppEvent, FeedControl, FeedMsg, LOOKBACK, ReplayPosition, tick_time};
 use gpudiag_telemetry::replay::{Pace, ReplayBackend};
-use gpudiag_telemetry::sanity::Sanitiser;
-use gpudiag_telemetry::{Backend, BackendError, Tick, TimeMs};
-
-/// How much history a backward seek replays before its target: the widest chart window.
-pub const LOOKBACK: Duration = Duration::from_secs(3600);
-
-/// Where a replay stands, in recorded time.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ReplayPosition {
-    pub current_ms: TimeMs,
-    pub start_ms: TimeMs,
-    pub end_ms: TimeMs,
-    pub speed: f64,
-}
-
-/// What the feed tells the UI.
-#[derive(Debug)]
-pub enum FeedMsg {
-    /// New ticks, oldest first. `reset`: forget everything before them (a backward seek).
-    Ticks {
-        ticks: Vec<Tick>,
-        reset: bool,
-        position: Option<ReplayPosition>,
-    },
-    /// No more ticks for now: the recording ended (`None`) or the backend failed. A replay can
-    /// still seek back after this.
-    Ended(Option<String>),
-}
-
-/// What the UI asks of the feed.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Control {
-    Pause(bool),
-    /// Replay speed, 1.0 = as recorded.
-    Speed(f64),
-    /// Move the replay by this many milliseconds of recorded time.
-    Seek(i64),
-    Stop,
-}
+use gpudiag_telemetry::{Backend, BackendError};
 
 /// The source the feed polls. Only the feed distinguishes live from replay: seeking and speed
 /// exist only for a recording.
@@ -63,7 +25,7 @@ pub enum Driver {
 
 /// Handle on the feed thread.
 pub struct Feed {
-    ctl: Sender<Control>,
+    ctl: Sender<FeedControl>,
     interrupt: Arc<AtomicBool>,
     worker: Option<std::thread::JoinHandle<()>>,
 }
@@ -92,7 +54,6 @@ impl Feed {
             tx,
             ctl_rx,
             interrupt: interrupt.clone(),
-            sanitiser: Sanitiser::new(),
         };
         let worker = std::thread::Builder::new()
             .name("gpudiag-feed".into())
@@ -104,7 +65,7 @@ impl Feed {
         })
     }
 
-    pub fn send(&self, c: Control) {
+    pub fn send(&self, c: FeedControl) {
         // Send first, then wake: the woken poll finds the control waiting.
         let _ = self.ctl.send(c);
         self.interrupt.store(true, Ordering::Relaxed);
@@ -116,7 +77,7 @@ impl Drop for Feed {
     /// (and its own threads stopped) before the process exits; a backend stuck in a vendor call
     /// is left behind after the bound rather than hanging the exit.
     fn drop(&mut self) {
-        self.send(Control::Stop);
+        self.send(FeedControl::Stop);
         if let Some(worker) = self.worker.take() {
             let _ = gpudiag_model::deadline::join_within(worker, Duration::from_secs(2));
         }
@@ -131,25 +92,14 @@ struct Worker {
     at_end: bool,
     next_due: Instant,
     tx: Sender<AppEvent>,
-    ctl_rx: Receiver<Control>,
+    ctl_rx: Receiver<FeedControl>,
     interrupt: Arc<AtomicBool>,
-    /// Every tick is checked for implausible values before the UI sees it.
-    sanitiser: Sanitiser,
 }
 
 /// Whether the worker goes on after a control.
 enum Flow {
     Go,
     Stop,
-}
-
-/// The time a tick stands for: its samples' time, or its latest event's.
-pub fn tick_time(t: &Tick) -> Option<TimeMs> {
-    t.samples
-        .iter()
-        .map(|s| s.time_ms)
-        .max()
-        .or_else(|| t.events.iter().map(|e| e.time_ms).max())
 }
 
 impl Worker {
@@ -218,17 +168,14 @@ impl Worker {
         match result {
             // An interrupted replay wait: nothing to show.
             Ok(t) if t.samples.is_empty() && t.events.is_empty() => true,
-            Ok(mut t) => {
-                self.sanitiser.apply(&mut t);
-                send(
-                    &self.tx,
-                    FeedMsg::Ticks {
-                        ticks: vec![t],
-                        reset: false,
-                        position,
-                    },
-                )
-            }
+            Ok(t) => send(
+                &self.tx,
+                FeedMsg::Ticks {
+                    ticks: vec![t],
+                    reset: false,
+                    position,
+                },
+            ),
             Err(e) => {
                 self.at_end = true;
                 let why = match e {
@@ -240,10 +187,10 @@ impl Worker {
         }
     }
 
-    fn apply(&mut self, c: Control) -> Flow {
+    fn apply(&mut self, c: FeedControl) -> Flow {
         match c {
-            Control::Stop => return Flow::Stop,
-            Control::Pause(p) => {
+            FeedControl::Stop => return Flow::Stop,
+            FeedControl::Pause(p) => {
                 self.paused = p;
                 if !p {
                     self.next_due = Instant::now();
@@ -254,14 +201,14 @@ impl Worker {
                     }
                 }
             }
-            Control::Speed(s) => {
+            FeedControl::Speed(s) => {
                 if let Driver::Replay(r) = &mut self.driver
                     && r.set_pace(Pace::Recorded { speed: s }).is_ok()
                 {
                     self.speed = s;
                 }
             }
-            Control::Seek(delta) => {
+            FeedControl::Seek(delta) => {
                 if !self.seek(delta) {
                     return Flow::Stop;
                 }
@@ -290,11 +237,7 @@ impl Worker {
         // Deliver everything up to the target at once, then play on at the chosen speed.
         let _ = r.set_pace(Pace::AsFastAsPossible);
         let mut ticks = Vec::new();
-        if reset {
-            self.sanitiser.reset();
-        }
-        while let Ok(mut t) = r.poll() {
-            self.sanitiser.apply(&mut t);
+        while let Ok(t) = r.poll() {
             let time = tick_time(&t);
             ticks.push(t);
             if time.is_some_and(|t| t >= target) {

@@ -8,6 +8,7 @@ pub mod app;
 pub mod event;
 pub mod feed;
 pub mod format;
+pub mod messages;
 pub mod panels;
 pub mod terminal;
 pub mod theme;
@@ -18,7 +19,6 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use app::{App, AppInit, SourceKind};
-use event::AppEvent;
 use feed::{Driver, Feed};
 use gpudiag_core::config::Config;
 use gpudiag_core::session::{DEMO_NAME, DEMO_RECORDING, Origin, SourceSpec, open_source};
@@ -26,6 +26,7 @@ use gpudiag_model::error::{Error, exit};
 use gpudiag_telemetry::live::LiveBackend;
 use gpudiag_telemetry::nvml::DEFAULT_SLOW_INTERVAL;
 use gpudiag_telemetry::replay::{Pace, ReplayBackend};
+use messages::AppEvent;
 use theme::Theme;
 
 /// How long NVML initialisation may take before the UI gives up on live GPUs.
@@ -39,7 +40,11 @@ pub fn run_default(demo: bool, interval: Duration, config: &Config) -> Result<i3
     match open_live(interval) {
         Ok((driver, init)) => {
             let libraries = Some(gpudiag_model::cuda_libraries::detect_libraries());
-            run(driver, init, interval, 1.0, None, config, libraries)
+            let facts = SourceFacts {
+                libraries,
+                recorded: Vec::new(),
+            };
+            run(driver, init, interval, 1.0, None, config, facts)
         }
         Err(Error::CannotRun(why)) => {
             let line = format!(
@@ -92,8 +97,8 @@ fn open_live(interval: Duration) -> Result<(Driver, AppInit), Error> {
         origin: Origin::Live(LiveBackend::Auto),
         devices: Vec::new(),
         init_timeout: INIT_TIMEOUT,
-        poll_timeout: gpudiag_telemetry::guard::DEFAULT_POLL_TIMEOUT,
-        sysfs_root: std::env::var_os(gpudiag_telemetry::sysfs::SYSFS_ROOT_ENV).map(Into::into),
+        poll_timeout: gpudiag_telemetry::poll_deadline::DEFAULT_POLL_TIMEOUT,
+        sysfs_root: std::env::var_os(gpudiag_telemetry::amd::sysfs::SYSFS_ROOT_ENV).map(Into::into),
     };
     let mut source = open_source(&spec, Pace::AsFastAsPossible, false)?;
     // Slow fields (PCIe throughput, processes) need not be read more often than the screen
@@ -133,6 +138,7 @@ fn run_replay_source(
         can_signal: false,
         topology: backend.header().topology.clone(),
     };
+    let recorded = gpudiag_telemetry::Backend::recorded_findings(&backend);
     run(
         Driver::Replay(Box::new(backend)),
         init,
@@ -140,8 +146,19 @@ fn run_replay_source(
         speed,
         notice,
         config,
-        None,
+        SourceFacts {
+            libraries: None,
+            recorded,
+        },
     )
+}
+
+/// What the rules judge a source with besides its telemetry.
+struct SourceFacts {
+    /// This host's CUDA libraries, for live GPUs only.
+    libraries: Option<Vec<gpudiag_model::cuda_libraries::LibraryInfo>>,
+    /// Findings a replayed recording carries.
+    recorded: Vec<gpudiag_core::rules::Finding>,
 }
 
 fn run(
@@ -151,7 +168,7 @@ fn run(
     speed: f64,
     notice: Option<String>,
     config: &Config,
-    libraries: Option<Vec<gpudiag_model::cuda_libraries::LibraryInfo>>,
+    facts: SourceFacts,
 ) -> Result<i32, Error> {
     let io = |what: &str| {
         let what = what.to_owned();
@@ -159,7 +176,8 @@ fn run(
     };
     let (tx, rx) = mpsc::channel();
     let mut app = App::new(init);
-    app.set_rules(config.rules.clone(), libraries);
+    app.set_rules(config.rules.clone(), facts.libraries);
+    app.set_recorded(facts.recorded);
     app.speed = speed;
     app.status = notice;
     let mut guard = terminal::TerminalGuard::enter().map_err(io("setting up the terminal"))?;

@@ -1,7 +1,7 @@
 //! Screen layout: header, tab bar, the current panel, a footer line, and overlays on top.
 
 use ratatui::Frame;
-use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::layout::{Constraint, Layout};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
@@ -114,16 +114,4 @@ fn footer_line(app: &App, width: u16) -> Line<'static> {
         super::format::fit(&hints, width as usize),
         t.dim(),
     ))
-}
-
-/// A rectangle of at most `w`x`h` centred in `area`.
-pub fn centered(area: Rect, w: u16, h: u16) -> Rect {
-    let w = w.min(area.width);
-    let h = h.min(area.height);
-    Rect {
-        x: area.x + (area.width - w) / 2,
-        y: area.y + (area.height - h) / 2,
-        width: w,
-        height: h,
-    }
 }

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::history::{History, Window, WindowStats};
@@ -15,10 +16,13 @@ use gpudiag_telemetry::{DeviceInfo, HostInfo, Metric, Sample, TimeMs};
 /// Bumped on any change that removes or retypes a field; adding a field keeps it.
 pub const CHECK_SCHEMA_VERSION: u32 = 1;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields, transform = gpudiag_model::schema::added_later("topology"))]
 pub struct CheckReport {
+    #[schemars(extend("const" = CHECK_SCHEMA_VERSION))]
     pub schema_version: u32,
     pub tool: ToolInfo,
+    /// When the report was made, ms since the Unix epoch.
     pub generated_ms: TimeMs,
     pub host: HostInfo,
     pub source: SourceInfo,
@@ -33,18 +37,25 @@ pub struct CheckReport {
     pub topology: Option<gpudiag_model::topology::Topology>,
     /// Probes over several GPUs at once (the NCCL all-reduce) when `check --probes` ran them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Vec<gpudiag_probes::ProbeResult>")]
     pub host_probes: Option<Vec<gpudiag_probes::ProbeResult>>,
     /// Findings that belong to no single device.
     pub host_findings: Vec<Finding>,
+    /// The worst severity among the findings (info counts as healthy).
     pub status: Status,
     /// The severity at which `status` turns into exit code 1.
     pub fail_on: Severity,
+    /// 1 when a finding is at or above `fail_on`, else 0 (codes 2 and 3 print no report).
+    #[schemars(extend("enum" = [exit::OK, exit::FINDINGS]))]
     pub exit_code: i32,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct ToolInfo {
+    #[schemars(extend("const" = "gpudiag"))]
     pub name: String,
+    #[schemars(length(min = 1))]
     pub version: String,
 }
 
@@ -57,9 +68,11 @@ impl ToolInfo {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct SourceInfo {
     /// "nvml" or "replay".
+    #[schemars(length(min = 1))]
     pub backend: String,
     /// The recording checked, for replays (redactable).
     pub recording: Option<String>,
@@ -68,18 +81,22 @@ pub struct SourceInfo {
     pub warnings: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct WindowInfo {
     /// The window asked for, in seconds; `None` means the whole recording.
+    #[schemars(range(min = 0))]
     pub requested_s: Option<f64>,
     /// From the first to the last sample, in seconds.
+    #[schemars(range(min = 0))]
     pub covered_s: f64,
     pub ticks: u64,
     pub start_ms: Option<TimeMs>,
     pub end_ms: Option<TimeMs>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct DeviceReport {
     pub info: DeviceInfo,
     /// The last sample of the window, with the reasons for absent values.
@@ -89,10 +106,13 @@ pub struct DeviceReport {
     pub findings: Vec<Finding>,
     /// Probe results when `check --probes` ran them; left out otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "gpudiag_probes::runner::DeviceProbes")]
     pub probes: Option<gpudiag_probes::runner::DeviceProbes>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// No findings above `info`.
@@ -178,6 +198,7 @@ mod tests {
                 threshold: "".into(),
             },
             advice: "a".into(),
+            recorded: false,
         }
     }
 

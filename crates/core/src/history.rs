@@ -31,6 +31,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use gpudiag_telemetry::{Metric, Sample, TimeMs};
@@ -85,7 +86,8 @@ impl From<Duration> for Window {
 }
 
 /// Statistics of one series over one window. Everything but `count` is `None` for an empty window.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct WindowStats {
     /// Time of the oldest data in the window (a bucket's first point when it is coarse).
     pub first_ms: Option<TimeMs>,
@@ -104,6 +106,7 @@ pub struct WindowStats {
     pub slope_per_s: Option<f64>,
     /// Coefficient of determination of that fit, in [0, 1]; 1 for a constant series (a flat
     /// line fits it exactly, as scikit-learn also reports).
+    #[schemars(range(min = 0, max = 1))]
     pub r2: Option<f64>,
     /// Part of the window came from coarse buckets, so its edge and p95 are approximate.
     pub coarse: bool,

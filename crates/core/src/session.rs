@@ -4,16 +4,22 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
 use gpudiag_model::error::Error;
 use gpudiag_model::finding::Finding;
 use gpudiag_model::topology::Topology;
-use gpudiag_telemetry::guard::Guarded;
 use gpudiag_telemetry::live::{self, LiveBackend, LiveOptions};
 use gpudiag_telemetry::nvml::SlowFields;
+use gpudiag_telemetry::poll_deadline::PollDeadline;
 use gpudiag_telemetry::replay::{Pace, ReplayBackend};
-use gpudiag_telemetry::{Backend, DeviceInfo, Event, Pacing, Sample, Tick, TimeMs, fault};
+use gpudiag_telemetry::sampler::{Sampler, SamplerMsg};
+use gpudiag_telemetry::sanity::Sanitiser;
+use gpudiag_telemetry::{
+    Backend, BackendError, DeviceInfo, Event, Pacing, Sample, Tick, TimeMs, fault,
+};
 
 use crate::config::Config;
 use crate::history::History;
@@ -164,7 +170,7 @@ pub fn with_faults_and_deadline(
     let faulty = fault::env_active();
     let backend = fault::from_env(backend).map_err(Error::Usage)?;
     if faulty || backend.pacing() == Pacing::Live {
-        Ok(Box::new(Guarded::new(backend, poll_timeout)?))
+        Ok(Box::new(PollDeadline::new(backend, poll_timeout)?))
     } else {
         Ok(backend)
     }
@@ -209,14 +215,42 @@ pub fn select_devices(devices: &[DeviceInfo], selectors: &[String]) -> Result<De
         .map(DeviceFilter)
 }
 
-/// Everything the pipeline gathered from a source, with the rules judging it as it arrives.
+/// The one pipeline every command and view feeds: each tick is sanitised (implausible values
+/// dropped), pushed into the history, judged by the rules, handed to the sink, and kept as the
+/// latest values and events. Nothing else ingests ticks, so every view of a source agrees.
 pub struct Pipeline {
     pub history: History,
     pub latest: BTreeMap<u32, Sample>,
-    /// The time of every tick that carried samples, in order.
+    /// The time of every tick that carried samples, in order (bounded by `retain`).
     pub tick_times: Vec<TimeMs>,
     pub events: Vec<Event>,
     pub engine: RuleEngine,
+    sanitiser: Sanitiser,
+    /// Long-running consumers (serve, record, the terminal UI) keep tick times and events for
+    /// this long only; a check keeps everything it sampled.
+    retain: Option<Duration>,
+}
+
+/// What consumes the pipeline's ticks: a trace being built, a recording being written, the
+/// Prometheus snapshot, the terminal UI.
+pub trait Sink {
+    /// Called once per tick, after the tick was sanitised, pushed into the history and judged
+    /// (`raised`: the findings this tick raised), before it becomes the latest values.
+    fn on_tick(
+        &mut self,
+        tick: &Tick,
+        raised: &[Finding],
+        pipeline: &Pipeline,
+    ) -> Result<(), Error>;
+}
+
+/// A sink that keeps nothing beyond what the pipeline itself keeps (`check`).
+pub struct NoSink;
+
+impl Sink for NoSink {
+    fn on_tick(&mut self, _: &Tick, _: &[Finding], _: &Pipeline) -> Result<(), Error> {
+        Ok(())
+    }
 }
 
 impl Pipeline {
@@ -227,21 +261,47 @@ impl Pipeline {
             tick_times: Vec::new(),
             events: Vec::new(),
             engine,
+            sanitiser: Sanitiser::new(),
+            retain: None,
         }
     }
 
-    pub fn push(&mut self, tick: Tick) {
+    /// Keeps tick times and events for `window` only (the history bounds itself).
+    pub fn retaining(mut self, window: Duration) -> Self {
+        self.retain = Some(window);
+        self
+    }
+
+    /// sanitise → history → rules → sink → latest values.
+    pub fn push_into(&mut self, mut tick: Tick, sink: &mut dyn Sink) -> Result<(), Error> {
+        self.sanitiser.apply(&mut tick);
         if let Some(t) = tick.samples.iter().map(|s| s.time_ms).max() {
             self.tick_times.push(t);
         }
         for s in &tick.samples {
             self.history.push_sample(s);
         }
-        self.engine.on_tick(&self.history, &tick);
+        let raised = self.engine.on_tick(&self.history, &tick);
+        let delivered = sink.on_tick(&tick, &raised, self);
         for s in tick.samples {
             self.latest.insert(s.device, s);
         }
         self.events.extend(tick.events);
+        if let Some(window) = self.retain {
+            self.keep_last(window);
+        }
+        delivered
+    }
+
+    /// `push_into` with no sink.
+    pub fn push(&mut self, tick: Tick) {
+        let _ = self.push_into(tick, &mut NoSink);
+    }
+
+    /// Forgets the sanitiser's memory of counters (a replay seeking backwards: counters going
+    /// down are then the seek, not the GPU).
+    pub fn rewind(&mut self) {
+        self.sanitiser.reset();
     }
 
     /// Keeps only what falls in `(end − window, end]`, the same half-open window the history's
@@ -311,16 +371,97 @@ pub fn engine_for(source: &Source, config: &Config) -> RuleEngine {
     )
 }
 
-/// Adds the findings a recording carried that the rules did not raise again themselves.
+/// Adds the findings a recording carried that the rules did not raise again themselves,
+/// marked as recorded.
 pub fn with_recorded(mut findings: Vec<Finding>, recorded: &[Finding]) -> Vec<Finding> {
     for f in recorded {
         if !findings
             .iter()
             .any(|g| g.id == f.id && g.device == f.device)
         {
-            findings.push(f.clone());
+            findings.push(Finding {
+                recorded: true,
+                ..f.clone()
+            });
         }
     }
     crate::rules::sort(&mut findings);
     findings
+}
+
+/// How long a run samples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Limit {
+    /// Until the source ends or the run is stopped.
+    None,
+    /// Live GPUs for this long (`ZERO`: one tick); a recording is read whole.
+    Live(Duration),
+    /// This long of the source's own time: wall time live, recorded time in a replay.
+    SourceTime(Duration),
+}
+
+/// How a run samples its source.
+pub struct RunOptions<'a> {
+    /// Time between polls of live GPUs (a replay paces itself).
+    pub interval: Duration,
+    /// When to stop (besides `stop` and the source's own end).
+    pub limit: Limit,
+    /// Set from elsewhere (Ctrl-C) to end the run early; what was sampled is kept.
+    pub stop: Option<&'a AtomicBool>,
+}
+
+/// Runs the one tick loop: samples `source` on its own thread and pushes every tick through
+/// `pipeline` into `sink` until the source ends, the limit passes or `stop` is set. Returns
+/// why sampling ended early, if it did (the caller decides whether that fails the command).
+pub fn run(
+    source: Source,
+    pipeline: &mut Pipeline,
+    opts: &RunOptions<'_>,
+    sink: &mut dyn Sink,
+) -> Result<Option<BackendError>, Error> {
+    let limit = match opts.limit {
+        Limit::None => None,
+        Limit::Live(_) if source.recording.is_some() => None,
+        Limit::Live(d) | Limit::SourceTime(d) => Some(d),
+    };
+    let filter = source.selected;
+    let mut sampler = Sampler::spawn(source.backend, opts.interval, limit);
+    let mut failure = None;
+    loop {
+        if opts.stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            sampler.stop();
+        }
+        match sampler.rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(SamplerMsg::Tick(t)) => {
+                if let Err(e) = pipeline.push_into(filter.apply(t), sink) {
+                    sampler.stop();
+                    return Err(e);
+                }
+            }
+            Ok(SamplerMsg::Ended(e)) => {
+                failure = e;
+                break;
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    sampler.stop();
+    Ok(failure)
+}
+
+/// One read of every device on this thread, for `check --window 0`: no sampler thread, since
+/// every thread that calls NVML costs resident memory and a single read is held to
+/// `nvidia-smi -q`'s footprint. The source stays open (its topology is read after the poll).
+pub fn read_once(
+    source: &mut Source,
+    pipeline: &mut Pipeline,
+    sink: &mut dyn Sink,
+) -> Result<Option<BackendError>, Error> {
+    match source.backend.poll() {
+        Ok(t) => pipeline
+            .push_into(source.selected.apply(t), sink)
+            .map(|()| None),
+        Err(e) => Ok(Some(e)),
+    }
 }

@@ -9,12 +9,15 @@
 
 use std::path::{Path, PathBuf};
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// One vendor library as found (or not) on this host.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct LibraryInfo {
     /// Short name: "libcuda", "libnvrtc", "libcublas", "libcublasLt".
+    #[schemars(length(min = 1))]
     pub name: String,
     pub found: bool,
     /// The file the soname resolves to (redactable: it may contain a home directory).

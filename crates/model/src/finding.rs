@@ -1,11 +1,14 @@
 //! Findings: what a rule or a probe concluded, with the evidence and what to do.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::sample::TimeMs;
 
 /// How bad a finding is. Ordered: `Info < Warn < Fail`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Severity {
     Info,
@@ -24,28 +27,48 @@ impl std::fmt::Display for Severity {
 }
 
 /// The numbers behind a finding.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct Evidence {
     /// What was measured, e.g. `{"ecc_uncorrected_volatile": 2}`.
     pub values: serde_json::Map<String, serde_json::Value>,
     /// The window the values cover, in seconds (0 for a single read or an event).
+    #[schemars(range(min = 0))]
     pub window_s: f64,
     /// The threshold the rule compared against, in words ("> 0").
     pub threshold: String,
 }
 
 /// One diagnosis: what is wrong, the evidence, and what to do.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct Finding {
     /// Stable identifier, e.g. `errors.ecc_uncorrectable`.
+    #[schemars(regex(pattern = r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$"))]
     pub id: String,
     pub severity: Severity,
     /// Device index; `None` for host-wide findings.
     pub device: Option<u32>,
     pub time_ms: TimeMs,
+    /// One line.
+    #[schemars(length(min = 1))]
     pub title: String,
     pub evidence: Evidence,
+    /// What to do.
+    #[schemars(length(min = 1))]
     pub advice: String,
+    /// Carried by a recording (raised live when it was made) rather than raised by today's rules
+    /// over its samples; views show it as such.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub recorded: bool,
+}
+
+impl Finding {
+    /// " (recorded)" for a finding a recording carried, so text views can tell it apart from
+    /// one today's rules raised; empty otherwise.
+    pub fn recorded_tag(&self) -> &'static str {
+        if self.recorded { " (recorded)" } else { "" }
+    }
 }
 
 /// Builds an evidence map from name/value pairs.

@@ -11,5 +11,6 @@ pub mod error;
 pub mod finding;
 pub mod metrics;
 pub mod sample;
+pub mod schema;
 pub mod topology;
 pub mod units;

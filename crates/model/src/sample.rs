@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::metrics::{
@@ -16,7 +17,7 @@ use crate::metrics::{
 pub type TimeMs = u64;
 
 /// Why a value is missing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Absent {
     /// The device or driver does not offer this value (fans on SXM parts, ECC on consumer cards).
@@ -50,7 +51,8 @@ impl std::fmt::Display for Absent {
 pub type AbsentMap = BTreeMap<String, Absent>;
 
 /// A compute capability such as 9.0.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct ComputeCapability {
     pub major: u32,
     pub minor: u32,
@@ -63,8 +65,10 @@ impl std::fmt::Display for ComputeCapability {
 }
 
 /// Static attributes of one GPU, read once when the backend opens.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields, transform = crate::schema::absent_keys)]
 pub struct DeviceInfo {
+    /// Device index as the backend enumerates it.
     pub index: u32,
     pub uuid: Option<String>,
     pub name: Option<String>,
@@ -75,8 +79,11 @@ pub struct DeviceInfo {
     pub serial: Option<String>,
     pub vbios_version: Option<String>,
     pub memory_total_bytes: Option<u64>,
+    #[schemars(range(min = 0))]
     pub power_limit_default_w: Option<f64>,
+    #[schemars(range(min = 0))]
     pub power_limit_min_w: Option<f64>,
+    #[schemars(range(min = 0))]
     pub power_limit_max_w: Option<f64>,
     pub sm_clock_max_mhz: Option<u32>,
     pub mem_clock_max_mhz: Option<u32>,
@@ -89,6 +96,7 @@ pub struct DeviceInfo {
     pub ecc_enabled: Option<bool>,
     pub persistence_mode: Option<bool>,
     pub mig_enabled: Option<bool>,
+    /// Why each absent value is absent, keyed by the field's name; left out when none is.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub absent: AbsentMap,
 }
@@ -105,15 +113,18 @@ impl DeviceInfo {
 }
 
 /// One process using a GPU, as seen in one slow-cadence read.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields, transform = crate::schema::added_later("container_pid"))]
 pub struct ProcessSample {
     pub pid: u32,
     /// Command name (redactable).
     pub name: Option<String>,
     pub user: Option<String>,
     /// "compute" or "graphics".
+    #[schemars(extend("enum" = ["compute", "graphics", null]))]
     pub kind: Option<String>,
     pub used_memory_bytes: Option<u64>,
+    #[schemars(range(min = 0, max = 100))]
     pub sm_util_pct: Option<f64>,
     /// Container id from the process's cgroup, when it runs in one.
     pub container_id: Option<String>,
@@ -124,18 +135,33 @@ pub struct ProcessSample {
 }
 
 /// Telemetry of one device at one instant. Every value is optional.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields, transform = crate::schema::absent_keys)]
+#[schemars(
+    transform = crate::schema::added_later("throttle_sw_power_cap_s"),
+    transform = crate::schema::added_later("throttle_sync_boost_s"),
+    transform = crate::schema::added_later("throttle_sw_thermal_slowdown_s"),
+    transform = crate::schema::added_later("throttle_hw_thermal_slowdown_s"),
+    transform = crate::schema::added_later("throttle_hw_power_brake_slowdown_s")
+)]
 pub struct Sample {
+    /// Milliseconds since the Unix epoch.
     pub time_ms: TimeMs,
+    /// Device index.
     pub device: u32,
+    #[schemars(range(min = 0, max = 100))]
     pub gpu_util_pct: Option<f64>,
+    #[schemars(range(min = 0, max = 100))]
     pub mem_util_pct: Option<f64>,
     pub mem_used_bytes: Option<u64>,
     pub mem_free_bytes: Option<u64>,
     pub mem_total_bytes: Option<u64>,
+    #[schemars(range(min = 0))]
     pub power_w: Option<f64>,
+    #[schemars(range(min = 0))]
     pub power_limit_w: Option<f64>,
     /// Energy counter since the driver loaded, in joules.
+    #[schemars(range(min = 0))]
     pub energy_j: Option<f64>,
     pub temp_gpu_c: Option<f64>,
     pub temp_mem_c: Option<f64>,
@@ -146,23 +172,35 @@ pub struct Sample {
     pub sm_clock_max_mhz: Option<u32>,
     pub mem_clock_max_mhz: Option<u32>,
     /// Performance state, 0 (P0, fastest) to 15.
+    #[schemars(range(max = 15))]
     pub pstate: Option<u32>,
     /// NVML clock-event (throttle) reason bits.
     pub throttle_reasons: Option<u64>,
     /// The decoded names of `throttle_reasons`, e.g. `["sw_power_cap"]`.
     pub throttle_reason_names: Option<Vec<String>>,
-    /// Seconds the clocks have been held down for each clock-event (throttle) reason since the
-    /// driver loaded (NVML's clock-event reason counters).
+    /// Seconds the clocks were held down by the software power cap since the driver loaded
+    /// (this and the four below are NVML's clock-event reason counters).
+    #[schemars(range(min = 0))]
     pub throttle_sw_power_cap_s: Option<f64>,
+    /// Seconds held down to match the slowest GPU of a sync-boost group.
+    #[schemars(range(min = 0))]
     pub throttle_sync_boost_s: Option<f64>,
+    /// Seconds held down to keep GPU and memory below their maximum operating temperatures.
+    #[schemars(range(min = 0))]
     pub throttle_sw_thermal_slowdown_s: Option<f64>,
+    /// Seconds held down by the hardware thermal slowdown (too hot: clocks halved or lower).
+    #[schemars(range(min = 0))]
     pub throttle_hw_thermal_slowdown_s: Option<f64>,
+    /// Seconds held down by an external power brake (the board's power supply asserted it).
+    #[schemars(range(min = 0))]
     pub throttle_hw_power_brake_slowdown_s: Option<f64>,
     pub pcie_gen: Option<u32>,
     pub pcie_width: Option<u32>,
     pub pcie_gen_max: Option<u32>,
     pub pcie_width_max: Option<u32>,
+    #[schemars(range(min = 0))]
     pub pcie_rx_bytes_per_s: Option<f64>,
+    #[schemars(range(min = 0))]
     pub pcie_tx_bytes_per_s: Option<f64>,
     pub pcie_replay_count: Option<u64>,
     pub ecc_corrected_volatile: Option<u64>,
@@ -176,11 +214,16 @@ pub struct Sample {
     pub remapped_rows_uncorrectable: Option<u64>,
     pub remapped_rows_pending: Option<bool>,
     pub remapped_rows_failure: Option<bool>,
+    /// Fan 0 speed; NVML may report more than 100.
+    #[schemars(range(min = 0))]
     pub fan_pct: Option<f64>,
+    #[schemars(range(min = 0, max = 100))]
     pub encoder_util_pct: Option<f64>,
+    #[schemars(range(min = 0, max = 100))]
     pub decoder_util_pct: Option<f64>,
     /// `None` until the slow-cadence process read has happened (see `absent`).
     pub processes: Option<Vec<ProcessSample>>,
+    /// Why each absent value is absent, keyed by the field's name; left out when none is.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub absent: AbsentMap,
 }
@@ -188,7 +231,9 @@ pub struct Sample {
 metric_table! {
     /// The numeric series a `Sample` carries, for history, summaries and exports: one variant
     /// per table entry marked `=> Variant` below.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+    #[derive(
+        Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+    )]
     #[serde(rename_all = "snake_case")]
     pub enum Metric;
 
@@ -517,7 +562,8 @@ impl Sample {
 }
 
 /// Something that happened at an instant rather than a value polled each tick.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct Event {
     pub time_ms: TimeMs,
     /// Device index, when the event belongs to one device.
@@ -526,11 +572,14 @@ pub struct Event {
     pub kind: EventKind,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum EventKind {
     /// An NVIDIA XID error reported by the driver.
-    Xid { xid: u64 },
+    Xid {
+        /// The XID code.
+        xid: u64,
+    },
     /// The device stopped answering (GPU lost) or could not be read.
     DeviceLost { reason: String },
     /// A backend-level notice worth keeping in a recording (e.g. a slow call timed out).
@@ -538,10 +587,12 @@ pub enum EventKind {
 }
 
 /// Host-level facts a backend knows.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct HostInfo {
     /// Host name (redactable).
     pub hostname: Option<String>,
+    /// NVIDIA driver version, e.g. "580.65.06".
     pub driver_version: Option<String>,
     /// The newest CUDA version the driver supports, e.g. "13.0".
     pub cuda_driver_version: Option<String>,

@@ -8,10 +8,13 @@
 
 use std::fmt::Write;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The closest point where the PCIe paths of two GPUs meet, from nearest to farthest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum PciePath {
     /// Two GPUs of one board (a dual-GPU card).
@@ -54,7 +57,8 @@ impl PciePath {
 }
 
 /// The peer-to-peer capabilities NVML reports for a pair; each `None` when NVML could not say.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct P2pCaps {
     /// "ok", or why not: "chipset_not_supported", "gpu_not_supported",
     /// "topology_not_supported", "disabled_by_regkey", "not_supported", "unknown".
@@ -75,7 +79,8 @@ impl P2pCaps {
 }
 
 /// How two GPUs connect.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct GpuPair {
     /// NVML indices, `a < b`.
     pub a: u32,
@@ -85,13 +90,15 @@ pub struct GpuPair {
     /// Active NVLinks between them (directly, or through NVSwitches both reach); 0 for none.
     pub nvlinks: u32,
     /// What `nvidia-smi topo -m` prints for the pair: "NV18", "PIX", "SYS", ...; "?" unknown.
+    #[schemars(length(min = 1))]
     pub label: String,
     pub p2p: P2pCaps,
     pub note: Option<String>,
 }
 
 /// Error counters of one NVLink, as NVML counts them since the driver loaded.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct NvLinkErrors {
     pub replay: Option<u64>,
     pub recovery: Option<u64>,
@@ -100,7 +107,8 @@ pub struct NvLinkErrors {
 }
 
 /// One NVLink of a GPU.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct NvLink {
     pub link: u32,
     pub active: bool,
@@ -111,7 +119,8 @@ pub struct NvLink {
 }
 
 /// Where one GPU sits.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct GpuPlacement {
     pub index: u32,
     pub pci_bus_id: Option<String>,
@@ -119,6 +128,7 @@ pub struct GpuPlacement {
     /// The CPUs nearest the GPU, as a Linux CPU list ("0-47,96-143").
     pub cpu_affinity: Option<String>,
     /// Per-link speed NVML reports, in GB/s (1e9 bytes), for links that are up.
+    #[schemars(extend("exclusiveMinimum" = 0))]
     pub nvlink_speed_gbps: Option<f64>,
     /// NVLink error counters summed over the GPU's links since the driver loaded; each `None`
     /// where NVML does not count it (and all `None` on a GPU without NVLink).
@@ -134,7 +144,8 @@ impl GpuPlacement {
 }
 
 /// The host's GPU topology.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct Topology {
     pub gpus: Vec<GpuPlacement>,
     /// Every unordered pair once, `a < b`, in index order; empty on a one-GPU host.

@@ -8,7 +8,9 @@ use cudarc::driver::sys;
 
 use super::gpu::{DeviceBuffer, Event, Gpu, PinnedBuffer, Stream, ck, grid_for, launch};
 use super::suite::{BandwidthParams, ModelRef};
-use super::{Control, Measurement, ProbeError, ProbeResult, SpanTimer, Verdict, gb_per_s, median};
+use super::{
+    Measurement, ProbeDeadline, ProbeError, ProbeResult, SpanTimer, Verdict, gb_per_s, median,
+};
 
 pub const WARMUPS: u32 = 4;
 pub const COPIES: u32 = 16;
@@ -28,7 +30,7 @@ pub const TESTS: [&str; 8] = [
 pub(crate) fn time_ops(
     s: &Stream,
     samples: u32,
-    ctl: &Control,
+    ctl: &ProbeDeadline,
     mut op: impl FnMut() -> Result<(), ProbeError>,
 ) -> Result<Vec<f64>, ProbeError> {
     for _ in 0..WARMUPS {
@@ -73,7 +75,7 @@ pub fn run(
     p: &BandwidthParams,
     budget: u64,
     model: Option<&ModelRef>,
-    ctl: &Control,
+    ctl: &ProbeDeadline,
     r: &mut ProbeResult,
 ) -> Result<(), ProbeError> {
     // Three device buffers at most (triad); 16-byte multiples for the vector kernels.

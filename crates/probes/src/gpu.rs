@@ -26,7 +26,8 @@ pub(crate) fn ck(r: sys::CUresult, what: &str) -> Result<(), ProbeError> {
 }
 
 /// What the driver says about the device a context was made on.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct GpuInfo {
     /// CUDA ordinal (may differ from the NVML index under CUDA_VISIBLE_DEVICES).
     pub ordinal: usize,

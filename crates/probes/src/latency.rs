@@ -9,7 +9,7 @@ use cudarc::driver::sys;
 
 use super::gpu::{Event, Gpu, launch};
 use super::suite::LatencyParams;
-use super::{Control, Measurement, ProbeError, ProbeResult, SpanTimer, median};
+use super::{Measurement, ProbeDeadline, ProbeError, ProbeResult, SpanTimer, median};
 
 fn us(ms: f64) -> f64 {
     ms * 1e3
@@ -18,7 +18,7 @@ fn us(ms: f64) -> f64 {
 pub fn run(
     gpu: &Gpu,
     p: &LatencyParams,
-    ctl: &Control,
+    ctl: &ProbeDeadline,
     r: &mut ProbeResult,
 ) -> Result<(), ProbeError> {
     r.param("launches", p.launches);

@@ -5,8 +5,8 @@
 
 pub mod bandwidth;
 pub mod blas;
+pub mod conditions;
 pub mod gpu;
-pub mod guard;
 pub mod latency;
 pub mod matmul;
 pub mod memory;
@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use gpudiag_model::sample::{TimeMs, now_ms};
@@ -41,7 +42,9 @@ pub const PROBE_NAMES: [&str; 6] = ["latency", "bandwidth", "matmul", "memory", 
 pub const MULTI_GPU_PROBES: [&str; 2] = ["p2p", "nccl"];
 
 /// What a probe concluded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// Ran and the results are sane (and at or above their floors where the model is known).
@@ -57,16 +60,20 @@ pub enum Verdict {
 }
 
 /// One figure a probe measured.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct Measurement {
     /// Stable name within the probe, e.g. `h2d_pinned`, `bf16`, `round_trip`.
     pub name: String,
+    /// Null when the figure is not a number (NaN or infinite).
+    #[schemars(with = "Option<f64>")]
     pub value: f64,
     /// "GB/s" (1e9 bytes), "TFLOP/s", "us", "count", "bytes".
     pub unit: String,
     /// What served it: a library and version or an embedded kernel and its PTX target.
     pub served_by: String,
     /// Every sample behind `value` (the median of them for timings).
+    #[schemars(with = "Vec<Option<f64>>")]
     pub samples: Vec<f64>,
     /// What this GPU model should reach, from the reference table; `None` for unknown models or
     /// figures without a reference.
@@ -96,7 +103,8 @@ impl Measurement {
 }
 
 /// A timed phase of a probe, for the Chrome trace (complete events).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct Span {
     pub name: String,
     /// Wall-clock start, milliseconds since the Unix epoch.
@@ -105,8 +113,10 @@ pub struct Span {
 }
 
 /// Everything one probe produced on one device.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct ProbeResult {
+    #[schemars(extend("enum" = PROBE_NAMES))]
     pub probe: String,
     /// NVML index of the device.
     pub device: u32,
@@ -203,14 +213,14 @@ pub enum ProbeError {
 /// Deadline and Ctrl-C, checked by probes between steps so they stop cleanly (GPU memory is
 /// freed by the buffers' destructors on the way out).
 #[derive(Clone)]
-pub struct Control {
+pub struct ProbeDeadline {
     pub deadline: Instant,
     pub stop: Arc<AtomicBool>,
 }
 
-impl Control {
+impl ProbeDeadline {
     pub fn new(budget: Duration, stop: Arc<AtomicBool>) -> Self {
-        Control {
+        ProbeDeadline {
             deadline: Instant::now() + budget,
             stop,
         }
@@ -278,11 +288,11 @@ mod tests {
     #[test]
     fn control_stops_on_ctrl_c_and_at_the_deadline() {
         let stop = Arc::new(AtomicBool::new(false));
-        let ctl = Control::new(Duration::from_secs(60), stop.clone());
+        let ctl = ProbeDeadline::new(Duration::from_secs(60), stop.clone());
         assert_eq!(ctl.check(), Ok(()));
         stop.store(true, Ordering::Relaxed);
         assert_eq!(ctl.check(), Err(ProbeError::Interrupted));
-        let late = Control::new(Duration::ZERO, Arc::new(AtomicBool::new(false)));
+        let late = ProbeDeadline::new(Duration::ZERO, Arc::new(AtomicBool::new(false)));
         assert_eq!(late.check(), Err(ProbeError::Deadline));
     }
 

@@ -7,11 +7,12 @@
 use serde_json::json;
 
 use super::blas::{self, GemmSpec, Lt, dtype};
+use super::conditions::RunTelemetry;
 use super::gpu::{DeviceBuffer, Event, Gpu, grid_for, launch, set_max_dynamic_shared};
-use super::guard::RunTelemetry;
 use super::suite::{MatmulParams, ModelRef};
 use super::{
-    Control, Measurement, ProbeError, ProbeResult, SpanTimer, Verdict, median, test_fault, tflops,
+    Measurement, ProbeDeadline, ProbeError, ProbeResult, SpanTimer, Verdict, median, test_fault,
+    tflops,
 };
 
 const WARMUPS: u32 = 2;
@@ -210,7 +211,7 @@ pub fn run(
     model: Option<&ModelRef>,
     engines: &Engines,
     telemetry: &dyn Fn() -> RunTelemetry,
-    ctl: &Control,
+    ctl: &ProbeDeadline,
     r: &mut ProbeResult,
 ) -> Result<(), ProbeError> {
     // The built-in kernel tiles 128×256×32; sizes are kept to multiples of 256.
@@ -308,7 +309,7 @@ fn one_case(
     builtin_only: bool,
     engines: &Engines,
     telemetry: &dyn Fn() -> RunTelemetry,
-    ctl: &Control,
+    ctl: &ProbeDeadline,
 ) -> Result<CaseResult, ProbeError> {
     let s = &gpu.stream;
     let (m, n, k) = (size, size, size);

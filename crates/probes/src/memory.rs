@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::gpu::{DeviceBuffer, Gpu, grid_for, launch};
 use super::suite::MemoryParams;
-use super::{Control, Measurement, ProbeError, ProbeResult, SpanTimer, Verdict, test_fault};
+use super::{Measurement, ProbeDeadline, ProbeError, ProbeResult, SpanTimer, Verdict, test_fault};
 
 /// (name, mode, pattern) as the memtest kernels take them.
 pub const PATTERNS: [(&str, u32, u32); 7] = [
@@ -34,7 +34,7 @@ pub fn run(
     p: &MemoryParams,
     budget: u64,
     ecc: &dyn Fn() -> Value,
-    ctl: &Control,
+    ctl: &ProbeDeadline,
     r: &mut ProbeResult,
 ) -> Result<(), ProbeError> {
     let bytes = budget / 4 * 4;
@@ -164,7 +164,7 @@ fn churn(
     gpu: &Gpu,
     p: &MemoryParams,
     budget: u64,
-    ctl: &Control,
+    ctl: &ProbeDeadline,
     r: &mut ProbeResult,
 ) -> Result<(), ProbeError> {
     let t = SpanTimer::start("churn");

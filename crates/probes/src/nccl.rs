@@ -22,7 +22,7 @@ use cudarc::driver::{CudaContext, sys};
 
 use super::gpu::{DeviceBuffer, Stream, cuda};
 use super::suite::NcclParams;
-use super::{Control, Measurement, ProbeError, ProbeResult, SpanTimer, Verdict, gb_per_s};
+use super::{Measurement, ProbeDeadline, ProbeError, ProbeResult, SpanTimer, Verdict, gb_per_s};
 use gpudiag_model::cuda_libraries;
 use gpudiag_model::deadline::{DeadlineError, run_with_deadline};
 
@@ -148,7 +148,7 @@ pub struct Rank {
 
 /// Runs the all-reduce sizes over `ranks` on a worker thread bounded by the suite's deadline:
 /// a wedged fabric hangs NCCL calls, and a probe must return.
-pub fn run(ranks: &[Rank], p: &NcclParams, budget: u64, ctl: &Control) -> ProbeResult {
+pub fn run(ranks: &[Rank], p: &NcclParams, budget: u64, ctl: &ProbeDeadline) -> ProbeResult {
     let first = ranks.first().map_or(0, |r| r.index);
     let mut r = ProbeResult::new("nccl", first);
     r.param("gpus", ranks.iter().map(|x| x.index).collect::<Vec<_>>());
@@ -229,7 +229,7 @@ fn measure(
     ranks: &[Rank],
     p: &NcclParams,
     budget: u64,
-    ctl: &Control,
+    ctl: &ProbeDeadline,
     r: &mut ProbeResult,
 ) -> Result<(), ProbeError> {
     let nccl = Nccl::load(path).map_err(ProbeError::Unsupported)?;
@@ -299,7 +299,7 @@ fn all_sizes(
     comms: &[Comm],
     sizes: &[u64],
     p: &NcclParams,
-    ctl: &Control,
+    ctl: &ProbeDeadline,
     served_by: &str,
     r: &mut ProbeResult,
 ) -> Result<(), ProbeError> {
@@ -445,7 +445,7 @@ mod tests {
 
     #[test]
     fn one_gpu_is_skipped_without_touching_nccl() {
-        let ctl = Control::new(
+        let ctl = ProbeDeadline::new(
             Duration::from_secs(5),
             std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
         );

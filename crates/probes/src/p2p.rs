@@ -15,7 +15,7 @@ use cudarc::driver::sys;
 use super::bandwidth::{COPIES, rates, time_ops};
 use super::gpu::{DeviceBuffer, Event, Gpu, Stream, ck};
 use super::suite::P2pParams;
-use super::{Control, Measurement, ProbeError, ProbeResult, SpanTimer, Verdict, median};
+use super::{Measurement, ProbeDeadline, ProbeError, ProbeResult, SpanTimer, Verdict, median};
 use gpudiag_model::topology::Topology;
 
 /// Small copies timed back to back for the latency figure.
@@ -169,7 +169,7 @@ pub fn run(
     p: &P2pParams,
     budget: u64,
     topology: Option<&Topology>,
-    ctl: &Control,
+    ctl: &ProbeDeadline,
 ) -> Vec<ProbeResult> {
     let indices: Vec<u32> = gpus.iter().map(|(i, _)| *i).collect();
     if gpus.len() < 2 {
@@ -217,7 +217,7 @@ fn measure(
     p: &P2pParams,
     bytes: usize,
     topology: Option<&Topology>,
-    ctl: &Control,
+    ctl: &ProbeDeadline,
     results: &mut [ProbeResult],
 ) -> Result<(), ProbeError> {
     let mut sides = Vec::new();
@@ -347,7 +347,7 @@ fn one_way(
     d: &Side<'_>,
     p: &P2pParams,
     bytes: usize,
-    ctl: &Control,
+    ctl: &ProbeDeadline,
 ) -> Result<(f64, f64, bool), ProbeError> {
     d.gpu.bind()?;
     d.recv.memset(0, &d.stream)?;
@@ -381,7 +381,7 @@ fn both_ways(
     b: &Side<'_>,
     p: &P2pParams,
     bytes: usize,
-    ctl: &Control,
+    ctl: &ProbeDeadline,
 ) -> Result<f64, ProbeError> {
     b.gpu.bind()?;
     let b_done = Event::new()?;

@@ -1,4 +1,4 @@
-//! Runs a suite (or named probes) on the selected GPUs: guards first (busy GPU, memory budget),
+//! Runs a suite (or named probes) on the selected GPUs: checks first (busy GPU, memory budget),
 //! then one context per device, each probe under the suite's deadline and Ctrl-C, results
 //! collected even when a probe fails or stops.
 
@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use nvml_wrapper::Nvml;
 use serde::{Deserialize, Serialize};
 
+use super::conditions::{self, RunTelemetry};
 use super::gpu::{self, Gpu, GpuInfo};
-use super::guard::{self, RunTelemetry};
 use super::matmul::Engines;
 use super::suite::{self, Suite};
 use super::{
-    Control, PROBE_NAMES, ProbeError, ProbeResult, Verdict, bandwidth, latency, matmul, memory,
-    nccl, p2p,
+    PROBE_NAMES, ProbeDeadline, ProbeError, ProbeResult, Verdict, bandwidth, latency, matmul,
+    memory, nccl, p2p,
 };
 use gpudiag_model::error::Error;
 use gpudiag_model::finding::{Evidence, Finding, Severity};
@@ -41,7 +41,8 @@ pub struct Options {
 pub type TopologyReader = fn(&Nvml, &[(u32, Option<String>)]) -> Topology;
 
 /// Probe results for one GPU.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct DeviceProbes {
     pub index: u32,
     pub gpu: Option<GpuInfo>,
@@ -171,8 +172,8 @@ pub fn run(opts: &Options) -> Result<ProbeReport, Error> {
         };
         if !opts.force {
             let refusal = match &nvml {
-                Some(n) => match guard::other_processes(n, *index) {
-                    Ok(others) => guard::busy_refusal(*index, &others),
+                Some(n) => match conditions::other_processes(n, *index) {
+                    Ok(others) => conditions::busy_refusal(*index, &others),
                     Err(e) => Some(format!("could not list the GPU's processes ({e}); pass --force to run anyway")),
                 },
                 None => Some("NVML is unavailable, so other users of the GPU cannot be seen; pass --force to run anyway".into()),
@@ -194,7 +195,7 @@ pub fn run(opts: &Options) -> Result<ProbeReport, Error> {
         let model = suite::lookup(&table, &g.info.name);
         d.model = model.map(|m| m.model.clone());
         d.gpu = Some(g.info.clone());
-        let ctl = Control::new(
+        let ctl = ProbeDeadline::new(
             Duration::from_secs_f64(opts.suite.deadline_s),
             opts.stop.clone(),
         );
@@ -260,7 +261,7 @@ fn run_multi(
     if multi.is_empty() {
         return host;
     }
-    let ctl = Control::new(
+    let ctl = ProbeDeadline::new(
         Duration::from_secs_f64(opts.suite.deadline_s),
         opts.stop.clone(),
     );
@@ -270,7 +271,7 @@ fn run_multi(
         .filter_map(|(_, _, g)| {
             g.bind().ok()?;
             let (free, _) = g.mem_info().ok()?;
-            Some(guard::memory_budget(
+            Some(conditions::memory_budget(
                 free,
                 opts.suite.memory_share,
                 u64::MAX,
@@ -339,12 +340,12 @@ fn run_one(
     engines: Option<&Engines>,
     nvml: &Option<Arc<Nvml>>,
     index: u32,
-    ctl: &Control,
+    ctl: &ProbeDeadline,
     r: &mut ProbeResult,
 ) -> Result<(), ProbeError> {
     let s = &opts.suite;
     let (free, _) = g.mem_info()?;
-    let budget = guard::memory_budget(free, s.memory_share, u64::MAX);
+    let budget = conditions::memory_budget(free, s.memory_share, u64::MAX);
     r.param("memory_share", s.memory_share);
     r.param("memory_budget_bytes", budget);
     match name {
@@ -363,10 +364,10 @@ fn run_one(
             matmul::run(g, &s.matmul, budget, model, engines, &tel, ctl, r)
         }
         "memory" => {
-            let mem_budget = guard::memory_budget(free, s.memory.share, s.memory.max_bytes);
+            let mem_budget = conditions::memory_budget(free, s.memory.share, s.memory.max_bytes);
             r.param("memory_budget_bytes", mem_budget);
             let ecc = || match nvml {
-                Some(n) => guard::ecc_counters(n, index),
+                Some(n) => conditions::ecc_counters(n, index),
                 None => serde_json::Value::Null,
             };
             memory::run(g, &s.memory, mem_budget, &ecc, ctl, r)
@@ -393,6 +394,7 @@ pub fn findings(devices: &[DeviceProbes], now_ms: u64) -> Vec<Finding> {
                     threshold: "probes requested".into(),
                 },
                 advice: "Run when the GPU is idle, or pass --force to probe a busy GPU.".into(),
+                recorded: false,
             });
         }
         out.extend(
@@ -456,6 +458,7 @@ fn result_finding(r: &ProbeResult, device: Option<u32>, now_ms: u64) -> Option<F
             threshold: "verdict pass".into(),
         },
         advice: advice.into(),
+        recorded: false,
     })
 }
 

@@ -4,7 +4,7 @@
 //! It is compiled into the library so integration tests and end-to-end CLI tests can use it.
 //! The binary applies it when the hidden variable `GPUDIAG_TEST_FAULTS` holds a schedule; it
 //! wraps whatever source the flags opened (normally `--demo` or `--replay FILE`), and the
-//! wrapped source gets the per-poll deadline of live backends (`guard.rs`).
+//! wrapped source gets the per-poll deadline of live backends (`poll_deadline`).
 //!
 //! # Schedule
 //!

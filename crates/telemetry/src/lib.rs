@@ -1,4 +1,7 @@
-//! Telemetry: the model, the backend trait, and the backends that implement it.
+//! Telemetry sources: the backend trait and everything behind it (one folder per vendor, replays
+//! of recordings and bundles, fault injection). Live sources run under a per-poll deadline
+//! (`poll_deadline`) because a vendor call can hang; the model's sample types are re-exported so
+//! users need one crate.
 //!
 //! Data flows one way: a `Backend` yields `DeviceInfo` once and a `Tick` per poll; the sampler
 //! pushes ticks into the history; rules and views read the history. No view knows which backend
@@ -7,15 +10,13 @@
 pub mod amd;
 pub mod bundle;
 pub mod fault;
-pub mod guard;
 pub mod live;
 pub mod nvml;
+pub mod poll_deadline;
 pub mod recording;
 pub mod replay;
-pub mod rocm;
 pub mod sampler;
 pub mod sanity;
-pub mod sysfs;
 
 pub use gpudiag_model::sample::*;
 

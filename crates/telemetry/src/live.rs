@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::amd::rocm::RocmBackend;
+use super::amd::sysfs::{self, SysfsBackend};
 use super::nvml::{NvmlBackend, SlowFields};
-use super::rocm::RocmBackend;
-use super::sysfs::{self, SysfsBackend};
 use super::{Backend, BackendError, DeviceInfo, HostInfo, Pacing, Tick};
 
 /// Which live source to read.

@@ -345,6 +345,7 @@ mod tests {
                 threshold: "any".into(),
             },
             advice: "drain".into(),
+            recorded: false,
         })
     }
 

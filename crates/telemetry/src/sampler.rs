@@ -3,14 +3,13 @@
 //! The schedule is anchored to the start time (tick n is due at start + n·interval), so a slow
 //! poll does not make the whole run drift. The sleep between ticks waits on a channel, so `stop`
 //! takes effect at once rather than after the interval. Ticks due while a poll was running late
-//! are skipped, not fired back to back, so a stalled driver leaves gaps, not a burst. Every tick
-//! passes the plausibility check (`sanity.rs`) before anyone sees it.
+//! are skipped, not fired back to back, so a stalled driver leaves gaps, not a burst. The
+//! session pipeline (in the core crate) checks every tick's plausibility as it ingests it.
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::sanity::Sanitiser;
 use super::{Backend, BackendError, Pacing, Tick};
 
 /// What the sampler sends.
@@ -104,7 +103,6 @@ fn run(
     let self_paced = backend.pacing() == Pacing::SelfPaced;
     let mut first_tick_ms = None;
     let mut n: u32 = 0;
-    let mut sanitiser = Sanitiser::new();
     loop {
         match stop_rx.try_recv() {
             Ok(()) | Err(mpsc::TryRecvError::Disconnected) => {
@@ -113,7 +111,7 @@ fn run(
             }
             Err(mpsc::TryRecvError::Empty) => {}
         }
-        let mut tick = match backend.poll() {
+        let tick = match backend.poll() {
             Ok(t) => t,
             Err(BackendError::EndOfRecording) => {
                 let _ = tx.send(SamplerMsg::Ended(None));
@@ -124,7 +122,6 @@ fn run(
                 return;
             }
         };
-        sanitiser.apply(&mut tick);
         // A replay measures its limit in recorded time, a live run in wall time.
         let elapsed = if self_paced {
             let t = tick.samples.first().map(|s| s.time_ms);

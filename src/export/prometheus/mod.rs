@@ -19,7 +19,7 @@ pub use http::{answer, respond_to, response_bytes};
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -28,13 +28,14 @@ use http::serve_connections;
 use crate::cli::ServeArgs;
 use gpudiag_core::config::Config;
 use gpudiag_core::rules::{Finding, Severity};
-use gpudiag_core::session::{DeviceFilter, Pipeline, engine_for, open_source, with_recorded};
+use gpudiag_core::session::{
+    self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source, with_recorded,
+};
 use gpudiag_model::decode::THROTTLE_REASONS;
 use gpudiag_model::error::Error;
 use gpudiag_model::metrics::{self, MetricDef, Prometheus};
 use gpudiag_telemetry::replay::Pace;
-use gpudiag_telemetry::sampler::{Sampler, SamplerMsg};
-use gpudiag_telemetry::{DeviceInfo, EventKind, HostInfo, METRICS, Sample};
+use gpudiag_telemetry::{DeviceInfo, EventKind, HostInfo, METRICS, Sample, Tick};
 
 /// How long findings remember events (XIDs) in a long-running serve.
 const FINDINGS_WINDOW: Duration = Duration::from_secs(600);
@@ -283,35 +284,15 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
     x.finish()
 }
 
-/// Feeds ticks from the sampler into the snapshot until the source ends or `stop` is set.
-fn sample_into(
-    mut sampler: Sampler,
-    filter: DeviceFilter,
-    mut pipeline: Pipeline,
-    recorded: Vec<Finding>,
+/// Publishes every tick into the snapshot scrapes read: the latest samples, XIDs, and what is
+/// wrong now (the engine's active findings, not everything ever raised).
+struct SnapshotSink {
     shared: Arc<RwLock<Snapshot>>,
-    stop: Arc<AtomicBool>,
-) {
-    loop {
-        if stop.load(Ordering::Relaxed) {
-            sampler.stop();
-        }
-        let msg = match sampler.rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(m) => m,
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => SamplerMsg::Ended(None),
-        };
-        let tick = match msg {
-            SamplerMsg::Tick(t) => filter.apply(t),
-            SamplerMsg::Ended(e) => {
-                if let Some(e) = e {
-                    eprintln!("gpudiag: sampling stopped: {e}; serving the last values");
-                }
-                let mut s = shared.write().unwrap_or_else(|p| p.into_inner());
-                s.source_ended = true;
-                return;
-            }
-        };
+    recorded: Vec<Finding>,
+}
+
+impl Sink for SnapshotSink {
+    fn on_tick(&mut self, tick: &Tick, _: &[Finding], pipeline: &Pipeline) -> Result<(), Error> {
         let now = Instant::now();
         let xids: Vec<(u32, u64)> = tick
             .events
@@ -321,27 +302,49 @@ fn sample_into(
                 _ => None,
             })
             .collect();
-        let samples = tick.samples.clone();
-        pipeline.push(tick);
-        pipeline.keep_last(FINDINGS_WINDOW);
-        // What is wrong now: the engine's active findings, not everything ever raised.
-        let findings = with_recorded(pipeline.engine.active(), &recorded);
+        let findings = with_recorded(pipeline.engine.active(), &self.recorded);
         // Rules ran outside the lock: a scrape waits only for this copy.
-        let mut s = shared.write().unwrap_or_else(|p| p.into_inner());
-        for sample in samples {
+        let mut s = self.shared.write().unwrap_or_else(|p| p.into_inner());
+        for sample in &tick.samples {
             s.received.insert(sample.device, now);
-            s.latest.insert(sample.device, sample);
+            s.latest.insert(sample.device, sample.clone());
         }
         s.last_xid.extend(xids);
         s.findings = findings;
+        Ok(())
     }
+}
+
+/// Feeds the source through the pipeline into the snapshot until it ends or `stop` is set.
+fn sample_into(
+    source: Source,
+    mut pipeline: Pipeline,
+    interval: Duration,
+    shared: Arc<RwLock<Snapshot>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut sink = SnapshotSink {
+        shared: shared.clone(),
+        recorded: source.recorded.clone(),
+    };
+    let opts = RunOptions {
+        interval,
+        limit: Limit::None,
+        stop: Some(&stop),
+    };
+    match session::run(source, &mut pipeline, &opts, &mut sink) {
+        Ok(None) => {}
+        Ok(Some(e)) => eprintln!("gpudiag: sampling stopped: {e}; serving the last values"),
+        Err(e) => eprintln!("gpudiag: sampling stopped: {e}; serving the last values"),
+    }
+    let mut s = shared.write().unwrap_or_else(|p| p.into_inner());
+    s.source_ended = true;
 }
 
 /// `gpudiag serve`: runs until `stop` is set.
 pub fn serve(args: &ServeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result<(), Error> {
     let source = open_source(&args.source.spec()?, Pace::Recorded { speed: 1.0 }, false)?;
-    let recorded = source.recorded.clone();
-    let pipeline = Pipeline::new(engine_for(&source, config));
+    let pipeline = Pipeline::new(engine_for(&source, config)).retaining(FINDINGS_WINDOW);
     let devices = source.devices();
     let shared = Arc::new(RwLock::new(Snapshot {
         host: source.backend.host().clone(),
@@ -357,13 +360,12 @@ pub fn serve(args: &ServeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::CannotRun(format!("cannot listen on {addr}: {e}")))?;
-    let filter = source.selected.clone();
-    let sampler = Sampler::spawn(source.backend, args.interval, None);
+    let interval = args.interval;
     let sampling = {
         let (shared, stop) = (shared.clone(), stop.clone());
         std::thread::Builder::new()
             .name("gpudiag-snapshot".into())
-            .spawn(move || sample_into(sampler, filter, pipeline, recorded, shared, stop))
+            .spawn(move || sample_into(source, pipeline, interval, shared, stop))
             .map_err(|e| Error::CannotRun(format!("cannot start the sampling thread: {e}")))?
     };
     eprintln!("gpudiag: serving metrics on http://{addr}/metrics (Ctrl-C to stop)");
@@ -429,6 +431,7 @@ mod tests {
                     threshold: "event".into(),
                 },
                 advice: "a".into(),
+                recorded: false,
             }],
             source_ended: false,
         }

@@ -12,7 +12,7 @@ pub mod redact;
 
 use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use flate2::Compression;
@@ -22,11 +22,13 @@ use serde_json::Value;
 use crate::cli::{CheckArgs, FailOn, ReportArgs, SourceArgs};
 use crate::commands;
 use crate::export;
-use gpudiag_core::session::{Source, open_source};
+use gpudiag_core::config::RulesConfig;
+use gpudiag_core::rules::{Finding, RuleEngine};
+use gpudiag_core::session::{self, Limit, Pipeline, RunOptions, Sink, Source, open_source};
 use gpudiag_model::error::Error;
+use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::recording::{Header, Record};
 use gpudiag_telemetry::replay::{Pace, ReplayBackend};
-use gpudiag_telemetry::sampler::{Sampler, SamplerMsg};
 use redact::Redactor;
 
 /// The files of a bundle, in the order they are written.
@@ -84,30 +86,21 @@ pub fn capture(args: &ReportArgs, stop: &AtomicBool) -> Result<Captured, Error> 
     );
     let backend = source.backend.name().to_string();
     let recording = source.recording.clone();
-    let filter = source.selected.clone();
-    let limit = live.then_some(args.duration);
-    let mut sampler = Sampler::spawn(source.backend, args.interval, limit);
-    let mut records = Vec::new();
-    let mut failure = None;
-    loop {
-        if stop.load(Ordering::Relaxed) {
-            sampler.stop();
-        }
-        match sampler.rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(SamplerMsg::Tick(t)) => {
-                let t = filter.apply(t);
-                records.extend(t.events.into_iter().map(Record::Event));
-                records.extend(t.samples.into_iter().map(Record::Sample));
-            }
-            Ok(SamplerMsg::Ended(e)) => {
-                failure = e;
-                break;
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-        }
-    }
-    sampler.stop();
+    // The bundle's check report and trace are judged later, from the redacted recording.
+    let mut pipeline = Pipeline::new(RuleEngine::new(
+        RulesConfig::default(),
+        devices.clone(),
+        None,
+        None,
+    ));
+    let mut sink = CaptureSink(Vec::new());
+    let opts = RunOptions {
+        interval: args.interval,
+        limit: Limit::Live(args.duration),
+        stop: Some(stop),
+    };
+    let failure = session::run(source, &mut pipeline, &opts, &mut sink)?;
+    let mut records = sink.0;
     let sampled = records.iter().any(|r| matches!(r, Record::Sample(_)));
     match failure {
         Some(e) if !sampled => return Err(e.into()),
@@ -126,6 +119,19 @@ pub fn capture(args: &ReportArgs, stop: &AtomicBool) -> Result<Captured, Error> 
         live,
         devices,
     })
+}
+
+/// Keeps every tick as recording lines, events before samples as the recorder writes them.
+struct CaptureSink(Vec<Record>);
+
+impl Sink for CaptureSink {
+    fn on_tick(&mut self, tick: &Tick, _: &[Finding], _: &Pipeline) -> Result<(), Error> {
+        self.0
+            .extend(tick.events.iter().cloned().map(Record::Event));
+        self.0
+            .extend(tick.samples.iter().cloned().map(Record::Sample));
+        Ok(())
+    }
 }
 
 fn to_value(v: &impl serde::Serialize) -> Result<Value, Error> {
@@ -249,7 +255,7 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &BundleOptions) -> Result<
                 replay: Some(tmp.clone()),
                 demo: false,
                 init_timeout: opts.init_timeout,
-                poll_timeout: gpudiag_telemetry::guard::DEFAULT_POLL_TIMEOUT,
+                poll_timeout: gpudiag_telemetry::poll_deadline::DEFAULT_POLL_TIMEOUT,
                 backend: crate::cli::BackendChoice::Replay,
                 sysfs_root: None,
             },

@@ -70,7 +70,7 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
     let inner = block.inner(area);
     f.render_widget(block, area);
 
-    let s = app.latest.get(&d.index);
+    let s = app.pipeline.latest.get(&d.index);
     let specs = metrics::Chart::ALL.map(|c| ChartSpec::new(c, s, d));
     // Two columns of three charts; on a wide, short terminal three columns of two.
     let (cols, rows) = if inner.width >= 150 && inner.height < 24 {
@@ -84,7 +84,7 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         let cs = Layout::horizontal(vec![Constraint::Ratio(1, cols); cols as usize]).split(*r);
         cells.extend(cs.iter().copied());
     }
-    let end_ms = app.history.latest_ms(d.index);
+    let end_ms = app.pipeline.history.latest_ms(d.index);
     for (spec, cell) in specs.iter().zip(cells) {
         render_chart(f, cell, app, d.index, end_ms, spec);
     }
@@ -116,7 +116,8 @@ fn render_chart(
                 .iter()
                 .filter_map(|m| Some((m.series?, m.chart?.scale)))
                 .map(|(series, scale)| {
-                    app.history
+                    app.pipeline
+                        .history
                         .series_in(device, series, window)
                         .map(|(ts, v)| ((ts as f64 - end as f64) / 1000.0, scale.apply(v)))
                         .collect()
@@ -127,6 +128,7 @@ fn render_chart(
     if series.iter().all(Vec::is_empty) {
         // The first field's absence explains the chart's.
         let why = app
+            .pipeline
             .latest
             .get(&device)
             .zip(spec.fields.first())

@@ -68,7 +68,10 @@ fn finding_lines(app: &App, finding: &Finding, selected: bool, width: usize) -> 
                 t.severity(finding.severity),
             ),
             Span::raw(format!(" {} {device:<5} ", format::clock(finding.time_ms))),
-            Span::styled(finding.title.clone(), head_style),
+            Span::styled(
+                format!("{}{}", finding.title, finding.recorded_tag()),
+                head_style,
+            ),
         ]),
         Line::from(Span::styled(
             format::fit(

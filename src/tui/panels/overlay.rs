@@ -5,8 +5,8 @@ use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
 
+use super::centered;
 use crate::tui::app::{App, KillSignal};
-use crate::tui::ui::centered;
 
 /// Key, what it does.
 pub const KEYS: [(&str, &str); 16] = [

@@ -30,6 +30,7 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                          process uses it, adding seconds to every job start and losing ECC/XID \
                          state between jobs. Enable the nvidia-persistenced service."
                     .into(),
+                recorded: false,
             });
         }
         if d.mig_enabled == Some(true) {
@@ -49,6 +50,7 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                          and probes measure one instance. Expected if the node is partitioned on \
                          purpose."
                     .into(),
+                recorded: false,
             });
         }
     }
@@ -118,5 +120,6 @@ fn cuda_mismatch(input: &RuleInput<'_>) -> Option<Finding> {
             threshold: "runtime CUDA version <= driver CUDA version".into(),
         },
         advice,
+        recorded: false,
     })
 }

@@ -89,6 +89,7 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 advice: "Data on this GPU may be corrupt: stop jobs, reset the GPU so the bad \
                          rows are remapped, and run the memory probe; repeated errors mean RMA."
                     .into(),
+                recorded: false,
             });
         }
         if s.remapped_rows_failure == Some(true) {
@@ -106,6 +107,7 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 advice: "The GPU cannot repair its memory any more; take it out of service \
                          and request an RMA."
                     .into(),
+                recorded: false,
             });
         }
         let remap_pending = s.remapped_rows_pending == Some(true);
@@ -128,6 +130,7 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 advice: "Reset the GPU (or reboot) when it is idle so the pending row remap or \
                          page retirement takes effect."
                     .into(),
+                recorded: false,
             });
         }
     }
@@ -154,6 +157,7 @@ pub fn evaluate_events(input: &RuleInput<'_>) -> Vec<Finding> {
                 threshold: "event".into(),
             },
             advice: xid_advice(severity).into(),
+            recorded: false,
         });
     }
     out

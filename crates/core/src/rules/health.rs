@@ -85,6 +85,7 @@ fn lost(device: u32, time_ms: u64, reason: &str) -> Finding {
                  collect `gpudiag report`, then reset the GPU or reboot. If it recurs, reseat the \
                  card and check power and cooling before an RMA."
             .into(),
+        recorded: false,
     }
 }
 
@@ -105,6 +106,7 @@ fn missing(device: u32, time_ms: u64) -> Finding {
                  log for PCIe AER and NVRM messages, and whether anyone reset or re-bound the \
                  device; if nobody did, reseat the card or its riser."
             .into(),
+        recorded: false,
     }
 }
 
@@ -125,6 +127,7 @@ fn stalled(device: u32, time_ms: u64, why: &str) -> Finding {
                  errors in the kernel log, and if calls keep hanging, drain the node and reset \
                  the GPU."
             .into(),
+        recorded: false,
     }
 }
 
@@ -155,6 +158,7 @@ fn implausible(device: u32, time_ms: u64, bad: serde_json::Map<String, Value>) -
                  if it repeats, a sensor, the firmware or the driver is failing: update the \
                  driver, check the kernel log, and attach `gpudiag report` to a bug report."
             .into(),
+        recorded: false,
     }
 }
 

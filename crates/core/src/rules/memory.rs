@@ -156,6 +156,7 @@ fn nearly_full(input: &RuleInput<'_>) -> Vec<Finding> {
                      (mixed precision, gradient checkpointing), release cached blocks, or find the \
                      process holding the most memory in the process list."
                 .into(),
+            recorded: false,
         });
     }
     out
@@ -223,6 +224,7 @@ fn leaks(input: &RuleInput<'_>) -> Vec<Finding> {
                      torch.cuda.memory_summary() or a memory snapshot between iterations; at this \
                      rate the process runs out of memory eventually."
                 .into(),
+            recorded: false,
         });
     }
     out

@@ -95,6 +95,7 @@ fn downtrained(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Opti
             now.map_or("n/a".into(), |v| v.to_string()),
             full.map_or("n/a".into(), |v| v.to_string()),
         ),
+        recorded: false,
     })
 }
 
@@ -151,6 +152,7 @@ fn replays(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Option<F
                  check the kernel log for AER corrected errors; replays cost bandwidth and can \
                  precede a link failure (XID 79)."
             .into(),
+        recorded: false,
     })
 }
 
@@ -239,6 +241,7 @@ pub fn probe_bandwidth(
                      hangs off (NUMA: run on the GPU's local socket), and IOMMU or PCIe switch \
                      settings; copies from other processes share the link too."
                 .into(),
+            recorded: false,
         });
     }
     if let (Some(pinned), Some(pageable)) = (get("h2d_pinned"), get("h2d_pageable"))
@@ -266,6 +269,7 @@ pub fn probe_bandwidth(
                      Applications that copy a lot should use pinned host memory \
                      (pin_memory=True, cudaHostAlloc)."
                 .into(),
+            recorded: false,
         });
     }
     out

@@ -168,6 +168,7 @@ fn slow_gpus(probed: &[DeviceProbes], margin: f64, now_ms: TimeMs) -> Vec<Findin
                          its peers (gpudiag check); if they match, rerun the probes, then have \
                          the GPU serviced."
                     .into(),
+                recorded: false,
             })
         })
         .collect()
@@ -222,6 +223,7 @@ fn slow_links(links: &[PeerLink], margin: f64, now_ms: TimeMs) -> Vec<Finding> {
                      nvidia-smi nvlink -s -e) and the PCIe path between them; a link running \
                      below its siblings needs the board or cabling looked at."
                 .into(),
+            recorded: false,
         });
     }
     out

@@ -56,6 +56,7 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                          (inlet temperature, fan curves, blocked or dusty intakes); if one GPU \
                          runs hotter than its peers, check its heatsink mounting and placement."
                     .into(),
+                recorded: false,
             });
         }
     }

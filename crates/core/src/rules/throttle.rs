@@ -118,6 +118,7 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                     ),
                 },
                 advice: advice.into(),
+                recorded: false,
             });
         }
         let capped: Vec<_> = judged
@@ -167,6 +168,7 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                          its power limit. Nothing to fix unless the limit is below the default \
                          (`nvidia-smi -q -d POWER`) or the GPU should be faster than its peers."
                     .into(),
+                recorded: false,
             });
         }
     }

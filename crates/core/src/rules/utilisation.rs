@@ -134,6 +134,7 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 threshold: format!("mean utilisation < {}%", cfg.min_mean_util_pct),
             },
             advice: advice(mean, copying_share, power_share),
+            recorded: false,
         });
     }
     out

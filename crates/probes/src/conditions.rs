@@ -1,6 +1,7 @@
-//! Guards around probes: how much memory a probe may take, whether another process is using the
-//! GPU, which CUDA ordinal an NVML device is, and the NVML readings probes record (ECC counters,
-//! clocks, power and temperature during a run). NVML is only read here, never written.
+//! The conditions a probe runs under: how much memory it may take, whether another process is
+//! using the GPU (a busy GPU would disturb the probe and be disturbed by it), and the NVML
+//! readings that explain a result (ECC counters before and after, clocks, power and temperature
+//! during a run). NVML is only read here, never written.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

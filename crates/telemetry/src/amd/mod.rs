@@ -1,5 +1,9 @@
-//! Facts about AMD GPUs shared by the ROCm SMI and amdgpu sysfs backends: the vendor name, the
+//! AMD GPUs: the ROCm SMI backend (`rocm`), the amdgpu sysfs backend (`sysfs`) for hosts without
+//! ROCm, and the facts both need, kept here so the two cannot disagree: the vendor name, the
 //! architecture and marketing name of known PCI device ids, and what gpudiag cannot do on AMD yet.
+
+pub mod rocm;
+pub mod sysfs;
 
 /// `DeviceInfo::vendor` of every AMD GPU.
 pub const VENDOR: &str = "AMD";

@@ -1,6 +1,6 @@
 //! A per-poll deadline: a backend whose vendor call hangs must not freeze the sampler or the UI.
 //!
-//! `Guarded` owns the real backend on a worker thread and waits at most `deadline` for each
+//! `PollDeadline` owns the real backend on a worker thread and waits at most `deadline` for each
 //! poll. When the worker has not answered, the caller gets a tick in which every device's fields
 //! are absent with "driver call did not return within N ms" plus one notice event, and the
 //! sampler keeps its cadence. While that call stays stuck no new poll is queued behind it (each
@@ -9,9 +9,9 @@
 //! does for initialisation: the process still exits normally when the user quits, because no
 //! thread ever waits on the worker without a bound.
 //!
-//! The guard also marks a device the backend listed at start but left out of a poll (a GPU that
-//! fell out of the driver's device list) with `sanity::MISSING`, so the gap is visible rather
-//! than silent. Only live backends (and test faults) are guarded: a replay reads memory.
+//! It also marks a device the backend listed at start but left out of a poll (a GPU that fell
+//! out of the driver's device list) with `sanity::MISSING`, so the gap is visible rather than
+//! silent. Only live backends (and test faults) run under it: a replay reads memory.
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::Duration;
@@ -35,7 +35,7 @@ enum Request {
 }
 
 /// A backend whose polls run on a worker thread under a deadline.
-pub struct Guarded {
+pub struct PollDeadline {
     name: &'static str,
     host: HostInfo,
     devices: Vec<DeviceInfo>,
@@ -54,9 +54,9 @@ pub struct Guarded {
     worker: Option<std::thread::JoinHandle<()>>,
 }
 
-impl Guarded {
+impl PollDeadline {
     /// Moves `inner` onto a worker thread. Fails only when no thread can be started.
-    pub fn new(inner: Box<dyn Backend>, deadline: Duration) -> Result<Guarded, BackendError> {
+    pub fn new(inner: Box<dyn Backend>, deadline: Duration) -> Result<PollDeadline, BackendError> {
         let name = inner.name();
         let host = inner.host().clone();
         let devices = inner.devices().to_vec();
@@ -71,7 +71,7 @@ impl Guarded {
             .map_err(|e| {
                 BackendError::Unavailable(format!("could not start the polling thread: {e}"))
             })?;
-        Ok(Guarded {
+        Ok(PollDeadline {
             name,
             host,
             devices,
@@ -171,7 +171,7 @@ fn serve(
     }
 }
 
-impl Backend for Guarded {
+impl Backend for PollDeadline {
     fn name(&self) -> &'static str {
         self.name
     }
@@ -274,7 +274,7 @@ fn died() -> BackendError {
     BackendError::Unavailable("the polling thread stopped without an answer".into())
 }
 
-impl Drop for Guarded {
+impl Drop for PollDeadline {
     /// Closes the request channel (the worker ends after its current call) and waits a bounded
     /// while, so the backend's own threads stop before the process exits; a worker stuck in a
     /// vendor call is left behind.
@@ -358,7 +358,7 @@ mod tests {
 
     #[test]
     fn the_topology_is_read_on_the_worker_that_owns_the_backend() {
-        let mut g = Guarded::new(slow(vec![], vec![]), Duration::from_secs(5)).unwrap();
+        let mut g = PollDeadline::new(slow(vec![], vec![]), Duration::from_secs(5)).unwrap();
         g.poll().unwrap();
         let t = g.topology().expect("forwarded");
         assert_eq!(t.notes, ["read after 1 poll(s)"]);
@@ -366,7 +366,7 @@ mod tests {
 
     #[test]
     fn a_hung_poll_gives_stalled_ticks_and_polling_resumes() {
-        let mut g = Guarded::new(slow(vec![2], vec![]), Duration::from_millis(100)).unwrap();
+        let mut g = PollDeadline::new(slow(vec![2], vec![]), Duration::from_millis(100)).unwrap();
         let first = g.poll().unwrap();
         assert_eq!(first.samples[0].gpu_util_pct, Some(1.0));
         let stalled = g.poll().unwrap();
@@ -392,7 +392,7 @@ mod tests {
 
     #[test]
     fn a_device_left_out_of_a_poll_is_marked_missing() {
-        let mut g = Guarded::new(slow(vec![], vec![2]), Duration::from_secs(5)).unwrap();
+        let mut g = PollDeadline::new(slow(vec![], vec![2]), Duration::from_secs(5)).unwrap();
         g.poll().unwrap();
         let t = g.poll().unwrap();
         assert_eq!(t.samples.len(), 2);

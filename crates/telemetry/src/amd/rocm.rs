@@ -28,9 +28,9 @@ use std::time::Duration;
 
 use libloading::Library;
 
-use super::amd;
 use super::sysfs::{self, ProcessCache, SlotLink};
-use super::{
+use crate::amd;
+use crate::{
     Absent, AbsentMap, Backend, BackendError, DeviceInfo, HostInfo, Pacing, Sample, Tick, now_ms,
 };
 use gpudiag_model::deadline::run_with_deadline;

@@ -30,9 +30,9 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::amd;
-use super::nvml::{container_id_from_cgroup, passwd_name, status_inner_pid, status_uid};
-use super::{
+use crate::amd;
+use crate::nvml::{container_id_from_cgroup, passwd_name, status_inner_pid, status_uid};
+use crate::{
     Absent, AbsentMap, Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Pacing,
     ProcessSample, Sample, Tick, now_ms,
 };

@@ -1,0 +1,291 @@
+//! Slow fields: the NVML reads too dear for every tick (PCIe throughput blocks ~20 ms a call)
+//! run on one background thread per device, and `poll()` only copies the latest reading, so a
+//! slow or hung device never stalls the sampler. A single read (`SlowFields::InPoll`) reads them
+//! inside the poll instead: there, threads would only add NVML per-thread state and resident
+//! memory.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::PcieUtilCounter;
+
+use super::fields::{kb_per_s_to_bytes, mj_to_j};
+use super::processes::read_processes;
+use super::{absent_from, lock};
+use crate::{Absent, AbsentMap, ProcessSample, Sample};
+
+/// How often slow fields are read unless `set_slow_interval` says otherwise.
+pub const DEFAULT_SLOW_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Floor for the slow cadence: one round already spends ~40 ms per device in
+/// `nvmlDeviceGetPcieThroughput`, so anything shorter would keep the driver busy for nothing.
+pub const MIN_SLOW_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Where the slow fields (PCIe throughput, processes, counters) are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlowFields {
+    /// One reader thread per device on its own cadence; `poll()` never waits for them.
+    Background,
+    /// Inside `poll()` itself, for a single read (`check --window 0`): no extra threads, each of
+    /// which would cost NVML per-thread state and resident memory.
+    InPoll,
+}
+
+/// `Sample` fields read by the background thread.
+pub(super) const SLOW_FIELDS: &[&str] = &[
+    "energy_j",
+    "pcie_gen",
+    "pcie_width",
+    "pcie_replay_count",
+    "pcie_rx_bytes_per_s",
+    "pcie_tx_bytes_per_s",
+    "processes",
+];
+
+/// The latest slow reading of one device; `Err` carries why a value is absent. Values are as
+/// old as the reading (at most one slow interval): the energy and replay counters are
+/// cumulative, so rates over minutes are unaffected, and rules judge the link state over a
+/// window, not one tick.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct SlowReading {
+    energy_j: Result<f64, Absent>,
+    pcie_gen: Result<u32, Absent>,
+    pcie_width: Result<u32, Absent>,
+    pcie_replay_count: Result<u64, Absent>,
+    pcie_rx_bytes_per_s: Result<f64, Absent>,
+    pcie_tx_bytes_per_s: Result<f64, Absent>,
+    processes: Result<Vec<ProcessSample>, Absent>,
+}
+
+impl SlowReading {
+    fn all(why: Absent) -> Self {
+        SlowReading {
+            energy_j: Err(why.clone()),
+            pcie_gen: Err(why.clone()),
+            pcie_width: Err(why.clone()),
+            pcie_replay_count: Err(why.clone()),
+            pcie_rx_bytes_per_s: Err(why.clone()),
+            pcie_tx_bytes_per_s: Err(why.clone()),
+            processes: Err(why),
+        }
+    }
+
+    pub(super) fn apply(&self, s: &mut Sample) {
+        fn put<T: Clone>(r: &Result<T, Absent>, field: &str, ab: &mut AbsentMap) -> Option<T> {
+            r.as_ref()
+                .map_err(|why| ab.insert(field.into(), why.clone()))
+                .ok()
+                .cloned()
+        }
+        let ab = &mut s.absent;
+        s.energy_j = put(&self.energy_j, "energy_j", ab);
+        s.pcie_gen = put(&self.pcie_gen, "pcie_gen", ab);
+        s.pcie_width = put(&self.pcie_width, "pcie_width", ab);
+        s.pcie_replay_count = put(&self.pcie_replay_count, "pcie_replay_count", ab);
+        s.pcie_rx_bytes_per_s = put(&self.pcie_rx_bytes_per_s, "pcie_rx_bytes_per_s", ab);
+        s.pcie_tx_bytes_per_s = put(&self.pcie_tx_bytes_per_s, "pcie_tx_bytes_per_s", ab);
+        s.processes = put(&self.processes, "processes", ab);
+    }
+}
+
+/// Per-device state shared by `poll()` and that device's slow reader.
+pub(super) struct DeviceSlot {
+    /// Written by the reader only after each stage's NVML calls have returned, so `poll()`
+    /// only ever waits for a clone-sized critical section.
+    pub(super) latest: Mutex<SlowReading>,
+    /// Completed slow rounds, with a condvar so a caller can wait for the first one.
+    rounds: Mutex<u64>,
+    round_done: Condvar,
+    /// Set by `poll()` when the GPU is lost; the reader then stops calling NVML.
+    pub(super) lost: AtomicBool,
+}
+
+/// Cadence and stop flag for all slow readers; the condvar makes their sleep interruptible.
+pub(super) struct SlowShared {
+    pub(super) control: Mutex<SlowControl>,
+    pub(super) wake: Condvar,
+}
+
+pub(super) struct SlowControl {
+    pub(super) stop: bool,
+    pub(super) interval: Duration,
+}
+
+impl DeviceSlot {
+    pub(super) fn new() -> Self {
+        DeviceSlot {
+            latest: Mutex::new(SlowReading::all(Absent::NotYetRead)),
+            rounds: Mutex::new(0),
+            round_done: Condvar::new(),
+            lost: AtomicBool::new(false),
+        }
+    }
+
+    pub(super) fn finish_round(&self) {
+        *lock(&self.rounds) += 1;
+        self.round_done.notify_all();
+    }
+
+    /// Waits until at least one slow round has completed or `deadline` passes.
+    pub(super) fn wait_first_round(&self, deadline: Instant) {
+        let mut rounds = lock(&self.rounds);
+        while *rounds == 0 && !self.lost.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            rounds = self
+                .round_done
+                .wait_timeout(rounds, deadline - now)
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+        }
+    }
+}
+
+impl SlowShared {
+    /// Sleeps until `started + interval` (re-reading the interval when woken, so a changed
+    /// cadence applies at once). Returns false when the backend is gone.
+    fn sleep_until_next(&self, started: Instant) -> bool {
+        let mut control = lock(&self.control);
+        loop {
+            if control.stop {
+                return false;
+            }
+            let due = started + control.interval;
+            let now = Instant::now();
+            if now >= due {
+                return true;
+            }
+            control = self
+                .wake
+                .wait_timeout(control, due - now)
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+        }
+    }
+
+    pub(super) fn stopped(&self) -> bool {
+        lock(&self.control).stop
+    }
+}
+
+pub(super) fn start_slow_reader(
+    nvml: &Arc<Nvml>,
+    index: u32,
+    slot: &Arc<DeviceSlot>,
+    shared: &Arc<SlowShared>,
+) {
+    let (nvml, thread_slot, shared) = (Arc::clone(nvml), Arc::clone(slot), Arc::clone(shared));
+    let spawned = std::thread::Builder::new()
+        .name(format!("nvml-slow-{index}"))
+        .spawn(move || slow_loop(&nvml, index, &thread_slot, &shared));
+    if let Err(e) = spawned {
+        *lock(&slot.latest) = SlowReading::all(Absent::Error(format!(
+            "could not start the slow reader: {e}"
+        )));
+    }
+}
+
+fn slow_loop(nvml: &Nvml, index: u32, slot: &DeviceSlot, shared: &SlowShared) {
+    let mut util_since = None;
+    loop {
+        if shared.stopped() || slot.lost.load(Ordering::Relaxed) {
+            return;
+        }
+        let started = Instant::now();
+        read_slow(nvml, index, &mut util_since, slot);
+        slot.finish_round();
+        if !shared.sleep_until_next(started) {
+            return;
+        }
+    }
+}
+
+/// One slow round for one device, published in stages from cheapest to dearest so that a
+/// reader waiting for the first round gets the counters and link state in a few milliseconds
+/// and only the PCIe throughput (two ~20 ms calls) last. `util_since` is the newest
+/// per-process utilisation sample seen so far (NVML's CPU timestamp, µs), so each round
+/// averages only new samples.
+pub(super) fn read_slow(nvml: &Nvml, index: u32, util_since: &mut Option<u64>, slot: &DeviceSlot) {
+    let dev = match nvml.device_by_index(index) {
+        Ok(dev) => dev,
+        Err(e) => {
+            *lock(&slot.latest) = SlowReading::all(absent_from(&e));
+            return;
+        }
+    };
+    let energy = dev.total_energy_consumption();
+    let link_gen = dev.current_pcie_link_gen();
+    let link_width = dev.current_pcie_link_width();
+    let replays = dev.pcie_replay_counter();
+    {
+        let mut latest = lock(&slot.latest);
+        latest.energy_j = energy.map(mj_to_j).map_err(|e| absent_from(&e));
+        latest.pcie_gen = link_gen.map_err(|e| absent_from(&e));
+        latest.pcie_width = link_width.map_err(|e| absent_from(&e));
+        latest.pcie_replay_count = replays.map(u64::from).map_err(|e| absent_from(&e));
+    }
+    let processes = read_processes(nvml, &dev, util_since);
+    lock(&slot.latest).processes = processes;
+    // Each of these blocks ~20 ms: NVML samples the PCIe counters over that window.
+    let rx = dev.pcie_throughput(PcieUtilCounter::Receive);
+    let tx = dev.pcie_throughput(PcieUtilCounter::Send);
+    let mut latest = lock(&slot.latest);
+    latest.pcie_rx_bytes_per_s = rx.map(kb_per_s_to_bytes).map_err(|e| absent_from(&e));
+    latest.pcie_tx_bytes_per_s = tx.map(kb_per_s_to_bytes).map_err(|e| absent_from(&e));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slow_reading_before_first_read_is_not_yet_read() {
+        let mut s = Sample::new(0, 1);
+        SlowReading::all(Absent::NotYetRead).apply(&mut s);
+        assert_eq!(s.processes, None);
+        assert_eq!(s.pcie_rx_bytes_per_s, None);
+        for f in SLOW_FIELDS {
+            assert_eq!(s.why_absent(f), Some(&Absent::NotYetRead));
+        }
+
+        let reading = SlowReading {
+            energy_j: Ok(11_313.753),
+            pcie_gen: Ok(5),
+            pcie_width: Err(Absent::NoPermission),
+            pcie_replay_count: Ok(0),
+            pcie_rx_bytes_per_s: Ok(1024.0),
+            pcie_tx_bytes_per_s: Err(Absent::NotSupported),
+            processes: Ok(vec![]),
+        };
+        let mut s = Sample::new(0, 1);
+        reading.apply(&mut s);
+        assert_eq!(s.energy_j, Some(11_313.753));
+        assert_eq!(s.pcie_gen, Some(5));
+        assert_eq!(s.why_absent("pcie_width"), Some(&Absent::NoPermission));
+        assert_eq!(s.pcie_replay_count, Some(0));
+        assert_eq!(s.pcie_rx_bytes_per_s, Some(1024.0));
+        assert_eq!(s.pcie_tx_bytes_per_s, None);
+        assert_eq!(s.processes, Some(vec![]));
+        assert_eq!(s.absent.len(), 2);
+    }
+
+    #[test]
+    fn slow_sleep_stops_and_follows_interval() {
+        let shared = SlowShared {
+            control: Mutex::new(SlowControl {
+                stop: false,
+                interval: Duration::from_millis(10),
+            }),
+            wake: Condvar::new(),
+        };
+        let t = Instant::now();
+        assert!(shared.sleep_until_next(t));
+        assert!(t.elapsed() >= Duration::from_millis(10));
+        lock(&shared.control).stop = true;
+        assert!(!shared.sleep_until_next(Instant::now()));
+    }
+}

@@ -1,0 +1,192 @@
+//! `gpudiag check`: one pass of the pipeline over the window, probes if asked, and the report.
+
+use std::time::Duration;
+
+use crate::cli::CheckArgs;
+use gpudiag_core::check::{
+    self, CHECK_SCHEMA_VERSION, CheckReport, DeviceReport, SourceInfo, ToolInfo, WindowInfo,
+};
+use gpudiag_core::config::Config;
+use gpudiag_core::rules::{self, Finding, RuleEngine};
+use gpudiag_core::session::{
+    self, Limit, NoSink, Pipeline, RunOptions, open_source, with_recorded,
+};
+use gpudiag_model::cuda_libraries;
+use gpudiag_model::error::Error;
+use gpudiag_telemetry::replay::Pace;
+use gpudiag_telemetry::{EventKind, now_ms};
+
+use super::probe::run_probes;
+
+/// `gpudiag check`.
+pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
+    let spec = args.source.spec()?;
+    let is_replay = spec.is_recording();
+    let single_read = !is_replay && args.window == Some(Duration::ZERO);
+    let source = open_source(&spec, Pace::AsFastAsPossible, single_read)?;
+    let libraries = (!is_replay).then(cuda_libraries::detect_libraries);
+    // A replay reads the whole recording and keeps the window's end; a live check samples for
+    // exactly the window.
+    let limit = if is_replay {
+        None
+    } else {
+        Some(args.window.unwrap_or(Duration::from_secs(1)))
+    };
+    let devices = source.devices();
+    let host = source.backend.host().clone();
+    let backend_name = source.backend.name().to_owned();
+    let source_warnings = source.backend.source_warnings();
+    let recording = source.recording.clone();
+    let recorded = source.recorded.clone();
+
+    let mut source = source;
+    let engine = RuleEngine::new(
+        config.rules.clone(),
+        devices.clone(),
+        Some(host.clone()),
+        libraries.clone(),
+    );
+    let mut pipeline = Pipeline::new(engine);
+    // A check is one report: let the slow fields (PCIe throughput, processes) arrive first, so
+    // even a single read has them. One slow round takes about 45 ms per GPU, in parallel.
+    source
+        .backend
+        .wait_for_slow_fields(Duration::from_millis(500));
+    let (failure, topology) = if limit == Some(Duration::ZERO) {
+        let failure = session::read_once(&mut source, &mut pipeline, &mut NoSink)?;
+        // Asked after the poll: the backend reads it on its own thread meanwhile.
+        (failure, source.topology())
+    } else {
+        let topology = source.topology();
+        let opts = RunOptions {
+            interval: args.interval,
+            limit: limit.map_or(Limit::None, Limit::Live),
+            stop: None,
+        };
+        (
+            session::run(source, &mut pipeline, &opts, &mut NoSink)?,
+            topology,
+        )
+    };
+    let mut warnings = source_warnings;
+    match failure {
+        Some(e) if pipeline.tick_times.is_empty() => return Err(e.into()),
+        Some(e) => warnings.push(format!("sampling stopped early: {e}")),
+        None => {}
+    }
+    if pipeline.tick_times.is_empty() {
+        return Err(Error::Usage("the source holds no telemetry samples".into()));
+    }
+    for e in &pipeline.events {
+        if let EventKind::Notice { message } = &e.kind
+            && !warnings.contains(message)
+        {
+            warnings.push(message.clone());
+        }
+    }
+    pipeline.engine.finish(&pipeline.history);
+    // Replays with a window judge only its end; live runs sampled exactly the window.
+    let summary_window = if is_replay { args.window } else { None };
+    if let Some(w) = summary_window {
+        pipeline.keep_last(w);
+    }
+    // What the recording carried, where today's rules did not raise it again; with a window,
+    // only what it carried in that window.
+    let window_start = summary_window.and(pipeline.first_ms());
+    let recorded: Vec<Finding> = recorded
+        .into_iter()
+        .filter(|f| window_start.is_none_or(|start| f.time_ms >= start))
+        .collect();
+    let mut findings = with_recorded(pipeline.findings(summary_window), &recorded);
+
+    let probed = match args.probes {
+        Some(suite) => Some(run_probes(
+            suite,
+            &devices
+                .iter()
+                .map(|d| d.index.to_string())
+                .collect::<Vec<_>>(),
+            args.force,
+            None,
+        )?),
+        None => None,
+    };
+    if let Some(p) = &probed {
+        let now = pipeline.last_ms().unwrap_or_else(now_ms);
+        findings.extend(gpudiag_probes::runner::findings(&p.devices, now));
+        findings.extend(gpudiag_probes::runner::host_findings(&p.host, now));
+        for dp in &p.devices {
+            let Some(info) = devices.iter().find(|d| d.index == dp.index) else {
+                continue;
+            };
+            let measured: Vec<gpudiag_probes::Measurement> = dp
+                .results
+                .iter()
+                .filter(|r| r.probe == "bandwidth")
+                .flat_map(|r| r.metrics.iter().cloned())
+                .collect();
+            findings.extend(rules::pcie::probe_bandwidth(
+                info,
+                pipeline.latest.get(&dp.index),
+                &measured,
+                now,
+            ));
+        }
+        findings.extend(rules::peers::compare(
+            &p.devices,
+            config.rules.peers.margin,
+            now,
+        ));
+        rules::sort(&mut findings);
+    }
+    let fail_on = args.fail_on.into();
+    let exit_code = check::exit_code_for(&findings, fail_on);
+    let status = check::status_of(&findings);
+    let (mut per_device, host_findings) = check::split_findings(findings);
+    let device_reports = devices
+        .into_iter()
+        .map(|info| DeviceReport {
+            summary: check::summarise(&pipeline.history, info.index, summary_window),
+            latest: pipeline.latest.get(&info.index).cloned(),
+            findings: per_device.remove(&info.index).unwrap_or_default(),
+            probes: probed
+                .as_ref()
+                .and_then(|p| p.devices.iter().find(|d| d.index == info.index).cloned()),
+            info,
+        })
+        .collect();
+    let covered_ms = match (pipeline.first_ms(), pipeline.last_ms()) {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => 0,
+    };
+    Ok(CheckReport {
+        schema_version: CHECK_SCHEMA_VERSION,
+        tool: ToolInfo::this(),
+        generated_ms: now_ms(),
+        host,
+        source: SourceInfo {
+            backend: backend_name,
+            recording,
+            warnings,
+        },
+        libraries,
+        window: WindowInfo {
+            requested_s: if is_replay {
+                args.window.map(|w| w.as_secs_f64())
+            } else {
+                Some(limit.unwrap_or_default().as_secs_f64())
+            },
+            covered_s: covered_ms as f64 / 1000.0,
+            ticks: pipeline.tick_times.len() as u64,
+            start_ms: pipeline.first_ms(),
+            end_ms: pipeline.last_ms(),
+        },
+        devices: device_reports,
+        topology,
+        host_probes: probed.as_ref().map(|p| p.host.clone()),
+        host_findings,
+        status,
+        fail_on,
+        exit_code,
+    })
+}

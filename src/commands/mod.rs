@@ -1,0 +1,23 @@
+//! One module per subcommand that is more than a call into a writer: `check`, `probe` and
+//! `record`; `trace`, `serve` and `report` live with their writers (`export`, `report`).
+
+mod check;
+mod probe;
+mod record;
+
+use std::io::Write;
+
+use gpudiag_model::error::Error;
+
+pub use check::check;
+pub use probe::{probe, run_probes_in_ui};
+pub use record::record;
+
+/// Writes `text` to stdout; a closed pipe (`gpudiag check | head`) is not an error.
+pub fn print(text: &str) -> Result<(), Error> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.map_err(|e| Error::io("writing to stdout", e)),
+    }
+}

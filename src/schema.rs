@@ -1,0 +1,328 @@
+//! The JSON Schemas of gpudiag's outputs, generated from the Rust types that write them with
+//! schemars: the check report ([`CheckReport`]), one line of a recording ([`Header`] or
+//! [`Record`]) and the Chrome trace ([`Trace`]). The files in `assets/schema/` are these
+//! functions' output, committed so that users and other tools can read them; `tests/schema.rs`
+//! fails when they differ, and `GPUDIAG_BLESS=1 cargo nextest run --test schema` rewrites them.
+//!
+//! What a type alone does not say comes from `#[schemars(...)]` attributes on the types (closed
+//! objects, ranges, patterns, constants) and from the transforms here and in
+//! `gpudiag_model::schema`. The schemas describe what gpudiag writes (serialisation), strictly:
+//! gpudiag's own readers stay tolerant of fields they do not know.
+
+use schemars::generate::SchemaSettings;
+use schemars::{Schema, SchemaGenerator};
+use serde_json::{Map, Value, json};
+
+use crate::export::chrome_trace::{HOST_PID, Phase, Trace};
+use gpudiag_core::check::CheckReport;
+use gpudiag_telemetry::recording::{Header, Record};
+
+/// The file of each schema in `assets/schema/`.
+pub const CHECK_REPORT_FILE: &str = "check-report.schema.json";
+pub const RECORDING_FILE: &str = "recording.schema.json";
+pub const CHROME_TRACE_FILE: &str = "chrome-trace.schema.json";
+
+const CHECK_REPORT_ID: &str = "urn:gpudiag:schema:check-report:1";
+const CHECK_REPORT_TITLE: &str = "gpudiag check report";
+const CHECK_REPORT_DESCRIPTION: &str = "The JSON document `gpudiag check --json` prints, \
+    schema_version 1. Adding a field keeps schema_version; removing or retyping one bumps it. \
+    Absent values are null (with the reason in the `absent` map beside them), never 0. \
+    Generated from gpudiag's types (src/schema.rs): change those, not this file.";
+
+const RECORDING_ID: &str = "urn:gpudiag:schema:recording-line:1";
+const RECORDING_TITLE: &str = "gpudiag recording line";
+const RECORDING_DESCRIPTION: &str = "ONE LINE of a gpudiag recording (newline-delimited JSON, \
+    plain or gzip). Line 1 is the header (format \"gpudiag-recording\", version, host, devices); \
+    every further line is a sample, an event or a finding, discriminated by `kind`, with the \
+    record's fields beside it. This schema covers the kinds of format version 1 exactly as \
+    gpudiag writes them. Readers skip lines of kinds (and event sub-kinds) they do not know, so \
+    such lines are valid for readers but not covered here; readers also accept a missing optional \
+    field as null. Generated from gpudiag's types (src/schema.rs): change those, not this file.";
+
+const CHROME_TRACE_ID: &str = "https://gpudiag.dev/schema/chrome-trace.schema.json";
+const CHROME_TRACE_TITLE: &str = "gpudiag Chrome trace";
+const CHROME_TRACE_DESCRIPTION: &str = "A Chrome trace written by `gpudiag trace` and inside \
+    `gpudiag report` bundles: the Trace Event Format's JSON object form, with otherData.format \
+    \"gpudiag-trace\" version 1. One process per GPU (pid = index + 1) and one for the host \
+    (pid 1000000), named by metadata events; counters per metric group; findings, XIDs and \
+    events as instant events; throttle intervals and probe phases as complete events. Times are \
+    integer microseconds since otherData.start_ms (epoch milliseconds). Generated from gpudiag's \
+    types (src/schema.rs): change those, not this file.";
+
+/// Every schema as its file name in `assets/schema/` and its text.
+pub fn all() -> [(&'static str, String); 3] {
+    [
+        (CHECK_REPORT_FILE, check_report()),
+        (RECORDING_FILE, recording()),
+        (CHROME_TRACE_FILE, chrome_trace()),
+    ]
+}
+
+/// `check-report.schema.json`: the document `gpudiag check --json` prints.
+pub fn check_report() -> String {
+    let schema = generator().root_schema_for::<CheckReport>();
+    finish(
+        schema.to_value(),
+        CHECK_REPORT_ID,
+        CHECK_REPORT_TITLE,
+        CHECK_REPORT_DESCRIPTION,
+    )
+}
+
+/// `recording.schema.json`: one line of a recording, the header or a record.
+pub fn recording() -> String {
+    let mut g = generator();
+    let header = g.subschema_for::<Header>();
+    let record = g.subschema_for::<Record>();
+    let defs = g.take_definitions(false);
+    // The kinds, for an error that names them when a line has another.
+    let mut kinds = vec![json!("header")];
+    if let Some(Value::Array(variants)) = defs.get("Record").and_then(|r| r.get("oneOf")) {
+        kinds.extend(
+            variants
+                .iter()
+                .filter_map(|v| v.pointer("/properties/kind/const").cloned()),
+        );
+    }
+    let schema = json!({
+        "$schema": g.settings().meta_schema,
+        "type": "object",
+        "required": ["kind"],
+        "properties": { "kind": { "type": "string", "enum": kinds } },
+        "oneOf": [header, record],
+        "$defs": defs,
+    });
+    finish(schema, RECORDING_ID, RECORDING_TITLE, RECORDING_DESCRIPTION)
+}
+
+/// `chrome-trace.schema.json`: the trace `gpudiag trace` writes.
+pub fn chrome_trace() -> String {
+    let schema = generator().root_schema_for::<Trace>();
+    finish(
+        schema.to_value(),
+        CHROME_TRACE_ID,
+        CHROME_TRACE_TITLE,
+        CHROME_TRACE_DESCRIPTION,
+    )
+}
+
+/// Draft 2020-12, for what gpudiag writes: a field that is always serialised is required.
+fn generator() -> SchemaGenerator {
+    SchemaSettings::draft2020_12()
+        .for_serialize()
+        .into_generator()
+}
+
+/// Names the schema, makes it portable and strict (see [`tidy`]) and prints it.
+fn finish(mut value: Value, id: &str, title: &str, description: &str) -> String {
+    tidy(&mut value);
+    if let Value::Object(root) = &mut value {
+        root.insert("$id".into(), id.into());
+        root.insert("title".into(), title.into());
+        root.insert("description".into(), description.into());
+    }
+    let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+/// Applied to every subschema:
+/// - Descriptions come from doc comments: their line breaks become spaces (a blank line, a new
+///   paragraph, stays).
+/// - schemars' `format`s for Rust's number types (`uint32`, `double`, ...) are not JSON Schema
+///   formats, and strict validators refuse unknown ones: they become the range they stand for.
+/// - An object closed with `additionalProperties: false` that also takes fields from `oneOf`
+///   branches (a flattened enum: an event's `xid`, `reason` or `message`) would refuse those
+///   fields, since `additionalProperties` sees only `properties` beside it;
+///   `unevaluatedProperties: false` closes it and sees the branches' fields too.
+fn tidy(value: &mut Value) {
+    match value {
+        Value::Object(o) => {
+            if let Some(Value::String(d)) = o.get_mut("description") {
+                *d = unwrap_lines(d);
+            }
+            number_format_to_range(o);
+            let branches = ["oneOf", "anyOf", "allOf"]
+                .iter()
+                .any(|k| o.contains_key(*k));
+            if branches && o.get("additionalProperties") == Some(&Value::Bool(false)) {
+                o.remove("additionalProperties");
+                o.insert("unevaluatedProperties".into(), false.into());
+            }
+            o.values_mut().for_each(tidy);
+        }
+        Value::Array(a) => a.iter_mut().for_each(tidy),
+        _ => {}
+    }
+}
+
+fn unwrap_lines(text: &str) -> String {
+    text.split("\n\n")
+        .map(|paragraph| {
+            paragraph
+                .split('\n')
+                .map(str::trim)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join("\n\n")
+}
+
+fn number_format_to_range(o: &mut Map<String, Value>) {
+    let range: (Option<Value>, Option<Value>) = match o.get("format").and_then(Value::as_str) {
+        Some("uint8") => (Some(0.into()), Some(u8::MAX.into())),
+        Some("uint16") => (Some(0.into()), Some(u16::MAX.into())),
+        Some("uint32") => (Some(0.into()), Some(u32::MAX.into())),
+        Some("uint64" | "uint") => (Some(0.into()), None),
+        Some("int32") => (Some(i32::MIN.into()), Some(i32::MAX.into())),
+        Some("int64" | "int") => (None, None),
+        Some("double" | "float") => (None, None),
+        _ => return,
+    };
+    o.remove("format");
+    // A narrower range from an attribute (`pstate` is 0..=15) wins.
+    if let Some(min) = range.0 {
+        o.entry("minimum").or_insert(min);
+    }
+    if let Some(max) = range.1 {
+        o.entry("maximum").or_insert(max);
+    }
+}
+
+/// `TraceEvent`'s schema lists every field an event may have; what each phase requires and
+/// allows follows the Trace Event Format and what gpudiag writes: metadata events name or order
+/// a process or thread with exactly one arg, counters carry numbers only, instant events a scope,
+/// complete events a duration. A field of another phase (`dur` on an instant event) is refused.
+pub(crate) fn trace_event_phases(schema: &mut Schema) {
+    let ph = |p: Phase| serde_json::to_value(p).unwrap_or_default();
+    let phases = json!([
+        {
+            "description": "Metadata: names and orders processes (GPUs, host) and threads \
+                (telemetry, findings and events, probes, one per throttle reason).",
+            "properties": {
+                "ph": { "const": ph(Phase::Metadata) },
+                "name": {
+                    "enum": [
+                        "process_name",
+                        "thread_name",
+                        "process_sort_index",
+                        "thread_sort_index"
+                    ]
+                },
+                "args": {
+                    "type": "object",
+                    "properties": {
+                        "name": { "type": "string", "minLength": 1 },
+                        "sort_index": { "type": "integer" }
+                    },
+                    "minProperties": 1,
+                    "maxProperties": 1,
+                    "additionalProperties": false
+                },
+                "dur": false,
+                "s": false
+            },
+            "required": ["args"]
+        },
+        {
+            "description": "Counter: one metric group of one GPU (util %, memory MiB, power W, \
+                temp C, clocks MHz, PCIe MB/s), written only when a value changed; absent values \
+                are left out of args.",
+            "properties": {
+                "ph": { "const": ph(Phase::Counter) },
+                "args": {
+                    "type": "object",
+                    "minProperties": 1,
+                    "additionalProperties": { "type": "number" }
+                },
+                "dur": false,
+                "s": false
+            },
+            "required": ["args"]
+        },
+        {
+            "description": "Instant: a finding (args: the whole finding), an XID (args.xid), a \
+                lost GPU or a notice.",
+            "properties": { "ph": { "const": ph(Phase::Instant) }, "dur": false },
+            "required": ["s"]
+        },
+        {
+            "description": "Complete: a throttle interval (cat throttle, args.reason_bit) or a \
+                probe phase (cat probe, args: its results).",
+            "properties": { "ph": { "const": ph(Phase::Complete) }, "s": false },
+            "required": ["dur"]
+        }
+    ]);
+    let object = schema.ensure_object();
+    object.insert("oneOf".into(), phases);
+    if let Some(Value::Object(properties)) = object.get_mut("properties") {
+        let describe = |p: Option<&mut Value>, text: String| {
+            if let Some(Value::Object(p)) = p {
+                p.insert("description".into(), text.into());
+            }
+        };
+        describe(
+            properties.get_mut("ts"),
+            "Microseconds since otherData.start_ms.".into(),
+        );
+        describe(
+            properties.get_mut("dur"),
+            "Microseconds; complete events only.".into(),
+        );
+        describe(
+            properties.get_mut("pid"),
+            format!("GPU index + 1, or {HOST_PID} for the host."),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn number_formats_become_ranges() {
+        let mut v = json!({
+            "a": { "type": "integer", "format": "uint32", "minimum": 0 },
+            "b": { "type": ["integer", "null"], "format": "uint32", "maximum": 15 },
+            "c": { "type": "number", "format": "double" },
+            "d": { "type": "string", "format": "date-time" }
+        });
+        tidy(&mut v);
+        assert_eq!(
+            v,
+            json!({
+                "a": { "type": "integer", "minimum": 0, "maximum": 4294967295u32 },
+                "b": { "type": ["integer", "null"], "minimum": 0, "maximum": 15 },
+                "c": { "type": "number" },
+                "d": { "type": "string", "format": "date-time" }
+            })
+        );
+    }
+
+    #[test]
+    fn doc_comment_lines_are_joined() {
+        let mut v = json!({ "description": "One line\nwrapped.\n\nA paragraph." });
+        tidy(&mut v);
+        assert_eq!(v["description"], "One line wrapped.\n\nA paragraph.");
+    }
+
+    #[test]
+    fn a_closed_object_with_branches_is_closed_with_unevaluated_properties() {
+        let mut v = json!({
+            "type": "object",
+            "properties": { "a": {} },
+            "oneOf": [{ "properties": { "b": {} } }],
+            "additionalProperties": false
+        });
+        tidy(&mut v);
+        assert_eq!(v["unevaluatedProperties"], false);
+        assert!(v.get("additionalProperties").is_none());
+    }
+
+    #[test]
+    fn generation_is_deterministic() {
+        assert_eq!(all(), all());
+    }
+}
