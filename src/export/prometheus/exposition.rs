@@ -6,18 +6,13 @@ use std::fmt::Write as _;
 /// The content type of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Gauge,
-    Counter,
-}
+/// A family's TYPE: the metric table's gauge or counter, which are Prometheus's.
+pub use gpudiag_model::metrics::Kind;
 
-impl Kind {
-    fn as_str(self) -> &'static str {
-        match self {
-            Kind::Gauge => "gauge",
-            Kind::Counter => "counter",
-        }
+fn type_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Gauge => "gauge",
+        Kind::Counter => "counter",
     }
 }
 
@@ -39,7 +34,7 @@ impl Exposition {
             return;
         }
         let _ = writeln!(self.out, "# HELP {name} {}", escape_help(help));
-        let _ = writeln!(self.out, "# TYPE {name} {}", kind.as_str());
+        let _ = writeln!(self.out, "# TYPE {name} {}", type_name(kind));
         for (labels, value) in samples {
             self.out.push_str(name);
             if !labels.is_empty() {

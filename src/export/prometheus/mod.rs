@@ -33,7 +33,7 @@ use gpudiag_core::session::{
 };
 use gpudiag_model::decode::THROTTLE_REASONS;
 use gpudiag_model::error::Error;
-use gpudiag_model::metrics::{self, MetricDef, Prometheus};
+use gpudiag_model::metrics::{MetricDef, Prometheus};
 use gpudiag_telemetry::replay::Pace;
 use gpudiag_telemetry::{DeviceInfo, EventKind, HostInfo, METRICS, Sample, Tick};
 
@@ -118,19 +118,12 @@ fn table_families() -> Vec<(&'static Prometheus, Kind, Vec<&'static MetricDef>)>
         let Some(p) = &m.prometheus else { continue };
         match families.iter_mut().find(|(f, _, _)| f.name == p.name) {
             Some((_, _, fields)) => fields.push(m),
-            None => families.push((p, kind_of(m), vec![m])),
+            None => families.push((p, m.kind, vec![m])),
         }
     }
     let position = |name: &str| FAMILY_ORDER.iter().position(|n| *n == name);
     families.sort_by_key(|(p, _, _)| position(p.name).unwrap_or(FAMILY_ORDER.len()));
     families
-}
-
-fn kind_of(m: &MetricDef) -> Kind {
-    match m.kind {
-        metrics::Kind::Gauge => Kind::Gauge,
-        metrics::Kind::Counter => Kind::Counter,
-    }
 }
 
 /// Renders a snapshot; `now` dates the sample ages.
