@@ -61,17 +61,22 @@ fn live_ui_shows_the_gpu_and_exits_cleanly() {
     ));
     let screen = tmux.wait_for(&["LIVE every 250ms", "[1 Devices]", first.as_str()], WAIT);
     assert!(!screen.contains("REPLAY"), "{screen}");
-    // Live values: a temperature, a power draw and an SM clock, as numbers.
-    let screen = tmux.wait_for(&["°C", "MHz", "W  SM "], WAIT);
+    // Live values: a temperature, a power draw and an SM clock, as numbers. The first frame
+    // comes before the first poll (every value n/a, the static slowdown temperature and clock
+    // maximum already there): wait for data, not for the frame.
+    // "  61°C  655/700W  SM 1980/1980MHz ...": the draw before the slash is a number.
+    let power_draw = |screen: &str| {
+        screen
+            .lines()
+            .find_map(|l| l.split("W  SM ").nth(1).and(l.split("W  SM ").next()))
+            .and_then(|before| before.split_whitespace().last())
+            .and_then(|t| t.split('/').next())
+            .and_then(|n| n.parse::<f64>().ok())
+    };
+    let screen = tmux.wait_until("a power draw", |s| power_draw(s).is_some(), WAIT);
     let temp = value_before(&screen, "°C").unwrap_or_else(|| panic!("no temperature:\n{screen}"));
     assert!((5.0..120.0).contains(&temp), "{temp}\n{screen}");
-    // "  61°C  655/700W  SM 1980/1980MHz ...": the draw before the slash is a number.
-    let draw = screen
-        .lines()
-        .find_map(|l| l.split("W  SM ").nth(1).and(l.split("W  SM ").next()))
-        .and_then(|before| before.split_whitespace().last())
-        .and_then(|t| t.split('/').next())
-        .and_then(|n| n.parse::<f64>().ok());
+    let draw = power_draw(&screen);
     assert!(draw.is_some_and(|w| w > 0.0), "no power draw:\n{screen}");
     let sm = value_before(&screen, "MHz");
     assert!(sm.is_some(), "no SM clock:\n{screen}");

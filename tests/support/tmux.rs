@@ -83,6 +83,28 @@ impl Tmux {
         .to_owned()
     }
 
+    /// Waits until `ready` holds for the screen; panics with the screen after `timeout`.
+    #[allow(dead_code)]
+    pub fn wait_until(
+        &self,
+        what: &str,
+        ready: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> String {
+        let start = Instant::now();
+        loop {
+            let screen = self.capture();
+            if ready(&screen) {
+                return screen;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "waited {timeout:?} for {what}; the screen:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits until every needle is on screen; panics with the screen after `timeout`.
     pub fn wait_for(&self, needles: &[&str], timeout: Duration) -> String {
         let start = Instant::now();

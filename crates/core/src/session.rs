@@ -2,7 +2,7 @@
 //! and the pipeline state every command and view feeds its ticks into (history, latest values,
 //! events, and the rule engine judging them as they arrive).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
@@ -222,7 +222,7 @@ pub struct Pipeline {
     pub history: History,
     pub latest: BTreeMap<u32, Sample>,
     /// The time of every tick that carried samples, in order (bounded by `retain`).
-    pub tick_times: Vec<TimeMs>,
+    pub tick_times: VecDeque<TimeMs>,
     pub events: Vec<Event>,
     pub engine: RuleEngine,
     sanitiser: Sanitiser,
@@ -258,7 +258,7 @@ impl Pipeline {
         Pipeline {
             history: History::default(),
             latest: BTreeMap::new(),
-            tick_times: Vec::new(),
+            tick_times: VecDeque::new(),
             events: Vec::new(),
             engine,
             sanitiser: Sanitiser::new(),
@@ -276,7 +276,7 @@ impl Pipeline {
     pub fn push_into(&mut self, mut tick: Tick, sink: &mut dyn Sink) -> Result<(), Error> {
         self.sanitiser.apply(&mut tick);
         if let Some(t) = tick.samples.iter().map(|s| s.time_ms).max() {
-            self.tick_times.push(t);
+            self.tick_times.push_back(t);
         }
         for s in &tick.samples {
             self.history.push_sample(s);
@@ -305,22 +305,30 @@ impl Pipeline {
     }
 
     /// Keeps only what falls in `(end − window, end]`, the same half-open window the history's
-    /// statistics use, so the report's counts and its summary describe the same samples.
+    /// statistics use, so the report's counts and its summary describe the same samples. Tick
+    /// times are in order, so this pops from the front and costs nothing once trimmed: long
+    /// sessions call it every tick.
     pub fn keep_last(&mut self, window: Duration) {
-        let Some(&end) = self.tick_times.last() else {
+        let Some(&end) = self.tick_times.back() else {
             return;
         };
         let start = end.saturating_sub(window.as_millis() as u64);
-        self.tick_times.retain(|&t| t > start || t == end);
+        while self
+            .tick_times
+            .front()
+            .is_some_and(|&t| t <= start && t != end)
+        {
+            self.tick_times.pop_front();
+        }
         self.events.retain(|e| e.time_ms > start);
     }
 
     pub fn first_ms(&self) -> Option<TimeMs> {
-        self.tick_times.first().copied()
+        self.tick_times.front().copied()
     }
 
     pub fn last_ms(&self) -> Option<TimeMs> {
-        self.tick_times.last().copied()
+        self.tick_times.back().copied()
     }
 
     /// The findings a check reports: every problem raised while sampling, or, when only the end

@@ -599,6 +599,17 @@ macro_rules! metric_table {
             pub const COUNT: usize = [$($( stringify!($series), )?)*].len();
         }
 
+        impl $crate::sample::Sample {
+            /// The value of a history series, read straight from its field: the history
+            /// calls this for every series of every sample, where an indirect call through
+            /// the table cost about 8% of a push.
+            pub fn value(&self, metric: Metric) -> Option<f64> {
+                match metric {
+                    $($( Metric::$series => self.$field.map($crate::metrics::FieldValue::to_f64), )?)*
+                }
+            }
+        }
+
         /// Every value field of `Sample`, in struct order.
         pub const METRICS: &[$crate::metrics::MetricDef] = &[$(
             $crate::metrics::MetricDef {

@@ -522,11 +522,6 @@ impl Sample {
         }
     }
 
-    /// The value of one numeric series, as f64.
-    pub fn value(&self, metric: Metric) -> Option<f64> {
-        metric.def().get(self)
-    }
-
     /// Copies the device's static thresholds and maxima into the sample (with their reasons when
     /// absent), so each sample stands alone for rules and exports, whatever backend made it.
     pub fn copy_static_from(&mut self, info: &DeviceInfo) {
