@@ -31,11 +31,6 @@ pub(super) const FAST_FIELDS: &[&str] = &[
     "pstate",
     "throttle_reasons",
     "throttle_reason_names",
-    "throttle_sw_power_cap_s",
-    "throttle_sync_boost_s",
-    "throttle_sw_thermal_slowdown_s",
-    "throttle_hw_thermal_slowdown_s",
-    "throttle_hw_power_brake_slowdown_s",
     "ecc_corrected_volatile",
     "ecc_uncorrected_volatile",
     "ecc_corrected_aggregate",
@@ -116,24 +111,9 @@ pub(super) fn read_fast(dev: &Device<'_>, s: &mut Sample) {
     s.decoder_util_pct =
         read(dev.decoder_utilization(), "decoder_util_pct", a).map(|u| f64::from(u.utilization));
 
-    // One driver round trip for the counters and the clock-event durations; NVML answers
-    // each field with its own status, so one the driver lacks costs only itself.
-    let ids: Vec<FieldId> = BatchField::ALL
-        .map(|f| FieldId(f.id()))
-        .into_iter()
-        .chain(CLOCK_EVENT_FIELDS.map(|(id, _)| FieldId(id)))
-        .collect();
-    match dev.field_values_for(&ids) {
-        Ok(mut values) => {
-            let clock_events = values.split_off(BatchField::ALL.len().min(values.len()));
-            apply_field_values(s, a, Ok(values));
-            apply_clock_events(s, a, Ok(clock_events));
-        }
-        Err(e) => {
-            apply_clock_events(s, a, Err(absent_from(&e)));
-            apply_field_values(s, a, Err(e));
-        }
-    }
+    // One driver round trip for the counters.
+    let ids: Vec<FieldId> = BatchField::ALL.map(|f| FieldId(f.id())).into();
+    apply_field_values(s, a, dev.field_values_for(&ids));
 
     s.absent = ab;
 }
@@ -142,7 +122,7 @@ pub(super) fn read_fast(dev: &Device<'_>, s: &mut Sample) {
 /// since the driver loaded) and the series each fills, in the order they are asked for after
 /// `BatchField::ALL`. The ids are nvml.h's from before driver 580.82 renumbered 251-255; the
 /// wrapper translates them for newer drivers.
-const CLOCK_EVENT_FIELDS: [(u32, &str); 5] = {
+pub(super) const CLOCK_EVENT_FIELDS: [(u32, &str); 5] = {
     use nvml_wrapper::sys_exports::field_id::*;
     [
         (
@@ -168,15 +148,20 @@ const CLOCK_EVENT_FIELDS: [(u32, &str); 5] = {
     ]
 };
 
-/// Fills the clock-event durations from their part of the batch answer, or marks them all
-/// absent for why the whole call failed. A GPU or driver without a reason's counter answers
-/// that field with an error: absent, never 0.
-fn apply_clock_events(
-    s: &mut Sample,
-    ab: &mut AbsentMap,
+/// The clock-event durations, in seconds, in `CLOCK_EVENT_FIELDS` order; each absent with its
+/// reason where the GPU or driver lacks it (never 0). They are cumulative counters, read on
+/// the slow cadence: on an H200 (driver 580) asking for these five costs about 160 µs a call,
+/// ten times the twelve fast counters together.
+pub(super) fn read_clock_events(dev: &Device<'_>) -> [Result<f64, Absent>; 5] {
+    let ids: Vec<FieldId> = CLOCK_EVENT_FIELDS.map(|(id, _)| FieldId(id)).into();
+    decode_clock_events(dev.field_values_for(&ids).map_err(|e| absent_from(&e)))
+}
+
+/// Seconds from NVML's answers for `CLOCK_EVENT_FIELDS` (nanoseconds), or why each is absent.
+fn decode_clock_events(
     answers: Result<Vec<Result<FieldValueSample, NvmlError>>, Absent>,
-) {
-    for (i, (_, field)) in CLOCK_EVENT_FIELDS.into_iter().enumerate() {
+) -> [Result<f64, Absent>; 5] {
+    std::array::from_fn(|i| {
         let answer = match &answers {
             Err(why) => Err(why.clone()),
             Ok(values) => match values.get(i) {
@@ -187,11 +172,24 @@ fn apply_clock_events(
                 )),
             },
         };
-        let stored = answer.and_then(sample_value_u64).and_then(|ns| {
+        answer.and_then(sample_value_u64).map(ns_to_s)
+    })
+}
+
+/// Stores the clock-event durations in their `Sample` fields, or their reasons in `absent`.
+pub(super) fn put_clock_events(s: &mut Sample, values: &[Result<f64, Absent>; 5]) {
+    let mut absent = std::mem::take(&mut s.absent);
+    store_clock_events(s, &mut absent, values);
+    s.absent = absent;
+}
+
+fn store_clock_events(s: &mut Sample, ab: &mut AbsentMap, values: &[Result<f64, Absent>; 5]) {
+    for ((_, field), value) in CLOCK_EVENT_FIELDS.into_iter().zip(values) {
+        let stored = value.clone().and_then(|secs| {
             let def = metrics::by_name(field)
                 .ok_or_else(|| Absent::Error(format!("{field} is not a Sample field")))?;
-            def.set(s, Some(ns_to_s(ns)))
-                .map_err(|e| Absent::Error(format!("cannot store {ns} ns: {e:?}")))
+            def.set(s, Some(secs))
+                .map_err(|e| Absent::Error(format!("cannot store {secs} s: {e:?}")))
         });
         if let Err(why) = stored {
             ab.insert(field.into(), why);
@@ -543,6 +541,14 @@ mod tests {
         assert_eq!(ab.len(), BatchField::ALL.len());
     }
 
+    fn apply_clock_events(
+        s: &mut Sample,
+        ab: &mut AbsentMap,
+        answers: Result<Vec<Result<FieldValueSample, NvmlError>>, Absent>,
+    ) {
+        store_clock_events(s, ab, &decode_clock_events(answers));
+    }
+
     #[test]
     fn clock_event_durations_decode_from_nanoseconds() {
         // An H200 on driver 580: power capped for 1.5 s so far, the others never, and a driver
@@ -606,7 +612,7 @@ mod tests {
         let ids: Vec<u32> = CLOCK_EVENT_FIELDS.iter().map(|(id, _)| *id).collect();
         assert_eq!(ids, [74, 76, 251, 252, 253]);
         for (_, field) in CLOCK_EVENT_FIELDS {
-            assert!(FAST_FIELDS.contains(&field), "{field}");
+            assert!(super::super::slow::SLOW_FIELDS.contains(&field), "{field}");
             assert!(metrics::by_name(field).is_some(), "{field}");
         }
     }

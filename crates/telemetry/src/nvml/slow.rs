@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::PcieUtilCounter;
 
-use super::fields::{kb_per_s_to_bytes, mj_to_j};
+use super::fields::{kb_per_s_to_bytes, mj_to_j, put_clock_events, read_clock_events};
 use super::processes::read_processes;
 use super::{absent_from, lock};
 use crate::{Absent, AbsentMap, ProcessSample, Sample};
@@ -42,6 +42,11 @@ pub(super) const SLOW_FIELDS: &[&str] = &[
     "pcie_rx_bytes_per_s",
     "pcie_tx_bytes_per_s",
     "processes",
+    "throttle_sw_power_cap_s",
+    "throttle_sync_boost_s",
+    "throttle_sw_thermal_slowdown_s",
+    "throttle_hw_thermal_slowdown_s",
+    "throttle_hw_power_brake_slowdown_s",
 ];
 
 /// The latest slow reading of one device; `Err` carries why a value is absent. Values are as
@@ -57,6 +62,8 @@ pub(super) struct SlowReading {
     pcie_rx_bytes_per_s: Result<f64, Absent>,
     pcie_tx_bytes_per_s: Result<f64, Absent>,
     processes: Result<Vec<ProcessSample>, Absent>,
+    /// The clock-event durations, in `CLOCK_EVENT_FIELDS` order.
+    clock_events: [Result<f64, Absent>; 5],
 }
 
 impl SlowReading {
@@ -68,7 +75,8 @@ impl SlowReading {
             pcie_replay_count: Err(why.clone()),
             pcie_rx_bytes_per_s: Err(why.clone()),
             pcie_tx_bytes_per_s: Err(why.clone()),
-            processes: Err(why),
+            processes: Err(why.clone()),
+            clock_events: std::array::from_fn(|_| Err(why.clone())),
         }
     }
 
@@ -87,6 +95,7 @@ impl SlowReading {
         s.pcie_rx_bytes_per_s = put(&self.pcie_rx_bytes_per_s, "pcie_rx_bytes_per_s", ab);
         s.pcie_tx_bytes_per_s = put(&self.pcie_tx_bytes_per_s, "pcie_tx_bytes_per_s", ab);
         s.processes = put(&self.processes, "processes", ab);
+        put_clock_events(s, &self.clock_events);
     }
 }
 
@@ -221,12 +230,14 @@ pub(super) fn read_slow(nvml: &Nvml, index: u32, util_since: &mut Option<u64>, s
     let link_gen = dev.current_pcie_link_gen();
     let link_width = dev.current_pcie_link_width();
     let replays = dev.pcie_replay_counter();
+    let clock_events = read_clock_events(&dev);
     {
         let mut latest = lock(&slot.latest);
         latest.energy_j = energy.map(mj_to_j).map_err(|e| absent_from(&e));
         latest.pcie_gen = link_gen.map_err(|e| absent_from(&e));
         latest.pcie_width = link_width.map_err(|e| absent_from(&e));
         latest.pcie_replay_count = replays.map(u64::from).map_err(|e| absent_from(&e));
+        latest.clock_events = clock_events;
     }
     let processes = read_processes(nvml, &dev, util_since);
     lock(&slot.latest).processes = processes;
@@ -260,6 +271,7 @@ mod tests {
             pcie_rx_bytes_per_s: Ok(1024.0),
             pcie_tx_bytes_per_s: Err(Absent::NotSupported),
             processes: Ok(vec![]),
+            clock_events: std::array::from_fn(|_| Ok(0.0)),
         };
         let mut s = Sample::new(0, 1);
         reading.apply(&mut s);
