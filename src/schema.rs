@@ -9,11 +9,11 @@
 //! `gpudiag_model::schema`. The schemas describe what gpudiag writes (serialisation), strictly:
 //! gpudiag's own readers stay tolerant of fields they do not know.
 
+use schemars::SchemaGenerator;
 use schemars::generate::SchemaSettings;
-use schemars::{Schema, SchemaGenerator};
 use serde_json::{Map, Value, json};
 
-use crate::export::chrome_trace::{HOST_PID, Phase, Trace};
+use crate::export::chrome_trace::Trace;
 use gpudiag_core::check::CheckReport;
 use gpudiag_telemetry::recording::{Header, Record};
 
@@ -187,93 +187,6 @@ fn number_format_to_range(o: &mut Map<String, Value>) {
     }
     if let Some(max) = range.1 {
         o.entry("maximum").or_insert(max);
-    }
-}
-
-/// `TraceEvent`'s schema lists every field an event may have; what each phase requires and
-/// allows follows the Trace Event Format and what gpudiag writes: metadata events name or order
-/// a process or thread with exactly one arg, counters carry numbers only, instant events a scope,
-/// complete events a duration. A field of another phase (`dur` on an instant event) is refused.
-pub(crate) fn trace_event_phases(schema: &mut Schema) {
-    let ph = |p: Phase| serde_json::to_value(p).unwrap_or_default();
-    let phases = json!([
-        {
-            "description": "Metadata: names and orders processes (GPUs, host) and threads \
-                (telemetry, findings and events, probes, one per throttle reason).",
-            "properties": {
-                "ph": { "const": ph(Phase::Metadata) },
-                "name": {
-                    "enum": [
-                        "process_name",
-                        "thread_name",
-                        "process_sort_index",
-                        "thread_sort_index"
-                    ]
-                },
-                "args": {
-                    "type": "object",
-                    "properties": {
-                        "name": { "type": "string", "minLength": 1 },
-                        "sort_index": { "type": "integer" }
-                    },
-                    "minProperties": 1,
-                    "maxProperties": 1,
-                    "additionalProperties": false
-                },
-                "dur": false,
-                "s": false
-            },
-            "required": ["args"]
-        },
-        {
-            "description": "Counter: one metric group of one GPU (util %, memory MiB, power W, \
-                temp C, clocks MHz, PCIe MB/s), written only when a value changed; absent values \
-                are left out of args.",
-            "properties": {
-                "ph": { "const": ph(Phase::Counter) },
-                "args": {
-                    "type": "object",
-                    "minProperties": 1,
-                    "additionalProperties": { "type": "number" }
-                },
-                "dur": false,
-                "s": false
-            },
-            "required": ["args"]
-        },
-        {
-            "description": "Instant: a finding (args: the whole finding), an XID (args.xid), a \
-                lost GPU or a notice.",
-            "properties": { "ph": { "const": ph(Phase::Instant) }, "dur": false },
-            "required": ["s"]
-        },
-        {
-            "description": "Complete: a throttle interval (cat throttle, args.reason_bit) or a \
-                probe phase (cat probe, args: its results).",
-            "properties": { "ph": { "const": ph(Phase::Complete) }, "s": false },
-            "required": ["dur"]
-        }
-    ]);
-    let object = schema.ensure_object();
-    object.insert("oneOf".into(), phases);
-    if let Some(Value::Object(properties)) = object.get_mut("properties") {
-        let describe = |p: Option<&mut Value>, text: String| {
-            if let Some(Value::Object(p)) = p {
-                p.insert("description".into(), text.into());
-            }
-        };
-        describe(
-            properties.get_mut("ts"),
-            "Microseconds since otherData.start_ms.".into(),
-        );
-        describe(
-            properties.get_mut("dur"),
-            "Microseconds; complete events only.".into(),
-        );
-        describe(
-            properties.get_mut("pid"),
-            format!("GPU index + 1, or {HOST_PID} for the host."),
-        );
     }
 }
 
