@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use gpudiag_core::rules::Finding;
 use gpudiag_model::decode::THROTTLE_REASONS;
-use gpudiag_model::metrics::{self, MetricDef};
+use gpudiag_model::sample::MetricDef;
 use gpudiag_telemetry::{DeviceInfo, Event, EventKind, HostInfo, Sample, Tick, TimeMs};
 
 /// The value of `otherData.format`.
@@ -256,7 +256,7 @@ impl TraceBuilder {
     ) -> Self {
         TraceBuilder {
             devices,
-            groups: metrics::trace_groups()
+            groups: gpudiag_model::sample::trace_groups()
                 .into_iter()
                 .map(|(name, fields)| Group { name, fields })
                 .collect(),

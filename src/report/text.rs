@@ -6,7 +6,8 @@ use std::fmt::Write;
 
 use gpudiag_core::check::{CheckReport, DeviceReport};
 use gpudiag_core::history::WindowStats;
-use gpudiag_model::metrics::{self, MetricDef};
+use gpudiag_model::metrics;
+use gpudiag_model::sample::MetricDef;
 use gpudiag_telemetry::{METRICS, Sample};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -145,7 +146,7 @@ fn render_device(out: &mut String, d: &DeviceReport) {
                 "" => (m.format, m.get(s)),
                 "mean" => (m.format, stat(m, |w| w.mean)),
                 "max" => (m.format, stat(m, |w| w.max)),
-                other => match metrics::by_name(other) {
+                other => match gpudiag_model::sample::by_name(other) {
                     Some(o) => (o.format, o.get(s)),
                     None => (m.format, None),
                 },

@@ -2,14 +2,14 @@
 //! table beside the struct (`sample::METRICS`), with what it measures, what values are
 //! plausible, which vendors' backends read it and how every view shows it. Sanity checks, fault
 //! injection, history, summaries and the exporters iterate that table instead of naming fields,
-//! so a new metric is a table entry plus a backend read.
+//! so a new metric is a table entry plus a backend read. `MetricDef`, the macro that builds the
+//! table and the lookups over it sit in `sample.rs` beside `Sample`, because each of them names
+//! it; this module names nothing of the table, so the two do not depend on each other.
 //!
 //! Views that compose several fields into one line (the check text, the Detail panel's chart
 //! titles) do it with small templates: `{}` is the entry's own value, `{field}` another field's,
 //! and `|unit` inside the braces is written only after a value that is present ("97%" but
 //! "n/a"). A view may add names of its own (`{mean}`, `{ceiling}`).
-
-use crate::sample::{DeviceInfo, Metric, Sample};
 
 pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 pub const MIB: f64 = 1024.0 * 1024.0;
@@ -197,18 +197,6 @@ pub enum Chart {
     Pcie,
 }
 
-/// The top of a chart's y axis, in the unit of its fields.
-#[derive(Debug, Clone, Copy)]
-pub enum Ceiling {
-    Fixed(f64),
-    /// A field of the latest sample, else an attribute of the device.
-    Field(&'static str, fn(&DeviceInfo) -> Option<f64>),
-    /// Attributes of the device alone.
-    Device(fn(&DeviceInfo) -> Option<f64>),
-    /// None: the chart shows what was seen, with room.
-    Seen,
-}
-
 impl Chart {
     pub const ALL: [Chart; 6] = [
         Chart::Util,
@@ -231,33 +219,6 @@ impl Chart {
             Chart::Clocks => "clocks SM {sm_clock_mhz} · mem {mem_clock_mhz} MHz",
             Chart::Pcie => "PCIe rx {pcie_rx_bytes_per_s} tx {pcie_tx_bytes_per_s} B/s",
         }
-    }
-
-    pub fn ceiling(self) -> Ceiling {
-        match self {
-            Chart::Util => Ceiling::Fixed(100.0),
-            Chart::Memory => Ceiling::Field("mem_total_bytes", |d| {
-                d.memory_total_bytes.map(|b| b as f64)
-            }),
-            Chart::Power => Ceiling::Field("power_limit_w", |d| d.power_limit_max_w),
-            Chart::Temperature => Ceiling::Field("temp_slowdown_c", |d| d.temp_slowdown_c),
-            Chart::Clocks => Ceiling::Device(|d| {
-                [d.sm_clock_max_mhz, d.mem_clock_max_mhz]
-                    .into_iter()
-                    .flatten()
-                    .max()
-                    .map(f64::from)
-            }),
-            Chart::Pcie => Ceiling::Seen,
-        }
-    }
-
-    /// The fields the chart plots, in table order; the first one's absence explains an empty
-    /// chart.
-    pub fn fields(self) -> impl Iterator<Item = &'static MetricDef> {
-        crate::sample::METRICS
-            .iter()
-            .filter(move |m| m.chart.is_some_and(|p| p.chart == self))
     }
 }
 
@@ -381,160 +342,6 @@ impl FieldValue for bool {
     }
 }
 
-/// The representation of the field an accessor reads (used by `metric_table!`).
-pub const fn repr_of<T: FieldValue>(_: fn(&Sample) -> Option<T>) -> Repr {
-    T::REPR
-}
-
-/// One telemetry field, as the table declares it. Built with `gauge` or `counter` and the
-/// methods below; `metric_table!` adds the name, the series and the accessors.
-#[derive(Clone, Copy)]
-pub struct MetricDef {
-    /// The `Sample` field and JSON key.
-    pub name: &'static str,
-    /// The history series it is kept as (and summarised under), if any.
-    pub series: Option<Metric>,
-    pub repr: Repr,
-    pub unit: Unit,
-    pub kind: Kind,
-    /// What sanity checks let through; `None`: anything the type holds.
-    pub plausible: Option<Plausible>,
-    pub format: Format,
-    pub vendors: Vendors,
-    pub text: Option<Text>,
-    pub chart: Option<Plot>,
-    pub trace: Option<Trace>,
-    pub prometheus: Option<Prometheus>,
-    pub(crate) get: fn(&Sample) -> Option<f64>,
-    pub(crate) set: fn(&mut Sample, Option<f64>) -> Result<(), Unrepresentable>,
-}
-
-impl std::fmt::Debug for MetricDef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MetricDef")
-            .field("name", &self.name)
-            .finish_non_exhaustive()
-    }
-}
-
-impl MetricDef {
-    pub const fn gauge(unit: Unit, vendors: Vendors) -> Self {
-        MetricDef::new(unit, Kind::Gauge, vendors)
-    }
-
-    pub const fn counter(unit: Unit, vendors: Vendors) -> Self {
-        MetricDef::new(unit, Kind::Counter, vendors)
-    }
-
-    const fn new(unit: Unit, kind: Kind, vendors: Vendors) -> Self {
-        MetricDef {
-            name: "",
-            series: None,
-            repr: Repr::F64,
-            unit,
-            kind,
-            plausible: None,
-            format: Format::Fixed {
-                decimals: 0,
-                scale: Scale::One,
-            },
-            vendors,
-            text: None,
-            chart: None,
-            trace: None,
-            prometheus: None,
-            get: |_| None,
-            set: |_, _| Ok(()),
-        }
-    }
-
-    pub const fn plausible(mut self, min: f64, max: f64) -> Self {
-        self.plausible = Some(Plausible { min, max });
-        self
-    }
-
-    pub const fn format(mut self, format: Format) -> Self {
-        self.format = format;
-        self
-    }
-
-    pub const fn text(mut self, line: u8, template: &'static str) -> Self {
-        self.text = Some(Text { line, template });
-        self
-    }
-
-    pub const fn chart(mut self, chart: Chart, scale: Scale) -> Self {
-        self.chart = Some(Plot { chart, scale });
-        self
-    }
-
-    pub const fn trace(
-        mut self,
-        group: &'static str,
-        key: &'static str,
-        scale: Scale,
-        round: Round,
-    ) -> Self {
-        self.trace = Some(Trace {
-            group,
-            key,
-            scale,
-            round,
-        });
-        self
-    }
-
-    pub const fn prometheus(mut self, prometheus: Prometheus) -> Self {
-        self.prometheus = Some(prometheus);
-        self
-    }
-
-    /// The field's value in `s`; flags read as 0 or 1.
-    pub fn get(&self, s: &Sample) -> Option<f64> {
-        (self.get)(s)
-    }
-
-    /// Stores `v` (or clears the field), converted to the field's type.
-    pub fn set(&self, s: &mut Sample, v: Option<f64>) -> Result<(), Unrepresentable> {
-        (self.set)(s, v)
-    }
-
-    /// The field's value as text in its own `format`.
-    pub fn show(&self, s: &Sample, unit: &str, rate: fn(f64) -> String) -> String {
-        self.format.show(self.get(s), unit, rate)
-    }
-}
-
-/// The table entry of the `Sample` field `name`.
-pub fn by_name(name: &str) -> Option<&'static MetricDef> {
-    crate::sample::METRICS.iter().find(|m| m.name == name)
-}
-
-/// The `Sample` fields a backend of `vendor` has no way to read: those the table gives to other
-/// vendors only, and the decoded throttle names wherever the bits are missing (they are one
-/// reading, kept in two fields).
-pub fn unavailable_on(vendor: Vendor) -> impl Iterator<Item = &'static str> {
-    let throttle_bits = by_name("throttle_reasons").is_some_and(|m| !m.vendors.has(vendor));
-    crate::sample::METRICS
-        .iter()
-        .filter(move |m| !m.vendors.has(vendor))
-        .map(|m| m.name)
-        .chain(throttle_bits.then_some("throttle_reason_names"))
-}
-
-/// The trace's counter groups in order of first appearance in the table, each with its fields.
-pub fn trace_groups() -> Vec<(&'static str, Vec<&'static MetricDef>)> {
-    let mut groups: Vec<(&'static str, Vec<&'static MetricDef>)> = Vec::new();
-    for m in crate::sample::METRICS {
-        let Some(t) = m.trace else { continue };
-        match groups.iter_mut().find(|(g, _)| *g == t.group) {
-            Some((_, fields)) => fields.push(m),
-            None => groups.push((t.group, vec![m])),
-        }
-    }
-    groups
-}
-
 /// One part of a template.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Piece<'a> {
@@ -578,58 +385,6 @@ pub fn expand(template: &str, mut value: impl FnMut(&str, &str) -> String) -> St
         })
         .collect()
 }
-
-/// Declares the metric table: the `Metric` enum (one variant per field that `=> Variant` makes
-/// a history series) and `METRICS`, each entry a `MetricDef` expression completed with the
-/// field's name, series, representation and accessors.
-macro_rules! metric_table {
-    (
-        $(#[$attr:meta])*
-        pub enum Metric;
-        $( $field:ident $(=> $series:ident)? : $def:expr ),* $(,)?
-    ) => {
-        $(#[$attr])*
-        pub enum Metric {
-            $($( $series, )?)*
-        }
-
-        impl Metric {
-            /// Every series, in declaration order (which is also their order in a report).
-            pub const ALL: [Metric; Metric::COUNT] = [$($( Metric::$series, )?)*];
-            pub const COUNT: usize = [$($( stringify!($series), )?)*].len();
-        }
-
-        impl $crate::sample::Sample {
-            /// The value of a history series, read straight from its field: the history
-            /// calls this for every series of every sample, where an indirect call through
-            /// the table cost about 8% of a push.
-            pub fn value(&self, metric: Metric) -> Option<f64> {
-                match metric {
-                    $($( Metric::$series => self.$field.map($crate::metrics::FieldValue::to_f64), )?)*
-                }
-            }
-        }
-
-        /// Every value field of `Sample`, in struct order.
-        pub const METRICS: &[$crate::metrics::MetricDef] = &[$(
-            $crate::metrics::MetricDef {
-                name: stringify!($field),
-                series: metric_table!(@series $($series)?),
-                repr: $crate::metrics::repr_of(|s: &$crate::sample::Sample| s.$field),
-                get: |s| s.$field.map($crate::metrics::FieldValue::to_f64),
-                set: |s, v| {
-                    s.$field = v.map($crate::metrics::FieldValue::from_f64).transpose()?;
-                    Ok(())
-                },
-                ..$def
-            },
-        )*];
-    };
-    (@series) => { None };
-    (@series $series:ident) => { Some(Metric::$series) };
-}
-
-pub(crate) use metric_table;
 
 #[cfg(test)]
 mod tests {

@@ -10,8 +10,257 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::metrics::{
-    Chart, Format, GIB, MIB, MetricDef, Prometheus, Round, Scale, Unit, Vendors, metric_table,
+    Chart, FieldValue, Format, GIB, Kind, MIB, Plausible, Plot, Prometheus, Repr, Round, Scale,
+    Text, Trace, Unit, Unrepresentable, Vendor, Vendors,
 };
+
+// The table's own types: each names `Sample`, so they live beside it, and the vocabulary they are
+// built from (`metrics`) names nothing here.
+
+/// The top of a chart's y axis, in the unit of its fields.
+#[derive(Debug, Clone, Copy)]
+pub enum Ceiling {
+    Fixed(f64),
+    /// A field of the latest sample, else an attribute of the device.
+    Field(&'static str, fn(&DeviceInfo) -> Option<f64>),
+    /// Attributes of the device alone.
+    Device(fn(&DeviceInfo) -> Option<f64>),
+    /// None: the chart shows what was seen, with room.
+    Seen,
+}
+
+impl Chart {
+    pub fn ceiling(self) -> Ceiling {
+        match self {
+            Chart::Util => Ceiling::Fixed(100.0),
+            Chart::Memory => Ceiling::Field("mem_total_bytes", |d| {
+                d.memory_total_bytes.map(|b| b as f64)
+            }),
+            Chart::Power => Ceiling::Field("power_limit_w", |d| d.power_limit_max_w),
+            Chart::Temperature => Ceiling::Field("temp_slowdown_c", |d| d.temp_slowdown_c),
+            Chart::Clocks => Ceiling::Device(|d| {
+                [d.sm_clock_max_mhz, d.mem_clock_max_mhz]
+                    .into_iter()
+                    .flatten()
+                    .max()
+                    .map(f64::from)
+            }),
+            Chart::Pcie => Ceiling::Seen,
+        }
+    }
+
+    /// The fields the chart plots, in table order; the first one's absence explains an empty
+    /// chart.
+    pub fn fields(self) -> impl Iterator<Item = &'static MetricDef> {
+        crate::sample::METRICS
+            .iter()
+            .filter(move |m| m.chart.is_some_and(|p| p.chart == self))
+    }
+}
+
+/// The representation of the field an accessor reads (used by `metric_table!`).
+pub const fn repr_of<T: FieldValue>(_: fn(&Sample) -> Option<T>) -> Repr {
+    T::REPR
+}
+
+/// One telemetry field, as the table declares it. Built with `gauge` or `counter` and the
+/// methods below; `metric_table!` adds the name, the series and the accessors.
+#[derive(Clone, Copy)]
+pub struct MetricDef {
+    /// The `Sample` field and JSON key.
+    pub name: &'static str,
+    /// The history series it is kept as (and summarised under), if any.
+    pub series: Option<Metric>,
+    pub repr: Repr,
+    pub unit: Unit,
+    pub kind: Kind,
+    /// What sanity checks let through; `None`: anything the type holds.
+    pub plausible: Option<Plausible>,
+    pub format: Format,
+    pub vendors: Vendors,
+    pub text: Option<Text>,
+    pub chart: Option<Plot>,
+    pub trace: Option<Trace>,
+    pub prometheus: Option<Prometheus>,
+    pub(crate) get: fn(&Sample) -> Option<f64>,
+    pub(crate) set: fn(&mut Sample, Option<f64>) -> Result<(), Unrepresentable>,
+}
+
+impl std::fmt::Debug for MetricDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricDef")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MetricDef {
+    pub const fn gauge(unit: Unit, vendors: Vendors) -> Self {
+        MetricDef::new(unit, Kind::Gauge, vendors)
+    }
+
+    pub const fn counter(unit: Unit, vendors: Vendors) -> Self {
+        MetricDef::new(unit, Kind::Counter, vendors)
+    }
+
+    const fn new(unit: Unit, kind: Kind, vendors: Vendors) -> Self {
+        MetricDef {
+            name: "",
+            series: None,
+            repr: Repr::F64,
+            unit,
+            kind,
+            plausible: None,
+            format: Format::Fixed {
+                decimals: 0,
+                scale: Scale::One,
+            },
+            vendors,
+            text: None,
+            chart: None,
+            trace: None,
+            prometheus: None,
+            get: |_| None,
+            set: |_, _| Ok(()),
+        }
+    }
+
+    pub const fn plausible(mut self, min: f64, max: f64) -> Self {
+        self.plausible = Some(Plausible { min, max });
+        self
+    }
+
+    pub const fn format(mut self, format: Format) -> Self {
+        self.format = format;
+        self
+    }
+
+    pub const fn text(mut self, line: u8, template: &'static str) -> Self {
+        self.text = Some(Text { line, template });
+        self
+    }
+
+    pub const fn chart(mut self, chart: Chart, scale: Scale) -> Self {
+        self.chart = Some(Plot { chart, scale });
+        self
+    }
+
+    pub const fn trace(
+        mut self,
+        group: &'static str,
+        key: &'static str,
+        scale: Scale,
+        round: Round,
+    ) -> Self {
+        self.trace = Some(Trace {
+            group,
+            key,
+            scale,
+            round,
+        });
+        self
+    }
+
+    pub const fn prometheus(mut self, prometheus: Prometheus) -> Self {
+        self.prometheus = Some(prometheus);
+        self
+    }
+
+    /// The field's value in `s`; flags read as 0 or 1.
+    pub fn get(&self, s: &Sample) -> Option<f64> {
+        (self.get)(s)
+    }
+
+    /// Stores `v` (or clears the field), converted to the field's type.
+    pub fn set(&self, s: &mut Sample, v: Option<f64>) -> Result<(), Unrepresentable> {
+        (self.set)(s, v)
+    }
+
+    /// The field's value as text in its own `format`.
+    pub fn show(&self, s: &Sample, unit: &str, rate: fn(f64) -> String) -> String {
+        self.format.show(self.get(s), unit, rate)
+    }
+}
+
+/// The table entry of the `Sample` field `name`.
+pub fn by_name(name: &str) -> Option<&'static MetricDef> {
+    METRICS.iter().find(|m| m.name == name)
+}
+
+/// The `Sample` fields a backend of `vendor` has no way to read: those the table gives to other
+/// vendors only, and the decoded throttle names wherever the bits are missing (they are one
+/// reading, kept in two fields).
+pub fn unavailable_on(vendor: Vendor) -> impl Iterator<Item = &'static str> {
+    let throttle_bits = by_name("throttle_reasons").is_some_and(|m| !m.vendors.has(vendor));
+    METRICS
+        .iter()
+        .filter(move |m| !m.vendors.has(vendor))
+        .map(|m| m.name)
+        .chain(throttle_bits.then_some("throttle_reason_names"))
+}
+
+/// The trace's counter groups in order of first appearance in the table, each with its fields.
+pub fn trace_groups() -> Vec<(&'static str, Vec<&'static MetricDef>)> {
+    let mut groups: Vec<(&'static str, Vec<&'static MetricDef>)> = Vec::new();
+    for m in METRICS {
+        let Some(t) = m.trace else { continue };
+        match groups.iter_mut().find(|(g, _)| *g == t.group) {
+            Some((_, fields)) => fields.push(m),
+            None => groups.push((t.group, vec![m])),
+        }
+    }
+    groups
+}
+
+/// Declares the metric table: the `Metric` enum (one variant per field that `=> Variant` makes
+/// a history series) and `METRICS`, each entry a `MetricDef` expression completed with the
+/// field's name, series, representation and accessors.
+macro_rules! metric_table {
+    (
+        $(#[$attr:meta])*
+        pub enum Metric;
+        $( $field:ident $(=> $series:ident)? : $def:expr ),* $(,)?
+    ) => {
+        $(#[$attr])*
+        pub enum Metric {
+            $($( $series, )?)*
+        }
+
+        impl Metric {
+            /// Every series, in declaration order (which is also their order in a report).
+            pub const ALL: [Metric; Metric::COUNT] = [$($( Metric::$series, )?)*];
+            pub const COUNT: usize = [$($( stringify!($series), )?)*].len();
+        }
+
+        impl $crate::sample::Sample {
+            /// The value of a history series, read straight from its field: the history
+            /// calls this for every series of every sample, where an indirect call through
+            /// the table cost about 8% of a push.
+            pub fn value(&self, metric: Metric) -> Option<f64> {
+                match metric {
+                    $($( Metric::$series => self.$field.map($crate::metrics::FieldValue::to_f64), )?)*
+                }
+            }
+        }
+
+        /// Every value field of `Sample`, in struct order.
+        pub const METRICS: &[$crate::sample::MetricDef] = &[$(
+            $crate::sample::MetricDef {
+                name: stringify!($field),
+                series: metric_table!(@series $($series)?),
+                repr: $crate::sample::repr_of(|s: &$crate::sample::Sample| s.$field),
+                get: |s| s.$field.map($crate::metrics::FieldValue::to_f64),
+                set: |s, v| {
+                    s.$field = v.map($crate::metrics::FieldValue::from_f64).transpose()?;
+                    Ok(())
+                },
+                ..$def
+            },
+        )*];
+    };
+    (@series) => { None };
+    (@series $series:ident) => { Some(Metric::$series) };
+}
 
 /// Milliseconds since the Unix epoch. One clock for samples, events, probes and traces.
 pub type TimeMs = u64;
@@ -611,7 +860,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::metrics::{Piece, Repr, by_name, pieces};
+    use crate::metrics::{Piece, pieces};
 
     fn serde_keys() -> Vec<String> {
         let v = serde_json::to_value(Sample::new(0, 0)).unwrap_or_default();
@@ -692,7 +941,7 @@ mod tests {
             assert!(c.fields().next().is_some(), "{c:?} plots nothing");
             // Charts plot the history, which keeps series only.
             assert!(c.fields().all(|m| m.series.is_some()), "{c:?}");
-            if let crate::metrics::Ceiling::Field(name, _) = c.ceiling() {
+            if let Ceiling::Field(name, _) = c.ceiling() {
                 assert!(by_name(name).is_some(), "{name}");
             }
         }
@@ -700,7 +949,6 @@ mod tests {
 
     #[test]
     fn amd_backends_mark_nvidia_concepts_unavailable() {
-        use crate::metrics::{Vendor, unavailable_on};
         let amd: BTreeSet<&str> = unavailable_on(Vendor::Amd).collect();
         for nvidia_only in [
             "pstate",

@@ -38,7 +38,7 @@ use super::sanity;
 use super::{
     Absent, Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Pacing, Sample, Tick,
 };
-use gpudiag_model::metrics::{self, Repr, Unrepresentable};
+use gpudiag_model::metrics::{Repr, Unrepresentable};
 
 /// The hidden environment variable that holds a fault schedule.
 pub const FAULTS_ENV: &str = "GPUDIAG_TEST_FAULTS";
@@ -167,7 +167,7 @@ fn parse_when(s: &str) -> Result<When, String> {
 /// Sets one numeric sample field by name, converting to the field's type; `None` clears it.
 /// Flags are not numbers here: a schedule makes them absent, or leaves them be.
 fn set_field(s: &mut Sample, field: &str, v: Option<f64>) -> Result<(), String> {
-    let m = metrics::by_name(field)
+    let m = gpudiag_model::sample::by_name(field)
         .filter(|m| m.repr != Repr::Bool)
         .ok_or_else(|| format!("no numeric sample field named '{field}'"))?;
     m.set(s, v).map_err(|e| match e {

@@ -13,7 +13,8 @@
 use std::collections::BTreeMap;
 
 use super::{Absent, LIST_FIELDS, METRICS, Sample, Tick};
-use gpudiag_model::metrics::{Kind, MetricDef, Repr};
+use gpudiag_model::metrics::{Kind, Repr};
+use gpudiag_model::sample::MetricDef;
 
 /// Prefix of the reason for a value dropped as implausible.
 pub const IMPLAUSIBLE: &str = "implausible value";

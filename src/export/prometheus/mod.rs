@@ -33,7 +33,8 @@ use gpudiag_core::session::{
 };
 use gpudiag_model::decode::THROTTLE_REASONS;
 use gpudiag_model::error::Error;
-use gpudiag_model::metrics::{MetricDef, Prometheus};
+use gpudiag_model::metrics::Prometheus;
+use gpudiag_model::sample::MetricDef;
 use gpudiag_telemetry::replay::Pace;
 use gpudiag_telemetry::{DeviceInfo, EventKind, HostInfo, METRICS, Sample, Tick};
 

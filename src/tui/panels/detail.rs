@@ -12,7 +12,8 @@ use ratatui::widgets::{Axis, Block, Chart, Dataset, GraphType, Paragraph};
 use crate::tui::app::App;
 use crate::tui::format::{self, NA};
 use gpudiag_core::history::Window;
-use gpudiag_model::metrics::{self, Ceiling, MetricDef};
+use gpudiag_model::metrics;
+use gpudiag_model::sample::{Ceiling, MetricDef};
 use gpudiag_telemetry::{DeviceInfo, Sample, TimeMs};
 
 /// One chart: its title, the fields it plots, and the top of its y axis.
@@ -30,9 +31,9 @@ impl ChartSpec {
         let value = |m: &MetricDef| s.and_then(|s| m.get(s));
         let ceiling = match chart.ceiling() {
             Ceiling::Fixed(v) => Some(v),
-            Ceiling::Field(name, device) => {
-                metrics::by_name(name).and_then(value).or_else(|| device(d))
-            }
+            Ceiling::Field(name, device) => gpudiag_model::sample::by_name(name)
+                .and_then(value)
+                .or_else(|| device(d)),
             Ceiling::Device(device) => device(d),
             Ceiling::Seen => None,
         };
@@ -40,7 +41,7 @@ impl ChartSpec {
         let rate = |b: f64| format::rate(Some(b));
         let title = metrics::expand(chart.title(), |name, unit| match name {
             "ceiling" => first.map_or(NA.to_owned(), |m| m.format.show(ceiling, unit, rate)),
-            _ => metrics::by_name(name)
+            _ => gpudiag_model::sample::by_name(name)
                 .map_or(NA.to_owned(), |m| m.format.show(value(m), unit, rate)),
         });
         let y_max = ceiling.and_then(|c| Some(first?.chart?.scale.apply(c)));

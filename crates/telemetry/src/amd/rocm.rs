@@ -34,7 +34,8 @@ use crate::{
     Absent, AbsentMap, Backend, BackendError, DeviceInfo, HostInfo, Pacing, Sample, Tick, now_ms,
 };
 use gpudiag_model::deadline::run_with_deadline;
-use gpudiag_model::metrics::{Vendor, unavailable_on};
+use gpudiag_model::metrics::Vendor;
+use gpudiag_model::sample::unavailable_on;
 
 /// The names tried, in order: the development symlink, Debian's soname, then ROCm's sonames
 /// newest first. Each is tried as is (the loader's search path) and under /opt/rocm/lib, where

@@ -36,7 +36,8 @@ use crate::{
     Absent, AbsentMap, Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Pacing,
     ProcessSample, Sample, Tick, now_ms,
 };
-use gpudiag_model::metrics::{Vendor, unavailable_on};
+use gpudiag_model::metrics::Vendor;
+use gpudiag_model::sample::unavailable_on;
 
 /// The root the backend reads under unless told otherwise.
 pub const DEFAULT_ROOT: &str = "/";

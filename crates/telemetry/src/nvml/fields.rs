@@ -13,7 +13,7 @@ use nvml_wrapper::structs::device::FieldId;
 
 use super::{absent_from, read, read_many, read_with};
 use crate::{Absent, AbsentMap, Sample};
-use gpudiag_model::metrics;
+use gpudiag_model::sample::by_name;
 
 /// `Sample` fields read on every poll.
 pub(super) const FAST_FIELDS: &[&str] = &[
@@ -186,7 +186,7 @@ pub(super) fn put_clock_events(s: &mut Sample, values: &[Result<f64, Absent>; 5]
 fn store_clock_events(s: &mut Sample, ab: &mut AbsentMap, values: &[Result<f64, Absent>; 5]) {
     for ((_, field), value) in CLOCK_EVENT_FIELDS.into_iter().zip(values) {
         let stored = value.clone().and_then(|secs| {
-            let def = metrics::by_name(field)
+            let def = by_name(field)
                 .ok_or_else(|| Absent::Error(format!("{field} is not a Sample field")))?;
             def.set(s, Some(secs))
                 .map_err(|e| Absent::Error(format!("cannot store {secs} s: {e:?}")))
@@ -613,7 +613,7 @@ mod tests {
         assert_eq!(ids, [74, 76, 251, 252, 253]);
         for (_, field) in CLOCK_EVENT_FIELDS {
             assert!(super::super::slow::SLOW_FIELDS.contains(&field), "{field}");
-            assert!(metrics::by_name(field).is_some(), "{field}");
+            assert!(by_name(field).is_some(), "{field}");
         }
     }
 
