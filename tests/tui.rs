@@ -858,3 +858,59 @@ fn amd_fixture_device_renders_like_any_gpu() {
         "{findings}"
     );
 }
+
+/// A replay shows the findings its recording carried once it has reached them, marked as
+/// recorded, and not before.
+#[test]
+fn recorded_findings_appear_when_the_replay_reaches_them() {
+    let mut b = open("healthy");
+    let mut app = new_app(&b, "healthy.ndjson", false);
+    let ticks = all_ticks(&mut b);
+    let first = ticks[0].samples[0].time_ms;
+    let carried = gpudiag::rules::Finding {
+        id: "thermal.near_slowdown".into(),
+        severity: gpudiag::rules::Severity::Warn,
+        device: Some(0),
+        time_ms: first + 5000,
+        title: "GPU 0 runs within 5 °C of its slowdown temperature".into(),
+        evidence: gpudiag::rules::Evidence {
+            values: serde_json::Map::new(),
+            window_s: 10.0,
+            threshold: ">= 85 °C".into(),
+        },
+        advice: "Check the airflow.".into(),
+        recorded: false,
+    };
+    app.set_recorded(vec![carried]);
+    let (early, late): (Vec<Tick>, Vec<Tick>) = ticks
+        .into_iter()
+        .partition(|t| t.samples.iter().all(|s| s.time_ms < first + 5000));
+    app.on_feed(
+        FeedMsg::Ticks {
+            ticks: early,
+            reset: false,
+            position: None,
+        },
+        Instant::now(),
+    );
+    app.refresh_findings();
+    assert!(app.findings.iter().all(|f| f.id != "thermal.near_slowdown"));
+    app.on_feed(
+        FeedMsg::Ticks {
+            ticks: late,
+            reset: false,
+            position: None,
+        },
+        Instant::now(),
+    );
+    app.refresh_findings();
+    let shown: Vec<_> = app
+        .findings
+        .iter()
+        .filter(|f| f.id == "thermal.near_slowdown")
+        .collect();
+    assert_eq!(shown.len(), 1);
+    assert!(shown[0].recorded);
+    app.panel = Panel::Findings;
+    assert!(render(&app, 120, 36).contains("(recorded)"));
+}

@@ -479,7 +479,15 @@ impl App {
             let pipeline = &mut self.pipeline;
             pipeline.engine.finish(&pipeline.history);
         }
-        let mut findings = with_recorded(self.pipeline.engine.raised(), &self.recorded);
+        // A replay shows what the recording carried up to where it stands, not what is to come.
+        let now = self.now_ms();
+        let recorded: Vec<Finding> = self
+            .recorded
+            .iter()
+            .filter(|f| now.is_some_and(|n| f.time_ms <= n))
+            .cloned()
+            .collect();
+        let mut findings = with_recorded(self.pipeline.engine.raised(), &recorded);
         findings.sort_by_key(|f| std::cmp::Reverse(f.time_ms));
         self.findings = findings;
         let n = self.findings.len();
