@@ -424,6 +424,7 @@ fn schema_names_follow_the_rust_types() {
         Absent::NoPermission,
         Absent::GpuLost,
         Absent::NotYetRead,
+        Absent::NeedsTwoSamples,
         Absent::Unavailable,
     ]
     .iter()

@@ -8,7 +8,7 @@ use gpudiag_core::check::{CheckReport, DeviceReport};
 use gpudiag_core::history::WindowStats;
 use gpudiag_model::metrics;
 use gpudiag_model::sample::MetricDef;
-use gpudiag_telemetry::{METRICS, Sample};
+use gpudiag_telemetry::{Absent, METRICS, Sample};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -113,6 +113,10 @@ pub fn render(report: &CheckReport) -> String {
     out
 }
 
+/// The metric table's text lines (`MetricDef::text`) that this view treats specially.
+const ERRORS_LINE: u8 = 5;
+const PROFILING_LINE: u8 = 6;
+
 fn render_device(out: &mut String, d: &DeviceReport) {
     let i = &d.info;
     let _ = writeln!(
@@ -156,9 +160,32 @@ fn render_device(out: &mut String, d: &DeviceReport) {
         lines.entry(text.line).or_default().push(item);
     }
     // Throttle reasons are a list of decoded names, not a value the table formats; they close
-    // the last line.
-    if let Some(last) = lines.values_mut().next_back() {
-        last.push(format!("throttle: {}", throttle_names(s)));
+    // the memory-errors line.
+    if let Some(errors) = lines.get_mut(&ERRORS_LINE) {
+        errors.push(format!("throttle: {}", throttle_names(s)));
+    }
+    // Without profiling counters (no GPM, a single read) one reason says why, once.
+    let profiled = METRICS
+        .iter()
+        .filter(|m| m.text.is_some_and(|t| t.line == PROFILING_LINE));
+    if profiled.clone().all(|m| m.get(s).is_none()) {
+        let why = profiled
+            .clone()
+            .find_map(|m| s.why_absent(m.name))
+            .map_or_else(
+                || "not recorded".to_owned(),
+                |w| match w {
+                    Absent::NotSupported => {
+                        "not supported (NVML's GPM counters need a Hopper or newer data-centre GPU)"
+                            .to_owned()
+                    }
+                    w => w.to_string(),
+                },
+            );
+        lines.insert(
+            PROFILING_LINE,
+            vec![format!("profiling counters n/a: {why}")],
+        );
     }
     for items in lines.values() {
         let _ = writeln!(out, "  {}", items.join("  "));

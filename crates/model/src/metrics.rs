@@ -195,16 +195,19 @@ pub enum Chart {
     Temperature,
     Clocks,
     Pcie,
+    /// The profiling counters: what the SMs, tensor pipes and DRAM did.
+    Profile,
 }
 
 impl Chart {
-    pub const ALL: [Chart; 6] = [
+    pub const ALL: [Chart; 7] = [
         Chart::Util,
         Chart::Memory,
         Chart::Power,
         Chart::Temperature,
         Chart::Clocks,
         Chart::Pcie,
+        Chart::Profile,
     ];
 
     /// The chart's title; `{ceiling}` is the top of its axis, in the format of its first field.
@@ -218,6 +221,10 @@ impl Chart {
             }
             Chart::Clocks => "clocks SM {sm_clock_mhz} · mem {mem_clock_mhz} MHz",
             Chart::Pcie => "PCIe rx {pcie_rx_bytes_per_s} tx {pcie_tx_bytes_per_s} B/s",
+            Chart::Profile => {
+                "engine {gr_engine_active_pct|%} · SM {sm_active_pct|%} · occ \
+                 {sm_occupancy_pct|%} · tensor {tensor_active_pct|%} · DRAM {dram_active_pct|%}"
+            }
         }
     }
 }

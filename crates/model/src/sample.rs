@@ -46,6 +46,7 @@ impl Chart {
                     .map(f64::from)
             }),
             Chart::Pcie => Ceiling::Seen,
+            Chart::Profile => Ceiling::Fixed(100.0),
         }
     }
 
@@ -277,6 +278,9 @@ pub enum Absent {
     GpuLost,
     /// A slow field that has not been read yet (it has its own cadence).
     NotYetRead,
+    /// A rate or share that needs two readings some time apart (the profiling counters), and
+    /// only one was taken (a single read: `check --window 0`).
+    NeedsTwoSamples,
     /// The backend has no way to read this value at all (e.g. an AMD-only field on NVML).
     Unavailable,
     /// Any other failure, with the library's message.
@@ -290,6 +294,9 @@ impl std::fmt::Display for Absent {
             Absent::NoPermission => f.write_str("no permission"),
             Absent::GpuLost => f.write_str("GPU lost"),
             Absent::NotYetRead => f.write_str("not read yet"),
+            Absent::NeedsTwoSamples => f.write_str(
+                "needs two samples at least 100 ms apart; a single read has none (use a window)",
+            ),
             Absent::Unavailable => f.write_str("unavailable on this backend"),
             Absent::Error(e) => write!(f, "error: {e}"),
         }
@@ -391,7 +398,8 @@ pub struct ProcessSample {
     transform = crate::schema::added_later("throttle_sync_boost_s"),
     transform = crate::schema::added_later("throttle_sw_thermal_slowdown_s"),
     transform = crate::schema::added_later("throttle_hw_thermal_slowdown_s"),
-    transform = crate::schema::added_later("throttle_hw_power_brake_slowdown_s")
+    transform = crate::schema::added_later("throttle_hw_power_brake_slowdown_s"),
+    transform = crate::schema::added_later_each(PROFILING_FIELDS)
 )]
 pub struct Sample {
     /// Milliseconds since the Unix epoch.
@@ -470,6 +478,55 @@ pub struct Sample {
     pub encoder_util_pct: Option<f64>,
     #[schemars(range(min = 0, max = 100))]
     pub decoder_util_pct: Option<f64>,
+    // Profiling counters (NVML GPM on Hopper and newer, the counters DCGM's profiling fields
+    // read): each is the share of the interval since the previous profiling sample, so a single
+    // read has none.
+    /// Share of time the graphics/compute engine was busy (GPM `GRAPHICS_UTIL`; on AMD, GFX
+    /// activity).
+    #[schemars(range(min = 0, max = 100))]
+    pub gr_engine_active_pct: Option<f64>,
+    /// Share of time an SM had at least one warp resident, averaged over all SMs (GPM
+    /// `SM_UTIL`, DCGM's SM_ACTIVE). Unlike `gpu_util_pct`, one warp on one SM reads as ~0.
+    #[schemars(range(min = 0, max = 100))]
+    pub sm_active_pct: Option<f64>,
+    /// Resident warps against the SMs' maximum, averaged over all SMs.
+    #[schemars(range(min = 0, max = 100))]
+    pub sm_occupancy_pct: Option<f64>,
+    /// Share of time any tensor pipe was busy.
+    #[schemars(range(min = 0, max = 100))]
+    pub tensor_active_pct: Option<f64>,
+    /// Tensor pipes busy with half-precision (fp16/bf16/tf32) matrix math.
+    #[schemars(range(min = 0, max = 100))]
+    pub tensor_hmma_active_pct: Option<f64>,
+    /// Tensor pipes busy with integer matrix math.
+    #[schemars(range(min = 0, max = 100))]
+    pub tensor_imma_active_pct: Option<f64>,
+    /// Tensor pipes busy with fp64 matrix math.
+    #[schemars(range(min = 0, max = 100))]
+    pub tensor_dfma_active_pct: Option<f64>,
+    /// Share of the peak DRAM bandwidth used (GPM `DRAM_BW_UTIL`; on AMD, memory-controller
+    /// activity).
+    #[schemars(range(min = 0, max = 100))]
+    pub dram_active_pct: Option<f64>,
+    #[schemars(range(min = 0, max = 100))]
+    pub fp64_active_pct: Option<f64>,
+    #[schemars(range(min = 0, max = 100))]
+    pub fp32_active_pct: Option<f64>,
+    #[schemars(range(min = 0, max = 100))]
+    pub fp16_active_pct: Option<f64>,
+    #[schemars(range(min = 0, max = 100))]
+    pub int_active_pct: Option<f64>,
+    /// PCIe bytes received per second over the profiling interval (cheaper and steadier than
+    /// `pcie_rx_bytes_per_s`, which NVML measures over ~20 ms).
+    #[schemars(range(min = 0))]
+    pub prof_pcie_rx_bytes_per_s: Option<f64>,
+    #[schemars(range(min = 0))]
+    pub prof_pcie_tx_bytes_per_s: Option<f64>,
+    /// NVLink bytes received per second, all links together.
+    #[schemars(range(min = 0))]
+    pub nvlink_rx_bytes_per_s: Option<f64>,
+    #[schemars(range(min = 0))]
+    pub nvlink_tx_bytes_per_s: Option<f64>,
     /// `None` until the slow-cadence process read has happened (see `absent`).
     pub processes: Option<Vec<ProcessSample>>,
     /// Why each absent value is absent, keyed by the field's name; left out when none is.
@@ -713,6 +770,163 @@ metric_table! {
     decoder_util_pct => DecoderUtilPct: MetricDef::gauge(Unit::Percent, Vendors::NVIDIA)
         .plausible(0.0, 100.0)
         .prometheus(Prometheus::new("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).")),
+    // Profiling counters: percentages here, ratios 0-1 under dcgm-exporter's names.
+    gr_engine_active_pct => GrEngineActivePct: MetricDef::gauge(Unit::Percent, Vendors::ALL)
+        .plausible(0.0, 100.0)
+        .format(ONE_DECIMAL)
+        .chart(Chart::Profile, Scale::One)
+        .trace("profiling %", "gr_engine", Scale::One, Round::Tenth)
+        .prometheus(ratio(
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            "Ratio of time the graphics engine is active.",
+        )),
+    sm_active_pct => SmActivePct: PROFILED_SHARE
+        .text(6, "SM active {}% (mean {mean}%)")
+        .chart(Chart::Profile, Scale::One)
+        .trace("profiling %", "sm_active", Scale::One, Round::Tenth)
+        .prometheus(ratio(
+            "DCGM_FI_PROF_SM_ACTIVE",
+            "The ratio of cycles an SM has at least 1 warp assigned.",
+        )),
+    sm_occupancy_pct => SmOccupancyPct: PROFILED_SHARE
+        .text(6, "occupancy {}% (mean {mean}%)")
+        .chart(Chart::Profile, Scale::One)
+        .trace("profiling %", "sm_occupancy", Scale::One, Round::Tenth)
+        .prometheus(ratio(
+            "DCGM_FI_PROF_SM_OCCUPANCY",
+            "The ratio of number of warps resident on an SM.",
+        )),
+    tensor_active_pct => TensorActivePct: PROFILED_SHARE
+        .text(6, "tensor {}% (mean {mean}%)")
+        .chart(Chart::Profile, Scale::One)
+        .trace("profiling %", "tensor", Scale::One, Round::Tenth)
+        .prometheus(ratio(
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            "Ratio of cycles the tensor (HMMA) pipe is active.",
+        )),
+    tensor_hmma_active_pct: PROFILED_SHARE
+        .trace("profiling %", "tensor_hmma", Scale::One, Round::Tenth)
+        .prometheus(ratio(
+            "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE",
+            "Ratio of cycles the HMMA tensor pipe is active.",
+        )),
+    tensor_imma_active_pct: PROFILED_SHARE
+        .trace("profiling %", "tensor_imma", Scale::One, Round::Tenth)
+        .prometheus(ratio(
+            "DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE",
+            "Ratio of cycles the IMMA tensor pipe is active.",
+        )),
+    tensor_dfma_active_pct: PROFILED_SHARE
+        .trace("profiling %", "tensor_dfma", Scale::One, Round::Tenth)
+        .prometheus(ratio(
+            "DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE",
+            "Ratio of cycles the FP64 tensor pipe is active.",
+        )),
+    dram_active_pct => DramActivePct: MetricDef::gauge(Unit::Percent, Vendors::ALL)
+        .plausible(0.0, 100.0)
+        .format(ONE_DECIMAL)
+        .text(6, "DRAM {}% (mean {mean}%)")
+        .chart(Chart::Profile, Scale::One)
+        .trace("profiling %", "dram", Scale::One, Round::Tenth)
+        .prometheus(ratio(
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+            "Ratio of cycles the device memory interface is active sending or receiving data.",
+        )),
+    fp64_active_pct => Fp64ActivePct: PROFILED_SHARE
+        .trace("profiling %", "fp64", Scale::One, Round::Tenth)
+        .prometheus(ratio(
+            "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+            "Ratio of cycles the fp64 pipes are active.",
+        )),
+    fp32_active_pct => Fp32ActivePct: PROFILED_SHARE
+        .text(6, "FP32 {}%")
+        .trace("profiling %", "fp32", Scale::One, Round::Tenth)
+        .prometheus(ratio(
+            "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+            "Ratio of cycles the fp32 pipes are active.",
+        )),
+    fp16_active_pct => Fp16ActivePct: PROFILED_SHARE
+        .trace("profiling %", "fp16", Scale::One, Round::Tenth)
+        .prometheus(ratio(
+            "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+            "Ratio of cycles the fp16 pipes are active.",
+        )),
+    int_active_pct: PROFILED_SHARE
+        .trace("profiling %", "int", Scale::One, Round::Tenth)
+        .prometheus(ratio(
+            "DCGM_FI_PROF_PIPE_INT_ACTIVE",
+            "Ratio of cycles the integer pipe is active.",
+        )),
+    prof_pcie_rx_bytes_per_s => ProfPcieRxBytesPerS: PROFILED_RATE
+        .trace("profiling PCIe MB/s", "rx", Scale::Per(1e6), Round::Tenth)
+        .prometheus(Prometheus::new(
+            "DCGM_FI_PROF_PCIE_RX_BYTES",
+            "The rate of data received over the PCIe bus - including both protocol headers and \
+             data payloads - in bytes per second.",
+        )),
+    prof_pcie_tx_bytes_per_s => ProfPcieTxBytesPerS: PROFILED_RATE
+        .trace("profiling PCIe MB/s", "tx", Scale::Per(1e6), Round::Tenth)
+        .prometheus(Prometheus::new(
+            "DCGM_FI_PROF_PCIE_TX_BYTES",
+            "The rate of data transmitted over the PCIe bus - including both protocol headers \
+             and data payloads - in bytes per second.",
+        )),
+    nvlink_rx_bytes_per_s: PROFILED_RATE
+        .trace("NVLink MB/s", "rx", Scale::Per(1e6), Round::Tenth)
+        .prometheus(Prometheus::new(
+            "DCGM_FI_PROF_NVLINK_RX_BYTES",
+            "The rate of data received over NVLink, not including protocol headers, in bytes \
+             per second.",
+        )),
+    nvlink_tx_bytes_per_s: PROFILED_RATE
+        .trace("NVLink MB/s", "tx", Scale::Per(1e6), Round::Tenth)
+        .prometheus(Prometheus::new(
+            "DCGM_FI_PROF_NVLINK_TX_BYTES",
+            "The rate of data transmitted over NVLink, not including protocol headers, in bytes \
+             per second.",
+        )),
+}
+
+/// The profiling counters: read from two NVML GPM samples, so a single read has none.
+pub const PROFILING_FIELDS: &[&str] = &[
+    "gr_engine_active_pct",
+    "sm_active_pct",
+    "sm_occupancy_pct",
+    "tensor_active_pct",
+    "tensor_hmma_active_pct",
+    "tensor_imma_active_pct",
+    "tensor_dfma_active_pct",
+    "dram_active_pct",
+    "fp64_active_pct",
+    "fp32_active_pct",
+    "fp16_active_pct",
+    "int_active_pct",
+    "prof_pcie_rx_bytes_per_s",
+    "prof_pcie_tx_bytes_per_s",
+    "nvlink_rx_bytes_per_s",
+    "nvlink_tx_bytes_per_s",
+];
+
+/// A profiling counter's share of the interval. NVIDIA only: AMD has engine and memory-controller
+/// activity alone (`gr_engine_active_pct`, `dram_active_pct`, declared for all vendors).
+const PROFILED_SHARE: MetricDef = MetricDef::gauge(Unit::Percent, Vendors::NVIDIA)
+    .plausible(0.0, 100.0)
+    .format(ONE_DECIMAL);
+
+/// Small shares (one warp on one SM is 0.8% SM active) need a decimal to read as not zero.
+const ONE_DECIMAL: Format = Format::Fixed {
+    decimals: 1,
+    scale: Scale::One,
+};
+
+/// A profiling byte rate. NVLink 5 carries 1.8 TB/s per GPU; ten times that is not a reading.
+const PROFILED_RATE: MetricDef = MetricDef::gauge(Unit::BytesPerSecond, Vendors::NVIDIA)
+    .plausible(0.0, 1.8e13)
+    .format(Format::Rate);
+
+/// A dcgm-exporter profiling series: a ratio 0-1 where gpudiag keeps a percentage.
+const fn ratio(name: &'static str, help: &'static str) -> Prometheus {
+    Prometheus::new(name, help).scaled(Scale::Per(100.0), Round::Exact)
 }
 
 /// A clock-event duration: time held down for one reason, counted by the driver. Not a history

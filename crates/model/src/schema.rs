@@ -52,6 +52,15 @@ pub fn added_later(field: &'static str) -> impl FnMut(&mut Schema) {
     }
 }
 
+/// `added_later` for each of `fields`.
+pub fn added_later_each(fields: &'static [&'static str]) -> impl FnMut(&mut Schema) {
+    move |schema: &mut Schema| {
+        if let Some(Value::Array(required)) = schema.get_mut("required") {
+            required.retain(|r| !fields.iter().any(|f| r == f));
+        }
+    }
+}
+
 /// Adds the property `tag` with the constant `value`, required: for a type whose serialiser writes
 /// a tag the type has no field for (a recording's header line carries `"kind": "header"`).
 pub fn tagged(tag: &'static str, value: &'static str) -> impl FnMut(&mut Schema) {

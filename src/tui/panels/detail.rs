@@ -14,7 +14,7 @@ use crate::tui::format::{self, NA};
 use gpudiag_core::history::Window;
 use gpudiag_model::metrics;
 use gpudiag_model::sample::{Ceiling, MetricDef};
-use gpudiag_telemetry::{DeviceInfo, Sample, TimeMs};
+use gpudiag_telemetry::{Absent, DeviceInfo, Metric, Sample, TimeMs};
 
 /// One chart: its title, the fields it plots, and the top of its y axis.
 struct ChartSpec {
@@ -72,17 +72,38 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
     f.render_widget(block, area);
 
     let s = app.pipeline.latest.get(&d.index);
-    let specs = metrics::Chart::ALL.map(|c| ChartSpec::new(c, s, d));
-    // Two columns of three charts; on a wide, short terminal three columns of two.
+    // The profiling chart only where the GPU has profiling counters: elsewhere it would be an
+    // empty box in every view.
+    let profiled = app
+        .pipeline
+        .history
+        .latest(d.index, Metric::SmActivePct)
+        .is_some()
+        || app
+            .pipeline
+            .history
+            .latest(d.index, Metric::GrEngineActivePct)
+            .is_some()
+        || s.and_then(|s| s.why_absent("sm_active_pct")) == Some(&Absent::NeedsTwoSamples);
+    let specs: Vec<ChartSpec> = metrics::Chart::ALL
+        .into_iter()
+        .filter(|c| *c != metrics::Chart::Profile || profiled)
+        .map(|c| ChartSpec::new(c, s, d))
+        .collect();
+    // Two columns of three charts; on a wide, short terminal three columns of two. A seventh
+    // chart takes a row of its own.
     let (cols, rows) = if inner.width >= 150 && inner.height < 24 {
         (3, 2)
     } else {
         (2, 3)
     };
+    let extra = specs.len().saturating_sub((cols * rows) as usize) as u32;
+    let rows = rows + extra;
     let row_areas = Layout::vertical(vec![Constraint::Ratio(1, rows); rows as usize]).split(inner);
     let mut cells = Vec::new();
-    for r in row_areas.iter() {
-        let cs = Layout::horizontal(vec![Constraint::Ratio(1, cols); cols as usize]).split(*r);
+    for (i, r) in row_areas.iter().enumerate() {
+        let n = if (i as u32) < rows - extra { cols } else { 1 };
+        let cs = Layout::horizontal(vec![Constraint::Ratio(1, n); n as usize]).split(*r);
         cells.extend(cs.iter().copied());
     }
     let end_ms = app.pipeline.history.latest_ms(d.index);

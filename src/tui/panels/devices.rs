@@ -13,7 +13,7 @@ use crate::tui::format::{self, NA};
 use crate::tui::theme::Theme;
 use gpudiag_core::rules::Severity;
 use gpudiag_telemetry::sanity::{self, Health};
-use gpudiag_telemetry::{DeviceInfo, Sample};
+use gpudiag_telemetry::{Absent, DeviceInfo, Sample};
 
 /// Rows each device takes.
 const ROWS_PER_DEVICE: u16 = 2;
@@ -108,8 +108,18 @@ fn device_lines(
     let mem_frac = frac(used.map(|v| v as f64), total.map(|v| v as f64));
     let name = format::pad(&d.label(), 16);
     let mem_text = format!("{}/{}G", format::gib(used), format::gib(total));
-    // marker 2 + name 16 + " util " 6 + " 100%" 5 + "  mem " 6 + " " 1 + mem text
-    let fixed = 2 + 16 + 6 + 5 + 6 + 1 + mem_text.chars().count();
+    // SM active beside utilisation, where the GPU has profiling counters: utilisation says only
+    // that a kernel ran, SM active how much of the GPU it kept busy.
+    let sm_active = s.and_then(|s| s.sm_active_pct);
+    let profiled = sm_active.is_some()
+        || s.and_then(|s| s.why_absent("sm_active_pct")) == Some(&Absent::NeedsTwoSamples);
+    let sm_text = if profiled {
+        format!(" SM {:>4}", format::num(sm_active, 0, "%"))
+    } else {
+        String::new()
+    };
+    // marker 2 + name 16 + " util " 6 + " 100%" 5 + SM text + "  mem " 6 + " " 1 + mem text
+    let fixed = 2 + 16 + 6 + 5 + sm_text.chars().count() + 6 + 1 + mem_text.chars().count();
     let bar_w = (width.saturating_sub(fixed) / 2).clamp(4, 30);
     let marker = if selected { "▶ " } else { "  " };
     let name_style = if selected {
@@ -126,6 +136,7 @@ fn device_lines(
             t.level(util.map(|u| u / 100.0)),
         ),
         Span::raw(format!(" {:>4}", format::num(util, 0, "%"))),
+        Span::styled(sm_text, t.level(sm_active.map(|u| u / 100.0))),
         Span::raw("  mem "),
         Span::styled(format::bar(mem_frac, bar_w), t.level(mem_frac)),
         Span::raw(format!(" {mem_text}")),

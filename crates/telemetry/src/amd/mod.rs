@@ -18,6 +18,23 @@ pub const PROBES_UNAVAILABLE: &str = "AMD probes are not available yet";
 
 /// `PROBES_UNAVAILABLE` when `info` is an AMD device, so the probe runner can refuse it with a
 /// plain message instead of failing inside a CUDA call.
+/// The two profiling counters AMD has: amdgpu's busy percentages are the GFX engine's and the
+/// memory controller's activity averaged over the firmware's interval (what `gpu_metrics` calls
+/// `average_gfx_activity` and `average_umc_activity`), the same meaning as DCGM's graphics
+/// engine active and DRAM active. The other profiling counters have no AMD source.
+pub(crate) fn engine_activity(s: &mut super::Sample, absent: &mut super::AbsentMap) {
+    s.gr_engine_active_pct = s.gpu_util_pct;
+    s.dram_active_pct = s.mem_util_pct;
+    for (to, from) in [
+        ("gr_engine_active_pct", "gpu_util_pct"),
+        ("dram_active_pct", "mem_util_pct"),
+    ] {
+        if let Some(why) = absent.get(from).cloned() {
+            absent.insert(to.into(), why);
+        }
+    }
+}
+
 pub fn probes_unavailable(info: &super::DeviceInfo) -> Option<&'static str> {
     is_amd(info).then_some(PROBES_UNAVAILABLE)
 }

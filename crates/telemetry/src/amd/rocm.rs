@@ -822,6 +822,7 @@ fn read_sample(lib: &Library64, info: &DeviceInfo, sensor: u32, time_ms: u64) ->
         "fan_pct",
         a,
     );
+    super::engine_activity(&mut s, a);
     for f in unavailable_on(Vendor::Amd) {
         a.insert(f.into(), Absent::Unavailable);
     }

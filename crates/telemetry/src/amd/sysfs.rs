@@ -619,6 +619,7 @@ fn read_sample(card: &Card, info: &DeviceInfo, time_ms: u64) -> Sample {
         "retired_pages_pending",
         a,
     );
+    super::engine_activity(&mut s, a);
     for f in unavailable_on(Vendor::Amd) {
         a.insert(f.into(), Absent::Unavailable);
     }

@@ -408,9 +408,9 @@ pub fn kb_per_s_to_bytes(kb: u32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::DeviceInfo;
     use crate::nvml::DEVICE_INFO_FIELDS;
     use crate::nvml::slow::SLOW_FIELDS;
+    use crate::{DeviceInfo, PROFILING_FIELDS};
     use gpudiag_model::decode::THROTTLE_REASONS;
     use std::collections::BTreeSet;
 
@@ -638,7 +638,7 @@ mod tests {
         for k in ["time_ms", "device"] {
             assert!(all.remove(k));
         }
-        let ours: Vec<&str> = [FAST_FIELDS, SLOW_FIELDS, STATIC_FIELDS].concat();
+        let ours: Vec<&str> = [FAST_FIELDS, SLOW_FIELDS, STATIC_FIELDS, PROFILING_FIELDS].concat();
         let ours_set: BTreeSet<String> = ours.iter().map(|s| s.to_string()).collect();
         assert_eq!(ours.len(), ours_set.len(), "a field is listed twice");
         assert_eq!(all, ours_set);

@@ -30,6 +30,7 @@
 //! beside them without a GPU.
 
 mod fields;
+mod gpm;
 mod processes;
 mod slow;
 mod topology;
@@ -51,7 +52,7 @@ use nvml_wrapper::error::NvmlError;
 
 use super::{
     Absent, AbsentMap, Backend, BackendError, ComputeCapability, DeviceInfo, Event, EventKind,
-    HostInfo, Pacing, Sample, now_ms,
+    HostInfo, PROFILING_FIELDS, Pacing, Sample, now_ms,
 };
 use fields::{FAST_FIELDS, read_fast};
 use gpudiag_model::deadline::{DeadlineError, run_with_deadline};
@@ -75,6 +76,8 @@ pub struct NvmlBackend {
     /// Events (XIDs, notices) the event thread queued since the last poll.
     events: Arc<Mutex<Vec<Event>>>,
     topology: Mutex<TopologyRead>,
+    /// Profiling counters, one per device, same order as `devices`.
+    gpm: Vec<gpm::GpmDevice>,
 }
 
 /// The topology is read on its own thread from the moment the backend opens, so its NVML calls
@@ -175,7 +178,13 @@ impl NvmlBackend {
                 Err(_) => TopologyRead::Done(None),
             }
         };
+        let gpm = opened
+            .devices
+            .iter()
+            .map(|_| gpm::GpmDevice::new())
+            .collect();
         Ok(NvmlBackend {
+            gpm,
             nvml,
             host: opened.host,
             devices: opened.devices,
@@ -192,23 +201,24 @@ impl NvmlBackend {
     pub fn slow_interval(&self) -> Duration {
         lock(&self.slow.control).interval
     }
+}
 
-    /// One device's fast fields plus the latest slow reading.
-    fn sample_device(&self, info: &DeviceInfo, slot: &DeviceSlot, time_ms: u64) -> Sample {
-        let mut sample = Sample::new(info.index, time_ms);
-        if slot.lost.load(Ordering::Relaxed) {
-            mark_absent(&mut sample.absent, FAST_FIELDS, &Absent::GpuLost);
-            mark_absent(&mut sample.absent, SLOW_FIELDS, &Absent::GpuLost);
-        } else {
-            match self.nvml.device_by_index(info.index) {
-                Ok(dev) => read_fast(&dev, &mut sample),
-                Err(e) => mark_absent(&mut sample.absent, FAST_FIELDS, &absent_from(&e)),
-            }
-            lock(&slot.latest).apply(&mut sample);
+/// One device's fast fields plus the latest slow reading.
+fn sample_device(nvml: &Nvml, info: &DeviceInfo, slot: &DeviceSlot, time_ms: u64) -> Sample {
+    let mut sample = Sample::new(info.index, time_ms);
+    if slot.lost.load(Ordering::Relaxed) {
+        mark_absent(&mut sample.absent, FAST_FIELDS, &Absent::GpuLost);
+        mark_absent(&mut sample.absent, SLOW_FIELDS, &Absent::GpuLost);
+        mark_absent(&mut sample.absent, PROFILING_FIELDS, &Absent::GpuLost);
+    } else {
+        match nvml.device_by_index(info.index) {
+            Ok(dev) => read_fast(&dev, &mut sample),
+            Err(e) => mark_absent(&mut sample.absent, FAST_FIELDS, &absent_from(&e)),
         }
-        sample.copy_static_from(info);
-        sample
+        lock(&slot.latest).apply(&mut sample);
     }
+    sample.copy_static_from(info);
+    sample
 }
 
 impl Drop for NvmlBackend {
@@ -218,6 +228,9 @@ impl Drop for NvmlBackend {
     /// waiting without a bound would hang on a sick driver that holds a call for seconds. Each
     /// thread holds its own `Arc<Nvml>`, so the count tells when they are all gone.
     fn drop(&mut self) {
+        for g in &mut self.gpm {
+            g.release(&self.nvml);
+        }
         lock(&self.slow.control).stop = true;
         self.slow.wake.notify_all();
         let deadline = Instant::now() + Duration::from_secs(1);
@@ -277,9 +290,18 @@ impl Backend for NvmlBackend {
                 }
             }
         }
-        for (info, slot) in self.devices.iter().zip(&self.slots) {
+        for ((info, slot), gpm) in self.devices.iter().zip(&self.slots).zip(&mut self.gpm) {
             let was_lost = slot.lost.load(Ordering::Relaxed);
-            let sample = self.sample_device(info, slot, time_ms);
+            let mut sample = sample_device(&self.nvml, info, slot, time_ms);
+            if !was_lost {
+                match self.nvml.device_by_index(info.index) {
+                    Ok(dev) => {
+                        let mig = info.mig_enabled == Some(true);
+                        gpm.read(&self.nvml, &dev, mig, &mut sample);
+                    }
+                    Err(e) => mark_absent(&mut sample.absent, PROFILING_FIELDS, &absent_from(&e)),
+                }
+            }
             if !was_lost && sample.absent.values().any(|a| *a == Absent::GpuLost) {
                 slot.lost.store(true, Ordering::Relaxed);
                 tick.events.push(Event {
