@@ -67,6 +67,7 @@ fn sample(device: u32, time_ms: u64, i: u64) -> Sample {
                 sm_util_pct: None,
                 container_id: None,
                 container_pid: None,
+                cpu_time_s: None,
             })
             .collect(),
     );
@@ -163,6 +164,7 @@ fn per_family(history: &History, devices: &[DeviceInfo]) {
         host: None,
         libraries: None,
         process_memory: Some(&pm),
+        process_cpu: None,
     };
     type Family = fn(&RuleInput<'_>) -> Vec<gpudiag::rules::Finding>;
     let families: [(&str, Family); 7] = [

@@ -49,6 +49,7 @@ fn process(pid: u32, bytes: u64) -> ProcessSample {
         sm_util_pct: None,
         container_id: None,
         container_pid: None,
+        cpu_time_s: None,
     }
 }
 
@@ -202,8 +203,13 @@ fn idle_gpu_with_a_process_holding_memory_is_flagged_with_its_pid() {
         serde_json::json!(3.0)
     );
     assert!(low.title.contains("pid 4321"), "{}", low.title);
+    assert_eq!(
+        low.evidence.values["verdict"],
+        serde_json::json!("idle_holding_memory")
+    );
     assert!(
-        low.advice.starts_with("The GPU waits on the host"),
+        low.advice
+            .starts_with("A process holds GPU memory and runs nothing"),
         "{}",
         low.advice
     );

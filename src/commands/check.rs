@@ -84,18 +84,25 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
             warnings.push(message.clone());
         }
     }
-    pipeline.engine.finish(&pipeline.history);
     // Replays with a window judge only its end; live runs sampled exactly the window.
     let summary_window = if is_replay { args.window } else { None };
+    let judged_from = match (summary_window, pipeline.first_ms(), pipeline.last_ms()) {
+        (Some(w), Some(first), Some(last)) => first.max(last.saturating_sub(w.as_millis() as u64)),
+        (_, first, _) => first.unwrap_or_default(),
+    };
+    pipeline.engine.finish_over(&pipeline.history, judged_from);
     if let Some(w) = summary_window {
         pipeline.keep_last(w);
     }
     // What the recording carried, where today's rules did not raise it again; with a window,
     // only what it carried in that window.
     let window_start = summary_window.and(pipeline.first_ms());
+    // Workload findings the recorder raised describe a moment of the recording; the verdict
+    // over the window replaces them, as it does today's rules' own.
     let recorded: Vec<Finding> = recorded
         .into_iter()
         .filter(|f| window_start.is_none_or(|start| f.time_ms >= start))
+        .filter(|f| !rules::is_workload(f))
         .collect();
     let mut findings = with_recorded(pipeline.findings(summary_window), &recorded);
 
@@ -149,6 +156,12 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
             summary: check::summarise(&pipeline.history, info.index, summary_window),
             latest: pipeline.latest.get(&info.index).cloned(),
             findings: per_device.remove(&info.index).unwrap_or_default(),
+            verdict: pipeline.engine.verdicts().get(&info.index).cloned(),
+            phases: pipeline.last_ms().map_or_else(Vec::new, |end| {
+                pipeline
+                    .engine
+                    .phases(&pipeline.history, info.index, judged_from, end)
+            }),
             probes: probed
                 .as_ref()
                 .and_then(|p| p.devices.iter().find(|d| d.index == info.index).cloned()),
@@ -185,6 +198,7 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         topology,
         host_probes: probed.as_ref().map(|p| p.host.clone()),
         host_findings,
+        not_judged: pipeline.engine.not_judged().to_vec(),
         status,
         fail_on,
         exit_code,

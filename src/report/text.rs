@@ -8,6 +8,7 @@ use gpudiag_core::check::{CheckReport, DeviceReport};
 use gpudiag_core::history::WindowStats;
 use gpudiag_model::metrics;
 use gpudiag_model::sample::MetricDef;
+use gpudiag_model::verdict::Basis;
 use gpudiag_telemetry::{Absent, METRICS, Sample};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -59,6 +60,7 @@ pub fn render(report: &CheckReport) -> String {
     for w in &report.source.warnings {
         let _ = writeln!(out, "note: {w}");
     }
+    render_verdicts(&mut out, report);
     if let Some(libs) = &report.libraries {
         let parts: Vec<String> = libs
             .iter()
@@ -215,6 +217,60 @@ fn render_device(out: &mut String, d: &DeviceReport) {
             f.advice
         );
     }
+}
+
+/// What held each GPU back, first: the answer most readers came for.
+fn render_verdicts(out: &mut String, report: &CheckReport) {
+    for d in &report.devices {
+        let Some(v) = &d.verdict else { continue };
+        let _ = writeln!(
+            out,
+            "verdict GPU {}: {} ({} confidence{}) — {}\n    what to do: {}",
+            v.device,
+            v.bottleneck,
+            v.confidence,
+            match v.basis {
+                Basis::ProfilingCounters => "",
+                Basis::Utilisation => ", utilisation only",
+            },
+            v.title,
+            v.advice
+        );
+    }
+    for d in report.devices.iter().filter(|d| d.phases.len() > 1) {
+        let _ = writeln!(out, "phases GPU {}:", d.info.index);
+        let t0 = d.phases[0].start_ms;
+        for p in &d.phases {
+            let _ = writeln!(out, "    {}", phase_line(p, t0));
+        }
+    }
+    for n in &report.not_judged {
+        let _ = writeln!(
+            out,
+            "not judged: {}{} — {}",
+            n.rule,
+            n.device.map(|d| format!(" on GPU {d}")).unwrap_or_default(),
+            n.reason
+        );
+    }
+}
+
+/// One phase of a run: "12–58 s  compute_bound  (SM active 96%, ...) · python3 (pid 7)".
+pub fn phase_line(p: &gpudiag_model::verdict::Verdict, t0: u64) -> String {
+    let secs = |t: u64| t.saturating_sub(t0) as f64 / 1000.0;
+    let detail = p
+        .title
+        .find(" over ")
+        .map_or(p.title.as_str(), |i| &p.title[i..]);
+    format!(
+        "{:>6.0}–{:<6.0} s  {:<20} {}",
+        secs(p.start_ms),
+        secs(p.end_ms),
+        p.bottleneck.name(),
+        detail
+            .trim_start_matches(" over ")
+            .trim_start_matches(|c: char| { c.is_ascii_digit() || matches!(c, ' ' | 's' | ':') })
+    )
 }
 
 fn throttle_names(s: &Sample) -> String {

@@ -17,7 +17,11 @@ use gpudiag_telemetry::{DeviceInfo, HostInfo, Metric, Sample, TimeMs};
 pub const CHECK_SCHEMA_VERSION: u32 = 1;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[schemars(deny_unknown_fields, transform = gpudiag_model::schema::added_later("topology"))]
+#[schemars(
+    deny_unknown_fields,
+    transform = gpudiag_model::schema::added_later("topology"),
+    transform = gpudiag_model::schema::added_later("not_judged")
+)]
 pub struct CheckReport {
     #[schemars(extend("const" = CHECK_SCHEMA_VERSION))]
     pub schema_version: u32,
@@ -41,6 +45,9 @@ pub struct CheckReport {
     pub host_probes: Option<Vec<gpudiag_probes::ProbeResult>>,
     /// Findings that belong to no single device.
     pub host_findings: Vec<Finding>,
+    /// Rules that could not judge in the window, with the reason: silence is not health.
+    #[serde(default)]
+    pub not_judged: Vec<gpudiag_model::verdict::NotJudged>,
     /// The worst severity among the findings (info counts as healthy).
     pub status: Status,
     /// The severity at which `status` turns into exit code 1.
@@ -104,6 +111,14 @@ pub struct DeviceReport {
     /// Window statistics per metric; metrics the device never reported are left out.
     pub summary: BTreeMap<Metric, WindowStats>,
     pub findings: Vec<Finding>,
+    /// What held the GPU back over the window; `None` when it could not be judged (the reason
+    /// is in the report's `not_judged`).
+    #[serde(default)]
+    pub verdict: Option<gpudiag_model::verdict::Verdict>,
+    /// How the verdict changed over the window (slices of at least 10 s, neighbours with the
+    /// same verdict merged); empty when the window was too short.
+    #[serde(default)]
+    pub phases: Vec<gpudiag_model::verdict::Verdict>,
     /// Probe results when `check --probes` ran them; left out otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "gpudiag_probes::runner::DeviceProbes")]

@@ -59,6 +59,13 @@ pub struct UtilisationConfig {
     pub min_mean_util_pct: f64,
     /// A process counts as holding the GPU from this much memory (MiB).
     pub min_process_memory_mib: f64,
+    /// Below this mean utilisation (%) the GPU counts as doing nothing.
+    pub idle_util_pct: f64,
+    /// SM active over utilisation (0..1) below which the kernels that run leave most SMs
+    /// empty (profiling counters only).
+    pub min_sm_fill: f64,
+    /// A pipe (tensor, FP) or DRAM at or above this share (%) counts as saturated.
+    pub saturated_pct: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -127,6 +134,9 @@ impl Default for UtilisationConfig {
             min_span_s: 3.0,
             min_mean_util_pct: 50.0,
             min_process_memory_mib: 256.0,
+            idle_util_pct: 5.0,
+            min_sm_fill: 0.35,
+            saturated_pct: 50.0,
         }
     }
 }
@@ -196,6 +206,12 @@ min_span_s = 3.0
 min_mean_util_pct = 50.0
 # A process "holds" the GPU from this much memory (MiB).
 min_process_memory_mib = 256.0
+# Below this mean utilisation (%) the GPU counts as doing nothing (verdicts idle, idle_holding_memory).
+idle_util_pct = 5.0
+# SM active / utilisation (0..1) below which running kernels leave most SMs empty (needs profiling counters).
+min_sm_fill = 0.35
+# A tensor/FP pipe or DRAM at or above this (%) counts as saturated (compute_bound vs memory_bound).
+saturated_pct = 50.0
 
 [rules.throttle]
 # Window (s) over which throttle reasons are judged.
@@ -301,7 +317,7 @@ impl Config {
     /// Range checks serde cannot express; each error names the key.
     fn validate(&self, origin: &str) -> Result<(), ConfigError> {
         let r = &self.rules;
-        let checks: [(&str, f64, f64, f64); 24] = [
+        let checks: [(&str, f64, f64, f64); 27] = [
             (
                 "rules.engine.eval_interval_s",
                 r.engine.eval_interval_s,
@@ -331,6 +347,24 @@ impl Config {
                 r.utilisation.min_process_memory_mib,
                 0.0,
                 1e9,
+            ),
+            (
+                "rules.utilisation.idle_util_pct",
+                r.utilisation.idle_util_pct,
+                0.0,
+                100.0,
+            ),
+            (
+                "rules.utilisation.min_sm_fill",
+                r.utilisation.min_sm_fill,
+                0.0,
+                1.0,
+            ),
+            (
+                "rules.utilisation.saturated_pct",
+                r.utilisation.saturated_pct,
+                0.0,
+                100.0,
             ),
             ("rules.throttle.window_s", r.throttle.window_s, 1.0, 86400.0),
             (
@@ -499,7 +533,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(keys, 24);
+        assert_eq!(keys, 27);
     }
 
     #[test]

@@ -14,3 +14,4 @@ pub mod sample;
 pub mod schema;
 pub mod topology;
 pub mod units;
+pub mod verdict;

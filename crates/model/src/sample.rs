@@ -370,7 +370,11 @@ impl DeviceInfo {
 
 /// One process using a GPU, as seen in one slow-cadence read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[schemars(deny_unknown_fields, transform = crate::schema::added_later("container_pid"))]
+#[schemars(
+    deny_unknown_fields,
+    transform = crate::schema::added_later("container_pid"),
+    transform = crate::schema::added_later("cpu_time_s")
+)]
 pub struct ProcessSample {
     pub pid: u32,
     /// Command name (redactable).
@@ -388,6 +392,24 @@ pub struct ProcessSample {
     /// from `pid`: what `ps` shows inside the container.
     #[serde(default)]
     pub container_pid: Option<u32>,
+    /// CPU time the process has used since it started (user + system, all threads), from
+    /// `/proc/<pid>/stat`: its rate over a window tells a busy host side from a waiting one.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub cpu_time_s: Option<f64>,
+}
+
+/// CPU seconds (user + system) from a `/proc/<pid>/stat` line. The kernel reports them in
+/// `USER_HZ` ticks, which the /proc ABI fixes at 100 on every Linux architecture gpudiag runs on.
+pub fn stat_cpu_time_s(stat: &str) -> Option<f64> {
+    const USER_HZ: f64 = 100.0;
+    // The command name (field 2) is in parentheses and may hold spaces or ')': fields resume
+    // after the last ')'. utime and stime are fields 14 and 15, so 11th and 12th after it.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_ascii_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) as f64 / USER_HZ)
 }
 
 /// Telemetry of one device at one instant. Every value is optional.

@@ -7,10 +7,12 @@
 
 use std::collections::BTreeMap;
 
-use super::{Finding, ProcessMemory, RuleInput, sort};
+use super::verdict::{self, NotJudged, ProcessCpu};
+use super::{Finding, ProcessMemory, RuleInput, is_workload, sort};
 use crate::config::RulesConfig;
 use crate::history::History;
 use gpudiag_model::cuda_libraries::LibraryInfo;
+use gpudiag_model::verdict::Verdict;
 use gpudiag_telemetry::{DeviceInfo, Event, HostInfo, Sample, Tick, TimeMs};
 
 /// A finding's identity across evaluations: the same problem on the same device.
@@ -23,6 +25,10 @@ pub struct RuleEngine {
     libraries: Option<Vec<LibraryInfo>>,
     latest: BTreeMap<u32, Sample>,
     process_memory: ProcessMemory,
+    process_cpu: ProcessCpu,
+    /// The latest verdict per device over the rolling window, and the devices that got none.
+    verdicts: BTreeMap<u32, Verdict>,
+    not_judged: Vec<NotJudged>,
     last_eval_ms: Option<TimeMs>,
     environment_done: bool,
     /// Findings of the latest windowed evaluation plus every event finding, by key.
@@ -47,6 +53,9 @@ impl RuleEngine {
             libraries,
             latest: BTreeMap::new(),
             process_memory: ProcessMemory::default(),
+            process_cpu: ProcessCpu::default(),
+            verdicts: BTreeMap::new(),
+            not_judged: Vec::new(),
             last_eval_ms: None,
             environment_done: false,
             active: BTreeMap::new(),
@@ -62,6 +71,7 @@ impl RuleEngine {
         let leak_window = (self.config.memory.leak_window_s * 1000.0) as u64;
         for s in &tick.samples {
             self.process_memory.observe(s, leak_window);
+            self.process_cpu.observe(s);
             self.latest.insert(s.device, s.clone());
         }
         let now = tick
@@ -108,8 +118,79 @@ impl RuleEngine {
         }
     }
 
+    /// Judges workload over the whole of `[start_ms, the last sample]` rather than the rolling
+    /// windows: what a check or a run reports is about the time it covered, so a workload
+    /// finding raised for a moment earlier (five idle seconds before a job started) gives way
+    /// to the verdict on the whole window. Faults stay whenever they happened.
+    pub fn finish_over(&mut self, history: &History, start_ms: TimeMs) {
+        let Some(now) = self.latest.values().map(|s| s.time_ms).max() else {
+            return;
+        };
+        self.evaluate_windowed(history, now);
+        let input = self.input(history, &[], Some(now));
+        let (verdicts, not_judged) =
+            verdict::judge_all(&input, Some(&self.process_cpu), start_ms, now);
+        let workload: Vec<Finding> = self
+            .devices
+            .iter()
+            .filter_map(|d| {
+                super::utilisation::over(&input, Some(&self.process_cpu), d.index, start_ms, now)
+            })
+            .collect();
+        self.verdicts = verdicts;
+        self.not_judged = not_judged;
+        self.active.retain(|_, f| !is_workload(f));
+        self.raised.retain(|f| !is_workload(f));
+        self.raised_index = self
+            .raised
+            .iter()
+            .enumerate()
+            .map(|(i, f)| ((f.id.clone(), f.device), i))
+            .collect();
+        for f in workload {
+            self.raise(f);
+        }
+    }
+
+    /// The latest verdict per device (over the rolling window, or the window `finish_over` was
+    /// given).
+    pub fn verdicts(&self) -> &BTreeMap<u32, Verdict> {
+        &self.verdicts
+    }
+
+    /// Devices the latest evaluation could not give a verdict, with the reason.
+    pub fn not_judged(&self) -> &[NotJudged] {
+        &self.not_judged
+    }
+
+    /// How the verdict on `device` changed over `[start_ms, end_ms]`.
+    pub fn phases(
+        &self,
+        history: &History,
+        device: u32,
+        start_ms: TimeMs,
+        end_ms: TimeMs,
+    ) -> Vec<Verdict> {
+        let input = self.input(history, &[], Some(end_ms));
+        self.devices
+            .iter()
+            .find(|d| d.index == device)
+            .map(|d| verdict::phases(&input, Some(&self.process_cpu), d, start_ms, end_ms))
+            .unwrap_or_default()
+    }
+
     fn evaluate_windowed(&mut self, history: &History, now: TimeMs) {
         self.last_eval_ms = Some(now);
+        let window = (self.config.utilisation.window_s * 1000.0) as u64;
+        let input = self.input(history, &[], Some(now));
+        let (verdicts, not_judged) = verdict::judge_all(
+            &input,
+            Some(&self.process_cpu),
+            now.saturating_sub(window),
+            now,
+        );
+        self.verdicts = verdicts;
+        self.not_judged = not_judged;
         let found = super::windowed(&self.input(history, &[], Some(now)));
         // Windowed findings are current state: replace the previous evaluation's, keep events.
         self.active.retain(|_, f| is_sticky(f));
@@ -152,6 +233,7 @@ impl RuleEngine {
             host: self.host.as_ref(),
             libraries: self.libraries.as_deref(),
             process_memory: Some(&self.process_memory),
+            process_cpu: Some(&self.process_cpu),
         }
     }
 

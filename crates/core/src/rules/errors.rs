@@ -184,6 +184,7 @@ mod tests {
             host: None,
             libraries: None,
             process_memory: None,
+            process_cpu: None,
         };
         let mut f = evaluate(&input);
         f.extend(evaluate_events(&input));

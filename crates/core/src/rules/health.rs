@@ -183,6 +183,7 @@ mod tests {
             host: None,
             libraries: None,
             process_memory: None,
+            process_cpu: None,
         })
     }
 

@@ -61,6 +61,29 @@ impl ProcessMemory {
         });
     }
 
+    /// Processes that held at least `min_bytes` on `device` at some point of `[start, end]`:
+    /// pid, name and the most they held.
+    pub fn holders_in(
+        &self,
+        device: u32,
+        start: TimeMs,
+        end: TimeMs,
+        min_bytes: f64,
+    ) -> Vec<(u32, Option<String>, f64)> {
+        self.series
+            .range((device, 0)..=(device, u32::MAX))
+            .filter_map(|(&(_, pid), series)| {
+                let most = series
+                    .points
+                    .iter()
+                    .filter(|(t, _)| (start..=end).contains(t))
+                    .map(|&(_, b)| b)
+                    .reduce(f64::max)?;
+                (most >= min_bytes).then(|| (pid, series.name.clone(), most))
+            })
+            .collect()
+    }
+
     /// When `pid` was first seen on `device` within the retained window.
     pub fn first_seen(&self, device: u32, pid: u32) -> Option<TimeMs> {
         self.series
@@ -263,6 +286,7 @@ mod tests {
                 sm_util_pct: None,
                 container_id: None,
                 container_pid: None,
+                cpu_time_s: None,
             }]);
             pm.observe(&s, 600_000);
         }

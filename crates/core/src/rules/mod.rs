@@ -19,6 +19,7 @@ pub mod thermal;
 pub mod throttle;
 pub mod utilisation;
 pub mod vendor;
+pub mod verdict;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -48,6 +49,8 @@ pub struct RuleInput<'a> {
     pub libraries: Option<&'a [LibraryInfo]>,
     /// Per-process memory series for the leak rule; `None` when nobody kept them.
     pub process_memory: Option<&'a ProcessMemory>,
+    /// Per-process CPU time for the verdict's host-side evidence; `None` when nobody kept it.
+    pub process_cpu: Option<&'a verdict::ProcessCpu>,
 }
 
 /// Runs every rule family once. Findings come back worst first, then by device.
@@ -70,6 +73,12 @@ pub fn windowed(input: &RuleInput<'_>) -> Vec<Finding> {
     findings.extend(thermal::evaluate(input));
     findings.extend(vendor::evaluate(input));
     findings
+}
+
+/// Findings about the work on a GPU rather than the GPU itself: they describe a window, so a
+/// report over a longer one judges them again instead of keeping a moment's.
+pub fn is_workload(f: &Finding) -> bool {
+    f.id.starts_with("utilisation.")
 }
 
 /// Worst first, then by device, then by id, so output is stable.

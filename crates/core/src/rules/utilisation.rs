@@ -1,185 +1,121 @@
-//! Utilisation: a process holds GPU memory but the GPU mostly idles.
-//!
-//! The evidence carries the other signals (PCIe receive rate, memory-copy utilisation, power)
-//! because they tell the usual causes apart: heavy host-to-device traffic points at copies, a
-//! GPU near idle power at a starved input pipeline, middling utilisation at small kernels and
-//! synchronisation.
+//! Utilisation: a process holds GPU memory while the GPU wastes its time, as the bottleneck
+//! verdict (`verdict.rs`) judges it over the window the holders have been there: idle, waiting
+//! on the host, launch- or sync-bound, copy-bound, or busy with its SMs mostly empty. The id
+//! stays `utilisation.low` from before the verdict existed, so alerts on it keep working; it now
+//! also fires for a GPU that reads 100% utilised while its SMs are nearly empty.
 
 use serde_json::json;
 
-use super::{Evidence, Finding, RuleInput, Severity, round2, secs};
-use crate::history::Window;
-use gpudiag_telemetry::Metric;
+use super::verdict::{self, ProcessCpu};
+use super::{Evidence, Finding, RuleInput, Severity, secs};
+use gpudiag_model::verdict::Bottleneck;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
+/// Judges each device over the rule's own rolling window.
 pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
-    let cfg = &input.config.utilisation;
-    let window = secs(cfg.window_s);
+    let window = secs(input.config.utilisation.window_s);
     let mut out = Vec::new();
     for d in input.devices {
         let Some(latest) = input.latest.get(&d.index) else {
             continue;
         };
-        let holders: Vec<_> = latest
-            .processes
-            .iter()
-            .flatten()
-            .filter(|p| {
-                p.used_memory_bytes
-                    .is_some_and(|b| b as f64 >= cfg.min_process_memory_mib * MIB)
-            })
-            .collect();
-        if holders.is_empty() {
-            continue;
-        }
-        // Judge only the time the holders have been there: idle minutes before a job started
-        // are not the job's idleness.
-        let now = input
-            .latest
-            .get(&d.index)
-            .map_or(input.now_ms, |s| s.time_ms);
-        let mut start = now.saturating_sub(window.as_millis() as u64);
-        if let Some(pm) = input.process_memory {
-            let since = holders
-                .iter()
-                .filter_map(|p| pm.first_seen(d.index, p.pid))
-                .min();
-            start = start.max(since.unwrap_or(start));
-        }
-        let util = input.history.stats(
-            d.index,
-            Metric::GpuUtilPct,
-            Window::Range {
-                start_ms: start,
-                end_ms: now,
-            },
-        );
-        let span_s = util.span_ms().unwrap_or(0) as f64 / 1000.0;
-        let Some(mean) = util.mean else { continue };
-        if util.count < 2 || span_s < cfg.min_span_s || mean >= cfg.min_mean_util_pct {
-            continue;
-        }
-        let range = Window::Range {
-            start_ms: start,
-            end_ms: now,
-        };
-        let mean_of = |m| input.history.mean(d.index, m, range);
-        let rx = mean_of(Metric::PcieRxBytesPerS);
-        // A burst of copies inflates the mean; what matters is how much of the time they ran.
-        let copying_share =
-            input
-                .history
-                .fraction_where(d.index, Metric::PcieRxBytesPerS, range, |b| b >= 1e9);
-        let mem_util = mean_of(Metric::MemUtilPct);
-        let power = mean_of(Metric::PowerW);
-        let limit = latest.power_limit_w.or(d.power_limit_default_w);
-        let power_share = power.zip(limit).map(|(p, l)| p / l);
-        let names: Vec<String> = holders
-            .iter()
-            .map(|p| {
-                format!(
-                    "{} (pid {}, {:.1} GiB)",
-                    p.name.as_deref().unwrap_or("unknown"),
-                    p.pid,
-                    p.used_memory_bytes.unwrap_or_default() as f64 / (1024.0 * MIB)
-                )
-            })
-            .collect();
-        let processes: Vec<_> = holders
-            .iter()
-            .map(|p| {
-                json!({
-                    "pid": p.pid,
-                    "name": p.name,
-                    "used_memory_mib": p.used_memory_bytes.map(|b| round2(b as f64 / MIB)),
-                    "sm_util_pct": p.sm_util_pct,
-                })
-            })
-            .collect();
-        let mut values = serde_json::Map::new();
-        values.insert("gpu_util_mean_pct".into(), json!(round2(mean)));
-        values.insert("gpu_util_p95_pct".into(), json!(util.p95.map(round2)));
-        values.insert("mem_util_mean_pct".into(), json!(mem_util.map(round2)));
-        values.insert(
-            "pcie_rx_mean_mb_per_s".into(),
-            json!(rx.map(|b| round2(b / 1e6))),
-        );
-        values.insert(
-            "pcie_rx_over_1gb_share".into(),
-            json!(copying_share.map(round2)),
-        );
-        values.insert("power_mean_w".into(), json!(power.map(round2)));
-        values.insert("power_limit_w".into(), json!(limit));
-        values.insert(
-            "pids".into(),
-            json!(holders.iter().map(|p| p.pid).collect::<Vec<_>>()),
-        );
-        values.insert("processes".into(), json!(processes));
-        out.push(Finding {
-            id: "utilisation.low".into(),
-            severity: Severity::Warn,
-            device: Some(d.index),
-            time_ms: input.now_ms,
-            title: format!(
-                "GPU {} mostly idle (mean utilisation {:.0}% over {:.0} s) while {} holds memory",
-                d.index,
-                mean,
-                span_s,
-                names.join(", ")
-            ),
-            evidence: Evidence {
-                values,
-                window_s: round2(span_s),
-                threshold: format!("mean utilisation < {}%", cfg.min_mean_util_pct),
-            },
-            advice: advice(mean, copying_share, power_share),
-            recorded: false,
-        });
+        let now = latest.time_ms;
+        let start = now.saturating_sub(window.as_millis() as u64);
+        out.extend(over(input, input.process_cpu, d.index, start, now));
     }
     out
 }
 
-/// Leads with the cause the signals point at, then lists the others. `copying_share` is the
-/// share of the time the host sent at least 1 GB/s.
-fn advice(mean_util: f64, copying_share: Option<f64>, power_share: Option<f64>) -> String {
-    const COPIES: &str = "Host-device copies dominate: pin host memory (pin_memory=True), copy \
-                          with non_blocking=True on a side stream so copies overlap compute, and \
-                          keep data resident on the GPU instead of copying it every step.";
-    const HOST: &str = "The GPU waits on the host: the input pipeline or CPU-side code is the \
-                        bottleneck. Profile the CPU side; add DataLoader workers and \
-                        prefetching; move preprocessing onto the GPU.";
-    const SMALL: &str = "Kernels are too small or separated by syncs: raise the batch size, \
-                         remove per-step .item()/.cpu()/synchronize calls, fuse small operations \
-                         (torch.compile) or capture steps in CUDA graphs.";
-    let copies = copying_share.is_some_and(|share| share >= 0.3);
-    let starved = mean_util < 10.0 && power_share.is_none_or(|p| p < 0.3);
-    let lead = if copies {
-        COPIES
-    } else if starved {
-        HOST
-    } else {
-        SMALL
+/// The finding for `device` over `[start, end]`, if the work on it wastes the GPU. Only the time
+/// the holders have been there is judged: idle minutes before a job started are not its own.
+pub fn over(
+    input: &RuleInput<'_>,
+    cpu: Option<&ProcessCpu>,
+    device: u32,
+    start: u64,
+    end: u64,
+) -> Option<Finding> {
+    let cfg = &input.config.utilisation;
+    let d = input.devices.iter().find(|d| d.index == device)?;
+    let min_bytes = cfg.min_process_memory_mib * MIB;
+    let own_pid = std::process::id();
+    let mut start = start;
+    let holders: Vec<u32> = match input.process_memory {
+        Some(pm) => pm
+            .holders_in(device, start, end, min_bytes)
+            .into_iter()
+            .map(|(pid, _, _)| pid)
+            .filter(|&pid| pid != own_pid)
+            .collect(),
+        None => input
+            .latest
+            .get(&device)?
+            .processes
+            .iter()
+            .flatten()
+            .filter(|p| p.pid != own_pid)
+            .filter(|p| p.used_memory_bytes.is_some_and(|b| b as f64 >= min_bytes))
+            .map(|p| p.pid)
+            .collect(),
     };
-    let others: Vec<&str> = [COPIES, HOST, SMALL]
-        .into_iter()
-        .filter(|a| *a != lead)
-        .collect();
-    format!(
-        "{lead} Other usual causes: {} {} If the process is merely parked (a notebook, a \
-         server between requests), release the GPU for others.",
-        others[0], others[1]
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn advice_leads_with_what_the_signals_show() {
-        assert!(advice(20.0, Some(0.8), Some(0.5)).starts_with("Host-device copies"));
-        assert!(advice(2.0, Some(0.1), Some(0.15)).starts_with("The GPU waits on the host"));
-        assert!(advice(30.0, None, Some(0.6)).starts_with("Kernels are too small"));
+    if holders.is_empty() {
+        return None;
     }
+    if let Some(pm) = input.process_memory {
+        let since = holders
+            .iter()
+            .filter_map(|&p| pm.first_seen(device, p))
+            .min();
+        start = start.max(since.unwrap_or(start));
+    }
+    let v = verdict::judge(input, cpu, d, start, end).ok()?;
+    // Throttling has its own findings, with the reason; the others are the job's own doing.
+    if !v.bottleneck.is_waste() || v.bottleneck == Bottleneck::Throttled {
+        return None;
+    }
+    let names: Vec<String> = v
+        .processes
+        .iter()
+        .map(|p| {
+            format!(
+                "{} (pid {}, {:.1} GiB)",
+                p.name.as_deref().unwrap_or("unknown"),
+                p.pid,
+                p.used_memory_bytes.unwrap_or_default() as f64 / (1024.0 * MIB)
+            )
+        })
+        .collect();
+    let mut values = v.evidence.clone();
+    // What the GPU could not measure says nothing here; the verdict keeps the full list.
+    values.retain(|_, value| !value.is_null());
+    values.insert("verdict".into(), json!(v.bottleneck));
+    values.insert("confidence".into(), json!(v.confidence));
+    values.insert(
+        "pids".into(),
+        json!(v.processes.iter().map(|p| p.pid).collect::<Vec<_>>()),
+    );
+    values.insert("processes".into(), json!(v.processes));
+    Some(Finding {
+        id: "utilisation.low".into(),
+        severity: Severity::Warn,
+        device: Some(device),
+        time_ms: input.now_ms,
+        title: format!("{} while {} holds memory", v.title, names.join(", ")),
+        evidence: Evidence {
+            values,
+            window_s: super::round2(v.window_s()),
+            threshold: format!(
+                "verdict one of underfilled, launch_bound, sync_bound, host_bound, copy_bound, \
+                 idle_holding_memory (mean utilisation < {}% without profiling counters)",
+                cfg.min_mean_util_pct
+            ),
+        },
+        advice: format!(
+            "{} If the process is merely parked (a notebook, a server between requests), release \
+             the GPU for others.",
+            v.advice
+        ),
+        recorded: false,
+    })
 }

@@ -736,6 +736,9 @@ fn scan_processes(root: &Path, buses: &[&str]) -> Result<ProcessMap, Absent> {
                     .ok()
                     .and_then(|c| container_id_from_cgroup(&c)),
                 container_pid,
+                cpu_time_s: read("stat")
+                    .ok()
+                    .and_then(|st| gpudiag_model::sample::stat_cpu_time_s(&st)),
             });
         }
     }

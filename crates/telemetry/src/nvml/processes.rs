@@ -75,6 +75,9 @@ pub(super) fn read_processes(
                     .map(|m| m.get(&p.pid).copied().unwrap_or(0.0)),
                 container_id,
                 container_pid,
+                cpu_time_s: proc_file("stat")
+                    .ok()
+                    .and_then(|st| gpudiag_model::sample::stat_cpu_time_s(&st)),
             }
         })
         .collect())

@@ -1,0 +1,701 @@
+//! The bottleneck verdict: what held each GPU back over a window.
+//!
+//! NVML's utilisation says only that *a* kernel ran in each sampling period: one warp on one SM
+//! reads 100%. The profiling counters (NVML GPM, what DCGM's profiling fields read) say how much
+//! of the GPU the kernels used, so with them the verdict follows the usual performance triage:
+//!
+//! 1. Nothing runs: `idle`, or `idle_holding_memory` when a process holds memory.
+//! 2. Clocks held down by heat or the power supply while busy: `throttled`.
+//! 3. Host-device copies most of the time while the SMs idle: `copy_bound`.
+//! 4. Kernels run most of the time (utilisation at or above `min_mean_util_pct`):
+//!    SM active far below utilisation (`min_sm_fill`) means they leave most SMs empty
+//!    (`underfilled`); otherwise DRAM or the pipes decide `memory_bound` against `compute_bound`.
+//! 5. Kernels run a minority of the time: the GPU waits. Kernels that fill the SMs while they run
+//!    mean the host is slow to feed them (`host_bound`); kernels that barely touch the SMs mean
+//!    per-kernel overhead sets the pace: `launch_bound` while launches keep the GPU busy a fifth
+//!    of the time or more, `sync_bound` below (a round trip per step leaves it idler still).
+//!
+//! CPU time alone cannot separate host-, launch- and sync-bound (a thread waiting in `.item()`
+//! spins at 100% by default), so the process's CPU use is evidence, not a deciding rule.
+//! Without profiling counters, steps 4 and 5 fall back to utilisation, PCIe and power, and the
+//! verdict says it is weaker.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use serde_json::json;
+
+use super::{RuleInput, round2};
+use crate::history::Window;
+use gpudiag_model::decode::pcie_link_rate;
+use gpudiag_model::verdict::{Basis, Bottleneck, Confidence, Verdict, VerdictProcess};
+use gpudiag_telemetry::{DeviceInfo, Metric, Sample, TimeMs};
+
+const MIB: f64 = 1024.0 * 1024.0;
+const GB: f64 = 1e9;
+
+/// Throttle bits that slow a busy GPU against its will: HW slowdown, SW thermal, HW thermal, HW
+/// power brake (the SW power cap is expected at full load and not a verdict of its own).
+const HARMFUL_THROTTLE: u64 = 0x8 | 0x20 | 0x40 | 0x80;
+
+pub use gpudiag_model::verdict::NotJudged;
+
+/// Per-process CPU time as /proc reported it, at most one point a second, for the CPU share
+/// over any window the history still covers.
+#[derive(Debug, Default, Clone)]
+pub struct ProcessCpu {
+    series: HashMap<(u32, u32), VecDeque<(TimeMs, f64)>>,
+}
+
+/// An hour of 1 Hz points per process.
+const MAX_CPU_POINTS: usize = 3600;
+
+impl ProcessCpu {
+    pub fn observe(&mut self, s: &Sample) {
+        let Some(procs) = &s.processes else { return };
+        for p in procs {
+            let Some(cpu) = p.cpu_time_s else { continue };
+            let series = self.series.entry((s.device, p.pid)).or_default();
+            if series
+                .back()
+                .is_some_and(|&(t, _)| s.time_ms < t.saturating_add(1000))
+            {
+                continue;
+            }
+            if series.len() == MAX_CPU_POINTS {
+                series.pop_front();
+            }
+            series.push_back((s.time_ms, cpu));
+        }
+        // Processes gone from this device's list are dropped with their series.
+        self.series
+            .retain(|&(device, pid), _| device != s.device || procs.iter().any(|p| p.pid == pid));
+    }
+
+    /// CPU use of `pid` in `[start, end]`, in % of one core.
+    pub fn cpu_pct(&self, device: u32, pid: u32, start: TimeMs, end: TimeMs) -> Option<f64> {
+        let series = self.series.get(&(device, pid))?;
+        let mut inside = series.iter().filter(|(t, _)| (start..=end).contains(t));
+        let (t0, c0) = inside.next()?;
+        let (t1, c1) = inside.next_back()?;
+        let dt = t1.saturating_sub(*t0) as f64 / 1000.0;
+        (dt >= 1.0).then(|| ((c1 - c0) / dt * 100.0).max(0.0))
+    }
+}
+
+/// The window's figures a verdict is judged from.
+struct Figures {
+    span_s: f64,
+    util: f64,
+    util_p95: Option<f64>,
+    sm_active: Option<f64>,
+    occupancy: Option<f64>,
+    tensor: Option<f64>,
+    dram: Option<f64>,
+    fp64: Option<f64>,
+    fp32: Option<f64>,
+    fp16: Option<f64>,
+    /// Share of the window the host moved at least 1 GB/s either way.
+    copying_share: Option<f64>,
+    rx_mean: Option<f64>,
+    tx_mean: Option<f64>,
+    power_share: Option<f64>,
+    harmful_throttle_share: Option<f64>,
+}
+
+impl Figures {
+    fn busiest_pipe(&self) -> Option<f64> {
+        [self.tensor, self.fp64, self.fp32, self.fp16]
+            .into_iter()
+            .flatten()
+            .reduce(f64::max)
+    }
+
+    fn evidence(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut v = serde_json::Map::new();
+        let r = |x: Option<f64>| json!(x.map(round2));
+        v.insert("gpu_util_mean_pct".into(), json!(round2(self.util)));
+        v.insert("gpu_util_p95_pct".into(), r(self.util_p95));
+        v.insert("sm_active_mean_pct".into(), r(self.sm_active));
+        v.insert("sm_occupancy_mean_pct".into(), r(self.occupancy));
+        v.insert("tensor_active_mean_pct".into(), r(self.tensor));
+        v.insert("dram_active_mean_pct".into(), r(self.dram));
+        v.insert("fp64_active_mean_pct".into(), r(self.fp64));
+        v.insert("fp32_active_mean_pct".into(), r(self.fp32));
+        v.insert("fp16_active_mean_pct".into(), r(self.fp16));
+        v.insert(
+            "pcie_rx_mean_mb_per_s".into(),
+            r(self.rx_mean.map(|b| b / 1e6)),
+        );
+        v.insert(
+            "pcie_tx_mean_mb_per_s".into(),
+            r(self.tx_mean.map(|b| b / 1e6)),
+        );
+        v.insert("pcie_over_1gb_share".into(), r(self.copying_share));
+        v.insert("power_share_of_limit".into(), r(self.power_share));
+        v.insert(
+            "harmful_throttle_share".into(),
+            r(self.harmful_throttle_share),
+        );
+        v
+    }
+}
+
+/// The verdict on `device` over `[start_ms, end_ms]`.
+pub fn judge(
+    input: &RuleInput<'_>,
+    cpu: Option<&ProcessCpu>,
+    device: &DeviceInfo,
+    start_ms: TimeMs,
+    end_ms: TimeMs,
+) -> Result<Verdict, NotJudged> {
+    let cfg = &input.config.utilisation;
+    let d = device.index;
+    let not_judged = |reason: String| NotJudged {
+        rule: "verdict".into(),
+        device: Some(d),
+        reason,
+    };
+    let range = Window::Range { start_ms, end_ms };
+    let util = input.history.stats(d, Metric::GpuUtilPct, range);
+    let span_s = util.span_ms().unwrap_or(0) as f64 / 1000.0;
+    let Some(util_mean) = util.mean else {
+        return Err(not_judged(
+            "no utilisation reading in the window (the GPU does not report it)".into(),
+        ));
+    };
+    if util.count < 2 || span_s < cfg.min_span_s {
+        return Err(not_judged(format!(
+            "{span_s:.1} s of data; a verdict needs at least {} s (a single read has no window: \
+             use --window)",
+            cfg.min_span_s
+        )));
+    }
+    let mean = |m| input.history.mean(d, m, range);
+    let share = |m, f: fn(f64) -> bool| input.history.fraction_where(d, m, range, f);
+    let latest = input.latest.get(&d);
+    // GPM's PCIe counters cover the whole interval; NVML's throughput call only ~20 ms of it.
+    let (rx_metric, tx_metric) = if mean(Metric::ProfPcieRxBytesPerS).is_some() {
+        (Metric::ProfPcieRxBytesPerS, Metric::ProfPcieTxBytesPerS)
+    } else {
+        (Metric::PcieRxBytesPerS, Metric::PcieTxBytesPerS)
+    };
+    let copying_share = match (share(rx_metric, |b| b >= GB), share(tx_metric, |b| b >= GB)) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    let limit = latest
+        .and_then(|s| s.power_limit_w)
+        .or(device.power_limit_default_w);
+    let figures = Figures {
+        span_s,
+        util: util_mean,
+        util_p95: util.p95,
+        sm_active: mean(Metric::SmActivePct),
+        occupancy: mean(Metric::SmOccupancyPct),
+        tensor: mean(Metric::TensorActivePct),
+        dram: mean(Metric::DramActivePct),
+        fp64: mean(Metric::Fp64ActivePct),
+        fp32: mean(Metric::Fp32ActivePct),
+        fp16: mean(Metric::Fp16ActivePct),
+        copying_share,
+        rx_mean: mean(rx_metric),
+        tx_mean: mean(tx_metric),
+        power_share: mean(Metric::PowerW).zip(limit).map(|(p, l)| p / l),
+        harmful_throttle_share: share(Metric::ThrottleReasons, |bits| {
+            (bits as u64) & HARMFUL_THROTTLE != 0
+        }),
+    };
+
+    let holders = holders(input, cpu, d, start_ms, end_ms);
+
+    let (bottleneck, confidence, basis) = decide(&figures, !holders.is_empty(), cfg);
+    let mut evidence = figures.evidence();
+    evidence.insert("window_s".into(), json!(round2(span_s)));
+    if let Some(p) = holders.first().filter(|_| holders.len() == 1) {
+        evidence.insert("process_cpu_pct".into(), json!(p.cpu_pct));
+    }
+    let link = latest.and_then(|s| {
+        pcie_link_rate(
+            s.pcie_gen_max.or(device.pcie_gen_max)?,
+            s.pcie_width_max.or(device.pcie_width_max)?,
+        )
+    });
+    let title = title(d, bottleneck, &figures, &holders);
+    let advice = advice(bottleneck, &figures, link.map(|l| l.bytes_per_s), basis);
+    Ok(Verdict {
+        device: d,
+        bottleneck,
+        confidence,
+        basis,
+        start_ms: util.first_ms.unwrap_or(start_ms),
+        end_ms: util.last_ms.unwrap_or(end_ms),
+        title,
+        evidence,
+        advice,
+        pid: (holders.len() == 1).then(|| holders[0].pid),
+        processes: holders,
+    })
+}
+
+/// The processes that held memory on the device in the window (from the per-process series
+/// when kept, else the latest list), never gpudiag itself: its probes hold a context for a
+/// moment and are not the job being judged.
+fn holders(
+    input: &RuleInput<'_>,
+    cpu: Option<&ProcessCpu>,
+    device: u32,
+    start_ms: TimeMs,
+    end_ms: TimeMs,
+) -> Vec<VerdictProcess> {
+    let min_bytes = input.config.utilisation.min_process_memory_mib * MIB;
+    let own_pid = std::process::id();
+    let latest: Vec<_> = input
+        .latest
+        .get(&device)
+        .and_then(|s| s.processes.as_ref())
+        .into_iter()
+        .flatten()
+        .collect();
+    let cpu_pct = |pid| {
+        cpu.and_then(|c| c.cpu_pct(device, pid, start_ms, end_ms))
+            .map(round2)
+    };
+    let found: Vec<(u32, Option<String>, Option<u64>)> = match input.process_memory {
+        Some(pm) => pm
+            .holders_in(device, start_ms, end_ms, min_bytes)
+            .into_iter()
+            .map(|(pid, name, most)| (pid, name, Some(most as u64)))
+            .collect(),
+        None => latest
+            .iter()
+            .filter(|p| p.used_memory_bytes.is_some_and(|b| b as f64 >= min_bytes))
+            .map(|p| (p.pid, p.name.clone(), p.used_memory_bytes))
+            .collect(),
+    };
+    found
+        .into_iter()
+        .filter(|(pid, _, _)| *pid != own_pid)
+        .map(|(pid, name, used)| VerdictProcess {
+            pid,
+            name,
+            used_memory_bytes: used,
+            sm_util_pct: latest
+                .iter()
+                .find(|p| p.pid == pid)
+                .and_then(|p| p.sm_util_pct),
+            cpu_pct: cpu_pct(pid),
+        })
+        .collect()
+}
+
+fn decide(
+    f: &Figures,
+    held: bool,
+    cfg: &crate::config::UtilisationConfig,
+) -> (Bottleneck, Confidence, Basis) {
+    use Bottleneck::*;
+    use Confidence::*;
+    let basis = if f.sm_active.is_some() {
+        Basis::ProfilingCounters
+    } else {
+        Basis::Utilisation
+    };
+    let busy = cfg.min_mean_util_pct;
+    let copying = f.copying_share.unwrap_or(0.0);
+    let sm = f.sm_active;
+    if f.util < cfg.idle_util_pct && sm.is_none_or(|s| s < 1.0) && copying < 0.1 {
+        return (if held { IdleHoldingMemory } else { Idle }, High, basis);
+    }
+    if f.util >= busy && f.harmful_throttle_share.unwrap_or(0.0) >= 0.2 {
+        return (Throttled, High, basis);
+    }
+    // Copies that overlap busy kernels are not the bottleneck.
+    if copying >= 0.3 && sm.map_or(f.util < busy, |s| s < busy) {
+        return (CopyBound, if sm.is_some() { High } else { Medium }, basis);
+    }
+    let Some(sm) = sm else {
+        // Utilisation alone: busy or waiting, and for waiting, power tells a starved GPU from
+        // one running many small kernels.
+        return if f.util >= busy {
+            (ComputeBound, Low, basis)
+        } else if f.util < 10.0 && f.power_share.is_none_or(|p| p < 0.3) {
+            (HostBound, Low, basis)
+        } else {
+            (LaunchBound, Low, basis)
+        };
+    };
+    let fill = sm / f.util.max(1.0);
+    let saturated = cfg.saturated_pct;
+    if f.util >= busy {
+        if fill < cfg.min_sm_fill {
+            return (Underfilled, High, basis);
+        }
+        let dram = f.dram.unwrap_or(0.0);
+        let pipe = f.busiest_pipe().unwrap_or(0.0);
+        if dram >= saturated && dram >= pipe {
+            return (MemoryBound, High, basis);
+        }
+        let confidence = if pipe >= saturated { High } else { Medium };
+        return (ComputeBound, confidence, basis);
+    }
+    if fill >= cfg.min_sm_fill {
+        return (HostBound, Medium, basis);
+    }
+    if f.util >= 20.0 {
+        (LaunchBound, Medium, basis)
+    } else {
+        (SyncBound, Medium, basis)
+    }
+}
+
+/// A share as text: small ones keep a decimal so 0.8% does not read as 1% or 0%.
+fn pct(v: f64) -> String {
+    if v < 10.0 {
+        format!("{v:.1}%")
+    } else {
+        format!("{v:.0}%")
+    }
+}
+
+fn opt_pct(v: Option<f64>) -> String {
+    v.map_or_else(|| "n/a".to_owned(), pct)
+}
+
+fn title(device: u32, b: Bottleneck, f: &Figures, holders: &[VerdictProcess]) -> String {
+    let over = format!("over {:.0} s", f.span_s);
+    let counters = if f.sm_active.is_some() {
+        format!(
+            "utilisation {}, SM active {}, occupancy {}",
+            pct(f.util),
+            opt_pct(f.sm_active),
+            opt_pct(f.occupancy)
+        )
+    } else {
+        format!("utilisation {}; no profiling counters", pct(f.util))
+    };
+    let who = match holders {
+        [] => String::new(),
+        [p] => format!(
+            " · {} (pid {}{})",
+            p.name.as_deref().unwrap_or("unknown"),
+            p.pid,
+            p.cpu_pct
+                .map(|c| format!(", CPU {c:.0}%"))
+                .unwrap_or_default()
+        ),
+        many => format!(" · {} processes", many.len()),
+    };
+    let what = match b {
+        Bottleneck::ComputeBound => match (f.tensor, f.fp32) {
+            (Some(t), _) if t >= 20.0 => format!(
+                "compute-bound on tensor cores {over} (tensor {}, {counters})",
+                pct(t)
+            ),
+            (Some(_), Some(fp32)) if fp32 >= 20.0 => format!(
+                "compute-bound on FP32 pipes, tensor cores idle, {over} (FP32 {}, {counters})",
+                pct(fp32)
+            ),
+            _ => format!("compute-bound {over} ({counters})"),
+        },
+        Bottleneck::MemoryBound => {
+            format!("memory-bound {over} (DRAM {}, {counters})", opt_pct(f.dram))
+        }
+        Bottleneck::Underfilled => {
+            format!("busy but its SMs mostly empty {over} ({counters})")
+        }
+        Bottleneck::LaunchBound => format!(
+            "launch-bound {over}: kernels too small to fill the GPU and gaps between them \
+             ({counters})"
+        ),
+        Bottleneck::HostBound => format!("waiting on the host {over} ({counters})"),
+        Bottleneck::CopyBound => format!(
+            "copy-bound {over}: host-device copies {} of the time ({counters})",
+            opt_pct(f.copying_share.map(|s| s * 100.0))
+        ),
+        Bottleneck::SyncBound => {
+            format!("sync-bound {over}: tiny kernels and long waits between steps ({counters})")
+        }
+        Bottleneck::IdleHoldingMemory => {
+            format!("idle while holding memory {over} ({counters})")
+        }
+        Bottleneck::Throttled => format!(
+            "throttled {over}: clocks held down by heat or power {} of the time ({counters})",
+            opt_pct(f.harmful_throttle_share.map(|s| s * 100.0))
+        ),
+        Bottleneck::Idle => format!("idle {over}"),
+    };
+    format!("GPU {device} {what}{who}")
+}
+
+fn advice(b: Bottleneck, f: &Figures, link_bytes_per_s: Option<f64>, basis: Basis) -> String {
+    let mut text = match b {
+        Bottleneck::ComputeBound => {
+            if f.tensor.is_some_and(|t| t >= 20.0) {
+                "The GPU does useful work on its tensor cores: this is the good case. Gains now \
+                 come from less work (fused kernels, torch.compile, FlashAttention) or lower \
+                 precision (FP8 where the model tolerates it)."
+                    .to_owned()
+            } else if f.fp32.is_some_and(|v| v >= 20.0) && f.tensor.is_some_and(|t| t < 5.0) {
+                "FP32 pipes are busy and tensor cores idle: enable TF32 \
+                 (torch.backends.cuda.matmul.allow_tf32 = True, torch.set_float32_matmul_precision(\
+                 'high')) or train in bf16 with torch.autocast; matmuls then run on tensor cores, \
+                 several times faster."
+                    .to_owned()
+            } else {
+                "The SMs are busy but no pipe is saturated: kernels are latency- or \
+                 occupancy-limited. Profile the top kernels (Nsight Compute); larger tiles or \
+                 batches, fused element-wise work, and bf16 help most."
+                    .to_owned()
+            }
+        }
+        Bottleneck::MemoryBound => "Kernels wait on DRAM: fuse element-wise operations so data \
+                                    is read once (torch.compile), use bf16/fp16 to halve the \
+                                    bytes, and keep tensors contiguous."
+            .to_owned(),
+        Bottleneck::Underfilled => "Kernels run but leave most SMs empty: launch more work per \
+                                    kernel (larger batch, more blocks than SMs), run independent \
+                                    work on several streams, and avoid single-block or \
+                                    single-thread kernels."
+            .to_owned(),
+        Bottleneck::LaunchBound | Bottleneck::SyncBound => "Many tiny kernels with the CPU \
+                                                            in the loop: raise the batch size, \
+                                                            remove per-step .item()/.cpu()/\
+                                                            torch.cuda.synchronize() calls \
+                                                            (log every N steps), fuse small \
+                                                            operations with torch.compile, or \
+                                                            capture the step in CUDA graphs \
+                                                            (torch.compile mode=\
+                                                            'reduce-overhead')."
+            .to_owned(),
+        Bottleneck::HostBound => "The GPU finishes its work quickly, then waits for the host: \
+                                  profile the CPU side (py-spy, torch.profiler); add DataLoader \
+                                  workers (num_workers), prefetching and persistent_workers, \
+                                  and move preprocessing onto the GPU."
+            .to_owned(),
+        Bottleneck::CopyBound => {
+            let mut t = "Host-device copies dominate: pin host memory (DataLoader \
+                         pin_memory=True), copy with non_blocking=True so copies overlap \
+                         compute, and keep data resident on the GPU instead of copying it every \
+                         step."
+                .to_owned();
+            let moved = f.rx_mean.unwrap_or(0.0).max(f.tx_mean.unwrap_or(0.0));
+            if let (Some(link), Some(share)) = (link_bytes_per_s, f.copying_share)
+                && share > 0.0
+                && moved / share < 0.4 * link
+            {
+                t.push_str(&format!(
+                    " While copying, the link carried about {:.1} GB/s of its {:.0} GB/s: \
+                     pageable (unpinned) memory is the usual cause.",
+                    moved / share / 1e9,
+                    link / 1e9
+                ));
+            }
+            t
+        }
+        Bottleneck::IdleHoldingMemory => "A process holds GPU memory and runs nothing: if it \
+                                          is a parked notebook or a server between requests, \
+                                          release the GPU for others; if it should be training, \
+                                          it is stuck before its first kernel (data loading, a \
+                                          deadlock, a collective waiting for a peer)."
+            .to_owned(),
+        Bottleneck::Throttled => "Clocks are held down by temperature or the power supply: \
+                                  check cooling (fans, airflow, inlet temperature) and the \
+                                  board's power; see the throttle findings for the reason."
+            .to_owned(),
+        Bottleneck::Idle => "Nothing runs on this GPU.".to_owned(),
+    };
+    if basis == Basis::Utilisation && !matches!(b, Bottleneck::Idle) {
+        text.push_str(
+            " (Judged from NVML utilisation only, which counts any running kernel as busy: \
+             without profiling counters the verdict is weaker.)",
+        );
+    }
+    text
+}
+
+/// Verdicts over consecutive slices of `[start_ms, end_ms]`, neighbours with the same
+/// bottleneck merged: how a run changed (loading, training, evaluation).
+pub fn phases(
+    input: &RuleInput<'_>,
+    cpu: Option<&ProcessCpu>,
+    device: &DeviceInfo,
+    start_ms: TimeMs,
+    end_ms: TimeMs,
+) -> Vec<Verdict> {
+    let span = end_ms.saturating_sub(start_ms);
+    // At least 10 s a slice, at most 20 slices.
+    let step = (span / 20).max(10_000);
+    let mut out: Vec<Verdict> = Vec::new();
+    let mut at = start_ms;
+    while at < end_ms {
+        let to = at.saturating_add(step).min(end_ms);
+        if let Ok(v) = judge(input, cpu, device, at, to) {
+            match out.last_mut() {
+                Some(prev) if prev.bottleneck == v.bottleneck => prev.end_ms = v.end_ms,
+                _ => out.push(v),
+            }
+        }
+        at = to.saturating_add(1);
+    }
+    out
+}
+
+/// Verdicts for every device over one window, or why not.
+pub fn judge_all(
+    input: &RuleInput<'_>,
+    cpu: Option<&ProcessCpu>,
+    start_ms: TimeMs,
+    end_ms: TimeMs,
+) -> (BTreeMap<u32, Verdict>, Vec<NotJudged>) {
+    let mut verdicts = BTreeMap::new();
+    let mut not_judged = Vec::new();
+    for d in input.devices {
+        match judge(input, cpu, d, start_ms, end_ms) {
+            Ok(v) => {
+                verdicts.insert(d.index, v);
+            }
+            Err(n) => not_judged.push(n),
+        }
+    }
+    (verdicts, not_judged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::UtilisationConfig;
+
+    fn figures(util: f64, sm: Option<f64>) -> Figures {
+        Figures {
+            span_s: 40.0,
+            util,
+            util_p95: Some(util),
+            sm_active: sm,
+            occupancy: sm.map(|s| s / 4.0),
+            tensor: sm.map(|_| 0.0),
+            dram: sm.map(|_| 0.0),
+            fp64: sm.map(|_| 0.0),
+            fp32: sm.map(|_| 0.0),
+            fp16: sm.map(|_| 0.0),
+            copying_share: Some(0.0),
+            rx_mean: Some(0.0),
+            tx_mean: Some(0.0),
+            power_share: Some(0.2),
+            harmful_throttle_share: Some(0.0),
+        }
+    }
+
+    fn verdict(f: &Figures, held: bool) -> Bottleneck {
+        decide(f, held, &UtilisationConfig::default()).0
+    }
+
+    /// The workloads measured on an H200 (the profiling-counter issue's table), by their means.
+    #[test]
+    fn the_measured_workloads_get_their_bottleneck() {
+        // A single-thread spin kernel back to back: 100% "utilised", SMs empty.
+        assert_eq!(
+            verdict(&figures(100.0, Some(0.8)), true),
+            Bottleneck::Underfilled
+        );
+        // Tiny kernels and an .item() each step.
+        assert_eq!(
+            verdict(&figures(33.0, Some(0.0)), true),
+            Bottleneck::LaunchBound
+        );
+        // bf16 matmuls.
+        let mut bf16 = figures(100.0, Some(96.5));
+        bf16.tensor = Some(94.0);
+        bf16.dram = Some(16.0);
+        assert_eq!(
+            decide(&bf16, true, &UtilisationConfig::default()),
+            (
+                Bottleneck::ComputeBound,
+                Confidence::High,
+                Basis::ProfilingCounters
+            )
+        );
+        assert!(title(0, Bottleneck::ComputeBound, &bf16, &[]).contains("tensor cores"));
+        // Pageable 256 MiB host-to-device copies each step.
+        let mut copies = figures(20.0, Some(1.0));
+        copies.copying_share = Some(0.6);
+        assert_eq!(verdict(&copies, true), Bottleneck::CopyBound);
+        // Sleep 80 ms, then 40 matmuls.
+        assert_eq!(
+            verdict(&figures(10.0, Some(6.6)), true),
+            Bottleneck::HostBound
+        );
+        // A process that allocated and waits.
+        assert_eq!(
+            verdict(&figures(0.0, Some(0.0)), true),
+            Bottleneck::IdleHoldingMemory
+        );
+        assert_eq!(verdict(&figures(0.0, Some(0.0)), false), Bottleneck::Idle);
+    }
+
+    #[test]
+    fn dram_against_pipes_and_fp32_without_tensor_cores() {
+        let mut stream = figures(100.0, Some(99.0));
+        stream.dram = Some(88.0);
+        stream.fp32 = Some(12.0);
+        assert_eq!(verdict(&stream, true), Bottleneck::MemoryBound);
+        let mut fp32 = figures(100.0, Some(98.0));
+        fp32.fp32 = Some(70.0);
+        assert_eq!(verdict(&fp32, true), Bottleneck::ComputeBound);
+        let advice = advice(
+            Bottleneck::ComputeBound,
+            &fp32,
+            None,
+            Basis::ProfilingCounters,
+        );
+        assert!(advice.contains("TF32"), "{advice}");
+    }
+
+    #[test]
+    fn without_profiling_counters_the_verdict_says_it_is_weaker() {
+        let f = figures(100.0, None);
+        let (b, c, basis) = decide(&f, true, &UtilisationConfig::default());
+        assert_eq!(
+            (b, c, basis),
+            (
+                Bottleneck::ComputeBound,
+                Confidence::Low,
+                Basis::Utilisation
+            )
+        );
+        assert!(advice(b, &f, None, basis).contains("verdict is weaker"));
+        // Busy kernels overlapping copies are not copy-bound.
+        let mut overlapped = figures(90.0, None);
+        overlapped.copying_share = Some(0.8);
+        assert_eq!(verdict(&overlapped, true), Bottleneck::ComputeBound);
+    }
+
+    #[test]
+    fn heat_or_the_power_supply_holding_clocks_down_is_throttled() {
+        let mut hot = figures(100.0, Some(90.0));
+        hot.harmful_throttle_share = Some(0.5);
+        assert_eq!(verdict(&hot, true), Bottleneck::Throttled);
+    }
+
+    #[test]
+    fn cpu_share_comes_from_proc_time_over_the_window() {
+        let mut cpu = ProcessCpu::default();
+        for i in 0..=10u64 {
+            let mut s = Sample::new(0, 1_000_000 + i * 1000);
+            s.processes = Some(vec![gpudiag_telemetry::ProcessSample {
+                pid: 9,
+                name: None,
+                user: None,
+                kind: None,
+                used_memory_bytes: None,
+                sm_util_pct: None,
+                container_id: None,
+                container_pid: None,
+                cpu_time_s: Some(i as f64 * 0.5),
+            }]);
+            cpu.observe(&s);
+        }
+        let pct = cpu.cpu_pct(0, 9, 1_000_000, 1_010_000).unwrap();
+        assert!((pct - 50.0).abs() < 1e-9, "{pct}");
+        assert_eq!(cpu.cpu_pct(0, 10, 1_000_000, 1_010_000), None);
+    }
+}

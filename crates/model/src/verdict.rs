@@ -1,0 +1,167 @@
+//! The bottleneck verdict: what held a GPU (or one process on it) back over a window, with the
+//! evidence it rests on, how sure it is, and what to do. Judged by `gpudiag_core::rules::verdict`.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::sample::TimeMs;
+
+/// What bounds the work on a GPU. Stable names: they are JSON values and Prometheus labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Bottleneck {
+    /// The SMs are busy doing arithmetic: the good case.
+    ComputeBound,
+    /// The SMs are busy waiting on DRAM.
+    MemoryBound,
+    /// Kernels run most of the time but leave most SMs empty (small grids, one stream).
+    Underfilled,
+    /// Tiny kernels back to back: launching them costs more than running them.
+    LaunchBound,
+    /// The GPU waits on the host: input pipeline, Python, sleep.
+    HostBound,
+    /// Host-device copies dominate.
+    CopyBound,
+    /// A synchronisation each step (`.item()`, `.cpu()`, `synchronize`) leaves the GPU waiting.
+    SyncBound,
+    /// A process holds GPU memory and runs nothing.
+    IdleHoldingMemory,
+    /// Clocks held down by heat or the power supply while work runs.
+    Throttled,
+    /// Nothing runs and nothing is held.
+    Idle,
+}
+
+impl Bottleneck {
+    pub const ALL: [Bottleneck; 10] = [
+        Bottleneck::ComputeBound,
+        Bottleneck::MemoryBound,
+        Bottleneck::Underfilled,
+        Bottleneck::LaunchBound,
+        Bottleneck::HostBound,
+        Bottleneck::CopyBound,
+        Bottleneck::SyncBound,
+        Bottleneck::IdleHoldingMemory,
+        Bottleneck::Throttled,
+        Bottleneck::Idle,
+    ];
+
+    /// The JSON name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bottleneck::ComputeBound => "compute_bound",
+            Bottleneck::MemoryBound => "memory_bound",
+            Bottleneck::Underfilled => "underfilled",
+            Bottleneck::LaunchBound => "launch_bound",
+            Bottleneck::HostBound => "host_bound",
+            Bottleneck::CopyBound => "copy_bound",
+            Bottleneck::SyncBound => "sync_bound",
+            Bottleneck::IdleHoldingMemory => "idle_holding_memory",
+            Bottleneck::Throttled => "throttled",
+            Bottleneck::Idle => "idle",
+        }
+    }
+
+    /// Whether the GPU's time is being wasted by the work on it (the verdicts a user should act
+    /// on); compute- and memory-bound work uses the GPU, and an idle GPU wastes nobody's.
+    pub fn is_waste(self) -> bool {
+        !matches!(
+            self,
+            Bottleneck::ComputeBound | Bottleneck::MemoryBound | Bottleneck::Idle
+        )
+    }
+}
+
+impl std::fmt::Display for Bottleneck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Confidence {
+    Low,
+    Medium,
+    High,
+}
+
+impl std::fmt::Display for Confidence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Confidence::Low => "low",
+            Confidence::Medium => "medium",
+            Confidence::High => "high",
+        })
+    }
+}
+
+/// What the verdict was judged from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Basis {
+    /// SM activity, occupancy, pipe and DRAM counters (NVML GPM, DCGM's profiling fields).
+    ProfilingCounters,
+    /// NVML utilisation, PCIe and power only: "a kernel ran" cannot tell full SMs from one warp,
+    /// so the verdict is weaker.
+    Utilisation,
+}
+
+/// A process the verdict is about or names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct VerdictProcess {
+    pub pid: u32,
+    /// Command name (redactable).
+    pub name: Option<String>,
+    pub used_memory_bytes: Option<u64>,
+    /// Its share of SM time as NVML reports it, latest reading.
+    #[schemars(range(min = 0, max = 100))]
+    pub sm_util_pct: Option<f64>,
+    /// Its CPU use over the window, in % of one core (100 = one core busy), from /proc.
+    #[schemars(range(min = 0))]
+    pub cpu_pct: Option<f64>,
+}
+
+/// A verdict on one GPU over one window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct Verdict {
+    pub device: u32,
+    pub bottleneck: Bottleneck,
+    pub confidence: Confidence,
+    pub basis: Basis,
+    /// The window judged, ms since the Unix epoch, both ends inclusive.
+    pub start_ms: TimeMs,
+    pub end_ms: TimeMs,
+    /// One line, naming the window and the numbers that decided.
+    pub title: String,
+    /// The counters and host facts used (window means unless the key says otherwise).
+    pub evidence: serde_json::Map<String, serde_json::Value>,
+    /// What to do, in order of likely payoff.
+    pub advice: String,
+    /// The process the verdict is about, when the evidence is per process (it is the only one
+    /// holding the GPU); `None` when the verdict is the GPU's and `processes` names who shares it.
+    pub pid: Option<u32>,
+    /// Processes holding GPU memory in the window.
+    pub processes: Vec<VerdictProcess>,
+}
+
+impl Verdict {
+    /// The window's length in seconds.
+    pub fn window_s(&self) -> f64 {
+        self.end_ms.saturating_sub(self.start_ms) as f64 / 1000.0
+    }
+}
+
+/// A rule that could not judge a device in the window, and why: silence is not health.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct NotJudged {
+    /// `verdict`, or a finding family such as `memory.leak`.
+    pub rule: String,
+    pub device: Option<u32>,
+    pub reason: String,
+}
