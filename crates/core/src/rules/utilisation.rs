@@ -101,7 +101,11 @@ pub fn over(
         severity: Severity::Warn,
         device: Some(device),
         time_ms: input.now_ms,
-        title: format!("{} while {} holds memory", v.title, names.join(", ")),
+        title: format!(
+            "{} while {} holds memory",
+            v.title.split(" · ").next().unwrap_or(&v.title),
+            names.join(", ")
+        ),
         evidence: Evidence {
             values,
             window_s: super::round2(v.window_s()),
