@@ -834,6 +834,40 @@ fn help_lists_the_exit_codes() {
     );
 }
 
+/// The probe list in help comes from the probe registry: every probe is named, per-GPU ones
+/// apart from those that run over all GPUs together.
+#[test]
+fn probe_help_names_every_probe_of_the_registry() {
+    let run = gpudiag(&["probe", "--help"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let help = &run.stdout;
+    let about = help.lines().next().unwrap();
+    let names_help = help
+        .lines()
+        .find(|l| l.trim_start().starts_with("[NAME]..."))
+        .unwrap_or_default();
+    for line in [about, names_help] {
+        for name in gpudiag::probes::PROBE_NAMES {
+            assert!(
+                line.split(|c: char| !c.is_alphanumeric())
+                    .any(|w| w == name),
+                "{name} missing from {line:?} in:\n{help}"
+            );
+        }
+        let together = gpudiag::probes::MULTI_GPU_PROBES.join(", ");
+        assert!(
+            line.contains(&format!("{together} over all selected GPUs together")),
+            "{line}"
+        );
+    }
+    let top = gpudiag(&["--help"]).stdout;
+    let probe_line = top
+        .lines()
+        .find(|l| l.trim_start().starts_with("probe "))
+        .unwrap();
+    assert!(probe_line.contains("nccl"), "{top}");
+}
+
 #[test]
 fn text_output_shows_na_for_absent_values_never_0() {
     // healthy: an SXM part without a fan.
