@@ -881,10 +881,10 @@ fn text_output_shows_na_for_absent_values_never_0() {
     let out = &run.stdout;
     for expected in [
         "host n/a · driver 580.65.06 (CUDA n/a)",
-        "power n/a / n/a W (mean n/a W)",
+        "power n/a (mean n/a)",
         "fan n/a",
         "rx n/a  tx n/a  replays n/a",
-        "ECC volatile n/a corrected / n/a uncorrected  remap pending n/a  throttle: n/a",
+        "ECC volatile n/a  remap pending n/a  throttle: n/a",
         "util 3% (mean 4%, max 7%)",
     ] {
         assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
@@ -917,6 +917,71 @@ fn text_output_shows_na_for_absent_values_never_0() {
         assert!(!summary.contains_key(absent), "{absent} in {summary:?}");
     }
     assert_eq!(summary["gpu_util_pct"]["count"], 4);
+}
+
+/// A sample that lacks a value the device's header knows (the slowdown temperature, the
+/// maximum link) shows the header's; a value absent everywhere is one "n/a", without the unit
+/// or prefix its template puts around a present value.
+#[test]
+fn text_output_falls_back_to_the_device_and_writes_absent_values_bare() {
+    let text = std::fs::read_to_string(fixture("healthy.ndjson")).unwrap();
+    let mut lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let device = &mut lines[0]["devices"][0];
+    device["temp_slowdown_c"] = 90.0.into();
+    device["pcie_gen_max"] = 5.into();
+    device["pcie_width_max"] = 16.into();
+    for l in lines.iter_mut().filter(|l| l["kind"] == "sample") {
+        for field in [
+            "gpu_util_pct",
+            "pstate",
+            "pcie_gen",
+            "pcie_width",
+            "pcie_gen_max",
+            "pcie_width_max",
+            "temp_slowdown_c",
+            "power_w",
+            "power_limit_w",
+            "sm_clock_max_mhz",
+        ] {
+            l[field] = serde_json::Value::Null;
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gaps.ndjson");
+    let body: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&path, body.join("\n") + "\n").unwrap();
+
+    let run = gpudiag(&["check", "--replay", s(&path)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let out = &run.stdout;
+    for expected in [
+        "util n/a (mean n/a, max n/a)",
+        "(slowdown 90 °C)",
+        "P-state n/a",
+        "PCIe n/a (max Gen5 x16)",
+        "power n/a (mean n/a)",
+        // The header knows the SM clock's maximum too.
+        "SM clock 1980 / 1980 MHz",
+    ] {
+        assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
+    }
+    for glued in [
+        "n/a%",
+        "Pn/a",
+        "Genn/a",
+        "xn/a",
+        "n/a °C",
+        "n/a W",
+        "n/a MHz",
+        "n/a GiB",
+        "n/a n/a",
+        "n/a / n/a",
+    ] {
+        assert!(!out.contains(glued), "{glued:?} in:\n{out}");
+    }
 }
 
 #[test]

@@ -141,17 +141,17 @@ fn render_device(out: &mut String, d: &DeviceReport) {
     let mut lines: BTreeMap<u8, Vec<String>> = BTreeMap::new();
     for m in METRICS {
         let Some(text) = m.text else { continue };
-        let item = metrics::expand(text.template, |name, unit| {
+        let item = metrics::expand(text.template, |name| {
             let (format, v) = match name {
-                "" => (m.format, m.get(s)),
+                "" => (m.format, m.shown(Some(s), i)),
                 "mean" => (m.format, stat(m, |w| w.mean)),
                 "max" => (m.format, stat(m, |w| w.max)),
                 other => match gpudiag_model::sample::by_name(other) {
-                    Some(o) => (o.format, o.get(s)),
+                    Some(o) => (o.format, o.shown(Some(s), i)),
                     None => (m.format, None),
                 },
             };
-            format.show(v, unit, rate)
+            v.map(|v| format.show(v, rate))
         });
         lines.entry(text.line).or_default().push(item);
     }
