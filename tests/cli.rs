@@ -919,6 +919,70 @@ fn text_output_shows_na_for_absent_values_never_0() {
     assert_eq!(summary["gpu_util_pct"]["count"], 4);
 }
 
+/// Control characters a terminal would obey: anything `char::is_control` but the newline.
+fn raw_controls(text: &str) -> Vec<char> {
+    text.chars()
+        .filter(|&c| c.is_control() && c != '\n')
+        .collect()
+}
+
+/// A recording whose device, host, process, throttle reason, finding and record kind carry
+/// terminal escapes (clear screen, window title, bell, C1 CSI) and CR LF: the text output shows
+/// them as visible escapes, forges no line, and the JSON keeps the strings as they were.
+#[test]
+fn text_output_escapes_control_characters_from_a_recording() {
+    let path = hostile("control_chars.ndjson");
+    let run = gpudiag(&["check", "--replay", s(&path)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    // Not a terminal, so `replay` prints the same summary.
+    let replayed = gpudiag(&["replay", s(&path)]);
+    for out in [&run.stdout, &replayed.stdout] {
+        assert!(raw_controls(out).is_empty(), "{:?}", raw_controls(out));
+        for line in out.lines() {
+            assert!(
+                !line.trim_start().starts_with("FAKE"),
+                "forged line in:\n{out}"
+            );
+        }
+        for visible in [
+            r"host gpu-node-07\x1b]0;owned host\x07 ·",
+            r"GPU 0  EVIL\x1b]0;pwned\x07\x1b[2J  00000000:19:00.0  Hopper\u{9b}2J (cc 9.0)",
+            r"pid 4242  proc\x1b[2J…\x0d\x0aFAKE [fail] line  1.0 GiB",
+            r"throttle: sw_power_cap\x1b[31m",
+            r"[warn] recorded\x1b[2J\x0d\x0aFAKE [fail] forged finding (recorded)",
+            r"what to do: ring\x07 the bell",
+            r"kinds this gpudiag does not know (x\x1b]0;kind\x07)",
+        ] {
+            assert!(out.contains(visible), "missing {visible:?} in:\n{out}");
+        }
+    }
+    // JSON escapes by itself and keeps the recorded strings exact.
+    let report = check_replay(&path, &[]).report();
+    assert_eq!(
+        report.devices[0].info.name.as_deref(),
+        Some("EVIL\x1b]0;pwned\x07\x1b[2J")
+    );
+}
+
+/// An error that quotes a recording's bad value (here a severity that is a terminal escape
+/// followed by CR LF) stays one line on stderr, its control characters visible.
+#[test]
+fn errors_quoting_a_recording_escape_control_characters() {
+    let path = hostile("control_chars_in_error.ndjson");
+    for args in [
+        vec!["check", "--replay", s(&path)],
+        vec!["check", "--json", "--replay", s(&path)],
+    ] {
+        let run = gpudiag(&args);
+        let line = run.one_line_error(2);
+        assert!(raw_controls(&run.stderr).is_empty(), "{:?}", run.stderr);
+        assert!(
+            line.contains(r"line 3: invalid finding record: unknown variant `\x1b]0;pwned\x07\x1b[2J\x0d\x0aFAKE [fail] line`"),
+            "{line}"
+        );
+    }
+}
+
 /// A sample that lacks a value the device's header knows (the slowdown temperature, the
 /// maximum link) shows the header's; a value absent everywhere is one "n/a", without the unit
 /// or prefix its template puts around a present value.

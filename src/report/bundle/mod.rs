@@ -104,7 +104,10 @@ pub fn capture(args: &ReportArgs, stop: &AtomicBool) -> Result<Captured, Error> 
     let sampled = records.iter().any(|r| matches!(r, Record::Sample(_)));
     match failure {
         Some(e) if !sampled => return Err(e.into()),
-        Some(e) => eprintln!("gpudiag: sampling stopped early: {e}"),
+        Some(e) => eprintln!(
+            "gpudiag: sampling stopped early: {}",
+            gpudiag_model::printable::line(&e.to_string())
+        ),
         None => {}
     }
     if !sampled {

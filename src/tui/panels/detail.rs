@@ -69,7 +69,7 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
     };
     let title = format!(
         " {} · last {} (z/Z zoom, ↑↓ device) ",
-        d.label(),
+        format::text(&d.label()),
         app.zoom.label()
     );
     let block = Block::bordered().title(Span::styled(title, t.title()));
@@ -141,7 +141,7 @@ fn render_chart(
             .and_then(|(s, m)| s.why_absent(m.name))
             .map_or_else(|| "no data yet".to_owned(), ToString::to_string);
         f.render_widget(
-            Paragraph::new(format!("{NA}: {why}"))
+            Paragraph::new(format!("{NA}: {}", format::text(&why)))
                 .style(t.dim())
                 .block(block),
             area,
