@@ -65,8 +65,8 @@ pub enum Command {
     /// print its check summary.
     #[command(after_help = EXIT_CODES_HELP)]
     Replay(ReplayArgs),
-    /// Run probes (latency, bandwidth, matmul, memory) on live GPUs; needs only the driver.
-    #[command(after_help = PROBE_EXIT_CODES_HELP)]
+    // The probe list comes from the probe registry, so help cannot fall behind a new probe.
+    #[command(about = probe_about(), after_help = PROBE_EXIT_CODES_HELP)]
     Probe(ProbeArgs),
 }
 
@@ -102,10 +102,39 @@ impl SuiteName {
     }
 }
 
+/// The probes gpudiag has, as `gpudiag probe --help` lists them: "latency, bandwidth, ... on
+/// each GPU; p2p, nccl over all selected GPUs together".
+fn probe_list() -> String {
+    let (together, each): (Vec<&str>, Vec<&str>) = gpudiag_probes::PROBE_NAMES
+        .iter()
+        .partition(|n| gpudiag_probes::MULTI_GPU_PROBES.contains(n));
+    let mut out = format!("{} on each GPU", each.join(", "));
+    if !together.is_empty() {
+        out.push_str(&format!(
+            "; {} over all selected GPUs together",
+            together.join(", ")
+        ));
+    }
+    out
+}
+
+fn probe_about() -> String {
+    format!(
+        "Run probes ({}) on live GPUs; needs only the driver",
+        probe_list()
+    )
+}
+
+fn probe_names_help() -> String {
+    format!(
+        "Probes to run ({}); none runs the whole suite",
+        probe_list()
+    )
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct ProbeArgs {
-    /// Probes to run (latency, bandwidth, matmul, memory); none runs the whole suite.
-    #[arg(value_name = "NAME")]
+    #[arg(value_name = "NAME", help = probe_names_help())]
     pub names: Vec<String>,
     /// Which suite's sizes and budget to use.
     #[arg(long, value_enum, default_value = "quick")]

@@ -13,6 +13,6 @@ pub mod schema;
 pub mod tui;
 
 pub use gpudiag_core::{check, config, history, rules, session};
-pub use gpudiag_model::{cuda_libraries, deadline, error, topology};
+pub use gpudiag_model::{cuda_libraries, deadline, error, printable, topology};
 pub use gpudiag_probes as probes;
 pub use gpudiag_telemetry as telemetry;

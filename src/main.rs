@@ -11,6 +11,7 @@ use gpudiag::cli::{BackendChoice, CheckArgs, Cli, Command, FailOn, ReplayArgs, S
 use gpudiag::commands;
 use gpudiag::config::{Config, DEFAULT_CONFIG_TOML};
 use gpudiag::error::{Error, exit};
+use gpudiag::printable;
 use gpudiag::report::text;
 use gpudiag::telemetry::amd::sysfs::SYSFS_ROOT_ENV;
 use gpudiag::tui;
@@ -21,7 +22,8 @@ fn main() -> ExitCode {
     let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("gpudiag: {e}");
+            // Errors quote their input (a path, a recording's bad value): one escaped line.
+            eprintln!("gpudiag: {}", printable::line(&e.to_string()));
             e.exit_code()
         }
     };
@@ -115,7 +117,7 @@ fn check(args: &CheckArgs, config: &Config) -> Result<i32, Error> {
             .map_err(|e| Error::CannotRun(format!("could not serialise the report: {e}")))?;
         commands::print(&format!("{json}\n"))?;
     } else {
-        commands::print(&text::render(&report))?;
+        commands::print_text(&text::render(&report))?;
         if let Some(suite) = args.probes {
             let devices = report.devices.iter().filter_map(|d| d.probes.clone());
             let probed = gpudiag::probes::runner::ProbeReport {
@@ -124,7 +126,7 @@ fn check(args: &CheckArgs, config: &Config) -> Result<i32, Error> {
                 host: report.host_probes.clone().unwrap_or_default(),
                 findings: Vec::new(),
             };
-            commands::print(&gpudiag::probes::text::render(&probed))?;
+            commands::print_text(&gpudiag::probes::text::render(&probed))?;
         }
     }
     Ok(report.exit_code)
@@ -189,8 +191,9 @@ fn default_view(demo: bool, interval: std::time::Duration, config: &Config) -> R
     match check(&args, config) {
         Err(Error::CannotRun(why)) if !demo => {
             eprintln!(
-                "gpudiag: no live NVIDIA GPU here ({why}); showing the bundled demo recording \
-                 (gpudiag --demo)"
+                "gpudiag: no live NVIDIA GPU here ({}); showing the bundled demo recording \
+                 (gpudiag --demo)",
+                printable::line(&why)
             );
             args.source.demo = true;
             check(&args, config)

@@ -834,6 +834,40 @@ fn help_lists_the_exit_codes() {
     );
 }
 
+/// The probe list in help comes from the probe registry: every probe is named, per-GPU ones
+/// apart from those that run over all GPUs together.
+#[test]
+fn probe_help_names_every_probe_of_the_registry() {
+    let run = gpudiag(&["probe", "--help"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let help = &run.stdout;
+    let about = help.lines().next().unwrap();
+    let names_help = help
+        .lines()
+        .find(|l| l.trim_start().starts_with("[NAME]..."))
+        .unwrap_or_default();
+    for line in [about, names_help] {
+        for name in gpudiag::probes::PROBE_NAMES {
+            assert!(
+                line.split(|c: char| !c.is_alphanumeric())
+                    .any(|w| w == name),
+                "{name} missing from {line:?} in:\n{help}"
+            );
+        }
+        let together = gpudiag::probes::MULTI_GPU_PROBES.join(", ");
+        assert!(
+            line.contains(&format!("{together} over all selected GPUs together")),
+            "{line}"
+        );
+    }
+    let top = gpudiag(&["--help"]).stdout;
+    let probe_line = top
+        .lines()
+        .find(|l| l.trim_start().starts_with("probe "))
+        .unwrap();
+    assert!(probe_line.contains("nccl"), "{top}");
+}
+
 #[test]
 fn text_output_shows_na_for_absent_values_never_0() {
     // healthy: an SXM part without a fan.
@@ -847,10 +881,10 @@ fn text_output_shows_na_for_absent_values_never_0() {
     let out = &run.stdout;
     for expected in [
         "host n/a · driver 580.65.06 (CUDA n/a)",
-        "power n/a / n/a W (mean n/a W)",
+        "power n/a (mean n/a)",
         "fan n/a",
         "rx n/a  tx n/a  replays n/a",
-        "ECC volatile n/a corrected / n/a uncorrected  remap pending n/a  throttle: n/a",
+        "ECC volatile n/a  remap pending n/a  throttle: n/a",
         "util 3% (mean 4%, max 7%)",
     ] {
         assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
@@ -883,6 +917,135 @@ fn text_output_shows_na_for_absent_values_never_0() {
         assert!(!summary.contains_key(absent), "{absent} in {summary:?}");
     }
     assert_eq!(summary["gpu_util_pct"]["count"], 4);
+}
+
+/// Control characters a terminal would obey: anything `char::is_control` but the newline.
+fn raw_controls(text: &str) -> Vec<char> {
+    text.chars()
+        .filter(|&c| c.is_control() && c != '\n')
+        .collect()
+}
+
+/// A recording whose device, host, process, throttle reason, finding and record kind carry
+/// terminal escapes (clear screen, window title, bell, C1 CSI) and CR LF: the text output shows
+/// them as visible escapes, forges no line, and the JSON keeps the strings as they were.
+#[test]
+fn text_output_escapes_control_characters_from_a_recording() {
+    let path = hostile("control_chars.ndjson");
+    let run = gpudiag(&["check", "--replay", s(&path)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    // Not a terminal, so `replay` prints the same summary.
+    let replayed = gpudiag(&["replay", s(&path)]);
+    for out in [&run.stdout, &replayed.stdout] {
+        assert!(raw_controls(out).is_empty(), "{:?}", raw_controls(out));
+        for line in out.lines() {
+            assert!(
+                !line.trim_start().starts_with("FAKE"),
+                "forged line in:\n{out}"
+            );
+        }
+        for visible in [
+            r"host gpu-node-07\x1b]0;owned host\x07 ·",
+            r"GPU 0  EVIL\x1b]0;pwned\x07\x1b[2J  00000000:19:00.0  Hopper\u{9b}2J (cc 9.0)",
+            r"pid 4242  proc\x1b[2J…\x0d\x0aFAKE [fail] line  1.0 GiB",
+            r"throttle: sw_power_cap\x1b[31m",
+            r"[warn] recorded\x1b[2J\x0d\x0aFAKE [fail] forged finding (recorded)",
+            r"what to do: ring\x07 the bell",
+            r"kinds this gpudiag does not know (x\x1b]0;kind\x07)",
+        ] {
+            assert!(out.contains(visible), "missing {visible:?} in:\n{out}");
+        }
+    }
+    // JSON escapes by itself and keeps the recorded strings exact.
+    let report = check_replay(&path, &[]).report();
+    assert_eq!(
+        report.devices[0].info.name.as_deref(),
+        Some("EVIL\x1b]0;pwned\x07\x1b[2J")
+    );
+}
+
+/// An error that quotes a recording's bad value (here a severity that is a terminal escape
+/// followed by CR LF) stays one line on stderr, its control characters visible.
+#[test]
+fn errors_quoting_a_recording_escape_control_characters() {
+    let path = hostile("control_chars_in_error.ndjson");
+    for args in [
+        vec!["check", "--replay", s(&path)],
+        vec!["check", "--json", "--replay", s(&path)],
+    ] {
+        let run = gpudiag(&args);
+        let line = run.one_line_error(2);
+        assert!(raw_controls(&run.stderr).is_empty(), "{:?}", run.stderr);
+        assert!(
+            line.contains(r"line 3: invalid finding record: unknown variant `\x1b]0;pwned\x07\x1b[2J\x0d\x0aFAKE [fail] line`"),
+            "{line}"
+        );
+    }
+}
+
+/// A sample that lacks a value the device's header knows (the slowdown temperature, the
+/// maximum link) shows the header's; a value absent everywhere is one "n/a", without the unit
+/// or prefix its template puts around a present value.
+#[test]
+fn text_output_falls_back_to_the_device_and_writes_absent_values_bare() {
+    let text = std::fs::read_to_string(fixture("healthy.ndjson")).unwrap();
+    let mut lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let device = &mut lines[0]["devices"][0];
+    device["temp_slowdown_c"] = 90.0.into();
+    device["pcie_gen_max"] = 5.into();
+    device["pcie_width_max"] = 16.into();
+    for l in lines.iter_mut().filter(|l| l["kind"] == "sample") {
+        for field in [
+            "gpu_util_pct",
+            "pstate",
+            "pcie_gen",
+            "pcie_width",
+            "pcie_gen_max",
+            "pcie_width_max",
+            "temp_slowdown_c",
+            "power_w",
+            "power_limit_w",
+            "sm_clock_max_mhz",
+        ] {
+            l[field] = serde_json::Value::Null;
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gaps.ndjson");
+    let body: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&path, body.join("\n") + "\n").unwrap();
+
+    let run = gpudiag(&["check", "--replay", s(&path)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let out = &run.stdout;
+    for expected in [
+        "util n/a (mean n/a, max n/a)",
+        "(slowdown 90 °C)",
+        "P-state n/a",
+        "PCIe n/a (max Gen5 x16)",
+        "power n/a (mean n/a)",
+        // The header knows the SM clock's maximum too.
+        "SM clock 1980 / 1980 MHz",
+    ] {
+        assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
+    }
+    for glued in [
+        "n/a%",
+        "Pn/a",
+        "Genn/a",
+        "xn/a",
+        "n/a °C",
+        "n/a W",
+        "n/a MHz",
+        "n/a GiB",
+        "n/a n/a",
+        "n/a / n/a",
+    ] {
+        assert!(!out.contains(glued), "{glued:?} in:\n{out}");
+    }
 }
 
 #[test]

@@ -589,6 +589,233 @@ fn report_errors_are_clear() {
     assert!(!dir.path().join("c.tar.gz").exists());
 }
 
+const GPU_UUID: &str = "GPU-3f8a2c71-9b4e-5d06-a1c2-7e9f0b4d2a11";
+const MIG_UUID: &str = "MIG-5c6f1a2b-3d4e-5f60-7182-93a4b5c6d7e8";
+const PCI_BUS_ID: &str = "00000000:19:00.0";
+const NGC_KEY: &str = "nvapi-Zq3xK9mW2pL7vB4nR8tY1cH6jF0dS5gA-uE2iO9wQ7zX3";
+const JWT: &str = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.Gf7kQ2mZ9xW4pL8vB3nR6tY1cH5j";
+const SHA256: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+const GITHUB_TOKEN: &str = "ghp_R8tY1cH6jF0dS5gAuE2iO9wQ7zX3Zq3xK9mW";
+
+/// Every credential planted by `credential_recording`, `credential_env` and the kernel log of
+/// `kernel_log_credentials_are_redacted`: none may survive redaction.
+const CREDENTIALS: [&str; 12] = [
+    "hunter2-env",
+    "hunter3-visible",
+    NGC_KEY,
+    "hunter4-cmd",
+    JWT,
+    "pa55w0rd",
+    SHA256,
+    GITHUB_TOKEN,
+    "hunter5-advice",
+    "hunter6-file",
+    "hunter7-kmsg",
+    "kmsg-token-8",
+];
+
+/// A recording with credentials where they turn up in practice: its own file name, a process
+/// command line, a notice (a pip index URL with a password, a bearer token, a hash), and a
+/// recorded finding's title, evidence and advice. GPU and MIG UUIDs and the PCI bus id must
+/// survive.
+fn credential_recording(dir: &Path) -> PathBuf {
+    let path = dir.join("run-password=hunter6-file.ndjson");
+    let t0 = 1_767_225_600_000u64;
+    let header = serde_json::json!({
+        "format": "gpudiag-recording", "version": 1, "kind": "header",
+        "created_ms": t0, "tool_version": "0.1.0", "backend": "nvml", "interval_ms": 1000,
+        "host": {"hostname": "node-7", "driver_version": "580.65.06"},
+        "devices": [{"index": 0, "uuid": GPU_UUID, "name": "NVIDIA H200", "pci_bus_id": PCI_BUS_ID}]
+    });
+    let mut lines = vec![header.to_string()];
+    for i in 0..3u64 {
+        lines.push(
+            serde_json::json!({
+                "kind": "sample", "time_ms": t0 + i * 1000, "device": 0, "gpu_util_pct": 20.0,
+                "processes": [{
+                    "pid": 4242,
+                    "name": "python --password=hunter4-cmd",
+                    "user": "svc", "kind": "compute", "used_memory_bytes": 1u64 << 30,
+                    "sm_util_pct": null, "container_id": null
+                }]
+            })
+            .to_string(),
+        );
+    }
+    lines.push(
+        serde_json::json!({
+            "kind": "event", "time_ms": t0 + 1500, "device": null, "event": "notice",
+            "message": format!(
+                "pip install --index-url https://bob:pa55w0rd@pypi.example.org/simple on \
+                 {MIG_UUID} at {PCI_BUS_ID}; Authorization: Bearer {JWT}; image {SHA256}"
+            )
+        })
+        .to_string(),
+    );
+    lines.push(
+        serde_json::json!({
+            "kind": "finding", "id": "thermal.near_slowdown", "severity": "warn", "device": 0,
+            "time_ms": t0 + 2000,
+            "title": format!("GPU 0 ({GPU_UUID}) hot while {GITHUB_TOKEN} was in use"),
+            "evidence": {"values": {"temp_gpu_c": 86.0}, "window_s": 10.0,
+                         "threshold": format!("NGC_API_KEY={NGC_KEY}")},
+            "advice": "Log in with passwd: hunter5-advice and check the airflow."
+        })
+        .to_string(),
+    );
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+/// Variables a shell on a GPU host may hold: credentials under GPU-like names, and inside a
+/// variable the bundle keeps.
+fn credential_env() -> Vec<(&'static str, String)> {
+    vec![
+        ("CUDA_PASSWORD", "hunter2-env".into()),
+        (
+            "CUDA_VISIBLE_DEVICES",
+            format!("{GPU_UUID},1 password=hunter3-visible"),
+        ),
+        ("NVIDIA_API_KEY", NGC_KEY.into()),
+        ("HF_TOKEN", GITHUB_TOKEN.into()),
+        ("NCCL_DEBUG", "INFO".into()),
+    ]
+}
+
+/// The planted credentials are gone from every member of a redacted bundle, each member shows
+/// a placeholder where one was, and GPU UUIDs and PCI bus ids are still there.
+#[test]
+fn planted_credentials_never_reach_a_bundle() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = credential_recording(dir.path());
+    let out = dir.path().join("bundle.tar.gz");
+    let mut cmd = Command::cargo_bin("gpudiag").unwrap();
+    cmd.args(["report", "--replay", s(&rec), "-o", s(&out)])
+        .timeout(Duration::from_secs(60));
+    for (k, v) in credential_env() {
+        cmd.env(k, v);
+    }
+    let run = cmd.output().unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let members = bundle_members(&out);
+    for (name, bytes) in &members {
+        let text = String::from_utf8_lossy(bytes);
+        for secret in CREDENTIALS {
+            assert!(!text.contains(secret), "{secret} in {name}:\n{text}");
+        }
+        assert!(
+            text.contains("[secret-"),
+            "{name} shows no placeholder:\n{text}"
+        );
+    }
+    let text = all_text(&members);
+    for kept in [GPU_UUID, MIG_UUID, PCI_BUS_ID] {
+        assert!(text.contains(kept), "{kept} was redacted:\n{text}");
+    }
+    let env: Environment = serde_json::from_slice(member(&members, "environment.json")).unwrap();
+    assert!(!env.env.contains_key("CUDA_PASSWORD"), "{:?}", env.env);
+    assert!(!env.env.contains_key("NVIDIA_API_KEY"), "{:?}", env.env);
+    assert!(!env.env.contains_key("HF_TOKEN"), "{:?}", env.env);
+    assert_eq!(env.env["NCCL_DEBUG"], "INFO");
+    let visible = &env.env["CUDA_VISIBLE_DEVICES"];
+    assert!(
+        visible.starts_with(&format!("{GPU_UUID},1 password=[secret-")),
+        "{visible}"
+    );
+    // Redacted, the bundle still replays.
+    let run = gpudiag(&["check", "--json", "--replay", s(&out)]);
+    ok(&run);
+}
+
+/// Kernel log lines (here from a saved log) go through the same redaction as the rest.
+#[test]
+fn kernel_log_credentials_are_redacted() {
+    use gpudiag::report::bundle::{self, BundleOptions, host};
+    let dir = tempfile::tempdir().unwrap();
+    let rec = credential_recording(dir.path());
+    let klog = dir.path().join("kern.log");
+    std::fs::write(
+        &klog,
+        format!(
+            "NVRM: Xid (PCI:0000:19:00): 79, pid=4242, name=python, GPU has fallen off the bus.\n\
+             NVRM: {GPU_UUID}: login password: hunter7-kmsg\n\
+             nvidia-persistenced: token=kmsg-token-8 accepted\n\
+             usb 1-1: new device, not ours\n"
+        ),
+    )
+    .unwrap();
+    let args = gpudiag::cli::ReportArgs {
+        source: gpudiag::cli::SourceArgs {
+            devices: Vec::new(),
+            replay: Some(rec),
+            demo: false,
+            init_timeout: Duration::from_secs(10),
+            poll_timeout: Duration::from_secs(2),
+            backend: gpudiag::cli::BackendChoice::Replay,
+            sysfs_root: None,
+        },
+        output: None,
+        duration: Duration::from_secs(30),
+        interval: Duration::from_millis(250),
+        no_redact: false,
+        force: false,
+    };
+    let cap = bundle::capture(&args, &std::sync::atomic::AtomicBool::new(false)).unwrap();
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let out = dir.path().join("bundle.tar.gz");
+    let opts = BundleOptions {
+        redact: true,
+        config: gpudiag::config::Config::default(),
+        interval: Duration::from_millis(250),
+        init_timeout: Duration::from_secs(10),
+        roots: host::Roots {
+            sys: empty.clone(),
+            etc: empty.clone(),
+            proc_: empty.clone(),
+            root: empty,
+            kernel_log: host::KernelLogSource::File(klog),
+        },
+    };
+    bundle::write_bundle(&out, &cap, &opts).unwrap();
+    let members = bundle_members(&out);
+    let env: Environment = serde_json::from_slice(member(&members, "environment.json")).unwrap();
+    let log = env.kernel_log.lines.join("\n");
+    assert_eq!(env.kernel_log.lines.len(), 3, "{log}");
+    assert!(
+        log.contains(&format!("NVRM: {GPU_UUID}: login password: [secret-")),
+        "{log}"
+    );
+    assert!(log.contains("token=[secret-"), "{log}");
+    assert!(log.contains("Xid (PCI:0000:19:00): 79"), "{log}");
+    let text = all_text(&members);
+    for secret in CREDENTIALS {
+        assert!(!text.contains(secret), "{secret} in the bundle:\n{text}");
+    }
+}
+
+/// The README names every variable a bundle keeps, so users can see what leaves their host.
+#[test]
+fn readme_lists_the_variables_a_bundle_keeps() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let section = readme
+        .split("## Bug-report bundles")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .unwrap();
+    for name in gpudiag::report::bundle::host::KEPT_VARIABLES {
+        assert!(
+            section.contains(&format!("`{name}`")),
+            "README lacks {name}"
+        );
+    }
+}
+
 fn gethostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())

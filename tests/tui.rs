@@ -72,8 +72,11 @@ fn position(b: &ReplayBackend) -> Option<ReplayPosition> {
 
 /// An app that has seen the whole recording, as the UI is at its end.
 fn loaded(name: &str) -> App {
-    let mut b = open(name);
-    let mut app = new_app(&b, &format!("{name}.ndjson"), false);
+    loaded_from(open(name), &format!("{name}.ndjson"))
+}
+
+fn loaded_from(mut b: ReplayBackend, name: &str) -> App {
+    let mut app = new_app(&b, name, false);
     let ticks = all_ticks(&mut b);
     app.on_feed(
         FeedMsg::Ticks {
@@ -172,6 +175,40 @@ fn sparse_values_show_na() {
     // Power is absent in this recording: it must read n/a, never 0.
     assert!(screen.contains("n/a/n/aW"), "{screen}");
     assert!(!screen.contains(" 0/"), "{screen}");
+}
+
+/// Names, commands and findings from a recording show their control characters as visible
+/// escapes, the same ones the text output writes, rather than losing them silently.
+#[test]
+fn control_characters_from_a_recording_show_as_escapes() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hostile/control_chars.ndjson");
+    let b = ReplayBackend::open(&path, Pace::AsFastAsPossible).unwrap();
+    let recorded = b.recorded_findings();
+    let mut app = loaded_from(b, "control_chars.ndjson");
+    app.set_recorded(recorded);
+    app.refresh_findings();
+    for (panel, visible) in [
+        (Panel::Devices, r"0 EVIL\x1b]0;pw"),
+        (Panel::Detail, r"0 EVIL\x1b]0;pwned\x07\x1b[2J"),
+        (Panel::Processes, r"proc\x1b[2J…\x0d\x0aFAKE [fail] line"),
+        (
+            Panel::Findings,
+            r"recorded\x1b[2J\x0d\x0aFAKE [fail] forged finding",
+        ),
+        (Panel::Findings, r"do: ring\x07 the bell"),
+    ] {
+        app.panel = panel;
+        let screen = render(&app, 160, 48);
+        assert!(
+            screen.contains(visible),
+            "{panel:?}: missing {visible:?} in\n{screen}"
+        );
+        assert!(
+            screen.contains(r"gpu-node-07\x1b]0;owned host\x07"),
+            "{screen}"
+        );
+    }
 }
 
 #[test]

@@ -13,6 +13,13 @@ pub use check::check;
 pub use probe::{probe, run_probes_in_ui};
 pub use record::record;
 
+/// Writes human-readable `text` to stdout with every control character but the newlines made
+/// visible: the renderers escape each value from a driver or a recording, and this catches any
+/// one they missed before it reaches a terminal. JSON goes through `print`, escaped by itself.
+pub fn print_text(text: &str) -> Result<(), Error> {
+    print(&gpudiag_model::printable::text(text))
+}
+
 /// Writes `text` to stdout; a closed pipe (`gpudiag check | head`) is not an error.
 pub fn print(text: &str) -> Result<(), Error> {
     let mut out = std::io::stdout().lock();

@@ -8,9 +8,10 @@ use crate::cli::{ProbeArgs, SuiteName};
 use gpudiag_core::config::Config;
 use gpudiag_core::rules;
 use gpudiag_model::error::Error;
+use gpudiag_model::printable;
 use gpudiag_telemetry::{Backend, now_ms};
 
-use super::print;
+use super::{print, print_text};
 
 /// Runs a probe suite on the selected GPUs (NVML indices or UUIDs); Ctrl-C stops it cleanly.
 pub(super) fn run_probes(
@@ -145,9 +146,14 @@ pub fn probe(args: &ProbeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result
     } else {
         let mut text = gpudiag_probes::text::render(&report);
         for f in &report.findings {
-            text.push_str(&format!("[{}] {} — {}\n", f.severity, f.title, f.advice));
+            text.push_str(&format!(
+                "[{}] {} — {}\n",
+                f.severity,
+                printable::line(&f.title),
+                printable::line(&f.advice)
+            ));
         }
-        print(&text)?;
+        print_text(&text)?;
     }
     Ok(report.exit_code())
 }

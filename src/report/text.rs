@@ -1,5 +1,7 @@
 //! The human-readable form of a check report. Absent values print as "n/a", never as 0. A
-//! device's telemetry lines are the text templates of the metric table, line by line.
+//! device's telemetry lines are the text templates of the metric table, line by line. Every
+//! string the report carries came from a driver or a recording, so each goes through
+//! `printable::line` on its way in.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -7,14 +9,15 @@ use std::fmt::Write;
 use gpudiag_core::check::{CheckReport, DeviceReport};
 use gpudiag_core::history::WindowStats;
 use gpudiag_model::metrics;
+use gpudiag_model::printable::line as esc;
 use gpudiag_model::sample::MetricDef;
 use gpudiag_model::verdict::Basis;
 use gpudiag_telemetry::{Absent, METRICS, Sample};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
-fn na<T: std::fmt::Display>(v: Option<T>) -> String {
-    v.map_or_else(|| "n/a".to_owned(), |v| v.to_string())
+fn na(v: Option<&str>) -> String {
+    v.map_or_else(|| "n/a".to_owned(), |v| esc(v).into_owned())
 }
 
 fn fixed(v: Option<f64>, decimals: usize) -> String {
@@ -43,12 +46,12 @@ pub fn render(report: &CheckReport) -> String {
         na(h.hostname.as_deref()),
         na(h.driver_version.as_deref()),
         na(h.cuda_driver_version.as_deref()),
-        report.source.backend,
+        esc(&report.source.backend),
         report
             .source
             .recording
             .as_deref()
-            .map(|r| format!(" {r}"))
+            .map(|r| format!(" {}", esc(r)))
             .unwrap_or_default(),
     );
     let w = &report.window;
@@ -58,16 +61,16 @@ pub fn render(report: &CheckReport) -> String {
         w.covered_s, w.ticks
     );
     for w in &report.source.warnings {
-        let _ = writeln!(out, "note: {w}");
+        let _ = writeln!(out, "note: {}", esc(w));
     }
     render_verdicts(&mut out, report);
     if let Some(libs) = &report.libraries {
         let parts: Vec<String> = libs
             .iter()
             .map(|l| match (&l.found, &l.version) {
-                (true, Some(v)) => format!("{} {v}", l.name),
-                (true, None) => format!("{} (version unknown)", l.name),
-                (false, _) => format!("{} not found", l.name),
+                (true, Some(v)) => format!("{} {}", esc(&l.name), esc(v)),
+                (true, None) => format!("{} (version unknown)", esc(&l.name)),
+                (false, _) => format!("{} not found", esc(&l.name)),
             })
             .collect();
         let _ = writeln!(out, "libraries: {}", parts.join(" · "));
@@ -87,9 +90,9 @@ pub fn render(report: &CheckReport) -> String {
                 out,
                 "  [{}] {}{} — {}",
                 f.severity,
-                f.title,
+                esc(&f.title),
                 f.recorded_tag(),
-                f.advice
+                esc(&f.advice)
             );
         }
     }
@@ -147,17 +150,17 @@ fn render_device(out: &mut String, d: &DeviceReport) {
     let mut lines: BTreeMap<u8, Vec<String>> = BTreeMap::new();
     for m in METRICS {
         let Some(text) = m.text else { continue };
-        let item = metrics::expand(text.template, |name, unit| {
+        let item = metrics::expand(text.template, |name| {
             let (format, v) = match name {
-                "" => (m.format, m.get(s)),
+                "" => (m.format, m.shown(Some(s), i)),
                 "mean" => (m.format, stat(m, |w| w.mean)),
                 "max" => (m.format, stat(m, |w| w.max)),
                 other => match gpudiag_model::sample::by_name(other) {
-                    Some(o) => (o.format, o.get(s)),
+                    Some(o) => (o.format, o.shown(Some(s), i)),
                     None => (m.format, None),
                 },
             };
-            format.show(v, unit, rate)
+            v.map(|v| format.show(v, rate))
         });
         lines.entry(text.line).or_default().push(item);
     }
@@ -212,9 +215,9 @@ fn render_device(out: &mut String, d: &DeviceReport) {
             out,
             "  [{}] {}{}\n      what to do: {}",
             f.severity,
-            f.title,
+            esc(&f.title),
             f.recorded_tag(),
-            f.advice
+            esc(&f.advice)
         );
     }
 }
@@ -277,6 +280,6 @@ fn throttle_names(s: &Sample) -> String {
     match &s.throttle_reason_names {
         None => "n/a".into(),
         Some(n) if n.is_empty() => "none".into(),
-        Some(n) => n.join(", "),
+        Some(n) => esc(&n.join(", ")).into_owned(),
     }
 }

@@ -94,10 +94,19 @@ pub fn bar(frac: Option<f64>, width: usize) -> String {
     }
 }
 
-/// Cuts `s` to at most `width` characters, marking the cut with "…".
+/// A string from a driver or a recording as the UI shows it: control characters as visible
+/// escapes. The terminal library would drop them silently, turning `EVIL\x1b[2J` into
+/// `EVIL[2J`, which hides that the name is not what it looks like.
+pub fn text(s: &str) -> String {
+    gpudiag_model::printable::line(s).into_owned()
+}
+
+/// `s` made printable (see [`text`]), cut to at most `width` characters, marking the cut
+/// with "…".
 pub fn fit(s: &str, width: usize) -> String {
+    let s = gpudiag_model::printable::line(s);
     if s.chars().count() <= width {
-        return s.to_owned();
+        return s.into_owned();
     }
     if width == 0 {
         return String::new();

@@ -52,7 +52,7 @@ pub fn run_default(demo: bool, interval: Duration, config: &Config) -> Result<i3
                  (gpudiag --demo)"
             );
             // Printed before the alternate screen, so it is still there after the UI closes.
-            eprintln!("gpudiag: {line}");
+            eprintln!("gpudiag: {}", gpudiag_model::printable::line(&line));
             run_replay_source(
                 open_demo()?,
                 DEMO_NAME.into(),

@@ -10,6 +10,7 @@ pub mod decode;
 pub mod error;
 pub mod finding;
 pub mod metrics;
+pub mod printable;
 pub mod sample;
 pub mod schema;
 pub mod topology;

@@ -8,8 +8,10 @@
 //!
 //! Views that compose several fields into one line (the check text, the Detail panel's chart
 //! titles) do it with small templates: `{}` is the entry's own value, `{field}` another field's,
-//! and `|unit` inside the braces is written only after a value that is present ("97%" but
-//! "n/a"). A view may add names of its own (`{mean}`, `{ceiling}`).
+//! `|unit` inside the braces is written only after a value that is present and `prefix<` only
+//! before one (`{Gen<pcie_gen|}` is "Gen5" or "n/a", never "Genn/a"). Absent values that
+//! follow each other with only spaces or slashes between them are written as one "n/a"
+//! ("PCIe n/a", not "PCIe n/a n/a"). A view may add names of its own (`{mean}`, `{ceiling}`).
 
 pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 pub const MIB: f64 = 1024.0 * 1024.0;
@@ -164,15 +166,13 @@ pub enum Format {
 }
 
 impl Format {
-    /// `v` as text, `unit` after it, or "n/a"; a rate is written by the view's `rate`.
-    pub fn show(self, v: Option<f64>, unit: &str, rate: fn(f64) -> String) -> String {
-        let Some(v) = v else {
-            return NOT_AVAILABLE.to_owned();
-        };
+    /// `v` as text, without a unit (the template adds it); a rate is written by the view's
+    /// `rate`. An absent value is the template's to write, so this takes only present ones.
+    pub fn show(self, v: f64, rate: impl Fn(f64) -> String) -> String {
         match self {
-            Format::Fixed { decimals, scale } => format!("{:.decimals$}{unit}", scale.apply(v)),
-            Format::Rate => format!("{}{unit}", rate(v)),
-            Format::Flag => format!("{}{unit}", v != 0.0),
+            Format::Fixed { decimals, scale } => format!("{:.decimals$}", scale.apply(v)),
+            Format::Rate => rate(v),
+            Format::Flag => (v != 0.0).to_string(),
         }
     }
 }
@@ -214,13 +214,13 @@ impl Chart {
     pub fn title(self) -> &'static str {
         match self {
             Chart::Util => "util {gpu_util_pct|%} · mem bw {mem_util_pct|%}",
-            Chart::Memory => "memory {mem_used_bytes}/{ceiling} GiB",
-            Chart::Power => "power {power_w}/{power_limit_w} W",
+            Chart::Memory => "memory {mem_used_bytes}/{ceiling| GiB}",
+            Chart::Power => "power {power_w}/{power_limit_w| W}",
             Chart::Temperature => {
                 "temp {temp_gpu_c|°C} · mem {temp_mem_c|°C} · slowdown {ceiling|°C}"
             }
-            Chart::Clocks => "clocks SM {sm_clock_mhz} · mem {mem_clock_mhz} MHz",
-            Chart::Pcie => "PCIe rx {pcie_rx_bytes_per_s} tx {pcie_tx_bytes_per_s} B/s",
+            Chart::Clocks => "clocks SM {sm_clock_mhz} · mem {mem_clock_mhz| MHz}",
+            Chart::Pcie => "PCIe rx {pcie_rx_bytes_per_s} tx {pcie_tx_bytes_per_s| B/s}",
             Chart::Profile => {
                 "engine {gr_engine_active_pct|%} · SM {sm_active_pct|%} · occ \
                  {sm_occupancy_pct|%} · tensor {tensor_active_pct|%} · DRAM {dram_active_pct|%}"
@@ -353,8 +353,10 @@ impl FieldValue for bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Piece<'a> {
     Literal(&'a str),
-    /// `{name|unit}`: `name` is empty for the entry's own value; `unit` follows a present value.
+    /// `{prefix<name|unit}`: `name` is empty for the entry's own value; `prefix` and `unit`
+    /// surround a present value and are left out with an absent one.
     Value {
+        prefix: &'a str,
         name: &'a str,
         unit: &'a str,
     },
@@ -373,7 +375,8 @@ pub fn pieces(template: &str) -> Vec<Piece<'_>> {
         }
         let inner = &rest[open + 1..open + len];
         let (name, unit) = inner.split_once('|').unwrap_or((inner, ""));
-        out.push(Piece::Value { name, unit });
+        let (prefix, name) = name.split_once('<').unwrap_or(("", name));
+        out.push(Piece::Value { prefix, name, unit });
         rest = &rest[open + len + 1..];
     }
     if !rest.is_empty() {
@@ -382,15 +385,38 @@ pub fn pieces(template: &str) -> Vec<Piece<'_>> {
     out
 }
 
-/// Fills a template: `value(name, unit)` writes each placeholder.
-pub fn expand(template: &str, mut value: impl FnMut(&str, &str) -> String) -> String {
-    pieces(template)
-        .into_iter()
-        .map(|p| match p {
-            Piece::Literal(s) => s.to_owned(),
-            Piece::Value { name, unit } => value(name, unit),
-        })
-        .collect()
+/// Fills a template: `value(name)` is a placeholder's value as text, `None` when it is absent.
+/// An absent value is written as "n/a" without its prefix or unit, and a run of them with only
+/// spaces and slashes between as one "n/a".
+pub fn expand(template: &str, mut value: impl FnMut(&str) -> Option<String>) -> String {
+    let mut out = String::new();
+    // Where the "n/a" of the run of absent values being written ends.
+    let mut absent_run: Option<usize> = None;
+    for piece in pieces(template) {
+        match piece {
+            Piece::Literal(s) => {
+                out.push_str(s);
+                if !s.chars().all(|c| c == ' ' || c == '/') {
+                    absent_run = None;
+                }
+            }
+            Piece::Value { prefix, name, unit } => match (value(name), absent_run) {
+                (Some(v), _) => {
+                    out.push_str(prefix);
+                    out.push_str(&v);
+                    out.push_str(unit);
+                    absent_run = None;
+                }
+                // The run's "n/a" stands for this one too: drop the separator before it.
+                (None, Some(end)) => out.truncate(end),
+                (None, None) => {
+                    out.push_str(NOT_AVAILABLE);
+                    absent_run = Some(out.len());
+                }
+            },
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -400,38 +426,67 @@ mod tests {
     #[test]
     fn templates_split_into_literals_and_values() {
         assert_eq!(
-            pieces("util {}% (mean {mean|%})"),
+            pieces("util {}% (mean {mean|%}) {Gen<pcie_gen_max}"),
             [
                 Piece::Literal("util "),
-                Piece::Value { name: "", unit: "" },
+                Piece::Value {
+                    prefix: "",
+                    name: "",
+                    unit: ""
+                },
                 Piece::Literal("% (mean "),
                 Piece::Value {
+                    prefix: "",
                     name: "mean",
                     unit: "%"
                 },
-                Piece::Literal(")"),
+                Piece::Literal(") "),
+                Piece::Value {
+                    prefix: "Gen",
+                    name: "pcie_gen_max",
+                    unit: ""
+                },
             ]
         );
-        assert_eq!(
-            pieces("P{}"),
-            [Piece::Literal("P"), Piece::Value { name: "", unit: "" }]
-        );
         assert_eq!(pieces("a {b"), [Piece::Literal("a {b")]);
-        assert_eq!(expand("x{y|!}z", |n, u| format!("<{n}{u}>")), "x<y!>z");
+        assert_eq!(expand("x{p<y|!}z", |n| Some(format!("<{n}>"))), "xp<y>!z");
     }
 
     #[test]
-    fn formats_never_write_0_for_absent() {
+    fn absent_values_drop_their_prefix_and_unit_and_runs_collapse() {
+        let known = |n: &str| match n {
+            "gen_max" => Some("5".to_owned()),
+            "width_max" => Some("16".to_owned()),
+            _ => None,
+        };
+        assert_eq!(
+            expand("util {|%} (mean {mean|%})", known),
+            "util n/a (mean n/a)"
+        );
+        assert_eq!(expand("{P<}", known), "n/a");
+        assert_eq!(
+            expand(
+                "PCIe {Gen<gen} {x<width} (max {Gen<gen_max} {x<width_max})",
+                known
+            ),
+            "PCIe n/a (max Gen5 x16)"
+        );
+        assert_eq!(expand("power {a} / {b| W}", known), "power n/a");
+        assert_eq!(expand("{a}/{width_max| W}", known), "n/a/16 W");
+        assert_eq!(expand("rx {a} tx {b}", known), "rx n/a tx n/a");
+    }
+
+    #[test]
+    fn formats_write_present_values() {
         let rate = |b: f64| format!("{b}B/s");
         let fixed = Format::Fixed {
             decimals: 1,
             scale: Scale::Per(GIB),
         };
-        assert_eq!(fixed.show(Some(GIB * 1.5), " GiB", rate), "1.5 GiB");
-        assert_eq!(fixed.show(None, " GiB", rate), "n/a");
-        assert_eq!(Format::Rate.show(Some(3.0), "", rate), "3B/s");
-        assert_eq!(Format::Flag.show(Some(1.0), "", rate), "true");
-        assert_eq!(Format::Flag.show(Some(0.0), "", rate), "false");
+        assert_eq!(fixed.show(GIB * 1.5, rate), "1.5");
+        assert_eq!(Format::Rate.show(3.0, rate), "3B/s");
+        assert_eq!(Format::Flag.show(1.0, rate), "true");
+        assert_eq!(Format::Flag.show(0.0, rate), "false");
     }
 
     #[test]

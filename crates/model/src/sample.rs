@@ -80,6 +80,9 @@ pub struct MetricDef {
     pub format: Format,
     pub vendors: Vendors,
     pub text: Option<Text>,
+    /// The device's static attribute of the same meaning (the slowdown temperature, the
+    /// maximum link generation), which views show where a sample lacks the value.
+    pub device: Option<fn(&DeviceInfo) -> Option<f64>>,
     pub chart: Option<Plot>,
     pub trace: Option<Trace>,
     pub prometheus: Option<Prometheus>,
@@ -118,6 +121,7 @@ impl MetricDef {
             },
             vendors,
             text: None,
+            device: None,
             chart: None,
             trace: None,
             prometheus: None,
@@ -138,6 +142,11 @@ impl MetricDef {
 
     pub const fn text(mut self, line: u8, template: &'static str) -> Self {
         self.text = Some(Text { line, template });
+        self
+    }
+
+    pub const fn device(mut self, device: fn(&DeviceInfo) -> Option<f64>) -> Self {
+        self.device = Some(device);
         self
     }
 
@@ -177,9 +186,10 @@ impl MetricDef {
         (self.set)(s, v)
     }
 
-    /// The field's value as text in its own `format`.
-    pub fn show(&self, s: &Sample, unit: &str, rate: fn(f64) -> String) -> String {
-        self.format.show(self.get(s), unit, rate)
+    /// What a view shows for the field: the sample's value, else the device's static one.
+    pub fn shown(&self, s: Option<&Sample>, d: &DeviceInfo) -> Option<f64> {
+        s.and_then(|s| self.get(s))
+            .or_else(|| self.device.and_then(|device| device(d)))
     }
 }
 
@@ -568,19 +578,19 @@ metric_table! {
     // Text lines: 1 load and memory, 2 power and cooling, 3 clocks, 4 PCIe, 5 memory errors.
     gpu_util_pct => GpuUtilPct: MetricDef::gauge(Unit::Percent, Vendors::ALL)
         .plausible(0.0, 100.0)
-        .text(1, "util {}% (mean {mean}%, max {max}%)")
+        .text(1, "util {|%} (mean {mean|%}, max {max|%})")
         .chart(Chart::Util, Scale::One)
         .trace("util %", "gpu", Scale::One, Round::Tenth)
         .prometheus(Prometheus::new("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).")),
     mem_util_pct => MemUtilPct: MetricDef::gauge(Unit::Percent, Vendors::ALL)
         .plausible(0.0, 100.0)
-        .text(1, "mem util {}%")
+        .text(1, "mem util {|%}")
         .chart(Chart::Util, Scale::One)
         .trace("util %", "memory", Scale::One, Round::Tenth)
         .prometheus(Prometheus::new("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).")),
     mem_used_bytes => MemUsedBytes: MetricDef::gauge(Unit::Bytes, Vendors::ALL)
         .format(IN_GIB)
-        .text(1, "memory {} / {mem_total_bytes} GiB")
+        .text(1, "memory {} / {mem_total_bytes| GiB}")
         .chart(Chart::Memory, Scale::Per(GIB))
         .trace("memory MiB", "used", Scale::Per(MIB), Round::Whole)
         .prometheus(
@@ -594,11 +604,13 @@ metric_table! {
             Prometheus::new("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).")
                 .scaled(Scale::Per(MIB), Round::Whole),
         ),
-    mem_total_bytes => MemTotalBytes: MetricDef::gauge(Unit::Bytes, Vendors::ALL).format(IN_GIB),
+    mem_total_bytes => MemTotalBytes: MetricDef::gauge(Unit::Bytes, Vendors::ALL)
+        .format(IN_GIB)
+        .device(|d| d.memory_total_bytes.map(|b| b as f64)),
     // No GPU board draws 5 kW; the largest draw about 1.2 kW.
     power_w => PowerW: MetricDef::gauge(Unit::Watts, Vendors::ALL)
         .plausible(0.0, 5000.0)
-        .text(2, "power {} / {power_limit_w} W (mean {mean} W)")
+        .text(2, "power {} / {power_limit_w| W} (mean {mean| W})")
         .chart(Chart::Power, Scale::One)
         .trace("power W", "draw", Scale::One, Round::Tenth)
         .prometheus(Prometheus::new("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).")),
@@ -618,7 +630,7 @@ metric_table! {
     // Silicon does not run below -40 °C, and every GPU shuts down far below 200 °C.
     temp_gpu_c => TempGpuC: MetricDef::gauge(Unit::Celsius, Vendors::ALL)
         .plausible(-40.0, 200.0)
-        .text(2, "temp {} °C (slowdown {temp_slowdown_c} °C)")
+        .text(2, "temp {| °C} (slowdown {temp_slowdown_c| °C})")
         .chart(Chart::Temperature, Scale::One)
         .trace("temp C", "gpu", Scale::One, Round::Tenth)
         .prometheus(Prometheus::new("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).")),
@@ -629,33 +641,40 @@ metric_table! {
         .prometheus(Prometheus::new("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).")),
     temp_slowdown_c: MetricDef::gauge(Unit::Celsius, Vendors::ALL)
         .plausible(-40.0, 200.0)
+        .device(|d| d.temp_slowdown_c)
         .prometheus(Prometheus::new(
             "gpudiag_temperature_slowdown_celsius",
             "Temperature at which the GPU slows down (in C).",
         )),
-    temp_shutdown_c: MetricDef::gauge(Unit::Celsius, Vendors::ALL).plausible(-40.0, 200.0),
+    temp_shutdown_c: MetricDef::gauge(Unit::Celsius, Vendors::ALL)
+        .plausible(-40.0, 200.0)
+        .device(|d| d.temp_shutdown_c),
     // Well above any clock shipped (about 3 GHz SM, 10 GHz effective memory).
     sm_clock_mhz => SmClockMhz: MetricDef::gauge(Unit::Megahertz, Vendors::ALL)
         .plausible(0.0, 100_000.0)
-        .text(3, "SM clock {} / {sm_clock_max_mhz} MHz")
+        .text(3, "SM clock {} / {sm_clock_max_mhz| MHz}")
         .chart(Chart::Clocks, Scale::One)
         .trace("clocks MHz", "sm", Scale::One, Round::Exact)
         .prometheus(Prometheus::new("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).")),
     mem_clock_mhz => MemClockMhz: MetricDef::gauge(Unit::Megahertz, Vendors::ALL)
         .plausible(0.0, 100_000.0)
-        .text(3, "memory clock {} / {mem_clock_max_mhz} MHz")
+        .text(3, "memory clock {} / {mem_clock_max_mhz| MHz}")
         .chart(Chart::Clocks, Scale::One)
         .trace("clocks MHz", "memory", Scale::One, Round::Exact)
         .prometheus(Prometheus::new(
             "DCGM_FI_DEV_MEM_CLOCK",
             "Memory clock frequency (in MHz).",
         )),
-    sm_clock_max_mhz: MetricDef::gauge(Unit::Megahertz, Vendors::ALL).plausible(0.0, 100_000.0),
-    mem_clock_max_mhz: MetricDef::gauge(Unit::Megahertz, Vendors::ALL).plausible(0.0, 100_000.0),
+    sm_clock_max_mhz: MetricDef::gauge(Unit::Megahertz, Vendors::ALL)
+        .plausible(0.0, 100_000.0)
+        .device(|d| d.sm_clock_max_mhz.map(f64::from)),
+    mem_clock_max_mhz: MetricDef::gauge(Unit::Megahertz, Vendors::ALL)
+        .plausible(0.0, 100_000.0)
+        .device(|d| d.mem_clock_max_mhz.map(f64::from)),
     // P0..P15 (32 is NVML's "unknown", which the backend maps away).
     pstate => Pstate: MetricDef::gauge(Unit::Count, Vendors::NVIDIA)
         .plausible(0.0, 15.0)
-        .text(3, "P{}")
+        .text(3, "P-state {P<}")
         .prometheus(Prometheus::new(
             "gpudiag_performance_state",
             "Performance state (0 is P0, fastest).",
@@ -679,7 +698,10 @@ metric_table! {
         .prometheus(THROTTLE_SECONDS_TOTAL.labelled("reason", "hw_power_brake_slowdown")),
     pcie_gen => PcieGen: MetricDef::gauge(Unit::Count, Vendors::ALL)
         .plausible(0.0, 16.0)
-        .text(4, "PCIe Gen{} x{pcie_width} (max Gen{pcie_gen_max} x{pcie_width_max})")
+        .text(
+            4,
+            "PCIe {Gen<} {x<pcie_width} (max {Gen<pcie_gen_max} {x<pcie_width_max})",
+        )
         .prometheus(Prometheus::new(
             "gpudiag_pcie_link_generation",
             "Current PCIe link generation.",
@@ -690,14 +712,18 @@ metric_table! {
             "gpudiag_pcie_link_width",
             "Current PCIe link width (lanes).",
         )),
-    pcie_gen_max: MetricDef::gauge(Unit::Count, Vendors::ALL).prometheus(Prometheus::new(
-        "gpudiag_pcie_link_generation_max",
-        "Maximum PCIe link generation.",
-    )),
-    pcie_width_max: MetricDef::gauge(Unit::Lanes, Vendors::ALL).prometheus(Prometheus::new(
-        "gpudiag_pcie_link_width_max",
-        "Maximum PCIe link width (lanes).",
-    )),
+    pcie_gen_max: MetricDef::gauge(Unit::Count, Vendors::ALL)
+        .device(|d| d.pcie_gen_max.map(f64::from))
+        .prometheus(Prometheus::new(
+            "gpudiag_pcie_link_generation_max",
+            "Maximum PCIe link generation.",
+        )),
+    pcie_width_max: MetricDef::gauge(Unit::Lanes, Vendors::ALL)
+        .device(|d| d.pcie_width_max.map(f64::from))
+        .prometheus(Prometheus::new(
+            "gpudiag_pcie_link_width_max",
+            "Maximum PCIe link width (lanes).",
+        )),
     // PCIe Gen6 x16 carries about 128 GB/s; ten times that is not a reading. NVIDIA only: on
     // AMD, amdgpu's pcie_bw and ROCm SMI's throughput call sleep a second per read.
     pcie_rx_bytes_per_s => PcieRxBytesPerS: MetricDef::gauge(Unit::BytesPerSecond, Vendors::NVIDIA)
@@ -727,7 +753,10 @@ metric_table! {
             "Total number of PCIe retries.",
         )),
     ecc_corrected_volatile => EccCorrectedVolatile: MetricDef::counter(Unit::Count, Vendors::ALL)
-        .text(5, "ECC volatile {} corrected / {ecc_uncorrected_volatile} uncorrected")
+        .text(
+            5,
+            "ECC volatile {| corrected} / {ecc_uncorrected_volatile| uncorrected}",
+        )
         .prometheus(Prometheus::new(
             "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
             "Total number of single-bit volatile ECC errors.",
@@ -803,7 +832,7 @@ metric_table! {
             "Ratio of time the graphics engine is active.",
         )),
     sm_active_pct => SmActivePct: PROFILED_SHARE
-        .text(6, "SM active {}% (mean {mean}%)")
+        .text(6, "SM active {|%} (mean {mean|%})")
         .chart(Chart::Profile, Scale::One)
         .trace("profiling %", "sm_active", Scale::One, Round::Tenth)
         .prometheus(ratio(
@@ -811,7 +840,7 @@ metric_table! {
             "The ratio of cycles an SM has at least 1 warp assigned.",
         )),
     sm_occupancy_pct => SmOccupancyPct: PROFILED_SHARE
-        .text(6, "occupancy {}% (mean {mean}%)")
+        .text(6, "occupancy {|%} (mean {mean|%})")
         .chart(Chart::Profile, Scale::One)
         .trace("profiling %", "sm_occupancy", Scale::One, Round::Tenth)
         .prometheus(ratio(
@@ -819,7 +848,7 @@ metric_table! {
             "The ratio of number of warps resident on an SM.",
         )),
     tensor_active_pct => TensorActivePct: PROFILED_SHARE
-        .text(6, "tensor {}% (mean {mean}%)")
+        .text(6, "tensor {|%} (mean {mean|%})")
         .chart(Chart::Profile, Scale::One)
         .trace("profiling %", "tensor", Scale::One, Round::Tenth)
         .prometheus(ratio(
@@ -847,7 +876,7 @@ metric_table! {
     dram_active_pct => DramActivePct: MetricDef::gauge(Unit::Percent, Vendors::ALL)
         .plausible(0.0, 100.0)
         .format(ONE_DECIMAL)
-        .text(6, "DRAM {}% (mean {mean}%)")
+        .text(6, "DRAM {|%} (mean {mean|%})")
         .chart(Chart::Profile, Scale::One)
         .trace("profiling %", "dram", Scale::One, Round::Tenth)
         .prometheus(ratio(
@@ -861,7 +890,7 @@ metric_table! {
             "Ratio of cycles the fp64 pipes are active.",
         )),
     fp32_active_pct => Fp32ActivePct: PROFILED_SHARE
-        .text(6, "FP32 {}%")
+        .text(6, "FP32 {|%}")
         .trace("profiling %", "fp32", Scale::One, Round::Tenth)
         .prometheus(ratio(
             "DCGM_FI_PROF_PIPE_FP32_ACTIVE",

@@ -260,6 +260,8 @@ pub fn finish_pairs(gpus: &[GpuPlacement], pairs: &mut [GpuPair]) {
 /// The topology as text: the `nvidia-smi topo -m` matrix with NUMA and CPU affinity columns,
 /// then one line per GPU with NVLinks (how many are up, their speed, errors).
 pub fn render(t: &Topology) -> String {
+    // A topology may come from a recording: its strings are data, not trusted text.
+    use crate::printable::line as esc;
     let mut out = String::new();
     if t.gpus.is_empty() {
         out.push_str("Topology: not available\n");
@@ -270,7 +272,7 @@ pub fn render(t: &Topology) -> String {
             "Topology: one GPU (GPU {}), no GPU pairs to compare; NUMA node {}, CPUs {}",
             g.index,
             g.numa_node.map_or("n/a".into(), |n| n.to_string()),
-            g.cpu_affinity.as_deref().unwrap_or("n/a"),
+            esc(g.cpu_affinity.as_deref().unwrap_or("n/a")),
         );
     } else {
         out.push_str("Topology:\n       ");
@@ -285,7 +287,7 @@ pub fn render(t: &Topology) -> String {
                     "X".to_owned()
                 } else {
                     t.pair(g.index, h.index)
-                        .map_or("?".to_owned(), |p| p.label.clone())
+                        .map_or("?".to_owned(), |p| esc(&p.label).into_owned())
                 };
                 let _ = write!(out, " {cell:>6}");
             }
@@ -293,7 +295,7 @@ pub fn render(t: &Topology) -> String {
                 out,
                 "  {:>4}  {}",
                 g.numa_node.map_or("n/a".into(), |n| n.to_string()),
-                g.cpu_affinity.as_deref().unwrap_or("n/a")
+                esc(g.cpu_affinity.as_deref().unwrap_or("n/a"))
             );
         }
         for p in &t.pairs {
@@ -303,8 +305,8 @@ pub fn render(t: &Topology) -> String {
                     "  GPU{} <-> GPU{}: peer access not available (read {}, write {})",
                     p.a,
                     p.b,
-                    p.p2p.read.as_deref().unwrap_or("?"),
-                    p.p2p.write.as_deref().unwrap_or("?")
+                    esc(p.p2p.read.as_deref().unwrap_or("?")),
+                    esc(p.p2p.write.as_deref().unwrap_or("?"))
                 );
             }
         }
@@ -329,7 +331,7 @@ pub fn render(t: &Topology) -> String {
         );
     }
     for n in &t.notes {
-        let _ = writeln!(out, "  note: {n}");
+        let _ = writeln!(out, "  note: {}", esc(n));
     }
     out
 }

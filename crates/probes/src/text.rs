@@ -3,6 +3,9 @@
 
 use std::fmt::Write;
 
+// GPU names, library versions and notes come from the driver: printed escaped.
+use gpudiag_model::printable::line as esc;
+
 use super::ProbeResult;
 use super::p2p::{self, PeerLink};
 use super::runner::ProbeReport;
@@ -10,7 +13,7 @@ use super::runner::ProbeReport;
 pub fn render(report: &ProbeReport) -> String {
     let mut out = String::new();
     for d in &report.devices {
-        let name = d.gpu.as_ref().map_or("?", |g| g.name.as_str());
+        let name = esc(d.gpu.as_ref().map_or("?", |g| g.name.as_str()));
         let _ = writeln!(
             out,
             "GPU {} {} ({} suite{})",
@@ -19,11 +22,11 @@ pub fn render(report: &ProbeReport) -> String {
             report.suite,
             d.model
                 .as_deref()
-                .map(|m| format!(", reference: {m}"))
+                .map(|m| format!(", reference: {}", esc(m)))
                 .unwrap_or_else(|| ", no reference model".into())
         );
         if let Some(why) = &d.refused {
-            let _ = writeln!(out, "  not probed: {why}");
+            let _ = writeln!(out, "  not probed: {}", esc(why));
             continue;
         }
         for r in &d.results {
@@ -60,12 +63,12 @@ pub fn render_result(r: &ProbeResult) -> String {
     let _ = writeln!(
         out,
         "  {:<10} {:<8} {:>8.0} ms{}",
-        r.probe,
+        esc(&r.probe),
         verdict_name(r),
         r.duration_ms,
         r.note
             .as_deref()
-            .map(|n| format!("  {n}"))
+            .map(|n| format!("  {}", esc(n)))
             .unwrap_or_default()
     );
     for m in &r.metrics {
@@ -76,7 +79,11 @@ pub fn render_result(r: &ProbeResult) -> String {
         let _ = writeln!(
             out,
             "    {:<22} {:>12.3} {:<8}{}  [{}]",
-            m.name, m.value, m.unit, share, m.served_by
+            esc(&m.name),
+            m.value,
+            esc(&m.unit),
+            share,
+            esc(&m.served_by)
         );
     }
     out
@@ -145,7 +152,7 @@ pub fn render_matrices(links: &[PeerLink]) -> String {
             },
             l.note
                 .as_deref()
-                .map(|n| format!("; {n}"))
+                .map(|n| format!("; {}", esc(n)))
                 .unwrap_or_default()
         );
     }
@@ -180,5 +187,23 @@ mod tests {
         assert!(text.contains("GPU1 -> GPU0: BROKEN"), "{text}");
         assert!(text.contains("2.25"), "{text}");
         assert!(render_matrices(&[]).is_empty());
+    }
+
+    /// Notes and library versions come from the driver: a control character in them is
+    /// printed as a visible escape, never sent to the terminal.
+    #[test]
+    fn driver_strings_are_printed_escaped() {
+        let mut r = ProbeResult::new("matmul", 0);
+        r.note = Some("cuBLAS said \x1b]0;pwned\x07".into());
+        let mut broken = link(0, 1, 1.0);
+        broken.peer_access = false;
+        broken.note = Some("driver\r\nFAKE line".into());
+        let text = render_result(&r) + &render_matrices(&[broken, link(1, 0, 1.0)]);
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        assert!(text.contains(r"cuBLAS said \x1b]0;pwned\x07"), "{text}");
+        assert!(text.contains(r"; driver\x0d\x0aFAKE line"), "{text}");
     }
 }

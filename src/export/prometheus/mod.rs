@@ -328,11 +328,19 @@ fn sample_into(
     };
     match session::run(source, &mut pipeline, &opts, &mut sink) {
         Ok(None) => {}
-        Ok(Some(e)) => eprintln!("gpudiag: sampling stopped: {e}; serving the last values"),
-        Err(e) => eprintln!("gpudiag: sampling stopped: {e}; serving the last values"),
+        Ok(Some(e)) => stopped(&e.to_string()),
+        Err(e) => stopped(&e.to_string()),
     }
     let mut s = shared.write().unwrap_or_else(|p| p.into_inner());
     s.source_ended = true;
+}
+
+/// Says on stderr why sampling ended; the reason may quote a recording, so it is escaped.
+fn stopped(why: &str) {
+    eprintln!(
+        "gpudiag: sampling stopped: {}; serving the last values",
+        gpudiag_model::printable::line(why)
+    );
 }
 
 /// `gpudiag serve`: runs until `stop` is set.

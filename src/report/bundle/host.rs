@@ -1,8 +1,8 @@
 //! The environment of the host that writes a bug-report bundle: OS and kernel, CPU, memory,
-//! CUDA libraries, `CUDA_*`/`NVIDIA_*` variables, container detection, PCI topology and NUMA node
-//! of each GPU from sysfs, and kernel log lines about NVRM/Xid where readable. Every part says
-//! why it is missing rather than leaving a hole. The sysfs and proc roots are parameters so
-//! tests can point them at fake trees.
+//! CUDA libraries, the environment variables of [`KEPT_VARIABLES`], container detection, PCI
+//! topology and NUMA node of each GPU from sysfs, and kernel log lines about NVRM/Xid where
+//! readable. Every part says why it is missing rather than leaving a hole. The sysfs and proc
+//! roots and the kernel log are parameters so tests can point them at fake trees and files.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -18,6 +18,65 @@ const MAX_KLOG_LINES: usize = 200;
 /// Records read from /dev/kmsg at most: the ring buffer is bounded, this only guards a loop.
 const MAX_KMSG_RECORDS: usize = 200_000;
 
+/// The environment variables a bundle keeps: those whose meaning gpudiag knows and which change
+/// which GPUs a process sees or how the GPU stack behaves. A list of names rather than of
+/// prefixes, because `CUDA_PASSWORD` or `NVIDIA_API_KEY` match any prefix a GPU variable has;
+/// the values kept are still searched for credentials like every other string of the bundle.
+/// The README lists the same names.
+pub const KEPT_VARIABLES: [&str; 43] = [
+    // Which GPUs a process sees, and in which order.
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_MIG_CONFIG_DEVICES",
+    "NVIDIA_MIG_MONITOR_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+    // The NVIDIA container runtime's view of the driver.
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "NVIDIA_REQUIRE_CUDA",
+    "NVIDIA_DISABLE_REQUIRE",
+    "CUDA_VERSION",
+    // CUDA behaviour: launches, module loading, the JIT cache, MPS, managed memory.
+    "CUDA_LAUNCH_BLOCKING",
+    "CUDA_MODULE_LOADING",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "CUDA_CACHE_DISABLE",
+    "CUDA_CACHE_MAXSIZE",
+    "CUDA_CACHE_PATH",
+    "CUDA_FORCE_PTX_JIT",
+    "CUDA_DISABLE_PTX_JIT",
+    "CUDA_MANAGED_FORCE_DEVICE_ALLOC",
+    "CUDA_MPS_PIPE_DIRECTORY",
+    "CUDA_MPS_LOG_DIRECTORY",
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    // NCCL, behind the all-reduce probe and most multi-GPU jobs.
+    "NCCL_NVLS_ENABLE",
+    "NCCL_P2P_DISABLE",
+    "NCCL_P2P_LEVEL",
+    "NCCL_SHM_DISABLE",
+    "NCCL_IB_DISABLE",
+    "NCCL_DEBUG",
+    // ROCm.
+    "ROCM_PATH",
+    "HSA_OVERRIDE_GFX_VERSION",
+    // Where the vendor libraries gpudiag loads at run time come from.
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    // The scheduler's job and the GPUs it gave the job.
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "SLURM_JOB_GPUS",
+    "SLURM_STEP_GPUS",
+    "SLURM_GPUS_ON_NODE",
+    // gpudiag's own.
+    "GPUDIAG_CONFIG",
+];
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Environment {
     /// Which host this file describes (the one that wrote the bundle, which for a replay is not
@@ -30,7 +89,7 @@ pub struct Environment {
     /// Driver and NVML versions of the telemetry source.
     pub driver: HostInfo,
     pub libraries: Vec<LibraryInfo>,
-    /// `CUDA_*` and `NVIDIA_*` variables of the gpudiag process (redactable).
+    /// The variables of [`KEPT_VARIABLES`] the gpudiag process has (redactable).
     pub env: BTreeMap<String, String>,
     pub container: ContainerInfo,
     /// One entry per GPU of a live source; empty for a replay (this host's PCI tree says
@@ -84,7 +143,7 @@ pub struct PciInfo {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KernelLog {
     pub readable: bool,
-    /// "/dev/kmsg" or "dmesg".
+    /// "/dev/kmsg", "dmesg" or the file read.
     pub source: Option<String>,
     /// Why it could not be read, or that nothing matched.
     pub note: Option<String>,
@@ -100,8 +159,18 @@ pub struct Roots {
     pub proc_: PathBuf,
     /// Root of the container markers (/.dockerenv, /run/.containerenv).
     pub root: PathBuf,
-    /// Whether to read the kernel log (off in tests with fake roots).
-    pub kernel_log: bool,
+    pub kernel_log: KernelLogSource,
+}
+
+/// Where the kernel log is read from.
+#[derive(Debug, Clone)]
+pub enum KernelLogSource {
+    /// /dev/kmsg, else `dmesg`.
+    System,
+    /// A saved log, one message a line (tests; a log copied from another machine).
+    File(PathBuf),
+    /// Not read (tests with fake roots).
+    Off,
 }
 
 impl Default for Roots {
@@ -111,7 +180,7 @@ impl Default for Roots {
             etc: "/etc".into(),
             proc_: "/proc".into(),
             root: "/".into(),
-            kernel_log: true,
+            kernel_log: KernelLogSource::System,
         }
     }
 }
@@ -140,8 +209,14 @@ pub fn collect(roots: &Roots, host: &HostInfo, devices: &[DeviceInfo], live: boo
         memory_total_bytes: mem_total(roots),
         driver: host.clone(),
         libraries: cuda_libraries::detect_libraries(),
-        env: std::env::vars()
-            .filter(|(k, _)| k.starts_with("CUDA_") || k.starts_with("NVIDIA_"))
+        // `vars_os`: one variable that is not UTF-8 would make `vars` panic.
+        env: std::env::vars_os()
+            .filter_map(|(k, v)| {
+                let k = k.into_string().ok()?;
+                KEPT_VARIABLES
+                    .contains(&k.as_str())
+                    .then(|| (k, v.to_string_lossy().into_owned()))
+            })
             .collect(),
         container: container(roots),
         pci: if live {
@@ -149,15 +224,15 @@ pub fn collect(roots: &Roots, host: &HostInfo, devices: &[DeviceInfo], live: boo
         } else {
             Vec::new()
         },
-        kernel_log: if roots.kernel_log {
-            kernel_log()
-        } else {
-            KernelLog {
+        kernel_log: match &roots.kernel_log {
+            KernelLogSource::System => kernel_log(),
+            KernelLogSource::File(path) => kernel_log_file(path),
+            KernelLogSource::Off => KernelLog {
                 readable: false,
                 source: None,
                 note: Some("not read".into()),
                 lines: Vec::new(),
-            }
+            },
         },
     }
 }
@@ -315,6 +390,26 @@ fn kernel_log() -> KernelLog {
     }
 }
 
+fn kernel_log_file(path: &Path) -> KernelLog {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let lines = text
+                .lines()
+                .filter(|l| is_gpu_line(l))
+                .map(str::to_string)
+                .collect();
+            found(&path.display().to_string(), lines)
+        }
+        Err(e) => KernelLog {
+            readable: false,
+            source: None,
+            note: Some(format!("not readable: {}: {e}", path.display())),
+            lines: Vec::new(),
+        },
+    }
+}
+
 fn found(source: &str, mut lines: Vec<String>) -> KernelLog {
     if lines.len() > MAX_KLOG_LINES {
         lines.drain(..lines.len() - MAX_KLOG_LINES);
@@ -412,7 +507,7 @@ mod tests {
             etc: root.path().join("etc"),
             proc_: root.path().join("proc"),
             root: root.path().to_path_buf(),
-            kernel_log: false,
+            kernel_log: KernelLogSource::Off,
         };
         let devices = [
             DeviceInfo {

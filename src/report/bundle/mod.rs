@@ -7,6 +7,7 @@
 //! and renamed, so a bundle on disk is always whole. [`open_bundle_recording`] reads a bundle
 //! (or a plain recording: the content decides) as a replay.
 
+mod credentials;
 pub mod host;
 pub mod redact;
 
@@ -70,6 +71,8 @@ pub struct BundleOptions {
     /// Sampling interval, for the check report's window.
     pub interval: Duration,
     pub init_timeout: Duration,
+    /// Where this host's facts are read from: the real system but in tests.
+    pub roots: host::Roots,
 }
 
 /// Records the source the flags name: `--duration` of live sampling, or the whole replay.
@@ -104,7 +107,10 @@ pub fn capture(args: &ReportArgs, stop: &AtomicBool) -> Result<Captured, Error> 
     let sampled = records.iter().any(|r| matches!(r, Record::Sample(_)));
     match failure {
         Some(e) if !sampled => return Err(e.into()),
-        Some(e) => eprintln!("gpudiag: sampling stopped early: {e}"),
+        Some(e) => eprintln!(
+            "gpudiag: sampling stopped early: {}",
+            gpudiag_model::printable::line(&e.to_string())
+        ),
         None => {}
     }
     if !sampled {
@@ -175,6 +181,7 @@ pub fn report(
             config: config.clone(),
             interval: args.interval,
             init_timeout: args.source.init_timeout,
+            roots: host::Roots::default(),
         },
     )?;
     Ok(out)
@@ -208,12 +215,7 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &BundleOptions) -> Result<
     if let Ok(home) = std::env::var("HOME") {
         redactor.learn_text(&home);
     }
-    let environment = host::collect(
-        &host::Roots::default(),
-        &cap.header.host,
-        &cap.devices,
-        cap.live,
-    );
+    let environment = host::collect(&opts.roots, &cap.header.host, &cap.devices, cap.live);
     let mut env_value = to_value(&environment)?;
     if let Some(h) = &environment.hostname {
         redactor.learn_host(h);
@@ -338,12 +340,15 @@ fn readme_text(
         let what: Vec<String> = redactor
             .summary()
             .iter()
-            .map(|(k, n)| format!("{n} {k} name(s)"))
+            .map(|(k, n)| format!("{n} {k}"))
             .collect();
         format!(
-            "Redacted: host names, user names, command-line arguments and home paths were \
-             replaced by placeholders (host-1, user-1, args-1), the same value by the same \
-             placeholder in every file ({}). `gpudiag report --no-redact` keeps them.",
+            "Redacted: host names, user names, command-line arguments, home paths and \
+             credentials (passwords, tokens, keys, the user:password of URLs, long random \
+             strings) were replaced by placeholders (host-1, user-1, [args-1], [secret-1]), the \
+             same value by the same placeholder in every file ({}). Environment variables are \
+             kept only where gpudiag knows their meaning (GPU selection, CUDA, NCCL, ROCm, \
+             loader and Slurm settings). `gpudiag report --no-redact` keeps the rest as it was.",
             if what.is_empty() {
                 "nothing was found to replace".to_string()
             } else {
@@ -351,8 +356,9 @@ fn readme_text(
             }
         )
     } else {
-        "Not redacted (--no-redact): host names, user names, command lines and home paths \
-         are as they were."
+        "Not redacted (--no-redact): host names, user names, command lines, home paths and \
+         anything that looks like a credential are as they were. Environment variables are \
+         kept only where gpudiag knows their meaning."
             .to_string()
     };
     format!(
@@ -368,9 +374,9 @@ fn readme_text(
            assets/schema/recording.schema.json).\n\
          - {TRACE}: a Chrome trace of the recording; open it in https://ui.perfetto.dev or \
            chrome://tracing.\n\
-         - {ENVIRONMENT}: OS, kernel, CPU, driver and CUDA libraries, CUDA_*/NVIDIA_* \
-           variables, container detection, PCI topology and NUMA nodes, kernel log lines \
-           about NVRM/Xid.\n\n\
+         - {ENVIRONMENT}: OS, kernel, CPU, driver and CUDA libraries, the environment \
+           variables that steer the GPU stack, container detection, PCI topology and NUMA \
+           nodes, kernel log lines about NVRM/Xid.\n\n\
          To look at it on any machine, GPU or not:\n\
          \x20 gpudiag replay THIS_FILE.tar.gz\n\
          \x20 gpudiag check --replay THIS_FILE.tar.gz\n\n\

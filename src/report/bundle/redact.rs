@@ -1,26 +1,36 @@
 //! Redaction of personal data in a bug-report bundle: host names, user names, command-line
-//! arguments and home paths are replaced by placeholders (`host-1`, `user-1`, `args-1`), the same
-//! secret by the same placeholder in every file, so the report stays readable.
+//! arguments, home paths and credentials are replaced by placeholders (`host-1`, `user-1`,
+//! `[args-1]`, `[secret-1]`), the same secret by the same placeholder in every file, so the
+//! report stays readable.
 //!
 //! Two passes over every document: `learn` collects secrets (the host names it is told, user
-//! names, names under `/home/`, arguments of process command lines), then `redact` replaces
-//! them, so a secret first seen in the last file is still replaced in the first.
+//! names, names under `/home/`, arguments of process command lines, what `credentials` finds),
+//! then `redact` replaces them, so a secret first seen in the last file is still replaced in
+//! the first. `redact` also looks for credentials in what it is given, so one that no document
+//! showed while learning is still replaced (by `[secret]`).
 
 use std::collections::BTreeMap;
 
 use serde_json::Value;
+
+use super::credentials;
 
 /// Users whose names are words, not personal data; their home directories still get a
 /// placeholder, their names elsewhere are left alone.
 const SYSTEM_USERS: [&str; 6] = ["root", "nobody", "daemon", "admin", "user", "ubuntu"];
 /// Names shorter than this are not replaced as words in free text: they would hit everything.
 const MIN_WORD: usize = 3;
+/// Credentials at least this long are replaced wherever they appear, not only where they look
+/// like one (a token passed in one file and quoted bare in another); shorter ones could be
+/// part of anything.
+const MIN_BARE_SECRET: usize = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Class {
     Host,
     User,
     Args,
+    Secret,
 }
 
 impl Class {
@@ -29,7 +39,24 @@ impl Class {
             Class::Host => "host",
             Class::User => "user",
             Class::Args => "args",
+            Class::Secret => "secret",
         }
+    }
+
+    /// What the README calls a secret of this class.
+    fn noun(self) -> &'static str {
+        match self {
+            Class::Host => "host name(s)",
+            Class::User => "user name(s)",
+            Class::Args => "command-line argument list(s)",
+            Class::Secret => "credential(s)",
+        }
+    }
+
+    /// Written in brackets: arguments and credentials replace part of a value, and the
+    /// brackets show where.
+    fn bracketed(self) -> bool {
+        matches!(self, Class::Args | Class::Secret)
     }
 }
 
@@ -68,7 +95,11 @@ impl Redactor {
         }
         let n = self.counts.entry(class).or_default();
         *n += 1;
-        let placeholder = format!("{}-{n}", class.prefix());
+        let placeholder = if class.bracketed() {
+            format!("[{}-{n}]", class.prefix())
+        } else {
+            format!("{}-{n}", class.prefix())
+        };
         self.map
             .insert(secret.to_string(), (class, placeholder.clone()));
         placeholder
@@ -111,11 +142,12 @@ impl Redactor {
         self.learn_text(command);
     }
 
-    /// Names of home directories mentioned in `text`.
+    /// Names of home directories and credentials mentioned in `text`.
     pub fn learn_text(&mut self, text: &str) {
         if !self.enabled {
             return;
         }
+        self.learn_credentials(text);
         let mut rest = text;
         while let Some(at) = rest.find("/home/") {
             let after = &rest[at + 6..];
@@ -127,6 +159,12 @@ impl Redactor {
         }
         if contains_root_home(text) {
             self.learn_user("root");
+        }
+    }
+
+    fn learn_credentials(&mut self, text: &str) {
+        for r in credentials::find(text) {
+            self.add(Class::Secret, &text[r]);
         }
     }
 
@@ -149,7 +187,10 @@ impl Redactor {
                         }
                     }
                 }
-                m.values().for_each(|x| self.learn_value(x));
+                for (k, x) in m {
+                    self.learn_credentials(k);
+                    self.learn_value(x);
+                }
             }
             _ => {}
         }
@@ -157,23 +198,30 @@ impl Redactor {
 
     /// Replaces every secret in `text`.
     pub fn text(&self, text: &str) -> String {
-        if !self.enabled || self.map.is_empty() {
+        if !self.enabled {
             return text.to_string();
         }
         // Longest first, so "node1.example.com" wins over "node1".
         let mut secrets: Vec<(&String, &(Class, String))> = self.map.iter().collect();
         secrets.sort_by_key(|(s, _)| std::cmp::Reverse(s.len()));
-        // Arguments first: they were learned raw, before any home path in them was replaced.
+        // Arguments first: they were learned raw, before any home path or credential in them
+        // was replaced.
         let mut out = text.to_string();
         for (secret, (class, placeholder)) in &secrets {
             if *class == Class::Args {
-                out = out.replace(secret.as_str(), &format!("[{placeholder}]"));
+                out = out.replace(secret.as_str(), placeholder);
             }
         }
+        for (secret, (class, placeholder)) in &secrets {
+            if *class == Class::Secret && secret.len() >= MIN_BARE_SECRET {
+                out = out.replace(secret.as_str(), placeholder);
+            }
+        }
+        let out = self.credentials(&out);
         let mut out = self.home_paths(&out);
         for (secret, (class, placeholder)) in secrets {
             out = match class {
-                Class::Args => out,
+                Class::Args | Class::Secret => out,
                 Class::User
                     if secret.chars().count() < MIN_WORD
                         || SYSTEM_USERS.contains(&secret.as_str()) =>
@@ -183,6 +231,26 @@ impl Redactor {
                 _ => replace_words(&out, secret, placeholder),
             };
         }
+        out
+    }
+
+    /// Every credential `text` shows: its learned placeholder, else `[secret]`.
+    fn credentials(&self, text: &str) -> String {
+        let found = credentials::find(text);
+        if found.is_empty() {
+            return text.to_string();
+        }
+        let mut out = String::with_capacity(text.len());
+        let mut last = 0;
+        for r in found {
+            out.push_str(&text[last..r.start]);
+            match self.map.get(&text[r.clone()]) {
+                Some((Class::Secret, p)) => out.push_str(p),
+                _ => out.push_str("[secret]"),
+            }
+            last = r.end;
+        }
+        out.push_str(&text[last..]);
         out
     }
 
@@ -212,7 +280,8 @@ impl Redactor {
         }
     }
 
-    /// Redacts every string of a JSON document in place (object keys are names, left alone).
+    /// Redacts every string of a JSON document in place. Object keys are names: only
+    /// credentials in them are replaced, since a host or user name can also be a field's name.
     pub fn redact_value(&self, v: &mut Value) {
         if !self.enabled {
             return;
@@ -225,14 +294,22 @@ impl Redactor {
                 }
             }
             Value::Array(a) => a.iter_mut().for_each(|x| self.redact_value(x)),
-            Value::Object(m) => m.values_mut().for_each(|x| self.redact_value(x)),
+            Value::Object(m) => {
+                m.values_mut().for_each(|x| self.redact_value(x));
+                if m.keys().any(|k| !credentials::find(k).is_empty()) {
+                    *m = std::mem::take(m)
+                        .into_iter()
+                        .map(|(k, x)| (self.credentials(&k), x))
+                        .collect();
+                }
+            }
             _ => {}
         }
     }
 
-    /// What was replaced, by class, for the README: ("host", 1), ("user", 2), ...
+    /// What was replaced, by class, for the README: ("host name(s)", 1), ...
     pub fn summary(&self) -> Vec<(&'static str, usize)> {
-        self.counts.iter().map(|(c, n)| (c.prefix(), *n)).collect()
+        self.counts.iter().map(|(c, n)| (c.noun(), *n)).collect()
     }
 }
 
@@ -325,6 +402,31 @@ mod tests {
         r.learn_user("ann");
         assert_eq!(r.text("annual ann's plan"), "annual user-1's plan");
         assert_eq!(r.text("/rooted /root"), "/rooted /root");
+    }
+
+    #[test]
+    fn credentials_get_one_placeholder_everywhere_and_gpu_ids_stay() {
+        let mut r = Redactor::new(true);
+        let uuid = "GPU-3f8a2c71-9b4e-5d06-a1c2-7e9f0b4d2a11";
+        let mut doc = json!({
+            "env": {"CUDA_VISIBLE_DEVICES": format!("{uuid},1 password=hunter22x")},
+            "log": ["NVRM: 0000:19:00.0 passwd: pw1", "the key hunter22x again"],
+            "keys": {"token=in-a-key": 1},
+        });
+        r.learn_value(&doc);
+        r.redact_value(&mut doc);
+        assert_eq!(
+            doc["env"]["CUDA_VISIBLE_DEVICES"],
+            format!("{uuid},1 password=[secret-1]")
+        );
+        // Too short to replace out of context, so only where it looks like a credential.
+        assert_eq!(doc["log"][0], "NVRM: 0000:19:00.0 passwd: [secret-3]");
+        assert_eq!(doc["log"][1], "the key [secret-1] again");
+        assert_eq!(doc["keys"], json!({"token=[secret-2]": 1}));
+        assert_eq!(r.text("pw1 stays as a word"), "pw1 stays as a word");
+        // One that no document showed while learning is still caught.
+        assert_eq!(r.text("late api_key=zzz"), "late api_key=[secret]");
+        assert!(r.summary().contains(&("credential(s)", 3)));
     }
 
     #[test]

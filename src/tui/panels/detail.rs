@@ -28,7 +28,7 @@ impl ChartSpec {
     /// device's static attributes.
     fn new(chart: metrics::Chart, s: Option<&Sample>, d: &DeviceInfo) -> Self {
         let fields: Vec<&'static MetricDef> = chart.fields().collect();
-        let value = |m: &MetricDef| s.and_then(|s| m.get(s));
+        let value = |m: &MetricDef| m.shown(s, d);
         let ceiling = match chart.ceiling() {
             Ceiling::Fixed(v) => Some(v),
             Ceiling::Field(name, device) => gpudiag_model::sample::by_name(name)
@@ -39,10 +39,15 @@ impl ChartSpec {
         };
         let first = fields.first().copied();
         let rate = |b: f64| format::rate(Some(b));
-        let title = metrics::expand(chart.title(), |name, unit| match name {
-            "ceiling" => first.map_or(NA.to_owned(), |m| m.format.show(ceiling, unit, rate)),
-            _ => gpudiag_model::sample::by_name(name)
-                .map_or(NA.to_owned(), |m| m.format.show(value(m), unit, rate)),
+        let title = metrics::expand(chart.title(), |name| {
+            let (m, v) = match name {
+                "ceiling" => (first?, ceiling),
+                _ => {
+                    let m = gpudiag_model::sample::by_name(name)?;
+                    (m, value(m))
+                }
+            };
+            Some(m.format.show(v?, rate))
         });
         let y_max = ceiling.and_then(|c| Some(first?.chart?.scale.apply(c)));
         ChartSpec {
@@ -64,7 +69,7 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
     };
     let title = format!(
         " {} · last {} (z/Z zoom, ↑↓ device) ",
-        d.label(),
+        format::text(&d.label()),
         app.zoom.label()
     );
     let block = Block::bordered().title(Span::styled(title, t.title()));
@@ -157,7 +162,7 @@ fn render_chart(
             .and_then(|(s, m)| s.why_absent(m.name))
             .map_or_else(|| "no data yet".to_owned(), ToString::to_string);
         f.render_widget(
-            Paragraph::new(format!("{NA}: {why}"))
+            Paragraph::new(format!("{NA}: {}", format::text(&why)))
                 .style(t.dim())
                 .block(block),
             area,

@@ -50,7 +50,7 @@ pub fn throttle_marker(s: Option<&Sample>) -> Option<String> {
                 .map(String::as_str)
                 .filter(|r| !is_benign(r))
                 .collect();
-            (!active.is_empty()).then(|| format!("⚠ {}", active.join(",")))
+            (!active.is_empty()).then(|| format!("⚠ {}", format::text(&active.join(","))))
         }
     }
 }

@@ -69,7 +69,7 @@ fn finding_lines(app: &App, finding: &Finding, selected: bool, width: usize) -> 
             ),
             Span::raw(format!(" {} {device:<5} ", format::clock(finding.time_ms))),
             Span::styled(
-                format!("{}{}", finding.title, finding.recorded_tag()),
+                format!("{}{}", format::text(&finding.title), finding.recorded_tag()),
                 head_style,
             ),
         ]),

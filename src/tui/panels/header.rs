@@ -7,7 +7,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
 use crate::tui::app::{App, SourceKind};
-use crate::tui::format::NA;
+use crate::tui::format::{self, NA};
 use gpudiag_core::rules::Severity;
 
 pub fn render(f: &mut Frame, area: Rect, app: &App) {
@@ -34,7 +34,7 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
             let base = std::path::Path::new(name)
                 .file_name()
                 .map_or(name.clone(), |b| b.to_string_lossy().into_owned());
-            format!(" · {base}")
+            format!(" · {}", format::text(&base))
         }
     };
     // The source's name goes last on the first line: it is the part that may be cut.
@@ -42,16 +42,19 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         Span::styled("gpudiag", t.title()),
         Span::raw(format!(
             " · {} · driver {} · CUDA {} · {} GPU{}{source}",
-            h.hostname.as_deref().unwrap_or(NA),
-            h.driver_version.as_deref().unwrap_or(NA),
-            h.cuda_driver_version.as_deref().unwrap_or(NA),
+            format::text(h.hostname.as_deref().unwrap_or(NA)),
+            format::text(h.driver_version.as_deref().unwrap_or(NA)),
+            format::text(h.cuda_driver_version.as_deref().unwrap_or(NA)),
             app.devices.len(),
             if app.devices.len() == 1 { "" } else { "s" },
         )),
     ]);
     let mut spans = vec![Span::styled(mode, t.mode(app.paused))];
     if let Some(Some(why)) = &app.ended {
-        spans.push(Span::styled(format!(" · stopped: {why}"), t.warn()));
+        spans.push(Span::styled(
+            format!(" · stopped: {}", format::text(why)),
+            t.warn(),
+        ));
     }
     spans.push(Span::raw(" · findings "));
     for (i, s) in [Severity::Fail, Severity::Warn, Severity::Info]

@@ -61,7 +61,11 @@ pub fn confirm_kill(
     let t = app.theme;
     let text = vec![
         Line::from(Span::styled(
-            format!("Send {} to PID {pid} ({name})?", signal.name()),
+            format!(
+                "Send {} to PID {pid} ({})?",
+                signal.name(),
+                crate::tui::format::text(name)
+            ),
             t.warn(),
         )),
         Line::from(""),

@@ -85,13 +85,20 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
                      refused (use `gpudiag probe --force` to insist).",
                 )),
                 Some(Err(e)) => lines.push(Line::from(Span::styled(
-                    format!("Could not run: {e}"),
+                    format!(
+                        "Could not run: {}",
+                        crate::tui::format::text(&e.to_string())
+                    ),
                     t.severity(gpudiag_core::rules::Severity::Fail),
                 ))),
                 Some(Ok(report)) => {
                     let mut text = gpudiag_probes::text::render(report);
                     for f in &report.findings {
-                        text.push_str(&format!("[{}] {}\n", f.severity, f.title));
+                        text.push_str(&format!(
+                            "[{}] {}\n",
+                            f.severity,
+                            crate::tui::format::text(&f.title)
+                        ));
                     }
                     lines.extend(text.lines().map(|l| {
                         let style = if l.contains(" fail") || l.contains(" error") {

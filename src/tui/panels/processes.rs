@@ -17,7 +17,7 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         ProcessView::NotRead(why) => {
             let msg = format!(
                 "process list {NA}: {}",
-                why.unwrap_or_else(|| "no sample yet".into())
+                format::text(&why.unwrap_or_else(|| "no sample yet".into()))
             );
             f.render_widget(Paragraph::new(msg).style(t.dim()).block(block), area);
             return;
@@ -52,8 +52,8 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
             let mut cells = vec![
                 r.device.to_string(),
                 r.pid.to_string(),
-                r.user.clone().unwrap_or_else(|| NA.into()),
-                r.name.clone().unwrap_or_else(|| NA.into()),
+                format::text(r.user.as_deref().unwrap_or(NA)),
+                format::text(r.name.as_deref().unwrap_or(NA)),
                 format::bytes(r.used_memory_bytes),
                 format::growth(r.growth_bytes_per_s),
                 format::num(r.sm_util_pct, 0, "%"),
