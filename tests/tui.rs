@@ -181,6 +181,149 @@ fn help_overlay_snapshot() {
     insta::assert_snapshot!("demo_help_80x24", render(&app, 80, 24));
 }
 
+/// The help box fits an 80x24 terminal whole: every key and every description on one line,
+/// both borders on screen.
+#[test]
+fn help_fits_80x24_with_nothing_cut() {
+    use gpudiag::tui::panels::overlay::KEYS;
+    let mut app = loaded("demo");
+    press(&mut app, &[KeyCode::Char('?')]);
+    let screen = render(&app, 80, 24);
+    let lines: Vec<&str> = screen.lines().collect();
+    let top = lines
+        .iter()
+        .position(|l| l.contains("┌ Keys "))
+        .unwrap_or_else(|| panic!("no top border: {screen}"));
+    let bottom = top + KEYS.len() + 1;
+    assert!(
+        bottom < lines.len(),
+        "the box runs off the screen: {screen}"
+    );
+    assert!(
+        lines[bottom].contains('└') && lines[bottom].contains('┘'),
+        "{screen}"
+    );
+    for (i, (k, what)) in KEYS.iter().enumerate() {
+        let line = lines[top + 1 + i];
+        assert!(line.contains(what), "{what:?} cut: {line}");
+        assert!(line.contains(k), "{k:?} missing: {line}");
+    }
+}
+
+/// The text inside the bordered box whose top border carries `title`, one string per row.
+fn boxed_text(screen: &str, title: &str) -> Vec<String> {
+    let lines: Vec<&str> = screen.lines().collect();
+    let top = lines.iter().position(|l| l.contains(title)).unwrap();
+    let left = lines[top].chars().position(|c| c == '┌').unwrap();
+    let mut rows = Vec::new();
+    for l in &lines[top + 1..] {
+        let chars: Vec<char> = l.chars().collect();
+        if chars.get(left) == Some(&'└') {
+            break;
+        }
+        let inner: String = chars[left + 1..]
+            .iter()
+            .take_while(|c| **c != '│')
+            .collect();
+        rows.push(inner.trim().to_owned());
+    }
+    rows
+}
+
+fn words(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn findings_are_worst_first_and_newest_first_within_a_severity() {
+    for name in ["ecc_error", "demo", "two_gpus"] {
+        let app = loaded(name);
+        let keys: Vec<(Severity, u64)> = app
+            .findings
+            .iter()
+            .map(|f| (f.severity, f.time_ms))
+            .collect();
+        let mut sorted = keys.clone();
+        sorted.sort_by(|a, b| b.cmp(a));
+        assert_eq!(keys, sorted, "{name}");
+    }
+    // The ECC recording has an older FAIL than its WARN: the FAIL comes first.
+    let app = loaded("ecc_error");
+    let sev: Vec<Severity> = app.findings.iter().map(|f| f.severity).collect();
+    assert_eq!(sev, [Severity::Fail, Severity::Fail, Severity::Warn]);
+}
+
+#[test]
+fn enter_opens_a_findings_whole_evidence_and_advice_and_esc_closes_it() {
+    let mut app = loaded("ecc_error");
+    press(&mut app, &[KeyCode::Char('4'), KeyCode::Down]);
+    let picked = app.findings[1].clone();
+    press(&mut app, &[KeyCode::Enter]);
+    assert!(
+        matches!(&app.overlay, Some(Overlay::Finding { finding, scroll: 0 }) if **finding == picked)
+    );
+    let screen = render(&app, 80, 24);
+    let text = words(&boxed_text(&screen, "┌ Finding ").join(" "));
+    // The list cuts the advice at one line; the box holds all of it, and the title and every
+    // evidence value.
+    let mut list = loaded("ecc_error");
+    list.panel = Panel::Findings;
+    assert!(render(&list, 80, 24).contains('…'));
+    assert!(text.contains(&words(&picked.advice)), "{screen}");
+    assert!(text.contains(&words(&picked.title)), "{screen}");
+    for (k, _) in &picked.evidence.values {
+        assert!(text.contains(k.as_str()), "{k}: {screen}");
+    }
+    assert!(text.contains(&picked.evidence.threshold), "{screen}");
+    // Other keys leave it open; Esc closes it and the selection is where it was.
+    press(&mut app, &[KeyCode::Char('z'), KeyCode::Tab]);
+    assert!(app.overlay.is_some());
+    assert_eq!(app.panel, Panel::Findings);
+    press(&mut app, &[KeyCode::Esc]);
+    assert_eq!(app.overlay, None);
+    assert_eq!(app.selected_finding, 1);
+    // Enter on an empty list opens nothing.
+    let mut empty = loaded("healthy");
+    empty.findings.clear();
+    press(&mut empty, &[KeyCode::Char('4'), KeyCode::Enter]);
+    assert_eq!(empty.overlay, None);
+}
+
+#[test]
+fn a_finding_longer_than_the_screen_scrolls_to_its_last_word() {
+    let mut app = loaded("ecc_error");
+    let mut long = app.findings[0].clone();
+    long.advice = (1..=120)
+        .map(|i| format!("step{i}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    long.advice.push_str(" THE-END");
+    app.findings.insert(0, long);
+    app.selected_finding = 0;
+    press(&mut app, &[KeyCode::Char('4'), KeyCode::Enter]);
+    let first = render(&app, 80, 24);
+    assert!(!first.contains("THE-END"), "{first}");
+    press(&mut app, &[KeyCode::Down]);
+    assert!(matches!(
+        app.overlay,
+        Some(Overlay::Finding { scroll: 1, .. })
+    ));
+    press(&mut app, &[KeyCode::End]);
+    let last = render(&app, 80, 24);
+    assert!(last.contains("THE-END"), "{last}");
+    // Scrolling stops at the end: one Up moves back at once.
+    let Some(Overlay::Finding { scroll: end, .. }) = app.overlay.clone() else {
+        panic!("closed")
+    };
+    press(&mut app, &[KeyCode::Down, KeyCode::Down, KeyCode::Up]);
+    assert!(matches!(app.overlay, Some(Overlay::Finding { scroll, .. }) if scroll == end - 1));
+    press(&mut app, &[KeyCode::Home]);
+    assert!(matches!(
+        app.overlay,
+        Some(Overlay::Finding { scroll: 0, .. })
+    ));
+}
+
 #[test]
 fn tiny_terminal_says_so() {
     let app = loaded("demo");
@@ -480,11 +623,15 @@ fn findings_refresh_at_most_once_a_second() {
     assert!(app.findings.is_empty(), "evaluated again within a second");
     app.maybe_refresh_findings(t0 + Duration::from_millis(1100));
     assert!(app.count(Severity::Fail) > 0);
-    // Newest first.
-    let times: Vec<u64> = app.findings.iter().map(|f| f.time_ms).collect();
-    let mut sorted = times.clone();
+    // Worst first, newest first within a severity.
+    let order: Vec<(Severity, u64)> = app
+        .findings
+        .iter()
+        .map(|f| (f.severity, f.time_ms))
+        .collect();
+    let mut sorted = order.clone();
     sorted.sort_unstable_by(|a, b| b.cmp(a));
-    assert_eq!(times, sorted);
+    assert_eq!(order, sorted);
     assert!(render(&app, 80, 24).contains(&format!("{} fail", app.count(Severity::Fail))));
 }
 

@@ -165,6 +165,12 @@ impl KillSignal {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Overlay {
     Help,
+    /// One finding's whole evidence and advice (Enter in Findings), scrolled down `scroll`
+    /// lines. A copy, so a refresh of the list underneath cannot swap what is being read.
+    Finding {
+        finding: Box<Finding>,
+        scroll: u16,
+    },
     /// Waiting for y/n before signalling a process.
     ConfirmKill {
         pid: u32,
@@ -262,7 +268,7 @@ pub struct App {
     recorded: Vec<Finding>,
     rules: RulesConfig,
     libraries: Option<Vec<LibraryInfo>>,
-    /// Everything the rules raised this session, newest first.
+    /// Everything the rules raised this session, worst first, newest first within a severity.
     pub findings: Vec<Finding>,
     findings_at: Option<Instant>,
     /// Memory readings per (device, pid) within the growth window.
@@ -285,6 +291,8 @@ pub struct App {
     /// Why no more data arrives: `Some(None)` at the end of a recording.
     pub ended: Option<Option<String>>,
     pub overlay: Option<Overlay>,
+    /// The terminal's (width, height) at the last event, for scrolling boxes within it.
+    pub viewport: (u16, u16),
     /// A one-line message in the footer until the next key.
     pub status: Option<String>,
     pub probes: ProbesState,
@@ -330,6 +338,7 @@ impl App {
             position: None,
             ended: None,
             overlay: None,
+            viewport: (80, 24),
             status: None,
             probes: if init_is_live {
                 ProbesState::Ready {
@@ -468,8 +477,9 @@ impl App {
         Some((m1 as f64 - m0 as f64) / ((t1 - t0) as f64 / 1000.0))
     }
 
-    /// Copies the engine's findings for display: everything raised this session, newest first
-    /// (worst first among equals).
+    /// Copies the engine's findings for display: everything raised this session, worst first
+    /// so a FAIL is never below an INFO, newest first within a severity. The selection stays
+    /// on the finding it was on.
     pub fn refresh_findings(&mut self) {
         if self.now_ms().is_none() {
             self.findings.clear();
@@ -488,8 +498,13 @@ impl App {
             .cloned()
             .collect();
         let mut findings = with_recorded(self.pipeline.engine.raised(), &recorded);
-        findings.sort_by_key(|f| std::cmp::Reverse(f.time_ms));
+        findings.sort_by_key(|f| std::cmp::Reverse((f.severity, f.time_ms)));
+        let key = |f: &Finding| (f.id.clone(), f.device, f.time_ms);
+        let was = self.findings.get(self.selected_finding).map(key);
         self.findings = findings;
+        if let Some(i) = was.and_then(|k| self.findings.iter().position(|f| key(f) == k)) {
+            self.selected_finding = i;
+        }
         let n = self.findings.len();
         self.selected_finding = self.selected_finding.min(n.saturating_sub(1));
     }
@@ -655,6 +670,26 @@ impl App {
                 }
                 return None;
             }
+            Some(Overlay::Finding { finding, scroll }) => {
+                let max = super::panels::findings::detail_scroll_max(self, &finding, self.viewport);
+                let scroll = match key.code {
+                    KeyCode::Esc | KeyCode::Enter | KeyCode::Backspace => return None,
+                    KeyCode::Char('q') => {
+                        self.quit = true;
+                        return None;
+                    }
+                    KeyCode::Up => scroll.saturating_sub(1),
+                    KeyCode::Down => scroll.saturating_add(1).min(max),
+                    KeyCode::PageUp => scroll.saturating_sub(10),
+                    KeyCode::PageDown => scroll.saturating_add(10).min(max),
+                    KeyCode::Home => 0,
+                    KeyCode::End => max,
+                    // Other keys leave the box open: it is being read.
+                    _ => scroll,
+                };
+                self.overlay = Some(Overlay::Finding { finding, scroll });
+                return None;
+            }
             None => {}
         }
         let shift = key.modifiers.contains(KeyModifiers::SHIFT);
@@ -676,6 +711,14 @@ impl App {
             KeyCode::Home => self.select(isize::MIN / 2),
             KeyCode::End => self.select(isize::MAX / 2),
             KeyCode::Enter if self.panel == Panel::Devices => self.panel = Panel::Detail,
+            KeyCode::Enter if self.panel == Panel::Findings => {
+                if let Some(f) = self.findings.get(self.selected_finding) {
+                    self.overlay = Some(Overlay::Finding {
+                        finding: Box::new(f.clone()),
+                        scroll: 0,
+                    });
+                }
+            }
             KeyCode::Enter if self.panel == Panel::Probes => {
                 if let ProbesState::Ready { suite, .. } = self.probes {
                     self.probes = ProbesState::Running {
@@ -708,6 +751,16 @@ impl App {
 
     /// Mouse: the wheel moves the selection, a click on the tab bar switches panels.
     pub fn on_mouse(&mut self, m: MouseEvent, tab_at: impl Fn(u16, u16) -> Option<Panel>) {
+        // The wheel scrolls an open finding rather than the list under it.
+        if let Some(Overlay::Finding { .. }) = &self.overlay {
+            let code = match m.kind {
+                MouseEventKind::ScrollUp => KeyCode::Up,
+                MouseEventKind::ScrollDown => KeyCode::Down,
+                _ => return,
+            };
+            self.on_key(KeyEvent::new(code, KeyModifiers::NONE));
+            return;
+        }
         match m.kind {
             MouseEventKind::ScrollUp => self.select(-1),
             MouseEventKind::ScrollDown => self.select(1),

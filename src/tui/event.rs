@@ -86,6 +86,9 @@ fn handle(
     tx: &Sender<AppEvent>,
     size: Option<ratatui::layout::Size>,
 ) {
+    if let Some(s) = size {
+        app.viewport = (s.width, s.height);
+    }
     match ev {
         AppEvent::Input(InputEvent::Key(k)) if k.kind != KeyEventKind::Release => {
             if let Some(effect) = app.on_key(k) {
