@@ -942,7 +942,13 @@ fn probes_panel_picks_a_suite_runs_it_and_shows_the_verdicts() {
     assert!(render(&app, 80, 24).contains("No probe run yet"));
     // Down picks standard; Enter starts it and asks the loop to run it off the UI thread.
     let effects = press(&mut app, &[KeyCode::Down, KeyCode::Enter]);
-    assert_eq!(effects, [Effect::RunProbes(SuiteName::Standard)]);
+    assert_eq!(
+        effects,
+        [Effect::RunProbes {
+            suite: SuiteName::Standard,
+            force: false
+        }]
+    );
     assert!(matches!(
         app.probes,
         ProbesState::Running {
@@ -961,6 +967,160 @@ fn probes_panel_picks_a_suite_runs_it_and_shows_the_verdicts() {
     assert!(app.status.as_deref().unwrap().contains("all passed"));
     app.on_probes(Err("the CUDA driver sees no GPU".into()));
     assert!(render(&app, 80, 24).contains("Could not run: the CUDA driver sees no GPU"));
+}
+
+/// A run that found GPU 0 busy, as a child `gpudiag probe --json` reports it.
+fn busy_report() -> gpudiag::probes::runner::ProbeReport {
+    serde_json::from_str(
+        r#"{"suite":"quick","devices":[{"index":0,"gpu":null,"model":null,
+        "refused":"GPU 0 is in use by pid 4242 (3072 MiB), pid 4243; probes would disturb it and be disturbed",
+        "name":"NVIDIA H200","forcible":true,"busy_pids":[4242,4243],"results":[]}]}"#,
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_busy_gpu_is_named_and_forcing_is_offered_with_a_confirmation() {
+    use gpudiag::cli::SuiteName;
+    use gpudiag::tui::app::ProbesState;
+    let mut app = live_app();
+    let mut b = open("demo");
+    for t in all_ticks(&mut b) {
+        app.push_tick(t);
+    }
+    let util = app.pipeline.latest[&0].gpu_util_pct.unwrap();
+    press(&mut app, &[KeyCode::Char('5'), KeyCode::Enter]);
+    app.on_probes(Ok(busy_report()));
+    let expected = format!("GPU 0 NVIDIA H200 is busy (2 processes / {util:.0}% util)");
+    let ProbesState::ConfirmForce { busy, .. } = &app.probes else {
+        panic!("no question asked: {:?}", app.probes)
+    };
+    assert_eq!(busy, std::slice::from_ref(&expected));
+    assert_eq!(
+        app.status.as_deref(),
+        Some(format!("{expected}: press f to run anyway, Esc to cancel").as_str())
+    );
+    let wide = render(&app, 120, 30);
+    assert!(
+        wide.contains(&format!("{expected}: press f to run anyway, Esc to cancel")),
+        "{wide}"
+    );
+    // At 80 columns the question wraps, whole, and so does the refusal under it.
+    let screen = render(&app, 80, 24);
+    let text = words(&boxed_text(&screen, "┌ Probes ").join(" "));
+    assert!(
+        text.contains(&format!("{expected}: press f to run anyway, Esc to cancel")),
+        "{screen}"
+    );
+    assert!(
+        text.contains("pid 4243; probes would disturb it and be disturbed; f runs it anyway"),
+        "{screen}"
+    );
+    // The GPU is named, never "?", and the remedy is the UI's, not a flag it cannot pass.
+    assert!(!screen.contains("GPU 0 ?"), "{screen}");
+    assert!(!screen.contains("--force"), "{screen}");
+    // f confirms: the suite runs again, forced.
+    let effects = press(&mut app, &[KeyCode::Char('f')]);
+    assert_eq!(
+        effects,
+        [Effect::RunProbes {
+            suite: SuiteName::Quick,
+            force: true
+        }]
+    );
+    assert!(matches!(app.probes, ProbesState::Running { .. }));
+    app.on_probes(Ok(h200_quick()));
+    assert!(matches!(app.probes, ProbesState::Ready { .. }));
+
+    // Esc declines: the refusal stays on screen, and f asks again before anything runs.
+    press(&mut app, &[KeyCode::Enter]);
+    app.on_probes(Ok(busy_report()));
+    assert!(press(&mut app, &[KeyCode::Esc]).is_empty());
+    assert!(matches!(
+        app.probes,
+        ProbesState::Ready {
+            last: Some(Ok(_)),
+            ..
+        }
+    ));
+    let declined = render(&app, 100, 24);
+    assert!(
+        declined.contains("GPU 0 NVIDIA H200 (quick suite"),
+        "{declined}"
+    );
+    assert!(
+        declined.contains("f runs it anyway (asks first)"),
+        "{declined}"
+    );
+    assert!(press(&mut app, &[KeyCode::Char('f')]).is_empty());
+    assert!(matches!(app.probes, ProbesState::ConfirmForce { .. }));
+    // Elsewhere, f is not a probe key.
+    press(&mut app, &[KeyCode::Char('1')]);
+    assert!(press(&mut app, &[KeyCode::Char('f')]).is_empty());
+}
+
+#[test]
+fn a_gpu_whose_users_cannot_be_seen_is_offered_too() {
+    let app = live_app();
+    let mut report = busy_report();
+    report.devices[0].busy_pids.clear();
+    report.devices[0].name = None;
+    report.devices[0].refused =
+        Some("could not list the GPU's processes (NVML: Unknown Error)".into());
+    let lines = app.busy_lines(&report);
+    // The name comes from the telemetry's device list then.
+    assert_eq!(
+        lines,
+        [
+            "GPU 0 NVIDIA H200: its other users could not be checked (could not list the GPU's \
+          processes (NVML: Unknown Error))"
+        ]
+    );
+    report.devices[0].forcible = false;
+    assert!(app.busy_lines(&report).is_empty());
+}
+
+/// The panel's runs happen in a child `gpudiag probe --json`: the arguments it gets, its
+/// report read back, and its error passed on. A script stands in for the binary.
+#[test]
+fn probes_run_in_a_child_gpudiag_probe() {
+    use gpudiag::cli::SuiteName;
+    use gpudiag::commands::run_probes_in_child;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let script = |name: &str, body: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    };
+    let args = dir.path().join("args");
+    let report = serde_json::to_string(&busy_report()).unwrap();
+    let ok = script(
+        "ok",
+        &format!(
+            "echo \"$@\" > {}\ncat <<'EOF'\n{report}\nEOF\nexit 1",
+            args.display()
+        ),
+    );
+    let got = run_probes_in_child(&ok, SuiteName::Standard, true).unwrap();
+    assert_eq!(got, busy_report());
+    assert_eq!(
+        std::fs::read_to_string(&args).unwrap().trim(),
+        "--config /dev/null probe --suite standard --json --force"
+    );
+    let fails = script("fails", "echo 'gpudiag: no GPU here' >&2; exit 3");
+    let e = run_probes_in_child(&fails, SuiteName::Quick, false).unwrap_err();
+    assert_eq!(e.to_string(), "no GPU here");
+    // The real binary on this host: a report, or (no GPU, as in CI) its own reason.
+    let real = Path::new(env!("CARGO_BIN_EXE_gpudiag"));
+    match run_probes_in_child(real, SuiteName::Quick, false) {
+        Ok(r) => assert!(!r.devices.is_empty()),
+        Err(e) => assert!(
+            e.to_string().contains("libcuda") || e.to_string().contains("GPU"),
+            "{e}"
+        ),
+    }
 }
 
 #[test]

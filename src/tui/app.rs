@@ -188,8 +188,12 @@ pub enum Effect {
         signal: KillSignal,
     },
     SaveRecording,
-    /// Run this suite on every GPU on a worker thread; its report comes back as an event.
-    RunProbes(SuiteName),
+    /// Run this suite on every GPU, in a child process watched by a worker thread; its report
+    /// comes back as an event. `force` probes GPUs that other processes use.
+    RunProbes {
+        suite: SuiteName,
+        force: bool,
+    },
 }
 
 /// Where the telemetry comes from. Only the header (mode), seeking and killing care: panels
@@ -212,6 +216,15 @@ pub enum ProbesState {
     Running {
         suite: SuiteName,
         started: Instant,
+    },
+    /// A run refused GPUs that others use (or whose other users could not be seen); `f`
+    /// runs the suite again with them, Esc keeps the results as they are.
+    ConfirmForce {
+        suite: SuiteName,
+        /// The run that refused them, shown under the question.
+        report: Box<ProbeReport>,
+        /// One line per refused GPU, naming it and how busy it is.
+        busy: Vec<String>,
     },
 }
 
@@ -626,9 +639,32 @@ impl App {
             );
         }
         let suite = match &self.probes {
-            ProbesState::Running { suite, .. } | ProbesState::Ready { suite, .. } => *suite,
+            ProbesState::Running { suite, .. }
+            | ProbesState::Ready { suite, .. }
+            | ProbesState::ConfirmForce { suite, .. } => *suite,
             ProbesState::NeedsLive => return,
         };
+        if let Ok(report) = &result {
+            let busy = self.busy_lines(report);
+            if !busy.is_empty() {
+                let more = match busy.len() {
+                    1 => String::new(),
+                    n => format!(" and {} more", n - 1),
+                };
+                let how = if self.panel == Panel::Probes {
+                    "press f to run anyway, Esc to cancel"
+                } else {
+                    "f in Probes (5) runs anyway"
+                };
+                self.status = Some(format!("{}{more}: {how}", busy[0]));
+                self.probes = ProbesState::ConfirmForce {
+                    suite,
+                    report: Box::new(report.clone()),
+                    busy,
+                };
+                return;
+            }
+        }
         self.status = Some(match &result {
             Ok(r) if r.exit_code() == 0 => {
                 format!("{} probes finished: all passed", suite.as_str())
@@ -640,6 +676,94 @@ impl App {
             suite,
             last: Some(result),
         };
+    }
+
+    /// One line for each GPU the report refused in a way forcing overrides: "GPU 0 NVIDIA H200
+    /// is busy (2 processes / 87% util)", the utilisation from this session's telemetry.
+    pub fn busy_lines(&self, report: &ProbeReport) -> Vec<String> {
+        report
+            .devices
+            .iter()
+            .filter(|d| d.forcible)
+            .map(|d| {
+                let name = d
+                    .name
+                    .clone()
+                    .or_else(|| {
+                        let info = self.devices.iter().find(|x| x.index == d.index)?;
+                        info.name.clone()
+                    })
+                    .map_or_else(String::new, |n| format!(" {n}"));
+                if d.busy_pids.is_empty() {
+                    let why = d.refused.as_deref().unwrap_or("unknown");
+                    return format!(
+                        "GPU {}{name}: its other users could not be checked ({why})",
+                        d.index
+                    );
+                }
+                let n = d.busy_pids.len();
+                let util = self
+                    .pipeline
+                    .latest
+                    .get(&d.index)
+                    .and_then(|s| s.gpu_util_pct)
+                    .map_or_else(|| "util n/a".to_owned(), |u| format!("{u:.0}% util"));
+                format!(
+                    "GPU {}{name} is busy ({n} process{} / {util})",
+                    d.index,
+                    if n == 1 { "" } else { "es" }
+                )
+            })
+            .collect()
+    }
+
+    /// `f` in Probes: from the question, run again with the busy GPUs; from results that
+    /// refused some, ask the question again.
+    fn force_probes(&mut self) -> Option<Effect> {
+        match std::mem::replace(&mut self.probes, ProbesState::NeedsLive) {
+            ProbesState::ConfirmForce { suite, .. } => {
+                self.probes = ProbesState::Running {
+                    suite,
+                    started: Instant::now(),
+                };
+                self.status = Some(format!(
+                    "running the {} suite on every GPU, busy ones included",
+                    suite.as_str()
+                ));
+                Some(Effect::RunProbes { suite, force: true })
+            }
+            ProbesState::Ready {
+                suite,
+                last: Some(Ok(report)),
+            } if report.devices.iter().any(|d| d.forcible) => {
+                let busy = self.busy_lines(&report);
+                self.probes = ProbesState::ConfirmForce {
+                    suite,
+                    report: Box::new(report),
+                    busy,
+                };
+                None
+            }
+            other => {
+                self.probes = other;
+                self.status = Some("no GPU was refused as busy: nothing to force".into());
+                None
+            }
+        }
+    }
+
+    /// Esc in Probes: the question goes, the results it was asked about stay.
+    fn cancel_force(&mut self) {
+        match std::mem::replace(&mut self.probes, ProbesState::NeedsLive) {
+            ProbesState::ConfirmForce { suite, report, .. } => {
+                self.status = Some("busy GPUs left alone".into());
+                self.probes = ProbesState::Ready {
+                    suite,
+                    last: Some(Ok(*report)),
+                };
+            }
+            other => self.probes = other,
+        }
     }
 
     /// Handles one key press and says what the event loop must do.
@@ -725,9 +849,14 @@ impl App {
                         suite,
                         started: Instant::now(),
                     };
-                    return Some(Effect::RunProbes(suite));
+                    return Some(Effect::RunProbes {
+                        suite,
+                        force: false,
+                    });
                 }
             }
+            KeyCode::Char('f') if self.panel == Panel::Probes => return self.force_probes(),
+            KeyCode::Esc if self.panel == Panel::Probes => self.cancel_force(),
             KeyCode::Char(' ') | KeyCode::Char('p') => {
                 self.paused = !self.paused;
                 return Some(Effect::Feed(FeedControl::Pause(self.paused)));

@@ -10,7 +10,7 @@ use crate::tui::app::{App, KillSignal};
 
 /// Key, what it does. Each line fits the box on an 80x24 terminal (`tests/tui.rs` renders it
 /// there and checks every line whole).
-pub const KEYS: [(&str, &str); 17] = [
+pub const KEYS: [(&str, &str); 18] = [
     ("q  Ctrl-C", "quit"),
     ("?  F1", "this help (any key closes it)"),
     ("Tab  Shift-Tab", "next / previous panel"),
@@ -19,6 +19,7 @@ pub const KEYS: [(&str, &str); 17] = [
     ("↑ ↓  PgUp PgDn", "select device, process, finding or suite"),
     ("Enter", "device detail; a finding's evidence and advice"),
     ("Enter", "in Probes: run the picked suite"),
+    ("f", "in Probes: probe a busy GPU anyway (asks first)"),
     ("Esc", "close a box, cancel"),
     ("space  p", "pause / resume"),
     ("z  Z", "zoom charts: 1m 5m 15m 1h"),
