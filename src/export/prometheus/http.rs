@@ -267,6 +267,7 @@ fn read_tls_head(p: &mut Pending, chunk: &mut [u8]) -> HeadState {
     }
     while conn.wants_write() {
         match conn.write_tls(stream) {
+            Ok(0) => return HeadState::Gone,
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -363,15 +364,23 @@ fn write_answer(p: Pending, (status, ctype, body): Answer) {
             conn.set_buffer_limit(None);
             if conn.writer().write_all(&bytes).is_ok() {
                 conn.send_close_notify();
-                while conn.wants_write() {
-                    if conn.write_tls(&mut stream).is_err() {
-                        break;
-                    }
-                }
+                flush_tls(&mut conn, &mut stream);
             }
         }
     }
     let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+
+/// Writes out what rustls holds until done, or until the socket refuses (would block, timed
+/// out, closed): either way there is nothing more this connection can be given.
+fn flush_tls(conn: &mut rustls::ServerConnection, stream: &mut TcpStream) {
+    while conn.wants_write() {
+        match conn.write_tls(stream) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
 }
 
 /// A short answer written without blocking (it fits an empty socket buffer), then the close.
@@ -385,11 +394,7 @@ fn send_now(p: &mut Pending, (status, ctype, body): Answer) {
         Some(conn) if !conn.is_handshaking() => {
             if conn.writer().write_all(&bytes).is_ok() {
                 conn.send_close_notify();
-                while conn.wants_write() {
-                    if conn.write_tls(&mut p.stream).is_err() {
-                        break;
-                    }
-                }
+                flush_tls(conn, &mut p.stream);
             }
         }
         Some(_) => {}
