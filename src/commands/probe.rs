@@ -84,7 +84,14 @@ pub fn run_probes_in_ui(
     force: bool,
 ) -> Result<gpudiag_probes::runner::ProbeReport, Error> {
     // /proc/self/exe is this very binary even if the file was replaced since it started.
-    run_probes_in_child(Path::new("/proc/self/exe"), suite, force)
+    let proc_exe = Path::new("/proc/self/exe");
+    let exe = if proc_exe.exists() {
+        proc_exe.to_path_buf()
+    } else {
+        std::env::current_exe()
+            .map_err(|e| Error::CannotRun(format!("cannot find gpudiag's own binary: {e}")))?
+    };
+    run_probes_in_child(&exe, suite, force)
 }
 
 /// Runs `exe probe --suite SUITE --json [--force]` and reads its report. The child gets
