@@ -3,6 +3,7 @@
 //! `TestBackend` from fixture recordings and the demo, key sequences driving the app state, the
 //! feed thread on a real recording, and saving a session.
 
+use std::ops::Not;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -1120,6 +1121,76 @@ fn probes_run_in_a_child_gpudiag_probe() {
             e.to_string().contains("libcuda") || e.to_string().contains("GPU"),
             "{e}"
         ),
+    }
+}
+
+/// Quitting the UI while its probes run stops them: the child gets SIGTERM when the process
+/// that started it dies. This test runs itself again as the "UI" (the variable below), which
+/// starts a stand-in child and is then killed.
+#[test]
+fn quitting_the_ui_stops_its_probe_child() {
+    use gpudiag::cli::SuiteName;
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(script) = std::env::var_os("GPUDIAG_TEST_PROBE_CHILD") {
+        let _ = gpudiag::commands::run_probes_in_child(Path::new(&script), SuiteName::Quick, false);
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = dir.path().join("probe");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho $$ > {}\nexec sleep 60\n",
+            pidfile.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut ui = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "quitting_the_ui_stops_its_probe_child",
+            "--exact",
+            "--nocapture",
+        ])
+        .env("GPUDIAG_TEST_PROBE_CHILD", &script)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let pid = loop {
+        if let Some(pid) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+        {
+            break pid;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the child never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    ui.kill().unwrap();
+    ui.wait().unwrap();
+    // Gone, or a zombie waiting for a reaper: either way no longer running.
+    let running = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()
+                    .map(|r| r.trim_start().starts_with(['Z', 'X']).not())
+            })
+            .unwrap_or(false)
+    };
+    while running() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the probe child {pid} outlived the UI"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
