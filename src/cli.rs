@@ -333,6 +333,11 @@ pub struct ServeArgs {
     /// Port 0 picks a free port, printed at start.
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9835")]
     pub listen: std::net::SocketAddr,
+    /// TLS and basic auth for /metrics from a Prometheus exporter web config file
+    /// (exporter-toolkit's web-config.yml: tls_server_config, basic_auth_users with bcrypt
+    /// hashes). Listening beyond loopback without both prints a warning.
+    #[arg(long = "web.config.file", value_name = "PATH")]
+    pub web_config_file: Option<PathBuf>,
     /// Time between samples (50ms or more).
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
     pub interval: Duration,

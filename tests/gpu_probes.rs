@@ -187,7 +187,15 @@ fn a_busy_gpu_is_refused_unless_forced() {
     drop(holder);
     assert_eq!(out.status.code(), Some(1));
     let why = refused.expect("refused");
-    assert!(why.contains("--force") && why.contains("pid"), "{why}");
+    assert!(why.contains("pid"), "{why}");
+    // The refusal says why; forcing is flagged for the caller to word (--force here).
+    assert!(rep.devices[0].forcible);
+    assert!(!rep.devices[0].busy_pids.is_empty());
+    assert!(
+        rep.devices[0].name.is_some(),
+        "a refused GPU is still named"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"forcible\": true"));
     assert!(rep.devices[0].results.is_empty());
     assert_eq!(fout.status.code(), Some(0));
     assert_eq!(forced.devices[0].results[0].verdict, Verdict::Pass);

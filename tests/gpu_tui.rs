@@ -1,6 +1,7 @@
 //! GPU test of the terminal UI: run on a host with an NVIDIA GPU (`.gpu-bundle/run-gpu-tests`),
 //! ignored elsewhere. tmux starts `gpudiag` on the real GPUs; the test checks that the device's
-//! name and live values appear, walks the panels, and that the UI exits cleanly.
+//! name and live values appear, walks the panels, and that the UI exits cleanly. Another checks
+//! that a probe run from the UI leaves no GPU memory with the UI.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "support/tmux.rs"]
@@ -138,4 +139,63 @@ fn live_ui_shows_the_gpu_and_exits_cleanly() {
     tmux.keys(&["q"]);
     tmux.wait_for(&["exit=0", "tty-restored"], WAIT);
     assert_eq!(tmux.display("#{alternate_on}"), "0");
+}
+
+/// MiB in use on each GPU, as nvidia-smi reports it.
+fn used_mib() -> Vec<u64> {
+    let out = Command::new("nvidia-smi")
+        .args(["--query-gpu=memory.used", "--format=csv,noheader,nounits"])
+        .output()
+        .expect("nvidia-smi runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// What the Probes panel does, from a process standing in for the UI: the suite runs (in a
+/// child `gpudiag probe`), and afterwards this process holds no CUDA context: no GPU memory
+/// beyond what was in use before, not in NVML's process list, libcuda never loaded. Run in the
+/// UI's own process, the probes left about 500 MiB per GPU until the UI quit.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_probe_run_from_the_ui_leaves_no_gpu_memory_with_the_ui() {
+    let before = used_mib();
+    let report = gpudiag::commands::run_probes_in_child(
+        std::path::Path::new(&gpudiag_bin()),
+        gpudiag::cli::SuiteName::Quick,
+        true,
+    )
+    .expect("the quick suite runs");
+    assert!(
+        report.devices.iter().any(|d| !d.results.is_empty()),
+        "{report:?}"
+    );
+    // The driver frees a context a moment after its process exits.
+    let start = std::time::Instant::now();
+    let mut after = used_mib();
+    while after.iter().zip(&before).any(|(a, b)| *a > b + 64)
+        && start.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(200));
+        after = used_mib();
+    }
+    for (gpu, (a, b)) in after.iter().zip(&before).enumerate() {
+        assert!(
+            *a <= b + 64,
+            "GPU {gpu}: {b} MiB in use before, {a} MiB after"
+        );
+    }
+    let me = std::process::id().to_string();
+    let apps = Command::new("nvidia-smi")
+        .args(["--query-compute-apps=pid", "--format=csv,noheader"])
+        .output()
+        .expect("nvidia-smi runs");
+    let apps = String::from_utf8_lossy(&apps.stdout);
+    assert!(!apps.lines().any(|l| l.trim() == me), "{apps}");
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    assert!(
+        !maps.contains("libcuda.so"),
+        "libcuda loaded in the UI's process"
+    );
 }

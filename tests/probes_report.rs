@@ -47,6 +47,9 @@ fn probes() -> DeviceProbes {
         }),
         model: Some("H200".into()),
         refused: None,
+        name: None,
+        forcible: false,
+        busy_pids: Vec::new(),
         results: vec![r, m],
     }
 }

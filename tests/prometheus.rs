@@ -1,7 +1,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! A real Prometheus server scrapes `gpudiag serve --replay` and its HTTP API must return the
-//! series with the recording's values and dcgm-exporter's labels. Needs the `prometheus` binary
-//! (Debian's package; `.ci/run` installs it); skipped with a message where it is absent.
+//! A real Prometheus server scrapes `gpudiag serve --replay` (and, over TLS with basic auth, a
+//! `serve --web.config.file`) and its HTTP API must return the series with the recording's
+//! values and dcgm-exporter's labels. Needs the `prometheus` binary (Debian's package;
+//! `.ci/run` installs it); skipped with a message where it is absent.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -93,28 +94,15 @@ fn wait_for(prom: &str, q: &str, ok: impl Fn(f64) -> bool, within: Duration) -> 
     }
 }
 
-#[test]
-fn a_real_prometheus_scrapes_serve() {
-    let Some(prometheus) = prometheus_binary() else {
-        eprintln!(
-            "SKIPPED: the prometheus binary is not installed here (apt-get install prometheus; \
-             .ci/run installs it in CI)"
-        );
-        return;
-    };
-    let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recordings/two_gpus.ndjson");
-    let served = serve(&["--replay", fixture.to_str().expect("a UTF-8 path")]);
-    let target = served.addr.clone();
-
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("prometheus.yml");
+/// Starts Prometheus with these scrape configs (YAML list items) on a free port; its data lives
+/// in `dir`.
+fn start_prometheus(prometheus: &str, dir: &Path, scrape_configs: &str) -> (Killed, String) {
+    let config = dir.join("prometheus.yml");
     std::fs::write(
         &config,
         format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-             scrape_configs:\n  - job_name: gpudiag\n    scrape_interval: 1s\n    \
-             scrape_timeout: 1s\n    static_configs:\n      - targets: ['{target}']\n"
+             scrape_configs:\n{scrape_configs}"
         ),
     )
     .unwrap();
@@ -123,7 +111,7 @@ fn a_real_prometheus_scrapes_serve() {
         .arg(format!("--config.file={}", config.display()))
         .arg(format!(
             "--storage.tsdb.path={}",
-            dir.path().join("data").display()
+            dir.join("data").display()
         ))
         .arg(format!("--web.listen-address={prom}"))
         .arg("--log.level=warn")
@@ -131,7 +119,103 @@ fn a_real_prometheus_scrapes_serve() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let _prometheus = Killed(child);
+    (Killed(child), prom)
+}
+
+fn skipped() {
+    eprintln!(
+        "SKIPPED: the prometheus binary is not installed here (apt-get install prometheus; \
+         .ci/run installs it in CI)"
+    );
+}
+
+/// The same exporter web config Prometheus's own exporters take: Prometheus scrapes over
+/// TLS with the right password, and a job with a wrong one is down.
+#[test]
+fn a_real_prometheus_scrapes_serve_over_tls_with_basic_auth() {
+    let Some(prometheus) = prometheus_binary() else {
+        return skipped();
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    std::fs::write(dir.path().join("server.crt"), cert.pem()).unwrap();
+    std::fs::write(dir.path().join("server.key"), key.serialize_pem()).unwrap();
+    let hash = bcrypt::hash("scrape-me", 4).unwrap();
+    let web = dir.path().join("web-config.yml");
+    std::fs::write(
+        &web,
+        format!(
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n\
+             basic_auth_users:\n  prometheus: '{hash}'\n"
+        ),
+    )
+    .unwrap();
+    let served = serve(&["--demo", "--web.config.file", web.to_str().unwrap()]);
+    let ca = dir.path().join("server.crt");
+    let job = |name: &str, password: &str| {
+        format!(
+            "  - job_name: {name}\n    scheme: https\n    scrape_interval: 1s\n    \
+             scrape_timeout: 1s\n    tls_config:\n      ca_file: {}\n    basic_auth:\n      \
+             username: prometheus\n      password: {password}\n    static_configs:\n      \
+             - targets: ['{}']\n",
+            ca.display(),
+            served.addr
+        )
+    };
+    let (_prometheus, prom) = start_prometheus(
+        &prometheus,
+        dir.path(),
+        &format!(
+            "{}{}",
+            job("gpudiag", "scrape-me"),
+            job("intruder", "guess")
+        ),
+    );
+    wait_for(
+        &prom,
+        "up{job=\"gpudiag\"}",
+        |v| v == 1.0,
+        Duration::from_secs(60),
+    );
+    let util = wait_for(
+        &prom,
+        "DCGM_FI_DEV_GPU_UTIL{job=\"gpudiag\"}",
+        |_| true,
+        Duration::from_secs(30),
+    );
+    assert_eq!(util["metric"]["modelName"], "NVIDIA H200");
+    wait_for(
+        &prom,
+        "up{job=\"intruder\"}",
+        |v| v == 0.0,
+        Duration::from_secs(30),
+    );
+    assert!(query(&prom, "DCGM_FI_DEV_GPU_UTIL{job=\"intruder\"}").is_empty());
+}
+
+#[test]
+fn a_real_prometheus_scrapes_serve() {
+    let Some(prometheus) = prometheus_binary() else {
+        return skipped();
+    };
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recordings/two_gpus.ndjson");
+    let served = serve(&["--replay", fixture.to_str().expect("a UTF-8 path")]);
+    let target = served.addr.clone();
+
+    let dir = tempfile::tempdir().unwrap();
+    let (_prometheus, prom) = start_prometheus(
+        &prometheus,
+        dir.path(),
+        &format!(
+            "  - job_name: gpudiag\n    scrape_interval: 1s\n    scrape_timeout: 1s\n    \
+             static_configs:\n      - targets: ['{target}']\n"
+        ),
+    );
 
     // The target is up, and the replay has played out (about 9 s of recorded time), so every
     // series holds the recording's last values.

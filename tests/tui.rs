@@ -3,6 +3,7 @@
 //! `TestBackend` from fixture recordings and the demo, key sequences driving the app state, the
 //! feed thread on a real recording, and saving a session.
 
+use std::ops::Not;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -216,6 +217,149 @@ fn help_overlay_snapshot() {
     let mut app = loaded("demo");
     press(&mut app, &[KeyCode::Char('?')]);
     insta::assert_snapshot!("demo_help_80x24", render(&app, 80, 24));
+}
+
+/// The help box fits an 80x24 terminal whole: every key and every description on one line,
+/// both borders on screen.
+#[test]
+fn help_fits_80x24_with_nothing_cut() {
+    use gpudiag::tui::panels::overlay::KEYS;
+    let mut app = loaded("demo");
+    press(&mut app, &[KeyCode::Char('?')]);
+    let screen = render(&app, 80, 24);
+    let lines: Vec<&str> = screen.lines().collect();
+    let top = lines
+        .iter()
+        .position(|l| l.contains("┌ Keys "))
+        .unwrap_or_else(|| panic!("no top border: {screen}"));
+    let bottom = top + KEYS.len() + 1;
+    assert!(
+        bottom < lines.len(),
+        "the box runs off the screen: {screen}"
+    );
+    assert!(
+        lines[bottom].contains('└') && lines[bottom].contains('┘'),
+        "{screen}"
+    );
+    for (i, (k, what)) in KEYS.iter().enumerate() {
+        let line = lines[top + 1 + i];
+        assert!(line.contains(what), "{what:?} cut: {line}");
+        assert!(line.contains(k), "{k:?} missing: {line}");
+    }
+}
+
+/// The text inside the bordered box whose top border carries `title`, one string per row.
+fn boxed_text(screen: &str, title: &str) -> Vec<String> {
+    let lines: Vec<&str> = screen.lines().collect();
+    let top = lines.iter().position(|l| l.contains(title)).unwrap();
+    let left = lines[top].chars().position(|c| c == '┌').unwrap();
+    let mut rows = Vec::new();
+    for l in &lines[top + 1..] {
+        let chars: Vec<char> = l.chars().collect();
+        if chars.get(left) == Some(&'└') {
+            break;
+        }
+        let inner: String = chars[left + 1..]
+            .iter()
+            .take_while(|c| **c != '│')
+            .collect();
+        rows.push(inner.trim().to_owned());
+    }
+    rows
+}
+
+fn words(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn findings_are_worst_first_and_newest_first_within_a_severity() {
+    for name in ["ecc_error", "demo", "two_gpus"] {
+        let app = loaded(name);
+        let keys: Vec<(Severity, u64)> = app
+            .findings
+            .iter()
+            .map(|f| (f.severity, f.time_ms))
+            .collect();
+        let mut sorted = keys.clone();
+        sorted.sort_by(|a, b| b.cmp(a));
+        assert_eq!(keys, sorted, "{name}");
+    }
+    // The ECC recording has an older FAIL than its WARN: the FAIL comes first.
+    let app = loaded("ecc_error");
+    let sev: Vec<Severity> = app.findings.iter().map(|f| f.severity).collect();
+    assert_eq!(sev, [Severity::Fail, Severity::Fail, Severity::Warn]);
+}
+
+#[test]
+fn enter_opens_a_findings_whole_evidence_and_advice_and_esc_closes_it() {
+    let mut app = loaded("ecc_error");
+    press(&mut app, &[KeyCode::Char('4'), KeyCode::Down]);
+    let picked = app.findings[1].clone();
+    press(&mut app, &[KeyCode::Enter]);
+    assert!(
+        matches!(&app.overlay, Some(Overlay::Finding { finding, scroll: 0 }) if **finding == picked)
+    );
+    let screen = render(&app, 80, 24);
+    let text = words(&boxed_text(&screen, "┌ Finding ").join(" "));
+    // The list cuts the advice at one line; the box holds all of it, and the title and every
+    // evidence value.
+    let mut list = loaded("ecc_error");
+    list.panel = Panel::Findings;
+    assert!(render(&list, 80, 24).contains('…'));
+    assert!(text.contains(&words(&picked.advice)), "{screen}");
+    assert!(text.contains(&words(&picked.title)), "{screen}");
+    for (k, _) in &picked.evidence.values {
+        assert!(text.contains(k.as_str()), "{k}: {screen}");
+    }
+    assert!(text.contains(&picked.evidence.threshold), "{screen}");
+    // Other keys leave it open; Esc closes it and the selection is where it was.
+    press(&mut app, &[KeyCode::Char('z'), KeyCode::Tab]);
+    assert!(app.overlay.is_some());
+    assert_eq!(app.panel, Panel::Findings);
+    press(&mut app, &[KeyCode::Esc]);
+    assert_eq!(app.overlay, None);
+    assert_eq!(app.selected_finding, 1);
+    // Enter on an empty list opens nothing.
+    let mut empty = loaded("healthy");
+    empty.findings.clear();
+    press(&mut empty, &[KeyCode::Char('4'), KeyCode::Enter]);
+    assert_eq!(empty.overlay, None);
+}
+
+#[test]
+fn a_finding_longer_than_the_screen_scrolls_to_its_last_word() {
+    let mut app = loaded("ecc_error");
+    let mut long = app.findings[0].clone();
+    long.advice = (1..=120)
+        .map(|i| format!("step{i}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    long.advice.push_str(" THE-END");
+    app.findings.insert(0, long);
+    app.selected_finding = 0;
+    press(&mut app, &[KeyCode::Char('4'), KeyCode::Enter]);
+    let first = render(&app, 80, 24);
+    assert!(!first.contains("THE-END"), "{first}");
+    press(&mut app, &[KeyCode::Down]);
+    assert!(matches!(
+        app.overlay,
+        Some(Overlay::Finding { scroll: 1, .. })
+    ));
+    press(&mut app, &[KeyCode::End]);
+    let last = render(&app, 80, 24);
+    assert!(last.contains("THE-END"), "{last}");
+    // Scrolling stops at the end: one Up moves back at once.
+    let Some(Overlay::Finding { scroll: end, .. }) = app.overlay.clone() else {
+        panic!("closed")
+    };
+    press(&mut app, &[KeyCode::Down, KeyCode::Down, KeyCode::Up]);
+    assert!(matches!(app.overlay, Some(Overlay::Finding { scroll, .. }) if scroll == end - 1));
+    press(&mut app, &[KeyCode::Home]);
+    assert!(matches!(
+        app.overlay,
+        Some(Overlay::Finding { scroll: 0, .. })
+    ));
 }
 
 #[test]
@@ -517,11 +661,15 @@ fn findings_refresh_at_most_once_a_second() {
     assert!(app.findings.is_empty(), "evaluated again within a second");
     app.maybe_refresh_findings(t0 + Duration::from_millis(1100));
     assert!(app.count(Severity::Fail) > 0);
-    // Newest first.
-    let times: Vec<u64> = app.findings.iter().map(|f| f.time_ms).collect();
-    let mut sorted = times.clone();
+    // Worst first, newest first within a severity.
+    let order: Vec<(Severity, u64)> = app
+        .findings
+        .iter()
+        .map(|f| (f.severity, f.time_ms))
+        .collect();
+    let mut sorted = order.clone();
     sorted.sort_unstable_by(|a, b| b.cmp(a));
-    assert_eq!(times, sorted);
+    assert_eq!(order, sorted);
     assert!(render(&app, 80, 24).contains(&format!("{} fail", app.count(Severity::Fail))));
 }
 
@@ -832,7 +980,13 @@ fn probes_panel_picks_a_suite_runs_it_and_shows_the_verdicts() {
     assert!(render(&app, 80, 24).contains("No probe run yet"));
     // Down picks standard; Enter starts it and asks the loop to run it off the UI thread.
     let effects = press(&mut app, &[KeyCode::Down, KeyCode::Enter]);
-    assert_eq!(effects, [Effect::RunProbes(SuiteName::Standard)]);
+    assert_eq!(
+        effects,
+        [Effect::RunProbes {
+            suite: SuiteName::Standard,
+            force: false
+        }]
+    );
     assert!(matches!(
         app.probes,
         ProbesState::Running {
@@ -851,6 +1005,230 @@ fn probes_panel_picks_a_suite_runs_it_and_shows_the_verdicts() {
     assert!(app.status.as_deref().unwrap().contains("all passed"));
     app.on_probes(Err("the CUDA driver sees no GPU".into()));
     assert!(render(&app, 80, 24).contains("Could not run: the CUDA driver sees no GPU"));
+}
+
+/// A run that found GPU 0 busy, as a child `gpudiag probe --json` reports it.
+fn busy_report() -> gpudiag::probes::runner::ProbeReport {
+    serde_json::from_str(
+        r#"{"suite":"quick","devices":[{"index":0,"gpu":null,"model":null,
+        "refused":"GPU 0 is in use by pid 4242 (3072 MiB), pid 4243; probes would disturb it and be disturbed",
+        "name":"NVIDIA H200","forcible":true,"busy_pids":[4242,4243],"results":[]}]}"#,
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_busy_gpu_is_named_and_forcing_is_offered_with_a_confirmation() {
+    use gpudiag::cli::SuiteName;
+    use gpudiag::tui::app::ProbesState;
+    let mut app = live_app();
+    let mut b = open("demo");
+    for t in all_ticks(&mut b) {
+        app.push_tick(t);
+    }
+    let util = app.pipeline.latest[&0].gpu_util_pct.unwrap();
+    press(&mut app, &[KeyCode::Char('5'), KeyCode::Enter]);
+    app.on_probes(Ok(busy_report()));
+    let expected = format!("GPU 0 NVIDIA H200 is busy (2 processes / {util:.0}% util)");
+    let ProbesState::ConfirmForce { busy, .. } = &app.probes else {
+        panic!("no question asked: {:?}", app.probes)
+    };
+    assert_eq!(busy, std::slice::from_ref(&expected));
+    assert_eq!(
+        app.status.as_deref(),
+        Some(format!("{expected}: press f to run anyway, Esc to cancel").as_str())
+    );
+    let wide = render(&app, 120, 30);
+    assert!(
+        wide.contains(&format!("{expected}: press f to run anyway, Esc to cancel")),
+        "{wide}"
+    );
+    // At 80 columns the question wraps, whole, and so does the refusal under it.
+    let screen = render(&app, 80, 24);
+    let text = words(&boxed_text(&screen, "┌ Probes ").join(" "));
+    assert!(
+        text.contains(&format!("{expected}: press f to run anyway, Esc to cancel")),
+        "{screen}"
+    );
+    assert!(
+        text.contains("pid 4243; probes would disturb it and be disturbed; f runs it anyway"),
+        "{screen}"
+    );
+    // The GPU is named, never "?", and the remedy is the UI's, not a flag it cannot pass.
+    assert!(!screen.contains("GPU 0 ?"), "{screen}");
+    assert!(!screen.contains("--force"), "{screen}");
+    // f confirms: the suite runs again, forced.
+    let effects = press(&mut app, &[KeyCode::Char('f')]);
+    assert_eq!(
+        effects,
+        [Effect::RunProbes {
+            suite: SuiteName::Quick,
+            force: true
+        }]
+    );
+    assert!(matches!(app.probes, ProbesState::Running { .. }));
+    app.on_probes(Ok(h200_quick()));
+    assert!(matches!(app.probes, ProbesState::Ready { .. }));
+
+    // Esc declines: the refusal stays on screen, and f asks again before anything runs.
+    press(&mut app, &[KeyCode::Enter]);
+    app.on_probes(Ok(busy_report()));
+    assert!(press(&mut app, &[KeyCode::Esc]).is_empty());
+    assert!(matches!(
+        app.probes,
+        ProbesState::Ready {
+            last: Some(Ok(_)),
+            ..
+        }
+    ));
+    let declined = render(&app, 100, 24);
+    assert!(
+        declined.contains("GPU 0 NVIDIA H200 (quick suite"),
+        "{declined}"
+    );
+    assert!(
+        declined.contains("f runs it anyway (asks first)"),
+        "{declined}"
+    );
+    assert!(press(&mut app, &[KeyCode::Char('f')]).is_empty());
+    assert!(matches!(app.probes, ProbesState::ConfirmForce { .. }));
+    // Elsewhere, f is not a probe key.
+    press(&mut app, &[KeyCode::Char('1')]);
+    assert!(press(&mut app, &[KeyCode::Char('f')]).is_empty());
+}
+
+#[test]
+fn a_gpu_whose_users_cannot_be_seen_is_offered_too() {
+    let app = live_app();
+    let mut report = busy_report();
+    report.devices[0].busy_pids.clear();
+    report.devices[0].name = None;
+    report.devices[0].refused =
+        Some("could not list the GPU's processes (NVML: Unknown Error)".into());
+    let lines = app.busy_lines(&report);
+    // The name comes from the telemetry's device list then.
+    assert_eq!(
+        lines,
+        [
+            "GPU 0 NVIDIA H200: its other users could not be checked (could not list the GPU's \
+          processes (NVML: Unknown Error))"
+        ]
+    );
+    report.devices[0].forcible = false;
+    assert!(app.busy_lines(&report).is_empty());
+}
+
+/// The panel's runs happen in a child `gpudiag probe --json`: the arguments it gets, its
+/// report read back, and its error passed on. A script stands in for the binary.
+#[test]
+fn probes_run_in_a_child_gpudiag_probe() {
+    use gpudiag::cli::SuiteName;
+    use gpudiag::commands::run_probes_in_child;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let script = |name: &str, body: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    };
+    let args = dir.path().join("args");
+    let report = serde_json::to_string(&busy_report()).unwrap();
+    let ok = script(
+        "ok",
+        &format!(
+            "echo \"$@\" > {}\ncat <<'EOF'\n{report}\nEOF\nexit 1",
+            args.display()
+        ),
+    );
+    let got = run_probes_in_child(&ok, SuiteName::Standard, true).unwrap();
+    assert_eq!(got, busy_report());
+    assert_eq!(
+        std::fs::read_to_string(&args).unwrap().trim(),
+        "--config /dev/null probe --suite standard --json --force"
+    );
+    let fails = script("fails", "echo 'gpudiag: no GPU here' >&2; exit 3");
+    let e = run_probes_in_child(&fails, SuiteName::Quick, false).unwrap_err();
+    assert_eq!(e.to_string(), "no GPU here");
+    // The real binary on this host: a report, or (no GPU, as in CI) its own reason.
+    let real = Path::new(env!("CARGO_BIN_EXE_gpudiag"));
+    match run_probes_in_child(real, SuiteName::Quick, false) {
+        Ok(r) => assert!(!r.devices.is_empty()),
+        Err(e) => assert!(
+            e.to_string().contains("libcuda") || e.to_string().contains("GPU"),
+            "{e}"
+        ),
+    }
+}
+
+/// Quitting the UI while its probes run stops them: the child gets SIGTERM when the process
+/// that started it dies. This test runs itself again as the "UI" (the variable below), which
+/// starts a stand-in child and is then killed.
+#[test]
+fn quitting_the_ui_stops_its_probe_child() {
+    use gpudiag::cli::SuiteName;
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(script) = std::env::var_os("GPUDIAG_TEST_PROBE_CHILD") {
+        let _ = gpudiag::commands::run_probes_in_child(Path::new(&script), SuiteName::Quick, false);
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = dir.path().join("probe");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho $$ > {}\nexec sleep 60\n",
+            pidfile.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut ui = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "quitting_the_ui_stops_its_probe_child",
+            "--exact",
+            "--nocapture",
+        ])
+        .env("GPUDIAG_TEST_PROBE_CHILD", &script)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let pid = loop {
+        if let Some(pid) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+        {
+            break pid;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the child never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    ui.kill().unwrap();
+    ui.wait().unwrap();
+    // Gone, or a zombie waiting for a reaper: either way no longer running.
+    let running = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()
+                    .map(|r| r.trim_start().starts_with(['Z', 'X']).not())
+            })
+            .unwrap_or(false)
+    };
+    while running() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the probe child {pid} outlived the UI"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]

@@ -141,6 +141,12 @@ fn replay_of_an_ecc_error_shows_its_findings() {
         WAIT,
     );
     save_screen("findings-ecc-error-80x24", &screen);
+    // Enter opens the selected (worst) finding whole; Escape closes it.
+    tmux.keys(&["Enter"]);
+    let detail = tmux.wait_for(&["Evidence", "What to do", "Esc closes"], WAIT);
+    save_screen("finding-detail-ecc-error-80x24", &detail);
+    tmux.keys(&["Escape"]);
+    tmux.wait_without("What to do", WAIT);
     // Paused, seeking back goes to the start and stays there.
     tmux.keys(&["Space", "Left"]);
     tmux.wait_for(&["PAUSED REPLAY 0:00/0:05"], WAIT);

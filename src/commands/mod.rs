@@ -10,7 +10,7 @@ use std::io::Write;
 use gpudiag_model::error::Error;
 
 pub use check::check;
-pub use probe::{probe, run_probes_in_ui};
+pub use probe::{probe, run_probes_in_child, run_probes_in_ui};
 pub use record::record;
 
 /// Writes human-readable `text` to stdout with every control character but the newlines made

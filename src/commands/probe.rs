@@ -1,5 +1,7 @@
 //! `gpudiag probe`, and the probe runs `check --probes` and the terminal UI start.
 
+use std::path::Path;
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -39,7 +41,7 @@ const HANG_GRACE: Duration = Duration::from_secs(30);
 /// returns to check it, and Ctrl-C only sets a flag. Past (deadline + context timeout + grace)
 /// per GPU, the command says so and exits 3 at once: `_exit`, because the normal exit runs
 /// CUDA's exit handlers, which would wait on the hung context too. The terminal UI runs probes
-/// on a worker thread and stays responsive, so it arms none.
+/// as a child `gpudiag probe`, so this watchdog guards those runs too.
 fn hang_watchdog(
     suite: SuiteName,
     devices: usize,
@@ -67,17 +69,114 @@ fn hang_watchdog(
     })
 }
 
-/// The probes panel of the terminal UI: a suite on every GPU, refusing busy ones. The UI's own
-/// signal handling ends the session; a run in flight stops at its deadline.
-pub fn run_probes_in_ui(suite: SuiteName) -> Result<gpudiag_probes::runner::ProbeReport, Error> {
-    run_probes_with(
-        suite,
-        &[],
-        false,
-        None,
-        Arc::new(AtomicBool::new(false)),
-        Duration::from_secs(20),
-    )
+/// The probes panel of the terminal UI: a suite on every GPU (busy ones refused unless
+/// `force`), run by a child `gpudiag probe --json` of this same binary.
+///
+/// A child, because a probe run can leave CUDA state behind that no drop in this process
+/// releases: every cudarc object the runner makes is dropped when it returns (`Gpu` releases
+/// the primary context it retained), but cuBLASLt and NCCL are built on the CUDA runtime,
+/// which retains the primary context of each device it initialises until the process exits or
+/// resets the device, and libcuda stays loaded. In the UI's process that kept about 500 MiB of
+/// each probed GPU for the rest of the session; the child's contexts end with the child,
+/// whatever the libraries do. A hung CUDA call there also cannot wedge the UI, and the child's
+/// own watchdog bounds it.
+pub fn run_probes_in_ui(
+    suite: SuiteName,
+    force: bool,
+) -> Result<gpudiag_probes::runner::ProbeReport, Error> {
+    // /proc/self/exe is this very binary even if the file was replaced since it started.
+    let proc_exe = Path::new("/proc/self/exe");
+    let exe = if proc_exe.exists() {
+        proc_exe.to_path_buf()
+    } else {
+        std::env::current_exe()
+            .map_err(|e| Error::CannotRun(format!("cannot find gpudiag's own binary: {e}")))?
+    };
+    run_probes_in_child(&exe, suite, force)
+}
+
+/// Runs `exe probe --suite SUITE --json [--force]` and reads its report. The child gets
+/// SIGTERM if this process dies first (it then stops at its next probe and frees its GPUs),
+/// so quitting the UI mid-run leaves nothing running.
+pub fn run_probes_in_child(
+    exe: &Path,
+    suite: SuiteName,
+    force: bool,
+) -> Result<gpudiag_probes::runner::ProbeReport, Error> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(exe);
+    // The UI applies its own rules to the report (peers margin); the child needs none, and a
+    // config file the UI was not started with must not stop it.
+    cmd.arg0("gpudiag").args([
+        "--config",
+        "/dev/null",
+        "probe",
+        "--suite",
+        suite.as_str(),
+        "--json",
+    ]);
+    if force {
+        cmd.arg("--force");
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let parent = std::process::id();
+    // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid, _exit).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before the line above took effect.
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().map_err(|e| {
+        Error::CannotRun(format!(
+            "could not start the probe process ({}): {e}",
+            exe.display()
+        ))
+    })?;
+    child_report(out.status, &out.stdout, &out.stderr)
+}
+
+/// What a child `gpudiag probe --json` ended with: its report (exit 0, or 1 when a probe
+/// failed or a GPU was refused), else the error it printed.
+fn child_report(
+    status: std::process::ExitStatus,
+    stdout: &[u8],
+    stderr: &[u8],
+) -> Result<gpudiag_probes::runner::ProbeReport, Error> {
+    use std::os::unix::process::ExitStatusExt;
+    let said = String::from_utf8_lossy(stderr);
+    let said = said
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(|l| l.strip_prefix("gpudiag: ").unwrap_or(l).to_owned());
+    match status.code() {
+        Some(0 | 1) => serde_json::from_slice(stdout).map_err(|e| {
+            Error::CannotRun(format!(
+                "the probe process gave no report ({e}){}",
+                said.map(|s| format!(": {s}")).unwrap_or_default()
+            ))
+        }),
+        Some(code) => {
+            Err(Error::CannotRun(said.unwrap_or_else(|| {
+                format!("the probe process exited with code {code}")
+            })))
+        }
+        None => Err(Error::CannotRun(format!(
+            "the probe process was killed by signal {}{}",
+            status.signal().unwrap_or(0),
+            said.map(|s| format!(" ({s})")).unwrap_or_default()
+        ))),
+    }
 }
 
 fn run_probes_with(
@@ -156,4 +255,36 @@ pub fn probe(args: &ProbeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result
         print_text(&text)?;
     }
     Ok(report.exit_code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    fn exited(code: i32) -> std::process::ExitStatus {
+        std::process::ExitStatus::from_raw(code << 8)
+    }
+
+    #[test]
+    fn the_childs_report_or_its_last_word_comes_back() {
+        let report = r#"{"suite":"quick","devices":[{"index":0,"gpu":null,"model":null,
+            "refused":"GPU 0 is in use by pid 7","name":"NVIDIA H200","forcible":true,
+            "busy_pids":[7],"results":[]}]}"#;
+        // Exit 1 (a GPU refused) still carries the report.
+        let r = child_report(exited(1), report.as_bytes(), b"").unwrap();
+        assert!(r.devices[0].forcible);
+        assert_eq!(r.devices[0].busy_pids, [7]);
+        let e = child_report(
+            exited(3),
+            b"",
+            b"gpudiag: note\ngpudiag: the CUDA driver sees no GPU\n\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "the CUDA driver sees no GPU");
+        let e = child_report(exited(0), b"not json", b"").unwrap_err();
+        assert!(e.to_string().contains("gave no report"), "{e}");
+        let e = child_report(std::process::ExitStatus::from_raw(9), b"", b"").unwrap_err();
+        assert!(e.to_string().contains("signal 9"), "{e}");
+    }
 }

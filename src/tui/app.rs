@@ -165,6 +165,12 @@ impl KillSignal {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Overlay {
     Help,
+    /// One finding's whole evidence and advice (Enter in Findings), scrolled down `scroll`
+    /// lines. A copy, so a refresh of the list underneath cannot swap what is being read.
+    Finding {
+        finding: Box<Finding>,
+        scroll: u16,
+    },
     /// Waiting for y/n before signalling a process.
     ConfirmKill {
         pid: u32,
@@ -182,8 +188,12 @@ pub enum Effect {
         signal: KillSignal,
     },
     SaveRecording,
-    /// Run this suite on every GPU on a worker thread; its report comes back as an event.
-    RunProbes(SuiteName),
+    /// Run this suite on every GPU, in a child process watched by a worker thread; its report
+    /// comes back as an event. `force` probes GPUs that other processes use.
+    RunProbes {
+        suite: SuiteName,
+        force: bool,
+    },
 }
 
 /// Where the telemetry comes from. Only the header (mode), seeking and killing care: panels
@@ -206,6 +216,15 @@ pub enum ProbesState {
     Running {
         suite: SuiteName,
         started: Instant,
+    },
+    /// A run refused GPUs that others use (or whose other users could not be seen); `f`
+    /// runs the suite again with them, Esc keeps the results as they are.
+    ConfirmForce {
+        suite: SuiteName,
+        /// The run that refused them, shown under the question.
+        report: Box<ProbeReport>,
+        /// One line per refused GPU, naming it and how busy it is.
+        busy: Vec<String>,
     },
 }
 
@@ -262,7 +281,7 @@ pub struct App {
     recorded: Vec<Finding>,
     rules: RulesConfig,
     libraries: Option<Vec<LibraryInfo>>,
-    /// Everything the rules raised this session, newest first.
+    /// Everything the rules raised this session, worst first, newest first within a severity.
     pub findings: Vec<Finding>,
     findings_at: Option<Instant>,
     /// Memory readings per (device, pid) within the growth window.
@@ -285,6 +304,8 @@ pub struct App {
     /// Why no more data arrives: `Some(None)` at the end of a recording.
     pub ended: Option<Option<String>>,
     pub overlay: Option<Overlay>,
+    /// The terminal's (width, height) at the last event, for scrolling boxes within it.
+    pub viewport: (u16, u16),
     /// A one-line message in the footer until the next key.
     pub status: Option<String>,
     pub probes: ProbesState,
@@ -330,6 +351,7 @@ impl App {
             position: None,
             ended: None,
             overlay: None,
+            viewport: (80, 24),
             status: None,
             probes: if init_is_live {
                 ProbesState::Ready {
@@ -468,8 +490,9 @@ impl App {
         Some((m1 as f64 - m0 as f64) / ((t1 - t0) as f64 / 1000.0))
     }
 
-    /// Copies the engine's findings for display: everything raised this session, newest first
-    /// (worst first among equals).
+    /// Copies the engine's findings for display: everything raised this session, worst first
+    /// so a FAIL is never below an INFO, newest first within a severity. The selection stays
+    /// on the finding it was on.
     pub fn refresh_findings(&mut self) {
         if self.now_ms().is_none() {
             self.findings.clear();
@@ -488,8 +511,13 @@ impl App {
             .cloned()
             .collect();
         let mut findings = with_recorded(self.pipeline.engine.raised(), &recorded);
-        findings.sort_by_key(|f| std::cmp::Reverse(f.time_ms));
+        findings.sort_by_key(|f| std::cmp::Reverse((f.severity, f.time_ms)));
+        let key = |f: &Finding| (f.id.clone(), f.device, f.time_ms);
+        let was = self.findings.get(self.selected_finding).map(key);
         self.findings = findings;
+        if let Some(i) = was.and_then(|k| self.findings.iter().position(|f| key(f) == k)) {
+            self.selected_finding = i;
+        }
         let n = self.findings.len();
         self.selected_finding = self.selected_finding.min(n.saturating_sub(1));
     }
@@ -611,9 +639,32 @@ impl App {
             );
         }
         let suite = match &self.probes {
-            ProbesState::Running { suite, .. } | ProbesState::Ready { suite, .. } => *suite,
+            ProbesState::Running { suite, .. }
+            | ProbesState::Ready { suite, .. }
+            | ProbesState::ConfirmForce { suite, .. } => *suite,
             ProbesState::NeedsLive => return,
         };
+        if let Ok(report) = &result {
+            let busy = self.busy_lines(report);
+            if !busy.is_empty() {
+                let more = match busy.len() {
+                    1 => String::new(),
+                    n => format!(" and {} more", n - 1),
+                };
+                let how = if self.panel == Panel::Probes {
+                    "press f to run anyway, Esc to cancel"
+                } else {
+                    "f in Probes (5) runs anyway"
+                };
+                self.status = Some(format!("{}{more}: {how}", busy[0]));
+                self.probes = ProbesState::ConfirmForce {
+                    suite,
+                    report: Box::new(report.clone()),
+                    busy,
+                };
+                return;
+            }
+        }
         self.status = Some(match &result {
             Ok(r) if r.exit_code() == 0 => {
                 format!("{} probes finished: all passed", suite.as_str())
@@ -625,6 +676,94 @@ impl App {
             suite,
             last: Some(result),
         };
+    }
+
+    /// One line for each GPU the report refused in a way forcing overrides: "GPU 0 NVIDIA H200
+    /// is busy (2 processes / 87% util)", the utilisation from this session's telemetry.
+    pub fn busy_lines(&self, report: &ProbeReport) -> Vec<String> {
+        report
+            .devices
+            .iter()
+            .filter(|d| d.forcible)
+            .map(|d| {
+                let name = d
+                    .name
+                    .clone()
+                    .or_else(|| {
+                        let info = self.devices.iter().find(|x| x.index == d.index)?;
+                        info.name.clone()
+                    })
+                    .map_or_else(String::new, |n| format!(" {n}"));
+                if d.busy_pids.is_empty() {
+                    let why = d.refused.as_deref().unwrap_or("unknown");
+                    return format!(
+                        "GPU {}{name}: its other users could not be checked ({why})",
+                        d.index
+                    );
+                }
+                let n = d.busy_pids.len();
+                let util = self
+                    .pipeline
+                    .latest
+                    .get(&d.index)
+                    .and_then(|s| s.gpu_util_pct)
+                    .map_or_else(|| "util n/a".to_owned(), |u| format!("{u:.0}% util"));
+                format!(
+                    "GPU {}{name} is busy ({n} process{} / {util})",
+                    d.index,
+                    if n == 1 { "" } else { "es" }
+                )
+            })
+            .collect()
+    }
+
+    /// `f` in Probes: from the question, run again with the busy GPUs; from results that
+    /// refused some, ask the question again.
+    fn force_probes(&mut self) -> Option<Effect> {
+        match std::mem::replace(&mut self.probes, ProbesState::NeedsLive) {
+            ProbesState::ConfirmForce { suite, .. } => {
+                self.probes = ProbesState::Running {
+                    suite,
+                    started: Instant::now(),
+                };
+                self.status = Some(format!(
+                    "running the {} suite on every GPU, busy ones included",
+                    suite.as_str()
+                ));
+                Some(Effect::RunProbes { suite, force: true })
+            }
+            ProbesState::Ready {
+                suite,
+                last: Some(Ok(report)),
+            } if report.devices.iter().any(|d| d.forcible) => {
+                let busy = self.busy_lines(&report);
+                self.probes = ProbesState::ConfirmForce {
+                    suite,
+                    report: Box::new(report),
+                    busy,
+                };
+                None
+            }
+            other => {
+                self.probes = other;
+                self.status = Some("no GPU was refused as busy: nothing to force".into());
+                None
+            }
+        }
+    }
+
+    /// Esc in Probes: the question goes, the results it was asked about stay.
+    fn cancel_force(&mut self) {
+        match std::mem::replace(&mut self.probes, ProbesState::NeedsLive) {
+            ProbesState::ConfirmForce { suite, report, .. } => {
+                self.status = Some("busy GPUs left alone".into());
+                self.probes = ProbesState::Ready {
+                    suite,
+                    last: Some(Ok(*report)),
+                };
+            }
+            other => self.probes = other,
+        }
     }
 
     /// Handles one key press and says what the event loop must do.
@@ -655,6 +794,26 @@ impl App {
                 }
                 return None;
             }
+            Some(Overlay::Finding { finding, scroll }) => {
+                let max = super::panels::findings::detail_scroll_max(self, &finding, self.viewport);
+                let scroll = match key.code {
+                    KeyCode::Esc | KeyCode::Enter | KeyCode::Backspace => return None,
+                    KeyCode::Char('q') => {
+                        self.quit = true;
+                        return None;
+                    }
+                    KeyCode::Up => scroll.saturating_sub(1),
+                    KeyCode::Down => scroll.saturating_add(1).min(max),
+                    KeyCode::PageUp => scroll.saturating_sub(10),
+                    KeyCode::PageDown => scroll.saturating_add(10).min(max),
+                    KeyCode::Home => 0,
+                    KeyCode::End => max,
+                    // Other keys leave the box open: it is being read.
+                    _ => scroll,
+                };
+                self.overlay = Some(Overlay::Finding { finding, scroll });
+                return None;
+            }
             None => {}
         }
         let shift = key.modifiers.contains(KeyModifiers::SHIFT);
@@ -676,15 +835,28 @@ impl App {
             KeyCode::Home => self.select(isize::MIN / 2),
             KeyCode::End => self.select(isize::MAX / 2),
             KeyCode::Enter if self.panel == Panel::Devices => self.panel = Panel::Detail,
+            KeyCode::Enter if self.panel == Panel::Findings => {
+                if let Some(f) = self.findings.get(self.selected_finding) {
+                    self.overlay = Some(Overlay::Finding {
+                        finding: Box::new(f.clone()),
+                        scroll: 0,
+                    });
+                }
+            }
             KeyCode::Enter if self.panel == Panel::Probes => {
                 if let ProbesState::Ready { suite, .. } = self.probes {
                     self.probes = ProbesState::Running {
                         suite,
                         started: Instant::now(),
                     };
-                    return Some(Effect::RunProbes(suite));
+                    return Some(Effect::RunProbes {
+                        suite,
+                        force: false,
+                    });
                 }
             }
+            KeyCode::Char('f') if self.panel == Panel::Probes => return self.force_probes(),
+            KeyCode::Esc if self.panel == Panel::Probes => self.cancel_force(),
             KeyCode::Char(' ') | KeyCode::Char('p') => {
                 self.paused = !self.paused;
                 return Some(Effect::Feed(FeedControl::Pause(self.paused)));
@@ -708,6 +880,16 @@ impl App {
 
     /// Mouse: the wheel moves the selection, a click on the tab bar switches panels.
     pub fn on_mouse(&mut self, m: MouseEvent, tab_at: impl Fn(u16, u16) -> Option<Panel>) {
+        // The wheel scrolls an open finding rather than the list under it.
+        if let Some(Overlay::Finding { .. }) = &self.overlay {
+            let code = match m.kind {
+                MouseEventKind::ScrollUp => KeyCode::Up,
+                MouseEventKind::ScrollDown => KeyCode::Down,
+                _ => return,
+            };
+            self.on_key(KeyEvent::new(code, KeyModifiers::NONE));
+            return;
+        }
         match m.kind {
             MouseEventKind::ScrollUp => self.select(-1),
             MouseEventKind::ScrollDown => self.select(1),

@@ -86,6 +86,9 @@ fn handle(
     tx: &Sender<AppEvent>,
     size: Option<ratatui::layout::Size>,
 ) {
+    if let Some(s) = size {
+        app.viewport = (s.width, s.height);
+    }
     match ev {
         AppEvent::Input(InputEvent::Key(k)) if k.kind != KeyEventKind::Release => {
             if let Some(effect) = app.on_key(k) {
@@ -113,15 +116,16 @@ fn perform(app: &mut App, effect: Effect, feed: &Feed, tx: &Sender<AppEvent>) {
         Effect::Feed(c) => feed.send(c),
         Effect::Signal { pid, signal } => app.status = Some(send_signal(pid, signal)),
         Effect::SaveRecording => app.status = Some(save_recording(app, Path::new("."))),
-        Effect::RunProbes(suite) => {
-            // Probes take seconds to minutes: on their own thread, so telemetry keeps drawing
-            // and shows their effect on clocks, power and temperature as they run.
+        Effect::RunProbes { suite, force } => {
+            // Probes take seconds to minutes: a thread waits for the child process that runs
+            // them, so telemetry keeps drawing and shows their effect on clocks, power and
+            // temperature as they run.
             let tx = tx.clone();
             let spawned = std::thread::Builder::new()
                 .name("gpudiag-probes".into())
                 .spawn(move || {
                     let result =
-                        crate::commands::run_probes_in_ui(suite).map_err(|e| e.to_string());
+                        crate::commands::run_probes_in_ui(suite, force).map_err(|e| e.to_string());
                     let _ = tx.send(AppEvent::Probes(result));
                 });
             if let Err(e) = spawned {

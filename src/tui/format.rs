@@ -116,6 +116,45 @@ pub fn fit(s: &str, width: usize) -> String {
     out
 }
 
+/// Word-wraps `s` into lines of at most `width` characters, each starting with `indent`; a
+/// word longer than a line is split. Never loses text, unlike `fit`.
+pub fn wrap(s: &str, width: usize, indent: &str) -> Vec<String> {
+    let room = width.saturating_sub(indent.chars().count()).max(1);
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    let mut len = 0;
+    for word in s.split_whitespace() {
+        let mut word: Vec<char> = word.chars().collect();
+        loop {
+            let gap = usize::from(len > 0);
+            if len + gap + word.len() <= room {
+                if gap == 1 {
+                    line.push(' ');
+                }
+                line.extend(word.iter());
+                len += gap + word.len();
+                break;
+            }
+            if len > 0 {
+                lines.push(format!("{indent}{line}"));
+                line.clear();
+                len = 0;
+                continue;
+            }
+            let rest = word.split_off(room.min(word.len()));
+            lines.push(format!("{indent}{}", word.iter().collect::<String>()));
+            word = rest;
+            if word.is_empty() {
+                break;
+            }
+        }
+    }
+    if len > 0 || lines.is_empty() {
+        lines.push(format!("{indent}{line}"));
+    }
+    lines
+}
+
 /// Pads or cuts `s` to exactly `width` characters.
 pub fn pad(s: &str, width: usize) -> String {
     format!("{:<width$}", fit(s, width))
@@ -148,5 +187,18 @@ mod tests {
         assert_eq!(bar(Some(0.5), 4), "██░░");
         assert_eq!(fit("abcdef", 4), "abc…");
         assert_eq!(pad("ab", 4), "ab  ");
+    }
+
+    #[test]
+    fn wrap_keeps_every_word_within_the_width() {
+        let text = "Drain the node: stop jobs on this GPU, collect `gpudiag report`.";
+        let lines = wrap(text, 20, "  ");
+        assert!(lines.iter().all(|l| l.chars().count() <= 20), "{lines:?}");
+        assert!(lines.iter().all(|l| l.starts_with("  ")), "{lines:?}");
+        let joined: Vec<&str> = lines.iter().flat_map(|l| l.split_whitespace()).collect();
+        assert_eq!(joined.join(" "), text);
+        // A word longer than the line is split rather than cut.
+        assert_eq!(wrap("abcdefgh", 3, ""), ["abc", "def", "gh"]);
+        assert_eq!(wrap("", 10, "  "), ["  "]);
     }
 }

@@ -50,6 +50,9 @@ pub fn draw(f: &mut Frame, app: &App) {
         Some(Overlay::ConfirmKill { pid, name, signal }) => {
             panels::overlay::confirm_kill(f, area, app, *pid, name, *signal)
         }
+        Some(Overlay::Finding { finding, scroll }) => {
+            panels::findings::detail(f, area, app, finding, *scroll)
+        }
         None => {}
     }
 }

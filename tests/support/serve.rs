@@ -33,8 +33,9 @@ pub fn serve_with(args: &[&str], envs: &[(&str, &str)]) -> Served {
     BufReader::new(child.stderr.take().expect("stderr is piped"))
         .read_line(&mut line)
         .expect("serve says where it listens");
+    // "http://ADDR/metrics", or "https://" with --web.config.file.
     let addr = line
-        .split("http://")
+        .split("://")
         .nth(1)
         .and_then(|r| r.split('/').next())
         .unwrap_or_else(|| panic!("no address in {line:?}"))

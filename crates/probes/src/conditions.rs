@@ -50,7 +50,8 @@ pub fn other_processes(nvml: &Nvml, index: u32) -> Result<Vec<(u32, Option<u64>)
     Ok(out)
 }
 
-/// The refusal message for a busy GPU, or `None` when nobody else is on it.
+/// The refusal message for a busy GPU, or `None` when nobody else is on it. It says why; the
+/// caller says how to override it (`--force`, or a key in the terminal UI).
 pub fn busy_refusal(index: u32, others: &[(u32, Option<u64>)]) -> Option<String> {
     if others.is_empty() {
         return None;
@@ -63,7 +64,7 @@ pub fn busy_refusal(index: u32, others: &[(u32, Option<u64>)]) -> Option<String>
         })
         .collect();
     Some(format!(
-        "GPU {index} is in use by {}; probes would disturb it and be disturbed. Pass --force to run anyway",
+        "GPU {index} is in use by {}; probes would disturb it and be disturbed",
         list.join(", ")
     ))
 }
@@ -182,7 +183,6 @@ mod tests {
         assert_eq!(busy_refusal(0, &[]), None);
         let msg = busy_refusal(1, &[(42, Some(3 << 30)), (43, None)]).unwrap();
         assert!(msg.contains("pid 42 (3072 MiB)") && msg.contains("pid 43"));
-        assert!(msg.contains("--force"));
     }
 
     #[test]

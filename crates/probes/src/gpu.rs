@@ -86,6 +86,12 @@ pub fn pci_bus_id(ordinal: usize) -> Result<String, ProbeError> {
     Ok(s.to_string_lossy().to_ascii_lowercase())
 }
 
+/// The device's name as the CUDA driver gives it, without creating a context.
+pub fn device_name(ordinal: usize) -> Option<String> {
+    let dev = result::device::get(i32::try_from(ordinal).ok()?).ok()?;
+    result::device::get_name(dev).ok()
+}
+
 /// "00000000:19:00.0" (NVML) and "0000:19:00.0" (CUDA) name the same device.
 pub fn same_pci_bus(a: &str, b: &str) -> bool {
     fn norm(s: &str) -> Option<(u64, String)> {

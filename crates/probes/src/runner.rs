@@ -50,6 +50,17 @@ pub struct DeviceProbes {
     pub model: Option<String>,
     /// Why no probe ran on this GPU (busy, no context).
     pub refused: Option<String>,
+    /// NVML's name for the GPU, so a GPU refused before a CUDA context (which names it in
+    /// `gpu`) was opened is still named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The refusal is one `--force` overrides: other processes use the GPU (`busy_pids`), or
+    /// whether they do could not be seen. Callers word the remedy (a flag, a key).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forcible: bool,
+    /// The other processes on the GPU when it was refused as busy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub busy_pids: Vec<u32>,
     pub results: Vec<ProbeResult>,
 }
 
@@ -163,6 +174,13 @@ pub fn run(opts: &Options) -> Result<ProbeReport, Error> {
             gpu: None,
             model: None,
             refused: None,
+            // Read before any refusal: the CUDA context that names the others may never open.
+            name: nvml
+                .as_ref()
+                .and_then(|n| n.device_by_index(*index).ok()?.name().ok())
+                .or_else(|| (*ordinal).and_then(gpu::device_name)),
+            forcible: false,
+            busy_pids: Vec::new(),
             results: Vec::new(),
         };
         let Some(ordinal) = *ordinal else {
@@ -173,16 +191,23 @@ pub fn run(opts: &Options) -> Result<ProbeReport, Error> {
         if !opts.force {
             let refusal = match &nvml {
                 Some(n) => match conditions::other_processes(n, *index) {
-                    Ok(others) => conditions::busy_refusal(*index, &others),
-                    Err(e) => Some(format!("could not list the GPU's processes ({e}); pass --force to run anyway")),
+                    Ok(others) => {
+                        d.busy_pids = others.iter().map(|(pid, _)| *pid).collect();
+                        conditions::busy_refusal(*index, &others)
+                    }
+                    Err(e) => Some(format!("could not list the GPU's processes ({e})")),
                 },
-                None => Some("NVML is unavailable, so other users of the GPU cannot be seen; pass --force to run anyway".into()),
+                None => {
+                    Some("NVML is unavailable, so other users of the GPU cannot be seen".into())
+                }
             };
             if let Some(why) = refusal {
                 d.refused = Some(why);
+                d.forcible = true;
                 devices.push(d);
                 continue;
             }
+            d.busy_pids.clear();
         }
         let g = match Gpu::open(ordinal, opts.init_timeout) {
             Ok(g) => g,
@@ -475,6 +500,9 @@ mod tests {
             gpu: None,
             model: None,
             refused: None,
+            name: None,
+            forcible: false,
+            busy_pids: Vec::new(),
             results: vec![r],
         }
     }

@@ -10,13 +10,27 @@ use super::ProbeResult;
 use super::p2p::{self, PeerLink};
 use super::runner::ProbeReport;
 
+/// The remedy `gpudiag probe` and `check --probes` print for a refusal `--force` overrides.
+pub const FORCE_FLAG_HINT: &str = "pass --force to run anyway";
+
 pub fn render(report: &ProbeReport) -> String {
+    render_with_hint(report, FORCE_FLAG_HINT)
+}
+
+/// `render`, with `force_hint` after each refusal that forcing would override: each interface
+/// says how to force in its own terms.
+pub fn render_with_hint(report: &ProbeReport, force_hint: &str) -> String {
     let mut out = String::new();
     for d in &report.devices {
-        let name = esc(d.gpu.as_ref().map_or("?", |g| g.name.as_str()));
+        let name = d
+            .gpu
+            .as_ref()
+            .map(|g| g.name.as_str())
+            .or(d.name.as_deref())
+            .map_or_else(String::new, |n| format!(" {}", esc(n)));
         let _ = writeln!(
             out,
-            "GPU {} {} ({} suite{})",
+            "GPU {}{} ({} suite{})",
             d.index,
             name,
             report.suite,
@@ -26,7 +40,12 @@ pub fn render(report: &ProbeReport) -> String {
                 .unwrap_or_else(|| ", no reference model".into())
         );
         if let Some(why) = &d.refused {
-            let _ = writeln!(out, "  not probed: {}", esc(why));
+            let hint = if d.forcible {
+                format!("; {force_hint}")
+            } else {
+                String::new()
+            };
+            let _ = writeln!(out, "  not probed: {}{hint}", esc(why));
             continue;
         }
         for r in &d.results {
@@ -175,6 +194,37 @@ mod tests {
             verified: Some(true),
             note: None,
         }
+    }
+
+    #[test]
+    fn a_refused_gpu_is_named_and_told_how_to_force() {
+        let report = ProbeReport {
+            suite: "quick".into(),
+            devices: vec![super::super::runner::DeviceProbes {
+                index: 0,
+                gpu: None,
+                model: None,
+                refused: Some("GPU 0 is in use by pid 42 (3072 MiB)".into()),
+                name: Some("NVIDIA H200".into()),
+                forcible: true,
+                busy_pids: vec![42],
+                results: vec![],
+            }],
+            host: vec![],
+            findings: vec![],
+        };
+        let text = render(&report);
+        assert!(text.starts_with("GPU 0 NVIDIA H200 (quick suite"), "{text}");
+        assert!(!text.contains('?'), "{text}");
+        assert!(
+            text.contains("pid 42 (3072 MiB); pass --force to run anyway"),
+            "{text}"
+        );
+        let tui = render_with_hint(&report, "press f to run anyway");
+        assert!(
+            tui.contains("; press f to run anyway") && !tui.contains("--force"),
+            "{tui}"
+        );
     }
 
     #[test]

@@ -20,6 +20,9 @@ use gpudiag_model::sample::MetricDef;
 pub const IMPLAUSIBLE: &str = "implausible value";
 /// Prefix of the reason for fields a poll could not read before its deadline.
 pub const STALLED: &str = "driver call did not return within";
+/// Prefix of the reason for slow fields whose background reader has not finished a round for
+/// several slow intervals (an NVML call that does not return there).
+pub const SLOW_STUCK: &str = "slow read stuck for";
 /// The reason for every field of a device the backend listed at start but not in this poll.
 pub const MISSING: &str = "GPU missing from the driver's device list";
 
@@ -41,7 +44,9 @@ pub fn classify(why: &Absent) -> Option<Health> {
     match why {
         Absent::GpuLost => Some(Health::Lost),
         Absent::Error(m) if m.starts_with(IMPLAUSIBLE) => Some(Health::Implausible),
-        Absent::Error(m) if m.starts_with(STALLED) => Some(Health::Stalled),
+        Absent::Error(m) if m.starts_with(STALLED) || m.starts_with(SLOW_STUCK) => {
+            Some(Health::Stalled)
+        }
         Absent::Error(m) if m.starts_with(MISSING) => Some(Health::Missing),
         _ => None,
     }
@@ -64,6 +69,11 @@ pub fn implausible_fields(s: &Sample) -> impl Iterator<Item = (&str, &str)> {
 /// The reason for a stalled poll.
 pub fn stalled_reason(deadline: std::time::Duration) -> Absent {
     Absent::Error(format!("{STALLED} {} ms", deadline.as_millis()))
+}
+
+/// The reason for slow fields whose reader has been stuck this long.
+pub fn slow_stuck_reason(stuck: std::time::Duration) -> Absent {
+    Absent::Error(format!("{SLOW_STUCK} {} s", stuck.as_secs()))
 }
 
 /// Every field a per-tick sample carries, for marking a whole device absent.

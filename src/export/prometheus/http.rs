@@ -10,6 +10,11 @@
 //! as they timed out, lock every scrape out. tiny_http was tried first: it has no request
 //! timeouts, and its thread pool can queue a new connection behind stalled ones, which is the
 //! stall this design must not have.
+//!
+//! With `--web.config.file`, TLS runs inside the same design: the head-reading thread drives each
+//! connection's rustls handshake without blocking (a handshake is part of "reading the head", so
+//! it shares its deadline and bounds), and the answering thread encrypts the answer. Basic-auth
+//! passwords are checked on the answering thread too, since bcrypt takes milliseconds on purpose.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -18,6 +23,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use super::exposition::CONTENT_TYPE;
+use super::web_config::BasicAuth;
 use super::{Snapshot, render};
 
 /// Answers written at once, each on its own thread; a scrape takes well under a millisecond,
@@ -35,8 +41,26 @@ const MAX_HEADERS: usize = 64;
 /// is accepted at once.
 const ACCEPT_POLL: Duration = Duration::from_millis(100);
 
+/// (status, content type, body).
+pub type Answer = (u16, &'static str, String);
+
+/// What guards /metrics, from `--web.config.file`; the default guards nothing.
+#[derive(Clone, Default)]
+pub struct Guard {
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub auth: Option<Arc<BasicAuth>>,
+}
+
+/// The parts of a request head an answer depends on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    pub authorization: Option<String>,
+}
+
 /// What a request gets: (status, content type, body).
-pub fn respond_to(method: &str, url: &str, snap: &RwLock<Snapshot>) -> (u16, &'static str, String) {
+pub fn respond_to(method: &str, url: &str, snap: &RwLock<Snapshot>) -> Answer {
     let path = url.split('?').next().unwrap_or(url);
     if path != "/metrics" {
         return (
@@ -60,11 +84,28 @@ pub fn respond_to(method: &str, url: &str, snap: &RwLock<Snapshot>) -> (u16, &'s
     (200, CONTENT_TYPE, body)
 }
 
-/// A connection whose request head is still coming in.
+/// The answer to a request: with basic auth configured, a 401 for any path unless the
+/// credentials pass, so an unauthenticated client learns nothing about what is served.
+pub fn respond(req: &Request, snap: &RwLock<Snapshot>, auth: Option<&BasicAuth>) -> Answer {
+    if auth.is_some_and(|a| !a.allows(req.authorization.as_deref())) {
+        return plain(401, "unauthorized: this gpudiag asks for basic auth\n");
+    }
+    respond_to(&req.method, &req.path, snap)
+}
+
+/// A connection whose request head (and, over TLS, handshake) is still coming in.
 struct Pending {
     stream: TcpStream,
+    tls: Option<Box<rustls::ServerConnection>>,
     received: Vec<u8>,
     accepted: Instant,
+}
+
+/// What the answering threads share.
+struct Answering {
+    shared: Arc<RwLock<Snapshot>>,
+    auth: Option<Arc<BasicAuth>>,
+    count: Arc<AtomicUsize>,
 }
 
 /// Accepts connections and reads their request heads on this one thread, polling every socket;
@@ -76,10 +117,15 @@ pub(super) fn serve_connections(
     listener: &TcpListener,
     shared: &Arc<RwLock<Snapshot>>,
     stop: &AtomicBool,
+    guard: &Guard,
 ) {
     use std::os::fd::AsRawFd;
     let mut pending: Vec<Pending> = Vec::new();
-    let answering = Arc::new(AtomicUsize::new(0));
+    let answering = Answering {
+        shared: shared.clone(),
+        auth: guard.auth.clone(),
+        count: Arc::new(AtomicUsize::new(0)),
+    };
     let mut fds: Vec<libc::pollfd> = Vec::new();
     let mut chunk = [0u8; 4096];
     while !stop.load(Ordering::Relaxed) {
@@ -89,7 +135,7 @@ pub(super) fn serve_connections(
             if now.duration_since(p.accepted) < REQUEST_TIMEOUT {
                 return true;
             }
-            send_now(&mut p.stream, plain(408, "request timeout\n"));
+            send_now(p, plain(408, "request timeout\n"));
             false
         });
         let wait = pending
@@ -105,7 +151,12 @@ pub(super) fn serve_connections(
         });
         fds.extend(pending.iter().map(|p| libc::pollfd {
             fd: p.stream.as_raw_fd(),
-            events: libc::POLLIN,
+            // A handshake answer that did not fit the socket buffer goes out when it drains.
+            events: if p.tls.as_ref().is_some_and(|c| c.wants_write()) {
+                libc::POLLIN | libc::POLLOUT
+            } else {
+                libc::POLLIN
+            },
             revents: 0,
         }));
         let ms = libc::c_int::try_from(wait.as_millis() + 1).unwrap_or(libc::c_int::MAX);
@@ -126,22 +177,22 @@ pub(super) fn serve_connections(
                 i += 1;
                 continue;
             }
-            match read_head(&mut pending[i], &mut chunk, shared) {
+            match read_head(&mut pending[i], &mut chunk) {
                 HeadState::Waiting => i += 1,
                 HeadState::Gone => {
                     pending.swap_remove(i);
                     // The swapped-in entry's readiness is at the end of `fds`; it waits a round.
                     slot = fds.len();
                 }
-                HeadState::Answer(answer) => {
+                HeadState::Complete(request) => {
                     let p = pending.swap_remove(i);
                     slot = fds.len();
-                    dispatch(p.stream, answer, &answering);
+                    dispatch(p, request, &answering);
                 }
             }
         }
         if fds[0].revents != 0 {
-            accept_some(listener, &mut pending);
+            accept_some(listener, &mut pending, guard.tls.as_ref());
         }
     }
 }
@@ -149,18 +200,22 @@ pub(super) fn serve_connections(
 enum HeadState {
     Waiting,
     Gone,
-    Answer((u16, &'static str, String)),
+    /// A whole head: the request, or the error answer a malformed or oversized one gets.
+    Complete(Result<Request, Answer>),
 }
 
 /// Reads what a pending connection has sent (without blocking) and decides.
-fn read_head(p: &mut Pending, chunk: &mut [u8], shared: &RwLock<Snapshot>) -> HeadState {
+fn read_head(p: &mut Pending, chunk: &mut [u8]) -> HeadState {
+    if p.tls.is_some() {
+        return read_tls_head(p, chunk);
+    }
     loop {
         match p.stream.read(chunk) {
             Ok(0) => return HeadState::Gone,
             Ok(n) => {
                 p.received.extend_from_slice(&chunk[..n]);
-                if let Some(answer) = answer(&p.received, shared) {
-                    return HeadState::Answer(answer);
+                if let Some(request) = parse_head(&p.received) {
+                    return HeadState::Complete(request);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return HeadState::Waiting,
@@ -170,8 +225,64 @@ fn read_head(p: &mut Pending, chunk: &mut [u8], shared: &RwLock<Snapshot>) -> He
     }
 }
 
+/// `read_head` over TLS: feeds what arrived to rustls, takes out the plaintext it yields, and
+/// sends what the handshake asks to send, all without blocking.
+fn read_tls_head(p: &mut Pending, chunk: &mut [u8]) -> HeadState {
+    let Pending {
+        stream,
+        tls: Some(conn),
+        received,
+        ..
+    } = p
+    else {
+        return HeadState::Gone;
+    };
+    loop {
+        match conn.read_tls(stream) {
+            Ok(0) => return HeadState::Gone,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return HeadState::Gone,
+        }
+        if conn.process_new_packets().is_err() {
+            // Not TLS, or a failed handshake: the alert rustls queued says why, if it fits.
+            let _ = conn.write_tls(stream);
+            return HeadState::Gone;
+        }
+        loop {
+            match conn.reader().read(chunk) {
+                // The client closed its side before a whole head.
+                Ok(0) => return HeadState::Gone,
+                Ok(n) => {
+                    received.extend_from_slice(&chunk[..n]);
+                    if let Some(request) = parse_head(received) {
+                        return HeadState::Complete(request);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => return HeadState::Gone,
+            }
+        }
+    }
+    while conn.wants_write() {
+        match conn.write_tls(stream) {
+            Ok(0) => return HeadState::Gone,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return HeadState::Gone,
+        }
+    }
+    HeadState::Waiting
+}
+
 /// Accepts what is waiting, a bounded number at a time so heads keep being read.
-fn accept_some(listener: &TcpListener, pending: &mut Vec<Pending>) {
+fn accept_some(
+    listener: &TcpListener,
+    pending: &mut Vec<Pending>,
+    tls: Option<&Arc<rustls::ServerConfig>>,
+) {
     for _ in 0..MAX_CONNECTIONS {
         let stream = match listener.accept() {
             Ok((stream, _)) => stream,
@@ -182,6 +293,11 @@ fn accept_some(listener: &TcpListener, pending: &mut Vec<Pending>) {
         if stream.set_nonblocking(true).is_err() {
             continue;
         }
+        let tls = match tls.map(|c| rustls::ServerConnection::new(c.clone())) {
+            None => None,
+            Some(Ok(conn)) => Some(Box::new(conn)),
+            Some(Err(_)) => continue,
+        };
         if pending.len() >= MAX_PENDING {
             // The oldest is the likeliest to be silent on purpose; a scraper's head is read in
             // the round after its accept.
@@ -192,74 +308,135 @@ fn accept_some(listener: &TcpListener, pending: &mut Vec<Pending>) {
                 .map(|(i, _)| i);
             if let Some(i) = oldest {
                 let mut old = pending.swap_remove(i);
-                send_now(&mut old.stream, busy());
+                send_now(&mut old, busy());
             }
         }
         pending.push(Pending {
             stream,
+            tls,
             received: Vec::new(),
             accepted: Instant::now(),
         });
     }
 }
 
-/// Answers a whole request on a thread of its own, or at once with a 503 when
-/// `MAX_CONNECTIONS` answers are already being written (to clients that read slowly).
-fn dispatch(
-    mut stream: TcpStream,
-    answer: (u16, &'static str, String),
-    answering: &Arc<AtomicUsize>,
-) {
-    if answering.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-        answering.fetch_sub(1, Ordering::AcqRel);
-        send_now(&mut stream, busy());
+/// Answers a whole request on a thread of its own (which checks credentials, renders and
+/// writes), or at once with a 503 when `MAX_CONNECTIONS` answers are already being written (to
+/// clients that read slowly).
+fn dispatch(mut p: Pending, request: Result<Request, Answer>, answering: &Answering) {
+    if answering.count.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+        answering.count.fetch_sub(1, Ordering::AcqRel);
+        send_now(&mut p, busy());
         return;
     }
-    let counter = answering.clone();
+    let counter = answering.count.clone();
+    let (shared, auth) = (answering.shared.clone(), answering.auth.clone());
     let spawned = std::thread::Builder::new()
         .name("gpudiag-http".into())
         .spawn(move || {
-            let (status, ctype, body) = answer;
-            // Blocking, with a deadline: a client that stops reading holds this thread for at
-            // most REQUEST_TIMEOUT.
-            let _ = stream.set_nonblocking(false);
-            let _ = stream.set_write_timeout(Some(REQUEST_TIMEOUT));
-            // A client that went away, or stopped reading, is its own problem.
-            let _ = stream
-                .write_all(&response_bytes(status, ctype, &body))
-                .and_then(|()| stream.flush());
-            let _ = stream.shutdown(std::net::Shutdown::Both);
+            let answer = match request {
+                Ok(req) => respond(&req, &shared, auth.as_deref()),
+                Err(answer) => answer,
+            };
+            write_answer(p, answer);
             counter.fetch_sub(1, Ordering::AcqRel);
         });
     if spawned.is_err() {
-        answering.fetch_sub(1, Ordering::AcqRel);
+        answering.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Writes an answer and closes, blocking, with a deadline: a client that stops reading holds
+/// the thread for at most REQUEST_TIMEOUT. A client that went away is its own problem.
+fn write_answer(p: Pending, (status, ctype, body): Answer) {
+    let Pending {
+        mut stream, tls, ..
+    } = p;
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_write_timeout(Some(REQUEST_TIMEOUT));
+    let bytes = response_bytes(status, ctype, &body);
+    match tls {
+        None => {
+            let _ = stream.write_all(&bytes).and_then(|()| stream.flush());
+        }
+        Some(mut conn) => {
+            // The answer is already in memory; rustls's default cap would only split it.
+            conn.set_buffer_limit(None);
+            if conn.writer().write_all(&bytes).is_ok() {
+                conn.send_close_notify();
+                flush_tls(&mut conn, &mut stream);
+            }
+        }
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+
+/// Writes out what rustls holds until done, or until the socket refuses (would block, timed
+/// out, closed): either way there is nothing more this connection can be given.
+fn flush_tls(conn: &mut rustls::ServerConnection, stream: &mut TcpStream) {
+    while conn.wants_write() {
+        match conn.write_tls(stream) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
     }
 }
 
 /// A short answer written without blocking (it fits an empty socket buffer), then the close.
-fn send_now(stream: &mut TcpStream, (status, ctype, body): (u16, &'static str, String)) {
-    let _ = stream.write_all(&response_bytes(status, ctype, &body));
-    let _ = stream.shutdown(std::net::Shutdown::Both);
+/// Over TLS it can only be sent once the handshake is done; before that the close says it.
+fn send_now(p: &mut Pending, (status, ctype, body): Answer) {
+    let bytes = response_bytes(status, ctype, &body);
+    match &mut p.tls {
+        None => {
+            let _ = p.stream.write_all(&bytes);
+        }
+        Some(conn) if !conn.is_handshaking() => {
+            if conn.writer().write_all(&bytes).is_ok() {
+                conn.send_close_notify();
+                flush_tls(conn, &mut p.stream);
+            }
+        }
+        Some(_) => {}
+    }
+    let _ = p.stream.shutdown(std::net::Shutdown::Both);
 }
 
-/// What the bytes a client has sent so far call for: `None` while the request head is incomplete
-/// (and under the size limit), else the answer. Pure over its input, so the whole request path
-/// short of the socket is fuzzed (`fuzz/fuzz_targets/http_request.rs`).
-pub fn answer(received: &[u8], snap: &RwLock<Snapshot>) -> Option<(u16, &'static str, String)> {
+/// What the bytes a client has sent so far hold: `None` while the request head is incomplete
+/// (and under the size limit), else the request or the error answer it gets. Pure over its
+/// input, so the whole request path short of the socket is fuzzed
+/// (`fuzz/fuzz_targets/http_request.rs`).
+pub fn parse_head(received: &[u8]) -> Option<Result<Request, Answer>> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut headers);
     match request.parse(received) {
         Ok(httparse::Status::Complete(_)) => {
-            let method = request.method.unwrap_or("");
-            let path = request.path.unwrap_or("");
-            Some(respond_to(method, path, snap))
+            let authorization = request
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("authorization"))
+                .and_then(|h| std::str::from_utf8(h.value).ok())
+                .map(str::to_owned);
+            Some(Ok(Request {
+                method: request.method.unwrap_or("").to_owned(),
+                path: request.path.unwrap_or("").to_owned(),
+                authorization,
+            }))
         }
         Ok(httparse::Status::Partial) if received.len() > MAX_HEAD_BYTES => {
-            Some(plain(431, "request head too large\n"))
+            Some(Err(plain(431, "request head too large\n")))
         }
         Ok(httparse::Status::Partial) => None,
-        Err(_) => Some(plain(400, "malformed request\n")),
+        Err(_) => Some(Err(plain(400, "malformed request\n"))),
     }
+}
+
+/// `parse_head` answered as a server without `--web.config.file` answers it.
+pub fn answer(received: &[u8], snap: &RwLock<Snapshot>) -> Option<Answer> {
+    parse_head(received).map(|r| match r {
+        Ok(req) => respond(&req, snap, None),
+        Err(answer) => answer,
+    })
 }
 
 /// The whole HTTP/1.1 response for an answer; the connection closes after it.
@@ -267,6 +444,7 @@ pub fn response_bytes(status: u16, content_type: &str, body: &str) -> Vec<u8> {
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
+        401 => "Unauthorized",
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
@@ -274,10 +452,14 @@ pub fn response_bytes(status: u16, content_type: &str, body: &str) -> Vec<u8> {
         503 => "Service Unavailable",
         _ => "Error",
     };
-    let allow = if status == 405 { "Allow: GET\r\n" } else { "" };
+    let extra = match status {
+        401 => "WWW-Authenticate: Basic realm=\"gpudiag\", charset=\"UTF-8\"\r\n",
+        405 => "Allow: GET\r\n",
+        _ => "",
+    };
     let mut out = format!(
         "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
-         {allow}Connection: close\r\n\r\n",
+         {extra}Connection: close\r\n\r\n",
         body.len()
     )
     .into_bytes();
@@ -285,10 +467,10 @@ pub fn response_bytes(status: u16, content_type: &str, body: &str) -> Vec<u8> {
     out
 }
 
-fn busy() -> (u16, &'static str, String) {
+fn busy() -> Answer {
     plain(503, "busy: too many connections; try again\n")
 }
 
-fn plain(status: u16, body: &str) -> (u16, &'static str, String) {
+fn plain(status: u16, body: &str) -> Answer {
     (status, "text/plain; charset=utf-8", body.to_string())
 }

@@ -11,11 +11,12 @@
 
 mod exposition;
 mod http;
+pub mod web_config;
 
 pub use exposition::{
     CONTENT_TYPE, Exposition, Kind, Labels, escape_help, escape_label_value, format_value,
 };
-pub use http::{answer, respond_to, response_bytes};
+pub use http::{Answer, Guard, Request, answer, parse_head, respond, respond_to, response_bytes};
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -345,6 +346,20 @@ fn stopped(why: &str) {
 
 /// `gpudiag serve`: runs until `stop` is set.
 pub fn serve(args: &ServeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result<(), Error> {
+    // Before anything else: a bad web config must fail at once, not after the GPUs are opened.
+    let guard = match &args.web_config_file {
+        None => Guard::default(),
+        Some(path) => {
+            let web = web_config::WebConfig::load(path)?;
+            let tls = web
+                .server_config()
+                .map_err(|e| Error::Usage(format!("{}: {e}", path.display())))?;
+            Guard {
+                tls,
+                auth: web.basic_auth().map(Arc::new),
+            }
+        }
+    };
     let source = open_source(&args.source.spec()?, Pace::Recorded { speed: 1.0 }, false)?;
     let pipeline = Pipeline::new(engine_for(&source, config)).retaining(FINDINGS_WINDOW);
     let devices = source.devices();
@@ -370,8 +385,19 @@ pub fn serve(args: &ServeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result
             .spawn(move || sample_into(source, pipeline, interval, shared, stop))
             .map_err(|e| Error::CannotRun(format!("cannot start the sampling thread: {e}")))?
     };
-    eprintln!("gpudiag: serving metrics on http://{addr}/metrics (Ctrl-C to stop)");
-    serve_connections(&listener, &shared, &stop);
+    let scheme = if guard.tls.is_some() { "https" } else { "http" };
+    let auth = if guard.auth.is_some() {
+        ", basic auth"
+    } else {
+        ""
+    };
+    eprintln!("gpudiag: serving metrics on {scheme}://{addr}/metrics{auth} (Ctrl-C to stop)");
+    if let Some(warning) =
+        web_config::exposure_warning(addr, guard.tls.is_some(), guard.auth.is_some())
+    {
+        eprintln!("{warning}");
+    }
+    serve_connections(&listener, &shared, &stop, &guard);
     let _ = sampling.join();
     Ok(())
 }

@@ -3,23 +3,24 @@
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
+use ratatui::widgets::{Block, Clear, Padding, Paragraph, Wrap};
 
 use super::centered;
 use crate::tui::app::{App, KillSignal};
 
-/// Key, what it does.
-pub const KEYS: [(&str, &str); 16] = [
+/// Key, what it does. Each line fits the box on an 80x24 terminal (`tests/tui.rs` renders it
+/// there and checks every line whole).
+pub const KEYS: [(&str, &str); 18] = [
     ("q  Ctrl-C", "quit"),
     ("?  F1", "this help (any key closes it)"),
     ("Tab  Shift-Tab", "next / previous panel"),
     ("1-6", "Devices Detail Processes Findings Probes Topology"),
     ("mouse", "click a tab; wheel moves the selection"),
-    ("↑ ↓  PgUp PgDn", "select device, process or finding"),
-    (
-        "Enter",
-        "detail of the selected device; in Probes, run the picked suite",
-    ),
+    ("↑ ↓  PgUp PgDn", "select device, process, finding or suite"),
+    ("Enter", "device detail; a finding's evidence and advice"),
+    ("Enter", "in Probes: run the picked suite"),
+    ("f", "in Probes: probe a busy GPU anyway (asks first)"),
+    ("Esc", "close a box, cancel"),
     ("space  p", "pause / resume"),
     ("z  Z", "zoom charts: 1m 5m 15m 1h"),
     ("s", "sort processes: memory, growth, SM, PID"),
@@ -27,9 +28,11 @@ pub const KEYS: [(&str, &str); 16] = [
     ("w", "save this session as a recording (.ndjson.gz)"),
     ("← →", "replay: seek 10 s (Shift: 60 s)"),
     ("+ -", "replay: faster / slower"),
-    ("Esc", "close"),
     ("", "absent values show n/a, never 0"),
 ];
+
+/// Width of the key column: the longest key.
+const KEY_WIDTH: usize = 14;
 
 pub fn help(f: &mut Frame, area: Rect, app: &App) {
     let t = app.theme;
@@ -37,15 +40,26 @@ pub fn help(f: &mut Frame, area: Rect, app: &App) {
         .iter()
         .map(|(k, what)| {
             Line::from(vec![
-                Span::styled(format!("{k:>15}  "), t.title()),
+                Span::styled(format!("{k:>KEY_WIDTH$}  "), t.title()),
                 Span::raw(*what),
             ])
         })
         .collect();
-    let rect = centered(area, 70, KEYS.len() as u16 + 2);
+    // As wide as the longest line, its margins and borders, so nothing is cut at 80 columns.
+    let widest = KEYS
+        .iter()
+        .map(|(_, what)| KEY_WIDTH + 2 + what.chars().count())
+        .max()
+        .unwrap_or(0);
+    let width = u16::try_from(widest + 4).unwrap_or(u16::MAX);
+    let rect = centered(area, width, KEYS.len() as u16 + 2);
     f.render_widget(Clear, rect);
     f.render_widget(
-        Paragraph::new(lines).block(Block::bordered().title(" Keys ")),
+        Paragraph::new(lines).block(
+            Block::bordered()
+                .title(" Keys ")
+                .padding(Padding::horizontal(1)),
+        ),
         rect,
     );
 }

@@ -8,6 +8,8 @@ use ratatui::widgets::{Block, Gauge, Paragraph, Wrap};
 
 use crate::cli::SuiteName;
 use crate::tui::app::{App, ProbesState};
+use crate::tui::format;
+use gpudiag_probes::runner::ProbeReport;
 
 /// Rough wall time of each suite on one GPU, for the progress gauge: the runner reports no
 /// intermediate progress, so the gauge shows time against what a suite usually takes.
@@ -60,12 +62,51 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
             f.render_widget(
                 Paragraph::new(
                     "Latency, bandwidth, matmul and memory probes run one after the other on \
-                     each GPU. Watch clocks, power and temperature in the Devices and Detail \
-                     panels meanwhile.",
+                     each GPU, in a gpudiag process of their own that takes its GPU memory \
+                     with it when it ends. Watch clocks, power and temperature in the Devices \
+                     and Detail panels meanwhile.",
                 )
                 .wrap(Wrap { trim: true }),
                 text_area,
             );
+        }
+        ProbesState::ConfirmForce {
+            suite,
+            report,
+            busy,
+        } => {
+            // Wrapped here rather than by the paragraph, which must not wrap the result tables.
+            let width = usize::from(block.inner(area).width);
+            let ask = "press f to run anyway, Esc to cancel";
+            let mut question: Vec<String> = match busy.as_slice() {
+                [one] => vec![format!("{one}: {ask}")],
+                many => many
+                    .iter()
+                    .cloned()
+                    .chain([format!("{ask} (all of them)")])
+                    .collect(),
+            };
+            question.push(format!(
+                "f runs the {} suite again on every GPU, these included; their work and the \
+                 probes will slow each other down.",
+                suite.as_str()
+            ));
+            let mut lines: Vec<Line> = Vec::new();
+            for (i, q) in question.iter().enumerate() {
+                let style = if i + 1 < question.len() {
+                    t.warn()
+                } else {
+                    ratatui::style::Style::default()
+                };
+                lines.extend(
+                    format::wrap(q, width, "")
+                        .into_iter()
+                        .map(|l| Line::from(Span::styled(l, style))),
+                );
+            }
+            lines.push(Line::from(""));
+            lines.extend(report_lines(app, report, width));
+            f.render_widget(Paragraph::new(lines).block(block), area);
         }
         ProbesState::Ready { suite, last } => {
             let mut lines = vec![Line::from(vec![
@@ -82,7 +123,7 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
                 None => lines.push(Line::from(
                     "No probe run yet. quick takes seconds, standard about a minute, full \
                      minutes with the GPU nearly to itself; a GPU other processes use is \
-                     refused (use `gpudiag probe --force` to insist).",
+                     refused, and you are asked whether to run on it anyway.",
                 )),
                 Some(Err(e)) => lines.push(Line::from(Span::styled(
                     format!(
@@ -92,29 +133,45 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
                     t.severity(gpudiag_core::rules::Severity::Fail),
                 ))),
                 Some(Ok(report)) => {
-                    let mut text = gpudiag_probes::text::render(report);
-                    for f in &report.findings {
-                        text.push_str(&format!(
-                            "[{}] {}\n",
-                            f.severity,
-                            crate::tui::format::text(&f.title)
-                        ));
-                    }
-                    lines.extend(text.lines().map(|l| {
-                        let style = if l.contains(" fail") || l.contains(" error") {
-                            t.severity(gpudiag_core::rules::Severity::Fail)
-                        } else if l.contains(" warn") {
-                            t.warn()
-                        } else {
-                            ratatui::style::Style::default()
-                        };
-                        Line::from(Span::styled(l.to_owned(), style))
-                    }));
+                    let width = usize::from(block.inner(area).width);
+                    lines.extend(report_lines(app, report, width));
                 }
             }
             f.render_widget(Paragraph::new(lines).block(block), area);
         }
     }
+}
+
+/// The results as `gpudiag probe` prints them, failures and warnings coloured, refusals saying
+/// how to force here and wrapped to `width` (the tables are cut rather than wrapped, so their
+/// columns stay aligned).
+fn report_lines(app: &App, report: &ProbeReport, width: usize) -> Vec<Line<'static>> {
+    let t = app.theme;
+    let mut text = gpudiag_probes::text::render_with_hint(report, "f runs it anyway (asks first)");
+    for f in &report.findings {
+        text.push_str(&format!("[{}] {}\n", f.severity, f.title));
+    }
+    let mut lines = Vec::new();
+    for l in text.lines() {
+        if l.starts_with("  not probed: ") {
+            let mut wrapped = format::wrap(l, width, "    ").into_iter();
+            if let Some(first) = wrapped.next() {
+                // The first line keeps its own two-space indent, not the continuation's.
+                lines.push(Line::from(Span::styled(first[2..].to_owned(), t.warn())));
+            }
+            lines.extend(wrapped.map(|w| Line::from(Span::styled(w, t.warn()))));
+            continue;
+        }
+        let style = if l.contains(" fail") || l.contains(" error") {
+            t.severity(gpudiag_core::rules::Severity::Fail)
+        } else if l.contains(" warn") {
+            t.warn()
+        } else {
+            ratatui::style::Style::default()
+        };
+        lines.push(Line::from(Span::styled(l.to_owned(), style)));
+    }
+    lines
 }
 
 fn suite_span(app: &App, this: SuiteName, picked: SuiteName) -> Span<'static> {

@@ -262,6 +262,9 @@ mod tests {
             }),
             model: Some("H200".into()),
             refused: None,
+            name: None,
+            forcible: false,
+            busy_pids: Vec::new(),
             results,
         }
     }

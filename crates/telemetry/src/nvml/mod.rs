@@ -56,8 +56,10 @@ use super::{
 };
 use fields::{FAST_FIELDS, read_fast};
 use gpudiag_model::deadline::{DeadlineError, run_with_deadline};
-use slow::{DeviceSlot, SLOW_FIELDS, SlowControl, SlowShared, read_slow, start_slow_reader};
-use xid::start_event_thread;
+use slow::{
+    DeviceSlot, SLOW_FIELDS, SlowControl, SlowShared, read_slow, start_slow_reader, stuck_limit,
+};
+use xid::{EVENT_STUCK_AFTER, Heartbeat, start_event_thread, stuck_notice};
 
 /// `NVML_DEVICE_MIG_ENABLE` from nvml.h (the sys crate that defines it is not re-exported).
 const NVML_DEVICE_MIG_ENABLE: u32 = 1;
@@ -75,6 +77,9 @@ pub struct NvmlBackend {
     util_since: Vec<Option<u64>>,
     /// Events (XIDs, notices) the event thread queued since the last poll.
     events: Arc<Mutex<Vec<Event>>>,
+    /// When the event thread last came back from NVML, to report it once when it stops.
+    event_beat: Arc<Heartbeat>,
+    events_stuck_reported: bool,
     topology: Mutex<TopologyRead>,
     /// Profiling counters, one per device, same order as `devices`.
     gpm: Vec<gpm::GpmDevice>,
@@ -160,8 +165,9 @@ impl NvmlBackend {
             .collect();
         let util_since = vec![None; opened.devices.len()];
         let events = Arc::new(Mutex::new(Vec::new()));
+        let event_beat = Arc::new(Heartbeat::default());
         if slow_fields == SlowFields::Background {
-            start_event_thread(&nvml, &opened.devices, &events, &slow);
+            start_event_thread(&nvml, &opened.devices, &events, &slow, &event_beat);
         }
         let topology = {
             let nvml = nvml.clone();
@@ -193,6 +199,8 @@ impl NvmlBackend {
             slow_fields,
             util_since,
             events,
+            event_beat,
+            events_stuck_reported: false,
             topology: Mutex::new(topology),
         })
     }
@@ -203,8 +211,15 @@ impl NvmlBackend {
     }
 }
 
-/// One device's fast fields plus the latest slow reading.
-fn sample_device(nvml: &Nvml, info: &DeviceInfo, slot: &DeviceSlot, time_ms: u64) -> Sample {
+/// One device's fast fields plus the latest slow reading, or the slow fields marked stuck when
+/// their reader has not finished a round within `stuck_after`.
+fn sample_device(
+    nvml: &Nvml,
+    info: &DeviceInfo,
+    slot: &DeviceSlot,
+    time_ms: u64,
+    stuck_after: Duration,
+) -> Sample {
     let mut sample = Sample::new(info.index, time_ms);
     if slot.lost.load(Ordering::Relaxed) {
         mark_absent(&mut sample.absent, FAST_FIELDS, &Absent::GpuLost);
@@ -215,7 +230,7 @@ fn sample_device(nvml: &Nvml, info: &DeviceInfo, slot: &DeviceSlot, time_ms: u64
             Ok(dev) => read_fast(&dev, &mut sample),
             Err(e) => mark_absent(&mut sample.absent, FAST_FIELDS, &absent_from(&e)),
         }
-        lock(&slot.latest).apply(&mut sample);
+        slot.apply(&mut sample, Instant::now(), stuck_after);
     }
     sample.copy_static_from(info);
     sample
@@ -290,9 +305,20 @@ impl Backend for NvmlBackend {
                 }
             }
         }
+        if self.slow_fields == SlowFields::Background {
+            let stuck = self.event_beat.stuck_for(Instant::now(), EVENT_STUCK_AFTER);
+            if let Some(message) = stuck_notice(stuck, &mut self.events_stuck_reported) {
+                tick.events.push(Event {
+                    time_ms,
+                    device: None,
+                    kind: EventKind::Notice { message },
+                });
+            }
+        }
+        let stuck_after = stuck_limit(self.slow_interval());
         for ((info, slot), gpm) in self.devices.iter().zip(&self.slots).zip(&mut self.gpm) {
             let was_lost = slot.lost.load(Ordering::Relaxed);
-            let mut sample = sample_device(&self.nvml, info, slot, time_ms);
+            let mut sample = sample_device(&self.nvml, info, slot, time_ms, stuck_after);
             if !was_lost {
                 match self.nvml.device_by_index(info.index) {
                     Ok(dev) => {

@@ -3,6 +3,11 @@
 //! slow or hung device never stalls the sampler. A single read (`SlowFields::InPoll`) reads them
 //! inside the poll instead: there, threads would only add NVML per-thread state and resident
 //! memory.
+//!
+//! The readers are under a deadline like the fast poll (`poll_deadline.rs`): a slot remembers
+//! when its reader last finished a round, and once that is several slow intervals ago `poll()`
+//! marks every slow field absent as "slow read stuck for N s" (a stalled health reason) instead
+//! of handing out values that stopped changing.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -14,7 +19,7 @@ use nvml_wrapper::enum_wrappers::device::PcieUtilCounter;
 use super::fields::{kb_per_s_to_bytes, mj_to_j, put_clock_events, read_clock_events};
 use super::processes::read_processes;
 use super::{absent_from, lock};
-use crate::{Absent, AbsentMap, ProcessSample, Sample};
+use crate::{Absent, AbsentMap, ProcessSample, Sample, sanity};
 
 /// How often slow fields are read unless `set_slow_interval` says otherwise.
 pub const DEFAULT_SLOW_INTERVAL: Duration = Duration::from_secs(1);
@@ -22,6 +27,25 @@ pub const DEFAULT_SLOW_INTERVAL: Duration = Duration::from_secs(1);
 /// Floor for the slow cadence: one round already spends ~40 ms per device in
 /// `nvmlDeviceGetPcieThroughput`, so anything shorter would keep the driver busy for nothing.
 pub const MIN_SLOW_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Slow intervals a reader may go without finishing a round before its values count as stuck:
+/// a healthy round takes ~45 ms per device, far inside one interval, so three missed rounds
+/// mean an NVML call that does not return.
+const STUCK_ROUNDS: u32 = 3;
+/// Never stuck sooner than this: a loaded host can delay a 100 ms cadence by a scheduling
+/// slice or two without anything being wrong.
+const STUCK_FLOOR: Duration = Duration::from_secs(2);
+
+/// How long a reader may go without finishing a round at this cadence.
+pub(super) fn stuck_limit(interval: Duration) -> Duration {
+    (interval * STUCK_ROUNDS).max(STUCK_FLOOR)
+}
+
+/// How long the reader has been stuck, once the last finished round is more than `limit` old.
+pub(super) fn stuck_for(last_round: Instant, now: Instant, limit: Duration) -> Option<Duration> {
+    let since = now.saturating_duration_since(last_round);
+    (since > limit).then_some(since)
+}
 
 /// Where the slow fields (PCIe throughput, processes, counters) are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +131,8 @@ pub(super) struct DeviceSlot {
     /// Completed slow rounds, with a condvar so a caller can wait for the first one.
     rounds: Mutex<u64>,
     round_done: Condvar,
+    /// When the reader last finished a round (or the slot was made, before the first).
+    last_round: Mutex<Instant>,
     /// Set by `poll()` when the GPU is lost; the reader then stops calling NVML.
     pub(super) lost: AtomicBool,
 }
@@ -128,13 +154,26 @@ impl DeviceSlot {
             latest: Mutex::new(SlowReading::all(Absent::NotYetRead)),
             rounds: Mutex::new(0),
             round_done: Condvar::new(),
+            last_round: Mutex::new(Instant::now()),
             lost: AtomicBool::new(false),
         }
     }
 
     pub(super) fn finish_round(&self) {
+        *lock(&self.last_round) = Instant::now();
         *lock(&self.rounds) += 1;
         self.round_done.notify_all();
+    }
+
+    /// Puts the latest slow reading into `s`, or, when the reader has not finished a round
+    /// within `limit` of `now`, marks every slow field stuck: values that stopped changing
+    /// must not pass for current ones.
+    pub(super) fn apply(&self, s: &mut Sample, now: Instant, limit: Duration) {
+        let last = *lock(&self.last_round);
+        match stuck_for(last, now, limit) {
+            Some(stuck) => SlowReading::all(sanity::slow_stuck_reason(stuck)).apply(s),
+            None => lock(&self.latest).apply(s),
+        }
     }
 
     /// Waits until at least one slow round has completed or `deadline` passes.
@@ -200,12 +239,19 @@ pub(super) fn start_slow_reader(
 
 fn slow_loop(nvml: &Nvml, index: u32, slot: &DeviceSlot, shared: &SlowShared) {
     let mut util_since = None;
+    run_rounds(slot, shared, |slot| {
+        read_slow(nvml, index, &mut util_since, slot)
+    });
+}
+
+/// Reads a round with `read`, then sleeps to the next, until stopped or the GPU is lost.
+fn run_rounds(slot: &DeviceSlot, shared: &SlowShared, mut read: impl FnMut(&DeviceSlot)) {
     loop {
         if shared.stopped() || slot.lost.load(Ordering::Relaxed) {
             return;
         }
         let started = Instant::now();
-        read_slow(nvml, index, &mut util_since, slot);
+        read(slot);
         slot.finish_round();
         if !shared.sleep_until_next(started) {
             return;
@@ -283,6 +329,93 @@ mod tests {
         assert_eq!(s.pcie_tx_bytes_per_s, None);
         assert_eq!(s.processes, Some(vec![]));
         assert_eq!(s.absent.len(), 2);
+    }
+
+    #[test]
+    fn stuck_means_no_round_for_several_intervals() {
+        assert_eq!(stuck_limit(Duration::from_secs(1)), Duration::from_secs(3));
+        // Short cadences get the floor, not 300 ms.
+        assert_eq!(stuck_limit(MIN_SLOW_INTERVAL), STUCK_FLOOR);
+        let t = Instant::now();
+        let limit = Duration::from_secs(3);
+        assert_eq!(stuck_for(t, t + Duration::from_secs(3), limit), None);
+        assert_eq!(
+            stuck_for(t, t + Duration::from_secs(7), limit),
+            Some(Duration::from_secs(7))
+        );
+        // A clock read before the round finished is not "stuck".
+        assert_eq!(stuck_for(t + Duration::from_secs(9), t, limit), None);
+    }
+
+    /// A reader blocked inside a round (a hung NVML call): its values read as stuck once the
+    /// limit passes, then as current again once the call returns and the round finishes.
+    #[test]
+    fn a_blocked_reader_marks_the_slow_fields_stuck_until_it_returns() {
+        let slot = Arc::new(DeviceSlot::new());
+        let shared = Arc::new(SlowShared {
+            control: Mutex::new(SlowControl {
+                stop: false,
+                interval: Duration::from_millis(10),
+            }),
+            wake: Condvar::new(),
+        });
+        let (unblock, blocked) = std::sync::mpsc::channel::<()>();
+        let reader = {
+            let (slot, shared) = (slot.clone(), shared.clone());
+            std::thread::spawn(move || {
+                let mut round = 0;
+                run_rounds(&slot, &shared, |slot| {
+                    round += 1;
+                    lock(&slot.latest).energy_j = Ok(f64::from(round));
+                    if round == 2 {
+                        let _ = blocked.recv();
+                    }
+                })
+            })
+        };
+        let limit = Duration::from_secs(1);
+        let read = |now: Instant| {
+            let mut s = Sample::new(0, 1);
+            slot.apply(&mut s, now, limit);
+            s
+        };
+        // Round 2 publishes its first stage, then blocks.
+        let start = Instant::now();
+        while lock(&slot.latest).energy_j != Ok(2.0) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the reader never ran"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let fresh = read(Instant::now());
+        assert_eq!(fresh.energy_j, Some(2.0));
+        let later = read(Instant::now() + Duration::from_secs(5));
+        assert_eq!(later.energy_j, None);
+        for f in SLOW_FIELDS {
+            assert!(
+                matches!(later.why_absent(f), Some(Absent::Error(m)) if m.starts_with("slow read stuck for")),
+                "{f}: {:?}",
+                later.why_absent(f)
+            );
+        }
+        assert_eq!(
+            sanity::worst(&later),
+            Some(sanity::Health::Stalled),
+            "a stuck slow read is a stalled driver call"
+        );
+        unblock.send(()).unwrap();
+        while *lock(&slot.rounds) < 2 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the round never finished"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(read(Instant::now()).energy_j.is_some());
+        lock(&shared.control).stop = true;
+        shared.wake.notify_all();
+        reader.join().unwrap();
     }
 
     #[test]

@@ -2,9 +2,13 @@
 //! waiter, and a wait blocks, so the thread waits in short slices (to notice a stop) and queues
 //! what it sees for the next poll. A GPU that cannot deliver XIDs is reported once, as a notice,
 //! so its XIDs are not silently missed.
+//!
+//! A wait that does not come back (a driver holding the call) would miss XIDs just as silently,
+//! so the thread beats a `Heartbeat` each time NVML returns, and `poll()` reports once when the
+//! beats stop for `EVENT_STUCK_AFTER`, and once more when they resume.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
@@ -18,6 +22,58 @@ use crate::{DeviceInfo, Event, EventKind, now_ms};
 
 /// How long one wait on the event set may block; bounds how late the thread notices a stop.
 const EVENT_WAIT_MS: u32 = 100;
+/// Pause after a failed wait, so a persistent failure does not spin.
+const FAILED_WAIT_PAUSE: Duration = Duration::from_secs(5);
+/// Silence from the event thread past which it counts as stuck in NVML: well above one wait
+/// (100 ms) and the pause after a failed one.
+pub(super) const EVENT_STUCK_AFTER: Duration = Duration::from_secs(10);
+
+/// When a background thread last came back from the driver; `None` while it is not running
+/// (not started, or finished on purpose), which is never "stuck".
+#[derive(Debug, Default)]
+pub(super) struct Heartbeat(Mutex<Option<Instant>>);
+
+impl Heartbeat {
+    pub(super) fn beat(&self) {
+        *lock(&self.0) = Some(Instant::now());
+    }
+
+    fn stopped(&self) {
+        *lock(&self.0) = None;
+    }
+
+    /// How long the thread has been silent, once that is more than `limit`.
+    pub(super) fn stuck_for(&self, now: Instant, limit: Duration) -> Option<Duration> {
+        let last = (*lock(&self.0))?;
+        let silent = now.saturating_duration_since(last);
+        (silent > limit).then_some(silent)
+    }
+}
+
+/// The notice to queue for the event thread's state: one when it gets stuck, one when it comes
+/// back, nothing in between. `reported` remembers which side of that the last poll saw.
+pub(super) fn stuck_notice(stuck: Option<Duration>, reported: &mut bool) -> Option<String> {
+    match (stuck, *reported) {
+        (Some(d), false) => {
+            *reported = true;
+            Some(format!(
+                "XID events: the event thread has been inside an NVML call for {} s; XIDs \
+                 raised meanwhile will only show in the kernel log (dmesg | grep -i xid) until \
+                 it returns",
+                d.as_secs()
+            ))
+        }
+        (None, true) => {
+            *reported = false;
+            Some(
+                "XID events: the event thread's NVML call returned; XIDs are read again (look in \
+                 the kernel log for any raised while it was stuck)"
+                    .into(),
+            )
+        }
+        _ => None,
+    }
+}
 
 /// Starts the thread that waits on an NVML event set for XID errors of every device and queues
 /// them as `Event`s for the next poll. Devices that cannot deliver XID events are reported once,
@@ -27,13 +83,21 @@ pub(super) fn start_event_thread(
     devices: &[DeviceInfo],
     queue: &Arc<Mutex<Vec<Event>>>,
     shared: &Arc<SlowShared>,
+    beat: &Arc<Heartbeat>,
 ) {
     let (nvml, thread_queue, shared) = (Arc::clone(nvml), Arc::clone(queue), Arc::clone(shared));
+    let thread_beat = Arc::clone(beat);
     let indices: Vec<u32> = devices.iter().map(|d| d.index).collect();
+    // From now: registration can hang in the driver as well as a wait.
+    beat.beat();
     let spawned = std::thread::Builder::new()
         .name("nvml-events".into())
-        .spawn(move || event_loop(&nvml, &indices, &thread_queue, &shared));
+        .spawn(move || {
+            event_loop(&nvml, &indices, &thread_queue, &shared, &thread_beat);
+            thread_beat.stopped();
+        });
     if let Err(e) = spawned {
+        beat.stopped();
         lock(queue).push(notice(
             None,
             format!("XID events are off: could not start their thread: {e}"),
@@ -105,13 +169,21 @@ fn register_xid_devices<'n>(
     (!registered.is_empty()).then_some(set)
 }
 
-fn event_loop(nvml: &Nvml, indices: &[u32], queue: &Mutex<Vec<Event>>, shared: &SlowShared) {
+fn event_loop(
+    nvml: &Nvml,
+    indices: &[u32],
+    queue: &Mutex<Vec<Event>>,
+    shared: &SlowShared,
+    beat: &Heartbeat,
+) {
     let Some(set) = register_xid_devices(nvml, indices, queue) else {
         return;
     };
     let mut failed_before = false;
     while !shared.stopped() {
-        match set.wait(EVENT_WAIT_MS) {
+        let waited = set.wait(EVENT_WAIT_MS);
+        beat.beat();
+        match waited {
             Ok(data) => {
                 let Some(XidError::Value(xid)) = data.event_data else {
                     continue;
@@ -134,8 +206,49 @@ fn event_loop(nvml: &Nvml, indices: &[u32], queue: &Mutex<Vec<Event>>, shared: &
                         format!("XID event wait failed: {e}; retrying"),
                     ));
                 }
-                std::thread::sleep(Duration::from_secs(5));
+                std::thread::sleep(FAILED_WAIT_PAUSE);
+                beat.beat();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_silent_event_thread_is_stuck_and_a_stopped_one_is_not() {
+        let beat = Heartbeat::default();
+        let limit = EVENT_STUCK_AFTER;
+        let later = Instant::now() + limit + Duration::from_secs(2);
+        assert_eq!(beat.stuck_for(later, limit), None, "never started");
+        beat.beat();
+        assert_eq!(beat.stuck_for(Instant::now(), limit), None);
+        let stuck = beat.stuck_for(later, limit).unwrap();
+        assert!(stuck > limit, "{stuck:?}");
+        beat.stopped();
+        assert_eq!(beat.stuck_for(later, limit), None, "ended on purpose");
+        assert!(FAILED_WAIT_PAUSE + Duration::from_millis(u64::from(EVENT_WAIT_MS)) < limit);
+    }
+
+    #[test]
+    fn being_stuck_is_reported_once_and_the_return_once() {
+        let mut reported = false;
+        assert_eq!(stuck_notice(None, &mut reported), None);
+        let first = stuck_notice(Some(Duration::from_secs(12)), &mut reported).unwrap();
+        assert!(
+            first.contains("12 s") && first.contains("kernel log"),
+            "{first}"
+        );
+        for s in 13..20 {
+            assert_eq!(
+                stuck_notice(Some(Duration::from_secs(s)), &mut reported),
+                None
+            );
+        }
+        let back = stuck_notice(None, &mut reported).unwrap();
+        assert!(back.contains("returned"), "{back}");
+        assert_eq!(stuck_notice(None, &mut reported), None);
     }
 }
