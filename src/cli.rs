@@ -65,9 +65,52 @@ pub enum Command {
     /// print its check summary.
     #[command(after_help = EXIT_CODES_HELP)]
     Replay(ReplayArgs),
+    /// Run a command and watch the GPUs while it runs; when it ends, say on stderr what held
+    /// the GPUs back and how that changed over the run. Exits with the command's own code.
+    #[command(after_help = RUN_EXIT_CODES_HELP)]
+    Run(RunArgs),
     // The probe list comes from the probe registry, so help cannot fall behind a new probe.
     #[command(about = probe_about(), after_help = PROBE_EXIT_CODES_HELP)]
     Probe(ProbeArgs),
+}
+
+pub const RUN_EXIT_CODES_HELP: &str = "\
+Example:
+  gpudiag run -- python train.py --epochs 1
+
+Exit codes:
+  the command's own code; 128+N when signal N killed it (as shells report it)
+  2  usage error, or the command could not be started (not found, not executable)
+With no GPU or no NVIDIA driver the command still runs, and gpudiag says it could not watch.";
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Also write a recording of the run (gzip when the name ends in .gz).
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
+    /// Also write a Chrome trace of the run.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Also write the verdicts, phases and findings as JSON
+    /// (assets/schema/run-report.schema.json).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Time between samples (50ms or more; the profiling counters need 100ms or more).
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_interval)]
+    pub interval: Duration,
+    /// Replace the output files if they exist.
+    #[arg(long)]
+    pub force: bool,
+    /// The command and its arguments, after `--`.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -98,6 +98,7 @@ fn run(cli: Cli) -> Result<i32, Error> {
             Ok(exit::OK)
         }
         Some(Command::Replay(ref args)) => replay(args, cli.interval, &config()?),
+        Some(Command::Run(ref args)) => commands::run(args, &config()?),
         None => default_view(cli.demo, cli.interval, &config()?),
     }
 }

@@ -21,6 +21,11 @@ use gpudiag_telemetry::recording::{Header, Record};
 pub const CHECK_REPORT_FILE: &str = "check-report.schema.json";
 pub const RECORDING_FILE: &str = "recording.schema.json";
 pub const CHROME_TRACE_FILE: &str = "chrome-trace.schema.json";
+pub const RUN_REPORT_FILE: &str = "run-report.schema.json";
+
+const RUN_REPORT_ID: &str = "urn:gpudiag:schema:run-report:1";
+const RUN_REPORT_TITLE: &str = "gpudiag run report";
+const RUN_REPORT_DESCRIPTION: &str = "The JSON document `gpudiag run --json FILE -- CMD` writes     when the command ends: its exit, the verdict on each GPU it used over the run and how the     verdict changed (phases), the findings, and its processes on the GPUs. schema_version 1.     Generated from gpudiag's types (src/schema.rs): change those, not this file.";
 
 const CHECK_REPORT_ID: &str = "urn:gpudiag:schema:check-report:1";
 const CHECK_REPORT_TITLE: &str = "gpudiag check report";
@@ -50,12 +55,24 @@ const CHROME_TRACE_DESCRIPTION: &str = "A Chrome trace written by `gpudiag trace
     types (src/schema.rs): change those, not this file.";
 
 /// Every schema as its file name in `assets/schema/` and its text.
-pub fn all() -> [(&'static str, String); 3] {
+pub fn all() -> [(&'static str, String); 4] {
     [
         (CHECK_REPORT_FILE, check_report()),
         (RECORDING_FILE, recording()),
         (CHROME_TRACE_FILE, chrome_trace()),
+        (RUN_REPORT_FILE, run_report()),
     ]
+}
+
+/// `run-report.schema.json`: what `gpudiag run --json FILE` writes.
+pub fn run_report() -> String {
+    let schema = generator().root_schema_for::<crate::commands::run::RunReport>();
+    finish(
+        schema.to_value(),
+        RUN_REPORT_ID,
+        RUN_REPORT_TITLE,
+        RUN_REPORT_DESCRIPTION,
+    )
 }
 
 /// `check-report.schema.json`: the document `gpudiag check --json` prints.

@@ -4,6 +4,7 @@
 mod check;
 mod probe;
 mod record;
+pub mod run;
 
 use std::io::Write;
 
@@ -12,6 +13,7 @@ use gpudiag_model::error::Error;
 pub use check::check;
 pub use probe::{probe, run_probes_in_child, run_probes_in_ui};
 pub use record::record;
+pub use run::run;
 
 /// Writes human-readable `text` to stdout with every control character but the newlines made
 /// visible: the renderers escape each value from a driver or a recording, and this catches any

@@ -1,0 +1,570 @@
+//! `gpudiag run -- CMD`: runs a command, watches the GPUs while it runs, attributes what it sees
+//! to the command's process tree, and says at the end (on stderr, like `time`) what held the GPUs
+//! back and how that changed over the run. Exits with the command's own code.
+//!
+//! gpudiag makes itself a child subreaper, so a descendant whose parent exits (a launcher that
+//! forks workers and returns) is re-parented to gpudiag instead of init and stays in the tree.
+//! The command stays in the terminal's process group, so Ctrl-C reaches it directly; a SIGINT or
+//! SIGTERM sent to gpudiag alone is forwarded.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command as ChildCommand, ExitStatus};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::cli::RunArgs;
+use crate::export::chrome_trace::TraceBuilder;
+use crate::export::{refuse_existing, write_json_atomic};
+use gpudiag_core::check::ToolInfo;
+use gpudiag_core::config::Config;
+use gpudiag_core::rules::{Finding, RuleEngine};
+use gpudiag_core::session::{self, Limit, Pipeline, RunOptions, Sink, Source, open_source};
+use gpudiag_model::error::Error;
+use gpudiag_model::printable;
+use gpudiag_model::verdict::{NotJudged, Verdict};
+use gpudiag_telemetry::recording::{Header, Record, RecordingWriter};
+use gpudiag_telemetry::replay::Pace;
+use gpudiag_telemetry::{Tick, TimeMs, now_ms};
+
+/// Bumped on any change that removes or retypes a field of `RunReport`.
+pub const RUN_SCHEMA_VERSION: u32 = 1;
+
+/// After the command exits, sampling goes on this long, so the process list shows who still
+/// holds a GPU (it refreshes on the slow cadence, about a second).
+const AFTER_EXIT: Duration = Duration::from_millis(1500);
+
+/// What `--json FILE` holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RunReport {
+    #[schemars(extend("const" = RUN_SCHEMA_VERSION))]
+    pub schema_version: u32,
+    pub tool: ToolInfo,
+    /// The command and its arguments as given (redact before sharing).
+    pub command: Vec<String>,
+    pub pid: u32,
+    pub start_ms: TimeMs,
+    pub end_ms: TimeMs,
+    /// The command's exit code; `None` when a signal ended it.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+    /// Why the GPUs could not be watched (no driver, no GPU); `None` when they were.
+    pub not_watched: Option<String>,
+    /// Per GPU the command's processes used (every watched GPU when none could be seen): the
+    /// verdict over the run and its phases.
+    pub devices: Vec<RunDevice>,
+    /// Findings raised while the command ran (faults stay; workload findings cover the run).
+    pub findings: Vec<Finding>,
+    pub not_judged: Vec<NotJudged>,
+    /// Processes of the command's tree seen on a GPU.
+    pub gpu_processes: Vec<TreeProcess>,
+    /// Descendants still holding GPU memory after the command exited.
+    pub still_holding: Vec<TreeProcess>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RunDevice {
+    pub index: u32,
+    pub name: Option<String>,
+    pub verdict: Option<Verdict>,
+    pub phases: Vec<Verdict>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct TreeProcess {
+    pub pid: u32,
+    pub device: u32,
+    pub name: Option<String>,
+    pub used_memory_bytes: Option<u64>,
+}
+
+/// The signal a handler last caught, for the forwarding thread (handlers may only store it).
+static CAUGHT: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn catch(signal: libc::c_int) {
+    CAUGHT.store(signal, Ordering::Relaxed);
+}
+
+/// `gpudiag run`. Returns the exit code to end with: the command's own.
+pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
+    let Some(program) = args.command.first() else {
+        return Err(Error::Usage("gpudiag run needs a command after --".into()));
+    };
+    if args.source.replay.is_some() || args.source.demo {
+        return Err(Error::Usage(
+            "gpudiag run watches live GPUs while the command runs; --replay and --demo do not \
+             apply (use check --replay)"
+                .into(),
+        ));
+    }
+    for path in [&args.record, &args.trace, &args.json]
+        .into_iter()
+        .flatten()
+    {
+        refuse_existing(path, args.force)?;
+    }
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes plain integers and touches no memory.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    }
+    let spec = args.source.spec()?;
+    let (source, not_watched) = match open_source(&spec, Pace::AsFastAsPossible, false) {
+        Ok(s) => (Some(s), None),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    let mut child = ChildCommand::new(program)
+        .args(&args.command[1..])
+        .spawn()
+        .map_err(|e| {
+            Error::Usage(format!(
+                "cannot start {}: {e}",
+                printable::line(&program.to_string_lossy())
+            ))
+        })?;
+    if let Some(why) = &not_watched {
+        eprintln!(
+            "gpudiag: could not watch the GPUs ({}); running the command anyway",
+            printable::line(why)
+        );
+    }
+    let start_ms = now_ms();
+    let started = Instant::now();
+    forward_signals();
+    let exit: Arc<Mutex<Option<(ExitStatus, Instant)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let child_pid = child.id();
+    let watching = source.is_some();
+    let waiter = {
+        let exit = exit.clone();
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("gpudiag-run-wait".into())
+            .spawn(move || wait_and_forward(&mut child, &exit, &stop, watching))
+            .map_err(|e| Error::CannotRun(format!("could not start a thread: {e}")))?
+    };
+
+    let watched = match source {
+        Some(source) => Some(watch(source, args, config, &stop)?),
+        None => None,
+    };
+    let _ = waiter.join();
+    let (status, exited_at) = exit
+        .lock()
+        .ok()
+        .and_then(|e| *e)
+        .ok_or_else(|| Error::CannotRun("lost track of the command".into()))?;
+    let end_ms = start_ms + exited_at.duration_since(started).as_millis() as u64;
+    let (exit_code, signal) = exit_parts(status);
+    let mut report = RunReport {
+        schema_version: RUN_SCHEMA_VERSION,
+        tool: ToolInfo::this(),
+        command: args
+            .command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        pid: child_pid,
+        start_ms,
+        end_ms,
+        exit_code,
+        signal,
+        not_watched,
+        devices: Vec::new(),
+        findings: Vec::new(),
+        not_judged: Vec::new(),
+        gpu_processes: Vec::new(),
+        still_holding: Vec::new(),
+    };
+    if let Some(w) = watched {
+        w.conclude(&mut report, start_ms, end_ms);
+    }
+    eprint!("{}", printable::text(&summary(&report)));
+    if let Some(path) = &args.json {
+        write_json_atomic(path, &report)?;
+    }
+    Ok(exit_code.unwrap_or_else(|| 128 + signal.unwrap_or(0)))
+}
+
+/// Waits for the command, forwarding signals caught meanwhile, then lets sampling run on a
+/// little to see who still holds a GPU.
+fn wait_and_forward(
+    child: &mut Child,
+    exit: &Mutex<Option<(ExitStatus, Instant)>>,
+    stop: &AtomicBool,
+    watching: bool,
+) {
+    let pid = child.id() as libc::pid_t;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                if let Ok(mut e) = exit.lock() {
+                    *e = Some((status, Instant::now()));
+                }
+                break;
+            }
+            Ok(None) => {}
+            Err(_) => {
+                // Waiting failed (it should not): block instead, so the exit is still seen.
+                if let Ok(status) = child.wait()
+                    && let Ok(mut e) = exit.lock()
+                {
+                    *e = Some((status, Instant::now()));
+                }
+                break;
+            }
+        }
+        let signal = CAUGHT.swap(0, Ordering::Relaxed);
+        if signal != 0 {
+            // SAFETY: kill takes plain integers; `pid` is our own child, not yet reaped.
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if watching {
+        std::thread::sleep(AFTER_EXIT);
+    }
+    stop.store(true, Ordering::Relaxed);
+}
+
+/// Catches SIGTERM always, and SIGINT unless gpudiag is in the terminal's foreground group:
+/// then the terminal's Ctrl-C reaches the command directly (forwarding would deliver it twice),
+/// and gpudiag ignores it to keep watching until the command has handled it and exited. Called
+/// after the command started, so it inherits none of this.
+fn forward_signals() {
+    // SAFETY: getpgrp and tcgetpgrp take plain integers; a failure (fd 0 not a terminal) is -1.
+    let foreground = unsafe { libc::tcgetpgrp(0) == libc::getpgrp() };
+    let on_interrupt = if foreground {
+        libc::SIG_IGN
+    } else {
+        catch as *const () as libc::sighandler_t
+    };
+    // SAFETY: `catch` only stores to an atomic, which is async-signal-safe; SIG_IGN is a valid
+    // disposition.
+    unsafe {
+        libc::signal(libc::SIGTERM, catch as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGINT, on_interrupt);
+    }
+}
+
+fn exit_parts(status: ExitStatus) -> (Option<i32>, Option<i32>) {
+    use std::os::unix::process::ExitStatusExt;
+    (status.code(), status.signal())
+}
+
+/// What watching produced, kept for the summary at the end.
+struct Watched {
+    pipeline: Pipeline,
+    devices: Vec<gpudiag_telemetry::DeviceInfo>,
+    tree: ProcessTree,
+    warnings: Vec<String>,
+}
+
+fn watch(
+    source: Source,
+    args: &RunArgs,
+    config: &Config,
+    stop: &Arc<AtomicBool>,
+) -> Result<Watched, Error> {
+    let devices = source.devices();
+    let host = source.backend.host().clone();
+    let mut header = Header::new(
+        source.backend.name(),
+        host.clone(),
+        devices.clone(),
+        Some(args.interval.as_millis() as u64),
+    );
+    header.topology = source.topology();
+    let writer = match &args.record {
+        Some(path) => Some(RecordingWriter::create_with(path, &header, args.force)?),
+        None => None,
+    };
+    let trace = args
+        .trace
+        .as_ref()
+        .map(|_| TraceBuilder::new(source.backend.name(), None, &host, devices.clone()));
+    let mut pipeline = Pipeline::new(RuleEngine::new(
+        config.rules.clone(),
+        devices.clone(),
+        Some(host),
+        Some(gpudiag_model::cuda_libraries::detect_libraries()),
+    ));
+    let mut sink = RunSink {
+        writer,
+        trace,
+        tree: ProcessTree::new(std::process::id()),
+    };
+    let opts = RunOptions {
+        interval: args.interval,
+        limit: Limit::None,
+        stop: Some(stop),
+    };
+    let mut warnings = Vec::new();
+    if let Some(e) = session::run(source, &mut pipeline, &opts, &mut sink)? {
+        warnings.push(format!("sampling stopped early: {e}"));
+    }
+    if let Some(w) = sink.writer.take() {
+        w.finish()?;
+    }
+    if let (Some(builder), Some(path)) = (sink.trace.take(), &args.trace) {
+        let mut builder = builder;
+        for f in pipeline.engine.raised() {
+            builder.push_finding(&f);
+        }
+        write_json_atomic(path, &builder.finish())?;
+    }
+    Ok(Watched {
+        pipeline,
+        devices,
+        tree: sink.tree,
+        warnings,
+    })
+}
+
+impl Watched {
+    fn conclude(mut self, report: &mut RunReport, start_ms: TimeMs, end_ms: TimeMs) {
+        let history = &self.pipeline.history;
+        self.pipeline.engine.finish_over(history, start_ms);
+        let used: BTreeSet<u32> = self.tree.seen.values().map(|p| p.device).collect();
+        for d in &self.devices {
+            if !used.is_empty() && !used.contains(&d.index) {
+                continue;
+            }
+            report.devices.push(RunDevice {
+                index: d.index,
+                name: d.name.clone(),
+                verdict: self.pipeline.engine.verdicts().get(&d.index).cloned(),
+                phases: self
+                    .pipeline
+                    .engine
+                    .phases(history, d.index, start_ms, end_ms),
+            });
+        }
+        report.findings = self.pipeline.engine.raised();
+        report.not_judged = self.pipeline.engine.not_judged().to_vec();
+        report.gpu_processes = self.tree.seen.values().cloned().collect();
+        report.still_holding = self.tree.still_holding(&self.pipeline, end_ms);
+        for w in self.warnings {
+            report.not_judged.push(NotJudged {
+                rule: "run".into(),
+                device: None,
+                reason: w,
+            });
+        }
+    }
+}
+
+/// The text printed when the command ends.
+fn summary(r: &RunReport) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let took = r.end_ms.saturating_sub(r.start_ms) as f64 / 1000.0;
+    let how = match (r.exit_code, r.signal) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => format!("was killed by signal {s}"),
+        (None, None) => "ended".into(),
+    };
+    let _ = writeln!(
+        out,
+        "\ngpudiag: `{}` {how} after {took:.1} s",
+        r.command.join(" ")
+    );
+    if let Some(why) = &r.not_watched {
+        let _ = writeln!(out, "gpudiag: the GPUs were not watched: {why}");
+        return out;
+    }
+    for d in &r.devices {
+        match &d.verdict {
+            Some(v) => {
+                let _ = writeln!(
+                    out,
+                    "gpudiag: GPU {} verdict: {} ({} confidence) — {}\n    what to do: {}",
+                    d.index, v.bottleneck, v.confidence, v.title, v.advice
+                );
+            }
+            None => {
+                let why = r
+                    .not_judged
+                    .iter()
+                    .find(|n| n.device == Some(d.index))
+                    .map_or("no data", |n| n.reason.as_str());
+                let _ = writeln!(out, "gpudiag: GPU {} not judged: {why}", d.index);
+            }
+        }
+        if d.phases.len() > 1 {
+            let _ = writeln!(out, "  phases:");
+            let t0 = r.start_ms;
+            for p in &d.phases {
+                let _ = writeln!(out, "    {}", crate::report::text::phase_line(p, t0));
+            }
+        }
+    }
+    for f in r
+        .findings
+        .iter()
+        .filter(|f| f.severity > gpudiag_core::rules::Severity::Info)
+    {
+        let _ = writeln!(out, "gpudiag: [{}] {}", f.severity, f.title);
+    }
+    for p in &r.still_holding {
+        let _ = writeln!(
+            out,
+            "gpudiag: still holding GPU {} after the command ended: pid {} {} ({:.1} GiB) — \
+             a descendant outlived it; kill it or wait for it to release the GPU",
+            p.device,
+            p.pid,
+            p.name.as_deref().unwrap_or("unknown"),
+            p.used_memory_bytes.unwrap_or_default() as f64 / (1u64 << 30) as f64
+        );
+    }
+    out
+}
+
+/// The processes on the GPUs that descend from gpudiag (the command and, through the subreaper,
+/// whatever it left behind).
+struct ProcessTree {
+    root: u32,
+    /// pid → whether it descends from `root`, decided once per pid.
+    known: BTreeMap<u32, bool>,
+    /// (device, pid) → the process as last seen on that GPU.
+    seen: BTreeMap<(u32, u32), TreeProcess>,
+}
+
+impl ProcessTree {
+    fn new(root: u32) -> Self {
+        ProcessTree {
+            root,
+            known: BTreeMap::new(),
+            seen: BTreeMap::new(),
+        }
+    }
+
+    fn observe(&mut self, tick: &Tick) {
+        for s in &tick.samples {
+            for p in s.processes.iter().flatten() {
+                let root = self.root;
+                let descends = *self
+                    .known
+                    .entry(p.pid)
+                    .or_insert_with(|| descends_from(p.pid, root));
+                if descends {
+                    self.seen.insert(
+                        (s.device, p.pid),
+                        TreeProcess {
+                            pid: p.pid,
+                            device: s.device,
+                            name: p.name.clone(),
+                            used_memory_bytes: p.used_memory_bytes,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// Tree processes on a GPU in the samples taken after the command ended, still alive.
+    fn still_holding(&self, pipeline: &Pipeline, end_ms: TimeMs) -> Vec<TreeProcess> {
+        pipeline
+            .latest
+            .values()
+            .filter(|s| s.time_ms > end_ms)
+            .flat_map(|s| s.processes.iter().flatten().map(move |p| (s.device, p)))
+            .filter(|(d, p)| self.seen.contains_key(&(*d, p.pid)))
+            .filter(|(_, p)| std::path::Path::new(&format!("/proc/{}", p.pid)).exists())
+            .map(|(d, p)| TreeProcess {
+                pid: p.pid,
+                device: d,
+                name: p.name.clone(),
+                used_memory_bytes: p.used_memory_bytes,
+            })
+            .collect()
+    }
+}
+
+/// Whether `pid`'s chain of parents reaches `root` (at most 64 steps: trees are shallow, and a
+/// bound keeps a malformed /proc from looping).
+fn descends_from(pid: u32, root: u32) -> bool {
+    let mut at = pid;
+    for _ in 0..64 {
+        if at == root {
+            return true;
+        }
+        match parent_of(at) {
+            Some(p) if p > 1 => at = p,
+            _ => return false,
+        }
+    }
+    false
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parent_from_stat(&stat)
+}
+
+/// The parent pid (field 4) of a `/proc/<pid>/stat` line; the name before it may hold spaces and
+/// parentheses, so fields resume after the last ')'.
+fn parent_from_stat(stat: &str) -> Option<u32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_ascii_whitespace().nth(1)?.parse().ok()
+}
+
+struct RunSink {
+    writer: Option<RecordingWriter>,
+    trace: Option<TraceBuilder>,
+    tree: ProcessTree,
+}
+
+impl Sink for RunSink {
+    fn on_tick(&mut self, tick: &Tick, raised: &[Finding], _: &Pipeline) -> Result<(), Error> {
+        if let Some(w) = &mut self.writer {
+            w.write_tick(tick)?;
+            for f in raised {
+                w.write(&Record::Finding(f.clone()))?;
+            }
+        }
+        if let Some(t) = &mut self.trace {
+            t.push_tick(tick);
+        }
+        self.tree.observe(tick);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_parent_comes_after_the_last_parenthesis() {
+        assert_eq!(parent_from_stat("42 (py) thon) S 7 42 42 0"), Some(7));
+        assert_eq!(parent_from_stat("garbage"), None);
+    }
+
+    #[test]
+    fn our_own_children_descend_from_us_and_init_does_not() {
+        let me = std::process::id();
+        let mut child = ChildCommand::new("sleep").arg("5").spawn().unwrap();
+        assert!(descends_from(child.id(), me));
+        assert!(!descends_from(1, me));
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    #[test]
+    fn a_signal_ends_with_128_plus_its_number() {
+        use std::os::unix::process::ExitStatusExt;
+        let (code, signal) = exit_parts(ExitStatus::from_raw(libc::SIGTERM));
+        assert_eq!((code, signal), (None, Some(libc::SIGTERM)));
+        let (code, _) = exit_parts(ExitStatus::from_raw(3 << 8));
+        assert_eq!(code, Some(3));
+    }
+}
