@@ -21,7 +21,7 @@ use crate::export::chrome_trace::TraceBuilder;
 use crate::export::{refuse_existing, write_json_atomic};
 use gpudiag_core::check::ToolInfo;
 use gpudiag_core::config::Config;
-use gpudiag_core::rules::{Finding, RuleEngine};
+use gpudiag_core::rules::{Finding, RuleEngine, is_workload};
 use gpudiag_core::session::{self, Limit, Pipeline, RunOptions, Sink, Source, open_source};
 use gpudiag_model::error::Error;
 use gpudiag_model::printable;
@@ -332,7 +332,9 @@ fn watch(
 impl Watched {
     fn conclude(mut self, report: &mut RunReport, start_ms: TimeMs, end_ms: TimeMs) {
         let history = &self.pipeline.history;
-        self.pipeline.engine.finish_over(history, start_ms);
+        self.pipeline
+            .engine
+            .finish_within(history, start_ms, end_ms);
         let used: BTreeSet<u32> = self.tree.seen.values().map(|p| p.device).collect();
         for d in &self.devices {
             if !used.is_empty() && !used.contains(&d.index) {
@@ -410,7 +412,8 @@ fn summary(r: &RunReport) -> String {
     for f in r
         .findings
         .iter()
-        .filter(|f| f.severity > gpudiag_core::rules::Severity::Info)
+        // Workload findings repeat the verdict above; faults and the rest are news.
+        .filter(|f| f.severity > gpudiag_core::rules::Severity::Info && !is_workload(f))
     {
         let _ = writeln!(out, "gpudiag: [{}] {}", f.severity, f.title);
     }

@@ -126,6 +126,13 @@ impl RuleEngine {
         let Some(now) = self.latest.values().map(|s| s.time_ms).max() else {
             return;
         };
+        self.finish_within(history, start_ms, now);
+    }
+
+    /// `finish_over` for `[start_ms, end_ms]`: a run judged up to its command's exit, though
+    /// sampling went on a moment longer to see who still held the GPU.
+    pub fn finish_within(&mut self, history: &History, start_ms: TimeMs, end_ms: TimeMs) {
+        let now = end_ms;
         self.evaluate_windowed(history, now);
         let input = self.input(history, &[], Some(now));
         let (verdicts, not_judged) =

@@ -531,13 +531,20 @@ pub fn phases(
         let to = at.saturating_add(step).min(end_ms);
         if let Ok(v) = judge(input, cpu, device, at, to) {
             match out.last_mut() {
-                Some(prev) if prev.bottleneck == v.bottleneck => prev.end_ms = v.end_ms,
+                Some(prev) if same_phase(prev.bottleneck, v.bottleneck) => prev.end_ms = v.end_ms,
                 _ => out.push(v),
             }
         }
         at = to.saturating_add(1);
     }
     out
+}
+
+/// Launch- and sync-bound are one pattern on either side of a utilisation threshold (tiny
+/// kernels with the CPU in the loop); a run that wavers across it is one phase, not many.
+fn same_phase(a: Bottleneck, b: Bottleneck) -> bool {
+    use Bottleneck::{LaunchBound, SyncBound};
+    a == b || matches!((a, b), (LaunchBound, SyncBound) | (SyncBound, LaunchBound))
 }
 
 /// Verdicts for every device over one window, or why not.

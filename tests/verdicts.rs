@@ -1,0 +1,92 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The bottleneck verdicts of real workloads: recordings `gpudiag run --record` made on an H200
+//! of each workload in benches/workloads/ (benches/verdicts.py), replayed through `check`. Each
+//! must get the verdict its bottleneck calls for, with the evidence and advice that go with it.
+
+use gpudiag_core::check::CheckReport;
+use gpudiag_model::verdict::{Basis, Bottleneck};
+
+fn check(workload: &str) -> CheckReport {
+    let path = format!(
+        "{}/tests/fixtures/workloads/{workload}.ndjson.gz",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpudiag"))
+        .args(["check", "--json", "--replay", &path])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.code().is_some_and(|c| c <= 1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn verdict(r: &CheckReport) -> &gpudiag_model::verdict::Verdict {
+    r.devices[0].verdict.as_ref().expect("a verdict")
+}
+
+#[test]
+fn every_workload_gets_its_bottleneck_from_the_profiling_counters() {
+    for (workload, expected) in [
+        ("bf16_matmul", Bottleneck::ComputeBound),
+        ("fp32_matmul_no_tf32", Bottleneck::ComputeBound),
+        ("elementwise", Bottleneck::MemoryBound),
+        ("small_grid", Bottleneck::Underfilled),
+        ("tiny_sync", Bottleneck::SyncBound),
+        ("host_sleep", Bottleneck::HostBound),
+        ("pageable_copy", Bottleneck::CopyBound),
+        ("idle_holding", Bottleneck::IdleHoldingMemory),
+    ] {
+        let r = check(workload);
+        let v = verdict(&r);
+        assert_eq!(v.bottleneck, expected, "{workload}: {}", v.title);
+        assert_eq!(v.basis, Basis::ProfilingCounters, "{workload}");
+        // The process is named: it was the only one on the GPU.
+        assert!(v.pid.is_some(), "{workload}: {v:?}");
+        // Waste verdicts warn, good ones do not.
+        let warned = r.devices[0]
+            .findings
+            .iter()
+            .any(|f| f.id == "utilisation.low");
+        assert_eq!(warned, expected.is_waste(), "{workload}");
+    }
+}
+
+#[test]
+fn the_verdict_says_whether_tensor_cores_do_the_work() {
+    let bf16 = check("bf16_matmul");
+    assert!(
+        verdict(&bf16).title.contains("on tensor cores"),
+        "{}",
+        verdict(&bf16).title
+    );
+    let fp32 = check("fp32_matmul_no_tf32");
+    let v = verdict(&fp32);
+    assert!(v.title.contains("tensor cores idle"), "{}", v.title);
+    assert!(v.advice.contains("TF32"), "{}", v.advice);
+}
+
+#[test]
+fn evidence_carries_the_counters_that_decided() {
+    let r = check("small_grid");
+    let v = verdict(&r);
+    let util = v.evidence["gpu_util_mean_pct"].as_f64().unwrap();
+    let sm = v.evidence["sm_active_mean_pct"].as_f64().unwrap();
+    // "Utilised" most of the time, SMs nearly empty: the case utilisation alone calls healthy.
+    assert!(util > 50.0 && sm < 2.0, "util {util} SM {sm}");
+    let copies = check("pageable_copy");
+    assert!(
+        verdict(&copies).advice.contains("pin_memory"),
+        "{}",
+        verdict(&copies).advice
+    );
+}
+
+#[test]
+fn a_run_with_a_startup_phase_shows_it() {
+    let r = check("bf16_matmul");
+    let phases: Vec<Bottleneck> = r.devices[0].phases.iter().map(|p| p.bottleneck).collect();
+    assert_eq!(phases.last(), Some(&Bottleneck::ComputeBound), "{phases:?}");
+}
