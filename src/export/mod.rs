@@ -58,11 +58,11 @@ pub fn capture_trace(
     };
     let failure = session::run(source, &mut pipeline, &opts, &mut sink)?;
     match failure {
-        Some(e) if pipeline.tick_times.is_empty() => return Err(e.into()),
+        Some(e) if pipeline.tick_count() == 0 => return Err(e.into()),
         Some(e) => warnings.push(format!("sampling stopped early: {e}")),
         None => {}
     }
-    if pipeline.tick_times.is_empty() {
+    if pipeline.tick_count() == 0 {
         return Err(Error::Usage("the source holds no telemetry samples".into()));
     }
     pipeline.engine.finish(&pipeline.history);
@@ -73,7 +73,7 @@ pub fn capture_trace(
     Ok(Capture {
         trace: builder.finish(),
         findings,
-        ticks: pipeline.tick_times.len() as u64,
+        ticks: pipeline.tick_count(),
         warnings,
     })
 }
