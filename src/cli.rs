@@ -10,6 +10,7 @@ use gpudiag_core::session::{Origin, SourceSpec};
 use gpudiag_model::error::Error;
 use gpudiag_model::units::parse_duration;
 use gpudiag_telemetry::live::LiveBackend;
+use gpudiag_telemetry::replay::ReplayOptions;
 
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes:
@@ -146,7 +147,8 @@ pub struct SourceArgs {
     /// Only these GPUs: an index or a UUID; repeat for several.
     #[arg(long = "device", value_name = "INDEX|UUID")]
     pub devices: Vec<String>,
-    /// Read a recording instead of live GPUs.
+    /// Read a recording (NDJSON, plain or gzip) or a `gpudiag report` bundle instead of live
+    /// GPUs; `-` reads it from stdin.
     #[arg(long, value_name = "FILE", conflicts_with = "demo")]
     pub replay: Option<PathBuf>,
     /// Use the bundled demo recording instead of live GPUs.
@@ -200,6 +202,7 @@ impl SourceArgs {
             init_timeout: self.init_timeout,
             poll_timeout: self.poll_timeout,
             sysfs_root: self.sysfs_root.clone(),
+            replay: ReplayOptions::default(),
         })
     }
 }
@@ -311,7 +314,7 @@ pub struct ServeArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct ReplayArgs {
-    /// The recording (NDJSON, plain or gzip).
+    /// The recording (NDJSON, plain or gzip) or a `gpudiag report` bundle; `-` reads stdin.
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
     /// Playback speed: 1 plays as recorded, 10 ten times faster.

@@ -13,7 +13,7 @@ use gpudiag_model::cuda_libraries;
 use gpudiag_model::error::Error;
 use gpudiag_telemetry::recording::excerpt;
 use gpudiag_telemetry::replay::Pace;
-use gpudiag_telemetry::{EventKind, Tick, now_ms};
+use gpudiag_telemetry::{BackendError, EventKind, Tick, now_ms};
 
 use super::probe::run_probes;
 
@@ -56,10 +56,10 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
     source
         .backend
         .wait_for_slow_fields(Duration::from_millis(500));
-    let (failure, topology) = if limit == Some(Duration::ZERO) {
+    let (failure, topology, notes) = if limit == Some(Duration::ZERO) {
         let failure = session::read_once(&mut source, &mut pipeline, &mut notices)?;
         // Asked after the poll: the backend reads it on its own thread meanwhile.
-        (failure, source.topology())
+        (failure, source.topology(), None)
     } else {
         let topology = source.topology();
         let opts = RunOptions {
@@ -67,13 +67,18 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
             limit: limit.map_or(Limit::None, Limit::Live),
             stop: None,
         };
-        (
-            session::run(source, &mut pipeline, &opts, &mut notices)?,
-            topology,
-        )
+        let end = session::run_to_end(source, &mut pipeline, &opts, &mut notices)?;
+        (end.failure, topology, end.notes)
     };
-    let mut warnings = source_warnings;
+    // A recording read as it streams knows what it skipped, and the findings it carries, only
+    // once it has been read.
+    let (mut warnings, recorded) = match notes {
+        Some(n) => (n.warnings, n.recorded),
+        None => (source_warnings, recorded),
+    };
     match failure {
+        // The input itself is at fault (a bundle past its size limit): no report from part of it.
+        Some(BackendError::Recording(e)) => return Err(e.into()),
         Some(e) if pipeline.tick_count() == 0 => return Err(e.into()),
         Some(e) => warnings.push(format!("sampling stopped early: {e}")),
         None => {}

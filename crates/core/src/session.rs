@@ -14,7 +14,7 @@ use gpudiag_model::topology::Topology;
 use gpudiag_telemetry::live::{self, LiveBackend, LiveOptions};
 use gpudiag_telemetry::nvml::SlowFields;
 use gpudiag_telemetry::poll_deadline::PollDeadline;
-use gpudiag_telemetry::replay::{Pace, ReplayBackend};
+use gpudiag_telemetry::replay::{Pace, ReplayBackend, ReplayOptions};
 use gpudiag_telemetry::sampler::{Sampler, SamplerMsg};
 use gpudiag_telemetry::sanity::Sanitiser;
 use gpudiag_telemetry::{
@@ -91,6 +91,8 @@ pub struct SourceSpec {
     pub poll_timeout: Duration,
     /// Root of a fake sysfs and /proc tree (tests); `None` reads the real `/`.
     pub sysfs_root: Option<PathBuf>,
+    /// Limits a recording or bundle is read under.
+    pub replay: ReplayOptions,
 }
 
 impl SourceSpec {
@@ -105,12 +107,13 @@ impl SourceSpec {
 pub fn open_source(spec: &SourceSpec, pace: Pace, one_shot: bool) -> Result<Source, Error> {
     let (backend, recording): (Box<dyn Backend>, Option<String>) = match &spec.origin {
         Origin::Demo => {
-            let b = ReplayBackend::from_reader(DEMO_RECORDING, pace)?;
+            let demo = std::io::Cursor::new(DEMO_RECORDING);
+            let b = ReplayBackend::from_seekable(demo, DEMO_NAME, pace, &spec.replay)?;
             (Box::new(b), Some(DEMO_NAME.into()))
         }
         Origin::File(path) => {
-            let b = gpudiag_telemetry::bundle::open_bundle_recording(path, pace)?;
-            (Box::new(b), Some(path.display().to_string()))
+            let b = ReplayBackend::open_with(path, pace, &spec.replay)?;
+            (Box::new(b), Some(recording_name(path)))
         }
         Origin::Live(choice) => {
             let slow = if one_shot {
@@ -140,6 +143,15 @@ pub fn open_source(spec: &SourceSpec, pace: Pace, one_shot: bool) -> Result<Sour
         recording,
         recorded,
     })
+}
+
+/// What a recording at `path` is called in reports: `-` reads stdin.
+pub fn recording_name(path: &std::path::Path) -> String {
+    if path.as_os_str() == "-" {
+        "stdin".to_string()
+    } else {
+        path.display().to_string()
+    }
 }
 
 impl Source {
@@ -474,6 +486,35 @@ pub fn run(
     opts: &RunOptions<'_>,
     sink: &mut dyn Sink,
 ) -> Result<Option<BackendError>, Error> {
+    run_to_end(source, pipeline, opts, sink).map(|end| end.failure)
+}
+
+/// How a run ended.
+pub struct RunEnd {
+    /// Why sampling ended early, if it did.
+    pub failure: Option<BackendError>,
+    /// What the source learned while it was read, when its thread handed it back: a recording
+    /// read as it streams knows its warnings and the findings it carries only at its end.
+    pub notes: Option<SourceNotes>,
+}
+
+/// A source's notes for the user: its warnings and the findings it carried (for the selected
+/// devices).
+pub struct SourceNotes {
+    pub warnings: Vec<String>,
+    pub recorded: Vec<Finding>,
+}
+
+/// How long a run waits for its sampler thread to hand the backend back.
+const HAND_BACK: Duration = Duration::from_secs(2);
+
+/// [`run`], handing back what the source learned on the way.
+pub fn run_to_end(
+    source: Source,
+    pipeline: &mut Pipeline,
+    opts: &RunOptions<'_>,
+    sink: &mut dyn Sink,
+) -> Result<RunEnd, Error> {
     let limit = match opts.limit {
         Limit::None => None,
         Limit::Live(_) if source.recording.is_some() => None,
@@ -501,8 +542,15 @@ pub fn run(
             Err(RecvTimeoutError::Disconnected) => break,
         }
     }
-    sampler.stop();
-    Ok(failure)
+    let notes = sampler.join_within(HAND_BACK).map(|backend| SourceNotes {
+        warnings: backend.source_warnings(),
+        recorded: backend
+            .recorded_findings()
+            .into_iter()
+            .filter(|f| f.device.is_none_or(|d| filter.0.contains(&d)))
+            .collect(),
+    });
+    Ok(RunEnd { failure, notes })
 }
 
 /// One read of every device on this thread, for `check --window 0`: no sampler thread, since

@@ -13,6 +13,7 @@ mod reader;
 mod writer;
 
 pub use reader::{BadLine, LinePos, ReadStats, RecordingReader, read_all, read_all_from};
+pub(crate) use reader::{Outline, read_prefix};
 pub use writer::RecordingWriter;
 
 use std::io;

@@ -19,7 +19,7 @@ use super::{
     EXCERPT_CHARS, FORMAT_NAME, Header, InflateLimit, MAX_LINE_BYTES, RECORDING_VERSION, Record,
     RecordingError, STREAM_NAME, excerpt, tidy_message,
 };
-use crate::{Event, HostInfo, Sample};
+use crate::{Event, HostInfo, Sample, TimeMs};
 use gpudiag_model::finding::Finding;
 
 /// How many distinct unknown kinds [`ReadStats`] remembers by name (the count is exact).
@@ -116,6 +116,34 @@ impl ReadStats {
         }
         out
     }
+
+    /// Adds what another pass over the same recording counted (each pass counts only lines no
+    /// earlier pass did, so the sums are exact).
+    pub(crate) fn absorb(&mut self, other: &ReadStats) {
+        self.lines += other.lines;
+        self.records += other.records;
+        self.skipped_unknown += other.skipped_unknown;
+        for kind in &other.unknown_kinds {
+            if self.unknown_kinds.len() >= MAX_UNKNOWN_KIND_NAMES {
+                break;
+            }
+            self.unknown_kinds.insert(kind.clone());
+        }
+        self.truncated_last_line |= other.truncated_last_line;
+        self.gzip |= other.gzip;
+        self.gzip_unfinished |= other.gzip_unfinished;
+        self.malformed_lines += other.malformed_lines;
+        self.first_malformed = earliest(self.first_malformed.take(), &other.first_malformed);
+        self.read_error = earliest(self.read_error.take(), &other.read_error);
+    }
+}
+
+fn earliest(a: Option<BadLine>, b: &Option<BadLine>) -> Option<BadLine> {
+    match (a, b) {
+        (Some(a), Some(b)) if b.line < a.line => Some(b.clone()),
+        (Some(a), _) => Some(a),
+        (None, b) => b.clone(),
+    }
 }
 
 /// Where a line starts: its byte offset in the decompressed recording and its number.
@@ -123,6 +151,14 @@ impl ReadStats {
 pub struct LinePos {
     pub offset: u64,
     pub line: u64,
+}
+
+/// A record reduced to what locating ticks needs, read without parsing a whole sample.
+#[derive(Debug)]
+pub(crate) enum Outline {
+    Sample(TimeMs),
+    Event(TimeMs),
+    Finding(Box<Finding>),
 }
 
 /// The input after gzip detection; `BufRead` so lines can be read with a bound.
@@ -200,6 +236,19 @@ fn kind_at_start(text: &str) -> Option<&str> {
     plain.then_some(kind)
 }
 
+/// A sample line as the writer lays it out starts with these bytes and its time; locating ticks
+/// reads only that far.
+const SAMPLE_PREFIX: &[u8] = br#"{"kind":"sample","time_ms":"#;
+
+fn sample_time_at_start(line: &[u8]) -> Option<TimeMs> {
+    let rest = line.strip_prefix(SAMPLE_PREFIX)?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    if !matches!(rest.get(digits), Some(b',' | b'}')) {
+        return None;
+    }
+    std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
+}
+
 /// Reads a recording: the header at open, then one record per call.
 pub struct RecordingReader {
     input: Input,
@@ -210,8 +259,9 @@ pub struct RecordingReader {
     line: u64,
     /// Bytes of the decompressed input consumed so far.
     offset: u64,
-    /// Where the line last read starts.
+    /// Where the line last read starts, and its length without the newline.
     line_start: u64,
+    line_len: usize,
     /// Lines up to this one were counted by an earlier pass over the same recording (a replay
     /// that seeks back reads them again); only later ones are counted here.
     counted_through: u64,
@@ -312,6 +362,7 @@ impl RecordingReader {
             line: at.line.saturating_sub(1),
             offset: at.offset,
             line_start: at.offset,
+            line_len: 0,
             counted_through,
             buf: Vec::new(),
             done: false,
@@ -344,6 +395,11 @@ impl RecordingReader {
         }
     }
 
+    /// The length of the line last read, newline excluded.
+    pub(crate) fn last_line_len(&self) -> usize {
+        self.line_len
+    }
+
     /// Consumes the reader, returning the header and what was noticed while reading.
     pub fn into_parts(self) -> (Header, ReadStats) {
         (self.header, self.stats)
@@ -366,6 +422,28 @@ impl RecordingReader {
                     }
                     return Ok(Some(record));
                 }
+                Ok(None) => {}
+                Err(problem) => self.note_malformed(&problem),
+            }
+        }
+    }
+
+    /// As [`next_record`](Self::next_record), reading a sample line written the usual way only
+    /// as far as its time.
+    pub(crate) fn next_outline(&mut self) -> Result<Option<Outline>, RecordingError> {
+        loop {
+            let Some(terminated) = self.next_line()? else {
+                return Ok(None);
+            };
+            if terminated && let Some(time) = sample_time_at_start(&self.buf) {
+                return Ok(Some(Outline::Sample(time)));
+            }
+            let parsed = self.parse_line(terminated);
+            self.release_big_buffer();
+            match parsed {
+                Ok(Some(Record::Sample(s))) => return Ok(Some(Outline::Sample(s.time_ms))),
+                Ok(Some(Record::Event(e))) => return Ok(Some(Outline::Event(e.time_ms))),
+                Ok(Some(Record::Finding(f))) => return Ok(Some(Outline::Finding(Box::new(f)))),
                 Ok(None) => {}
                 Err(problem) => self.note_malformed(&problem),
             }
@@ -508,6 +586,7 @@ impl RecordingReader {
     /// Reads one line into `self.buf` (newline stripped), never more than the line limit.
     fn read_raw_line(&mut self) -> Result<RawLine, Problem> {
         self.buf.clear();
+        self.line_len = 0;
         if self.done {
             return Ok(RawLine::Eof);
         }
@@ -543,15 +622,18 @@ impl RecordingReader {
             if self.buf.last() == Some(&b'\r') {
                 self.buf.pop();
             }
+            self.line_len = self.buf.len();
             return Ok(RawLine::Line { terminated: true });
         }
         if !self.done && self.buf.len() as u64 >= cap {
             self.buf.clear();
             self.skip_rest_of_line()?;
+            self.line_len = (self.offset - self.line_start) as usize;
             return Err(Problem::Line(LineProblem::TooLong));
         }
         // No newline and under the limit: the input ended.
         self.done = true;
+        self.line_len = self.buf.len();
         Ok(RawLine::Line { terminated: false })
     }
 
@@ -765,7 +847,7 @@ fn collect(
 }
 
 /// Reads up to `n` bytes (fewer only at end of input), however the reader splits its reads.
-fn read_prefix<R: Read>(reader: &mut R, n: usize) -> io::Result<Vec<u8>> {
+pub(crate) fn read_prefix<R: Read>(reader: &mut R, n: usize) -> io::Result<Vec<u8>> {
     let mut prefix = vec![0u8; n];
     let mut got = 0;
     while got < n {
@@ -1123,6 +1205,64 @@ mod tests {
             format!("{PLAIN_HEADER}\r\n{{\"kind\":\"sample\",\"time_ms\":1,\"device\":0}}\r\n");
         let (_, recs, _) = read_bytes(text.into_bytes()).unwrap();
         assert_eq!(recs.len(), 1);
+    }
+
+    #[test]
+    fn outlines_read_sample_times_and_whole_findings() {
+        let bytes = write_to_bytes(false, &records());
+        let input = BufReader::new(Cursor::new(bytes));
+        let mut r = RecordingReader::from_decoded(input, "r", false, u64::MAX).unwrap();
+        let mut got = Vec::new();
+        while let Some(o) = r.next_outline().unwrap() {
+            got.push(match o {
+                Outline::Sample(t) => format!("sample {t}"),
+                Outline::Event(t) => format!("event {t}"),
+                Outline::Finding(f) => format!("finding {}", f.id),
+            });
+        }
+        assert_eq!(
+            got,
+            [
+                "sample 1767225600000",
+                "event 1767225600500",
+                "finding errors.ecc_uncorrectable"
+            ]
+        );
+        assert_eq!(r.stats().lines, 0);
+    }
+
+    #[test]
+    fn a_resumed_reader_counts_only_lines_past_those_already_counted() {
+        let text = format!(
+            "{PLAIN_HEADER}\n{{oops\n{{\"kind\":\"sample\",\"time_ms\":2,\"device\":0}}\n{{bad\n"
+        );
+        let mut first =
+            RecordingReader::from_reader(Cursor::new(text.clone().into_bytes())).unwrap();
+        assert!(first.next_record().unwrap().is_some());
+        let pos = first.last_line_pos();
+        assert_eq!(pos.line, 3);
+        assert_eq!(first.stats().malformed_lines, 1);
+
+        // Back to line 2, having counted through line 3: only line 4 is new.
+        let at = LinePos {
+            offset: PLAIN_HEADER.len() as u64 + 1,
+            line: 2,
+        };
+        let mut rest = text.into_bytes();
+        rest.drain(..at.offset as usize);
+        let input = BufReader::new(Cursor::new(rest));
+        let mut again = RecordingReader::resume(input, "r", header(), false, at, pos.line);
+        assert_eq!(
+            again.next_record().unwrap(),
+            Some(Record::Sample(Sample::new(0, 2)))
+        );
+        assert_eq!(again.last_line_pos(), pos);
+        assert_eq!(again.next_record().unwrap(), None);
+        let mut total = first.stats().clone();
+        total.absorb(again.stats());
+        assert_eq!(total.malformed_lines, 2);
+        assert_eq!(total.first_malformed.map(|b| b.line), Some(2));
+        assert_eq!(total.records, 1);
     }
 
     /// A reader that hands out one byte per call, to check gzip detection does not rely on
