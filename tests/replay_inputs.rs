@@ -253,6 +253,113 @@ fn a_piped_file_that_is_not_a_recording_is_still_exit_2() {
     assert!(run.error(2).contains("empty"));
 }
 
+// ---- bundles ----
+
+fn recording_gz(name: &str) -> Vec<u8> {
+    gzip(&std::fs::read(fixture(name)).unwrap())
+}
+
+#[test]
+fn retarred_bundles_are_read_from_a_file_and_a_pipe() {
+    let rec = recording_gz("ecc_error.ndjson");
+    let expected = check_file(&fixture("ecc_error.ndjson"), &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let layouts: [Vec<Member>; 4] = [
+        vec![("recording.ndjson.gz", b'0', &rec)],
+        // `tar czf x.tar.gz -C extracted .`
+        vec![
+            ("./", b'5', b""),
+            ("./README.md", b'0', b"hello"),
+            ("./recording.ndjson.gz", b'0', &rec),
+        ],
+        // `tar czf x.tar.gz extracted`
+        vec![
+            ("report-1/", b'5', b""),
+            ("report-1/README.md", b'0', b"hello"),
+            ("report-1/recording.ndjson.gz", b'0', &rec),
+        ],
+        // `tar czf x.tar.gz ./extracted`
+        vec![
+            ("./report-1/", b'5', b""),
+            ("./report-1/recording.ndjson.gz", b'0', &rec),
+        ],
+    ];
+    for members in &layouts {
+        let bundle = tar_gz(members);
+        let path = dir.path().join("bundle.tar.gz");
+        std::fs::write(&path, &bundle).unwrap();
+        for run in [
+            check_file(&path, &[]),
+            gpudiag(&["check", "--json", "--replay", "-"], Some(&bundle)),
+        ] {
+            assert_eq!(
+                run.code, expected.code,
+                "{:?}: {}",
+                members[0].0, run.stderr
+            );
+            assert_eq!(gist(&run.report()), gist(&expected.report()));
+        }
+    }
+}
+
+#[test]
+fn hostile_or_ambiguous_bundles_are_refused_clearly() {
+    let rec = recording_gz("healthy.ndjson");
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(Vec<Member>, &str); 7] = [
+        (
+            vec![("../recording.ndjson.gz", b'0', &rec)],
+            "\"../recording.ndjson.gz\", an absolute path or one that climbs out",
+        ),
+        (
+            vec![("/tmp/recording.ndjson.gz", b'0', &rec)],
+            "an absolute path or one that climbs out",
+        ),
+        (
+            vec![
+                ("../../etc/cron.d/x", b'0', b"* * * * * root sh"),
+                ("recording.ndjson.gz", b'0', &rec),
+            ],
+            "\"../../etc/cron.d/x\"",
+        ),
+        (
+            vec![
+                ("recording.ndjson.gz", b'0', &rec),
+                ("./other/recording.ndjson.gz", b'0', &rec),
+            ],
+            "more than one recording (\"recording.ndjson.gz\" and \
+             \"./other/recording.ndjson.gz\")",
+        ),
+        (
+            vec![
+                ("a/recording.ndjson.gz", b'0', &rec),
+                ("b/recording.ndjson.gz", b'0', &rec),
+            ],
+            "which one to read is ambiguous",
+        ),
+        (
+            vec![("recording.ndjson.gz", b'2', b"")],
+            "is a link or a directory, not a recording",
+        ),
+        (
+            vec![("a/b/recording.ndjson.gz", b'0', &rec)],
+            "lies deeper than gpudiag looks",
+        ),
+    ];
+    for (members, expected) in &cases {
+        let path = dir.path().join("bundle.tar.gz");
+        std::fs::write(&path, tar_gz(members)).unwrap();
+        let run = check_file(&path, &[]);
+        let line = run.error(2);
+        assert!(line.contains(expected), "{members:?}: {line}");
+        assert!(line.contains(s(&path)), "{line}");
+    }
+    // From a pipe the archive is read once, so what comes after the recording is not seen; what
+    // comes before it is refused the same way.
+    let run = gpudiag(&["check", "--replay", "-"], Some(&tar_gz(&cases[2].0)));
+    assert!(run.error(2).contains("\"../../etc/cron.d/x\""));
+}
+
 // ---- streaming ----
 
 /// A recording made up as it is read, far longer than any test reads of it: a header, then one
@@ -431,7 +538,7 @@ fn seeks_land_on_the_same_tick_in_plain_gzip_and_bundled_recordings() {
     let bundle = dir.path().join("long.tar.gz");
     std::fs::write(
         &bundle,
-        tar_gz(&[("recording.ndjson.gz", b'0', &std::fs::read(&gz).unwrap())]),
+        tar_gz(&[("r/recording.ndjson.gz", b'0', &std::fs::read(&gz).unwrap())]),
     )
     .unwrap();
     let expected = |target: u64| -> Option<TickSummary> {

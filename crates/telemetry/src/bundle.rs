@@ -2,6 +2,11 @@
 //! header as it streams past, so it reads the same from a file or a pipe, and its recording
 //! member is streamed too, never held whole: a bundle of a few kilobytes can inflate to
 //! gigabytes, which is also why what it inflates to is capped ([`DEFAULT_MAX_INFLATED`]).
+//!
+//! Which member is the recording: `recording.ndjson.gz` at the top, after a single leading `./`,
+//! or one directory down, since that is what `tar czf` makes of an extracted bundle. A member
+//! path that is absolute or climbs out with `..`, a second recording, or a link in its place makes
+//! the archive ambiguous or hostile, and it is refused rather than guessed at.
 
 use std::io::{self, Read};
 use std::path::Path;
@@ -9,7 +14,7 @@ use std::path::Path;
 use flate2::read::GzDecoder;
 
 use crate::BackendError;
-use crate::recording::{InflateLimit, RecordingError};
+use crate::recording::{EXCERPT_CHARS, InflateLimit, RecordingError, excerpt};
 use crate::replay::{Pace, ReplayBackend};
 
 /// The bundle member that holds the recording.
@@ -68,6 +73,32 @@ impl<R: Read> Read for Capped<R> {
         }
         self.left -= n as u64;
         Ok(n)
+    }
+}
+
+/// What a member's path makes of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PathClass {
+    /// The recording, where gpudiag looks for it.
+    Recording,
+    /// A recording deeper down than gpudiag looks.
+    DeepRecording,
+    /// Absolute, or with a `..` component.
+    Unsafe,
+    Other,
+}
+
+pub(crate) fn classify(path: &str) -> PathClass {
+    if path.starts_with('/') || path.split('/').any(|c| c == "..") {
+        return PathClass::Unsafe;
+    }
+    let rest = path.strip_prefix("./").unwrap_or(path);
+    let parts: Vec<&str> = rest.split('/').collect();
+    match parts.as_slice() {
+        [file] if *file == RECORDING => PathClass::Recording,
+        [dir, file] if *file == RECORDING && !dir.is_empty() && *dir != "." => PathClass::Recording,
+        [.., file] if *file == RECORDING => PathClass::DeepRecording,
+        _ => PathClass::Other,
     }
 }
 
@@ -255,19 +286,24 @@ fn check_sum(header: &tar::Header) -> Result<(), WalkError> {
     }
 }
 
-/// Walks `walker` to the recording member and leaves it at the recording's data.
+/// Walks `walker` to the recording member, checking every member on the way, and leaves it at
+/// the recording's data. With `to_end`, walks the rest of the archive too (for input that can be
+/// read again), so a second recording or an unsafe path after the first is found as well.
 pub(crate) fn find_recording<R: Read>(
     walker: &mut TarWalker<R>,
+    to_end: bool,
     name: &str,
 ) -> Result<Member, RecordingError> {
-    let bad = |reason: String| RecordingError::NotARecording {
+    let bad = |reason: String| RecordingError::BadBundle {
         path: name.to_string(),
         reason,
     };
+    let quote = |path: &str| format!("\"{}\"", excerpt(path, EXCERPT_CHARS));
+    let mut found: Option<Member> = None;
+    let mut deep: Option<String> = None;
     loop {
-        match walker.next_member() {
-            Ok(Some(m)) if m.path == RECORDING && m.regular => return Ok(m),
-            Ok(Some(_)) => {}
+        let member = match walker.next_member() {
+            Ok(Some(m)) => m,
             Ok(None) => break,
             Err(WalkError::Io(e)) => {
                 if let Some(limit) = e
@@ -283,14 +319,90 @@ pub(crate) fn find_recording<R: Read>(
                 return Err(bad(format!("unreadable tar.gz: {e}")));
             }
             Err(WalkError::Bad(reason)) => return Err(bad(reason)),
+        };
+        match classify(&member.path) {
+            PathClass::Unsafe => {
+                return Err(bad(format!(
+                    "the archive has a member named {}, an absolute path or one that climbs out \
+                     with \"..\"; gpudiag does not read such archives",
+                    quote(&member.path)
+                )));
+            }
+            PathClass::Recording if !member.regular => {
+                return Err(bad(format!(
+                    "the archive's {} is a link or a directory, not a recording",
+                    quote(&member.path)
+                )));
+            }
+            PathClass::Recording => {
+                if let Some(first) = &found {
+                    return Err(bad(format!(
+                        "the archive holds more than one recording ({} and {}), so which one to \
+                         read is ambiguous; extract the one you mean and pass it alone",
+                        quote(&first.path),
+                        quote(&member.path)
+                    )));
+                }
+                if !to_end {
+                    return Ok(member);
+                }
+                found = Some(member);
+            }
+            PathClass::DeepRecording => {
+                deep.get_or_insert(member.path);
+            }
+            PathClass::Other => {}
         }
     }
-    Err(bad(format!("it is a tar.gz archive without {RECORDING}")))
+    found.ok_or_else(|| {
+        let hint = deep.map_or(String::new(), |d| {
+            format!(
+                " ({} lies deeper than gpudiag looks: at the top, or one directory down)",
+                quote(&d)
+            )
+        });
+        RecordingError::NotARecording {
+            path: name.to_string(),
+            reason: format!("it is a tar.gz archive without {RECORDING}{hint}"),
+        }
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn where_the_recording_may_sit() {
+        for ok in [
+            "recording.ndjson.gz",
+            "./recording.ndjson.gz",
+            "report-1/recording.ndjson.gz",
+            "./report-1/recording.ndjson.gz",
+        ] {
+            assert_eq!(classify(ok), PathClass::Recording, "{ok}");
+        }
+        for deep in ["a/b/recording.ndjson.gz", "././recording.ndjson.gz"] {
+            assert_eq!(classify(deep), PathClass::DeepRecording, "{deep}");
+        }
+        for unsafe_path in [
+            "/recording.ndjson.gz",
+            "../recording.ndjson.gz",
+            "a/../recording.ndjson.gz",
+            "/etc/passwd",
+            "x/..",
+        ] {
+            assert_eq!(classify(unsafe_path), PathClass::Unsafe, "{unsafe_path}");
+        }
+        for other in [
+            "README.md",
+            "recording.ndjson",
+            "./",
+            "a/recording.ndjson.gz.txt",
+        ] {
+            assert_eq!(classify(other), PathClass::Other, "{other}");
+        }
+    }
 
     #[test]
     fn capped_reader_stops_past_its_limit() {

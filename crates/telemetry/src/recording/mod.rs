@@ -73,6 +73,10 @@ pub enum RecordingError {
         kind: String,
         message: String,
     },
+    /// A bug-report bundle gpudiag will not read: no recording in it, or one it cannot pick
+    /// safely.
+    #[error("{path}: {reason}")]
+    BadBundle { path: String, reason: String },
     /// A compressed input inflates past the limit it is read under.
     #[error(
         "{path}: the recording inflates to more than {limit} bytes ({human}), the limit for \

@@ -125,7 +125,7 @@ pub(crate) fn open_stream(
     }
     let limit = options.max_inflated_bytes;
     let mut walker = TarWalker::new(Capped::new(GzDecoder::new(whole), limit));
-    bundle::find_recording(&mut walker, name)?;
+    bundle::find_recording(&mut walker, false, name)?;
     let member_name = member_name(name);
     let mut member = walker;
     let magic = read_prefix(&mut member, 2).map_err(|source| RecordingError::Read {
@@ -170,7 +170,8 @@ fn sniff(input: &mut impl Read) -> io::Result<(Vec<u8>, bool)> {
     Ok((prefix, tar_gz))
 }
 
-/// Sniffs an input that can be read again.
+/// Sniffs an input that can be read again; a bundle is walked to its end here, so that what is
+/// wrong with it anywhere is found before anything is replayed.
 pub(crate) fn open_rereadable(
     input: Box<dyn ReadSeek>,
     name: &str,
@@ -199,7 +200,7 @@ pub(crate) fn open_rereadable(
             },
         ));
         let mut walker = TarWalker::new(Capped::new(archive, limit));
-        let member = bundle::find_recording(&mut walker, name)?;
+        let member = bundle::find_recording(&mut walker, true, name)?;
         let mut rereader = Rereadable {
             shared: shared.clone(),
             container: Container::Bundle {
