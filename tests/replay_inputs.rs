@@ -360,6 +360,60 @@ fn hostile_or_ambiguous_bundles_are_refused_clearly() {
     assert!(run.error(2).contains("\"../../etc/cron.d/x\""));
 }
 
+#[test]
+fn a_bundle_inflating_past_its_limit_is_exit_2_unless_the_limit_is_raised() {
+    // About 1 MB of samples, a few kilobytes packed.
+    let text = std::fs::read_to_string(fixture("healthy.ndjson")).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut plain = format!("{}\n", lines[0]);
+    let sample: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
+    for i in 0..1000u64 {
+        let mut s = sample.clone();
+        s["time_ms"] = (T0 + i * 250).into();
+        plain.push_str(&s.to_string());
+        plain.push('\n');
+    }
+    assert!(plain.len() > 1 << 20);
+    let bundle = tar_gz(&[("recording.ndjson.gz", b'0', &gzip(plain.as_bytes()))]);
+    assert!(bundle.len() < 64 * 1024, "{}", bundle.len());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bomb.tar.gz");
+    std::fs::write(&path, &bundle).unwrap();
+
+    let limit = ["--max-inflated-size", "512KiB"];
+    let line = check_file(&path, &limit).error(2).to_owned();
+    assert!(
+        line.contains("inflates to more than 524288 bytes (512 KiB)"),
+        "{line}"
+    );
+    assert!(line.contains("--max-inflated-size"), "{line}");
+    let piped = gpudiag(
+        &["check", "--replay", "-", limit[0], limit[1]],
+        Some(&bundle),
+    );
+    assert!(piped.error(2).contains("inflates to more than"));
+
+    let run = check_file(&path, &["--max-inflated-size", "2MiB"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.report().window.ticks, 1000);
+    // The default (4 GiB) reads it too.
+    assert_eq!(check_file(&path, &[]).code, 0);
+
+    let help = gpudiag(&["check", "--help"], None);
+    assert!(
+        help.stdout.contains("--max-inflated-size <SIZE>"),
+        "{}",
+        help.stdout
+    );
+    assert!(help.stdout.contains("[default: 4GiB]"), "{}", help.stdout);
+    let bad = gpudiag(
+        &["check", "--replay", s(&path), "--max-inflated-size", "lots"],
+        None,
+    );
+    assert_eq!(bad.code, 2);
+    assert!(bad.stderr.contains("'lots'"), "{}", bad.stderr);
+}
+
 // ---- streaming ----
 
 /// A recording made up as it is read, far longer than any test reads of it: a header, then one

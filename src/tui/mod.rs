@@ -66,15 +66,17 @@ pub fn run_default(demo: bool, interval: Duration, config: &Config) -> Result<i3
     }
 }
 
-/// `gpudiag replay FILE` in a terminal.
+/// `gpudiag replay FILE` in a terminal; a bundle may inflate to `max_inflated_bytes`.
 pub fn run_replay(
     path: &Path,
     speed: f64,
     interval: Duration,
+    max_inflated_bytes: u64,
     config: &Config,
 ) -> Result<i32, Error> {
     // A report bundle replays its recording.
-    let backend = ReplayBackend::open(path, Pace::Recorded { speed })?;
+    let options = ReplayOptions { max_inflated_bytes };
+    let backend = ReplayBackend::open_with(path, Pace::Recorded { speed }, &options)?;
     run_replay_source(
         backend,
         path.display().to_string(),

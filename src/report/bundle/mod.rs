@@ -261,6 +261,7 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &BundleOptions) -> Result<
                 poll_timeout: gpudiag_telemetry::poll_deadline::DEFAULT_POLL_TIMEOUT,
                 backend: crate::cli::BackendChoice::Replay,
                 sysfs_root: None,
+                max_inflated_size: gpudiag_telemetry::bundle::DEFAULT_MAX_INFLATED,
             },
             json: true,
             window: None,
