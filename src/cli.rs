@@ -9,13 +9,18 @@ use gpudiag_core::rules::Severity;
 use gpudiag_core::session::{Origin, SourceSpec};
 use gpudiag_model::error::Error;
 use gpudiag_model::units::parse_duration;
+use gpudiag_telemetry::bundle::DEFAULT_MAX_INFLATED;
 use gpudiag_telemetry::live::LiveBackend;
+use gpudiag_telemetry::replay::ReplayOptions;
 
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0  healthy, or only findings below --fail-on
   1  a finding at or above --fail-on (default: fail)
-  2  usage error: a bad flag, or an input file that cannot be read or understood
+  2  usage error: a bad flag, or an input file that cannot be read or understood (not a
+     recording, a newer format, a bundle that is ambiguous or inflates past
+     --max-inflated-size); a recording damaged part way is read, its bad lines skipped and
+     reported as warnings
   3  could not run: no NVIDIA driver or NVML, no GPU, NVML initialisation hung, or a probe's
      CUDA call hung well past the suite's deadline";
 
@@ -218,9 +223,14 @@ pub struct SourceArgs {
     /// Only these GPUs: an index or a UUID; repeat for several.
     #[arg(long = "device", value_name = "INDEX|UUID")]
     pub devices: Vec<String>,
-    /// Read a recording instead of live GPUs.
+    /// Read a recording (NDJSON, plain or gzip) or a `gpudiag report` bundle instead of live
+    /// GPUs; `-` reads it from stdin.
     #[arg(long, value_name = "FILE", conflicts_with = "demo")]
     pub replay: Option<PathBuf>,
+    /// The most a bundle given to --replay may inflate to (the archive and the recording in it),
+    /// e.g. 8GiB; past it gpudiag stops with exit code 2.
+    #[arg(long, value_name = "SIZE", default_value = DEFAULT_MAX_INFLATED_ARG, value_parser = parse_size)]
+    pub max_inflated_size: u64,
     /// Use the bundled demo recording instead of live GPUs.
     #[arg(long)]
     pub demo: bool,
@@ -272,6 +282,9 @@ impl SourceArgs {
             init_timeout: self.init_timeout,
             poll_timeout: self.poll_timeout,
             sysfs_root: self.sysfs_root.clone(),
+            replay: ReplayOptions {
+                max_inflated_bytes: self.max_inflated_size,
+            },
         })
     }
 }
@@ -388,12 +401,56 @@ pub struct ServeArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct ReplayArgs {
-    /// The recording (NDJSON, plain or gzip).
+    /// The recording (NDJSON, plain or gzip) or a `gpudiag report` bundle; `-` reads stdin.
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
+    /// The most a bundle may inflate to (the archive and the recording in it), e.g. 8GiB; past
+    /// it gpudiag stops with exit code 2.
+    #[arg(long, value_name = "SIZE", default_value = DEFAULT_MAX_INFLATED_ARG, value_parser = parse_size)]
+    pub max_inflated_size: u64,
     /// Playback speed: 1 plays as recorded, 10 ten times faster.
     #[arg(long, default_value = "1", value_parser = parse_speed)]
     pub speed: f64,
+}
+
+/// `DEFAULT_MAX_INFLATED` as the flag's default is written.
+const DEFAULT_MAX_INFLATED_ARG: &str = "4GiB";
+const _: () = assert!(DEFAULT_MAX_INFLATED == 4 << 30);
+
+/// A size in bytes: a number with an optional unit, binary (`KiB`, `MiB`, `GiB`, `TiB`, or `K`,
+/// `M`, `G`, `T`) or decimal (`kB`, `MB`, `GB`, `TB`); at least one byte.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let text = s.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => {
+            return Err(format!(
+                "size '{s}' has an unknown unit (use e.g. 512MiB, 4GiB, 8GB)"
+            ));
+        }
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("size '{s}' must be a number with a unit, such as 4GiB"))?;
+    let bytes = value * scale as f64;
+    if !(bytes >= 1.0 && bytes < u64::MAX as f64) {
+        return Err(format!(
+            "size '{s}' must be at least 1 byte and below 16 EiB"
+        ));
+    }
+    Ok(bytes as u64)
 }
 
 /// A replay speed: a positive number.
@@ -445,5 +502,20 @@ mod tests {
         assert_eq!(parse_interval("50ms"), Ok(Duration::from_millis(50)));
         assert_eq!(parse_speed("2"), Ok(2.0));
         assert!(parse_speed("0").unwrap_err().contains("'0'"));
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(
+            parse_size(DEFAULT_MAX_INFLATED_ARG),
+            Ok(DEFAULT_MAX_INFLATED)
+        );
+        assert_eq!(parse_size("4G"), Ok(4 << 30));
+        assert_eq!(parse_size("1.5 MiB"), Ok(3 << 19));
+        assert_eq!(parse_size("8GB"), Ok(8_000_000_000));
+        assert_eq!(parse_size("123"), Ok(123));
+        for bad in ["", "0", "-1GiB", "4 parsecs", "GiB", "1e30"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -142,7 +142,13 @@ fn interactive() -> bool {
 /// `gpudiag replay FILE`: the UI in a terminal, the check summary otherwise.
 fn replay(args: &ReplayArgs, interval: std::time::Duration, config: &Config) -> Result<i32, Error> {
     if interactive() {
-        return tui::run_replay(&args.file, args.speed, interval, config);
+        return tui::run_replay(
+            &args.file,
+            args.speed,
+            interval,
+            args.max_inflated_size,
+            config,
+        );
     }
     check(
         &CheckArgs {
@@ -154,6 +160,7 @@ fn replay(args: &ReplayArgs, interval: std::time::Duration, config: &Config) -> 
                 poll_timeout: gpudiag::telemetry::poll_deadline::DEFAULT_POLL_TIMEOUT,
                 backend: BackendChoice::Replay,
                 sysfs_root: None,
+                max_inflated_size: args.max_inflated_size,
             },
             json: false,
             window: None,
@@ -181,6 +188,7 @@ fn default_view(demo: bool, interval: std::time::Duration, config: &Config) -> R
             poll_timeout: gpudiag::telemetry::poll_deadline::DEFAULT_POLL_TIMEOUT,
             backend: BackendChoice::Auto,
             sysfs_root: std::env::var_os(SYSFS_ROOT_ENV).map(Into::into),
+            max_inflated_size: gpudiag::telemetry::bundle::DEFAULT_MAX_INFLATED,
         },
         json: false,
         window: None,

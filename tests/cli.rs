@@ -335,29 +335,54 @@ fn future_format_version_says_to_upgrade() {
     assert!(line.contains("upgrade gpudiag"), "{line}");
 }
 
-#[test]
-fn invalid_utf8_exits_2_naming_the_line() {
-    let run = check_replay(&hostile("invalid_utf8.ndjson"), &[]);
-    let line = run.one_line_error(2);
-    assert!(line.contains("invalid_utf8.ndjson line 3"), "{line}");
-    assert!(line.contains("not valid UTF-8"), "{line}");
+/// A recording damaged part way is still read: exit 0 for these healthy ones, with the damage
+/// named in one warning.
+fn damaged_but_read(path: &Path) -> (CheckReport, String) {
+    let run = check_replay(path, &[]);
+    assert_eq!(run.code, 0, "stderr: {}", run.stderr);
+    assert!(run.stderr.is_empty(), "{}", run.stderr);
+    let report = run.report();
+    assert_eq!(report.exit_code, 0);
+    let skipped: Vec<&String> = report
+        .source
+        .warnings
+        .iter()
+        .filter(|w| w.starts_with("skipped "))
+        .collect();
+    assert_eq!(skipped.len(), 1, "{:?}", report.source.warnings);
+    let warning = skipped[0].clone();
+    (report, warning)
 }
 
 #[test]
-fn malformed_and_mistyped_lines_exit_2_naming_the_line() {
-    let line = check_replay(&hostile("malformed_middle.ndjson"), &[])
-        .one_line_error(2)
-        .to_owned();
-    assert!(line.contains("line 4: malformed JSON"), "{line}");
-    let line = check_replay(&hostile("wrong_type.ndjson"), &[])
-        .one_line_error(2)
-        .to_owned();
-    assert!(line.contains("line 3: invalid sample record"), "{line}");
-    assert!(line.contains("\"zero\""), "{line}");
+fn a_line_that_is_not_utf8_is_skipped_and_named() {
+    let (report, warning) = damaged_but_read(&hostile("invalid_utf8.ndjson"));
+    assert!(
+        warning.starts_with("skipped 1 malformed line (first at line 3: not valid UTF-8"),
+        "{warning}"
+    );
+    assert_eq!(report.window.ticks, 2);
 }
 
 #[test]
-fn huge_line_exits_2_naming_the_line() {
+fn malformed_and_mistyped_lines_are_skipped_and_named() {
+    let (report, warning) = damaged_but_read(&hostile("malformed_middle.ndjson"));
+    assert!(
+        warning.starts_with("skipped 1 malformed line (first at line 4: malformed JSON"),
+        "{warning}"
+    );
+    assert_eq!(report.window.ticks, 4);
+    let (report, warning) = damaged_but_read(&hostile("wrong_type.ndjson"));
+    assert!(
+        warning.starts_with("skipped 1 malformed line (first at line 3: invalid sample record"),
+        "{warning}"
+    );
+    assert!(warning.contains("\"zero\""), "{warning}");
+    assert_eq!(report.window.ticks, 3);
+}
+
+#[test]
+fn huge_line_is_skipped_and_named() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("huge.ndjson");
     let healthy = std::fs::read_to_string(fixture("healthy.ndjson")).unwrap();
@@ -370,13 +395,58 @@ fn huge_line_exits_2_naming_the_line() {
     bytes.extend_from_slice(format!("{}\n", lines[2]).as_bytes());
     std::fs::write(&path, &bytes).unwrap();
 
-    let run = check_replay(&path, &[]);
-    let line = run.one_line_error(2);
-    assert!(line.contains("huge.ndjson line 3"), "{line}");
-    assert!(
-        line.contains(&format!("longer than the limit of {MAX_LINE_BYTES} bytes")),
-        "{line}"
+    let (report, warning) = damaged_but_read(&path);
+    assert_eq!(
+        warning,
+        format!(
+            "skipped 1 malformed line (first at line 3: longer than the limit of \
+             {MAX_LINE_BYTES} bytes)"
+        )
     );
+    assert_eq!(report.window.ticks, 2);
+}
+
+#[test]
+fn damage_anywhere_is_counted_and_only_a_short_excerpt_is_quoted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("damaged.ndjson");
+    let healthy = std::fs::read_to_string(fixture("healthy.ndjson")).unwrap();
+    let lines: Vec<&str> = healthy.lines().collect();
+    // A megabyte-long invalid value with terminal escapes, a line of disk garbage and a cut
+    // line, in the middle of a recording.
+    let hostile = format!(
+        "{{\"kind\":\"sample\",\"time_ms\":{T0},\"device\":0,\"power_w\":\"\\u001b[2J{}\"}}",
+        "W".repeat(1 << 20)
+    );
+    let mut text = format!("{}\n{}\n{hostile}\n", lines[0], lines[1]);
+    text.push_str("\u{0}\u{0}\u{0}garbage\n");
+    text.push_str(&lines[2][..40]);
+    text.push('\n');
+    for line in &lines[3..] {
+        text.push_str(line);
+        text.push('\n');
+    }
+    std::fs::write(&path, &text).unwrap();
+
+    for args in [&["--json"][..], &[][..]] {
+        let mut all = vec!["check", "--replay", s(&path)];
+        all.extend_from_slice(args);
+        let run = gpudiag(&all);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        let out = format!("{}{}", run.stdout, run.stderr);
+        assert!(out.len() < 64 * 1024, "{} bytes of output", out.len());
+        assert!(
+            !out.contains(&"W".repeat(200)),
+            "the value was quoted whole"
+        );
+        assert!(!out.contains('\u{1b}'), "a raw escape reached the output");
+        assert!(
+            out.contains("skipped 3 malformed lines (first at line 3: invalid sample record"),
+            "{out}"
+        );
+    }
+    let report = check_replay(&path, &[]).report();
+    assert_eq!(report.window.ticks as usize, lines.len() - 2);
 }
 
 #[test]
@@ -969,18 +1039,16 @@ fn text_output_escapes_control_characters_from_a_recording() {
 #[test]
 fn errors_quoting_a_recording_escape_control_characters() {
     let path = hostile("control_chars_in_error.ndjson");
-    for args in [
-        vec!["check", "--replay", s(&path)],
-        vec!["check", "--json", "--replay", s(&path)],
-    ] {
-        let run = gpudiag(&args);
-        let line = run.one_line_error(2);
-        assert!(raw_controls(&run.stderr).is_empty(), "{:?}", run.stderr);
-        assert!(
-            line.contains(r"line 3: invalid finding record: unknown variant `\x1b]0;pwned\x07\x1b[2J\x0d\x0aFAKE [fail] line`"),
-            "{line}"
-        );
-    }
+    // A damaged line is skipped and named; the note quoting it is escaped like everything else.
+    let run = gpudiag(&["check", "--replay", s(&path)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(raw_controls(&run.stdout).is_empty(), "{:?}", run.stdout);
+    assert!(raw_controls(&run.stderr).is_empty(), "{:?}", run.stderr);
+    assert!(
+        run.stdout.contains(r"line 3: invalid finding record: unknown variant `\x1b]0;pwned\x07\x1b[2J\x0d\x0aFAKE [fail] line`"),
+        "{}",
+        run.stdout
+    );
 }
 
 /// A sample that lacks a value the device's header knows (the slowdown temperature, the

@@ -757,6 +757,7 @@ fn kernel_log_credentials_are_redacted() {
             poll_timeout: Duration::from_secs(2),
             backend: gpudiag::cli::BackendChoice::Replay,
             sysfs_root: None,
+            max_inflated_size: gpudiag::telemetry::bundle::DEFAULT_MAX_INFLATED,
         },
         output: None,
         duration: Duration::from_secs(30),

@@ -8,13 +8,12 @@ use gpudiag_core::check::{
 };
 use gpudiag_core::config::Config;
 use gpudiag_core::rules::{self, Finding, RuleEngine};
-use gpudiag_core::session::{
-    self, Limit, NoSink, Pipeline, RunOptions, open_source, with_recorded,
-};
+use gpudiag_core::session::{self, Limit, Pipeline, RunOptions, Sink, open_source, with_recorded};
 use gpudiag_model::cuda_libraries;
 use gpudiag_model::error::Error;
+use gpudiag_telemetry::recording::excerpt;
 use gpudiag_telemetry::replay::Pace;
-use gpudiag_telemetry::{EventKind, now_ms};
+use gpudiag_telemetry::{BackendError, EventKind, Tick, now_ms};
 
 use super::probe::run_probes;
 
@@ -47,15 +46,20 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         libraries.clone(),
     );
     let mut pipeline = Pipeline::new(engine);
+    // A replay with a window judges the recording's end: only that much is kept as it streams.
+    if let (true, Some(w)) = (is_replay, args.window) {
+        pipeline = pipeline.retaining(w);
+    }
+    let mut notices = Notices::default();
     // A check is one report: let the slow fields (PCIe throughput, processes) arrive first, so
     // even a single read has them. One slow round takes about 45 ms per GPU, in parallel.
     source
         .backend
         .wait_for_slow_fields(Duration::from_millis(500));
-    let (failure, topology) = if limit == Some(Duration::ZERO) {
-        let failure = session::read_once(&mut source, &mut pipeline, &mut NoSink)?;
+    let (failure, topology, notes) = if limit == Some(Duration::ZERO) {
+        let failure = session::read_once(&mut source, &mut pipeline, &mut notices)?;
         // Asked after the poll: the backend reads it on its own thread meanwhile.
-        (failure, source.topology())
+        (failure, source.topology(), None)
     } else {
         let topology = source.topology();
         let opts = RunOptions {
@@ -63,25 +67,28 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
             limit: limit.map_or(Limit::None, Limit::Live),
             stop: None,
         };
-        (
-            session::run(source, &mut pipeline, &opts, &mut NoSink)?,
-            topology,
-        )
+        let end = session::run_to_end(source, &mut pipeline, &opts, &mut notices)?;
+        (end.failure, topology, end.notes)
     };
-    let mut warnings = source_warnings;
+    // A recording read as it streams knows what it skipped, and the findings it carries, only
+    // once it has been read.
+    let (mut warnings, recorded) = match notes {
+        Some(n) => (n.warnings, n.recorded),
+        None => (source_warnings, recorded),
+    };
     match failure {
-        Some(e) if pipeline.tick_times.is_empty() => return Err(e.into()),
+        // The input itself is at fault (a bundle past its size limit): no report from part of it.
+        Some(BackendError::Recording(e)) => return Err(e.into()),
+        Some(e) if pipeline.tick_count() == 0 => return Err(e.into()),
         Some(e) => warnings.push(format!("sampling stopped early: {e}")),
         None => {}
     }
-    if pipeline.tick_times.is_empty() {
+    if pipeline.tick_count() == 0 {
         return Err(Error::Usage("the source holds no telemetry samples".into()));
     }
-    for e in &pipeline.events {
-        if let EventKind::Notice { message } = &e.kind
-            && !warnings.contains(message)
-        {
-            warnings.push(message.clone());
+    for message in notices.0 {
+        if !warnings.contains(&message) {
+            warnings.push(message);
         }
     }
     // Replays with a window judge only its end; live runs sampled exactly the window.
@@ -190,7 +197,7 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
                 Some(limit.unwrap_or_default().as_secs_f64())
             },
             covered_s: covered_ms as f64 / 1000.0,
-            ticks: pipeline.tick_times.len() as u64,
+            ticks: pipeline.tick_count(),
             start_ms: pipeline.first_ms(),
             end_ms: pipeline.last_ms(),
         },
@@ -203,4 +210,30 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         fail_on,
         exit_code,
     })
+}
+
+/// Notices carried by the source's events, distinct and at most this many; a recording may hold
+/// any number of them, of any length.
+const MAX_NOTICES: usize = 32;
+/// Longest notice quoted in the report.
+const NOTICE_CHARS: usize = 240;
+
+/// Collects the notices of the events as they pass, since the pipeline keeps only recent events.
+#[derive(Default)]
+struct Notices(Vec<String>);
+
+impl Sink for Notices {
+    fn on_tick(&mut self, tick: &Tick, _: &[Finding], _: &Pipeline) -> Result<(), Error> {
+        for e in &tick.events {
+            if let EventKind::Notice { message } = &e.kind
+                && self.0.len() < MAX_NOTICES
+            {
+                let message = excerpt(message, NOTICE_CHARS);
+                if !self.0.contains(&message) {
+                    self.0.push(message);
+                }
+            }
+        }
+        Ok(())
+    }
 }

@@ -56,13 +56,22 @@ pub fn capture_trace(
         limit: limit.map_or(Limit::None, Limit::Live),
         stop,
     };
-    let failure = session::run(source, &mut pipeline, &opts, &mut sink)?;
-    match failure {
-        Some(e) if pipeline.tick_times.is_empty() => return Err(e.into()),
+    let end = session::run_to_end(source, &mut pipeline, &opts, &mut sink)?;
+    // A recording read as it streams knows what it skipped, and what it carries, at its end.
+    let recorded = match end.notes {
+        Some(notes) => {
+            warnings = notes.warnings;
+            notes.recorded
+        }
+        None => recorded,
+    };
+    match end.failure {
+        Some(gpudiag_telemetry::BackendError::Recording(e)) => return Err(e.into()),
+        Some(e) if pipeline.tick_count() == 0 => return Err(e.into()),
         Some(e) => warnings.push(format!("sampling stopped early: {e}")),
         None => {}
     }
-    if pipeline.tick_times.is_empty() {
+    if pipeline.tick_count() == 0 {
         return Err(Error::Usage("the source holds no telemetry samples".into()));
     }
     pipeline.engine.finish(&pipeline.history);
@@ -73,7 +82,7 @@ pub fn capture_trace(
     Ok(Capture {
         trace: builder.finish(),
         findings,
-        ticks: pipeline.tick_times.len() as u64,
+        ticks: pipeline.tick_count(),
         warnings,
     })
 }

@@ -5,8 +5,11 @@
 //! FeedControl messages (pause, speed, seek, stop) arrive on a second channel. A replay waiting for
 //! its next tick is woken through its interrupt flag, so controls take effect within ~50 ms.
 //! Seeking delivers the skipped ticks (and, backwards, up to `LOOKBACK` before the target) in one
-//! batch, so the charts show the context of the new position rather than starting empty.
+//! batch, so the charts show the context of the new position rather than starting empty; at most
+//! `MAX_SEEK_TICKS` of them, the newest, so a dense recording cannot make one batch hold most of
+//! it. A recording read from a pipe cannot go back: a backward seek there does nothing.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -15,6 +18,9 @@ use std::time::{Duration, Instant};
 use super::messages::{AppEvent, FeedControl, FeedMsg, LOOKBACK, ReplayPosition, tick_time};
 use gpudiag_telemetry::replay::{Pace, ReplayBackend};
 use gpudiag_telemetry::{Backend, BackendError};
+
+/// Ticks one seek delivers at most: as many as the session keeps.
+const MAX_SEEK_TICKS: usize = super::app::MAX_SESSION_TICKS;
 
 /// The source the feed polls. Only the feed distinguishes live from replay: seeking and speed
 /// exist only for a recording.
@@ -226,26 +232,31 @@ impl Worker {
         let target = current.saturating_add_signed(delta_ms).clamp(start, end);
         let reset = delta_ms < 0;
         if reset {
-            r.seek_to(
-                target
-                    .saturating_sub(LOOKBACK.as_millis() as u64)
-                    .max(start),
-            );
+            let from = target
+                .saturating_sub(LOOKBACK.as_millis() as u64)
+                .max(start);
+            if r.seek_to(from).is_err() {
+                return true;
+            }
         } else if target == current {
             return true;
         }
         // Deliver everything up to the target at once, then play on at the chosen speed.
         let _ = r.set_pace(Pace::AsFastAsPossible);
-        let mut ticks = Vec::new();
+        let mut ticks = VecDeque::new();
         while let Ok(t) = r.poll() {
             let time = tick_time(&t);
-            ticks.push(t);
+            ticks.push_back(t);
+            if ticks.len() > MAX_SEEK_TICKS {
+                ticks.pop_front();
+            }
             if time.is_some_and(|t| t >= target) {
                 break;
             }
         }
+        let ticks = Vec::from(ticks);
         let _ = r.set_pace(Pace::Recorded { speed: self.speed });
-        self.at_end = r.remaining() == 0;
+        self.at_end = r.at_end();
         let position = Some(position(r, self.speed));
         let ok = send(
             &self.tx,

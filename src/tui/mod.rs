@@ -25,7 +25,7 @@ use gpudiag_core::session::{DEMO_NAME, DEMO_RECORDING, Origin, SourceSpec, open_
 use gpudiag_model::error::{Error, exit};
 use gpudiag_telemetry::live::LiveBackend;
 use gpudiag_telemetry::nvml::DEFAULT_SLOW_INTERVAL;
-use gpudiag_telemetry::replay::{Pace, ReplayBackend};
+use gpudiag_telemetry::replay::{Pace, ReplayBackend, ReplayOptions};
 use messages::AppEvent;
 use theme::Theme;
 
@@ -66,15 +66,17 @@ pub fn run_default(demo: bool, interval: Duration, config: &Config) -> Result<i3
     }
 }
 
-/// `gpudiag replay FILE` in a terminal.
+/// `gpudiag replay FILE` in a terminal; a bundle may inflate to `max_inflated_bytes`.
 pub fn run_replay(
     path: &Path,
     speed: f64,
     interval: Duration,
+    max_inflated_bytes: u64,
     config: &Config,
 ) -> Result<i32, Error> {
     // A report bundle replays its recording.
-    let backend = gpudiag_telemetry::bundle::open_bundle_recording(path, Pace::Recorded { speed })?;
+    let options = ReplayOptions { max_inflated_bytes };
+    let backend = ReplayBackend::open_with(path, Pace::Recorded { speed }, &options)?;
     run_replay_source(
         backend,
         path.display().to_string(),
@@ -86,9 +88,11 @@ pub fn run_replay(
 }
 
 fn open_demo() -> Result<ReplayBackend, Error> {
-    Ok(ReplayBackend::from_reader(
-        DEMO_RECORDING,
+    Ok(ReplayBackend::from_seekable(
+        std::io::Cursor::new(DEMO_RECORDING),
+        DEMO_NAME,
         Pace::Recorded { speed: 1.0 },
+        &ReplayOptions::default(),
     )?)
 }
 
@@ -99,6 +103,7 @@ fn open_live(interval: Duration) -> Result<(Driver, AppInit), Error> {
         init_timeout: INIT_TIMEOUT,
         poll_timeout: gpudiag_telemetry::poll_deadline::DEFAULT_POLL_TIMEOUT,
         sysfs_root: std::env::var_os(gpudiag_telemetry::amd::sysfs::SYSFS_ROOT_ENV).map(Into::into),
+        replay: ReplayOptions::default(),
     };
     let mut source = open_source(&spec, Pace::AsFastAsPossible, false)?;
     // Slow fields (PCIe throughput, processes) need not be read more often than the screen

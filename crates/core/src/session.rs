@@ -14,7 +14,7 @@ use gpudiag_model::topology::Topology;
 use gpudiag_telemetry::live::{self, LiveBackend, LiveOptions};
 use gpudiag_telemetry::nvml::SlowFields;
 use gpudiag_telemetry::poll_deadline::PollDeadline;
-use gpudiag_telemetry::replay::{Pace, ReplayBackend};
+use gpudiag_telemetry::replay::{Pace, ReplayBackend, ReplayOptions};
 use gpudiag_telemetry::sampler::{Sampler, SamplerMsg};
 use gpudiag_telemetry::sanity::Sanitiser;
 use gpudiag_telemetry::{
@@ -91,6 +91,8 @@ pub struct SourceSpec {
     pub poll_timeout: Duration,
     /// Root of a fake sysfs and /proc tree (tests); `None` reads the real `/`.
     pub sysfs_root: Option<PathBuf>,
+    /// Limits a recording or bundle is read under.
+    pub replay: ReplayOptions,
 }
 
 impl SourceSpec {
@@ -105,12 +107,13 @@ impl SourceSpec {
 pub fn open_source(spec: &SourceSpec, pace: Pace, one_shot: bool) -> Result<Source, Error> {
     let (backend, recording): (Box<dyn Backend>, Option<String>) = match &spec.origin {
         Origin::Demo => {
-            let b = ReplayBackend::from_reader(DEMO_RECORDING, pace)?;
+            let demo = std::io::Cursor::new(DEMO_RECORDING);
+            let b = ReplayBackend::from_seekable(demo, DEMO_NAME, pace, &spec.replay)?;
             (Box::new(b), Some(DEMO_NAME.into()))
         }
         Origin::File(path) => {
-            let b = gpudiag_telemetry::bundle::open_bundle_recording(path, pace)?;
-            (Box::new(b), Some(path.display().to_string()))
+            let b = ReplayBackend::open_with(path, pace, &spec.replay)?;
+            (Box::new(b), Some(recording_name(path)))
         }
         Origin::Live(choice) => {
             let slow = if one_shot {
@@ -140,6 +143,15 @@ pub fn open_source(spec: &SourceSpec, pace: Pace, one_shot: bool) -> Result<Sour
         recording,
         recorded,
     })
+}
+
+/// What a recording at `path` is called in reports: `-` reads stdin.
+pub fn recording_name(path: &std::path::Path) -> String {
+    if path.as_os_str() == "-" {
+        "stdin".to_string()
+    } else {
+        path.display().to_string()
+    }
 }
 
 impl Source {
@@ -218,18 +230,35 @@ pub fn select_devices(devices: &[DeviceInfo], selectors: &[String]) -> Result<De
 /// The one pipeline every command and view feeds: each tick is sanitised (implausible values
 /// dropped), pushed into the history, judged by the rules, handed to the sink, and kept as the
 /// latest values and events. Nothing else ingests ticks, so every view of a source agrees.
+///
+/// What it keeps is bounded however long the source runs: the history bounds itself, tick times
+/// are kept only within the retained window (without one, only the first, the last and a count),
+/// and events within that window, at most [`MAX_EVENTS`] of them.
 pub struct Pipeline {
     pub history: History,
     pub latest: BTreeMap<u32, Sample>,
-    /// The time of every tick that carried samples, in order (bounded by `retain`).
-    pub tick_times: VecDeque<TimeMs>,
+    /// The time of every tick that carried samples, in order, within the retained window; without
+    /// one, the latest only.
+    tick_times: VecDeque<TimeMs>,
+    /// The first such tick, and how many there were, kept or not.
+    first_tick: Option<TimeMs>,
+    ticks: u64,
+    /// The newest events: those in the retained window, at most `MAX_EVENTS`.
     pub events: Vec<Event>,
     pub engine: RuleEngine,
     sanitiser: Sanitiser,
-    /// Long-running consumers (serve, record, the terminal UI) keep tick times and events for
-    /// this long only; a check keeps everything it sampled.
+    /// Long-running consumers (serve, record, the terminal UI) and a check of a recording's end
+    /// keep tick times and events for this long only.
     retain: Option<Duration>,
 }
+
+/// Events a pipeline keeps at most: a flood of XIDs (or a hostile recording of nothing else)
+/// must not grow it without bound.
+pub const MAX_EVENTS: usize = 16_384;
+/// Tick times kept at most within a retained window: 14 h at the fastest sampling interval
+/// (50 ms). Past it the oldest are forgotten, and the window's first time and count describe the
+/// newest ones.
+const MAX_TICK_TIMES: usize = 1 << 20;
 
 /// What consumes the pipeline's ticks: a trace being built, a recording being written, the
 /// Prometheus snapshot, the terminal UI.
@@ -259,6 +288,8 @@ impl Pipeline {
             history: History::default(),
             latest: BTreeMap::new(),
             tick_times: VecDeque::new(),
+            first_tick: None,
+            ticks: 0,
             events: Vec::new(),
             engine,
             sanitiser: Sanitiser::new(),
@@ -276,7 +307,15 @@ impl Pipeline {
     pub fn push_into(&mut self, mut tick: Tick, sink: &mut dyn Sink) -> Result<(), Error> {
         self.sanitiser.apply(&mut tick);
         if let Some(t) = tick.samples.iter().map(|s| s.time_ms).max() {
+            self.first_tick.get_or_insert(t);
+            self.ticks += 1;
+            if self.retain.is_none() {
+                self.tick_times.clear();
+            }
             self.tick_times.push_back(t);
+            if self.tick_times.len() > MAX_TICK_TIMES {
+                self.tick_times.pop_front();
+            }
         }
         for s in &tick.samples {
             self.history.push_sample(s);
@@ -289,6 +328,10 @@ impl Pipeline {
         self.events.extend(tick.events);
         if let Some(window) = self.retain {
             self.keep_last(window);
+        }
+        if self.events.len() > MAX_EVENTS {
+            let excess = self.events.len() - MAX_EVENTS;
+            self.events.drain(..excess);
         }
         delivered
     }
@@ -321,14 +364,30 @@ impl Pipeline {
             self.tick_times.pop_front();
         }
         self.events.retain(|e| e.time_ms > start);
+        // From here on only the window counts.
+        self.retain = Some(window);
+        self.first_tick = self.tick_times.front().copied();
+        self.ticks = self.tick_times.len() as u64;
     }
 
+    /// The first tick with samples: in the retained window, or of the whole run without one.
     pub fn first_ms(&self) -> Option<TimeMs> {
-        self.tick_times.front().copied()
+        match self.retain {
+            Some(_) => self.tick_times.front().copied(),
+            None => self.first_tick,
+        }
     }
 
     pub fn last_ms(&self) -> Option<TimeMs> {
         self.tick_times.back().copied()
+    }
+
+    /// How many ticks carried samples: in the retained window, or in the whole run without one.
+    pub fn tick_count(&self) -> u64 {
+        match self.retain {
+            Some(_) => self.tick_times.len() as u64,
+            None => self.ticks,
+        }
     }
 
     /// The findings a check reports: every problem raised while sampling, or, when only the end
@@ -427,6 +486,35 @@ pub fn run(
     opts: &RunOptions<'_>,
     sink: &mut dyn Sink,
 ) -> Result<Option<BackendError>, Error> {
+    run_to_end(source, pipeline, opts, sink).map(|end| end.failure)
+}
+
+/// How a run ended.
+pub struct RunEnd {
+    /// Why sampling ended early, if it did.
+    pub failure: Option<BackendError>,
+    /// What the source learned while it was read, when its thread handed it back: a recording
+    /// read as it streams knows its warnings and the findings it carries only at its end.
+    pub notes: Option<SourceNotes>,
+}
+
+/// A source's notes for the user: its warnings and the findings it carried (for the selected
+/// devices).
+pub struct SourceNotes {
+    pub warnings: Vec<String>,
+    pub recorded: Vec<Finding>,
+}
+
+/// How long a run waits for its sampler thread to hand the backend back.
+const HAND_BACK: Duration = Duration::from_secs(2);
+
+/// [`run`], handing back what the source learned on the way.
+pub fn run_to_end(
+    source: Source,
+    pipeline: &mut Pipeline,
+    opts: &RunOptions<'_>,
+    sink: &mut dyn Sink,
+) -> Result<RunEnd, Error> {
     let limit = match opts.limit {
         Limit::None => None,
         Limit::Live(_) if source.recording.is_some() => None,
@@ -454,8 +542,15 @@ pub fn run(
             Err(RecvTimeoutError::Disconnected) => break,
         }
     }
-    sampler.stop();
-    Ok(failure)
+    let notes = sampler.join_within(HAND_BACK).map(|backend| SourceNotes {
+        warnings: backend.source_warnings(),
+        recorded: backend
+            .recorded_findings()
+            .into_iter()
+            .filter(|f| f.device.is_none_or(|d| filter.0.contains(&d)))
+            .collect(),
+    });
+    Ok(RunEnd { failure, notes })
 }
 
 /// One read of every device on this thread, for `check --window 0`: no sampler thread, since
@@ -471,5 +566,72 @@ pub fn read_once(
             .push_into(source.selected.apply(t), sink)
             .map(|()| None),
         Err(e) => Ok(Some(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RulesConfig;
+    use gpudiag_telemetry::EventKind;
+
+    fn pipeline() -> Pipeline {
+        let devices = vec![DeviceInfo {
+            index: 0,
+            ..DeviceInfo::default()
+        }];
+        Pipeline::new(RuleEngine::new(RulesConfig::default(), devices, None, None))
+    }
+
+    /// One sample and one notice every 100 ms.
+    fn tick(i: u64) -> Tick {
+        let time_ms = 1_000_000 + i * 100;
+        Tick {
+            samples: vec![Sample::new(0, time_ms)],
+            events: vec![Event {
+                time_ms,
+                device: None,
+                kind: EventKind::Notice {
+                    message: format!("tick {i}"),
+                },
+            }],
+        }
+    }
+
+    #[test]
+    fn a_long_run_keeps_counts_not_every_tick_time_and_event() {
+        let mut p = pipeline();
+        let n = MAX_EVENTS as u64 * 2;
+        for i in 0..n {
+            p.push(tick(i));
+        }
+        assert_eq!(p.tick_count(), n);
+        assert_eq!(p.first_ms(), Some(1_000_000));
+        assert_eq!(p.last_ms(), Some(1_000_000 + (n - 1) * 100));
+        assert_eq!(p.tick_times.len(), 1);
+        assert_eq!(p.events.len(), MAX_EVENTS);
+        // The newest are kept.
+        assert_eq!(p.events.last().map(|e| e.time_ms), p.last_ms());
+    }
+
+    #[test]
+    fn a_retained_window_counts_only_its_ticks() {
+        let mut p = pipeline().retaining(Duration::from_secs(10));
+        for i in 0..1000 {
+            p.push(tick(i));
+        }
+        // (end − 10 s, end]: 100 ticks.
+        assert_eq!(p.tick_count(), 100);
+        assert_eq!(p.first_ms(), Some(1_000_000 + 900 * 100));
+        assert_eq!(p.events.len(), 100);
+
+        // Trimming a longer window to its end gives the same.
+        let mut r = pipeline().retaining(Duration::from_secs(3600));
+        for i in 0..1000 {
+            r.push(tick(i));
+        }
+        r.keep_last(Duration::from_secs(10));
+        assert_eq!(r.tick_count(), 100);
+        assert_eq!(r.first_ms(), Some(1_000_000 + 900 * 100));
     }
 }

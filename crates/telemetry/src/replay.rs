@@ -1,19 +1,31 @@
 //! A `Backend` that plays a recording back, so everything above the backend (history, rules,
 //! views) runs on recorded telemetry exactly as on live telemetry.
 //!
-//! The whole recording is read at open: recordings are bounded (line limit, file size), and
-//! holding the ticks in memory makes seeking trivial. Ticks are rebuilt by grouping consecutive
-//! samples with the same `time_ms` (a recorder writes one sample per device per tick) together
-//! with the events read before or among them.
+//! A recording is streamed, never held whole: what a replay keeps is bounded whatever the input
+//! (one tick read ahead, a capped seek index, capped recorded findings). Input that can be read
+//! again (a regular file, the bundled demo) is read twice: a first pass that reads sample lines
+//! only as far as their time learns the time span, the findings the recording carries and where
+//! to seek, then the replay reads it for real, going back to a seek point when asked. A stream
+//! (a pipe, stdin) is read once, learning those as it goes, and cannot seek backwards.
 
+mod input;
+mod ticks;
+
+pub use input::ReplayOptions;
+
+use std::io::{Read, Seek};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::recording::{self, Header, ReadStats, Record};
-use super::{Backend, BackendError, DeviceInfo, Event, HostInfo, Pacing, Tick, TimeMs};
+use super::recording::{
+    Header, LinePos, Outline, ReadStats, Record, RecordingError, RecordingReader,
+};
+use super::{Backend, BackendError, DeviceInfo, Event, HostInfo, Pacing, Sample, Tick, TimeMs};
 use gpudiag_model::finding::Finding;
+use input::{Opened, Rereadable};
+use ticks::{Grouped, Grouper, RecordedFindings, SeekIndex};
 
 /// The longest a single gap between recorded ticks is played as, in wall time. A recorder on a
 /// suspended host leaves hours between two ticks; a replay should not sit silent for that long.
@@ -30,17 +42,49 @@ pub enum Pace {
     AsFastAsPossible,
 }
 
+type Built = Grouped<Sample, Event>;
+
+/// Where a replay's records come from.
+enum RecordSource {
+    /// Input that can be read again, and the pass reading it now (`None` once it ended).
+    Rereadable {
+        input: Rereadable,
+        reader: Option<RecordingReader>,
+    },
+    /// One pass over a stream.
+    Stream(Option<RecordingReader>),
+    /// Records already in memory (tests); positions are indices.
+    Memory { records: Vec<Record>, next: usize },
+}
+
 /// Plays a recording as a self-paced backend.
-#[derive(Debug)]
 pub struct ReplayBackend {
     header: Header,
-    /// Ticks in file order, each with its time (the samples' time, or the last event's).
-    ticks: Vec<(TimeMs, Tick)>,
-    findings: Vec<Finding>,
+    records: RecordSource,
+    grouper: Grouper<Sample, Event>,
+    /// The tick the next poll delivers, read ahead.
+    peeked: Option<Built>,
+    /// The records have run out for the grouper.
+    drained: bool,
+    /// First and last tick in file order, and how many: of the whole recording where a first
+    /// pass read it, of what was read so far otherwise.
+    start_ms: Option<TimeMs>,
+    end_ms: Option<TimeMs>,
+    ticks: u64,
+    /// Whether `start_ms`, `end_ms` and `ticks` grow as the replay reads (no first pass).
+    learning: bool,
+    /// The latest time of the ticks this pass delivered or skipped, or that lie before where it
+    /// started: a seek to a later time can read on from here.
+    consumed_max: Option<TimeMs>,
+    /// The number of the tick the next poll delivers.
+    next_ordinal: u64,
+    index: SeekIndex,
+    findings: RecordedFindings,
+    /// What passes that ended noticed (each counts only lines no earlier pass did).
     stats: ReadStats,
+    /// The furthest line any pass has read.
+    read_through: u64,
     pace: Pace,
-    /// Index of the next tick to deliver.
-    next: usize,
     /// Time of the tick last delivered (or the seek target).
     current_ms: Option<TimeMs>,
     /// Wall instant at which the recorded time `.1` is due; set on the first paced poll.
@@ -48,20 +92,59 @@ pub struct ReplayBackend {
     interrupt: Option<Arc<AtomicBool>>,
 }
 
+impl std::fmt::Debug for ReplayBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplayBackend")
+            .field("backend", &self.header.backend)
+            .field("start_ms", &self.start_ms)
+            .field("end_ms", &self.end_ms)
+            .field("ticks", &self.ticks)
+            .field("current_ms", &self.current_ms)
+            .finish()
+    }
+}
+
 impl ReplayBackend {
-    /// Reads the whole recording at `path`.
+    /// Opens a recording (plain or gzip) or a bug-report bundle at `path`, with the default
+    /// limits; `-` reads stdin. The content decides what it is, not the name.
     pub fn open(path: impl AsRef<Path>, pace: Pace) -> Result<Self, BackendError> {
-        let (header, records, stats) = recording::read_all(path)?;
-        Self::from_parts(header, records, stats, pace)
+        Self::open_with(path, pace, &ReplayOptions::default())
     }
 
-    /// Reads a whole recording from memory or any reader (the bundled demo).
+    /// As [`open`](Self::open), under `options`.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        pace: Pace,
+        options: &ReplayOptions,
+    ) -> Result<Self, BackendError> {
+        check_pace(pace)?;
+        match input::open_path(path.as_ref(), options)? {
+            Opened::Rereadable(input) => Self::from_rereadable(input, pace),
+            Opened::Stream(reader) => Ok(Self::from_stream(*reader, pace)),
+        }
+    }
+
+    /// Reads a recording or bundle from a stream, once (it cannot seek backwards).
     pub fn from_reader(
-        reader: impl std::io::Read + Send + 'static,
+        reader: impl Read + Send + 'static,
         pace: Pace,
     ) -> Result<Self, BackendError> {
-        let (header, records, stats) = recording::read_all_from(reader)?;
-        Self::from_parts(header, records, stats, pace)
+        check_pace(pace)?;
+        let reader = input::open_stream(reader, "recording", &ReplayOptions::default())?;
+        Ok(Self::from_stream(reader, pace))
+    }
+
+    /// Reads a recording or bundle from input that can be read again (the bundled demo, a
+    /// file already open), so it can seek both ways; `name` is what messages call it.
+    pub fn from_seekable(
+        reader: impl Read + Seek + Send + 'static,
+        name: &str,
+        pace: Pace,
+        options: &ReplayOptions,
+    ) -> Result<Self, BackendError> {
+        check_pace(pace)?;
+        let input = input::open_rereadable(Box::new(reader), name, options)?;
+        Self::from_rereadable(input, pace)
     }
 
     /// A replay of records already read (tests, or a recording held in memory).
@@ -72,18 +155,211 @@ impl ReplayBackend {
         pace: Pace,
     ) -> Result<Self, BackendError> {
         check_pace(pace)?;
-        let (ticks, findings) = group_ticks(records);
-        Ok(ReplayBackend {
+        let mut r = Self::new(header, RecordSource::Memory { records, next: 0 }, pace);
+        r.stats = stats;
+        r.prescan()?;
+        Ok(r)
+    }
+
+    fn new(header: Header, records: RecordSource, pace: Pace) -> Self {
+        ReplayBackend {
             header,
-            ticks,
-            findings,
-            stats,
+            records,
+            grouper: Grouper::new(0, None),
+            peeked: None,
+            drained: false,
+            start_ms: None,
+            end_ms: None,
+            ticks: 0,
+            learning: false,
+            consumed_max: None,
+            next_ordinal: 0,
+            index: SeekIndex::default(),
+            findings: RecordedFindings::default(),
+            stats: ReadStats::default(),
+            read_through: 0,
             pace,
-            next: 0,
             current_ms: None,
             anchor: None,
             interrupt: None,
-        })
+        }
+    }
+
+    fn from_stream(reader: RecordingReader, pace: Pace) -> Self {
+        let header = reader.header().clone();
+        let mut r = Self::new(header, RecordSource::Stream(Some(reader)), pace);
+        r.learning = true;
+        r
+    }
+
+    fn from_rereadable(input: Rereadable, pace: Pace) -> Result<Self, BackendError> {
+        let first = input.reader(u64::MAX)?;
+        let header = first.header().clone();
+        let mut r = Self::new(
+            header,
+            RecordSource::Rereadable {
+                input,
+                reader: Some(first),
+            },
+            pace,
+        );
+        r.prescan()?;
+        Ok(r)
+    }
+
+    /// The first pass: the time span, the tick count, the seek index and the recorded
+    /// findings, reading sample lines only as far as their time. Leaves the records at the start.
+    fn prescan(&mut self) -> Result<(), BackendError> {
+        let mut grouper: Grouper<TimeMs, TimeMs> = Grouper::new(0, None);
+        let mut last = None;
+        let mut take = |g: Grouped<TimeMs, TimeMs>, r: &mut Self| {
+            r.index.observe(&g);
+            r.start_ms.get_or_insert(g.time);
+            r.ticks = g.ordinal + 1;
+            last = Some(g.time);
+        };
+        while let Some((outline, at, len)) = self.next_outline()? {
+            match outline {
+                Outline::Sample(t) => grouper.sample(t, at),
+                Outline::Event(t) => grouper.event(t, at),
+                Outline::Finding(f) => self.findings.add(*f, len),
+            }
+            while let Some(g) = grouper.pop() {
+                take(g, self);
+            }
+        }
+        grouper.finish();
+        while let Some(g) = grouper.pop() {
+            take(g, self);
+        }
+        self.end_ms = last;
+        self.restart_at(None)?;
+        Ok(())
+    }
+
+    fn next_outline(&mut self) -> Result<Option<(Outline, LinePos, usize)>, RecordingError> {
+        match &mut self.records {
+            RecordSource::Rereadable { reader, .. } | RecordSource::Stream(reader) => {
+                let Some(r) = reader else {
+                    return Ok(None);
+                };
+                Ok(r.next_outline()?
+                    .map(|o| (o, r.last_line_pos(), r.last_line_len())))
+            }
+            RecordSource::Memory { records, next } => {
+                let Some(record) = records.get(*next) else {
+                    return Ok(None);
+                };
+                let at = memory_pos(*next);
+                *next += 1;
+                let outline = match record {
+                    Record::Sample(s) => Outline::Sample(s.time_ms),
+                    Record::Event(e) => Outline::Event(e.time_ms),
+                    Record::Finding(f) => Outline::Finding(Box::new(f.clone())),
+                };
+                Ok(Some((outline, at, 0)))
+            }
+        }
+    }
+
+    /// The next record and where its line starts, from the pass now reading.
+    fn next_record(&mut self) -> Result<Option<(Record, LinePos, usize)>, RecordingError> {
+        let next = match &mut self.records {
+            RecordSource::Rereadable { reader, .. } | RecordSource::Stream(reader) => {
+                let Some(r) = reader else {
+                    return Ok(None);
+                };
+                let record = r.next_record();
+                self.read_through = self.read_through.max(r.line_number());
+                match record? {
+                    Some(rec) => Some((rec, r.last_line_pos(), r.last_line_len())),
+                    None => {
+                        if let Some(done) = reader.take() {
+                            self.stats.absorb(done.stats());
+                        }
+                        None
+                    }
+                }
+            }
+            RecordSource::Memory { records, next } => {
+                let at = memory_pos(*next);
+                let record = records.get(*next).cloned();
+                *next += 1;
+                record.map(|r| (r, at, 0))
+            }
+        };
+        Ok(next)
+    }
+
+    /// Starts a new pass at checkpoint `from` (the start of the recording when `None`).
+    fn restart_at(&mut self, from: Option<ticks::Checkpoint>) -> Result<(), BackendError> {
+        let (at, ordinal, max_before) =
+            from.map_or((None, 0, None), |c| (Some(c.at), c.ordinal, c.max_before));
+        match &mut self.records {
+            RecordSource::Stream(_) => {
+                return Err(BackendError::Unavailable(
+                    "a recording read from a pipe cannot seek backwards".into(),
+                ));
+            }
+            RecordSource::Rereadable { input, reader } => {
+                if let Some(done) = reader.take() {
+                    self.stats.absorb(done.stats());
+                }
+                let fresh = match at {
+                    Some(at) => input.reader_at(&self.header, at, self.read_through)?,
+                    None => input.reader(self.read_through)?,
+                };
+                *reader = Some(fresh);
+            }
+            RecordSource::Memory { next, .. } => {
+                *next = at.map_or(0, |a| a.offset as usize);
+            }
+        }
+        self.grouper = Grouper::new(ordinal, max_before);
+        self.peeked = None;
+        self.drained = false;
+        self.consumed_max = max_before;
+        self.next_ordinal = ordinal;
+        Ok(())
+    }
+
+    /// The next tick in file order, rebuilt from the records.
+    fn next_tick(&mut self) -> Result<Option<Built>, RecordingError> {
+        loop {
+            if let Some(g) = self.grouper.pop() {
+                if self.learning {
+                    self.start_ms.get_or_insert(g.time);
+                    self.end_ms = Some(g.time);
+                    self.ticks = self.ticks.max(g.ordinal + 1);
+                }
+                return Ok(Some(g));
+            }
+            if self.drained {
+                return Ok(None);
+            }
+            match self.next_record()? {
+                None => {
+                    self.grouper.finish();
+                    self.drained = true;
+                }
+                Some((Record::Sample(s), at, _)) => self.grouper.sample(s, at),
+                Some((Record::Event(e), at, _)) => self.grouper.event(e, at),
+                // A first pass collected them already, except from a stream.
+                Some((Record::Finding(f), _, len)) => {
+                    if self.learning {
+                        self.findings.add(f, len);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The tick the next poll delivers, read ahead if need be.
+    fn peek(&mut self) -> Result<Option<&Built>, BackendError> {
+        if self.peeked.is_none() {
+            self.peeked = self.next_tick()?;
+        }
+        Ok(self.peeked.as_ref())
     }
 
     /// With a flag set from elsewhere (a UI, a signal handler), a `poll` that is waiting for its
@@ -97,9 +373,17 @@ impl ReplayBackend {
         &self.header
     }
 
-    /// What the reader noticed: skipped unknown kinds, a truncated last line.
-    pub fn read_stats(&self) -> &ReadStats {
-        &self.stats
+    /// What the reader noticed so far: lines skipped, kinds unknown, a truncated end.
+    pub fn read_stats(&self) -> ReadStats {
+        let mut stats = self.stats.clone();
+        if let RecordSource::Rereadable {
+            reader: Some(r), ..
+        }
+        | RecordSource::Stream(Some(r)) = &self.records
+        {
+            stats.absorb(r.stats());
+        }
+        stats
     }
 
     pub fn pace(&self) -> Pace {
@@ -114,39 +398,63 @@ impl ReplayBackend {
         Ok(())
     }
 
-    /// Number of ticks in the recording.
-    pub fn tick_count(&self) -> usize {
-        self.ticks.len()
+    /// Number of ticks in the recording; from a stream, the number read so far.
+    pub fn tick_count(&self) -> u64 {
+        self.ticks
     }
 
-    /// Ticks not yet delivered.
-    pub fn remaining(&self) -> usize {
-        self.ticks.len().saturating_sub(self.next)
+    /// Whether the next poll ends the recording (reads ahead one tick to know).
+    pub fn at_end(&mut self) -> bool {
+        !matches!(self.peek(), Ok(Some(_)))
     }
 
-    /// Moves so that the next `poll` returns the first tick at or after `time_ms` (backwards too);
-    /// past the end, the next poll ends the recording. Pacing restarts from there.
-    pub fn seek_to(&mut self, time_ms: TimeMs) {
-        self.next = self
-            .ticks
-            .iter()
-            .position(|(t, _)| *t >= time_ms)
-            .unwrap_or(self.ticks.len());
+    /// Whether [`seek_to`](Self::seek_to) can go backwards: not in a recording read from a pipe.
+    pub fn can_seek_back(&self) -> bool {
+        !matches!(self.records, RecordSource::Stream(_))
+    }
+
+    /// Moves so that the next `poll` returns the first tick at or after `time_ms` in file order
+    /// (backwards too); past the end, the next poll ends the recording. Pacing restarts from
+    /// there. A recording read from a pipe moves forwards only: going back is an error and
+    /// leaves it where it was.
+    pub fn seek_to(&mut self, time_ms: TimeMs) -> Result<(), BackendError> {
+        // Reading on finds that tick when nothing left behind is that late; a seek point further
+        // on saves reading up to it.
+        let ahead = self.consumed_max.is_none_or(|m| m < time_ms);
+        let from = self.index.before(time_ms);
+        if !ahead || from.is_some_and(|c| c.ordinal > self.next_ordinal) {
+            self.restart_at(from)?;
+        }
+        loop {
+            match self.peek()? {
+                Some(t) if t.time >= time_ms => break,
+                Some(_) => {
+                    self.take_peeked();
+                }
+                None => break,
+            }
+        }
         let (_, start, end) = self.position();
         self.current_ms = Some(time_ms.clamp(start, end));
         self.anchor = None;
+        Ok(())
     }
 
     /// `(current, start, end)` in recorded time: the tick last delivered (the start before the
     /// first poll), the first tick and the last tick. A recording without ticks reports its
-    /// creation time for all three.
+    /// creation time for all three. From a stream, the end is the last tick read so far.
     pub fn position(&self) -> (TimeMs, TimeMs, TimeMs) {
-        let start = self
-            .ticks
-            .first()
-            .map_or(self.header.created_ms, |(t, _)| *t);
-        let end = self.ticks.last().map_or(start, |(t, _)| *t);
+        let start = self.start_ms.unwrap_or(self.header.created_ms);
+        let end = self.end_ms.unwrap_or(start);
         (self.current_ms.unwrap_or(start), start, end)
+    }
+
+    /// Moves past the tick read ahead.
+    fn take_peeked(&mut self) -> Option<Built> {
+        let tick = self.peeked.take()?;
+        self.consumed_max = Some(self.consumed_max.map_or(tick.time, |m| m.max(tick.time)));
+        self.next_ordinal = tick.ordinal + 1;
+        Some(tick)
     }
 
     /// When the tick recorded at `time_ms` is due, re-anchoring the clock where the recording
@@ -189,6 +497,13 @@ impl ReplayBackend {
     }
 }
 
+fn memory_pos(index: usize) -> LinePos {
+    LinePos {
+        offset: index as u64,
+        line: index as u64 + 2,
+    }
+}
+
 impl Backend for ReplayBackend {
     fn name(&self) -> &'static str {
         "replay"
@@ -203,7 +518,7 @@ impl Backend for ReplayBackend {
     }
 
     fn recorded_findings(&self) -> Vec<Finding> {
-        self.findings.clone()
+        self.findings.list()
     }
 
     fn topology(&self) -> Option<gpudiag_model::topology::Topology> {
@@ -211,7 +526,9 @@ impl Backend for ReplayBackend {
     }
 
     fn source_warnings(&self) -> Vec<String> {
-        self.stats.warnings()
+        let mut warnings = self.read_stats().warnings();
+        warnings.extend(self.findings.warning());
+        warnings
     }
 
     fn pacing(&self) -> Pacing {
@@ -219,7 +536,7 @@ impl Backend for ReplayBackend {
     }
 
     fn poll(&mut self) -> Result<Tick, BackendError> {
-        let Some(time_ms) = self.ticks.get(self.next).map(|(t, _)| *t) else {
+        let Some(time_ms) = self.peek()?.map(|t| t.time) else {
             return Err(BackendError::EndOfRecording);
         };
         if let Pace::Recorded { speed } = self.pace {
@@ -228,14 +545,14 @@ impl Backend for ReplayBackend {
                 return Ok(Tick::default());
             }
         }
-        let tick = self
-            .ticks
-            .get(self.next)
-            .map(|(_, tick)| tick.clone())
-            .unwrap_or_default();
-        self.next += 1;
+        let Some(tick) = self.take_peeked() else {
+            return Err(BackendError::EndOfRecording);
+        };
         self.current_ms = Some(time_ms);
-        Ok(tick)
+        Ok(Tick {
+            samples: tick.samples,
+            events: tick.events,
+        })
     }
 }
 
@@ -248,50 +565,6 @@ fn check_pace(pace: Pace) -> Result<(), BackendError> {
         }
         _ => Ok(()),
     }
-}
-
-/// Rebuilds ticks from records in file order; findings are set aside.
-fn group_ticks(records: Vec<Record>) -> (Vec<(TimeMs, Tick)>, Vec<Finding>) {
-    let mut ticks: Vec<(TimeMs, Tick)> = Vec::new();
-    let mut findings = Vec::new();
-    // Events wait here until the next sample shows which tick they belong to.
-    let mut pending: Vec<Event> = Vec::new();
-    for record in records {
-        match record {
-            Record::Sample(sample) => {
-                let time = sample.time_ms;
-                match ticks.last_mut() {
-                    Some((t, tick)) if *t == time => {
-                        tick.events.append(&mut pending);
-                        tick.samples.push(sample);
-                    }
-                    _ => {
-                        ticks.push((
-                            time,
-                            Tick {
-                                samples: vec![sample],
-                                events: std::mem::take(&mut pending),
-                            },
-                        ));
-                    }
-                }
-            }
-            Record::Event(event) => pending.push(event),
-            Record::Finding(finding) => findings.push(finding),
-        }
-    }
-    // Events after the last sample (an XID just before a crash) must not be lost: they form a
-    // tick of their own.
-    if let Some(time) = pending.iter().map(|e| e.time_ms).max() {
-        ticks.push((
-            time,
-            Tick {
-                samples: Vec::new(),
-                events: pending,
-            },
-        ));
-    }
-    (ticks, findings)
 }
 
 #[cfg(test)]
@@ -461,7 +734,7 @@ mod tests {
         let start = Instant::now();
         assert_eq!(r.poll().unwrap(), Tick::default());
         assert!(start.elapsed() < Duration::from_secs(2));
-        assert_eq!(r.remaining(), 1);
+        assert!(!r.at_end());
         flag.store(false, Ordering::Relaxed);
         r.set_pace(Pace::AsFastAsPossible).unwrap();
         assert_eq!(times(&r.poll().unwrap()), [(0, 9000)]);
@@ -471,14 +744,14 @@ mod tests {
     fn seek_moves_both_ways() {
         let mut r = replay(Pace::AsFastAsPossible);
         assert_eq!(r.position(), (1000, 1000, 1250));
-        r.seek_to(1150);
+        r.seek_to(1150).unwrap();
         assert_eq!(r.position(), (1150, 1000, 1250));
         assert_eq!(times(&r.poll().unwrap()), [(0, 1200), (1, 1200)]);
         assert_eq!(r.position(), (1200, 1000, 1250));
-        r.seek_to(0);
+        r.seek_to(0).unwrap();
         assert_eq!(r.position().0, 1000);
         assert_eq!(times(&r.poll().unwrap()), [(0, 1000), (1, 1000)]);
-        r.seek_to(5000);
+        r.seek_to(5000).unwrap();
         assert_eq!(r.position().0, 1250);
         assert!(matches!(r.poll(), Err(BackendError::EndOfRecording)));
     }

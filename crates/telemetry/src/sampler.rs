@@ -5,12 +5,20 @@
 //! takes effect at once rather than after the interval. Ticks due while a poll was running late
 //! are skipped, not fired back to back, so a stalled driver leaves gaps, not a burst. The
 //! session pipeline (in the core crate) checks every tick's plausibility as it ingests it.
+//!
+//! The channel to the listener holds a bounded number of ticks: a replay polls as fast as it can
+//! read, and an unbounded queue in front of a slower listener would end up holding the whole
+//! recording.
 
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::{Backend, BackendError, Pacing, Tick};
+
+/// Ticks waiting for the listener: several seconds of a live run, enough for a replay to stay
+/// ahead of the listener without racing away from it.
+const QUEUE: usize = 64;
 
 /// What the sampler sends.
 #[derive(Debug)]
@@ -36,7 +44,7 @@ impl Sampler {
         interval: Duration,
         limit: Option<Duration>,
     ) -> Self {
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = mpsc::sync_channel(QUEUE);
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let handle = std::thread::Builder::new()
             .name("gpudiag-sampler".into())
@@ -48,7 +56,7 @@ impl Sampler {
             Ok(h) => Some(h),
             Err(e) => {
                 // Without a thread there is nothing to sample; say so through the channel.
-                let (tx, rx2) = mpsc::channel();
+                let (tx, rx2) = mpsc::sync_channel(1);
                 let _ = tx.send(SamplerMsg::Ended(Some(BackendError::Unavailable(format!(
                     "could not start the sampler thread: {e}"
                 )))));
@@ -76,7 +84,24 @@ impl Sampler {
     /// Stops the thread and returns the backend.
     pub fn join(mut self) -> Option<Box<dyn Backend>> {
         self.stop();
+        self.release_queue();
         self.handle.take().and_then(|h| h.join().ok())
+    }
+
+    /// As [`join`](Self::join), waiting at most `bound` (a backend stuck in a vendor call is
+    /// left behind).
+    pub fn join_within(mut self, bound: Duration) -> Option<Box<dyn Backend>> {
+        self.stop();
+        self.release_queue();
+        let handle = self.handle.take()?;
+        gpudiag_model::deadline::join_within(handle, bound)
+    }
+
+    /// Drops the listener's end of the queue, so a thread blocked on a full queue wakes up
+    /// (its send fails) and sees the stop.
+    fn release_queue(&mut self) {
+        let (_, closed) = mpsc::sync_channel(0);
+        drop(std::mem::replace(&mut self.rx, closed));
     }
 }
 
@@ -86,6 +111,7 @@ impl Drop for Sampler {
     /// is left behind after the bound rather than hanging the caller.
     fn drop(&mut self) {
         self.stop();
+        self.release_queue();
         if let Some(handle) = self.handle.take() {
             let _ = gpudiag_model::deadline::join_within(handle, Duration::from_secs(2));
         }
@@ -96,7 +122,7 @@ fn run(
     backend: &mut dyn Backend,
     interval: Duration,
     limit: Option<Duration>,
-    tx: &Sender<SamplerMsg>,
+    tx: &SyncSender<SamplerMsg>,
     stop_rx: &Receiver<()>,
 ) {
     let start = Instant::now();
@@ -157,5 +183,74 @@ fn run(
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+    use crate::{DeviceInfo, HostInfo, Sample};
+
+    /// A self-paced backend with no end, counting its polls.
+    struct Counting {
+        polls: Arc<AtomicU64>,
+        host: HostInfo,
+    }
+
+    impl Backend for Counting {
+        fn name(&self) -> &'static str {
+            "counting"
+        }
+        fn host(&self) -> &HostInfo {
+            &self.host
+        }
+        fn devices(&self) -> &[DeviceInfo] {
+            &[]
+        }
+        fn pacing(&self) -> Pacing {
+            Pacing::SelfPaced
+        }
+        fn poll(&mut self) -> Result<Tick, BackendError> {
+            let n = self.polls.fetch_add(1, Ordering::Relaxed);
+            Ok(Tick {
+                samples: vec![Sample::new(0, n)],
+                events: Vec::new(),
+            })
+        }
+    }
+
+    #[test]
+    fn a_self_paced_backend_runs_only_a_bounded_queue_ahead_of_its_listener() {
+        let polls = Arc::new(AtomicU64::new(0));
+        let backend = Counting {
+            polls: polls.clone(),
+            host: HostInfo::default(),
+        };
+        let sampler = Sampler::spawn(Box::new(backend), Duration::from_millis(100), None);
+        // Wait until the sampler stops polling: it is blocked on the full queue.
+        let mut seen = 0;
+        loop {
+            std::thread::sleep(Duration::from_millis(20));
+            let now = polls.load(Ordering::Relaxed);
+            if now == seen && now > 0 {
+                break;
+            }
+            seen = now;
+            assert!(
+                now <= QUEUE as u64 + 2,
+                "{now} polls for a queue of {QUEUE}"
+            );
+        }
+        // What it polled is what the listener gets, in order.
+        for n in 0..seen {
+            match sampler.rx.recv_timeout(Duration::from_secs(5)) {
+                Ok(SamplerMsg::Tick(t)) => assert_eq!(t.samples[0].time_ms, n),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(sampler.join_within(Duration::from_secs(5)).is_some());
     }
 }

@@ -102,10 +102,13 @@ pub fn capture(args: &ReportArgs, stop: &AtomicBool) -> Result<Captured, Error> 
         limit: Limit::Live(args.duration),
         stop: Some(stop),
     };
-    let failure = session::run(source, &mut pipeline, &opts, &mut sink)?;
+    let end = session::run_to_end(source, &mut pipeline, &opts, &mut sink)?;
+    // A recording read as it streams (from a pipe) knows the findings it carries at its end.
+    let recorded = end.notes.map_or(recorded, |n| n.recorded);
     let mut records = sink.0;
     let sampled = records.iter().any(|r| matches!(r, Record::Sample(_)));
-    match failure {
+    match end.failure {
+        Some(gpudiag_telemetry::BackendError::Recording(e)) => return Err(e.into()),
         Some(e) if !sampled => return Err(e.into()),
         Some(e) => eprintln!(
             "gpudiag: sampling stopped early: {}",
@@ -260,6 +263,7 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &BundleOptions) -> Result<
                 poll_timeout: gpudiag_telemetry::poll_deadline::DEFAULT_POLL_TIMEOUT,
                 backend: crate::cli::BackendChoice::Replay,
                 sysfs_root: None,
+                max_inflated_size: gpudiag_telemetry::bundle::DEFAULT_MAX_INFLATED,
             },
             json: true,
             window: None,

@@ -12,7 +12,8 @@
 mod reader;
 mod writer;
 
-pub use reader::{ReadStats, RecordingReader, read_all, read_all_from};
+pub use reader::{BadLine, LinePos, ReadStats, RecordingReader, read_all, read_all_from};
+pub(crate) use reader::{Outline, read_prefix};
 pub use writer::RecordingWriter;
 
 use std::io;
@@ -33,8 +34,12 @@ pub const MAX_LINE_BYTES: usize = 8 * 1024 * 1024;
 /// Name used in messages when reading from or writing to something that is not a named file.
 const STREAM_NAME: &str = "recording";
 
-/// Everything that can go wrong reading or writing a recording. Each message is one line that
-/// names the file and, when reading, the line.
+/// How many characters of a user's text (a line, a kind, a member name) a message quotes.
+pub const EXCERPT_CHARS: usize = 80;
+
+/// Everything that ends reading or writing a recording. Each message is one line that names the
+/// file. A bad line in the middle of a recording is not among them: the reader skips it and
+/// counts it in [`ReadStats`].
 #[derive(Debug, thiserror::Error)]
 pub enum RecordingError {
     /// Opening, creating, writing or syncing the file failed.
@@ -44,7 +49,7 @@ pub enum RecordingError {
         path: String,
         source: io::Error,
     },
-    /// Reading failed part way (a disk error, a corrupt gzip stream).
+    /// Reading the header failed (a disk error, a corrupt gzip stream at its start).
     #[error("{path} line {line}: read error: {source}")]
     Read {
         path: String,
@@ -60,26 +65,7 @@ pub enum RecordingError {
          {supported}: upgrade gpudiag to read it"
     )]
     UnsupportedVersion { found: u64, supported: u32 },
-    #[error("{path} line {line}: not valid UTF-8 (byte {byte} of the line)")]
-    InvalidUtf8 {
-        path: String,
-        line: u64,
-        byte: usize,
-    },
-    #[error("{path} line {line}: longer than the limit of {limit} bytes")]
-    LineTooLong {
-        path: String,
-        line: u64,
-        limit: usize,
-    },
-    /// A line that is not JSON (and is not a cut-off last line).
-    #[error("{path} line {line}: malformed JSON: {source}")]
-    Malformed {
-        path: String,
-        line: u64,
-        source: serde_json::Error,
-    },
-    /// Valid JSON that does not match the record its `kind` names.
+    /// A header line that says it is one but does not hold what a header must.
     #[error("{path} line {line}: invalid {kind} record: {message}")]
     InvalidRecord {
         path: String,
@@ -87,8 +73,69 @@ pub enum RecordingError {
         kind: String,
         message: String,
     },
+    /// A bug-report bundle gpudiag will not read: no recording in it, or one it cannot pick
+    /// safely.
+    #[error("{path}: {reason}")]
+    BadBundle { path: String, reason: String },
+    /// A compressed input inflates past the limit it is read under.
+    #[error(
+        "{path}: the recording inflates to more than {limit} bytes ({human}), the limit for \
+         bundles; pass --max-inflated-size with a larger size to read it anyway",
+        human = human_bytes(*limit)
+    )]
+    TooLarge { path: String, limit: u64 },
     #[error("cannot serialise a record: {0}")]
     Serialize(#[source] serde_json::Error),
+}
+
+/// What a reader wrapped around a decompressor returns once the limit on inflated bytes is
+/// passed, so the recording reader can tell it from a damaged stream (which it tolerates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("inflates to more than {limit} bytes")]
+pub struct InflateLimit {
+    pub limit: u64,
+}
+
+/// `bytes` in the largest binary unit that keeps it at or above 1 ("4 GiB", "512 MiB").
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 || value.fract() == 0.0 {
+        format!("{value:.0} {}", UNITS[unit])
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// At most `max_chars` characters of `text`, with control characters escaped and `…` where it
+/// was cut: a line or name from a hostile file can be megabytes long or move the cursor, and a
+/// message only needs enough of it to be recognised.
+pub fn excerpt(text: &str, max_chars: usize) -> String {
+    let cut: String = text.chars().take(max_chars).collect();
+    let mut out = gpudiag_model::printable::line(&cut).into_owned();
+    if text.chars().nth(max_chars).is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// A parser's message made safe to print: serde quotes the offending value whole (a 1 MB string
+/// comes back 1 MB long), so every run of text longer than [`EXCERPT_CHARS`] is cut, and the
+/// whole stays within a few lines.
+pub fn tidy_message(message: &str) -> String {
+    let mut out = String::new();
+    for (i, word) in message.split(' ').enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        out.push_str(&excerpt(word, EXCERPT_CHARS));
+    }
+    excerpt(&out, 4 * EXCERPT_CHARS)
 }
 
 /// Line 1 of a recording. `kind: "header"` is added when it is written.

@@ -1,8 +1,11 @@
 //! Reading a recording. A recording is a file a user hands us, so it is treated as hostile: lines
-//! are read with a hard length limit, and bad input is an error naming the line, never a panic.
-//! What a killed writer leaves (a cut-off last line, a gzip stream without its trailer) is
-//! tolerated and reported in [`ReadStats`], and kinds from newer writers are skipped and counted.
+//! are read with a hard length limit, and nothing in it can make the reader panic or hold more
+//! than one line. Only a file that is not a recording (no header, a newer format) is an error. A
+//! recording damaged further in (a crash, a disk error) is read for what it still holds: a bad
+//! line is skipped and counted, a stream that stops early (a cut gzip, a read error) ends the
+//! read there, kinds from newer writers are skipped and counted, and [`ReadStats`] says so.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
@@ -13,15 +16,26 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{
-    FORMAT_NAME, Header, MAX_LINE_BYTES, RECORDING_VERSION, Record, RecordingError, STREAM_NAME,
+    EXCERPT_CHARS, FORMAT_NAME, Header, InflateLimit, MAX_LINE_BYTES, RECORDING_VERSION, Record,
+    RecordingError, STREAM_NAME, excerpt, tidy_message,
 };
-use crate::HostInfo;
+use crate::{Event, HostInfo, Sample, TimeMs};
+use gpudiag_model::finding::Finding;
 
 /// How many distinct unknown kinds [`ReadStats`] remembers by name (the count is exact).
 const MAX_UNKNOWN_KIND_NAMES: usize = 16;
 /// Event sub-kinds this build knows (`EventKind`'s tags). An `event` line with another tag comes
-/// from a newer writer and is skipped like an unknown kind rather than failing the whole file.
+/// from a newer writer and is skipped like an unknown kind rather than counted as damage.
 const KNOWN_EVENT_KINDS: [&str; 3] = ["xid", "device_lost", "notice"];
+
+/// A line that was not read as a record, or where reading stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadLine {
+    /// Its number in the recording (1 is the header).
+    pub line: u64,
+    /// Why, in a few words, quoting at most a short excerpt of the line.
+    pub reason: String,
+}
 
 /// What a reader noticed besides the records themselves.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -40,17 +54,40 @@ pub struct ReadStats {
     pub gzip: bool,
     /// The gzip stream ended without its trailer: the writer never finished the file.
     pub gzip_unfinished: bool,
+    /// Lines skipped because they are not a record: not JSON, not UTF-8, longer than
+    /// [`MAX_LINE_BYTES`], a record that does not match its kind, a second header.
+    pub malformed_lines: u64,
+    /// The first of them.
+    pub first_malformed: Option<BadLine>,
+    /// Reading stopped before this line because the input could not be read further (a disk
+    /// error, a corrupt gzip stream); everything before it was read.
+    pub read_error: Option<BadLine>,
 }
 
 impl ReadStats {
-    /// Whether the recording ended abruptly (a crash or kill while recording).
+    /// Whether the recording ended abruptly (a crash or kill while recording, a damaged file).
     pub fn is_truncated(&self) -> bool {
-        self.truncated_last_line || self.gzip_unfinished
+        self.truncated_last_line || self.gzip_unfinished || self.read_error.is_some()
     }
 
     /// One-line notes worth showing a user; empty when the file was read cleanly.
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
+        if let Some(first) = &self.first_malformed {
+            let n = self.malformed_lines;
+            out.push(format!(
+                "skipped {n} malformed line{} (first at line {}: {})",
+                if n == 1 { "" } else { "s" },
+                first.line,
+                first.reason
+            ));
+        }
+        if let Some(stop) = &self.read_error {
+            out.push(format!(
+                "reading stopped at line {}: {}; everything before it was read",
+                stop.line, stop.reason
+            ));
+        }
         if self.truncated_last_line {
             out.push(
                 "the last line was cut off (the recorder stopped mid-write); it was ignored"
@@ -65,7 +102,11 @@ impl ReadStats {
             );
         }
         if self.skipped_unknown > 0 {
-            let kinds: Vec<&str> = self.unknown_kinds.iter().map(String::as_str).collect();
+            let kinds: Vec<String> = self
+                .unknown_kinds
+                .iter()
+                .map(|k| excerpt(k, EXCERPT_CHARS))
+                .collect();
             out.push(format!(
                 "skipped {} record(s) of kinds this gpudiag does not know ({}); a newer gpudiag \
                  can show them",
@@ -75,6 +116,49 @@ impl ReadStats {
         }
         out
     }
+
+    /// Adds what another pass over the same recording counted (each pass counts only lines no
+    /// earlier pass did, so the sums are exact).
+    pub(crate) fn absorb(&mut self, other: &ReadStats) {
+        self.lines += other.lines;
+        self.records += other.records;
+        self.skipped_unknown += other.skipped_unknown;
+        for kind in &other.unknown_kinds {
+            if self.unknown_kinds.len() >= MAX_UNKNOWN_KIND_NAMES {
+                break;
+            }
+            self.unknown_kinds.insert(kind.clone());
+        }
+        self.truncated_last_line |= other.truncated_last_line;
+        self.gzip |= other.gzip;
+        self.gzip_unfinished |= other.gzip_unfinished;
+        self.malformed_lines += other.malformed_lines;
+        self.first_malformed = earliest(self.first_malformed.take(), &other.first_malformed);
+        self.read_error = earliest(self.read_error.take(), &other.read_error);
+    }
+}
+
+fn earliest(a: Option<BadLine>, b: &Option<BadLine>) -> Option<BadLine> {
+    match (a, b) {
+        (Some(a), Some(b)) if b.line < a.line => Some(b.clone()),
+        (Some(a), _) => Some(a),
+        (None, b) => b.clone(),
+    }
+}
+
+/// Where a line starts: its byte offset in the decompressed recording and its number.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinePos {
+    pub offset: u64,
+    pub line: u64,
+}
+
+/// A record reduced to what locating ticks needs, read without parsing a whole sample.
+#[derive(Debug)]
+pub(crate) enum Outline {
+    Sample(TimeMs),
+    Event(TimeMs),
+    Finding(Box<Finding>),
 }
 
 /// The input after gzip detection; `BufRead` so lines can be read with a bound.
@@ -88,13 +172,99 @@ enum RawLine {
     Line { terminated: bool },
 }
 
+/// Why a line is not a record; becomes a [`BadLine`] reason.
+enum LineProblem {
+    TooLong,
+    InvalidUtf8 { byte: usize },
+    Malformed(serde_json::Error),
+    Invalid { kind: String, message: String },
+}
+
+impl LineProblem {
+    fn reason(&self) -> String {
+        match self {
+            LineProblem::TooLong => format!("longer than the limit of {MAX_LINE_BYTES} bytes"),
+            LineProblem::InvalidUtf8 { byte } => {
+                format!("not valid UTF-8 (byte {byte} of the line)")
+            }
+            LineProblem::Malformed(e) => format!(
+                "malformed JSON at column {}: {}",
+                e.column(),
+                tidy_message(&message_of(e))
+            ),
+            LineProblem::Invalid { kind, message } => format!(
+                "invalid {} record: {}",
+                excerpt(kind, EXCERPT_CHARS),
+                tidy_message(message)
+            ),
+        }
+    }
+}
+
+/// A serde_json message without its " at line 1 column N" tail: the reader parses one line at a
+/// time, so that position would contradict the line number the message is given with.
+fn message_of(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let tail = format!(" at line {} column {}", e.line(), e.column());
+    text.strip_suffix(&tail)
+        .map_or(text.clone(), str::to_string)
+}
+
+/// The first field a record line is read for.
+#[derive(Deserialize)]
+struct KindOnly<'a> {
+    #[serde(borrow, default)]
+    kind: Option<Cow<'a, str>>,
+}
+
+/// An event line's sub-kind, read only when the event itself did not parse.
+#[derive(Deserialize)]
+struct EventTagOnly<'a> {
+    #[serde(borrow, default)]
+    event: Option<Cow<'a, str>>,
+}
+
+/// The kind of a line laid out as the writer does (`{"kind":"sample",...`), read without
+/// parsing the line; `None` for any other layout, which the parser then reads.
+fn kind_at_start(text: &str) -> Option<&str> {
+    let rest = text.strip_prefix(r#"{"kind":""#)?;
+    let end = rest.find('"')?;
+    let (kind, after) = rest.split_at(end);
+    // An escape would make the bytes differ from the value.
+    let plain =
+        !kind.contains('\\') && (after[1..].starts_with(',') || after[1..].starts_with('}'));
+    plain.then_some(kind)
+}
+
+/// A sample line as the writer lays it out starts with these bytes and its time; locating ticks
+/// reads only that far.
+const SAMPLE_PREFIX: &[u8] = br#"{"kind":"sample","time_ms":"#;
+
+fn sample_time_at_start(line: &[u8]) -> Option<TimeMs> {
+    let rest = line.strip_prefix(SAMPLE_PREFIX)?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    if !matches!(rest.get(digits), Some(b',' | b'}')) {
+        return None;
+    }
+    std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
+}
+
 /// Reads a recording: the header at open, then one record per call.
 pub struct RecordingReader {
     input: Input,
     header: Header,
     stats: ReadStats,
     path: String,
+    /// The number of the line last read.
     line: u64,
+    /// Bytes of the decompressed input consumed so far.
+    offset: u64,
+    /// Where the line last read starts, and its length without the newline.
+    line_start: u64,
+    line_len: usize,
+    /// Lines up to this one were counted by an earlier pass over the same recording (a replay
+    /// that seeks back reads them again); only later ones are counted here.
+    counted_through: u64,
     buf: Vec<u8>,
     done: bool,
 }
@@ -142,25 +312,61 @@ impl RecordingReader {
         let gzip = magic == [0x1f, 0x8b];
         // Put the peeked bytes back in front of the rest.
         let reader = io::Cursor::new(magic).chain(reader);
-        let input: Input = if gzip {
-            Box::new(BufReader::new(GzDecoder::new(reader)))
+        if gzip {
+            Self::from_decoded(BufReader::new(GzDecoder::new(reader)), name, true, 0)
         } else {
-            Box::new(BufReader::new(reader))
-        };
-        let mut r = RecordingReader {
+            Self::from_decoded(BufReader::new(reader), name, false, 0)
+        }
+    }
+
+    /// Reads the header from an input already decompressed (`gzip`: it was, which tells a cut
+    /// gzip stream from a damaged one). Lines up to `counted_through` are not counted in the
+    /// stats (`u64::MAX`: nothing is).
+    pub(crate) fn from_decoded(
+        input: impl BufRead + Send + 'static,
+        name: &str,
+        gzip: bool,
+        counted_through: u64,
+    ) -> Result<Self, RecordingError> {
+        let mut r = Self::resume(
             input,
-            header: Header::new("", HostInfo::default(), Vec::new(), None),
+            name,
+            Header::new("", HostInfo::default(), Vec::new(), None),
+            gzip,
+            LinePos::default(),
+            counted_through,
+        );
+        r.header = r.read_header()?;
+        Ok(r)
+    }
+
+    /// Goes on reading a recording whose header was read before, from an input positioned at
+    /// the start of line `at.line`, `at.offset` bytes into the decompressed recording. Lines up
+    /// to `counted_through` are not counted again in the stats.
+    pub(crate) fn resume(
+        input: impl BufRead + Send + 'static,
+        name: &str,
+        header: Header,
+        gzip: bool,
+        at: LinePos,
+        counted_through: u64,
+    ) -> Self {
+        RecordingReader {
+            input: Box::new(input),
+            header,
             stats: ReadStats {
                 gzip,
                 ..ReadStats::default()
             },
             path: name.to_string(),
-            line: 0,
+            line: at.line.saturating_sub(1),
+            offset: at.offset,
+            line_start: at.offset,
+            line_len: 0,
+            counted_through,
             buf: Vec::new(),
             done: false,
-        };
-        r.header = r.read_header()?;
-        Ok(r)
+        }
     }
 
     pub fn header(&self) -> &Header {
@@ -171,9 +377,27 @@ impl RecordingReader {
         &self.stats
     }
 
+    /// The name errors and warnings use for the input.
+    pub fn name(&self) -> &str {
+        &self.path
+    }
+
     /// The number of the line last read (1 is the header).
     pub fn line_number(&self) -> u64 {
         self.line
+    }
+
+    /// Where the line last read starts.
+    pub fn last_line_pos(&self) -> LinePos {
+        LinePos {
+            offset: self.line_start,
+            line: self.line,
+        }
+    }
+
+    /// The length of the line last read, newline excluded.
+    pub(crate) fn last_line_len(&self) -> usize {
+        self.line_len
     }
 
     /// Consumes the reader, returning the header and what was noticed while reading.
@@ -181,20 +405,93 @@ impl RecordingReader {
         (self.header, self.stats)
     }
 
-    /// The next record; `Ok(None)` at the end. After an error about one line (malformed JSON,
-    /// invalid UTF-8, too long) the caller may call again to go on with the next line.
+    /// The next record; `Ok(None)` at the end. Lines that are not records are skipped and
+    /// counted; input that cannot be read further ends the recording there. Errors are only
+    /// those that make the rest meaningless: a bundle that inflates past its limit.
     pub fn next_record(&mut self) -> Result<Option<Record>, RecordingError> {
         loop {
-            let terminated = match self.read_raw_line()? {
-                RawLine::Eof => return Ok(None),
-                RawLine::Line { terminated } => terminated,
+            let Some(terminated) = self.next_line()? else {
+                return Ok(None);
             };
             let parsed = self.parse_line(terminated);
             self.release_big_buffer();
-            if let Some(record) = parsed? {
-                self.stats.records += 1;
-                return Ok(Some(record));
+            match parsed {
+                Ok(Some(record)) => {
+                    if self.counting() {
+                        self.stats.records += 1;
+                    }
+                    return Ok(Some(record));
+                }
+                Ok(None) => {}
+                Err(problem) => self.note_malformed(&problem),
             }
+        }
+    }
+
+    /// As [`next_record`](Self::next_record), reading a sample line written the usual way only
+    /// as far as its time.
+    pub(crate) fn next_outline(&mut self) -> Result<Option<Outline>, RecordingError> {
+        loop {
+            let Some(terminated) = self.next_line()? else {
+                return Ok(None);
+            };
+            if terminated && let Some(time) = sample_time_at_start(&self.buf) {
+                return Ok(Some(Outline::Sample(time)));
+            }
+            let parsed = self.parse_line(terminated);
+            self.release_big_buffer();
+            match parsed {
+                Ok(Some(Record::Sample(s))) => return Ok(Some(Outline::Sample(s.time_ms))),
+                Ok(Some(Record::Event(e))) => return Ok(Some(Outline::Event(e.time_ms))),
+                Ok(Some(Record::Finding(f))) => return Ok(Some(Outline::Finding(Box::new(f)))),
+                Ok(None) => {}
+                Err(problem) => self.note_malformed(&problem),
+            }
+        }
+    }
+
+    /// Reads the next line into `self.buf`: `Some(terminated)`, or `None` at the end. Lines too
+    /// long are skipped here; input that fails part way ends the recording, unless it failed
+    /// because a limit on inflated size was passed.
+    fn next_line(&mut self) -> Result<Option<bool>, RecordingError> {
+        loop {
+            match self.read_raw_line() {
+                Ok(RawLine::Eof) => return Ok(None),
+                Ok(RawLine::Line { terminated }) => return Ok(Some(terminated)),
+                Err(Problem::Line(problem)) => self.note_malformed(&problem),
+                Err(Problem::Read(source)) => {
+                    if let Some(limit) = inflate_limit(&source) {
+                        return Err(RecordingError::TooLarge {
+                            path: self.path.clone(),
+                            limit,
+                        });
+                    }
+                    if self.line >= self.counted_through {
+                        self.stats.read_error.get_or_insert(BadLine {
+                            line: self.line + 1,
+                            reason: format!("read error: {}", tidy_message(&source.to_string())),
+                        });
+                    }
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    fn counting(&self) -> bool {
+        self.line > self.counted_through
+    }
+
+    fn note_malformed(&mut self, problem: &LineProblem) {
+        if !self.counting() {
+            return;
+        }
+        self.stats.malformed_lines += 1;
+        if self.stats.first_malformed.is_none() {
+            self.stats.first_malformed = Some(BadLine {
+                line: self.line,
+                reason: problem.reason(),
+            });
         }
     }
 
@@ -205,13 +502,28 @@ impl RecordingReader {
         };
         let raw = match self.read_raw_line() {
             Ok(raw) => raw,
-            Err(RecordingError::LineTooLong { .. }) => {
+            Err(Problem::Line(LineProblem::TooLong)) => {
                 return Err(not_a_recording(
                     &self.path,
                     "its first line is longer than any recording header",
                 ));
             }
-            Err(e) => return Err(e),
+            Err(Problem::Line(_)) => {
+                return Err(not_a_recording(&self.path, "its first line is unreadable"));
+            }
+            Err(Problem::Read(source)) => {
+                if let Some(limit) = inflate_limit(&source) {
+                    return Err(RecordingError::TooLarge {
+                        path: self.path.clone(),
+                        limit,
+                    });
+                }
+                return Err(RecordingError::Read {
+                    path: self.path.clone(),
+                    line: 1,
+                    source,
+                });
+            }
         };
         if matches!(raw, RawLine::Eof) {
             return Err(not_a_recording(&self.path, "it is empty (no header line)"));
@@ -236,8 +548,9 @@ impl RecordingReader {
             _ => {
                 let reason = match map.get("kind").and_then(Value::as_str) {
                     Some(kind) if kind != "header" => format!(
-                        "line 1 is a {kind:?} record; the header (\"format\": \"{FORMAT_NAME}\") \
-                         is missing"
+                        "line 1 is a \"{}\" record; the header (\"format\": \"{FORMAT_NAME}\") \
+                         is missing",
+                        excerpt(kind, EXCERPT_CHARS)
                     ),
                     _ => format!("line 1 has no \"format\": \"{FORMAT_NAME}\""),
                 };
@@ -264,19 +577,19 @@ impl RecordingReader {
                 path: self.path.clone(),
                 line: 1,
                 kind: "header".to_string(),
-                message: e.to_string(),
+                message: tidy_message(&e.to_string()),
             })?;
         self.release_big_buffer();
         Ok(header)
     }
 
     /// Reads one line into `self.buf` (newline stripped), never more than the line limit.
-    fn read_raw_line(&mut self) -> Result<RawLine, RecordingError> {
+    fn read_raw_line(&mut self) -> Result<RawLine, Problem> {
         self.buf.clear();
+        self.line_len = 0;
         if self.done {
             return Ok(RawLine::Eof);
         }
-        let line = self.line + 1;
         // One byte over the limit is enough to tell "too long" from "exactly at the limit".
         let cap = MAX_LINE_BYTES as u64 + 1;
         let result = (&mut self.input).take(cap).read_until(b'\n', &mut self.buf);
@@ -285,79 +598,73 @@ impl RecordingReader {
             // A gzip stream cut short (the writer was killed) ends in UnexpectedEof once the
             // decoder runs out of input; what came before it decoded fine, so treat it as the end.
             Err(e) if self.stats.gzip && e.kind() == io::ErrorKind::UnexpectedEof => {
-                self.stats.gzip_unfinished = true;
+                self.stats.gzip_unfinished |= self.line >= self.counted_through;
                 self.done = true;
                 self.buf.len()
             }
             Err(source) => {
                 self.done = true;
-                return Err(RecordingError::Read {
-                    path: self.path.clone(),
-                    line,
-                    source,
-                });
+                return Err(Problem::Read(source));
             }
         };
         if n == 0 {
             self.done = true;
             return Ok(RawLine::Eof);
         }
-        self.line = line;
-        self.stats.lines += 1;
+        self.line += 1;
+        self.line_start = self.offset;
+        self.offset += n as u64;
+        if self.counting() {
+            self.stats.lines += 1;
+        }
         if self.buf.last() == Some(&b'\n') {
             self.buf.pop();
             if self.buf.last() == Some(&b'\r') {
                 self.buf.pop();
             }
+            self.line_len = self.buf.len();
             return Ok(RawLine::Line { terminated: true });
         }
         if !self.done && self.buf.len() as u64 >= cap {
             self.buf.clear();
             self.skip_rest_of_line()?;
-            return Err(RecordingError::LineTooLong {
-                path: self.path.clone(),
-                line,
-                limit: MAX_LINE_BYTES,
-            });
+            self.line_len = (self.offset - self.line_start) as usize;
+            return Err(Problem::Line(LineProblem::TooLong));
         }
         // No newline and under the limit: the input ended.
         self.done = true;
+        self.line_len = self.buf.len();
         Ok(RawLine::Line { terminated: false })
     }
 
     /// Discards input up to and including the next newline, without buffering it.
-    fn skip_rest_of_line(&mut self) -> Result<(), RecordingError> {
+    fn skip_rest_of_line(&mut self) -> Result<(), Problem> {
         loop {
             let available = match self.input.fill_buf() {
                 Ok(b) => b,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if self.stats.gzip && e.kind() == io::ErrorKind::UnexpectedEof => {
-                    self.stats.gzip_unfinished = true;
+                    self.stats.gzip_unfinished |= self.counting();
                     self.done = true;
                     return Ok(());
                 }
                 Err(source) => {
                     self.done = true;
-                    return Err(RecordingError::Read {
-                        path: self.path.clone(),
-                        line: self.line,
-                        source,
-                    });
+                    return Err(Problem::Read(source));
                 }
             };
             if available.is_empty() {
                 self.done = true;
                 return Ok(());
             }
-            match available.iter().position(|&b| b == b'\n') {
-                Some(pos) => {
-                    self.input.consume(pos + 1);
-                    return Ok(());
-                }
-                None => {
-                    let n = available.len();
-                    self.input.consume(n);
-                }
+            let (used, end) = match available.iter().position(|&b| b == b'\n') {
+                Some(pos) => (pos + 1, true),
+                None => (available.len(), false),
+            };
+            self.input.consume(used);
+            self.offset += used as u64;
+            if end {
+                return Ok(());
             }
         }
     }
@@ -371,19 +678,27 @@ impl RecordingReader {
 
     /// Parses the line in `self.buf`. `Ok(None)` for blank lines, unknown kinds and a cut-off
     /// last line.
-    fn parse_line(&mut self, terminated: bool) -> Result<Option<Record>, RecordingError> {
-        let line = self.line;
-        let text = match std::str::from_utf8(&self.buf) {
+    fn parse_line(&mut self, terminated: bool) -> Result<Option<Record>, LineProblem> {
+        let buf = std::mem::take(&mut self.buf);
+        let parsed = self.parse_text(&buf, terminated);
+        self.buf = buf;
+        parsed
+    }
+
+    fn parse_text(
+        &mut self,
+        bytes: &[u8],
+        terminated: bool,
+    ) -> Result<Option<Record>, LineProblem> {
+        let text = match std::str::from_utf8(bytes) {
             Ok(t) => t,
             // A cut can fall inside a multi-byte character.
             Err(_) if !terminated => {
-                self.stats.truncated_last_line = true;
+                self.note_truncated();
                 return Ok(None);
             }
             Err(e) => {
-                return Err(RecordingError::InvalidUtf8 {
-                    path: self.path.clone(),
-                    line,
+                return Err(LineProblem::InvalidUtf8 {
                     byte: e.valid_up_to() + 1,
                 });
             }
@@ -391,84 +706,111 @@ impl RecordingReader {
         if text.trim().is_empty() {
             return Ok(None);
         }
-        let value = match serde_json::from_str::<Value>(text) {
-            Ok(v) => v,
-            Err(_) if !terminated => {
-                self.stats.truncated_last_line = true;
-                return Ok(None);
-            }
-            Err(source) => {
-                return Err(RecordingError::Malformed {
-                    path: self.path.clone(),
-                    line,
-                    source,
-                });
-            }
-        };
-        let invalid = |kind: &str, message: String| RecordingError::InvalidRecord {
-            path: self.path.clone(),
-            line,
+        let invalid = |kind: &str, message: String| LineProblem::Invalid {
             kind: kind.to_string(),
             message,
         };
-        let Value::Object(mut map) = value else {
-            return Err(invalid("?", "a record must be a JSON object".to_string()));
+        let kind = match kind_at_start(text) {
+            // The usual layout names the kind first: no need to parse the line twice.
+            Some(kind) => Ok(KindOnly {
+                kind: Some(Cow::Borrowed(kind)),
+            }),
+            None => serde_json::from_str::<KindOnly>(text),
         };
-        let kind = match map.remove("kind") {
-            Some(Value::String(k)) => k,
-            _ => {
+        let kind = match kind {
+            Ok(KindOnly { kind: Some(k) }) => k,
+            Ok(KindOnly { kind: None }) => {
                 return Err(invalid(
                     "?",
                     "the record has no \"kind\" string".to_string(),
                 ));
             }
-        };
-        let record = match kind.as_str() {
-            "sample" => serde_json::from_value(Value::Object(map)).map(Record::Sample),
-            "finding" => serde_json::from_value(Value::Object(map)).map(Record::Finding),
-            "event" => {
-                let sub = map.get("event").and_then(Value::as_str).map(str::to_string);
-                match serde_json::from_value(Value::Object(map)) {
-                    Ok(e) => Ok(Record::Event(e)),
-                    Err(_)
-                        if sub
-                            .as_deref()
-                            .is_some_and(|s| !KNOWN_EVENT_KINDS.contains(&s)) =>
-                    {
-                        self.note_unknown(format!("event:{}", sub.unwrap_or_default()));
-                        return Ok(None);
-                    }
-                    Err(e) => Err(e),
-                }
+            Err(e) if !terminated && !e.is_data() => {
+                self.note_truncated();
+                return Ok(None);
             }
+            Err(e) if e.is_data() => {
+                let message = if text.trim_start().starts_with('{') {
+                    "the record has no \"kind\" string"
+                } else {
+                    "a record must be a JSON object"
+                };
+                return Err(invalid("?", message.to_string()));
+            }
+            Err(e) => return Err(LineProblem::Malformed(e)),
+        };
+        let record = match kind.as_ref() {
+            "sample" => serde_json::from_str::<Sample>(text).map(|s| Some(Record::Sample(s))),
+            "finding" => serde_json::from_str::<Finding>(text).map(|f| Some(Record::Finding(f))),
+            "event" => match serde_json::from_str::<Event>(text) {
+                Ok(e) => Ok(Some(Record::Event(e))),
+                Err(e) => {
+                    let tag = serde_json::from_str::<EventTagOnly>(text)
+                        .ok()
+                        .and_then(|t| t.event);
+                    match tag {
+                        Some(tag) if !KNOWN_EVENT_KINDS.contains(&tag.as_ref()) => {
+                            self.note_unknown(&format!("event:{tag}"));
+                            return Ok(None);
+                        }
+                        _ => Err(e),
+                    }
+                }
+            },
             "header" => {
                 return Err(invalid(
                     "header",
                     "a second header (two recordings joined into one file?)".to_string(),
                 ));
             }
-            _ => {
-                self.note_unknown(kind);
-                return Ok(None);
-            }
+            // Still JSON, or it is damage rather than a newer writer's record.
+            other => serde_json::from_str::<serde::de::IgnoredAny>(text).map(|_| {
+                self.note_unknown(other);
+                None
+            }),
         };
-        record.map(Some).map_err(|e| invalid(&kind, e.to_string()))
+        match record {
+            Ok(record) => Ok(record),
+            Err(e) if (e.is_syntax() || e.is_eof()) && !terminated => {
+                self.note_truncated();
+                Ok(None)
+            }
+            Err(e) if e.is_syntax() || e.is_eof() => Err(LineProblem::Malformed(e)),
+            Err(e) => Err(invalid(&kind, message_of(&e))),
+        }
     }
 
-    fn note_unknown(&mut self, mut kind: String) {
+    fn note_truncated(&mut self) {
+        if self.counting() {
+            self.stats.truncated_last_line = true;
+        }
+    }
+
+    fn note_unknown(&mut self, kind: &str) {
+        if !self.counting() {
+            return;
+        }
         self.stats.skipped_unknown += 1;
         if self.stats.unknown_kinds.len() < MAX_UNKNOWN_KIND_NAMES {
             // A hostile kind name could be megabytes long; keep a short prefix.
-            if kind.len() > 64 {
-                let mut end = 64;
-                while !kind.is_char_boundary(end) {
-                    end -= 1;
-                }
-                kind.truncate(end);
-            }
-            self.stats.unknown_kinds.insert(kind);
+            self.stats
+                .unknown_kinds
+                .insert(excerpt(kind, EXCERPT_CHARS));
         }
     }
+}
+
+/// Why a raw line could not be had: the line is bad (skip it), or the input is.
+enum Problem {
+    Line(LineProblem),
+    Read(io::Error),
+}
+
+/// The limit an inflating reader passed, when that is what `e` reports.
+fn inflate_limit(e: &io::Error) -> Option<u64> {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<InflateLimit>())
+        .map(|l| l.limit)
 }
 
 impl Iterator for RecordingReader {
@@ -479,14 +821,14 @@ impl Iterator for RecordingReader {
     }
 }
 
-/// Reads a whole recording; stops at the first error.
+/// Reads a whole recording into memory (tests and small files; a replay streams instead).
 pub fn read_all(
     path: impl AsRef<Path>,
 ) -> Result<(Header, Vec<Record>, ReadStats), RecordingError> {
     collect(RecordingReader::open(path)?)
 }
 
-/// Reads a whole recording from a reader; stops at the first error.
+/// Reads a whole recording from a reader into memory.
 pub fn read_all_from(
     reader: impl Read + Send + 'static,
 ) -> Result<(Header, Vec<Record>, ReadStats), RecordingError> {
@@ -505,7 +847,7 @@ fn collect(
 }
 
 /// Reads up to `n` bytes (fewer only at end of input), however the reader splits its reads.
-fn read_prefix<R: Read>(reader: &mut R, n: usize) -> io::Result<Vec<u8>> {
+pub(crate) fn read_prefix<R: Read>(reader: &mut R, n: usize) -> io::Result<Vec<u8>> {
     let mut prefix = vec![0u8; n];
     let mut got = 0;
     while got < n {
@@ -545,6 +887,7 @@ mod tests {
         };
         assert_eq!(s.gpu_util_pct, Some(12.0));
         assert_eq!(stats.skipped_unknown, 3);
+        assert_eq!(stats.malformed_lines, 0);
         let kinds: Vec<&str> = stats.unknown_kinds.iter().map(String::as_str).collect();
         assert_eq!(kinds, ["event:clock_jump", "probe_result"]);
         assert_eq!(stats.warnings().len(), 1);
@@ -559,6 +902,7 @@ mod tests {
         assert_eq!(recs, records()[..2].to_vec());
         assert!(stats.truncated_last_line);
         assert!(stats.is_truncated());
+        assert_eq!(stats.malformed_lines, 0);
         assert_eq!(stats.warnings().len(), 1);
     }
 
@@ -593,23 +937,76 @@ mod tests {
     }
 
     #[test]
-    fn corrupt_gzip_is_an_error() {
+    fn corrupt_gzip_keeps_what_came_before_and_says_so() {
         let mut bytes = write_to_bytes(true, &records());
         // Flip a byte well past the gzip header and the JSON header line: the CRC (or the
-        // deflate decoder) must catch it.
+        // deflate decoder) must catch it, and what decoded before it is still a recording.
         let at = bytes.len() - 30;
         bytes[at] ^= 0x55;
-        let err = read_bytes(bytes).unwrap_err();
+        let (h, recs, stats) = read_bytes(bytes).unwrap();
+        assert_eq!(h, header());
+        assert!(recs.len() < 3, "{recs:?}");
         assert!(
-            matches!(
-                err,
-                RecordingError::Read { .. }
-                    | RecordingError::Malformed { .. }
-                    | RecordingError::InvalidUtf8 { .. }
-                    | RecordingError::InvalidRecord { .. }
-            ),
+            stats.read_error.is_some() || stats.malformed_lines > 0,
+            "{stats:?}"
+        );
+        assert!(!stats.warnings().is_empty());
+    }
+
+    /// Hands out `good` and then fails, as a disk with a bad sector does.
+    struct FailsAfter {
+        good: Cursor<Vec<u8>>,
+        error: Option<io::Error>,
+    }
+
+    impl Read for FailsAfter {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            match self.good.read(buf)? {
+                0 => Err(self
+                    .error
+                    .take()
+                    .unwrap_or_else(|| io::Error::other("gone"))),
+                n => Ok(n),
+            }
+        }
+    }
+
+    #[test]
+    fn read_error_mid_file_ends_the_recording_there_with_a_warning() {
+        let text = format!(
+            "{PLAIN_HEADER}\n{{\"kind\":\"sample\",\"time_ms\":1,\"device\":0}}\n\
+             {{\"kind\":\"sample\",\"time_ms\":2,\"device\":0}}\n"
+        );
+        let input = FailsAfter {
+            good: Cursor::new(text.into_bytes()),
+            error: Some(io::Error::from_raw_os_error(5)),
+        };
+        let (_, recs, stats) = read_all_from(input).unwrap();
+        assert_eq!(recs.len(), 2);
+        let stop = stats.read_error.clone().unwrap();
+        assert_eq!(stop.line, 4);
+        assert!(stop.reason.starts_with("read error: "), "{stop:?}");
+        assert!(stats.is_truncated());
+        let warnings = stats.warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].starts_with("reading stopped at line 4: read error: "));
+    }
+
+    #[test]
+    fn passing_an_inflate_limit_is_an_error_not_damage() {
+        let text = format!("{PLAIN_HEADER}\n{{\"kind\":\"sample\",\"time_ms\":1,\"device\":0}}\n");
+        let input = FailsAfter {
+            good: Cursor::new(text.into_bytes()),
+            error: Some(io::Error::other(InflateLimit { limit: 1024 })),
+        };
+        let mut r = RecordingReader::from_reader(input).unwrap();
+        assert!(r.next_record().unwrap().is_some());
+        let err = r.next_record().unwrap_err();
+        assert!(
+            matches!(err, RecordingError::TooLarge { limit: 1024, .. }),
             "{err:?}"
         );
+        assert!(err.to_string().contains("--max-inflated-size"), "{err}");
     }
 
     #[test]
@@ -651,80 +1048,130 @@ mod tests {
     }
 
     #[test]
-    fn malformed_line_in_the_middle_is_an_error_with_its_line_and_reading_can_go_on() {
+    fn a_huge_kind_on_line_1_is_quoted_short() {
+        let kind = "k".repeat(1 << 20);
+        let err = read_bytes(format!("{{\"kind\":\"{kind}\"}}\n").into_bytes()).unwrap_err();
+        let message = err.to_string();
+        assert!(message.len() < 400, "{} bytes", message.len());
+        assert!(message.contains(&"k".repeat(EXCERPT_CHARS)), "{message}");
+        assert!(message.contains('…'), "{message}");
+    }
+
+    #[test]
+    fn malformed_lines_are_skipped_and_counted_and_the_first_is_named() {
         let text = format!(
             "{PLAIN_HEADER}\n{{\"kind\":\"sample\",\"time_ms\":1,\"device\":0}}\n{{oops\n\
-             {{\"kind\":\"sample\",\"time_ms\":2,\"device\":0}}\n"
+             {{\"kind\":\"sample\",\"time_ms\":2,\"device\":0}}\n[1]\n\
+             {{\"kind\":\"sample\",\"time_ms\":3,\"device\":0}}\n"
         );
-        let mut r = RecordingReader::from_reader(Cursor::new(text.into_bytes())).unwrap();
-        assert!(r.next_record().unwrap().is_some());
-        let err = r.next_record().unwrap_err();
+        let (_, recs, stats) = read_bytes(text.into_bytes()).unwrap();
+        let times: Vec<u64> = recs.iter().map(Record::time_ms).collect();
+        assert_eq!(times, [1, 2, 3]);
+        assert_eq!(stats.malformed_lines, 2);
+        let first = stats.first_malformed.clone().unwrap();
+        assert_eq!(first.line, 3);
         assert!(
-            matches!(err, RecordingError::Malformed { line: 3, .. }),
-            "{err:?}"
+            first.reason.starts_with("malformed JSON at column 2: "),
+            "{first:?}"
         );
+        assert!(!first.reason.contains("line 1"), "{first:?}");
+        assert!(!stats.is_truncated());
+        let warnings = stats.warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(
-            err.to_string()
-                .starts_with("recording line 3: malformed JSON"),
-            "{err}"
-        );
-        let next = r.next_record().unwrap();
-        assert_eq!(next, Some(Record::Sample(Sample::new(0, 2))));
-        assert_eq!(r.next_record().unwrap(), None);
-    }
-
-    #[test]
-    fn record_that_does_not_match_its_kind() {
-        let text = format!("{PLAIN_HEADER}\n{{\"kind\":\"sample\",\"device\":0}}\n");
-        let err = read_bytes(text.into_bytes()).unwrap_err();
-        assert!(
-            matches!(&err, RecordingError::InvalidRecord { line: 2, kind, .. } if kind == "sample"),
-            "{err:?}"
-        );
-        let text = format!("{PLAIN_HEADER}\n{{\"time_ms\":1}}\n");
-        let err = read_bytes(text.into_bytes()).unwrap_err();
-        assert!(
-            matches!(err, RecordingError::InvalidRecord { line: 2, .. }),
-            "{err:?}"
+            warnings[0].starts_with("skipped 2 malformed lines (first at line 3: malformed JSON"),
+            "{warnings:?}"
         );
     }
 
     #[test]
-    fn invalid_utf8_names_the_line() {
+    fn records_that_do_not_match_their_kind_are_skipped() {
+        let text = format!(
+            "{PLAIN_HEADER}\n{{\"kind\":\"sample\",\"device\":0}}\n{{\"time_ms\":1}}\n\
+             {{\"kind\":7}}\n{{\"kind\":\"sample\",\"time_ms\":4,\"device\":0}}\n"
+        );
+        let (_, recs, stats) = read_bytes(text.into_bytes()).unwrap();
+        assert_eq!(recs, vec![Record::Sample(Sample::new(0, 4))]);
+        assert_eq!(stats.malformed_lines, 3);
+        let first = stats.first_malformed.clone().unwrap();
+        assert_eq!(first.line, 2);
+        assert!(
+            first
+                .reason
+                .starts_with("invalid sample record: missing field `time_ms`"),
+            "{first:?}"
+        );
+        assert_eq!(
+            stats.warnings()[0],
+            "skipped 3 malformed lines (first at line 2: invalid sample record: missing field \
+             `time_ms`)"
+        );
+    }
+
+    #[test]
+    fn a_huge_invalid_string_is_quoted_short_with_control_characters_escaped() {
+        let value = format!("\u{1b}[2J{}", "A".repeat(1 << 20));
+        let line = serde_json::json!({"kind": "sample", "time_ms": 1, "device": 0,
+            "gpu_util_pct": value});
+        let text = format!("{PLAIN_HEADER}\n{line}\n");
+        let (_, recs, stats) = read_bytes(text.into_bytes()).unwrap();
+        assert!(recs.is_empty());
+        let warning = &stats.warnings()[0];
+        assert!(warning.len() < 400, "{} bytes", warning.len());
+        assert!(warning.contains("expected f64"), "{warning}");
+        assert!(warning.contains('…'), "{warning}");
+        assert!(!warning.chars().any(char::is_control), "{warning:?}");
+
+        let kind = format!("x\u{7}{}", "y".repeat(1 << 20));
+        let line = serde_json::json!({ "kind": kind });
+        let text = format!("{PLAIN_HEADER}\n{line}\n");
+        let (_, _, stats) = read_bytes(text.into_bytes()).unwrap();
+        let warning = &stats.warnings()[0];
+        assert!(warning.len() < 400, "{} bytes", warning.len());
+        assert!(warning.contains("x\\x07yyy"), "{warning}");
+    }
+
+    #[test]
+    fn invalid_utf8_is_skipped_naming_the_byte() {
         let mut bytes =
             format!("{PLAIN_HEADER}\n{{\"kind\":\"sample\",\"time_ms\":1,\"device\":0}}\n")
                 .into_bytes();
         bytes.extend_from_slice(b"{\"kind\":\"x\xff\"}\n");
-        let err = read_bytes(bytes).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                RecordingError::InvalidUtf8 {
-                    line: 3,
-                    byte: 11,
-                    ..
-                }
-            ),
-            "{err:?}"
+        let (_, recs, stats) = read_bytes(bytes).unwrap();
+        assert_eq!(recs.len(), 1);
+        assert_eq!(
+            stats.first_malformed,
+            Some(BadLine {
+                line: 3,
+                reason: "not valid UTF-8 (byte 11 of the line)".into()
+            })
         );
     }
 
     #[test]
-    fn overlong_line_is_an_error_and_the_next_line_still_reads() {
+    fn overlong_line_is_skipped_and_the_next_line_still_reads() {
         let mut bytes = format!("{PLAIN_HEADER}\n").into_bytes();
         bytes.extend(std::iter::repeat_n(b'x', MAX_LINE_BYTES + 10));
         bytes.extend_from_slice(b"\n{\"kind\":\"sample\",\"time_ms\":3,\"device\":1}\n");
         let mut r = RecordingReader::from_reader(Cursor::new(bytes)).unwrap();
-        let err = r.next_record().unwrap_err();
-        assert!(
-            matches!(err, RecordingError::LineTooLong { line: 2, .. }),
-            "{err:?}"
-        );
         assert_eq!(
             r.next_record().unwrap(),
             Some(Record::Sample(Sample::new(1, 3)))
         );
         assert_eq!(r.line_number(), 3);
+        // The skipped line's bytes still count towards the offsets of those after it.
+        assert_eq!(
+            r.last_line_pos().offset,
+            (PLAIN_HEADER.len() + 1 + MAX_LINE_BYTES + 11) as u64
+        );
+        let stats = r.stats();
+        assert_eq!(stats.malformed_lines, 1);
+        assert_eq!(
+            stats.first_malformed.as_ref().map(|b| b.line),
+            Some(2),
+            "{stats:?}"
+        );
+        assert!(stats.warnings()[0].contains("longer than the limit"));
     }
 
     #[test]
@@ -735,18 +1182,21 @@ mod tests {
         bytes.extend_from_slice(record);
         bytes.extend(std::iter::repeat_n(b' ', MAX_LINE_BYTES - record.len()));
         bytes.push(b'\n');
-        let (_, recs, _) = read_bytes(bytes).unwrap();
+        let (_, recs, stats) = read_bytes(bytes).unwrap();
         assert_eq!(recs, vec![Record::Sample(Sample::new(1, 3))]);
+        assert_eq!(stats.malformed_lines, 0);
     }
 
     #[test]
-    fn second_header_is_an_error() {
-        let text = format!("{PLAIN_HEADER}\n{PLAIN_HEADER}\n");
-        let err = read_bytes(text.into_bytes()).unwrap_err();
-        assert!(
-            matches!(err, RecordingError::InvalidRecord { line: 2, .. }),
-            "{err:?}"
+    fn second_header_is_a_malformed_line() {
+        let text = format!(
+            "{PLAIN_HEADER}\n{PLAIN_HEADER}\n{{\"kind\":\"sample\",\"time_ms\":1,\"device\":0}}\n"
         );
+        let (_, recs, stats) = read_bytes(text.into_bytes()).unwrap();
+        assert_eq!(recs.len(), 1);
+        let first = stats.first_malformed.unwrap();
+        assert_eq!(first.line, 2);
+        assert!(first.reason.contains("a second header"), "{first:?}");
     }
 
     #[test]
@@ -755,6 +1205,64 @@ mod tests {
             format!("{PLAIN_HEADER}\r\n{{\"kind\":\"sample\",\"time_ms\":1,\"device\":0}}\r\n");
         let (_, recs, _) = read_bytes(text.into_bytes()).unwrap();
         assert_eq!(recs.len(), 1);
+    }
+
+    #[test]
+    fn outlines_read_sample_times_and_whole_findings() {
+        let bytes = write_to_bytes(false, &records());
+        let input = BufReader::new(Cursor::new(bytes));
+        let mut r = RecordingReader::from_decoded(input, "r", false, u64::MAX).unwrap();
+        let mut got = Vec::new();
+        while let Some(o) = r.next_outline().unwrap() {
+            got.push(match o {
+                Outline::Sample(t) => format!("sample {t}"),
+                Outline::Event(t) => format!("event {t}"),
+                Outline::Finding(f) => format!("finding {}", f.id),
+            });
+        }
+        assert_eq!(
+            got,
+            [
+                "sample 1767225600000",
+                "event 1767225600500",
+                "finding errors.ecc_uncorrectable"
+            ]
+        );
+        assert_eq!(r.stats().lines, 0);
+    }
+
+    #[test]
+    fn a_resumed_reader_counts_only_lines_past_those_already_counted() {
+        let text = format!(
+            "{PLAIN_HEADER}\n{{oops\n{{\"kind\":\"sample\",\"time_ms\":2,\"device\":0}}\n{{bad\n"
+        );
+        let mut first =
+            RecordingReader::from_reader(Cursor::new(text.clone().into_bytes())).unwrap();
+        assert!(first.next_record().unwrap().is_some());
+        let pos = first.last_line_pos();
+        assert_eq!(pos.line, 3);
+        assert_eq!(first.stats().malformed_lines, 1);
+
+        // Back to line 2, having counted through line 3: only line 4 is new.
+        let at = LinePos {
+            offset: PLAIN_HEADER.len() as u64 + 1,
+            line: 2,
+        };
+        let mut rest = text.into_bytes();
+        rest.drain(..at.offset as usize);
+        let input = BufReader::new(Cursor::new(rest));
+        let mut again = RecordingReader::resume(input, "r", header(), false, at, pos.line);
+        assert_eq!(
+            again.next_record().unwrap(),
+            Some(Record::Sample(Sample::new(0, 2)))
+        );
+        assert_eq!(again.last_line_pos(), pos);
+        assert_eq!(again.next_record().unwrap(), None);
+        let mut total = first.stats().clone();
+        total.absorb(again.stats());
+        assert_eq!(total.malformed_lines, 2);
+        assert_eq!(total.first_malformed.map(|b| b.line), Some(2));
+        assert_eq!(total.records, 1);
     }
 
     /// A reader that hands out one byte per call, to check gzip detection does not rely on
