@@ -942,6 +942,97 @@ fn slow_clients_do_not_stall_other_scrapes() {
     assert!(start.elapsed() < Duration::from_secs(10));
 }
 
+/// Profiling counters leave as dcgm-exporter's ratios (0-1) where gpudiag keeps percentages,
+/// and each GPU's verdict is one series whose labels name it.
+#[test]
+fn serve_exports_profiling_ratios_and_the_verdict() {
+    let served = serve(&["--replay", s(&fixture("profiled.ndjson"))]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let (code, body) = get(&served.addr, "/metrics");
+        assert_eq!(code, 200);
+        if ended(&body) || Instant::now() > deadline {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(ended(&body), "{body}");
+    let lines = |name: &str| -> Vec<&str> {
+        body.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .collect()
+    };
+    // The last sample: GPU 0 SM active 94.0%, GPU 1 11.4%.
+    let sm = lines("DCGM_FI_PROF_SM_ACTIVE");
+    assert_eq!(sm.len(), 2, "{body}");
+    assert!(
+        sm[0].contains("gpu=\"0\"") && sm[0].ends_with(" 0.94"),
+        "{}",
+        sm[0]
+    );
+    assert!(
+        sm[1].contains("gpu=\"1\"") && sm[1].ends_with(" 0.114"),
+        "{}",
+        sm[1]
+    );
+    for name in [
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+    ] {
+        let values = lines(name);
+        assert_eq!(values.len(), 2, "{name}: {body}");
+        for l in values {
+            let v: f64 = l.rsplit(' ').next().unwrap().parse().unwrap();
+            assert!((0.0..=1.0).contains(&v), "a ratio: {l}");
+        }
+    }
+    assert!(body.contains("# TYPE gpudiag_verdict gauge\n"), "{body}");
+    let verdicts = lines("gpudiag_verdict");
+    assert_eq!(verdicts.len(), 2, "one series per GPU: {body}");
+    assert!(
+        verdicts[0].contains("gpu=\"0\"")
+            && verdicts[0].ends_with(
+                ",verdict=\"compute_bound\",confidence=\"high\",basis=\"profiling_counters\"} 1"
+            ),
+        "{}",
+        verdicts[0]
+    );
+    assert!(
+        verdicts[1].contains("gpu=\"1\"") && verdicts[1].contains("verdict=\"underfilled\""),
+        "{}",
+        verdicts[1]
+    );
+    let judged = lines("gpudiag_verdict_judged");
+    assert_eq!(judged.len(), 2, "{body}");
+    assert!(judged.iter().all(|l| l.ends_with("} 1")), "{judged:?}");
+}
+
+/// Before a GPU has enough data for a verdict it has no `gpudiag_verdict` series, and
+/// `gpudiag_verdict_judged` says so with a 0.
+#[test]
+fn serve_says_when_a_gpu_is_not_judged() {
+    // all_kinds covers one second of GPU 0, less than a verdict needs.
+    let served = serve(&["--replay", s(&fixture("all_kinds.ndjson"))]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let (_, body) = get(&served.addr, "/metrics");
+        if ended(&body) || Instant::now() > deadline {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(ended(&body), "{body}");
+    assert!(!body.contains("gpudiag_verdict{"), "{body}");
+    let judged: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("gpudiag_verdict_judged{"))
+        .collect();
+    assert!(!judged.is_empty(), "{body}");
+    assert!(judged.iter().all(|l| l.ends_with("} 0")), "{judged:?}");
+}
+
 #[test]
 fn serve_reports_a_busy_port_and_bad_flags() {
     let served = serve(&["--demo"]);
@@ -985,6 +1076,7 @@ fn exported_metric_names() -> BTreeSet<String> {
         received: [(0, Instant::now())].into_iter().collect(),
         last_xid: [(0, 13)].into_iter().collect(),
         findings: Vec::new(),
+        verdicts: [(0, verdict(0))].into_iter().collect(),
         source_ended: false,
     };
     render(&snap, Instant::now())
@@ -993,6 +1085,23 @@ fn exported_metric_names() -> BTreeSet<String> {
         .map(|l| l.split(' ').next().unwrap().to_string())
         .chain(["gpudiag_finding".to_string()])
         .collect()
+}
+
+fn verdict(device: u32) -> gpudiag_model::verdict::Verdict {
+    use gpudiag_model::verdict::{Basis, Bottleneck, Confidence, Verdict};
+    Verdict {
+        device,
+        bottleneck: Bottleneck::Underfilled,
+        confidence: Confidence::High,
+        basis: Basis::ProfilingCounters,
+        start_ms: 0,
+        end_ms: 1,
+        title: "t".into(),
+        evidence: serde_json::Map::new(),
+        advice: "a".into(),
+        pid: None,
+        processes: Vec::new(),
+    }
 }
 
 fn exprs(v: &Value, out: &mut Vec<String>) {
