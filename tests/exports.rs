@@ -1148,9 +1148,55 @@ fn grafana_dashboard_uses_only_exported_metrics() {
         "DCGM_FI_DEV_GPU_TEMP",
         "gpudiag_throttle_reason",
         "gpudiag_finding",
+        "gpudiag_verdict",
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
     ] {
         assert!(used.contains(must), "the dashboard does not show {must}");
     }
+}
+
+/// The dashboard's verdict timeline turns each bottleneck into a number PromQL can chart and
+/// maps it back to its name: every bottleneck has its own number, and the query and the
+/// mapping agree on it.
+#[test]
+fn grafana_verdict_timeline_names_every_bottleneck() {
+    use gpudiag_model::verdict::Bottleneck;
+    let (expr, names) = verdict_timeline();
+    assert_eq!(names.len(), Bottleneck::ALL.len(), "{names:?}");
+    for b in Bottleneck::ALL {
+        let (n, _) = names
+            .iter()
+            .find(|(_, name)| name == b.name())
+            .unwrap_or_else(|| panic!("{b} has no value mapping: {names:?}"));
+        assert!(
+            expr.contains(&format!("verdict=\"{b}\"}}) * {n}")),
+            "{b} is not {n} in {expr}"
+        );
+    }
+}
+
+/// The state timeline's query and its value mappings (number, bottleneck name).
+fn verdict_timeline() -> (String, Vec<(String, String)>) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/grafana/gpudiag.json");
+    let dash: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let panel = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "state-timeline")
+        .expect("a verdict timeline");
+    let expr = panel["targets"][0]["expr"].as_str().unwrap().to_owned();
+    let options = panel["fieldConfig"]["defaults"]["mappings"][0]["options"]
+        .as_object()
+        .unwrap();
+    let names = options
+        .iter()
+        .map(|(n, m)| (n.clone(), m["text"].as_str().unwrap().to_owned()))
+        .collect();
+    (expr, names)
 }
 
 // ---------------------------------------------------------------------------------------------

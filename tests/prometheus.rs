@@ -280,7 +280,8 @@ fn a_real_prometheus_scrapes_serve() {
     assert!(query(&prom, "gpudiag_fan_speed_percent").is_empty());
 }
 
-/// Profiling counters arrive as dcgm-exporter's ratios, the verdict as one series per GPU.
+/// Profiling counters arrive as dcgm-exporter's ratios, the verdict as one series per GPU, and
+/// the dashboard's verdict timeline query gives each GPU its bottleneck's number.
 #[test]
 fn a_real_prometheus_scrapes_profiling_ratios_and_verdicts() {
     let Some(prometheus) = prometheus_binary() else {
@@ -331,4 +332,40 @@ fn a_real_prometheus_scrapes_profiling_ratios_and_verdicts() {
     assert_eq!(value_of(of("1")), 1.0);
     let judged = query(&prom, "gpudiag_verdict_judged == 1");
     assert_eq!(judged.len(), 2, "{judged:?}");
+
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/grafana/gpudiag.json");
+    let dash: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let timeline = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "state-timeline")
+        .unwrap();
+    let expr = timeline["targets"][0]["expr"]
+        .as_str()
+        .unwrap()
+        .replace("$Hostname", ".*")
+        .replace("$gpu", ".*");
+    let mapped = |n: f64| {
+        timeline["fieldConfig"]["defaults"]["mappings"][0]["options"][format!("{n}")]["text"]
+            .as_str()
+            .map(str::to_owned)
+    };
+    let mut shown: Vec<(String, Option<String>)> = query(&prom, &expr)
+        .iter()
+        .map(|r| {
+            (
+                r["metric"]["gpu"].as_str().unwrap().to_owned(),
+                mapped(value_of(r)),
+            )
+        })
+        .collect();
+    shown.sort();
+    assert_eq!(
+        shown,
+        [
+            ("0".to_owned(), Some("compute_bound".to_owned())),
+            ("1".to_owned(), Some("underfilled".to_owned())),
+        ]
+    );
 }
