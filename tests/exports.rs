@@ -206,6 +206,7 @@ fn trace_of_every_fixture_is_valid() {
         "ecc_error.ndjson",
         "healthy.ndjson",
         "newer_kinds.ndjson",
+        "profiled.ndjson",
         "sparse.ndjson",
         "two_gpus.ndjson",
     ] {
@@ -256,6 +257,80 @@ fn trace_carries_findings_xids_and_throttle_intervals() {
         .collect();
     assert!(!caps.is_empty());
     assert!(caps.iter().all(|&(_, d)| d > 0), "{caps:?}");
+}
+
+/// The profiling counters reach the trace through the metric table's groups, from the second
+/// sample on (GPM needs two), and each GPU's verdict is an instant on its own thread.
+#[test]
+fn trace_carries_profiling_counters_and_verdict_changes() {
+    let (v, _dir) = trace_of(&["--replay", s(&fixture("profiled.ndjson"))]);
+    let by = check_trace_json(&v);
+    let profiling = |pid: u64| -> Vec<&Value> {
+        by["C"]
+            .iter()
+            .filter(|e| e["name"] == "profiling %" && e["pid"] == pid)
+            .collect()
+    };
+    let gpu0 = profiling(1);
+    assert!(!gpu0.is_empty(), "{:?}", by["C"]);
+    assert_eq!(gpu0[0]["ts"], 1_000_000, "none before the second sample");
+    let last = &gpu0.last().unwrap()["args"];
+    assert_eq!(last["sm_active"], 94);
+    assert_eq!(last["sm_occupancy"], 38.5);
+    assert_eq!(last["tensor"], 73.4);
+    assert_eq!(last["dram"], 42.3);
+    assert_eq!(last["fp32"], 8.1);
+    assert_eq!(profiling(2).last().unwrap()["args"]["sm_active"], 11.4);
+    assert!(by["C"].iter().any(|e| e["name"] == "profiling PCIe MB/s"));
+
+    // One verdict per GPU: the window re-judged on every tick gives the same bottleneck, which
+    // is written once.
+    let verdicts: Vec<(u64, &str)> = by["i"]
+        .iter()
+        .filter(|e| e["cat"] == "verdict")
+        .map(|e| (e["pid"].as_u64().unwrap(), e["name"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        verdicts,
+        [(1, "verdict: compute_bound"), (2, "verdict: underfilled")]
+    );
+    let underfilled = by["i"]
+        .iter()
+        .find(|e| e["name"] == "verdict: underfilled")
+        .unwrap();
+    assert_eq!(underfilled["tid"], chrome_trace::TID_VERDICT);
+    assert_eq!(underfilled["args"]["basis"], "profiling_counters");
+    assert_eq!(underfilled["args"]["pid"], 48377);
+    assert!(
+        underfilled["args"]["advice"]
+            .as_str()
+            .unwrap()
+            .contains("more blocks than SMs")
+    );
+    assert!(by["M"].iter().any(|e| e["name"] == "thread_name"
+        && e["pid"] == 2
+        && e["tid"] == chrome_trace::TID_VERDICT
+        && e["args"]["name"] == "verdict"));
+}
+
+/// The demo's workload changes: each change of its verdict is one instant, and no two in a row
+/// repeat a bottleneck.
+#[test]
+fn trace_of_the_demo_marks_each_verdict_change() {
+    let (v, _dir) = trace_of(&["--demo"]);
+    let by = check_trace_json(&v);
+    let names: Vec<&str> = by["i"]
+        .iter()
+        .filter(|e| e["cat"] == "verdict")
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"verdict: compute_bound"), "{names:?}");
+    assert_eq!(
+        names.last(),
+        Some(&"verdict: idle_holding_memory"),
+        "{names:?}"
+    );
+    assert!(names.windows(2).all(|w| w[0] != w[1]), "{names:?}");
 }
 
 #[test]
@@ -1220,7 +1295,12 @@ fn traces_validate_against_their_schema_and_drift_is_caught() {
     let v = trace_validator();
     let (demo, _d) = trace_of(&["--demo"]);
     assert_eq!(schema_errors(&v, &demo), Vec::<String>::new());
-    for f in ["all_kinds.ndjson", "ecc_error.ndjson", "two_gpus.ndjson"] {
+    for f in [
+        "all_kinds.ndjson",
+        "ecc_error.ndjson",
+        "profiled.ndjson",
+        "two_gpus.ndjson",
+    ] {
         let (t, _d) = trace_of(&["--replay", s(&fixture(f))]);
         assert_eq!(schema_errors(&v, &t), Vec::<String>::new(), "{f}");
     }
