@@ -206,6 +206,7 @@ fn trace_of_every_fixture_is_valid() {
         "ecc_error.ndjson",
         "healthy.ndjson",
         "newer_kinds.ndjson",
+        "profiled.ndjson",
         "sparse.ndjson",
         "two_gpus.ndjson",
     ] {
@@ -256,6 +257,80 @@ fn trace_carries_findings_xids_and_throttle_intervals() {
         .collect();
     assert!(!caps.is_empty());
     assert!(caps.iter().all(|&(_, d)| d > 0), "{caps:?}");
+}
+
+/// The profiling counters reach the trace through the metric table's groups, from the second
+/// sample on (GPM needs two), and each GPU's verdict is an instant on its own thread.
+#[test]
+fn trace_carries_profiling_counters_and_verdict_changes() {
+    let (v, _dir) = trace_of(&["--replay", s(&fixture("profiled.ndjson"))]);
+    let by = check_trace_json(&v);
+    let profiling = |pid: u64| -> Vec<&Value> {
+        by["C"]
+            .iter()
+            .filter(|e| e["name"] == "profiling %" && e["pid"] == pid)
+            .collect()
+    };
+    let gpu0 = profiling(1);
+    assert!(!gpu0.is_empty(), "{:?}", by["C"]);
+    assert_eq!(gpu0[0]["ts"], 1_000_000, "none before the second sample");
+    let last = &gpu0.last().unwrap()["args"];
+    assert_eq!(last["sm_active"], 94);
+    assert_eq!(last["sm_occupancy"], 38.5);
+    assert_eq!(last["tensor"], 73.4);
+    assert_eq!(last["dram"], 42.3);
+    assert_eq!(last["fp32"], 8.1);
+    assert_eq!(profiling(2).last().unwrap()["args"]["sm_active"], 11.4);
+    assert!(by["C"].iter().any(|e| e["name"] == "profiling PCIe MB/s"));
+
+    // One verdict per GPU: the window re-judged on every tick gives the same bottleneck, which
+    // is written once.
+    let verdicts: Vec<(u64, &str)> = by["i"]
+        .iter()
+        .filter(|e| e["cat"] == "verdict")
+        .map(|e| (e["pid"].as_u64().unwrap(), e["name"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        verdicts,
+        [(1, "verdict: compute_bound"), (2, "verdict: underfilled")]
+    );
+    let underfilled = by["i"]
+        .iter()
+        .find(|e| e["name"] == "verdict: underfilled")
+        .unwrap();
+    assert_eq!(underfilled["tid"], chrome_trace::TID_VERDICT);
+    assert_eq!(underfilled["args"]["basis"], "profiling_counters");
+    assert_eq!(underfilled["args"]["pid"], 48377);
+    assert!(
+        underfilled["args"]["advice"]
+            .as_str()
+            .unwrap()
+            .contains("more blocks than SMs")
+    );
+    assert!(by["M"].iter().any(|e| e["name"] == "thread_name"
+        && e["pid"] == 2
+        && e["tid"] == chrome_trace::TID_VERDICT
+        && e["args"]["name"] == "verdict"));
+}
+
+/// The demo's workload changes: each change of its verdict is one instant, and no two in a row
+/// repeat a bottleneck.
+#[test]
+fn trace_of_the_demo_marks_each_verdict_change() {
+    let (v, _dir) = trace_of(&["--demo"]);
+    let by = check_trace_json(&v);
+    let names: Vec<&str> = by["i"]
+        .iter()
+        .filter(|e| e["cat"] == "verdict")
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"verdict: compute_bound"), "{names:?}");
+    assert_eq!(
+        names.last(),
+        Some(&"verdict: idle_holding_memory"),
+        "{names:?}"
+    );
+    assert!(names.windows(2).all(|w| w[0] != w[1]), "{names:?}");
 }
 
 #[test]
@@ -943,6 +1018,97 @@ fn slow_clients_do_not_stall_other_scrapes() {
     assert!(start.elapsed() < Duration::from_secs(10));
 }
 
+/// Profiling counters leave as dcgm-exporter's ratios (0-1) where gpudiag keeps percentages,
+/// and each GPU's verdict is one series whose labels name it.
+#[test]
+fn serve_exports_profiling_ratios_and_the_verdict() {
+    let served = serve(&["--replay", s(&fixture("profiled.ndjson"))]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let (code, body) = get(&served.addr, "/metrics");
+        assert_eq!(code, 200);
+        if ended(&body) || Instant::now() > deadline {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(ended(&body), "{body}");
+    let lines = |name: &str| -> Vec<&str> {
+        body.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .collect()
+    };
+    // The last sample: GPU 0 SM active 94.0%, GPU 1 11.4%.
+    let sm = lines("DCGM_FI_PROF_SM_ACTIVE");
+    assert_eq!(sm.len(), 2, "{body}");
+    assert!(
+        sm[0].contains("gpu=\"0\"") && sm[0].ends_with(" 0.94"),
+        "{}",
+        sm[0]
+    );
+    assert!(
+        sm[1].contains("gpu=\"1\"") && sm[1].ends_with(" 0.114"),
+        "{}",
+        sm[1]
+    );
+    for name in [
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+    ] {
+        let values = lines(name);
+        assert_eq!(values.len(), 2, "{name}: {body}");
+        for l in values {
+            let v: f64 = l.rsplit(' ').next().unwrap().parse().unwrap();
+            assert!((0.0..=1.0).contains(&v), "a ratio: {l}");
+        }
+    }
+    assert!(body.contains("# TYPE gpudiag_verdict gauge\n"), "{body}");
+    let verdicts = lines("gpudiag_verdict");
+    assert_eq!(verdicts.len(), 2, "one series per GPU: {body}");
+    assert!(
+        verdicts[0].contains("gpu=\"0\"")
+            && verdicts[0].ends_with(
+                ",verdict=\"compute_bound\",confidence=\"high\",basis=\"profiling_counters\"} 1"
+            ),
+        "{}",
+        verdicts[0]
+    );
+    assert!(
+        verdicts[1].contains("gpu=\"1\"") && verdicts[1].contains("verdict=\"underfilled\""),
+        "{}",
+        verdicts[1]
+    );
+    let judged = lines("gpudiag_verdict_judged");
+    assert_eq!(judged.len(), 2, "{body}");
+    assert!(judged.iter().all(|l| l.ends_with("} 1")), "{judged:?}");
+}
+
+/// Before a GPU has enough data for a verdict it has no `gpudiag_verdict` series, and
+/// `gpudiag_verdict_judged` says so with a 0.
+#[test]
+fn serve_says_when_a_gpu_is_not_judged() {
+    // all_kinds covers one second of GPU 0, less than a verdict needs.
+    let served = serve(&["--replay", s(&fixture("all_kinds.ndjson"))]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let (_, body) = get(&served.addr, "/metrics");
+        if ended(&body) || Instant::now() > deadline {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(ended(&body), "{body}");
+    assert!(!body.contains("gpudiag_verdict{"), "{body}");
+    let judged: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("gpudiag_verdict_judged{"))
+        .collect();
+    assert!(!judged.is_empty(), "{body}");
+    assert!(judged.iter().all(|l| l.ends_with("} 0")), "{judged:?}");
+}
+
 #[test]
 fn serve_reports_a_busy_port_and_bad_flags() {
     let served = serve(&["--demo"]);
@@ -986,6 +1152,7 @@ fn exported_metric_names() -> BTreeSet<String> {
         received: [(0, Instant::now())].into_iter().collect(),
         last_xid: [(0, 13)].into_iter().collect(),
         findings: Vec::new(),
+        verdicts: [(0, verdict(0))].into_iter().collect(),
         source_ended: false,
     };
     render(&snap, Instant::now())
@@ -994,6 +1161,23 @@ fn exported_metric_names() -> BTreeSet<String> {
         .map(|l| l.split(' ').next().unwrap().to_string())
         .chain(["gpudiag_finding".to_string()])
         .collect()
+}
+
+fn verdict(device: u32) -> gpudiag_model::verdict::Verdict {
+    use gpudiag_model::verdict::{Basis, Bottleneck, Confidence, Verdict};
+    Verdict {
+        device,
+        bottleneck: Bottleneck::Underfilled,
+        confidence: Confidence::High,
+        basis: Basis::ProfilingCounters,
+        start_ms: 0,
+        end_ms: 1,
+        title: "t".into(),
+        evidence: serde_json::Map::new(),
+        advice: "a".into(),
+        pid: None,
+        processes: Vec::new(),
+    }
 }
 
 fn exprs(v: &Value, out: &mut Vec<String>) {
@@ -1040,9 +1224,55 @@ fn grafana_dashboard_uses_only_exported_metrics() {
         "DCGM_FI_DEV_GPU_TEMP",
         "gpudiag_throttle_reason",
         "gpudiag_finding",
+        "gpudiag_verdict",
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
     ] {
         assert!(used.contains(must), "the dashboard does not show {must}");
     }
+}
+
+/// The dashboard's verdict timeline turns each bottleneck into a number PromQL can chart and
+/// maps it back to its name: every bottleneck has its own number, and the query and the
+/// mapping agree on it.
+#[test]
+fn grafana_verdict_timeline_names_every_bottleneck() {
+    use gpudiag_model::verdict::Bottleneck;
+    let (expr, names) = verdict_timeline();
+    assert_eq!(names.len(), Bottleneck::ALL.len(), "{names:?}");
+    for b in Bottleneck::ALL {
+        let (n, _) = names
+            .iter()
+            .find(|(_, name)| name == b.name())
+            .unwrap_or_else(|| panic!("{b} has no value mapping: {names:?}"));
+        assert!(
+            expr.contains(&format!("verdict=\"{b}\"}}) * {n}")),
+            "{b} is not {n} in {expr}"
+        );
+    }
+}
+
+/// The state timeline's query and its value mappings (number, bottleneck name).
+fn verdict_timeline() -> (String, Vec<(String, String)>) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/grafana/gpudiag.json");
+    let dash: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let panel = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "state-timeline")
+        .expect("a verdict timeline");
+    let expr = panel["targets"][0]["expr"].as_str().unwrap().to_owned();
+    let options = panel["fieldConfig"]["defaults"]["mappings"][0]["options"]
+        .as_object()
+        .unwrap();
+    let names = options
+        .iter()
+        .map(|(n, m)| (n.clone(), m["text"].as_str().unwrap().to_owned()))
+        .collect();
+    (expr, names)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1066,7 +1296,12 @@ fn traces_validate_against_their_schema_and_drift_is_caught() {
     let v = trace_validator();
     let (demo, _d) = trace_of(&["--demo"]);
     assert_eq!(schema_errors(&v, &demo), Vec::<String>::new());
-    for f in ["all_kinds.ndjson", "ecc_error.ndjson", "two_gpus.ndjson"] {
+    for f in [
+        "all_kinds.ndjson",
+        "ecc_error.ndjson",
+        "profiled.ndjson",
+        "two_gpus.ndjson",
+    ] {
         let (t, _d) = trace_of(&["--replay", s(&fixture(f))]);
         assert_eq!(schema_errors(&v, &t), Vec::<String>::new(), "{f}");
     }

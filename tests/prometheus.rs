@@ -279,3 +279,93 @@ fn a_real_prometheus_scrapes_serve() {
     // The fixture has no fan: the series does not exist rather than reading 0.
     assert!(query(&prom, "gpudiag_fan_speed_percent").is_empty());
 }
+
+/// Profiling counters arrive as dcgm-exporter's ratios, the verdict as one series per GPU, and
+/// the dashboard's verdict timeline query gives each GPU its bottleneck's number.
+#[test]
+fn a_real_prometheus_scrapes_profiling_ratios_and_verdicts() {
+    let Some(prometheus) = prometheus_binary() else {
+        return skipped();
+    };
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recordings/profiled.ndjson");
+    let served = serve(&["--replay", fixture.to_str().expect("a UTF-8 path")]);
+    let dir = tempfile::tempdir().unwrap();
+    let (_prometheus, prom) = start_prometheus(
+        &prometheus,
+        dir.path(),
+        &format!(
+            "  - job_name: gpudiag\n    scrape_interval: 1s\n    scrape_timeout: 1s\n    \
+             static_configs:\n      - targets: ['{}']\n",
+            served.addr
+        ),
+    );
+    wait_for(
+        &prom,
+        "gpudiag_source_ended",
+        |v| v == 1.0,
+        Duration::from_secs(60),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+
+    // The last samples: SM active 94.0% and 11.4%.
+    let sm0 = query(&prom, "DCGM_FI_PROF_SM_ACTIVE{gpu=\"0\"}");
+    assert_eq!(value_of(&sm0[0]), 0.94, "{sm0:?}");
+    let sm1 = query(&prom, "DCGM_FI_PROF_SM_ACTIVE{gpu=\"1\"}");
+    assert_eq!(value_of(&sm1[0]), 0.114, "{sm1:?}");
+    assert_eq!(query(&prom, "DCGM_FI_PROF_DRAM_ACTIVE").len(), 2);
+
+    let verdicts = query(&prom, "gpudiag_verdict");
+    assert_eq!(verdicts.len(), 2, "one series per GPU: {verdicts:?}");
+    let of = |gpu: &str| {
+        verdicts
+            .iter()
+            .find(|v| v["metric"]["gpu"] == gpu)
+            .unwrap_or_else(|| panic!("GPU {gpu}: {verdicts:?}"))
+    };
+    assert_eq!(of("0")["metric"]["verdict"], "compute_bound");
+    let underfilled = &of("1")["metric"];
+    assert_eq!(underfilled["verdict"], "underfilled");
+    assert_eq!(underfilled["confidence"], "high");
+    assert_eq!(underfilled["basis"], "profiling_counters");
+    assert_eq!(underfilled["modelName"], "NVIDIA H200");
+    assert_eq!(value_of(of("1")), 1.0);
+    let judged = query(&prom, "gpudiag_verdict_judged == 1");
+    assert_eq!(judged.len(), 2, "{judged:?}");
+
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/grafana/gpudiag.json");
+    let dash: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let timeline = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "state-timeline")
+        .unwrap();
+    let expr = timeline["targets"][0]["expr"]
+        .as_str()
+        .unwrap()
+        .replace("$Hostname", ".*")
+        .replace("$gpu", ".*");
+    let mapped = |n: f64| {
+        timeline["fieldConfig"]["defaults"]["mappings"][0]["options"][format!("{n}")]["text"]
+            .as_str()
+            .map(str::to_owned)
+    };
+    let mut shown: Vec<(String, Option<String>)> = query(&prom, &expr)
+        .iter()
+        .map(|r| {
+            (
+                r["metric"]["gpu"].as_str().unwrap().to_owned(),
+                mapped(value_of(r)),
+            )
+        })
+        .collect();
+    shown.sort();
+    assert_eq!(
+        shown,
+        [
+            ("0".to_owned(), Some("compute_bound".to_owned())),
+            ("1".to_owned(), Some("underfilled".to_owned())),
+        ]
+    );
+}

@@ -178,6 +178,109 @@ fn sparse_values_show_na() {
     assert!(!screen.contains(" 0/"), "{screen}");
 }
 
+/// A GPU with profiling counters: the Detail panel shows the verdict's title and advice above
+/// the charts, and the profiling chart among them.
+#[test]
+fn profiled_detail_shows_the_verdict_above_the_charts() {
+    snapshot_panels("profiled", &[Panel::Detail]);
+    let mut app = loaded("profiled");
+    app.panel = Panel::Detail;
+    let screen = render(&app, 160, 48);
+    let rows: Vec<&str> = screen.lines().collect();
+    // Border, then the title, then the advice, then the first chart.
+    assert!(
+        rows[5].contains("compute-bound on tensor cores over 9 s (tensor 73%"),
+        "{screen}"
+    );
+    assert!(
+        rows[6].contains("what to do: The GPU does useful work"),
+        "{screen}"
+    );
+    let chart = rows.iter().position(|r| r.contains("┌util")).unwrap();
+    let verdict = rows.iter().position(|r| r.contains("what to do")).unwrap();
+    assert!(verdict < chart, "{screen}");
+    assert!(
+        screen.contains("SM active"),
+        "the profiling chart: {screen}"
+    );
+}
+
+/// The text and foreground colour of row `y` of an 80-column render, and the colour and
+/// modifiers of the cell at `x` on it.
+fn row_and_style(app: &App, y: u16, x: u16) -> (String, ratatui::style::Style) {
+    let mut terminal = Terminal::new(TestBackend::new(80, 24)).unwrap();
+    terminal.draw(|f| ui::draw(f, app)).unwrap();
+    let buf = terminal.backend().buffer();
+    let text: String = (0..80).map(|i| buf[(i, y)].symbol().to_owned()).collect();
+    (text, buf[(x, y)].style())
+}
+
+/// The header's third line is the selected GPU's verdict, cut to the width; a verdict that
+/// wastes the GPU is a warning, good use is green.
+#[test]
+fn header_verdict_follows_the_selected_gpu_and_marks_waste() {
+    use ratatui::style::{Color, Modifier};
+    let mut app = loaded("profiled");
+    app.theme = Theme { color: true };
+    let (line, style) = row_and_style(&app, 2, 16);
+    assert!(
+        line.starts_with("verdict GPU 0: compute_bound (high) — over 9 s (tensor 73%"),
+        "{line}"
+    );
+    assert!(line.ends_with('…'), "cut to 80 columns: {line}");
+    assert_eq!(style.fg, Some(Color::Green));
+    press(&mut app, &[KeyCode::Down]);
+    let (line, style) = row_and_style(&app, 2, 16);
+    assert!(
+        line.starts_with(
+            "verdict GPU 1: underfilled (high) — over 9 s (utilisation 98%, SM active 11%"
+        ),
+        "{line}"
+    );
+    assert_eq!(style.fg, Some(Color::Yellow));
+    assert!(style.add_modifier.contains(Modifier::BOLD));
+    // Past the name the line is plain.
+    let (_, rest) = row_and_style(&app, 2, 40);
+    assert_eq!(rest.fg, Some(Color::Reset));
+}
+
+/// Without a verdict the header says why, dimmed: nothing yet, then too little data (without
+/// the note about `check`'s --window flag, which the TUI has no use for).
+#[test]
+fn header_says_why_there_is_no_verdict_yet() {
+    let mut b = open("healthy");
+    let mut app = new_app(&b, "healthy.ndjson", false);
+    app.theme = Theme { color: true };
+    let (line, style) = row_and_style(&app, 2, 0);
+    assert_eq!(
+        line.trim_end(),
+        "verdict GPU 0: not judged yet — waiting for data"
+    );
+    assert_eq!(style.fg, Some(ratatui::style::Color::DarkGray));
+    for _ in 0..2 {
+        app.push_tick(b.poll().unwrap());
+    }
+    let (line, _) = row_and_style(&app, 2, 0);
+    assert_eq!(
+        line.trim_end(),
+        "verdict GPU 0: not judged yet — 1.0 s of data; a verdict needs at least 3 s"
+    );
+    app.panel = Panel::Detail;
+    let screen = render(&app, 80, 24);
+    assert!(
+        screen.contains("│verdict: not judged yet — 1.0 s of data; a verdict needs at least 3 s"),
+        "{screen}"
+    );
+    for _ in 0..3 {
+        app.push_tick(b.poll().unwrap());
+    }
+    let (line, _) = row_and_style(&app, 2, 0);
+    assert!(
+        line.starts_with("verdict GPU 0: compute_bound (low, utilisation only)"),
+        "{line}"
+    );
+}
+
 /// Names, commands and findings from a recording show their control characters as visible
 /// escapes, the same ones the text output writes, rather than losing them silently.
 #[test]

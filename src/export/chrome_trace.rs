@@ -6,7 +6,8 @@
 //! event carries every series of the family), and a group is written only when one of its
 //! rounded values changed: a counter track is a step function, so a repeated value adds bytes
 //! and no information. That keeps a one-hour, 8-GPU, 10 Hz recording well under 100 MB.
-//! Findings, XIDs and other events are instant events (`i`) on their own thread; each throttle
+//! Findings, XIDs and other events are instant events (`i`) on their own thread, and so is each
+//! change of a GPU's bottleneck verdict, on a `verdict` thread; each throttle
 //! reason (except `gpu_idle`, which only says the GPU has nothing to do) gets a thread whose
 //! complete events (`X`) are the intervals the reason was active; probe phases are complete
 //! events on the `probes` thread with their results in `args`. Timestamps are microseconds on
@@ -23,6 +24,7 @@ use serde_json::{Value, json};
 use gpudiag_core::rules::Finding;
 use gpudiag_model::decode::THROTTLE_REASONS;
 use gpudiag_model::sample::MetricDef;
+use gpudiag_model::verdict::{Bottleneck, Verdict};
 use gpudiag_telemetry::{DeviceInfo, Event, EventKind, HostInfo, Sample, Tick, TimeMs};
 
 /// The value of `otherData.format`.
@@ -35,6 +37,7 @@ pub const HOST_PID: u32 = 1_000_000;
 pub const TID_TELEMETRY: u32 = 1;
 pub const TID_EVENTS: u32 = 2;
 pub const TID_PROBES: u32 = 3;
+pub const TID_VERDICT: u32 = 4;
 /// Throttle reason with bit `b` (0..64) is on thread `TID_THROTTLE_BASE + b`.
 pub const TID_THROTTLE_BASE: u32 = 100;
 /// NVML's idle reason: not a slowdown, so it gets no track.
@@ -206,6 +209,8 @@ struct DeviceState {
     throttle_start: BTreeMap<u32, TimeMs>,
     /// Time of the last sample seen, where an open run ends if the recording stops.
     last_ms: Option<TimeMs>,
+    /// The bottleneck of the last verdict written, so only changes are.
+    verdict: Option<Bottleneck>,
 }
 
 /// Events with absolute times, before the start is known.
@@ -408,6 +413,39 @@ impl TraceBuilder {
             tid: TID_EVENTS,
             args,
         });
+    }
+
+    /// The verdicts the rules hold now, one per judged GPU: each whose bottleneck differs from
+    /// the last one written for its GPU becomes an instant at the end of its window, its args
+    /// the whole verdict. The engine re-judges a rolling window every tick, so writing each
+    /// would repeat the same verdict on every tick; a GPU that could not be judged for a while
+    /// keeps its last one.
+    pub fn push_verdicts<'a>(&mut self, verdicts: impl IntoIterator<Item = &'a Verdict>) {
+        for v in verdicts {
+            let state = self.state.entry(v.device).or_default();
+            if state.verdict == Some(v.bottleneck) {
+                continue;
+            }
+            state.verdict = Some(v.bottleneck);
+            let pid = pid_of(Some(v.device));
+            let args = match serde_json::to_value(v) {
+                Ok(Value::Object(map)) => {
+                    map.into_iter().map(|(k, v)| (Cow::Owned(k), v)).collect()
+                }
+                _ => Args::new(),
+            };
+            self.thread(pid, TID_VERDICT, "verdict".into());
+            self.events.push(Pending {
+                name: Cow::Owned(format!("verdict: {}", v.bottleneck)),
+                cat: Some("verdict".into()),
+                ph: Phase::Instant,
+                time_ms: v.end_ms,
+                dur_ms: None,
+                pid,
+                tid: TID_VERDICT,
+                args,
+            });
+        }
     }
 
     /// A probe phase as a complete event with its results in `args`.
@@ -680,7 +718,7 @@ pub(crate) fn trace_event_phases(schema: &mut Schema) {
     let phases = json!([
         {
             "description": "Metadata: names and orders processes (GPUs, host) and threads \
-                (telemetry, findings and events, probes, one per throttle reason).",
+                (telemetry, findings and events, probes, verdict, one per throttle reason).",
             "properties": {
                 "ph": { "const": ph(Phase::Metadata) },
                 "name": {
@@ -724,7 +762,8 @@ pub(crate) fn trace_event_phases(schema: &mut Schema) {
         },
         {
             "description": "Instant: a finding (args: the whole finding), an XID (args.xid), a \
-                lost GPU or a notice.",
+                lost GPU, a notice, or a change of a GPU's bottleneck verdict (cat verdict, args: \
+                the whole verdict).",
             "properties": { "ph": { "const": ph(Phase::Instant) }, "dur": false },
             "required": ["s"]
         },

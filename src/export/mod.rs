@@ -75,6 +75,7 @@ pub fn capture_trace(
         return Err(Error::Usage("the source holds no telemetry samples".into()));
     }
     pipeline.engine.finish(&pipeline.history);
+    builder.push_verdicts(pipeline.engine.verdicts().values());
     let findings = with_recorded(pipeline.engine.raised(), &recorded);
     for f in &findings {
         builder.push_finding(f);
@@ -87,12 +88,13 @@ pub fn capture_trace(
     })
 }
 
-/// Draws every tick into the trace as it arrives.
+/// Draws every tick into the trace as it arrives, with the verdicts the rules hold after it.
 struct TraceSink<'a>(&'a mut TraceBuilder);
 
 impl Sink for TraceSink<'_> {
-    fn on_tick(&mut self, tick: &Tick, _: &[Finding], _: &Pipeline) -> Result<(), Error> {
+    fn on_tick(&mut self, tick: &Tick, _: &[Finding], pipeline: &Pipeline) -> Result<(), Error> {
         self.0.push_tick(tick);
+        self.0.push_verdicts(pipeline.engine.verdicts().values());
         Ok(())
     }
 }

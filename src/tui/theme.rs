@@ -68,6 +68,15 @@ impl Theme {
         s.add_modifier(Modifier::BOLD)
     }
 
+    /// A bottleneck verdict: one that wastes the GPU as a warning, good use in green.
+    pub fn verdict(&self, waste: bool) -> Style {
+        if waste {
+            self.warn()
+        } else {
+            self.fg(Color::Green)
+        }
+    }
+
     pub fn warn(&self) -> Style {
         self.severity(Severity::Warn)
     }

@@ -9,7 +9,7 @@ use super::app::{App, Overlay, Panel, SourceKind};
 use super::panels;
 
 /// Rows above the tab bar (the header), so a mouse click can be matched to a tab.
-pub const HEADER_ROWS: u16 = 2;
+pub const HEADER_ROWS: u16 = 3;
 /// Below this the layout cannot hold a device row and a chart; the UI says so instead.
 pub const MIN_WIDTH: u16 = 60;
 pub const MIN_HEIGHT: u16 = 16;

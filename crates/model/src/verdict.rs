@@ -109,6 +109,16 @@ pub enum Basis {
     Utilisation,
 }
 
+impl Basis {
+    /// The JSON name, also a Prometheus label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Basis::ProfilingCounters => "profiling_counters",
+            Basis::Utilisation => "utilisation",
+        }
+    }
+}
+
 /// A process the verdict is about or names.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
@@ -164,4 +174,25 @@ pub struct NotJudged {
     pub rule: String,
     pub device: Option<u32>,
     pub reason: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names Prometheus labels use are the JSON ones, so a dashboard and a check report
+    /// agree.
+    #[test]
+    fn names_are_the_json_values() {
+        let json = |v: serde_json::Value| v.as_str().map(str::to_owned);
+        for b in Bottleneck::ALL {
+            assert_eq!(json(serde_json::json!(b)).as_deref(), Some(b.name()));
+        }
+        for b in [Basis::ProfilingCounters, Basis::Utilisation] {
+            assert_eq!(json(serde_json::json!(b)).as_deref(), Some(b.name()));
+        }
+        for c in [Confidence::Low, Confidence::Medium, Confidence::High] {
+            assert_eq!(json(serde_json::json!(c)), Some(c.to_string()));
+        }
+    }
 }

@@ -1,5 +1,5 @@
-//! Prometheus export (`gpudiag serve`): the latest telemetry and findings in the text
-//! exposition format on `/metrics`.
+//! Prometheus export (`gpudiag serve`): the latest telemetry, findings and bottleneck verdicts
+//! in the text exposition format on `/metrics`.
 //!
 //! Names follow dcgm-exporter's default counters where one exists (same name, unit and type), so
 //! dashboards built for it work; labels are dcgm-exporter's `gpu`, `UUID`, `pci_bus_id`,
@@ -36,6 +36,7 @@ use gpudiag_model::decode::THROTTLE_REASONS;
 use gpudiag_model::error::Error;
 use gpudiag_model::metrics::Prometheus;
 use gpudiag_model::sample::MetricDef;
+use gpudiag_model::verdict::Verdict;
 use gpudiag_telemetry::replay::Pace;
 use gpudiag_telemetry::{DeviceInfo, EventKind, HostInfo, METRICS, Sample, Tick};
 
@@ -53,6 +54,9 @@ pub struct Snapshot {
     /// The last XID seen per device (dcgm-exporter's `DCGM_FI_DEV_XID_ERRORS`).
     pub last_xid: BTreeMap<u32, u64>,
     pub findings: Vec<Finding>,
+    /// The latest bottleneck verdict per device over the rolling window; a device without one
+    /// could not be judged yet.
+    pub verdicts: BTreeMap<u32, Verdict>,
     /// The source ended (a replay played out, or live sampling failed); values are the last ones.
     pub source_ended: bool,
 }
@@ -207,6 +211,38 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         &ages,
     );
 
+    // One series per judged GPU, its state in the labels (a fixed set: ten bottlenecks, three
+    // confidences, two bases); when the verdict changes the old series goes stale at once.
+    // Whether a GPU has a verdict at all is its own 0/1 series, so "not judged yet" is not
+    // confused with a missing scrape.
+    let mut verdicts: Vec<(Labels, f64)> = Vec::new();
+    let mut judged: Vec<(Labels, f64)> = Vec::new();
+    for (d, _, l) in &devices {
+        let v = snap.verdicts.get(&d.index);
+        judged.push((l.clone(), f64::from(u8::from(v.is_some()))));
+        if let Some(v) = v {
+            let mut labels = l.clone();
+            labels.push(("verdict", v.bottleneck.name().to_owned()));
+            labels.push(("confidence", v.confidence.to_string()));
+            labels.push(("basis", v.basis.name().to_owned()));
+            verdicts.push((labels, 1.0));
+        }
+    }
+    x.family(
+        "gpudiag_verdict",
+        Kind::Gauge,
+        "1 for the bottleneck verdict on this GPU over the rules' utilisation window, labelled by \
+         the bottleneck (verdict), its confidence and what it was judged from (basis).",
+        &verdicts,
+    );
+    x.family(
+        "gpudiag_verdict_judged",
+        Kind::Gauge,
+        "1 when this GPU has a bottleneck verdict, 0 while it cannot be judged (too little data so \
+         far, or no utilisation reading).",
+        &judged,
+    );
+
     let mut active: Vec<(Labels, f64)> = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     for f in &snap.findings {
@@ -298,6 +334,7 @@ impl Sink for SnapshotSink {
             })
             .collect();
         let findings = with_recorded(pipeline.engine.active(), &self.recorded);
+        let verdicts = pipeline.engine.verdicts().clone();
         // Rules ran outside the lock: a scrape waits only for this copy.
         let mut s = self.shared.write().unwrap_or_else(|p| p.into_inner());
         for sample in &tick.samples {
@@ -306,6 +343,7 @@ impl Sink for SnapshotSink {
         }
         s.last_xid.extend(xids);
         s.findings = findings;
+        s.verdicts = verdicts;
         Ok(())
     }
 }
@@ -406,6 +444,7 @@ pub fn serve(args: &ServeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result
 mod tests {
     use super::*;
     use gpudiag_core::rules::Evidence;
+    use gpudiag_model::verdict::{Basis, Bottleneck, Confidence};
 
     fn snapshot() -> Snapshot {
         let host = HostInfo {
@@ -461,7 +500,27 @@ mod tests {
                 advice: "a".into(),
                 recorded: false,
             }],
+            verdicts: [(0, verdict(0, Bottleneck::LaunchBound))]
+                .into_iter()
+                .collect(),
             source_ended: false,
+        }
+    }
+
+    fn verdict(device: u32, bottleneck: Bottleneck) -> Verdict {
+        Verdict {
+            device,
+            bottleneck,
+            confidence: Confidence::Low,
+            basis: Basis::Utilisation,
+            start_ms: 0,
+            end_ms: 1000,
+            // Free text never becomes a label: it would make a new series each time it changed.
+            title: "GPU 0 launch-bound over 30 s (utilisation 37%)".into(),
+            evidence: serde_json::Map::new(),
+            advice: "a".into(),
+            pid: Some(7),
+            processes: Vec::new(),
         }
     }
 
@@ -556,6 +615,22 @@ mod tests {
                 .iter()
                 .any(|l| l.contains("severity=\"warn\"") && l.ends_with(" 0"))
         );
+        // The verdict: one series for the judged GPU, its state in bounded labels only; the
+        // other GPU is reported as not judged rather than left out.
+        assert_eq!(
+            lines_of(&text, "gpudiag_verdict"),
+            [
+                "gpudiag_verdict{gpu=\"0\",UUID=\"GPU-0\",pci_bus_id=\"00000000:19:00.0\",\
+                 modelName=\"NVIDIA H200\",Hostname=\"node \\\"7\\\"\\\\a\\nb\",\
+                 verdict=\"launch_bound\",confidence=\"low\",basis=\"utilisation\"} 1"
+            ]
+        );
+        let judged = lines_of(&text, "gpudiag_verdict_judged");
+        assert_eq!(judged.len(), 2);
+        assert!(judged[0].starts_with("gpudiag_verdict_judged{gpu=\"0\""));
+        assert!(judged[0].ends_with("} 1"), "{}", judged[0]);
+        assert!(judged[1].starts_with("gpudiag_verdict_judged{gpu=\"1\""));
+        assert!(judged[1].ends_with("} 0"), "{}", judged[1]);
         let age = lines_of(&text, "gpudiag_sample_age_seconds");
         assert_eq!(age.len(), 2);
         assert_eq!(

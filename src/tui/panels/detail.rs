@@ -1,5 +1,6 @@
-//! Device detail: time charts of utilisation, memory, power, temperature, clocks and PCIe
-//! traffic for the selected GPU, over the zoom window (1m, 5m, 15m, 1h), read from `History`.
+//! Device detail: the bottleneck verdict with its advice, then time charts of utilisation,
+//! memory, power, temperature, clocks and PCIe traffic for the selected GPU, over the zoom
+//! window (1m, 5m, 15m, 1h), read from `History`.
 //! The x axis ends at the device's newest sample, so a replay charts recorded time. Which
 //! fields each chart plots, its title and the top of its axis come from the metric table.
 
@@ -58,7 +59,28 @@ impl ChartSpec {
     }
 }
 
+/// The Detail tab: the verdict above the charts.
 pub fn render(f: &mut Frame, area: Rect, app: &App) {
+    draw(f, area, app, true);
+}
+
+/// The charts alone, under the device list: the header already carries the verdict there, and
+/// the rows are the charts'.
+pub fn render_charts(f: &mut Frame, area: Rect, app: &App) {
+    draw(f, area, app, false);
+}
+
+/// Lines the verdict may take: one for it and one for the advice at 80x24, more when the charts
+/// keep room to read.
+fn verdict_rows(inner_height: u16) -> usize {
+    match inner_height {
+        h if h >= 30 => 5,
+        h if h >= 12 => 2,
+        _ => 1,
+    }
+}
+
+fn draw(f: &mut Frame, area: Rect, app: &App, with_verdict: bool) {
     let t = app.theme;
     let Some(d) = app.device() else {
         f.render_widget(
@@ -73,8 +95,17 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         app.zoom.label()
     );
     let block = Block::bordered().title(Span::styled(title, t.title()));
-    let inner = block.inner(area);
+    let mut inner = block.inner(area);
     f.render_widget(block, area);
+    if with_verdict {
+        let lines =
+            super::verdict::detail_lines(app, d, inner.width as usize, verdict_rows(inner.height));
+        let [top, rest] =
+            Layout::vertical([Constraint::Length(lines.len() as u16), Constraint::Min(0)])
+                .areas(inner);
+        f.render_widget(Paragraph::new(lines), top);
+        inner = rest;
+    }
 
     let s = app.pipeline.latest.get(&d.index);
     // The profiling chart only where the GPU has profiling counters: elsewhere it would be an

@@ -17,8 +17,9 @@ use gpudiag_telemetry::{Absent, DeviceInfo, Sample};
 
 /// Rows each device takes.
 const ROWS_PER_DEVICE: u16 = 2;
-/// Below the list, the detail charts of the selected device appear when this many rows remain.
-const DETAIL_MIN_ROWS: u16 = 14;
+/// Below the list, the detail charts of the selected device appear when this many rows remain:
+/// two GPUs at 80x24 leave 13.
+const DETAIL_MIN_ROWS: u16 = 13;
 
 /// The Devices screen: the list, and on a tall terminal the selected device's charts below it.
 pub fn render_screen(f: &mut Frame, area: Rect, app: &App) {
@@ -27,7 +28,7 @@ pub fn render_screen(f: &mut Frame, area: Rect, app: &App) {
         let [list, detail] =
             Layout::vertical([Constraint::Length(list_rows), Constraint::Min(0)]).areas(area);
         render(f, list, app);
-        super::detail::render(f, detail, app);
+        super::detail::render_charts(f, detail, app);
     } else {
         render(f, area, app);
     }

@@ -1,5 +1,5 @@
-//! The header: host, driver and CUDA version, the mode (LIVE, REPLAY with position, PAUSED) and
-//! the finding counts.
+//! The header: host, driver and CUDA version, the mode (LIVE, REPLAY with position, PAUSED),
+//! the finding counts, and the bottleneck verdict on the selected GPU (or why there is none).
 
 use ratatui::Frame;
 use ratatui::layout::Rect;
@@ -72,5 +72,9 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         };
         spans.push(Span::styled(format!("{n} {s}"), style));
     }
-    f.render_widget(Paragraph::new(vec![line1, Line::from(spans)]), area);
+    let line3 = match app.device() {
+        Some(d) => super::verdict::header_line(app, d, area.width as usize),
+        None => Line::from(Span::styled("verdict: no GPU", t.dim())),
+    };
+    f.render_widget(Paragraph::new(vec![line1, Line::from(spans), line3]), area);
 }

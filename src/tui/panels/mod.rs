@@ -9,6 +9,7 @@ pub mod overlay;
 pub mod probes;
 pub mod processes;
 pub mod topology;
+pub mod verdict;
 
 use ratatui::layout::Rect;
 
