@@ -142,8 +142,12 @@ pub fn read_matching(
         }
         out.lines = String::from_utf8_lossy(&bytes)
             .lines()
-            .map(parse_line)
-            .filter(|l| keep(&l.text))
+            .map(split_line)
+            .filter(|(_, text)| keep(text))
+            .map(|(since_boot_us, text)| LogLine {
+                since_boot_us,
+                text: text.to_owned(),
+            })
             .collect();
     }
     Ok(out)
@@ -210,9 +214,12 @@ fn read_records(
             Ok(n) => {
                 bytes += n as u64;
                 let rec = String::from_utf8_lossy(&buf[..n]);
-                let line = parse_line(rec.lines().next().unwrap_or(""));
-                if keep(&line.text) {
-                    out.lines.push(line);
+                let (since_boot_us, text) = split_line(rec.lines().next().unwrap_or(""));
+                if keep(text) {
+                    out.lines.push(LogLine {
+                        since_boot_us,
+                        text: text.to_owned(),
+                    });
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -233,6 +240,15 @@ fn read_records(
 /// One line of a log: a `/dev/kmsg` record (`prio,seq,usec,flags[,...];message`), a `dmesg`
 /// line (`[   12.345678] message`), or a bare message.
 pub fn parse_line(line: &str) -> LogLine {
+    let (since_boot_us, text) = split_line(line);
+    LogLine {
+        since_boot_us,
+        text: text.to_owned(),
+    }
+}
+
+/// `parse_line` without copying the message: most of a log is filtered out unread.
+fn split_line(line: &str) -> (Option<u64>, &str) {
     let line = line.trim_end_matches(['\r', '\n']);
     if let Some((header, message)) = line.split_once(';') {
         let mut fields = header.split(',');
@@ -244,25 +260,16 @@ pub fn parse_line(line: &str) -> LogLine {
             && numeric(seq)
             && let Some(us) = usec.and_then(|u| u.parse::<u64>().ok())
         {
-            return LogLine {
-                since_boot_us: Some(us),
-                text: message.to_owned(),
-            };
+            return (Some(us), message);
         }
     }
     if let Some(rest) = line.strip_prefix('[')
         && let Some((stamp, message)) = rest.split_once(']')
         && let Some(us) = seconds_to_us(stamp.trim())
     {
-        return LogLine {
-            since_boot_us: Some(us),
-            text: message.trim_start().to_owned(),
-        };
+        return (Some(us), message.trim_start());
     }
-    LogLine {
-        since_boot_us: None,
-        text: line.to_owned(),
-    }
+    (None, line)
 }
 
 /// `5678.901234` (seconds, up to µs) as µs.
