@@ -217,6 +217,18 @@ fn rfc3339(ms: Option<TimeMs>) -> serde_json::Value {
     })
 }
 
+/// The `not_judged` entry of a kernel log that could not be read (`why`).
+pub fn unreadable_log(why: &str, before: &str) -> NotJudged {
+    NotJudged {
+        rule: KERNEL_LOG_RULE.into(),
+        device: None,
+        reason: format!(
+            "the kernel log could not be read, so XIDs from {before} (a job that died earlier) \
+             are unknown: {why}"
+        ),
+    }
+}
+
 /// Findings for the XIDs the kernel logged before now (`before`: "before this check"), one per
 /// GPU and XID, judged against each GPU's newest sample in `latest`. `devices` are every GPU the
 /// source lists, to place an XID by its PCI address; only those in `selected` are reported, and
@@ -232,21 +244,7 @@ pub fn past_xids(
 ) -> (Vec<Finding>, Vec<NotJudged>) {
     let log = match log {
         Ok(log) => log,
-        Err(why) => {
-            let reason = format!(
-                "the kernel log could not be read, so XIDs from before {} (a job that died \
-                 earlier) are unknown: {why}",
-                before.trim_start_matches("before ")
-            );
-            return (
-                Vec::new(),
-                vec![NotJudged {
-                    rule: KERNEL_LOG_RULE.into(),
-                    device: None,
-                    reason,
-                }],
-            );
-        }
+        Err(why) => return (Vec::new(), vec![unreadable_log(why, before)]),
     };
     let not_judged = log
         .truncated
