@@ -255,3 +255,40 @@ fn a_replay_never_reads_this_hosts_kernel_log() {
             .all(|n| n["rule"] != "errors.kernel_log_xid"),
     );
 }
+
+#[test]
+fn an_xid_storm_is_one_finding_and_a_bounded_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("storm.kmsg");
+    let mut text = String::new();
+    for i in 0..12_000u64 {
+        text.push_str(&format!(
+            "4,{i},{},-;NVRM: Xid (PCI:0000:03:00): 13, pid=2211, name=python3, Graphics SM \
+             Warp Exception on (GPC 1, TPC 0, SM 1): Out Of Range Address\n",
+            1_000_000 + i * 10
+        ));
+    }
+    std::fs::write(&log, text).unwrap();
+    let started = std::time::Instant::now();
+    let (report, run) = live_check(&mi300x(), &log, &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let storm: Vec<&Value> = findings(&report)
+        .into_iter()
+        .filter(|f| f["id"] == "errors.past_xid_13")
+        .collect();
+    assert_eq!(storm.len(), 1);
+    // The newest 10,000 lines are kept, and the report says the rest were not.
+    assert_eq!(storm[0]["evidence"]["values"]["count"], 10_000);
+    assert_eq!(storm[0]["time_ms"], boot_ms() + 1_000 + 119_990 / 1000);
+    let partial = report["not_judged"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["rule"] == "errors.kernel_log_xid")
+        .unwrap_or_else(|| panic!("{:#}", report["not_judged"]));
+    assert!(
+        partial["reason"].as_str().unwrap().contains("read in part"),
+        "{partial}"
+    );
+}

@@ -385,8 +385,27 @@ pub struct XidLog {
 pub fn read_xids(source: &KernelLogSource, proc_root: &Path) -> Result<XidLog, String> {
     let read = read_matching(source, is_xid_line)?;
     let boot_ms = boot_time_ms(proc_root);
-    let mut xids: Vec<LoggedXid> = read
-        .lines
+    let mut xids = xids_in(read.lines, boot_ms);
+    let mut truncated = read.truncated;
+    if xids.len() > MAX_XIDS {
+        let dropped = xids.len() - MAX_XIDS;
+        xids.drain(..dropped);
+        truncated.get_or_insert(format!("kept the newest {MAX_XIDS} XID lines"));
+    }
+    Ok(XidLog {
+        source: read.source,
+        xids,
+        boot_ms,
+        truncated,
+    })
+}
+
+/// The XIDs among `lines`, their times placed on `boot_ms`.
+pub fn xids_in(
+    lines: impl IntoIterator<Item = LogLine>,
+    boot_ms: Option<TimeMs>,
+) -> Vec<LoggedXid> {
+    lines
         .into_iter()
         .filter_map(|l| {
             let (pci, xid) = parse_xid(&l.text)?;
@@ -400,19 +419,7 @@ pub fn read_xids(source: &KernelLogSource, proc_root: &Path) -> Result<XidLog, S
                 text: l.text,
             })
         })
-        .collect();
-    let mut truncated = read.truncated;
-    if xids.len() > MAX_XIDS {
-        let dropped = xids.len() - MAX_XIDS;
-        xids.drain(..dropped);
-        truncated.get_or_insert(format!("kept the newest {MAX_XIDS} XID lines"));
-    }
-    Ok(XidLog {
-        source: read.source,
-        xids,
-        boot_ms,
-        truncated,
-    })
+        .collect()
 }
 
 /// Boot time in ms since the epoch, from `btime` of `/proc/stat` (whole seconds; the kernel's

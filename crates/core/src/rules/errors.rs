@@ -18,7 +18,7 @@ use serde_json::json;
 
 use super::{Evidence, Finding, RuleInput, Severity, values};
 use gpudiag_model::verdict::NotJudged;
-use gpudiag_telemetry::kernel_log::{PciAddress, XidLog};
+use gpudiag_telemetry::kernel_log::{LoggedXid, PciAddress, XidLog};
 use gpudiag_telemetry::sanity::{self, Health};
 use gpudiag_telemetry::{DeviceInfo, EventKind, Sample, TimeMs};
 
@@ -202,6 +202,15 @@ fn still_matters(xid: u64, now: Option<&Sample>) -> Option<&'static str> {
     None
 }
 
+/// The last millisecond RFC 3339 can write (9999-12-31T23:59:59.999Z). A saved log can claim
+/// any time since boot; past this one it is no time at all (formatting it would panic).
+const LAST_WRITABLE_MS: TimeMs = 253_402_300_799_999;
+
+/// When an XID was logged, where that is a time at all.
+fn logged_at(x: &LoggedXid) -> Option<TimeMs> {
+    x.time_ms.filter(|&t| t <= LAST_WRITABLE_MS)
+}
+
 /// `2026-11-23 21:04 UTC`.
 fn utc_minute(ms: TimeMs) -> String {
     let t = humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string();
@@ -261,10 +270,7 @@ pub fn past_xids(
         .filter_map(|d| Some((PciAddress::parse(d.pci_bus_id.as_deref()?)?, d.index)))
         .collect();
     // One finding per GPU (or unknown address) and XID, from all its lines, oldest first.
-    let mut groups: BTreeMap<
-        (Option<u32>, PciAddress, u64),
-        Vec<&gpudiag_telemetry::kernel_log::LoggedXid>,
-    > = BTreeMap::new();
+    let mut groups: BTreeMap<(Option<u32>, PciAddress, u64), Vec<&LoggedXid>> = BTreeMap::new();
     for x in &log.xids {
         let device = by_address.get(&x.pci).copied();
         if device.is_some_and(|d| !selected.contains(&d)) {
@@ -284,7 +290,7 @@ pub fn past_xids(
             (None, _) if live == Severity::Fail => Severity::Warn,
             (None, _) => Severity::Info,
         };
-        let when = match last.time_ms {
+        let when = match logged_at(last) {
             Some(t) => format!("XID {xid} at {}", utc_minute(t)),
             None => format!("XID {xid} at an unknown time"),
         };
@@ -330,7 +336,7 @@ pub fn past_xids(
             id: format!("errors.past_xid_{xid}"),
             severity,
             device,
-            time_ms: last.time_ms.unwrap_or(now_ms),
+            time_ms: logged_at(last).unwrap_or(now_ms),
             title,
             evidence: Evidence {
                 values: values([
@@ -339,9 +345,9 @@ pub fn past_xids(
                     ("count", json!(lines.len())),
                     (
                         "first_logged",
-                        rfc3339(lines.first().and_then(|x| x.time_ms)),
+                        rfc3339(lines.first().and_then(|x| logged_at(x))),
                     ),
-                    ("last_logged", rfc3339(last.time_ms)),
+                    ("last_logged", rfc3339(logged_at(last))),
                     (
                         "last_since_boot_s",
                         json!(last.since_boot_us.map(|us| us as f64 / 1e6)),
