@@ -168,7 +168,7 @@ impl Default for Roots {
             etc: "/etc".into(),
             proc_: "/proc".into(),
             root: "/".into(),
-            kernel_log: KernelLogSource::System,
+            kernel_log: KernelLogSource::from_env(),
         }
     }
 }

@@ -447,9 +447,9 @@ mod tests {
         vec![gpu(0, "00000000:19:00.0"), gpu(1, "00000000:3B:00.0")]
     }
 
-    fn logged(bus: &str, xid: u64, since_boot_s: u64) -> gpudiag_telemetry::kernel_log::LoggedXid {
+    fn logged(bus: &str, xid: u64, since_boot_s: u64) -> LoggedXid {
         let pci = PciAddress::parse(bus).unwrap();
-        gpudiag_telemetry::kernel_log::LoggedXid {
+        LoggedXid {
             pci,
             xid,
             since_boot_us: Some(since_boot_s * 1_000_000),
@@ -458,7 +458,7 @@ mod tests {
         }
     }
 
-    fn log(xids: Vec<gpudiag_telemetry::kernel_log::LoggedXid>) -> Result<XidLog, String> {
+    fn log(xids: Vec<LoggedXid>) -> Result<XidLog, String> {
         Ok(XidLog {
             source: "/dev/kmsg".into(),
             xids,
@@ -648,7 +648,7 @@ mod tests {
         assert!(nj[0].reason.contains("read in part"), "{}", nj[0].reason);
         // Without a time the title says so rather than inventing one.
         let untimed = Ok(XidLog {
-            xids: vec![gpudiag_telemetry::kernel_log::LoggedXid {
+            xids: vec![LoggedXid {
                 since_boot_us: None,
                 time_ms: None,
                 ..logged("0000:19:00", 48, 1)
