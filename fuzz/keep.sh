@@ -32,6 +32,7 @@ case $target in
     [ -s "$out/$name-structured.toml" ] || rm "$out/$name-structured.toml" ;;
   # First byte: how the target split the reads; the request is the rest.
   http_request) tail -c +2 "$artifact" > "$out/$name.http" ;;
+  kernel_log) cp "$artifact" "$out/$name.kmsg" ;;
   *) echo "unknown target $target" >&2; exit 2 ;;
 esac
 ls -l "$out"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs one fuzz target for a while: fuzz/run.sh TARGET [SECONDS] [extra libFuzzer flags...]
-# Targets: recording bundle config http_request. Needs nightly and cargo-fuzz
+# Targets: recording bundle config http_request kernel_log. Needs nightly and cargo-fuzz
 # (`cargo install cargo-fuzz --locked`). One process, so it shares a small machine.
 # Seeds the corpus from tests/fixtures first (generated seeds are not committed; the seed-*
 # files are). A crash lands in fuzz/artifacts/TARGET/: copy it to
@@ -52,7 +52,10 @@ PY
     max_len=8192 ;;
   http_request)
     max_len=20000 ;;
-  *) echo "unknown target $target (recording bundle config http_request)" >&2; exit 2 ;;
+  kernel_log)
+    for f in "$fixtures"/kmsg/*.kmsg; do cp "$f" "$corpus/fixture-$(basename "$f")"; done
+    max_len=65536 ;;
+  *) echo "unknown target $target (recording bundle config http_request kernel_log)" >&2; exit 2 ;;
 esac
 
 # -rss_limit_mb: a parser that allocates gigabytes on a small input is a bug too.

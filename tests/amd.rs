@@ -277,7 +277,9 @@ fn gpudiag(args: &[&str], env: &[(&str, &Path)]) -> Run {
         "XDG_CONFIG_HOME",
         Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-config"),
     )
-    .env_remove("GPUDIAG_SYSFS_ROOT");
+    .env_remove("GPUDIAG_SYSFS_ROOT")
+    // This host's kernel log is no part of a fixture (tests/kernel_log.rs covers it).
+    .env("GPUDIAG_KMSG_PATH", "");
     for (k, v) in env {
         cmd.env(k, v);
     }

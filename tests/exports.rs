@@ -209,6 +209,7 @@ fn trace_of_every_fixture_is_valid() {
         "profiled.ndjson",
         "sparse.ndjson",
         "two_gpus.ndjson",
+        "gpu_lost.ndjson",
     ] {
         let (v, _dir) = trace_of(&["--replay", s(&fixture(f))]);
         check_trace_json(&v);
@@ -331,6 +332,50 @@ fn trace_of_the_demo_marks_each_verdict_change() {
         "{names:?}"
     );
     assert!(names.windows(2).all(|w| w[0] != w[1]), "{names:?}");
+}
+
+/// gpu_lost: GPU 1 (pid 2) falls off the bus 4.87 s in (the XID 79 from the event thread, the
+/// poll at 5 s answers GPU lost) and the recording goes on to 9 s with GPU 0 alone.
+#[test]
+fn trace_of_a_gpu_lost_mid_way_ends_its_counters_at_the_loss() {
+    const LOSS_US: u64 = 4_870_000;
+    const END_US: u64 = 9_000_000;
+    let (v, _dir) = trace_of(&["--replay", s(&fixture("gpu_lost.ndjson"))]);
+    let by = check_trace_json(&v);
+    let counters =
+        |pid: u64| -> Vec<&Value> { by["C"].iter().filter(|e| e["pid"] == pid).collect() };
+    let lost = counters(2);
+    assert!(!lost.is_empty());
+    let last = lost.iter().map(|e| e["ts"].as_u64().unwrap()).max();
+    assert_eq!(last, Some(LOSS_US), "GPU 1 drawn past its loss: {lost:?}");
+    // Closed at the loss with what it read before, not with zeros.
+    let power = lost
+        .iter()
+        .rfind(|e| e["name"] == "power W")
+        .expect("power");
+    assert_eq!(power["ts"], LOSS_US);
+    assert_eq!(power["args"]["draw"], 114.9);
+    let span = by["X"]
+        .iter()
+        .find(|e| e["pid"] == 2 && e["name"] == chrome_trace::LOST_SPAN)
+        .expect("the lost span");
+    assert_eq!(span["ts"], LOSS_US);
+    assert_eq!(span["dur"], END_US - LOSS_US);
+    assert_eq!(span["tid"], chrome_trace::TID_TELEMETRY);
+    // GPU 0 is drawn to the end, and has no lost span.
+    assert!(counters(1).iter().any(|e| e["ts"] == END_US));
+    assert!(
+        !by["X"]
+            .iter()
+            .any(|e| e["pid"] == 1 && e["name"] == chrome_trace::LOST_SPAN)
+    );
+    // The loss is one device.lost finding, raised by the XID (before the poll that said lost).
+    let lost_findings: Vec<&Value> = by["i"]
+        .iter()
+        .filter(|e| e["args"]["id"] == "device.lost")
+        .collect();
+    assert_eq!(lost_findings.len(), 1, "{lost_findings:?}");
+    assert_eq!(lost_findings[0]["ts"], LOSS_US);
 }
 
 #[test]

@@ -25,8 +25,13 @@ fn inputs(target: &str) -> Vec<PathBuf> {
 
 /// Runs gpudiag with a bound, so a hang fails the test instead of stalling it.
 fn gpudiag(args: &[&std::ffi::OsStr]) -> Output {
+    gpudiag_with(args, &[])
+}
+
+fn gpudiag_with(args: &[&std::ffi::OsStr], env: &[(&str, &Path)]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpudiag"))
         .args(args)
+        .envs(env.iter().copied())
         .env_remove("GPUDIAG_CONFIG")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -129,6 +134,40 @@ fn configs_end_in_a_report_or_an_error_that_names_the_file() {
                 assert!(stderr.contains(&what), "{what}: {stderr}");
             }
         }
+    }
+}
+
+/// Kernel logs: a live check of the fake amdgpu tree (the live source CI has) reads each as
+/// the log of XIDs from before it.
+#[test]
+fn kernel_logs_end_in_a_report() {
+    let sysfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/mi300x");
+    for file in inputs("kernel_log") {
+        let what = file.display().to_string();
+        let out = gpudiag_with(
+            &[
+                "check".as_ref(),
+                "--json".as_ref(),
+                "--backend".as_ref(),
+                "sysfs".as_ref(),
+                "--sysfs-root".as_ref(),
+                sysfs.as_ref(),
+                "--window".as_ref(),
+                "0".as_ref(),
+            ],
+            &[("GPUDIAG_KMSG_PATH", &file)],
+        );
+        assert_clean(&out, &what);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{what}: the report is not JSON: {e}"));
+        let past = report["devices"][0]["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .chain(report["host_findings"].as_array().unwrap())
+            .filter(|f| f["id"].as_str().unwrap().starts_with("errors.past_xid_"))
+            .count();
+        assert!(past > 0, "{what}: no XID read from it");
     }
 }
 

@@ -447,6 +447,32 @@ fn uncorrectable_ecc_and_xids_are_graded() {
 }
 
 #[test]
+fn an_xid_79_alone_raises_device_lost_once_with_the_xid_as_evidence() {
+    // The XID arrives while the GPU still reported values, and later samples still do: the XID
+    // is all there is to say the GPU is gone.
+    let sc = Scenario::new()
+        .phase(2.0, |_, _| {})
+        .xid(79)
+        .phase(2.0, |_, _| {})
+        .xid(79);
+    let f = sc.findings();
+    let lost: Vec<&Finding> = f.iter().filter(|f| f.id == "device.lost").collect();
+    assert_eq!(lost.len(), 1, "{f:?}");
+    assert_eq!(lost[0].severity, Severity::Fail);
+    assert_eq!(lost[0].device, Some(0));
+    assert_eq!(lost[0].time_ms, T0 + 2000);
+    assert_eq!(lost[0].evidence.values["xid"], serde_json::json!(79));
+    assert_eq!(find(&f, "errors.xid_79").severity, Severity::Fail);
+    // Other XIDs say nothing about the bus.
+    let other = Scenario::new().phase(1.0, |_, _| {}).xid(48).xid(13);
+    assert!(
+        !other.ids().contains(&"device.lost".to_owned()),
+        "{:?}",
+        other.ids()
+    );
+}
+
+#[test]
 fn corrected_ecc_errors_alone_are_not_a_finding() {
     let sc = Scenario::new().phase(5.0, |_, s| s.ecc_corrected_volatile = Some(12));
     assert!(sc.ids().is_empty(), "{:?}", sc.ids());

@@ -1432,3 +1432,83 @@ fn recorded_findings_appear_when_the_replay_reaches_them() {
     app.panel = Panel::Findings;
     assert!(render(&app, 120, 36).contains("(recorded)"));
 }
+
+/// A kernel log of XIDs from before the session: XID 79 on GPU 1 (3B:00), a DBE on GPU 0 (19:00).
+fn past_xids() -> Result<gpudiag::telemetry::kernel_log::XidLog, String> {
+    use gpudiag::telemetry::kernel_log::{KernelLogSource, read_xids};
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("kmsg");
+    std::fs::write(
+        &log,
+        "4,2901,3601877410,-;NVRM: Xid (PCI:0000:19:00): 48, pid=1234, name=python3, An \
+         uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at \
+         partition 0, subpartition 0.\n\
+         4,2950,3605123456,-;NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, \
+         GPU has fallen off the bus.\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("stat"), "btime 1767222000\n").unwrap();
+    read_xids(&KernelLogSource::File(log), dir.path())
+}
+
+#[test]
+fn xids_from_before_the_session_are_findings_judged_by_the_gpus_present_state() {
+    let mut b = open("gpu_lost");
+    let mut app = new_app(&b, "gpu_lost.ndjson", false);
+    app.set_kernel_xids(past_xids());
+    let ticks = all_ticks(&mut b);
+    let severity = |app: &App, id: &str, device: u32| {
+        app.findings
+            .iter()
+            .find(|f| f.id == id && f.device == Some(device))
+            .map(|f| f.severity)
+    };
+    // Before GPU 1 falls off the bus again, both are history.
+    app.push_tick(ticks[0].clone());
+    app.refresh_findings();
+    assert_eq!(
+        severity(&app, "errors.past_xid_79", 1),
+        Some(Severity::Info)
+    );
+    assert_eq!(
+        severity(&app, "errors.past_xid_48", 0),
+        Some(Severity::Info)
+    );
+    let title = &app
+        .findings
+        .iter()
+        .find(|f| f.id == "errors.past_xid_79")
+        .unwrap()
+        .title;
+    assert_eq!(
+        title,
+        "XID 79 at 2026-01-01 00:00 UTC (before this session): GPU has fallen off the bus"
+    );
+    // Once it is lost now, its past XID 79 is live again; GPU 0's DBE stays history.
+    for t in ticks.into_iter().skip(1) {
+        app.push_tick(t);
+    }
+    app.refresh_findings();
+    assert_eq!(
+        severity(&app, "errors.past_xid_79", 1),
+        Some(Severity::Fail)
+    );
+    assert_eq!(
+        severity(&app, "errors.past_xid_48", 0),
+        Some(Severity::Info)
+    );
+}
+
+#[test]
+fn an_unreadable_kernel_log_is_said_in_the_footer() {
+    let b = open("two_gpus");
+    let mut app = new_app(&b, "two_gpus.ndjson", false);
+    app.set_kernel_xids(Err("/dev/kmsg: Operation not permitted (os error 1)".into()));
+    let status = app.status.clone().unwrap();
+    assert!(
+        status.starts_with("not judged: errors.kernel_log_xid"),
+        "{status}"
+    );
+    assert!(status.contains("before this session"), "{status}");
+    assert!(render(&app, 120, 36).contains("not judged: errors.kernel_log_xid"));
+}

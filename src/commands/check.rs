@@ -11,6 +11,7 @@ use gpudiag_core::rules::{self, Finding, RuleEngine};
 use gpudiag_core::session::{self, Limit, Pipeline, RunOptions, Sink, open_source, with_recorded};
 use gpudiag_model::cuda_libraries;
 use gpudiag_model::error::Error;
+use gpudiag_telemetry::kernel_log;
 use gpudiag_telemetry::recording::excerpt;
 use gpudiag_telemetry::replay::Pace;
 use gpudiag_telemetry::{BackendError, EventKind, Tick, now_ms};
@@ -23,6 +24,11 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
     let is_replay = spec.is_recording();
     let single_read = !is_replay && args.window == Some(Duration::ZERO);
     let source = open_source(&spec, Pace::AsFastAsPossible, single_read)?;
+    // NVML reports only XIDs that happen while it listens; earlier ones are in the kernel log.
+    // A replay's GPUs are not this host's.
+    let kernel_xids = (!is_replay)
+        .then(|| kernel_log::read_xids(&kernel_log::KernelLogSource::from_env(), "/proc".as_ref()));
+    let all_devices = source.backend.devices().to_vec();
     let libraries = (!is_replay).then(cuda_libraries::detect_libraries);
     // A replay reads the whole recording and keeps the window's end; a live check samples for
     // exactly the window.
@@ -153,6 +159,22 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         ));
         rules::sort(&mut findings);
     }
+    let mut not_judged = pipeline.engine.not_judged().to_vec();
+    if let Some(log) = &kernel_xids {
+        let selected: Vec<u32> = devices.iter().map(|d| d.index).collect();
+        let now = pipeline.last_ms().unwrap_or_else(now_ms);
+        let (past, unread) = rules::errors::past_xids(
+            log,
+            &all_devices,
+            &selected,
+            &pipeline.latest,
+            now,
+            "before this check",
+        );
+        findings.extend(past);
+        rules::sort(&mut findings);
+        not_judged.extend(unread);
+    }
     let fail_on = args.fail_on.into();
     let exit_code = check::exit_code_for(&findings, fail_on);
     let status = check::status_of(&findings);
@@ -205,7 +227,7 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         topology,
         host_probes: probed.as_ref().map(|p| p.host.clone()),
         host_findings,
-        not_judged: pipeline.engine.not_judged().to_vec(),
+        not_judged,
         status,
         fail_on,
         exit_code,

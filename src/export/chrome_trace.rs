@@ -13,6 +13,16 @@
 //! events on the `probes` thread with their results in `args`. Timestamps are microseconds on
 //! the telemetry clock (ms since the epoch), relative to the first thing in the trace, whose
 //! epoch time is kept in `otherData.start_ms`.
+//!
+//! A lost GPU (a `device_lost` event, an XID 79, or samples whose values are all absent because
+//! the GPU is lost) has no values after the loss, so its counters end there: each is written
+//! once more at the loss with its last values, so the step reaches the loss and no further, and
+//! nothing after it until values come back (an amdgpu card that reappears). The format has no
+//! "end of counter" event (a counter needs a number, and 0 would be a value the GPU never
+//! reported): chrome://tracing stops a counter track at its last event, while Perfetto draws
+//! the last value on to the end of the trace (google/perfetto#3341). So the loss also opens a
+//! `GPU lost` complete event on the telemetry thread, spanning the loss to the end of the trace
+//! or the GPU's return, which marks in every viewer where the drawn values stop being real.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -42,6 +52,10 @@ pub const TID_VERDICT: u32 = 4;
 pub const TID_THROTTLE_BASE: u32 = 100;
 /// NVML's idle reason: not a slowdown, so it gets no track.
 const GPU_IDLE_BIT: u64 = 0x1;
+/// The XID of a GPU that fell off the bus.
+const XID_LOST: u64 = 79;
+/// Name of the complete event that spans a lost GPU's silence.
+pub const LOST_SPAN: &str = "GPU lost";
 
 /// A whole trace, as written to `trace.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -211,6 +225,8 @@ struct DeviceState {
     last_ms: Option<TimeMs>,
     /// The bottleneck of the last verdict written, so only changes are.
     verdict: Option<Bottleneck>,
+    /// When the GPU was lost, while it stays lost: its counters are closed and silent.
+    lost_since: Option<(TimeMs, String)>,
 }
 
 /// Events with absolute times, before the start is known.
@@ -297,10 +313,37 @@ impl TraceBuilder {
 
     pub fn push_sample(&mut self, s: &Sample) {
         let pid = pid_of(Some(s.device));
+        let all_values: Vec<Vec<Option<f64>>> = self.groups.iter().map(|g| g.values(s)).collect();
+        let no_values = all_values.iter().flatten().all(Option::is_none);
+        if no_values
+            && s.absent
+                .values()
+                .any(|a| *a == gpudiag_telemetry::Absent::GpuLost)
+        {
+            self.lose(s.device, s.time_ms, "every value answers GPU lost");
+            self.state.entry(s.device).or_default().last_ms = Some(s.time_ms);
+            return;
+        }
+        // Values after a loss: the GPU came back (a card re-enumerated after a reset).
+        let back = self
+            .state
+            .get(&s.device)
+            .and_then(|st| st.lost_since.clone())
+            .filter(|(since, _)| !no_values && s.time_ms > *since);
+        if let Some((since, reason)) = back {
+            self.push_lost_span(s.device, since, s.time_ms, reason);
+            if let Some(st) = self.state.get_mut(&s.device) {
+                st.lost_since = None;
+            }
+        }
         let state = self.state.entry(s.device).or_default();
+        if state.lost_since.is_some() {
+            // Values stamped at the loss itself, or none at all: nothing to draw yet.
+            state.last_ms = Some(s.time_ms);
+            return;
+        }
         let mut out = Vec::new();
-        for (i, group) in self.groups.iter().enumerate() {
-            let values = group.values(s);
+        for (i, (group, values)) in self.groups.iter().zip(all_values).enumerate() {
             if values.iter().all(Option::is_none) || state.last.get(&i) == Some(&values) {
                 continue;
             }
@@ -342,6 +385,61 @@ impl TraceBuilder {
         }
     }
 
+    /// Ends `device`'s counters and throttle runs at `at` (once per loss): each counter is
+    /// written once more at the loss with its last values, then stays silent.
+    fn lose(&mut self, device: u32, at: TimeMs, reason: &str) {
+        let pid = pid_of(Some(device));
+        let state = self.state.entry(device).or_default();
+        if state.lost_since.is_some() {
+            return;
+        }
+        state.lost_since = Some((at, reason.to_owned()));
+        let mut closing = Vec::new();
+        for (i, values) in std::mem::take(&mut state.last) {
+            let written = state.written_ms.remove(&i);
+            let Some(group) = self.groups.get(i) else {
+                continue;
+            };
+            if written.is_some_and(|w| w >= at) {
+                continue;
+            }
+            closing.push(Pending {
+                name: Cow::Borrowed(group.name),
+                cat: None,
+                ph: Phase::Counter,
+                time_ms: at,
+                dur_ms: None,
+                pid,
+                tid: TID_TELEMETRY,
+                args: group.args(&values),
+            });
+        }
+        state.written_ms.clear();
+        let runs: Vec<(u32, TimeMs)> = std::mem::take(&mut state.throttle_start)
+            .into_iter()
+            .collect();
+        self.events.extend(closing);
+        for (bit, start) in runs {
+            self.push_throttle(pid, bit, start, at.max(start));
+        }
+    }
+
+    /// The span a lost GPU had no telemetry, on its telemetry thread.
+    fn push_lost_span(&mut self, device: u32, since: TimeMs, until: TimeMs, reason: String) {
+        let mut args = Args::new();
+        args.insert("reason".into(), Value::from(reason));
+        self.events.push(Pending {
+            name: Cow::Borrowed(LOST_SPAN),
+            cat: Some("event".into()),
+            ph: Phase::Complete,
+            time_ms: since,
+            dur_ms: Some(until.saturating_sub(since)),
+            pid: pid_of(Some(device)),
+            tid: TID_TELEMETRY,
+            args,
+        });
+    }
+
     fn push_throttle(&mut self, pid: u32, bit: u32, start: TimeMs, end: TimeMs) {
         let name = throttle_name(bit);
         let tid = TID_THROTTLE_BASE + bit;
@@ -381,6 +479,13 @@ impl TraceBuilder {
         };
         if let EventKind::Xid { xid } = e.kind {
             args.insert("xid".into(), Value::from(xid));
+        }
+        match (&e.kind, e.device) {
+            (EventKind::DeviceLost { reason }, Some(d)) => self.lose(d, e.time_ms, reason),
+            (EventKind::Xid { xid: XID_LOST }, Some(d)) => {
+                self.lose(d, e.time_ms, "XID 79: the GPU fell off the bus");
+            }
+            _ => {}
         }
         self.thread(pid, TID_EVENTS, "findings and events".into());
         self.events.push(Pending {
@@ -483,6 +588,21 @@ impl TraceBuilder {
             .collect();
         for (dev, bit, start, end) in open {
             self.push_throttle(pid_of(Some(dev)), bit, start, end);
+        }
+        // A GPU still lost when the capture ends: its silence runs to the end of the trace.
+        let end = self
+            .events
+            .iter()
+            .map(|e| e.time_ms.saturating_add(e.dur_ms.unwrap_or(0)))
+            .chain(self.state.values().filter_map(|st| st.last_ms))
+            .max();
+        let still_lost: Vec<(u32, TimeMs, String)> = self
+            .state
+            .iter_mut()
+            .filter_map(|(&dev, st)| st.lost_since.take().map(|(t, r)| (dev, t, r)))
+            .collect();
+        for (dev, since, reason) in still_lost {
+            self.push_lost_span(dev, since, end.unwrap_or(since).max(since), reason);
         }
         // A group that stopped changing was last written long before the capture ended: repeat
         // its value at the last sample so each track spans the whole capture.
@@ -768,8 +888,9 @@ pub(crate) fn trace_event_phases(schema: &mut Schema) {
             "required": ["s"]
         },
         {
-            "description": "Complete: a throttle interval (cat throttle, args.reason_bit) or a \
-                probe phase (cat probe, args: its results).",
+            "description": "Complete: a throttle interval (cat throttle, args.reason_bit), a \
+                probe phase (cat probe, args: its results), or the time a lost GPU had no \
+                telemetry (name GPU lost, cat event, args.reason) on its telemetry thread.",
             "properties": { "ph": { "const": ph(Phase::Complete) }, "s": false },
             "required": ["dur"]
         }
@@ -1023,6 +1144,127 @@ mod tests {
             e.dur = None;
         }
         assert!(validate(&t).iter().any(|p| p.contains("without dur")));
+    }
+
+    fn lost_sample(device: u32, at: TimeMs) -> Sample {
+        gpudiag_telemetry::sanity::all_absent(device, T0 + at, &gpudiag_telemetry::Absent::GpuLost)
+    }
+
+    fn counters_of(trace: &Trace, pid: u32) -> Vec<&TraceEvent> {
+        of(trace, Phase::Counter, pid)
+    }
+
+    fn lost_spans(trace: &Trace, pid: u32) -> Vec<(Micros, Option<Micros>)> {
+        of(trace, Phase::Complete, pid)
+            .into_iter()
+            .filter(|e| e.name == LOST_SPAN)
+            .map(|e| (e.ts, e.dur))
+            .collect()
+    }
+
+    #[test]
+    fn a_lost_gpu_counters_end_at_the_loss_with_their_last_values() {
+        let mut b = TraceBuilder::new(
+            "nvml",
+            None,
+            &HostInfo::default(),
+            vec![device(0), device(1)],
+        );
+        b.push_tick(&Tick {
+            samples: vec![sample(0, 0, 50.0, Some(0x4)), sample(1, 0, 30.0, Some(0x4))],
+            events: Vec::new(),
+        });
+        b.push_tick(&Tick {
+            samples: vec![sample(0, 100, 60.0, None), sample(1, 100, 40.0, Some(0x4))],
+            events: Vec::new(),
+        });
+        // The loss, as NVML reports it: the device_lost event and samples of `gpu_lost`.
+        for at in [200, 300, 400] {
+            b.push_tick(&Tick {
+                samples: vec![sample(0, at, 70.0, None), lost_sample(1, at)],
+                events: if at == 200 {
+                    vec![Event {
+                        time_ms: T0 + 200,
+                        device: Some(1),
+                        kind: EventKind::DeviceLost {
+                            reason: "GPU is lost".into(),
+                        },
+                    }]
+                } else {
+                    Vec::new()
+                },
+            });
+        }
+        let trace = b.finish();
+        assert!(validate(&trace).is_empty(), "{:?}", validate(&trace));
+        let lost = counters_of(&trace, 2);
+        assert!(lost.iter().all(|e| e.ts <= 200_000), "{lost:?}");
+        // Every group it had is written at the loss with the values from before it.
+        let at_loss: Vec<&&TraceEvent> = lost.iter().filter(|e| e.ts == 200_000).collect();
+        let groups: std::collections::BTreeSet<&str> =
+            lost.iter().map(|e| e.name.as_ref()).collect();
+        assert_eq!(at_loss.len(), groups.len(), "{lost:?}");
+        let util = at_loss.iter().find(|e| e.name == "util %").unwrap();
+        assert_eq!(util.args["gpu"], 40.0);
+        assert_eq!(lost_spans(&trace, 2), [(200_000, Some(200_000))]);
+        let span = of(&trace, Phase::Complete, 2)
+            .into_iter()
+            .find(|e| e.name == LOST_SPAN)
+            .unwrap();
+        assert_eq!(span.tid, TID_TELEMETRY);
+        assert_eq!(span.args["reason"], "GPU is lost");
+        // Its throttle run ends at the loss too, not at the end of the capture.
+        let runs: Vec<(Micros, Option<Micros>)> = of(&trace, Phase::Complete, 2)
+            .into_iter()
+            .filter(|e| e.name == "sw_power_cap")
+            .map(|e| (e.ts, e.dur))
+            .collect();
+        assert_eq!(runs, [(0, Some(200_000))]);
+        // The other GPU runs to the end.
+        assert!(counters_of(&trace, 1).iter().any(|e| e.ts == 400_000));
+        assert!(lost_spans(&trace, 1).is_empty());
+    }
+
+    #[test]
+    fn an_xid_79_alone_ends_the_counters_and_values_after_it_resume_them() {
+        let mut b = TraceBuilder::new("sysfs", None, &HostInfo::default(), vec![device(0)]);
+        b.push_sample(&sample(0, 0, 50.0, None));
+        b.push_event(&Event {
+            time_ms: T0 + 150,
+            device: Some(0),
+            kind: EventKind::Xid { xid: 79 },
+        });
+        b.push_sample(&lost_sample(0, 200));
+        // A card that re-enumerated after a reset reports again.
+        b.push_sample(&sample(0, 300, 10.0, None));
+        b.push_sample(&sample(0, 400, 10.0, None));
+        let trace = b.finish();
+        assert!(validate(&trace).is_empty(), "{:?}", validate(&trace));
+        let util: Vec<(Micros, f64)> = counters_of(&trace, 1)
+            .into_iter()
+            .filter(|e| e.name == "util %")
+            .map(|e| (e.ts, e.args["gpu"].as_f64().unwrap()))
+            .collect();
+        assert_eq!(
+            util,
+            [(0, 50.0), (150_000, 50.0), (300_000, 10.0), (400_000, 10.0)]
+        );
+        assert_eq!(lost_spans(&trace, 1), [(150_000, Some(150_000))]);
+        // Other XIDs end nothing.
+        let mut b = TraceBuilder::new("nvml", None, &HostInfo::default(), vec![device(0)]);
+        b.push_sample(&sample(0, 0, 50.0, None));
+        b.push_event(&Event {
+            time_ms: T0 + 150,
+            device: Some(0),
+            kind: EventKind::Xid { xid: 48 },
+        });
+        b.push_sample(&sample(0, 300, 50.0, None));
+        let trace = b.finish();
+        assert!(lost_spans(&trace, 1).is_empty());
+        assert_eq!(
+            counters_of(&trace, 1).iter().map(|e| e.ts).max(),
+            Some(300_000)
+        );
     }
 
     #[test]

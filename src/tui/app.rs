@@ -17,7 +17,11 @@ use gpudiag_core::rules::{Finding, RuleEngine, Severity};
 use gpudiag_core::session::{Pipeline, with_recorded};
 use gpudiag_model::cuda_libraries::LibraryInfo;
 use gpudiag_probes::runner::ProbeReport;
+use gpudiag_telemetry::kernel_log::XidLog;
 use gpudiag_telemetry::{DeviceInfo, HostInfo, Sample, Tick, TimeMs};
+
+/// How the UI's titles place an XID the kernel logged before it started.
+pub const BEFORE_SESSION: &str = "before this session";
 
 /// Findings are re-evaluated at most this often: rules look at windows of seconds to minutes,
 /// so a faster refresh would only cost CPU.
@@ -279,6 +283,8 @@ pub struct App {
     pub pipeline: Pipeline,
     /// Findings a replayed recording carries (raised live when it was made).
     recorded: Vec<Finding>,
+    /// The XIDs the kernel logged before a live session started; `None` for a replay.
+    kernel_xids: Option<Result<XidLog, String>>,
     rules: RulesConfig,
     libraries: Option<Vec<LibraryInfo>>,
     /// Everything the rules raised this session, worst first, newest first within a severity.
@@ -324,6 +330,7 @@ impl App {
         App {
             pipeline: Pipeline::new(engine).retaining(LOOKBACK),
             recorded: Vec::new(),
+            kernel_xids: None,
             rules: RulesConfig::default(),
             libraries: None,
             host: init.host,
@@ -375,6 +382,19 @@ impl App {
     /// Shows the findings a replayed recording carries beside the rules' own.
     pub fn set_recorded(&mut self, findings: Vec<Finding>) {
         self.recorded = findings;
+    }
+
+    /// Judges the XIDs the kernel logged before the session beside the rules' findings, against
+    /// each GPU's present state as it arrives (a GPU lost now makes its past XIDs live again).
+    /// A log that could not be read is said in the footer until the next key, not left silent.
+    pub fn set_kernel_xids(&mut self, log: Result<XidLog, String>) {
+        if let Err(why) = &log
+            && self.status.is_none()
+        {
+            let n = gpudiag_core::rules::errors::unreadable_log(why, BEFORE_SESSION);
+            self.status = Some(format!("not judged: {} — {}", n.rule, n.reason));
+        }
+        self.kernel_xids = Some(log);
     }
 
     fn reset_engine(&mut self) {
@@ -511,6 +531,18 @@ impl App {
             .cloned()
             .collect();
         let mut findings = with_recorded(self.pipeline.engine.raised(), &recorded);
+        if let Some(log) = &self.kernel_xids {
+            let all: Vec<u32> = self.devices.iter().map(|d| d.index).collect();
+            let (past, _) = gpudiag_core::rules::errors::past_xids(
+                log,
+                &self.devices,
+                &all,
+                &self.pipeline.latest,
+                now.unwrap_or_default(),
+                BEFORE_SESSION,
+            );
+            findings.extend(past);
+        }
         findings.sort_by_key(|f| std::cmp::Reverse((f.severity, f.time_ms)));
         let key = |f: &Finding| (f.id.clone(), f.device, f.time_ms);
         let was = self.findings.get(self.selected_finding).map(key);

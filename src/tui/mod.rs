@@ -40,9 +40,15 @@ pub fn run_default(demo: bool, interval: Duration, config: &Config) -> Result<i3
     match open_live(interval) {
         Ok((driver, init)) => {
             let libraries = Some(gpudiag_model::cuda_libraries::detect_libraries());
+            // NVML reports only XIDs that happen while it listens; earlier ones are in the log.
+            let kernel_xids = gpudiag_telemetry::kernel_log::read_xids(
+                &gpudiag_telemetry::kernel_log::KernelLogSource::from_env(),
+                "/proc".as_ref(),
+            );
             let facts = SourceFacts {
                 libraries,
                 recorded: Vec::new(),
+                kernel_xids: Some(kernel_xids),
             };
             run(driver, init, interval, 1.0, None, config, facts)
         }
@@ -154,6 +160,7 @@ fn run_replay_source(
         SourceFacts {
             libraries: None,
             recorded,
+            kernel_xids: None,
         },
     )
 }
@@ -164,6 +171,8 @@ struct SourceFacts {
     libraries: Option<Vec<gpudiag_model::cuda_libraries::LibraryInfo>>,
     /// Findings a replayed recording carries.
     recorded: Vec<gpudiag_core::rules::Finding>,
+    /// The kernel log's XIDs from before the session, for live GPUs only.
+    kernel_xids: Option<Result<gpudiag_telemetry::kernel_log::XidLog, String>>,
 }
 
 fn run(
@@ -185,6 +194,9 @@ fn run(
     app.set_recorded(facts.recorded);
     app.speed = speed;
     app.status = notice;
+    if let Some(log) = facts.kernel_xids {
+        app.set_kernel_xids(log);
+    }
     let mut guard = terminal::TerminalGuard::enter().map_err(io("setting up the terminal"))?;
     let feed = Feed::spawn(driver, interval, speed, tx.clone())
         .map_err(io("starting the telemetry thread"))?;

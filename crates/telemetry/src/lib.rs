@@ -10,6 +10,7 @@
 pub mod amd;
 pub mod bundle;
 pub mod fault;
+pub mod kernel_log;
 pub mod live;
 pub mod nvml;
 pub mod poll_deadline;

@@ -5,18 +5,17 @@
 //! roots and the kernel log are parameters so tests can point them at fake trees and files.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use gpudiag_model::cuda_libraries::{self, LibraryInfo};
+pub use gpudiag_telemetry::kernel_log::KernelLogSource;
+use gpudiag_telemetry::kernel_log::{self, LogRead};
 use gpudiag_telemetry::{DeviceInfo, HostInfo};
 
 /// Kernel log lines kept at most (the newest).
 const MAX_KLOG_LINES: usize = 200;
-/// Records read from /dev/kmsg at most: the ring buffer is bounded, this only guards a loop.
-const MAX_KMSG_RECORDS: usize = 200_000;
 
 /// The environment variables a bundle keeps: those whose meaning gpudiag knows and which change
 /// which GPUs a process sees or how the GPU stack behaves. A list of names rather than of
@@ -162,17 +161,6 @@ pub struct Roots {
     pub kernel_log: KernelLogSource,
 }
 
-/// Where the kernel log is read from.
-#[derive(Debug, Clone)]
-pub enum KernelLogSource {
-    /// /dev/kmsg, else `dmesg`.
-    System,
-    /// A saved log, one message a line (tests; a log copied from another machine).
-    File(PathBuf),
-    /// Not read (tests with fake roots).
-    Off,
-}
-
 impl Default for Roots {
     fn default() -> Self {
         Roots {
@@ -180,7 +168,7 @@ impl Default for Roots {
             etc: "/etc".into(),
             proc_: "/proc".into(),
             root: "/".into(),
-            kernel_log: KernelLogSource::System,
+            kernel_log: KernelLogSource::from_env(),
         }
     }
 }
@@ -226,12 +214,20 @@ pub fn collect(roots: &Roots, host: &HostInfo, devices: &[DeviceInfo], live: boo
         },
         kernel_log: match &roots.kernel_log {
             KernelLogSource::System => kernel_log(),
-            KernelLogSource::File(path) => kernel_log_file(path),
             KernelLogSource::Off => KernelLog {
                 readable: false,
                 source: None,
                 note: Some("not read".into()),
                 lines: Vec::new(),
+            },
+            file => match kernel_log::read_matching(file, is_gpu_line) {
+                Ok(read) => found(read),
+                Err(e) => KernelLog {
+                    readable: false,
+                    source: None,
+                    note: Some(format!("not readable: {e}")),
+                    lines: Vec::new(),
+                },
             },
         },
     }
@@ -352,10 +348,11 @@ fn is_gpu_line(l: &str) -> bool {
     l.contains("NVRM") || l.contains("Xid") || l.contains("nvidia")
 }
 
-/// The kernel log's NVRM/Xid lines: /dev/kmsg read without blocking, else `dmesg`.
+/// The kernel log's NVRM/Xid lines: /dev/kmsg read without blocking, else `dmesg` (which can
+/// still answer where /dev/kmsg is missing but syslog(2) is allowed).
 fn kernel_log() -> KernelLog {
-    let kmsg_err = match read_kmsg() {
-        Ok(lines) => return found("/dev/kmsg", lines),
+    let kmsg_err = match kernel_log::read_matching(&KernelLogSource::System, is_gpu_line) {
+        Ok(read) => return found(read),
         Err(e) => e,
     };
     match std::process::Command::new("dmesg")
@@ -365,18 +362,21 @@ fn kernel_log() -> KernelLog {
     {
         Ok(out) if out.status.success() => {
             let text = String::from_utf8_lossy(&out.stdout);
-            let lines: Vec<String> = text
-                .lines()
-                .filter(|l| is_gpu_line(l))
-                .map(str::to_string)
-                .collect();
-            found("dmesg", lines)
+            found(LogRead {
+                source: "dmesg".into(),
+                lines: text
+                    .lines()
+                    .map(kernel_log::parse_line)
+                    .filter(|l| is_gpu_line(&l.text))
+                    .collect(),
+                truncated: None,
+            })
         }
         Ok(out) => KernelLog {
             readable: false,
             source: None,
             note: Some(format!(
-                "not readable: /dev/kmsg: {kmsg_err}; dmesg exited with {}",
+                "not readable: {kmsg_err}; dmesg exited with {}",
                 out.status
             )),
             lines: Vec::new(),
@@ -384,75 +384,29 @@ fn kernel_log() -> KernelLog {
         Err(e) => KernelLog {
             readable: false,
             source: None,
-            note: Some(format!("not readable: /dev/kmsg: {kmsg_err}; dmesg: {e}")),
+            note: Some(format!("not readable: {kmsg_err}; dmesg: {e}")),
             lines: Vec::new(),
         },
     }
 }
 
-fn kernel_log_file(path: &Path) -> KernelLog {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            let text = String::from_utf8_lossy(&bytes);
-            let lines = text
-                .lines()
-                .filter(|l| is_gpu_line(l))
-                .map(str::to_string)
-                .collect();
-            found(&path.display().to_string(), lines)
-        }
-        Err(e) => KernelLog {
-            readable: false,
-            source: None,
-            note: Some(format!("not readable: {}: {e}", path.display())),
-            lines: Vec::new(),
-        },
-    }
-}
-
-fn found(source: &str, mut lines: Vec<String>) -> KernelLog {
+/// The newest lines, as `dmesg` prints them (with their time since boot where known).
+fn found(read: LogRead) -> KernelLog {
+    let mut lines: Vec<String> = read.lines.iter().map(|l| l.dmesg_style()).collect();
     if lines.len() > MAX_KLOG_LINES {
         lines.drain(..lines.len() - MAX_KLOG_LINES);
     }
+    let note = match (&read.truncated, lines.is_empty()) {
+        (Some(why), _) => Some(format!("read in part: {why}")),
+        (None, true) => Some("no line mentions NVRM, Xid or nvidia".into()),
+        (None, false) => None,
+    };
     KernelLog {
         readable: true,
-        source: Some(source.into()),
-        note: lines
-            .is_empty()
-            .then(|| "no line mentions NVRM, Xid or nvidia".into()),
+        source: Some(read.source),
+        note,
         lines,
     }
-}
-
-/// Reads every record /dev/kmsg holds now; non-blocking, so the end of the buffer is EAGAIN
-/// rather than a wait for the next message.
-fn read_kmsg() -> std::io::Result<Vec<String>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open("/dev/kmsg")?;
-    let mut lines = Vec::new();
-    let mut buf = vec![0u8; 16 * 1024];
-    for _ in 0..MAX_KMSG_RECORDS {
-        match f.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                let rec = String::from_utf8_lossy(&buf[..n]);
-                // "prio,seq,usec,flags;message\n continuation lines"
-                let msg = rec.split_once(';').map_or(&*rec, |(_, m)| m);
-                let msg = msg.lines().next().unwrap_or("").to_string();
-                if is_gpu_line(&msg) {
-                    lines.push(msg);
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            // The ring buffer overwrote records while reading: go on with the next.
-            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(lines)
 }
 
 #[cfg(test)]

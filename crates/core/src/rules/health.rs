@@ -3,8 +3,10 @@
 //!
 //! These judge the newest sample of each device (the engine runs them on every tick, so nothing
 //! transient slips between evaluations) by the absent reasons the backend, the poll deadline and
-//! the plausibility check left there (`telemetry::sanity`), plus `device_lost` events. XID 79
-//! itself is graded by `errors.rs`; `device.lost` says what it means for the telemetry.
+//! the plausibility check left there (`telemetry::sanity`), plus `device_lost` events and XID
+//! 79. XID 79 is the driver saying the GPU fell off the bus, so it raises `device.lost` by
+//! itself: a source that reports the XID but not (or not yet) lost values must not leave the GPU
+//! looking alive. `errors.rs` still grades the XID as an XID.
 
 use serde_json::{Value, json};
 
@@ -22,14 +24,12 @@ pub fn is_health(id: &str) -> bool {
     [LOST, MISSING, STALLED, IMPLAUSIBLE].contains(&id)
 }
 
-/// Findings from the newest samples and from this tick's `device_lost` events.
+/// The XID the driver logs when a GPU falls off the bus.
+pub const XID_FELL_OFF_THE_BUS: u64 = 79;
+
+/// Findings from the newest samples and from this tick's `device_lost` and XID 79 events.
 pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
-    let mut out = Vec::new();
-    for e in input.events {
-        if let (EventKind::DeviceLost { reason }, Some(device)) = (&e.kind, e.device) {
-            out.push(lost(device, e.time_ms, reason));
-        }
-    }
+    let mut out = lost_from_events(input.events);
     for (&device, s) in input.latest {
         let reasons: Vec<(Health, &Absent)> = s
             .absent
@@ -66,6 +66,42 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
         }
     }
     out
+}
+
+/// One `device.lost` per device from a tick's events: a backend that sees the loss reports both
+/// the XID and its own `device_lost`, which are one loss, so their evidence is merged (the
+/// backend's reason, the XID) at the earlier of their times.
+fn lost_from_events(events: &[gpudiag_telemetry::Event]) -> Vec<Finding> {
+    let mut by_device: std::collections::BTreeMap<u32, (u64, Option<&str>, Option<u64>)> =
+        Default::default();
+    for e in events {
+        let Some(device) = e.device else { continue };
+        let (reason, xid) = match &e.kind {
+            EventKind::DeviceLost { reason } => (Some(reason.as_str()), None),
+            EventKind::Xid { xid } if *xid == XID_FELL_OFF_THE_BUS => (None, Some(*xid)),
+            _ => continue,
+        };
+        let entry = by_device.entry(device).or_insert((e.time_ms, None, None));
+        entry.0 = entry.0.min(e.time_ms);
+        entry.1 = entry.1.or(reason);
+        entry.2 = entry.2.or(xid);
+    }
+    by_device
+        .into_iter()
+        .map(|(device, (time_ms, reason, xid))| {
+            let mut f = lost(
+                device,
+                time_ms,
+                reason.unwrap_or("XID 79: the driver reports the GPU has fallen off the bus"),
+            );
+            if let Some(xid) = xid {
+                f.evidence.values.insert("xid".into(), json!(xid));
+                f.evidence.threshold =
+                    "the driver reports the GPU lost, or an XID 79 (fell off the bus)".into();
+            }
+            f
+        })
+        .collect()
 }
 
 fn lost(device: u32, time_ms: u64, reason: &str) -> Finding {
@@ -247,5 +283,64 @@ mod tests {
         );
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].evidence.values["reason"], json!("fell off the bus"));
+    }
+
+    fn xid(device: Option<u32>, time_ms: u64, xid: u64) -> Event {
+        Event {
+            time_ms,
+            device,
+            kind: EventKind::Xid { xid },
+        }
+    }
+
+    #[test]
+    fn an_xid_79_alone_is_a_lost_gpu_with_the_xid_as_evidence() {
+        let mut alive = Sample::new(1, 7);
+        alive.gpu_util_pct = Some(40.0);
+        let f = run(BTreeMap::from([(1, alive)]), vec![xid(Some(1), 5, 79)]);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!((f[0].id.as_str(), f[0].device), (LOST, Some(1)));
+        assert_eq!(f[0].severity, Severity::Fail);
+        assert_eq!(f[0].time_ms, 5);
+        assert_eq!(f[0].evidence.values["xid"], json!(79));
+        assert!(
+            f[0].evidence.values["reason"]
+                .as_str()
+                .unwrap()
+                .contains("fallen off the bus"),
+            "{:?}",
+            f[0].evidence
+        );
+    }
+
+    #[test]
+    fn xid_79_with_device_lost_and_lost_samples_is_one_finding_carrying_both() {
+        let lost_event = Event {
+            time_ms: 6,
+            device: Some(0),
+            kind: EventKind::DeviceLost {
+                reason: "GPU is lost (NVML_ERROR_GPU_IS_LOST)".into(),
+            },
+        };
+        let f = run(
+            BTreeMap::from([(0, sanity::all_absent(0, 6, &Absent::GpuLost))]),
+            vec![xid(Some(0), 5, 79), lost_event, xid(Some(0), 6, 79)],
+        );
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].time_ms, 5);
+        assert_eq!(f[0].evidence.values["xid"], json!(79));
+        assert_eq!(
+            f[0].evidence.values["reason"],
+            json!("GPU is lost (NVML_ERROR_GPU_IS_LOST)")
+        );
+    }
+
+    #[test]
+    fn other_xids_and_host_wide_xid_79_lose_no_gpu() {
+        let f = run(
+            BTreeMap::new(),
+            vec![xid(Some(0), 5, 13), xid(Some(0), 5, 48), xid(None, 5, 79)],
+        );
+        assert!(f.is_empty(), "{f:?}");
     }
 }
