@@ -54,6 +54,16 @@ fn sample(device: u32, time_ms: u64, i: u64) -> Sample {
     s.pcie_rx_bytes_per_s = Some(1e9 + wave);
     s.pcie_tx_bytes_per_s = Some(2e9 + wave);
     s.pcie_replay_count = Some(i / 1000);
+    // Profiling counters as GPM gives them on a Hopper GPU, so the verdict judges from them.
+    s.sm_active_pct = Some(wave * 0.9);
+    s.sm_occupancy_pct = Some(wave * 0.2);
+    s.tensor_active_pct = Some(wave * 0.7);
+    s.dram_active_pct = Some(wave * 0.3);
+    s.fp32_active_pct = Some(wave * 0.05);
+    s.fp16_active_pct = Some(0.0);
+    s.fp64_active_pct = Some(0.0);
+    s.prof_pcie_rx_bytes_per_s = Some(1e9 + wave);
+    s.prof_pcie_tx_bytes_per_s = Some(2e9 + wave);
     s.ecc_uncorrected_volatile = Some(0);
     s.remapped_rows_pending = Some(false);
     s.processes = Some(
@@ -167,7 +177,25 @@ fn per_family(history: &History, devices: &[DeviceInfo]) {
         process_cpu: None,
     };
     type Family = fn(&RuleInput<'_>) -> Vec<gpudiag::rules::Finding>;
-    let families: [(&str, Family); 7] = [
+    let families: [(&str, Family); 9] = [
+        ("verdict, 30 s window", |i| {
+            black_box(rules::verdict::judge_all(
+                i,
+                None,
+                i.now_ms - 30_000,
+                i.now_ms,
+            ));
+            Vec::new()
+        }),
+        ("verdict, the whole hour (check over a recording)", |i| {
+            black_box(rules::verdict::judge_all(
+                i,
+                None,
+                i.now_ms - 3_600_000,
+                i.now_ms,
+            ));
+            Vec::new()
+        }),
         ("errors", rules::errors::evaluate),
         ("utilisation", rules::utilisation::evaluate),
         ("throttle", rules::throttle::evaluate),

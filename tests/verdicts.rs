@@ -90,3 +90,59 @@ fn a_run_with_a_startup_phase_shows_it() {
     let phases: Vec<Bottleneck> = r.devices[0].phases.iter().map(|p| p.bottleneck).collect();
     assert_eq!(phases.last(), Some(&Bottleneck::ComputeBound), "{phases:?}");
 }
+
+/// A GPU without profiling counters (older than Hopper, vGPU, refused): every counter is absent
+/// with its reason, the text says so once, and the verdict falls back to utilisation and says it
+/// is weaker.
+#[test]
+fn without_gpm_the_counters_say_why_once_and_the_verdict_is_weaker() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("no_gpm.ndjson");
+    let src = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/recordings/healthy.ndjson"
+    ))
+    .unwrap();
+    let mut out = String::new();
+    for line in src.lines() {
+        let mut v: serde_json::Value = serde_json::from_str(line).unwrap();
+        if v["kind"] == "sample" {
+            for f in gpudiag_model::sample::PROFILING_FIELDS {
+                v[*f] = serde_json::Value::Null;
+                v["absent"][*f] = serde_json::json!("not_supported");
+            }
+        }
+        out.push_str(&v.to_string());
+        out.push('\n');
+    }
+    std::fs::write(&path, out).unwrap();
+    let run = |json: bool| {
+        let mut args = vec!["check", "--replay", path.to_str().unwrap()];
+        if json {
+            args.insert(1, "--json");
+        }
+        std::process::Command::new(env!("CARGO_BIN_EXE_gpudiag"))
+            .args(&args)
+            .output()
+            .unwrap()
+    };
+    let text = String::from_utf8(run(false).stdout).unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("profiling counters"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    assert!(lines[0].contains("not supported"), "{text}");
+    assert!(!text.contains("SM active n/a"), "{text}");
+    let report: CheckReport = serde_json::from_slice(&run(true).stdout).unwrap();
+    let v = verdict(&report);
+    assert_eq!(v.basis, Basis::Utilisation);
+    assert!(v.advice.contains("verdict is weaker"), "{}", v.advice);
+    assert!(v.advice.contains("cannot tell"), "{}", v.advice);
+    let latest = report.devices[0].latest.as_ref().unwrap();
+    assert_eq!(latest.sm_active_pct, None);
+    assert_eq!(
+        latest.why_absent("sm_active_pct"),
+        Some(&gpudiag_model::sample::Absent::NotSupported)
+    );
+}

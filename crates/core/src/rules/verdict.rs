@@ -429,6 +429,11 @@ fn title(device: u32, b: Bottleneck, f: &Figures, holders: &[VerdictProcess]) ->
 
 fn advice(b: Bottleneck, f: &Figures, link_bytes_per_s: Option<f64>, basis: Basis) -> String {
     let mut text = match b {
+        Bottleneck::ComputeBound if basis == Basis::Utilisation => "Kernels run most of the \
+            time, but without profiling counters gpudiag cannot tell full SMs from a single warp: \
+            profile the top kernels (Nsight Systems, torch.profiler) to see whether they fill \
+            the GPU, and use bf16 or TF32 so matmuls run on tensor cores."
+            .to_owned(),
         Bottleneck::ComputeBound => {
             if f.tensor.is_some_and(|t| t >= 20.0) {
                 "The GPU does useful work on its tensor cores: this is the good case. Gains now \
