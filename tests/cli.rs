@@ -547,6 +547,53 @@ fn window_on_a_replay_keeps_only_the_end() {
     assert_eq!(one.window.end_ms, Some(T0 + 9000));
 }
 
+/// The healthy recording's GPU for `secs` seconds, one sample a second, at the temperature
+/// `temp` gives for each second.
+fn recording_with_temperatures(path: &Path, secs: u64, temp: impl Fn(u64) -> f64) {
+    let healthy = std::fs::read_to_string(fixture("healthy.ndjson")).unwrap();
+    let mut lines = healthy.lines();
+    let mut text = format!("{}\n", lines.next().unwrap());
+    let template: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    for t in 0..secs {
+        let mut sample = template.clone();
+        sample["time_ms"] = (T0 + t * 1000).into();
+        sample["temp_gpu_c"] = temp(t).into();
+        text.push_str(&format!("{sample}\n"));
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn a_finding_that_cleared_says_when_it_held_and_a_fault_still_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spike.ndjson");
+    // 88 °C against an 89 °C slowdown for the first 5 s of 60: the 10 s mean leaves the margin
+    // at +5 s.
+    recording_with_temperatures(&path, 60, |t| if t < 5 { 88.0 } else { 55.0 });
+    let report = check_replay(&path, &[]).report();
+    let hot: Vec<_> = report.devices[0]
+        .findings
+        .iter()
+        .filter(|f| f.id == "thermal.near_slowdown")
+        .collect();
+    assert_eq!(hot.len(), 1, "{:?}", report.devices[0].findings);
+    assert_eq!(hot[0].state, gpudiag::rules::FindingState::Cleared);
+    assert_eq!(hot[0].time_ms, T0);
+    assert_eq!(hot[0].last_seen_ms, Some(T0 + 4000));
+    assert_eq!(report.status, Status::Warn);
+    assert_eq!(check_replay(&path, &["--fail-on", "warn"]).code, 1);
+
+    let text = gpudiag(&["check", "--replay", s(&path)]).stdout;
+    assert!(
+        text.contains("°C limit (cleared: 00:00:00–00:00:04 UTC)"),
+        "{text}"
+    );
+
+    recording_with_temperatures(&path, 60, |_| 88.0);
+    let text = gpudiag(&["check", "--replay", s(&path)]).stdout;
+    assert!(text.contains("°C limit (since 00:00:00 UTC)"), "{text}");
+}
+
 #[test]
 fn window_info_describes_the_same_samples_as_the_summary() {
     let report = check_replay(&fixture("two_gpus.ndjson"), &["--window", "2s"]).report();

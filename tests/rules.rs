@@ -6,7 +6,7 @@
 use gpudiag::config::{Config, RulesConfig};
 use gpudiag::cuda_libraries::LibraryInfo;
 use gpudiag::history::History;
-use gpudiag::rules::{Finding, RuleEngine, Severity};
+use gpudiag::rules::{Finding, FindingState, RuleEngine, Severity};
 use gpudiag::telemetry::{
     ComputeCapability, DeviceInfo, Event, EventKind, HostInfo, ProcessSample, Sample, Tick,
 };
@@ -475,6 +475,34 @@ fn near_the_slowdown_temperature_warns_and_ten_degrees_below_does_not() {
     assert_eq!(t.evidence.values["limit_c"], serde_json::json!(89.0));
     let warm = Scenario::new().phase(20.0, |_, s| s.temp_gpu_c = Some(79.0));
     assert!(warm.ids().is_empty(), "{:?}", warm.ids());
+}
+
+#[test]
+fn a_finding_that_passed_is_cleared_with_its_span_and_one_that_holds_stays_active() {
+    // Hot for 5 s, then 55 s at 55 °C: the 10 s mean drops below the margin a second later.
+    let passed = Scenario::new()
+        .phase(5.0, |_, s| s.temp_gpu_c = Some(88.0))
+        .phase(55.0, |_, s| s.temp_gpu_c = Some(55.0));
+    let f = passed.findings();
+    let t = find(&f, "thermal.near_slowdown");
+    assert_eq!(t.state, FindingState::Cleared);
+    assert_eq!(t.time_ms, T0);
+    let last = t.last_seen_ms.expect("the engine stamps when it last held");
+    assert!(
+        (T0 + 4_000..T0 + 10_000).contains(&last),
+        "last seen {} ms in",
+        last - T0
+    );
+    let held = Scenario::new().phase(60.0, |_, s| s.temp_gpu_c = Some(88.0));
+    let f = held.findings();
+    let t = find(&f, "thermal.near_slowdown");
+    assert_eq!(t.state, FindingState::Active);
+    assert_eq!(t.time_ms, T0);
+    assert!(
+        t.last_seen_ms.unwrap() >= T0 + 59_000,
+        "{:?}",
+        t.last_seen_ms
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -459,6 +459,8 @@ mod tests {
                     threshold: "event".into(),
                 },
                 advice: "a".into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             }],
             source_ended: false,

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use super::verdict::{self, NotJudged, ProcessCpu};
-use super::{Finding, ProcessMemory, RuleInput, is_workload, sort};
+use super::{Finding, FindingState, ProcessMemory, RuleInput, is_workload, sort};
 use crate::config::RulesConfig;
 use crate::history::History;
 use gpudiag_model::cuda_libraries::LibraryInfo;
@@ -34,7 +34,8 @@ pub struct RuleEngine {
     /// Findings of the latest windowed evaluation plus every event finding, by key.
     active: BTreeMap<Key, Finding>,
     /// Every distinct finding raised since the start, in order of onset: `time_ms` is when it
-    /// first fired, the rest is from the last evaluation in which it held.
+    /// first fired, the rest (`last_seen_ms` included) is from the last evaluation in which it
+    /// held.
     raised: Vec<Finding>,
     raised_index: std::collections::HashMap<Key, usize>,
 }
@@ -201,6 +202,11 @@ impl RuleEngine {
 
     fn raise(&mut self, f: Finding) {
         let key = (f.id.clone(), f.device);
+        let f = Finding {
+            last_seen_ms: Some(f.time_ms),
+            state: FindingState::Active,
+            ..f
+        };
         match self.raised_index.get(&key) {
             Some(&i) => {
                 let onset = self.raised[i].time_ms;
@@ -238,17 +244,38 @@ impl RuleEngine {
     }
 
     /// What is wrong now: the latest windowed findings plus every event and environment finding,
-    /// worst first.
+    /// worst first, each with its onset and the last time it held.
     pub fn active(&self) -> Vec<Finding> {
-        let mut v: Vec<Finding> = self.active.values().cloned().collect();
+        let mut v: Vec<Finding> = self
+            .raised
+            .iter()
+            .filter(|f| self.active.contains_key(&(f.id.clone(), f.device)))
+            .cloned()
+            .collect();
         sort(&mut v);
         v
     }
 
-    /// Everything raised since the start (first occurrence of each id and device), worst first:
-    /// what a check over a window or a recording reports.
+    /// Everything raised since the start, once per id and device, worst first: what a check
+    /// over a window or a recording reports. Each spans its onset (`time_ms`) to the last
+    /// evaluation at which it held, and is `cleared` when the latest evaluation no longer
+    /// raised it.
     pub fn raised(&self) -> Vec<Finding> {
-        let mut v = self.raised.clone();
+        let mut v: Vec<Finding> = self
+            .raised
+            .iter()
+            .map(|f| {
+                let held = self.active.contains_key(&(f.id.clone(), f.device));
+                Finding {
+                    state: if held {
+                        FindingState::Active
+                    } else {
+                        FindingState::Cleared
+                    },
+                    ..f.clone()
+                }
+            })
+            .collect();
         sort(&mut v);
         v
     }

@@ -89,6 +89,8 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 advice: "Data on this GPU may be corrupt: stop jobs, reset the GPU so the bad \
                          rows are remapped, and run the memory probe; repeated errors mean RMA."
                     .into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             });
         }
@@ -107,6 +109,8 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 advice: "The GPU cannot repair its memory any more; take it out of service \
                          and request an RMA."
                     .into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             });
         }
@@ -130,6 +134,8 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 advice: "Reset the GPU (or reboot) when it is idle so the pending row remap or \
                          page retirement takes effect."
                     .into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             });
         }
@@ -157,6 +163,8 @@ pub fn evaluate_events(input: &RuleInput<'_>) -> Vec<Finding> {
                 threshold: "event".into(),
             },
             advice: xid_advice(severity).into(),
+            last_seen_ms: None,
+            state: Default::default(),
             recorded: false,
         });
     }

@@ -179,6 +179,8 @@ fn nearly_full(input: &RuleInput<'_>) -> Vec<Finding> {
                      (mixed precision, gradient checkpointing), release cached blocks, or find the \
                      process holding the most memory in the process list."
                 .into(),
+            last_seen_ms: None,
+            state: Default::default(),
             recorded: false,
         });
     }
@@ -247,6 +249,8 @@ fn leaks(input: &RuleInput<'_>) -> Vec<Finding> {
                      torch.cuda.memory_summary() or a memory snapshot between iterations; at this \
                      rate the process runs out of memory eventually."
                 .into(),
+            last_seen_ms: None,
+            state: Default::default(),
             recorded: false,
         });
     }

@@ -6,7 +6,7 @@
 //! memory for leaks), and evaluates the windowed rules on a fixed cadence, so the cost per tick
 //! depends on the window lengths, never on how long the history has grown.
 
-pub use gpudiag_model::finding::{Evidence, Finding, Severity, values};
+pub use gpudiag_model::finding::{Evidence, Finding, FindingState, Severity, values};
 
 pub mod engine;
 pub mod environment;

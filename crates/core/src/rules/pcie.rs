@@ -95,6 +95,8 @@ fn downtrained(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Opti
             now.map_or("n/a".into(), |v| v.to_string()),
             full.map_or("n/a".into(), |v| v.to_string()),
         ),
+        last_seen_ms: None,
+        state: Default::default(),
         recorded: false,
     })
 }
@@ -152,6 +154,8 @@ fn replays(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Option<F
                  check the kernel log for AER corrected errors; replays cost bandwidth and can \
                  precede a link failure (XID 79)."
             .into(),
+        last_seen_ms: None,
+        state: Default::default(),
         recorded: false,
     })
 }
@@ -241,6 +245,8 @@ pub fn probe_bandwidth(
                      hangs off (NUMA: run on the GPU's local socket), and IOMMU or PCIe switch \
                      settings; copies from other processes share the link too."
                 .into(),
+            last_seen_ms: None,
+            state: Default::default(),
             recorded: false,
         });
     }
@@ -269,6 +275,8 @@ pub fn probe_bandwidth(
                      Applications that copy a lot should use pinned host memory \
                      (pin_memory=True, cudaHostAlloc)."
                 .into(),
+            last_seen_ms: None,
+            state: Default::default(),
             recorded: false,
         });
     }

@@ -168,6 +168,8 @@ fn slow_gpus(probed: &[DeviceProbes], margin: f64, now_ms: TimeMs) -> Vec<Findin
                          its peers (gpudiag check); if they match, rerun the probes, then have \
                          the GPU serviced."
                     .into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             })
         })
@@ -223,6 +225,8 @@ fn slow_links(links: &[PeerLink], margin: f64, now_ms: TimeMs) -> Vec<Finding> {
                      nvidia-smi nvlink -s -e) and the PCIe path between them; a link running \
                      below its siblings needs the board or cabling looked at."
                 .into(),
+            last_seen_ms: None,
+            state: Default::default(),
             recorded: false,
         });
     }

@@ -56,6 +56,8 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                          (inlet temperature, fan curves, blocked or dusty intakes); if one GPU \
                          runs hotter than its peers, check its heatsink mounting and placement."
                     .into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             });
         }

@@ -118,6 +118,8 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                     ),
                 },
                 advice: advice.into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             });
         }
@@ -168,6 +170,8 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                          its power limit. Nothing to fix unless the limit is below the default \
                          (`nvidia-smi -q -d POWER`) or the GPU should be faster than its peers."
                     .into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             });
         }

@@ -120,6 +120,8 @@ pub fn over(
              the GPU for others.",
             v.advice
         ),
+        last_seen_ms: None,
+        state: Default::default(),
         recorded: false,
     })
 }
