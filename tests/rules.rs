@@ -505,6 +505,31 @@ fn a_finding_that_passed_is_cleared_with_its_span_and_one_that_holds_stays_activ
     );
 }
 
+#[test]
+fn titles_name_their_window_and_never_round_onto_the_threshold() {
+    // 95.03% of the memory is above "> 95%": printed as "95.0%" the title contradicts it.
+    let used = (141.0 * GIB as f64 * 0.9503) as u64;
+    let full = Scenario::new().phase(20.0, |_, s| s.mem_used_bytes = Some(used));
+    let f = full.findings();
+    let title = &find(&f, "memory.nearly_full").title;
+    assert!(title.contains("95.03% full (mean over 10 s)"), "{title}");
+    // A mean utilisation of 49.6% is below "< 50%": it must not print as 50%.
+    let low = Scenario::new().phase(60.0, |_, s| {
+        s.gpu_util_pct = Some(49.6);
+        s.processes = Some(vec![process(5, 8 * GIB)]);
+    });
+    let f = low.findings();
+    let title = &find(&f, "utilisation.low").title;
+    assert!(title.contains("utilisation 49%"), "{title}");
+    let hot = Scenario::new().phase(20.0, |_, s| s.temp_gpu_c = Some(86.4));
+    let f = hot.findings();
+    let title = &find(&f, "thermal.near_slowdown").title;
+    assert!(
+        title.contains("86 °C (mean over 10 s), within 3 °C of its 89 °C limit"),
+        "{title}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // environment
 

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde_json::json;
 
-use super::{Evidence, Finding, RuleInput, Severity, round2, secs, values};
+use super::{Evidence, Finding, RuleInput, Severity, mean_over, round2, secs, shown, values};
 use gpudiag_telemetry::{Metric, Sample, TimeMs};
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -165,7 +165,17 @@ fn nearly_full(input: &RuleInput<'_>) -> Vec<Finding> {
             severity: Severity::Warn,
             device: Some(d.index),
             time_ms: input.now_ms,
-            title: format!("GPU {} memory {pct:.1}% full", d.index),
+            title: format!(
+                "GPU {} memory {}% full ({})",
+                d.index,
+                shown(pct, 1, f64::gt, cfg.nearly_full_pct),
+                mean_over(
+                    input.history,
+                    d.index,
+                    Metric::MemUsedBytes,
+                    secs(cfg.nearly_full_window_s)
+                )
+            ),
             evidence: Evidence {
                 values: values([
                     ("used_mean_mib", json!(round2(mean / MIB))),

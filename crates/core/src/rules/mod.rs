@@ -102,6 +102,56 @@ pub(crate) fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
 }
 
+/// What a mean of `metric` over `window` covers, as a title says it: "mean over 40 s", or "one
+/// reading" where a single read is all there is.
+pub(crate) fn mean_over(
+    history: &History,
+    device: u32,
+    metric: Metric,
+    window: Duration,
+) -> String {
+    let first = history.series_in(device, metric, window).next();
+    let last = history.latest(device, metric);
+    match first.zip(last) {
+        Some(((a, _), (b, _))) if b > a => format!("mean over {:.0} s", (b - a) as f64 / 1000.0),
+        _ => "one reading".to_owned(),
+    }
+}
+
+/// `v` for a title: with `decimals` decimals, or more where rounding would put it on the other
+/// side of `threshold` than the value itself ("50%" for 49.6 against "< 50%"). `cmp` is the
+/// rule's comparison (`f64::lt`, `f64::ge`, ...), `threshold` the number as the evidence shows it.
+pub(crate) fn shown(
+    v: f64,
+    decimals: usize,
+    cmp: fn(&f64, &f64) -> bool,
+    threshold: f64,
+) -> String {
+    let truth = cmp(&v, &threshold);
+    (decimals..=decimals + 3)
+        .map(|d| format!("{v:.d$}"))
+        .find(|s| s.parse::<f64>().is_ok_and(|r| cmp(&r, &threshold) == truth))
+        .unwrap_or_else(|| v.to_string())
+}
+
+/// `shown` for a value and a threshold that are both printed: the fewest decimals (from
+/// `decimals`) at which the two printed numbers compare as the exact ones do.
+pub(crate) fn shown_pair(
+    v: f64,
+    threshold: f64,
+    decimals: usize,
+    cmp: fn(&f64, &f64) -> bool,
+) -> (String, String) {
+    let truth = cmp(&v, &threshold);
+    (decimals..=decimals + 3)
+        .map(|d| (format!("{v:.d$}"), format!("{threshold:.d$}")))
+        .find(|(a, b)| match (a.parse::<f64>(), b.parse::<f64>()) {
+            (Ok(a), Ok(b)) => cmp(&a, &b) == truth,
+            _ => false,
+        })
+        .unwrap_or_else(|| (v.to_string(), threshold.to_string()))
+}
+
 /// Samples of several metrics of one device aligned on their timestamps, oldest first. Metrics
 /// come from the same `Sample`, so equal times mean the same instant; a metric a sample lacked
 /// is `None` there.
@@ -157,6 +207,24 @@ pub(crate) fn aligned<const N: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shown_never_rounds_a_value_across_its_threshold() {
+        assert_eq!(shown(49.6, 0, f64::lt, 50.0), "49.6");
+        assert_eq!(shown(49.96, 0, f64::lt, 50.0), "49.96");
+        assert_eq!(shown(42.4, 0, f64::lt, 50.0), "42");
+        assert_eq!(shown(95.04, 1, f64::gt, 95.0), "95.04");
+        assert_eq!(shown(85.0, 0, f64::ge, 85.0), "85");
+        // Replays at 30.8/min against a budget of 30.72/min must not read "31 above 31".
+        assert_eq!(
+            shown_pair(30.8, 30.72, 0, f64::gt),
+            ("30.8".to_owned(), "30.7".to_owned())
+        );
+        assert_eq!(
+            shown_pair(62.0, 30.72, 0, f64::gt),
+            ("62".to_owned(), "31".to_owned())
+        );
+    }
 
     #[test]
     fn aligned_joins_series_on_time_and_keeps_gaps() {

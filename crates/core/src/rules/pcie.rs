@@ -8,7 +8,9 @@
 
 use serde_json::json;
 
-use super::{Evidence, Finding, RuleInput, Severity, aligned, round2, secs, values};
+use super::{
+    Evidence, Finding, RuleInput, Severity, aligned, round2, secs, shown, shown_pair, values,
+};
 use gpudiag_model::decode::pcie_link_rate;
 use gpudiag_telemetry::Metric;
 
@@ -37,6 +39,10 @@ fn downtrained(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Opti
         ],
         secs(cfg.window_s),
     );
+    let span_s = rows
+        .first()
+        .zip(rows.last())
+        .map_or(0.0, |(a, b)| b.0.saturating_sub(a.0) as f64 / 1000.0);
     let moving = cfg.moving_mb_per_s * 1e6;
     let active: Vec<(u32, u32)> = rows
         .iter()
@@ -66,8 +72,12 @@ fn downtrained(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Opti
         device: Some(d.index),
         time_ms: input.now_ms,
         title: format!(
-            "GPU {} PCIe link runs at Gen{link_gen} x{width} while busy; it can do Gen{gen_max} x{width_max}",
-            d.index
+            "GPU {} PCIe link runs at Gen{link_gen} x{width} while busy ({}% of {} busy samples \
+             over {:.0} s); it can do Gen{gen_max} x{width_max}",
+            d.index,
+            shown(fraction * 100.0, 0, f64::ge, cfg.min_fraction * 100.0),
+            active.len(),
+            span_s
         ),
         evidence: Evidence {
             values: values([
@@ -128,14 +138,17 @@ fn replays(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Option<F
     if rate <= budget {
         return None;
     }
+    let (rate_text, budget_text) = shown_pair(rate, budget, 0, f64::gt);
     Some(Finding {
         id: "pcie.replay_rate".into(),
         severity: Severity::Warn,
         device: Some(d.index),
         time_ms: input.now_ms,
         title: format!(
-            "GPU {} PCIe replays rising at {rate:.0}/min, above the {budget:.0}/min a healthy Gen{link_gen} x{width} link allows",
-            d.index
+            "GPU {} PCIe replays rising at {rate_text}/min over {:.0} s, above the \
+             {budget_text}/min a healthy Gen{link_gen} x{width} link allows",
+            d.index,
+            span_min * 60.0
         ),
         evidence: Evidence {
             values: values([
@@ -221,9 +234,19 @@ pub fn probe_bandwidth(
             device: Some(d.index),
             time_ms: now_ms,
             title: format!(
-                "GPU {} pinned {what} copies reach {gbps:.1} GB/s, {:.0}% of what its Gen{gen_max} x{width_max} link carries ({link_gbps:.1} GB/s)",
+                "GPU {} pinned {what} copies reach {gbps:.1} GB/s, {}% of what its \
+                 Gen{gen_max} x{width_max} link carries ({link_gbps:.1} GB/s)",
                 d.index,
-                share * 100.0
+                shown(
+                    share * 100.0,
+                    0,
+                    f64::lt,
+                    if severity == Severity::Fail {
+                        FAIL_SHARE
+                    } else {
+                        WARN_SHARE
+                    } * 100.0
+                )
             ),
             evidence: Evidence {
                 values: values([
@@ -259,9 +282,15 @@ pub fn probe_bandwidth(
             device: Some(d.index),
             time_ms: now_ms,
             title: format!(
-                "GPU {} copies from pageable memory run at {pageable:.1} GB/s, {:.0}% of pinned ({pinned:.1} GB/s)",
+                "GPU {} copies from pageable memory run at {pageable:.1} GB/s, {}% of pinned \
+                 ({pinned:.1} GB/s)",
                 d.index,
-                pageable / pinned * 100.0
+                shown(
+                    pageable / pinned * 100.0,
+                    0,
+                    f64::lt,
+                    PAGEABLE_HINT_SHARE * 100.0
+                )
             ),
             evidence: Evidence {
                 values: values([

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use super::{Evidence, Finding, RuleInput, Severity, round2, secs, values};
+use super::{Evidence, Finding, RuleInput, Severity, mean_over, round2, secs, shown, values};
 use gpudiag_telemetry::Metric;
 
 pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
@@ -31,18 +31,24 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
             let Some(mean) = input.history.mean(d.index, metric, window) else {
                 continue;
             };
-            if mean < limit - cfg.slowdown_margin_c {
+            let near = limit - cfg.slowdown_margin_c;
+            if mean < near {
                 continue;
             }
+            // The distance is taken from the printed mean so the two numbers add up to the limit.
+            let mean_text = shown(mean, 0, f64::ge, near);
+            let decimals = mean_text.split_once('.').map_or(0, |(_, f)| f.len());
+            let distance = (limit - mean_text.parse().unwrap_or(mean)).max(0.0);
             out.push(Finding {
                 id: id.into(),
                 severity: Severity::Warn,
                 device: Some(d.index),
                 time_ms: input.now_ms,
                 title: format!(
-                    "GPU {} {what} temperature {mean:.0} °C, within {:.0} °C of its {limit:.0} °C limit",
+                    "GPU {} {what} temperature {mean_text} °C ({}), within \
+                     {distance:.decimals$} °C of its {limit:.0} °C limit",
                     d.index,
-                    (limit - mean).max(0.0)
+                    mean_over(input.history, d.index, metric, window)
                 ),
                 evidence: Evidence {
                     values: values([

@@ -5,7 +5,7 @@
 
 use serde_json::json;
 
-use super::{Evidence, Finding, RuleInput, Severity, aligned, round2, secs, values};
+use super::{Evidence, Finding, RuleInput, Severity, aligned, round2, secs, shown, values};
 use gpudiag_telemetry::Metric;
 
 pub const SW_POWER_CAP: u64 = 0x4;
@@ -95,9 +95,9 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 device: Some(d.index),
                 time_ms: input.now_ms,
                 title: format!(
-                    "GPU {}: {what} for {:.0}% of {:.0} s",
+                    "GPU {}: {what} for {}% of {:.0} s",
                     d.index,
-                    fraction * 100.0,
+                    shown(fraction * 100.0, 0, f64::ge, cfg.min_fraction * 100.0),
                     span_s
                 ),
                 evidence: Evidence {
@@ -144,11 +144,16 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 device: Some(d.index),
                 time_ms: input.now_ms,
                 title: format!(
-                    "GPU {} runs at its power limit ({} W of {} W) for {:.0}% of {:.0} s",
+                    "GPU {} runs at its power limit ({} W of {} W) for {}% of {:.0} s",
                     d.index,
                     mean(3).map_or("n/a".into(), |p| format!("{p:.0}")),
                     limit.map_or("n/a".into(), |l| format!("{l:.0}")),
-                    fraction * 100.0,
+                    shown(
+                        fraction * 100.0,
+                        0,
+                        f64::ge,
+                        cfg.power_cap_min_fraction * 100.0
+                    ),
                     span_s
                 ),
                 evidence: Evidence {
