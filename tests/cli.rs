@@ -1014,6 +1014,26 @@ fn text_output_escapes_control_characters_from_a_recording() {
 /// An error that quotes a recording's bad value (here a severity that is a terminal escape
 /// followed by CR LF) stays one line on stderr, its control characters visible.
 #[test]
+fn a_verdict_naming_a_hostile_process_cannot_forge_a_line() {
+    let dir = tempfile::tempdir().unwrap();
+    // The recording's 2 s are enough for a verdict once the minimum span allows it.
+    let config = dir.path().join("c.toml");
+    std::fs::write(&config, "[rules.utilisation]\nmin_span_s = 1.0\n").unwrap();
+    let path = hostile("control_chars.ndjson");
+    let run = gpudiag(&["check", "--config", s(&config), "--replay", s(&path)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("verdict GPU 0: "), "{}", run.stdout);
+    assert!(raw_controls(&run.stdout).is_empty(), "{}", run.stdout);
+    assert!(
+        run.stdout
+            .lines()
+            .all(|l| !l.trim_start().starts_with("FAKE")),
+        "forged line in:\n{}",
+        run.stdout
+    );
+}
+
+#[test]
 fn errors_quoting_a_recording_escape_control_characters() {
     let path = hostile("control_chars_in_error.ndjson");
     for args in [

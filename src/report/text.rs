@@ -241,24 +241,25 @@ fn render_verdicts(out: &mut String, report: &CheckReport) {
                 Basis::ProfilingCounters => "",
                 Basis::Utilisation => ", utilisation only",
             },
-            v.title,
-            v.advice
+            esc(&v.title),
+            esc(&v.advice)
         );
     }
     for d in report.devices.iter().filter(|d| d.phases.len() > 1) {
         let _ = writeln!(out, "phases GPU {}:", d.info.index);
         let t0 = d.phases[0].start_ms;
         for p in &d.phases {
-            let _ = writeln!(out, "    {}", phase_line(p, t0));
+            let _ = writeln!(out, "    {}", esc(&phase_line(p, t0)));
         }
     }
     for n in &report.not_judged {
+        // Reasons may quote what a recording says (a process name).
         let _ = writeln!(
             out,
             "not judged: {}{} — {}",
-            n.rule,
+            esc(&n.rule),
             n.device.map(|d| format!(" on GPU {d}")).unwrap_or_default(),
-            n.reason
+            esc(&n.reason)
         );
     }
 }
