@@ -8,7 +8,7 @@ use gpudiag::cuda_libraries::LibraryInfo;
 use gpudiag::history::History;
 use gpudiag::rules::{Finding, FindingState, RuleEngine, Severity};
 use gpudiag::telemetry::{
-    ComputeCapability, DeviceInfo, Event, EventKind, HostInfo, ProcessSample, Sample, Tick,
+    Absent, ComputeCapability, DeviceInfo, Event, EventKind, HostInfo, ProcessSample, Sample, Tick,
 };
 
 const T0: u64 = 1_767_225_600_000;
@@ -146,6 +146,20 @@ impl Scenario {
 
     /// Everything the engine raised over the scenario, as `check` reports it.
     fn findings(&self) -> Vec<Finding> {
+        self.judged().raised()
+    }
+
+    /// (rule, device, reason) of what the engine could not judge at the end of the scenario.
+    fn not_judged(&self) -> Vec<(String, Option<u32>, String)> {
+        self.judged()
+            .not_judged()
+            .iter()
+            .map(|n| (n.rule.clone(), n.device, n.reason.clone()))
+            .collect()
+    }
+
+    /// The engine after every tick and a final evaluation.
+    fn judged(&self) -> RuleEngine {
         let mut engine = RuleEngine::new(
             self.config.clone(),
             vec![self.device.clone()],
@@ -160,7 +174,7 @@ impl Scenario {
             engine.on_tick(&history, t);
         }
         engine.finish(&history);
-        engine.raised()
+        engine
     }
 
     fn ids(&self) -> Vec<String> {
@@ -528,6 +542,67 @@ fn titles_name_their_window_and_never_round_onto_the_threshold() {
         title.contains("86 °C (mean over 10 s), within 3 °C of its 89 °C limit"),
         "{title}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// not judged
+
+#[test]
+fn rules_without_their_data_say_so_once_per_rule_and_device() {
+    let sc = Scenario::new().phase(60.0, |_, s| {
+        busy(s);
+        s.processes = None;
+        s.absent.insert("processes".into(), Absent::NoPermission);
+        s.throttle_reasons = None;
+        s.absent
+            .insert("throttle_reasons".into(), Absent::NotSupported);
+        s.pcie_replay_count = None;
+        s.ecc_uncorrected_volatile = None;
+        s.absent
+            .insert("ecc_uncorrected_volatile".into(), Absent::NotSupported);
+    });
+    let nj = sc.not_judged();
+    let reason = |rule: &str| {
+        nj.iter()
+            .find(|(r, d, _)| r == rule && *d == Some(0))
+            .map(|(_, _, why)| why.as_str())
+            .unwrap_or_else(|| panic!("no {rule} in {nj:#?}"))
+    };
+    assert!(reason("utilisation.low").starts_with("no process list (no permission)"));
+    assert_eq!(reason("throttle"), "no throttle reasons (not supported)");
+    assert!(reason("pcie.replay_rate").starts_with("no PCIe replay counter"));
+    assert_eq!(
+        reason("errors.ecc_uncorrectable"),
+        "no ECC error counters (not supported)"
+    );
+    let mut keys: Vec<_> = nj.iter().map(|(r, d, _)| (r.clone(), *d)).collect();
+    let all = keys.len();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), all, "{nj:#?}");
+}
+
+#[test]
+fn a_short_window_says_what_needs_more_time_and_a_long_one_judges_everything() {
+    let short = Scenario::new().phase(12.0, |_, s| {
+        busy(s);
+        s.processes = Some(vec![process(5, 8 * GIB)]);
+    });
+    let nj = short.not_judged();
+    let rules: Vec<&str> = nj.iter().map(|(r, _, _)| r.as_str()).collect();
+    assert!(rules.contains(&"pcie.replay_rate"), "{nj:#?}");
+    // Three minutes with every field: only what needs profiling counters stays unjudged.
+    let long = Scenario::new().phase(180.0, |_, s| {
+        busy(s);
+        s.processes = Some(vec![process(5, 8 * GIB)]);
+    });
+    let nj = long.not_judged();
+    assert_eq!(
+        nj.iter().map(|(r, _, _)| r.as_str()).collect::<Vec<_>>(),
+        ["utilisation.low"],
+        "{nj:#?}"
+    );
+    assert!(nj[0].2.contains("no profiling counters"), "{nj:#?}");
 }
 
 // ---------------------------------------------------------------------------------------------

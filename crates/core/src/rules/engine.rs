@@ -26,8 +26,9 @@ pub struct RuleEngine {
     latest: BTreeMap<u32, Sample>,
     process_memory: ProcessMemory,
     process_cpu: ProcessCpu,
-    /// The latest verdict per device over the rolling window, and the devices that got none.
+    /// The latest verdict per device over the rolling window.
     verdicts: BTreeMap<u32, Verdict>,
+    /// What the latest evaluation could not judge: the verdict's devices, then the rules'.
     not_judged: Vec<NotJudged>,
     last_eval_ms: Option<TimeMs>,
     environment_done: bool,
@@ -129,7 +130,7 @@ impl RuleEngine {
         };
         self.evaluate_windowed(history, now);
         let input = self.input(history, &[], Some(now));
-        let (verdicts, not_judged) =
+        let (verdicts, mut not_judged) =
             verdict::judge_all(&input, Some(&self.process_cpu), start_ms, now);
         let workload: Vec<Finding> = self
             .devices
@@ -138,6 +139,16 @@ impl RuleEngine {
                 super::utilisation::over(&input, Some(&self.process_cpu), d.index, start_ms, now)
             })
             .collect();
+        // The verdict and the workload rules now speak for the whole window; the other rules'
+        // reasons stay those of the evaluation just made.
+        let workload_rule = |rule: &str| rule == "verdict" || rule.starts_with("utilisation.");
+        not_judged.extend(input.not_judged.take());
+        not_judged.extend(
+            self.not_judged
+                .drain(..)
+                .filter(|n| !workload_rule(&n.rule)),
+        );
+        not_judged.sort_by_key(|n| n.device);
         self.verdicts = verdicts;
         self.not_judged = not_judged;
         self.active.retain(|_, f| !is_workload(f));
@@ -159,7 +170,9 @@ impl RuleEngine {
         &self.verdicts
     }
 
-    /// Devices the latest evaluation could not give a verdict, with the reason.
+    /// What the latest evaluation could not judge, with the reason, by device: for each, the
+    /// verdict's entry first (rule `verdict`), then each rule that lacked data (one entry per
+    /// rule and device).
     pub fn not_judged(&self) -> &[NotJudged] {
         &self.not_judged
     }
@@ -184,15 +197,17 @@ impl RuleEngine {
         self.last_eval_ms = Some(now);
         let window = (self.config.utilisation.window_s * 1000.0) as u64;
         let input = self.input(history, &[], Some(now));
-        let (verdicts, not_judged) = verdict::judge_all(
+        let (verdicts, mut not_judged) = verdict::judge_all(
             &input,
             Some(&self.process_cpu),
             now.saturating_sub(window),
             now,
         );
+        let found = super::windowed(&input);
+        not_judged.extend(input.not_judged.take());
+        not_judged.sort_by_key(|n| n.device);
         self.verdicts = verdicts;
         self.not_judged = not_judged;
-        let found = super::windowed(&self.input(history, &[], Some(now)));
         // Windowed findings are current state: replace the previous evaluation's, keep events.
         self.active.retain(|_, f| is_sticky(f));
         for f in found {
@@ -240,6 +255,7 @@ impl RuleEngine {
             libraries: self.libraries.as_deref(),
             process_memory: Some(&self.process_memory),
             process_cpu: Some(&self.process_cpu),
+            not_judged: Default::default(),
         }
     }
 

@@ -74,6 +74,35 @@ fn xid_advice(severity: Severity) -> &'static str {
 pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
     let mut out = Vec::new();
     for (&device, s) in input.latest {
+        // A GPU lost or stalled has its own finding; every field of it is absent for that reason.
+        let unread = |rule: &str, field: &str, what: &str| {
+            input.not_judged(
+                rule,
+                Some(device),
+                format!("no {what} ({})", input.why_absent(device, field)),
+            );
+        };
+        if s.ecc_uncorrected_volatile.is_none() {
+            unread(
+                "errors.ecc_uncorrectable",
+                "ecc_uncorrected_volatile",
+                "ECC error counters",
+            );
+        }
+        if s.remapped_rows_failure.is_none() {
+            unread(
+                "errors.row_remap_failure",
+                "remapped_rows_failure",
+                "row-remapping state",
+            );
+        }
+        if s.remapped_rows_pending.is_none() && s.retired_pages_pending.is_none() {
+            unread(
+                "errors.reset_pending",
+                "remapped_rows_pending",
+                "pending row remap or page retirement state",
+            );
+        }
         if let Some(n) = s.ecc_uncorrected_volatile.filter(|&n| n > 0) {
             out.push(Finding {
                 id: "errors.ecc_uncorrectable".into(),
@@ -193,6 +222,7 @@ mod tests {
             libraries: None,
             process_memory: None,
             process_cpu: None,
+            not_judged: Default::default(),
         };
         let mut f = evaluate(&input);
         f.extend(evaluate_events(&input));

@@ -192,6 +192,7 @@ mod tests {
             libraries: None,
             process_memory: None,
             process_cpu: None,
+            not_judged: Default::default(),
         })
     }
 

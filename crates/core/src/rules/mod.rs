@@ -1,7 +1,8 @@
 //! Rules: pure functions over the history and device info that produce findings.
 //!
 //! One file per family. Each family reads a `RuleInput` (history, latest samples, events, static
-//! device info, thresholds) and returns findings; none keeps state. `engine::RuleEngine` is the
+//! device info, thresholds) and returns findings, and says through `RuleInput::not_judged` what
+//! it could not judge (too little history, a field the GPU does not report); none keeps state. `engine::RuleEngine` is the
 //! live driver: it feeds ticks, keeps the little state rules need across ticks (per-process
 //! memory for leaks), and evaluates the windowed rules on a fixed cadence, so the cost per tick
 //! depends on the window lengths, never on how long the history has grown.
@@ -21,12 +22,14 @@ pub mod utilisation;
 pub mod vendor;
 pub mod verdict;
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::config::RulesConfig;
 use crate::history::History;
 use gpudiag_model::cuda_libraries::LibraryInfo;
+use gpudiag_model::verdict::NotJudged;
 use gpudiag_telemetry::{DeviceInfo, Event, HostInfo, Metric, Sample, TimeMs};
 
 pub use engine::RuleEngine;
@@ -51,6 +54,44 @@ pub struct RuleInput<'a> {
     pub process_memory: Option<&'a ProcessMemory>,
     /// Per-process CPU time for the verdict's host-side evidence; `None` when nobody kept it.
     pub process_cpu: Option<&'a verdict::ProcessCpu>,
+    /// Where rules say what they could not judge: the engine reads it after an evaluation.
+    pub not_judged: NotJudgedLog,
+}
+
+/// Rules that could not judge a device, and why: silence is not health. A side channel rather
+/// than a second return value, so a family's signature stays `evaluate(&RuleInput) ->
+/// Vec<Finding>`; one entry per (rule, device), the first reason given.
+#[derive(Debug, Default)]
+pub struct NotJudgedLog(RefCell<Vec<NotJudged>>);
+
+impl NotJudgedLog {
+    pub fn take(&self) -> Vec<NotJudged> {
+        self.0.take()
+    }
+}
+
+impl RuleInput<'_> {
+    /// Records that `rule` (a finding id, or a family such as `throttle` when all its findings
+    /// need the same data) could not judge `device`.
+    pub fn not_judged(&self, rule: &str, device: Option<u32>, reason: impl Into<String>) {
+        let mut log = self.not_judged.0.borrow_mut();
+        if !log.iter().any(|n| n.rule == rule && n.device == device) {
+            log.push(NotJudged {
+                rule: rule.to_owned(),
+                device,
+                reason: reason.into(),
+            });
+        }
+    }
+
+    /// Why the newest sample of `device` lacks `field`, in words: "not supported", or "not
+    /// recorded" where the sample does not say.
+    pub(crate) fn why_absent(&self, device: u32, field: &str) -> String {
+        self.latest
+            .get(&device)
+            .and_then(|s| s.why_absent(field))
+            .map_or_else(|| "not recorded".to_owned(), ToString::to_string)
+    }
 }
 
 /// Runs every rule family once. Findings come back worst first, then by device.

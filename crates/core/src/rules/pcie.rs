@@ -24,8 +24,16 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
 }
 
 fn downtrained(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Option<Finding> {
+    const ID: &str = "pcie.link_downtrained";
     let cfg = &input.config.pcie;
-    let (gen_max, width_max) = (d.pcie_gen_max?, d.pcie_width_max?);
+    let (Some(gen_max), Some(width_max)) = (d.pcie_gen_max, d.pcie_width_max) else {
+        input.not_judged(
+            ID,
+            Some(d.index),
+            "the GPU does not report its maximum PCIe link",
+        );
+        return None;
+    };
     let rows = aligned(
         input.history,
         d.index,
@@ -59,7 +67,25 @@ fn downtrained(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Opti
         .filter(|(g, w)| *g < gen_max || *w < width_max)
         .collect();
     let fraction = low.len() as f64 / active.len().max(1) as f64;
-    if active.len() < 3 || fraction < cfg.min_fraction {
+    if active.len() < 3 {
+        let reason = if rows.iter().all(|(_, r)| r[0].is_none() || r[1].is_none()) {
+            format!(
+                "no PCIe link generation and width ({})",
+                input.why_absent(d.index, "pcie_gen")
+            )
+        } else {
+            // Idle links downshift to save power, so only a working GPU's link says anything.
+            format!(
+                "the GPU worked or moved data in {} of {} sample(s); an idle link downshifts, so \
+                 the link is judged under load, in at least 3",
+                active.len(),
+                rows.len()
+            )
+        };
+        input.not_judged(ID, Some(d.index), reason);
+        return None;
+    }
+    if fraction < cfg.min_fraction {
         return None;
     }
     // `min_fraction = 0` lets an all-good window through the test above.
@@ -67,7 +93,7 @@ fn downtrained(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Opti
     let now = pcie_link_rate(link_gen, width).map(|r| round2(r.bytes_per_s / 1e9));
     let full = pcie_link_rate(gen_max, width_max).map(|r| round2(r.bytes_per_s / 1e9));
     Some(Finding {
-        id: "pcie.link_downtrained".into(),
+        id: ID.into(),
         severity: Severity::Warn,
         device: Some(d.index),
         time_ms: input.now_ms,
@@ -119,20 +145,41 @@ pub fn replay_budget_per_min(ber: f64, link_gen: u32, width: u32) -> Option<f64>
 }
 
 fn replays(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Option<Finding> {
+    const ID: &str = "pcie.replay_rate";
     let cfg = &input.config.pcie;
+    let not_judged = |reason: String| {
+        input.not_judged(ID, Some(d.index), reason);
+        None
+    };
     let window = secs(cfg.window_s.max(cfg.replay_min_span_s));
     let series: Vec<(u64, f64)> = input
         .history
         .series_in(d.index, Metric::PcieReplayCount, window)
         .collect();
-    let (&(t0, first), &(t1, last)) = (series.first()?, series.last()?);
+    let (Some(&(t0, first)), Some(&(t1, last))) = (series.first(), series.last()) else {
+        return not_judged(format!(
+            "no PCIe replay counter ({})",
+            input.why_absent(d.index, "pcie_replay_count")
+        ));
+    };
     let span_min = (t1.saturating_sub(t0)) as f64 / 60_000.0;
+    if span_min * 60.0 < cfg.replay_min_span_s {
+        return not_judged(format!(
+            "{:.0} s of replay-counter history; a rate needs {} s",
+            span_min * 60.0,
+            cfg.replay_min_span_s
+        ));
+    }
     // A counter that went backwards was reset (driver reload): nothing to judge across it.
-    if span_min * 60.0 < cfg.replay_min_span_s || last < first {
-        return None;
+    if last < first {
+        return not_judged("the replay counter was reset in the window (driver reload)".into());
     }
     let latest = input.latest.get(&d.index)?;
-    let (link_gen, width) = (latest.pcie_gen?, latest.pcie_width?);
+    let (Some(link_gen), Some(width)) = (latest.pcie_gen, latest.pcie_width) else {
+        return not_judged(
+            "no current PCIe link generation and width to derive the allowed rate from".into(),
+        );
+    };
     let budget = replay_budget_per_min(cfg.replay_ber, link_gen, width)?;
     let rate = (last - first) / span_min;
     if rate <= budget {
@@ -140,7 +187,7 @@ fn replays(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Option<F
     }
     let (rate_text, budget_text) = shown_pair(rate, budget, 0, f64::gt);
     Some(Finding {
-        id: "pcie.replay_rate".into(),
+        id: ID.into(),
         severity: Severity::Warn,
         device: Some(d.index),
         time_ms: input.now_ms,

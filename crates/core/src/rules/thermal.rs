@@ -18,17 +18,34 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 "GPU",
                 Metric::TempGpuC,
                 latest.and_then(|s| s.temp_slowdown_c).or(d.temp_slowdown_c),
+                ("temp_gpu_c", "its slowdown temperature"),
             ),
             (
                 "thermal.memory_near_limit",
                 "memory",
                 Metric::TempMemC,
                 d.temp_mem_max_c,
+                ("temp_mem_c", "its memory's maximum temperature"),
             ),
         ];
-        for (id, what, metric, limit) in checks {
-            let Some(limit) = limit else { continue };
+        for (id, what, metric, limit, (field, limit_name)) in checks {
+            let Some(limit) = limit else {
+                input.not_judged(
+                    id,
+                    Some(d.index),
+                    format!("the GPU does not report {limit_name}"),
+                );
+                continue;
+            };
             let Some(mean) = input.history.mean(d.index, metric, window) else {
+                input.not_judged(
+                    id,
+                    Some(d.index),
+                    format!(
+                        "no {what} temperature reading ({})",
+                        input.why_absent(d.index, field)
+                    ),
+                );
                 continue;
             };
             let near = limit - cfg.slowdown_margin_c;

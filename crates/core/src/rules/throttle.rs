@@ -69,6 +69,18 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
             .filter_map(|(_, r)| Some((r[0]? as u64, r[1]?, *r)))
             .collect();
         if judged.len() < 3 {
+            let reason = if rows.iter().all(|(_, r)| r[0].is_none()) {
+                format!(
+                    "no throttle reasons ({})",
+                    input.why_absent(d.index, "throttle_reasons")
+                )
+            } else {
+                format!(
+                    "{} sample(s) with throttle reasons and utilisation; needs 3",
+                    judged.len()
+                )
+            };
+            input.not_judged("throttle", Some(d.index), reason);
             continue;
         }
         let n = judged.len() as f64;
