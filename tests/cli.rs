@@ -547,9 +547,9 @@ fn window_on_a_replay_keeps_only_the_end() {
     assert_eq!(one.window.end_ms, Some(T0 + 9000));
 }
 
-/// The healthy recording's GPU for `secs` seconds, one sample a second, at the temperature
-/// `temp` gives for each second.
-fn recording_with_temperatures(path: &Path, secs: u64, temp: impl Fn(u64) -> f64) {
+/// The healthy recording's GPU for `secs` seconds, one sample a second, each edited by `edit`
+/// given the second.
+fn recording_of(path: &Path, secs: u64, edit: impl Fn(u64, &mut serde_json::Value)) {
     let healthy = std::fs::read_to_string(fixture("healthy.ndjson")).unwrap();
     let mut lines = healthy.lines();
     let mut text = format!("{}\n", lines.next().unwrap());
@@ -557,10 +557,61 @@ fn recording_with_temperatures(path: &Path, secs: u64, temp: impl Fn(u64) -> f64
     for t in 0..secs {
         let mut sample = template.clone();
         sample["time_ms"] = (T0 + t * 1000).into();
-        sample["temp_gpu_c"] = temp(t).into();
+        edit(t, &mut sample);
         text.push_str(&format!("{sample}\n"));
     }
     std::fs::write(path, text).unwrap();
+}
+
+/// `recording_of` at the temperature `temp` gives for each second.
+fn recording_with_temperatures(path: &Path, secs: u64, temp: impl Fn(u64) -> f64) {
+    recording_of(path, secs, |t, s| s["temp_gpu_c"] = temp(t).into());
+}
+
+#[test]
+fn a_fast_leak_is_found_in_forty_seconds_and_twelve_are_reported_as_too_few() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leak.ndjson");
+    // A training process growing 3.8 GiB/min, read once a second.
+    let leaking = |t: u64, s: &mut serde_json::Value| {
+        let used = (2u64 << 30) + t * (3891 << 20) / 60;
+        s["processes"] =
+            serde_json::json!([{"pid": 4242, "name": "python3", "used_memory_bytes": used}]);
+        s["absent"].as_object_mut().unwrap().remove("processes");
+    };
+    recording_of(&path, 40, leaking);
+    let report = check_replay(&path, &[]).report();
+    assert!(
+        ids(&report.devices[0].findings).contains(&"memory.possible_leak"),
+        "{:?}",
+        report.devices[0].findings
+    );
+    assert!(
+        report
+            .not_judged
+            .iter()
+            .all(|n| n.rule != "memory.possible_leak"),
+        "{:?}",
+        report.not_judged
+    );
+
+    recording_of(&path, 12, leaking);
+    let report = check_replay(&path, &[]).report();
+    assert!(!ids(&report.devices[0].findings).contains(&"memory.possible_leak"));
+    let leak = report
+        .not_judged
+        .iter()
+        .find(|n| n.rule == "memory.possible_leak" && n.device == Some(0))
+        .unwrap_or_else(|| panic!("{:?}", report.not_judged));
+    assert!(leak.reason.contains("11 s of data"), "{}", leak.reason);
+    let text = gpudiag(&["check", "--replay", s(&path)]).stdout;
+    assert!(
+        text.contains(
+            "not judged: memory.possible_leak on GPU 0 — python3 (pid 4242) has 11 s of data; \
+             a leak needs 120 s, or 20 s"
+        ),
+        "{text}"
+    );
 }
 
 #[test]

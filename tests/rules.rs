@@ -421,6 +421,58 @@ fn steady_growth_is_a_possible_leak_with_its_rate() {
     assert!(leak.title.contains("pid 99"), "{}", leak.title);
 }
 
+/// The reason the leak rule gave for not judging, if it gave one.
+fn leak_not_judged(sc: &Scenario) -> Option<String> {
+    sc.not_judged()
+        .into_iter()
+        .find(|(rule, device, _)| rule == "memory.possible_leak" && *device == Some(0))
+        .map(|(_, _, reason)| reason)
+}
+
+#[test]
+fn a_fast_steady_leak_is_flagged_within_forty_seconds() {
+    // 3.8 GiB/min, seen as a new process-list value every second: 2.5 GiB in 40 s.
+    let sc = Scenario::new().phase(40.0, |t, s| {
+        busy(s);
+        let grown = (t.floor() * 3.8 * 1024.0 / 60.0) as u64 * MIB;
+        s.processes = Some(vec![process(77, 2 * GIB + grown)]);
+    });
+    let f = sc.findings();
+    let leak = find(&f, "memory.possible_leak");
+    let rate = leak.evidence.values["rate_mib_per_min"].as_f64().unwrap();
+    assert!((3600.0..=4000.0).contains(&rate), "{rate}");
+    assert!(leak.title.contains("MiB in 39 s"), "{}", leak.title);
+    assert_eq!(leak_not_judged(&sc), None);
+}
+
+#[test]
+fn a_model_warming_up_is_not_a_leak_and_short_slow_growth_is_not_judged() {
+    // The caching allocator reserves 12 GiB in ten steps over the first 8 s, then holds it.
+    let warm_up = Scenario::new().phase(40.0, |t, s| {
+        busy(s);
+        let steps = ((t / 0.8).floor() as u64).min(10);
+        s.processes = Some(vec![process(88, 4 * GIB + steps * 1200 * MIB)]);
+    });
+    assert!(
+        !warm_up.ids().contains(&"memory.possible_leak".to_owned()),
+        "{:?}",
+        warm_up.ids()
+    );
+    let reason = leak_not_judged(&warm_up).expect("a process seen for 40 s is not judged");
+    assert!(
+        reason.contains("pid 88") && reason.contains("needs 120 s"),
+        "{reason}"
+    );
+    // 100 MiB/min for 40 s may be a leak or not: too little to judge, and the report says so.
+    let slow = Scenario::new().phase(40.0, |t, s| {
+        busy(s);
+        let grown = (t.floor() * 100.0 / 60.0) as u64 * MIB;
+        s.processes = Some(vec![process(89, 2 * GIB + grown)]);
+    });
+    assert!(!slow.ids().contains(&"memory.possible_leak".to_owned()));
+    assert!(leak_not_judged(&slow).is_some());
+}
+
 #[test]
 fn a_single_large_allocation_is_not_a_leak() {
     let mut sc = Scenario::new();
@@ -568,6 +620,10 @@ fn rules_without_their_data_say_so_once_per_rule_and_device() {
             .map(|(_, _, why)| why.as_str())
             .unwrap_or_else(|| panic!("no {rule} in {nj:#?}"))
     };
+    assert_eq!(
+        reason("memory.possible_leak"),
+        "no process list (no permission)"
+    );
     assert!(reason("utilisation.low").starts_with("no process list (no permission)"));
     assert_eq!(reason("throttle"), "no throttle reasons (not supported)");
     assert!(reason("pcie.replay_rate").starts_with("no PCIe replay counter"));
@@ -591,6 +647,7 @@ fn a_short_window_says_what_needs_more_time_and_a_long_one_judges_everything() {
     let nj = short.not_judged();
     let rules: Vec<&str> = nj.iter().map(|(r, _, _)| r.as_str()).collect();
     assert!(rules.contains(&"pcie.replay_rate"), "{nj:#?}");
+    assert!(rules.contains(&"memory.possible_leak"), "{nj:#?}");
     // Three minutes with every field: only what needs profiling counters stays unjudged.
     let long = Scenario::new().phase(180.0, |_, s| {
         busy(s);
