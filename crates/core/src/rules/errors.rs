@@ -74,7 +74,6 @@ fn xid_advice(severity: Severity) -> &'static str {
 pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
     let mut out = Vec::new();
     for (&device, s) in input.latest {
-        // A GPU lost or stalled has its own finding; every field of it is absent for that reason.
         let unread = |rule: &str, field: &str, what: &str| {
             input.not_judged(
                 rule,

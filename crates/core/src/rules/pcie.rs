@@ -270,10 +270,10 @@ pub fn probe_bandwidth(
         if share >= WARN_SHARE {
             continue;
         }
-        let severity = if share < FAIL_SHARE {
-            Severity::Fail
+        let (severity, below) = if share < FAIL_SHARE {
+            (Severity::Fail, FAIL_SHARE)
         } else {
-            Severity::Warn
+            (Severity::Warn, WARN_SHARE)
         };
         out.push(Finding {
             id: format!("pcie.probe_{name}"),
@@ -284,16 +284,7 @@ pub fn probe_bandwidth(
                 "GPU {} pinned {what} copies reach {gbps:.1} GB/s, {}% of what its \
                  Gen{gen_max} x{width_max} link carries ({link_gbps:.1} GB/s)",
                 d.index,
-                shown(
-                    share * 100.0,
-                    0,
-                    f64::lt,
-                    if severity == Severity::Fail {
-                        FAIL_SHARE
-                    } else {
-                        WARN_SHARE
-                    } * 100.0
-                )
+                shown(share * 100.0, 0, f64::lt, below * 100.0)
             ),
             evidence: Evidence {
                 values: values([
@@ -402,6 +393,14 @@ mod probe_tests {
                 ("pcie.probe_d2h_pinned", Severity::Fail)
             ]
         );
+    }
+
+    #[test]
+    fn a_share_just_below_the_floor_does_not_print_as_the_floor() {
+        let link = pcie_link_rate(5, 16).unwrap().bytes_per_s / 1e9;
+        let f = probe_bandwidth(&h200(), None, &[gbps("h2d_pinned", 0.8497 * link)], 0);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(f[0].title.contains(", 84.97% of what"), "{}", f[0].title);
     }
 
     #[test]
