@@ -175,6 +175,7 @@ fn per_family(history: &History, devices: &[DeviceInfo]) {
         libraries: None,
         process_memory: Some(&pm),
         process_cpu: None,
+        not_judged: Default::default(),
     };
     type Family = fn(&RuleInput<'_>) -> Vec<gpudiag::rules::Finding>;
     let families: [(&str, Family); 9] = [

@@ -617,6 +617,104 @@ fn window_on_a_replay_keeps_only_the_end() {
     assert_eq!(one.window.end_ms, Some(T0 + 9000));
 }
 
+/// The healthy recording's GPU for `secs` seconds, one sample a second, each edited by `edit`
+/// given the second.
+fn recording_of(path: &Path, secs: u64, edit: impl Fn(u64, &mut serde_json::Value)) {
+    let healthy = std::fs::read_to_string(fixture("healthy.ndjson")).unwrap();
+    let mut lines = healthy.lines();
+    let mut text = format!("{}\n", lines.next().unwrap());
+    let template: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    for t in 0..secs {
+        let mut sample = template.clone();
+        sample["time_ms"] = (T0 + t * 1000).into();
+        edit(t, &mut sample);
+        text.push_str(&format!("{sample}\n"));
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+/// `recording_of` at the temperature `temp` gives for each second.
+fn recording_with_temperatures(path: &Path, secs: u64, temp: impl Fn(u64) -> f64) {
+    recording_of(path, secs, |t, s| s["temp_gpu_c"] = temp(t).into());
+}
+
+#[test]
+fn a_fast_leak_is_found_in_forty_seconds_and_twelve_are_reported_as_too_few() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leak.ndjson");
+    // A training process growing 3.8 GiB/min, read once a second.
+    let leaking = |t: u64, s: &mut serde_json::Value| {
+        let used = (2u64 << 30) + t * (3891 << 20) / 60;
+        s["processes"] =
+            serde_json::json!([{"pid": 4242, "name": "python3", "used_memory_bytes": used}]);
+        s["absent"].as_object_mut().unwrap().remove("processes");
+    };
+    recording_of(&path, 40, leaking);
+    let report = check_replay(&path, &[]).report();
+    assert!(
+        ids(&report.devices[0].findings).contains(&"memory.possible_leak"),
+        "{:?}",
+        report.devices[0].findings
+    );
+    assert!(
+        report
+            .not_judged
+            .iter()
+            .all(|n| n.rule != "memory.possible_leak"),
+        "{:?}",
+        report.not_judged
+    );
+
+    recording_of(&path, 12, leaking);
+    let report = check_replay(&path, &[]).report();
+    assert!(!ids(&report.devices[0].findings).contains(&"memory.possible_leak"));
+    let leak = report
+        .not_judged
+        .iter()
+        .find(|n| n.rule == "memory.possible_leak" && n.device == Some(0))
+        .unwrap_or_else(|| panic!("{:?}", report.not_judged));
+    assert!(leak.reason.contains("11 s of data"), "{}", leak.reason);
+    let text = gpudiag(&["check", "--replay", s(&path)]).stdout;
+    assert!(
+        text.contains(
+            "not judged: memory.possible_leak on GPU 0 — python3 (pid 4242) has 11 s of data; \
+             a leak needs 120 s, or 20 s"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_finding_that_cleared_says_when_it_held_and_a_fault_still_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spike.ndjson");
+    // 88 °C against an 89 °C slowdown for the first 5 s of 60: the 10 s mean leaves the margin
+    // at +5 s.
+    recording_with_temperatures(&path, 60, |t| if t < 5 { 88.0 } else { 55.0 });
+    let report = check_replay(&path, &[]).report();
+    let hot: Vec<_> = report.devices[0]
+        .findings
+        .iter()
+        .filter(|f| f.id == "thermal.near_slowdown")
+        .collect();
+    assert_eq!(hot.len(), 1, "{:?}", report.devices[0].findings);
+    assert_eq!(hot[0].state, gpudiag::rules::FindingState::Cleared);
+    assert_eq!(hot[0].time_ms, T0);
+    assert_eq!(hot[0].last_seen_ms, Some(T0 + 4000));
+    assert_eq!(report.status, Status::Warn);
+    assert_eq!(check_replay(&path, &["--fail-on", "warn"]).code, 1);
+
+    let text = gpudiag(&["check", "--replay", s(&path)]).stdout;
+    assert!(
+        text.contains("°C limit (cleared: 00:00:00–00:00:04 UTC)"),
+        "{text}"
+    );
+
+    recording_with_temperatures(&path, 60, |_| 88.0);
+    let text = gpudiag(&["check", "--replay", s(&path)]).stdout;
+    assert!(text.contains("°C limit (since 00:00:00 UTC)"), "{text}");
+}
+
 #[test]
 fn window_info_describes_the_same_samples_as_the_summary() {
     let report = check_replay(&fixture("two_gpus.ndjson"), &["--window", "2s"]).report();
@@ -1036,6 +1134,26 @@ fn text_output_escapes_control_characters_from_a_recording() {
 
 /// An error that quotes a recording's bad value (here a severity that is a terminal escape
 /// followed by CR LF) stays one line on stderr, its control characters visible.
+#[test]
+fn a_verdict_naming_a_hostile_process_cannot_forge_a_line() {
+    let dir = tempfile::tempdir().unwrap();
+    // The recording's 2 s are enough for a verdict once the minimum span allows it.
+    let config = dir.path().join("c.toml");
+    std::fs::write(&config, "[rules.utilisation]\nmin_span_s = 1.0\n").unwrap();
+    let path = hostile("control_chars.ndjson");
+    let run = gpudiag(&["check", "--config", s(&config), "--replay", s(&path)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("verdict GPU 0: "), "{}", run.stdout);
+    assert!(raw_controls(&run.stdout).is_empty(), "{}", run.stdout);
+    assert!(
+        run.stdout
+            .lines()
+            .all(|l| !l.trim_start().starts_with("FAKE")),
+        "forged line in:\n{}",
+        run.stdout
+    );
+}
+
 #[test]
 fn errors_quoting_a_recording_escape_control_characters() {
     let path = hostile("control_chars_in_error.ndjson");

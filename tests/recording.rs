@@ -107,6 +107,8 @@ fn every_record() -> Vec<Record> {
                 threshold: "any XID 79".into(),
             },
             advice: "reseat the card".into(),
+            last_seen_ms: None,
+            state: Default::default(),
             recorded: false,
         }),
         Record::Sample(Sample::new(0, T0 + 500)),

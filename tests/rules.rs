@@ -6,9 +6,9 @@
 use gpudiag::config::{Config, RulesConfig};
 use gpudiag::cuda_libraries::LibraryInfo;
 use gpudiag::history::History;
-use gpudiag::rules::{Finding, RuleEngine, Severity};
+use gpudiag::rules::{Finding, FindingState, RuleEngine, Severity};
 use gpudiag::telemetry::{
-    ComputeCapability, DeviceInfo, Event, EventKind, HostInfo, ProcessSample, Sample, Tick,
+    Absent, ComputeCapability, DeviceInfo, Event, EventKind, HostInfo, ProcessSample, Sample, Tick,
 };
 
 const T0: u64 = 1_767_225_600_000;
@@ -146,6 +146,20 @@ impl Scenario {
 
     /// Everything the engine raised over the scenario, as `check` reports it.
     fn findings(&self) -> Vec<Finding> {
+        self.judged().raised()
+    }
+
+    /// (rule, device, reason) of what the engine could not judge at the end of the scenario.
+    fn not_judged(&self) -> Vec<(String, Option<u32>, String)> {
+        self.judged()
+            .not_judged()
+            .iter()
+            .map(|n| (n.rule.clone(), n.device, n.reason.clone()))
+            .collect()
+    }
+
+    /// The engine after every tick and a final evaluation.
+    fn judged(&self) -> RuleEngine {
         let mut engine = RuleEngine::new(
             self.config.clone(),
             vec![self.device.clone()],
@@ -160,7 +174,7 @@ impl Scenario {
             engine.on_tick(&history, t);
         }
         engine.finish(&history);
-        engine.raised()
+        engine
     }
 
     fn ids(&self) -> Vec<String> {
@@ -407,6 +421,58 @@ fn steady_growth_is_a_possible_leak_with_its_rate() {
     assert!(leak.title.contains("pid 99"), "{}", leak.title);
 }
 
+/// The reason the leak rule gave for not judging, if it gave one.
+fn leak_not_judged(sc: &Scenario) -> Option<String> {
+    sc.not_judged()
+        .into_iter()
+        .find(|(rule, device, _)| rule == "memory.possible_leak" && *device == Some(0))
+        .map(|(_, _, reason)| reason)
+}
+
+#[test]
+fn a_fast_steady_leak_is_flagged_within_forty_seconds() {
+    // 3.8 GiB/min, seen as a new process-list value every second: 2.5 GiB in 40 s.
+    let sc = Scenario::new().phase(40.0, |t, s| {
+        busy(s);
+        let grown = (t.floor() * 3.8 * 1024.0 / 60.0) as u64 * MIB;
+        s.processes = Some(vec![process(77, 2 * GIB + grown)]);
+    });
+    let f = sc.findings();
+    let leak = find(&f, "memory.possible_leak");
+    let rate = leak.evidence.values["rate_mib_per_min"].as_f64().unwrap();
+    assert!((3600.0..=4000.0).contains(&rate), "{rate}");
+    assert!(leak.title.contains("MiB in 39 s"), "{}", leak.title);
+    assert_eq!(leak_not_judged(&sc), None);
+}
+
+#[test]
+fn a_model_warming_up_is_not_a_leak_and_short_slow_growth_is_not_judged() {
+    // The caching allocator reserves 12 GiB in ten steps over the first 8 s, then holds it.
+    let warm_up = Scenario::new().phase(40.0, |t, s| {
+        busy(s);
+        let steps = ((t / 0.8).floor() as u64).min(10);
+        s.processes = Some(vec![process(88, 4 * GIB + steps * 1200 * MIB)]);
+    });
+    assert!(
+        !warm_up.ids().contains(&"memory.possible_leak".to_owned()),
+        "{:?}",
+        warm_up.ids()
+    );
+    let reason = leak_not_judged(&warm_up).expect("a process seen for 40 s is not judged");
+    assert!(
+        reason.contains("pid 88") && reason.contains("needs 120 s"),
+        "{reason}"
+    );
+    // 100 MiB/min for 40 s may be a leak or not: too little to judge, and the report says so.
+    let slow = Scenario::new().phase(40.0, |t, s| {
+        busy(s);
+        let grown = (t.floor() * 100.0 / 60.0) as u64 * MIB;
+        s.processes = Some(vec![process(89, 2 * GIB + grown)]);
+    });
+    assert!(!slow.ids().contains(&"memory.possible_leak".to_owned()));
+    assert!(leak_not_judged(&slow).is_some());
+}
+
 #[test]
 fn a_single_large_allocation_is_not_a_leak() {
     let mut sc = Scenario::new();
@@ -501,6 +567,125 @@ fn near_the_slowdown_temperature_warns_and_ten_degrees_below_does_not() {
     assert_eq!(t.evidence.values["limit_c"], serde_json::json!(89.0));
     let warm = Scenario::new().phase(20.0, |_, s| s.temp_gpu_c = Some(79.0));
     assert!(warm.ids().is_empty(), "{:?}", warm.ids());
+}
+
+#[test]
+fn a_finding_that_passed_is_cleared_with_its_span_and_one_that_holds_stays_active() {
+    // Hot for 5 s, then 55 s at 55 °C: the 10 s mean drops below the margin a second later.
+    let passed = Scenario::new()
+        .phase(5.0, |_, s| s.temp_gpu_c = Some(88.0))
+        .phase(55.0, |_, s| s.temp_gpu_c = Some(55.0));
+    let f = passed.findings();
+    let t = find(&f, "thermal.near_slowdown");
+    assert_eq!(t.state, FindingState::Cleared);
+    assert_eq!(t.time_ms, T0);
+    let last = t.last_seen_ms.expect("the engine stamps when it last held");
+    assert!(
+        (T0 + 4_000..T0 + 10_000).contains(&last),
+        "last seen {} ms in",
+        last - T0
+    );
+    let held = Scenario::new().phase(60.0, |_, s| s.temp_gpu_c = Some(88.0));
+    let f = held.findings();
+    let t = find(&f, "thermal.near_slowdown");
+    assert_eq!(t.state, FindingState::Active);
+    assert_eq!(t.time_ms, T0);
+    assert!(
+        t.last_seen_ms.unwrap() >= T0 + 59_000,
+        "{:?}",
+        t.last_seen_ms
+    );
+}
+
+#[test]
+fn titles_name_their_window_and_never_round_onto_the_threshold() {
+    // 95.03% of the memory is above "> 95%": printed as "95.0%" the title contradicts it.
+    let used = (141.0 * GIB as f64 * 0.9503) as u64;
+    let full = Scenario::new().phase(20.0, |_, s| s.mem_used_bytes = Some(used));
+    let f = full.findings();
+    let title = &find(&f, "memory.nearly_full").title;
+    assert!(title.contains("95.03% full (mean over 10 s)"), "{title}");
+    // A mean utilisation of 49.6% is below "< 50%": it must not print as 50%.
+    let low = Scenario::new().phase(60.0, |_, s| {
+        s.gpu_util_pct = Some(49.6);
+        s.processes = Some(vec![process(5, 8 * GIB)]);
+    });
+    let f = low.findings();
+    let title = &find(&f, "utilisation.low").title;
+    assert!(title.contains("utilisation 49%"), "{title}");
+    let hot = Scenario::new().phase(20.0, |_, s| s.temp_gpu_c = Some(86.4));
+    let f = hot.findings();
+    let title = &find(&f, "thermal.near_slowdown").title;
+    assert!(
+        title.contains("86 °C (mean over 10 s), within 3 °C of its 89 °C limit"),
+        "{title}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// not judged
+
+#[test]
+fn rules_without_their_data_say_so_once_per_rule_and_device() {
+    let sc = Scenario::new().phase(60.0, |_, s| {
+        busy(s);
+        s.processes = None;
+        s.absent.insert("processes".into(), Absent::NoPermission);
+        s.throttle_reasons = None;
+        s.absent
+            .insert("throttle_reasons".into(), Absent::NotSupported);
+        s.pcie_replay_count = None;
+        s.ecc_uncorrected_volatile = None;
+        s.absent
+            .insert("ecc_uncorrected_volatile".into(), Absent::NotSupported);
+    });
+    let nj = sc.not_judged();
+    let reason = |rule: &str| {
+        nj.iter()
+            .find(|(r, d, _)| r == rule && *d == Some(0))
+            .map(|(_, _, why)| why.as_str())
+            .unwrap_or_else(|| panic!("no {rule} in {nj:#?}"))
+    };
+    assert_eq!(
+        reason("memory.possible_leak"),
+        "no process list (no permission)"
+    );
+    assert!(reason("utilisation.low").starts_with("no process list (no permission)"));
+    assert_eq!(reason("throttle"), "no throttle reasons (not supported)");
+    assert!(reason("pcie.replay_rate").starts_with("no PCIe replay counter"));
+    assert_eq!(
+        reason("errors.ecc_uncorrectable"),
+        "no ECC error counters (not supported)"
+    );
+    let mut keys: Vec<_> = nj.iter().map(|(r, d, _)| (r.clone(), *d)).collect();
+    let all = keys.len();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), all, "{nj:#?}");
+}
+
+#[test]
+fn a_short_window_says_what_needs_more_time_and_a_long_one_judges_everything() {
+    let short = Scenario::new().phase(12.0, |_, s| {
+        busy(s);
+        s.processes = Some(vec![process(5, 8 * GIB)]);
+    });
+    let nj = short.not_judged();
+    let rules: Vec<&str> = nj.iter().map(|(r, _, _)| r.as_str()).collect();
+    assert!(rules.contains(&"pcie.replay_rate"), "{nj:#?}");
+    assert!(rules.contains(&"memory.possible_leak"), "{nj:#?}");
+    // Three minutes with every field: only what needs profiling counters stays unjudged.
+    let long = Scenario::new().phase(180.0, |_, s| {
+        busy(s);
+        s.processes = Some(vec![process(5, 8 * GIB)]);
+    });
+    let nj = long.not_judged();
+    assert_eq!(
+        nj.iter().map(|(r, _, _)| r.as_str()).collect::<Vec<_>>(),
+        ["utilisation.low"],
+        "{nj:#?}"
+    );
+    assert!(nj[0].2.contains("no profiling counters"), "{nj:#?}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -395,6 +395,35 @@ fn findings_are_worst_first_and_newest_first_within_a_severity() {
 }
 
 #[test]
+fn a_finding_that_passed_is_marked_cleared_in_the_list() {
+    // The healthy GPU, hot for its first 5 s of 60 and cool after.
+    let healthy = std::fs::read_to_string(fixture("healthy.ndjson")).unwrap();
+    let mut lines = healthy.lines();
+    let mut text = format!("{}\n", lines.next().unwrap());
+    let template: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    let t0 = template["time_ms"].as_u64().unwrap();
+    for t in 0..60u64 {
+        let mut sample = template.clone();
+        sample["time_ms"] = (t0 + t * 1000).into();
+        sample["temp_gpu_c"] = (if t < 5 { 88.0 } else { 55.0 }).into();
+        text.push_str(&format!("{sample}\n"));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spike.ndjson");
+    std::fs::write(&path, text).unwrap();
+    let b = ReplayBackend::open(&path, Pace::AsFastAsPossible).unwrap();
+    let mut app = loaded_from(b, "spike.ndjson");
+    app.refresh_findings();
+    app.panel = Panel::Findings;
+    let screen = render(&app, 160, 30);
+    let line = screen
+        .lines()
+        .find(|l| l.contains("GPU temperature"))
+        .unwrap_or_else(|| panic!("{screen}"));
+    assert!(line.contains("· cleared, last seen 00:00:04"), "{line}");
+}
+
+#[test]
 fn enter_opens_a_findings_whole_evidence_and_advice_and_esc_closes_it() {
     let mut app = loaded("ecc_error");
     press(&mut app, &[KeyCode::Char('4'), KeyCode::Down]);
@@ -1397,6 +1426,8 @@ fn recorded_findings_appear_when_the_replay_reaches_them() {
             threshold: ">= 85 °C".into(),
         },
         advice: "Check the airflow.".into(),
+        last_seen_ms: None,
+        state: Default::default(),
         recorded: false,
     };
     app.set_recorded(vec![carried]);

@@ -396,7 +396,7 @@ fn summary(r: &RunReport) -> String {
                 let why = r
                     .not_judged
                     .iter()
-                    .find(|n| n.device == Some(d.index))
+                    .find(|n| n.rule == "verdict" && n.device == Some(d.index))
                     .map_or("no data", |n| n.reason.as_str());
                 let _ = writeln!(out, "gpudiag: GPU {} not judged: {why}", d.index);
             }

@@ -960,6 +960,8 @@ mod tests {
                 threshold: "event".into(),
             },
             advice: "drain".into(),
+            last_seen_ms: None,
+            state: Default::default(),
             recorded: false,
         }
     }

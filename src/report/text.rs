@@ -8,11 +8,14 @@ use std::fmt::Write;
 
 use gpudiag_core::check::{CheckReport, DeviceReport};
 use gpudiag_core::history::WindowStats;
+use gpudiag_model::finding::Finding;
 use gpudiag_model::metrics;
 use gpudiag_model::printable::line as esc;
 use gpudiag_model::sample::MetricDef;
 use gpudiag_model::verdict::Basis;
 use gpudiag_telemetry::{Absent, METRICS, Sample};
+
+use crate::tui::format::clock;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -88,10 +91,11 @@ pub fn render(report: &CheckReport) -> String {
         for f in &report.host_findings {
             let _ = writeln!(
                 out,
-                "  [{}] {}{} — {}",
+                "  [{}] {}{}{} — {}",
                 f.severity,
                 esc(&f.title),
                 f.recorded_tag(),
+                span_tag(f),
                 esc(&f.advice)
             );
         }
@@ -213,10 +217,11 @@ fn render_device(out: &mut String, d: &DeviceReport) {
     for f in &d.findings {
         let _ = writeln!(
             out,
-            "  [{}] {}{}\n      what to do: {}",
+            "  [{}] {}{}{}\n      what to do: {}",
             f.severity,
             esc(&f.title),
             f.recorded_tag(),
+            span_tag(f),
             esc(&f.advice)
         );
     }
@@ -236,24 +241,25 @@ fn render_verdicts(out: &mut String, report: &CheckReport) {
                 Basis::ProfilingCounters => "",
                 Basis::Utilisation => ", utilisation only",
             },
-            v.title,
-            v.advice
+            esc(&v.title),
+            esc(&v.advice)
         );
     }
     for d in report.devices.iter().filter(|d| d.phases.len() > 1) {
         let _ = writeln!(out, "phases GPU {}:", d.info.index);
         let t0 = d.phases[0].start_ms;
         for p in &d.phases {
-            let _ = writeln!(out, "    {}", phase_line(p, t0));
+            let _ = writeln!(out, "    {}", esc(&phase_line(p, t0)));
         }
     }
     for n in &report.not_judged {
+        // Reasons may quote what a recording says (a process name).
         let _ = writeln!(
             out,
             "not judged: {}{} — {}",
-            n.rule,
+            esc(&n.rule),
             n.device.map(|d| format!(" on GPU {d}")).unwrap_or_default(),
-            n.reason
+            esc(&n.reason)
         );
     }
 }
@@ -274,6 +280,24 @@ pub fn phase_line(p: &gpudiag_model::verdict::Verdict, t0: u64) -> String {
             .trim_start_matches(" over ")
             .trim_start_matches(|c: char| { c.is_ascii_digit() || matches!(c, ' ' | 's' | ':') })
     )
+}
+
+/// When a finding held, where that is more than the moment of the report: " (cleared:
+/// 12:00:03–12:00:41 UTC)" for one that no longer holds, " (since 12:00:03 UTC)" for one that
+/// has held across evaluations.
+fn span_tag(f: &Finding) -> String {
+    let (from, to) = (clock(f.time_ms), clock(f.last_seen()));
+    if f.is_cleared() {
+        if from == to {
+            format!(" (cleared: {from} UTC)")
+        } else {
+            format!(" (cleared: {from}–{to} UTC)")
+        }
+    } else if f.last_seen() > f.time_ms {
+        format!(" (since {from} UTC)")
+    } else {
+        String::new()
+    }
 }
 
 fn throttle_names(s: &Sample) -> String {

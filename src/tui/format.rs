@@ -1,8 +1,6 @@
 //! Text formatting shared by the panels. Every helper takes an `Option` and prints "n/a" for
 //! `None`, so no panel can show 0 for a value that was never read.
 
-use std::time::{Duration, UNIX_EPOCH};
-
 use gpudiag_telemetry::TimeMs;
 
 pub const NA: &str = "n/a";
@@ -66,10 +64,11 @@ pub fn growth(bytes_per_s: Option<f64>) -> String {
 /// Wall-clock time of day in UTC ("14:03:07"); recordings travel between time zones, so the
 /// UI says UTC rather than guessing the viewer's zone.
 pub fn clock(ms: TimeMs) -> String {
-    let t = UNIX_EPOCH + Duration::from_millis(ms);
-    let s = humantime::format_rfc3339_seconds(t).to_string();
-    // "2026-01-01T14:03:07Z" -> "14:03:07"
-    s.get(11..19).map_or(s.clone(), str::to_owned)
+    // By arithmetic rather than through a calendar: a recording may carry any time, and a
+    // formatter that refuses years past 9999 must not take a view down. UTC has no leap seconds
+    // in Unix time, so the time of day is the remainder of a day.
+    let s = ms / 1000;
+    format!("{:02}:{:02}:{:02}", s / 3600 % 24, s / 60 % 60, s % 60)
 }
 
 /// An elapsed time as "m:ss" or "h:mm:ss".
@@ -182,6 +181,8 @@ mod tests {
         assert_eq!(rate(Some(2.4e8)), "240M");
         assert_eq!(gib(Some(150_754_820_096)), "140");
         assert_eq!(clock(1_767_225_661_000), "00:01:01");
+        // Past year 9999, where calendar formatters give up.
+        assert_eq!(clock(u64::MAX), "14:25:51");
         assert_eq!(elapsed(88_000), "1:28");
         assert_eq!(elapsed(3_723_000), "1:02:03");
         assert_eq!(bar(Some(0.5), 4), "██░░");

@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::history::{History, Window, WindowStats};
-use crate::rules::{Finding, Severity};
+use crate::rules::{Finding, Severity, is_workload};
 use gpudiag_model::cuda_libraries::LibraryInfo;
 use gpudiag_model::error::exit;
 use gpudiag_telemetry::{DeviceInfo, HostInfo, Metric, Sample, TimeMs};
@@ -146,21 +146,37 @@ impl std::fmt::Display for Status {
     }
 }
 
-/// The worst severity among `findings`, as a status.
+/// Whether a finding weighs on the status and the exit code. A fault that happened at any time
+/// in the window counts even when it has cleared (an ECC error or a thermal slowdown at minute 2
+/// of 10 is still a reason to look at the GPU); a workload finding that cleared described a
+/// moment, not the window, and the window's own judgement is the one that counts.
+pub fn counts(f: &Finding) -> bool {
+    !f.is_cleared() || !is_workload(f)
+}
+
+/// The worst severity among the `findings` that count, as a status.
 pub fn status_of<'a>(findings: impl IntoIterator<Item = &'a Finding>) -> Status {
-    match findings.into_iter().map(|f| f.severity).max() {
+    match findings
+        .into_iter()
+        .filter(|f| counts(f))
+        .map(|f| f.severity)
+        .max()
+    {
         Some(Severity::Fail) => Status::Fail,
         Some(Severity::Warn) => Status::Warn,
         Some(Severity::Info) | None => Status::Healthy,
     }
 }
 
-/// Exit code 1 when any finding is at or above `fail_on`, else 0.
+/// Exit code 1 when any finding that counts is at or above `fail_on`, else 0.
 pub fn exit_code_for<'a>(
     findings: impl IntoIterator<Item = &'a Finding>,
     fail_on: Severity,
 ) -> i32 {
-    if findings.into_iter().any(|f| f.severity >= fail_on) {
+    if findings
+        .into_iter()
+        .any(|f| counts(f) && f.severity >= fail_on)
+    {
         exit::FINDINGS
     } else {
         exit::OK
@@ -199,10 +215,11 @@ pub fn split_findings(findings: Vec<Finding>) -> (BTreeMap<u32, Vec<Finding>>, V
 mod tests {
     use super::*;
     use crate::rules::Evidence;
+    use gpudiag_model::finding::FindingState;
 
     fn finding(severity: Severity) -> Finding {
         Finding {
-            id: "x.y".into(),
+            id: "errors.x".into(),
             severity,
             device: Some(0),
             time_ms: 0,
@@ -213,6 +230,8 @@ mod tests {
                 threshold: "".into(),
             },
             advice: "a".into(),
+            last_seen_ms: None,
+            state: Default::default(),
             recorded: false,
         }
     }
@@ -233,5 +252,25 @@ mod tests {
         assert_eq!(exit_code_for(&warn, Severity::Warn), 1);
         assert_eq!(exit_code_for(&warn, Severity::Info), 1);
         assert_eq!(exit_code_for(&[], Severity::Info), 0);
+    }
+
+    #[test]
+    fn a_cleared_fault_counts_and_a_cleared_workload_finding_does_not() {
+        let cleared = |id: &str, severity| Finding {
+            id: id.into(),
+            state: FindingState::Cleared,
+            ..finding(severity)
+        };
+        let fault = [cleared("throttle.hw_slowdown", Severity::Fail)];
+        assert_eq!(status_of(&fault), Status::Fail);
+        assert_eq!(exit_code_for(&fault, Severity::Fail), 1);
+        let workload = [cleared("utilisation.low", Severity::Warn)];
+        assert_eq!(status_of(&workload), Status::Healthy);
+        assert_eq!(exit_code_for(&workload, Severity::Warn), 0);
+        let still = [Finding {
+            id: "utilisation.low".into(),
+            ..finding(Severity::Warn)
+        }];
+        assert_eq!(status_of(&still), Status::Warn);
     }
 }

@@ -100,7 +100,15 @@ pub struct MemoryConfig {
     pub nearly_full_pct: f64,
     pub nearly_full_window_s: f64,
     pub leak_window_s: f64,
+    /// Less history than this (seconds) and a process is not judged, unless it grows fast and
+    /// steadily (the `leak_fast_*` keys).
     pub leak_min_span_s: f64,
+    /// History (seconds) enough for a process whose growth is large and steady.
+    pub leak_fast_min_span_s: f64,
+    /// Growth (MiB) that counts as large for `leak_fast_min_span_s`.
+    pub leak_fast_min_growth_mib: f64,
+    /// Separate increases that make such growth steady rather than a warm-up.
+    pub leak_fast_min_steps: u32,
     /// Growth below this rate (MiB per minute) is not a leak worth a warning.
     pub leak_min_rate_mib_per_min: f64,
     /// Growth must also add up to at least this much over the window (MiB).
@@ -171,6 +179,9 @@ impl Default for MemoryConfig {
             nearly_full_window_s: 10.0,
             leak_window_s: 600.0,
             leak_min_span_s: 120.0,
+            leak_fast_min_span_s: 20.0,
+            leak_fast_min_growth_mib: 1024.0,
+            leak_fast_min_steps: 8,
             leak_min_rate_mib_per_min: 16.0,
             leak_min_growth_mib: 128.0,
             leak_min_r2: 0.9,
@@ -242,8 +253,15 @@ nearly_full_pct = 95.0
 nearly_full_window_s = 10.0
 # Window (s) over which a process's memory growth is fitted.
 leak_window_s = 600.0
-# Minimum history (s) of a process before it can be called a leak.
+# Minimum history (s) of a process before it can be called a leak...
 leak_min_span_s = 120.0
+# ...or this much (s) when its growth is large and steady and still going in the second half (a
+# model warming up grows in a few steps and levels off):
+leak_fast_min_span_s = 20.0
+# growth of at least this much (MiB)...
+leak_fast_min_growth_mib = 1024.0
+# ...in at least this many separate increases.
+leak_fast_min_steps = 8
 # Minimum growth rate (MiB per minute).
 leak_min_rate_mib_per_min = 16.0
 # Minimum total growth over the window (MiB).
@@ -317,7 +335,7 @@ impl Config {
     /// Range checks serde cannot express; each error names the key.
     fn validate(&self, origin: &str) -> Result<(), ConfigError> {
         let r = &self.rules;
-        let checks: [(&str, f64, f64, f64); 27] = [
+        let checks: [(&str, f64, f64, f64); 29] = [
             (
                 "rules.engine.eval_interval_s",
                 r.engine.eval_interval_s,
@@ -423,6 +441,18 @@ impl Config {
                 r.memory.leak_min_span_s,
                 0.0,
                 86400.0,
+            ),
+            (
+                "rules.memory.leak_fast_min_span_s",
+                r.memory.leak_fast_min_span_s,
+                0.0,
+                86400.0,
+            ),
+            (
+                "rules.memory.leak_fast_min_growth_mib",
+                r.memory.leak_fast_min_growth_mib,
+                0.0,
+                1e9,
             ),
             ("rules.memory.leak_min_r2", r.memory.leak_min_r2, 0.0, 1.0),
             (
@@ -533,7 +563,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(keys, 27);
+        assert_eq!(keys, 29);
     }
 
     #[test]

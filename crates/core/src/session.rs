@@ -400,7 +400,7 @@ impl Pipeline {
         // The same half-open window as `keep_last`: (end − window, end].
         let start = end.saturating_sub(window.as_millis() as u64) + 1;
         // Events are judged by when they happened; windowed and environment findings by the
-        // state at the end.
+        // state at the end, plus those that held at some point of the window.
         let mut out: Vec<Finding> = self
             .engine
             .active()
@@ -408,12 +408,12 @@ impl Pipeline {
             .filter(|f| {
                 let event_like =
                     f.id.starts_with("errors.xid_") || crate::rules::health::is_health(&f.id);
-                f.time_ms >= start || !event_like
+                f.last_seen() >= start || !event_like
             })
             .collect();
         for f in raised {
             let seen = out.iter().any(|a| a.id == f.id && a.device == f.device);
-            if f.time_ms >= start && !seen {
+            if f.last_seen() >= start && !seen {
                 out.push(f);
             }
         }

@@ -39,9 +39,28 @@ pub struct Evidence {
     pub threshold: String,
 }
 
+/// Whether a finding still held when it was last judged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingState {
+    /// It held at the last evaluation (events and environment facts stay active: an XID does
+    /// not heal by being in the past).
+    #[default]
+    Active,
+    /// It held earlier in the window, not at its end.
+    Cleared,
+}
+
 /// One diagnosis: what is wrong, the evidence, and what to do.
+///
+/// Its time span is `time_ms` (the onset: the first evaluation or event that raised it, the
+/// meaning it always had) to `last_seen_ms`; there is no separate first-seen field because it
+/// would always equal `time_ms`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[schemars(deny_unknown_fields)]
+#[schemars(
+    deny_unknown_fields,
+    transform = crate::schema::added_later("state")
+)]
 pub struct Finding {
     /// Stable identifier, e.g. `errors.ecc_uncorrectable`.
     #[schemars(regex(pattern = r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$"))]
@@ -49,7 +68,16 @@ pub struct Finding {
     pub severity: Severity,
     /// Device index; `None` for host-wide findings.
     pub device: Option<u32>,
+    /// When it was first raised.
     pub time_ms: TimeMs,
+    /// The last evaluation (or event) at which it held. Absent for a finding of one moment that
+    /// nothing re-judged (a probe result) and in files written before the field existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen_ms: Option<TimeMs>,
+    /// `cleared` when it no longer held at the end of what was judged; files written before the
+    /// field existed read as `active`.
+    #[serde(default)]
+    pub state: FindingState,
     /// One line.
     #[schemars(length(min = 1))]
     pub title: String,
@@ -68,6 +96,15 @@ impl Finding {
     /// one today's rules raised; empty otherwise.
     pub fn recorded_tag(&self) -> &'static str {
         if self.recorded { " (recorded)" } else { "" }
+    }
+
+    /// When it last held: `last_seen_ms`, or the onset where only that is known.
+    pub fn last_seen(&self) -> TimeMs {
+        self.last_seen_ms.unwrap_or(self.time_ms).max(self.time_ms)
+    }
+
+    pub fn is_cleared(&self) -> bool {
+        self.state == FindingState::Cleared
     }
 }
 

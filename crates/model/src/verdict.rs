@@ -170,7 +170,8 @@ impl Verdict {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct NotJudged {
-    /// `verdict`, or a finding family such as `memory.leak`.
+    /// `verdict`, a finding id such as `memory.possible_leak`, or a family such as `throttle`
+    /// when all of its findings lack the same data.
     pub rule: String,
     pub device: Option<u32>,
     pub reason: String,

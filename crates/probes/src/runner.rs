@@ -419,6 +419,8 @@ pub fn findings(devices: &[DeviceProbes], now_ms: u64) -> Vec<Finding> {
                     threshold: "probes requested".into(),
                 },
                 advice: "Run when the GPU is idle, or pass --force to probe a busy GPU.".into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             });
         }
@@ -483,6 +485,8 @@ fn result_finding(r: &ProbeResult, device: Option<u32>, now_ms: u64) -> Option<F
             threshold: "verdict pass".into(),
         },
         advice: advice.into(),
+        last_seen_ms: None,
+        state: Default::default(),
         recorded: false,
     })
 }

@@ -618,6 +618,8 @@ mod tests {
                 threshold: "any".into(),
             },
             advice: "drain".into(),
+            last_seen_ms: None,
+            state: Default::default(),
             recorded: false,
         })
     }

@@ -498,6 +498,8 @@ mod tests {
                     threshold: "event".into(),
                 },
                 advice: "a".into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             }],
             verdicts: [(0, verdict(0, Bottleneck::LaunchBound))]

@@ -68,18 +68,29 @@ fn finding_lines(app: &App, finding: &Finding, selected: bool, width: usize) -> 
     } else {
         ratatui::style::Style::default()
     };
+    let mut head = vec![
+        Span::styled(
+            format!("{:<4}", finding.severity.to_string().to_uppercase()),
+            t.severity(finding.severity),
+        ),
+        Span::raw(format!(" {} {device:<5} ", format::clock(finding.time_ms))),
+        Span::styled(
+            format!("{}{}", format::text(&finding.title), finding.recorded_tag()),
+            head_style,
+        ),
+    ];
+    // A problem that has passed stays listed (it happened), but must not read as current.
+    if finding.is_cleared() {
+        head.push(Span::styled(
+            format!(
+                " · cleared, last seen {}",
+                format::clock(finding.last_seen())
+            ),
+            t.dim(),
+        ));
+    }
     vec![
-        Line::from(vec![
-            Span::styled(
-                format!("{:<4}", finding.severity.to_string().to_uppercase()),
-                t.severity(finding.severity),
-            ),
-            Span::raw(format!(" {} {device:<5} ", format::clock(finding.time_ms))),
-            Span::styled(
-                format!("{}{}", format::text(&finding.title), finding.recorded_tag()),
-                head_style,
-            ),
-        ]),
+        Line::from(head),
         Line::from(Span::styled(
             format::fit(
                 &format!("     evidence: {}", evidence_text(&finding.evidence)),

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use super::verdict::{self, NotJudged, ProcessCpu};
-use super::{Finding, ProcessMemory, RuleInput, is_workload, sort};
+use super::{Finding, FindingState, ProcessMemory, RuleInput, is_workload, sort};
 use crate::config::RulesConfig;
 use crate::history::History;
 use gpudiag_model::cuda_libraries::LibraryInfo;
@@ -26,15 +26,17 @@ pub struct RuleEngine {
     latest: BTreeMap<u32, Sample>,
     process_memory: ProcessMemory,
     process_cpu: ProcessCpu,
-    /// The latest verdict per device over the rolling window, and the devices that got none.
+    /// The latest verdict per device over the rolling window.
     verdicts: BTreeMap<u32, Verdict>,
+    /// What the latest evaluation could not judge: the verdict's devices, then the rules'.
     not_judged: Vec<NotJudged>,
     last_eval_ms: Option<TimeMs>,
     environment_done: bool,
     /// Findings of the latest windowed evaluation plus every event finding, by key.
     active: BTreeMap<Key, Finding>,
     /// Every distinct finding raised since the start, in order of onset: `time_ms` is when it
-    /// first fired, the rest is from the last evaluation in which it held.
+    /// first fired, the rest (`last_seen_ms` included) is from the last evaluation in which it
+    /// held.
     raised: Vec<Finding>,
     raised_index: std::collections::HashMap<Key, usize>,
 }
@@ -135,7 +137,7 @@ impl RuleEngine {
         let now = end_ms;
         self.evaluate_windowed(history, now);
         let input = self.input(history, &[], Some(now));
-        let (verdicts, not_judged) =
+        let (verdicts, mut not_judged) =
             verdict::judge_all(&input, Some(&self.process_cpu), start_ms, now);
         let workload: Vec<Finding> = self
             .devices
@@ -144,6 +146,16 @@ impl RuleEngine {
                 super::utilisation::over(&input, Some(&self.process_cpu), d.index, start_ms, now)
             })
             .collect();
+        // The verdict and the workload rules now speak for the whole window; the other rules'
+        // reasons stay those of the evaluation just made.
+        let workload_rule = |rule: &str| rule == "verdict" || rule.starts_with("utilisation.");
+        not_judged.extend(input.not_judged.take());
+        not_judged.extend(
+            self.not_judged
+                .drain(..)
+                .filter(|n| !workload_rule(&n.rule)),
+        );
+        not_judged.sort_by_key(|n| n.device);
         self.verdicts = verdicts;
         self.not_judged = not_judged;
         self.active.retain(|_, f| !is_workload(f));
@@ -165,7 +177,9 @@ impl RuleEngine {
         &self.verdicts
     }
 
-    /// Devices the latest evaluation could not give a verdict, with the reason.
+    /// What the latest evaluation could not judge, with the reason, by device: for each, the
+    /// verdict's entry first (rule `verdict`), then each rule that lacked data (one entry per
+    /// rule and device).
     pub fn not_judged(&self) -> &[NotJudged] {
         &self.not_judged
     }
@@ -190,15 +204,17 @@ impl RuleEngine {
         self.last_eval_ms = Some(now);
         let window = (self.config.utilisation.window_s * 1000.0) as u64;
         let input = self.input(history, &[], Some(now));
-        let (verdicts, not_judged) = verdict::judge_all(
+        let (verdicts, mut not_judged) = verdict::judge_all(
             &input,
             Some(&self.process_cpu),
             now.saturating_sub(window),
             now,
         );
+        let found = super::windowed(&input);
+        not_judged.extend(input.not_judged.take());
+        not_judged.sort_by_key(|n| n.device);
         self.verdicts = verdicts;
         self.not_judged = not_judged;
-        let found = super::windowed(&self.input(history, &[], Some(now)));
         // Windowed findings are current state: replace the previous evaluation's, keep events.
         self.active.retain(|_, f| is_sticky(f));
         for f in found {
@@ -208,6 +224,11 @@ impl RuleEngine {
 
     fn raise(&mut self, f: Finding) {
         let key = (f.id.clone(), f.device);
+        let f = Finding {
+            last_seen_ms: Some(f.time_ms),
+            state: FindingState::Active,
+            ..f
+        };
         match self.raised_index.get(&key) {
             Some(&i) => {
                 let onset = self.raised[i].time_ms;
@@ -241,21 +262,43 @@ impl RuleEngine {
             libraries: self.libraries.as_deref(),
             process_memory: Some(&self.process_memory),
             process_cpu: Some(&self.process_cpu),
+            not_judged: Default::default(),
         }
     }
 
     /// What is wrong now: the latest windowed findings plus every event and environment finding,
-    /// worst first.
+    /// worst first, each with its onset and the last time it held.
     pub fn active(&self) -> Vec<Finding> {
-        let mut v: Vec<Finding> = self.active.values().cloned().collect();
+        let mut v: Vec<Finding> = self
+            .raised
+            .iter()
+            .filter(|f| self.active.contains_key(&(f.id.clone(), f.device)))
+            .cloned()
+            .collect();
         sort(&mut v);
         v
     }
 
-    /// Everything raised since the start (first occurrence of each id and device), worst first:
-    /// what a check over a window or a recording reports.
+    /// Everything raised since the start, once per id and device, worst first: what a check
+    /// over a window or a recording reports. Each spans its onset (`time_ms`) to the last
+    /// evaluation at which it held, and is `cleared` when the latest evaluation no longer
+    /// raised it.
     pub fn raised(&self) -> Vec<Finding> {
-        let mut v = self.raised.clone();
+        let mut v: Vec<Finding> = self
+            .raised
+            .iter()
+            .map(|f| {
+                let held = self.active.contains_key(&(f.id.clone(), f.device));
+                Finding {
+                    state: if held {
+                        FindingState::Active
+                    } else {
+                        FindingState::Cleared
+                    },
+                    ..f.clone()
+                }
+            })
+            .collect();
         sort(&mut v);
         v
     }

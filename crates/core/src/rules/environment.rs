@@ -30,6 +30,8 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                          process uses it, adding seconds to every job start and losing ECC/XID \
                          state between jobs. Enable the nvidia-persistenced service."
                     .into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             });
         }
@@ -50,6 +52,8 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                          and probes measure one instance. Expected if the node is partitioned on \
                          purpose."
                     .into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             });
         }
@@ -120,6 +124,8 @@ fn cuda_mismatch(input: &RuleInput<'_>) -> Option<Finding> {
             threshold: "runtime CUDA version <= driver CUDA version".into(),
         },
         advice,
+        last_seen_ms: None,
+        state: Default::default(),
         recorded: false,
     })
 }

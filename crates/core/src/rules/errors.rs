@@ -93,6 +93,34 @@ fn xid_advice(severity: Severity) -> &'static str {
 pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
     let mut out = Vec::new();
     for (&device, s) in input.latest {
+        let unread = |rule: &str, field: &str, what: &str| {
+            input.not_judged(
+                rule,
+                Some(device),
+                format!("no {what} ({})", input.why_absent(device, field)),
+            );
+        };
+        if s.ecc_uncorrected_volatile.is_none() {
+            unread(
+                "errors.ecc_uncorrectable",
+                "ecc_uncorrected_volatile",
+                "ECC error counters",
+            );
+        }
+        if s.remapped_rows_failure.is_none() {
+            unread(
+                "errors.row_remap_failure",
+                "remapped_rows_failure",
+                "row-remapping state",
+            );
+        }
+        if s.remapped_rows_pending.is_none() && s.retired_pages_pending.is_none() {
+            unread(
+                "errors.reset_pending",
+                "remapped_rows_pending",
+                "pending row remap or page retirement state",
+            );
+        }
         if let Some(n) = s.ecc_uncorrected_volatile.filter(|&n| n > 0) {
             out.push(Finding {
                 id: "errors.ecc_uncorrectable".into(),
@@ -108,6 +136,8 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 advice: "Data on this GPU may be corrupt: stop jobs, reset the GPU so the bad \
                          rows are remapped, and run the memory probe; repeated errors mean RMA."
                     .into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             });
         }
@@ -126,6 +156,8 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 advice: "The GPU cannot repair its memory any more; take it out of service \
                          and request an RMA."
                     .into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             });
         }
@@ -149,6 +181,8 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 advice: "Reset the GPU (or reboot) when it is idle so the pending row remap or \
                          page retirement takes effect."
                     .into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             });
         }
@@ -176,6 +210,8 @@ pub fn evaluate_events(input: &RuleInput<'_>) -> Vec<Finding> {
                 threshold: "event".into(),
             },
             advice: xid_advice(severity).into(),
+            last_seen_ms: None,
+            state: Default::default(),
             recorded: false,
         });
     }
@@ -390,6 +426,7 @@ mod tests {
             libraries: None,
             process_memory: None,
             process_cpu: None,
+            not_judged: Default::default(),
         };
         let mut f = evaluate(&input);
         f.extend(evaluate_events(&input));

@@ -121,6 +121,8 @@ fn lost(device: u32, time_ms: u64, reason: &str) -> Finding {
                  collect `gpudiag report`, then reset the GPU or reboot. If it recurs, reseat the \
                  card and check power and cooling before an RMA."
             .into(),
+        last_seen_ms: None,
+        state: Default::default(),
         recorded: false,
     }
 }
@@ -142,6 +144,8 @@ fn missing(device: u32, time_ms: u64) -> Finding {
                  log for PCIe AER and NVRM messages, and whether anyone reset or re-bound the \
                  device; if nobody did, reseat the card or its riser."
             .into(),
+        last_seen_ms: None,
+        state: Default::default(),
         recorded: false,
     }
 }
@@ -163,6 +167,8 @@ fn stalled(device: u32, time_ms: u64, why: &str) -> Finding {
                  errors in the kernel log, and if calls keep hanging, drain the node and reset \
                  the GPU."
             .into(),
+        last_seen_ms: None,
+        state: Default::default(),
         recorded: false,
     }
 }
@@ -194,6 +200,8 @@ fn implausible(device: u32, time_ms: u64, bad: serde_json::Map<String, Value>) -
                  if it repeats, a sensor, the firmware or the driver is failing: update the \
                  driver, check the kernel log, and attach `gpudiag report` to a bug report."
             .into(),
+        last_seen_ms: None,
+        state: Default::default(),
         recorded: false,
     }
 }
@@ -220,6 +228,7 @@ mod tests {
             libraries: None,
             process_memory: None,
             process_cpu: None,
+            not_judged: Default::default(),
         })
     }
 

@@ -1,12 +1,13 @@
 //! Rules: pure functions over the history and device info that produce findings.
 //!
 //! One file per family. Each family reads a `RuleInput` (history, latest samples, events, static
-//! device info, thresholds) and returns findings; none keeps state. `engine::RuleEngine` is the
+//! device info, thresholds) and returns findings, and says through `RuleInput::not_judged` what
+//! it could not judge (too little history, a field the GPU does not report); none keeps state. `engine::RuleEngine` is the
 //! live driver: it feeds ticks, keeps the little state rules need across ticks (per-process
 //! memory for leaks), and evaluates the windowed rules on a fixed cadence, so the cost per tick
 //! depends on the window lengths, never on how long the history has grown.
 
-pub use gpudiag_model::finding::{Evidence, Finding, Severity, values};
+pub use gpudiag_model::finding::{Evidence, Finding, FindingState, Severity, values};
 
 pub mod engine;
 pub mod environment;
@@ -21,12 +22,14 @@ pub mod utilisation;
 pub mod vendor;
 pub mod verdict;
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::config::RulesConfig;
 use crate::history::History;
 use gpudiag_model::cuda_libraries::LibraryInfo;
+use gpudiag_model::verdict::NotJudged;
 use gpudiag_telemetry::{DeviceInfo, Event, HostInfo, Metric, Sample, TimeMs};
 
 pub use engine::RuleEngine;
@@ -51,6 +54,44 @@ pub struct RuleInput<'a> {
     pub process_memory: Option<&'a ProcessMemory>,
     /// Per-process CPU time for the verdict's host-side evidence; `None` when nobody kept it.
     pub process_cpu: Option<&'a verdict::ProcessCpu>,
+    /// Where rules say what they could not judge: the engine reads it after an evaluation.
+    pub not_judged: NotJudgedLog,
+}
+
+/// Rules that could not judge a device, and why: silence is not health. A side channel rather
+/// than a second return value, so a family's signature stays `evaluate(&RuleInput) ->
+/// Vec<Finding>`; one entry per (rule, device), the first reason given.
+#[derive(Debug, Default)]
+pub struct NotJudgedLog(RefCell<Vec<NotJudged>>);
+
+impl NotJudgedLog {
+    pub fn take(&self) -> Vec<NotJudged> {
+        self.0.take()
+    }
+}
+
+impl RuleInput<'_> {
+    /// Records that `rule` (a finding id, or a family such as `throttle` when all its findings
+    /// need the same data) could not judge `device`.
+    pub fn not_judged(&self, rule: &str, device: Option<u32>, reason: impl Into<String>) {
+        let mut log = self.not_judged.0.borrow_mut();
+        if !log.iter().any(|n| n.rule == rule && n.device == device) {
+            log.push(NotJudged {
+                rule: rule.to_owned(),
+                device,
+                reason: reason.into(),
+            });
+        }
+    }
+
+    /// Why the newest sample of `device` lacks `field`, in words: "not supported", or "not
+    /// recorded" where the sample does not say.
+    pub(crate) fn why_absent(&self, device: u32, field: &str) -> String {
+        self.latest
+            .get(&device)
+            .and_then(|s| s.why_absent(field))
+            .map_or_else(|| "not recorded".to_owned(), ToString::to_string)
+    }
 }
 
 /// Runs every rule family once. Findings come back worst first, then by device.
@@ -100,6 +141,56 @@ pub(crate) fn secs(s: f64) -> Duration {
 /// Rounds for evidence: two decimals are plenty and keep the JSON readable.
 pub(crate) fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
+}
+
+/// What a mean of `metric` over `window` covers, as a title says it: "mean over 40 s", or "one
+/// reading" where a single read is all there is.
+pub(crate) fn mean_over(
+    history: &History,
+    device: u32,
+    metric: Metric,
+    window: Duration,
+) -> String {
+    let first = history.series_in(device, metric, window).next();
+    let last = history.latest(device, metric);
+    match first.zip(last) {
+        Some(((a, _), (b, _))) if b > a => format!("mean over {:.0} s", (b - a) as f64 / 1000.0),
+        _ => "one reading".to_owned(),
+    }
+}
+
+/// `v` for a title: with `decimals` decimals, or more where rounding would put it on the other
+/// side of `threshold` than the value itself ("50%" for 49.6 against "< 50%"). `cmp` is the
+/// rule's comparison (`f64::lt`, `f64::ge`, ...), `threshold` the number as the evidence shows it.
+pub(crate) fn shown(
+    v: f64,
+    decimals: usize,
+    cmp: fn(&f64, &f64) -> bool,
+    threshold: f64,
+) -> String {
+    let truth = cmp(&v, &threshold);
+    (decimals..=decimals + 3)
+        .map(|d| format!("{v:.d$}"))
+        .find(|s| s.parse::<f64>().is_ok_and(|r| cmp(&r, &threshold) == truth))
+        .unwrap_or_else(|| v.to_string())
+}
+
+/// `shown` for a value and a threshold that are both printed: the fewest decimals (from
+/// `decimals`) at which the two printed numbers compare as the exact ones do.
+pub(crate) fn shown_pair(
+    v: f64,
+    threshold: f64,
+    decimals: usize,
+    cmp: fn(&f64, &f64) -> bool,
+) -> (String, String) {
+    let truth = cmp(&v, &threshold);
+    (decimals..=decimals + 3)
+        .map(|d| (format!("{v:.d$}"), format!("{threshold:.d$}")))
+        .find(|(a, b)| match (a.parse::<f64>(), b.parse::<f64>()) {
+            (Ok(a), Ok(b)) => cmp(&a, &b) == truth,
+            _ => false,
+        })
+        .unwrap_or_else(|| (v.to_string(), threshold.to_string()))
 }
 
 /// Samples of several metrics of one device aligned on their timestamps, oldest first. Metrics
@@ -157,6 +248,24 @@ pub(crate) fn aligned<const N: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shown_never_rounds_a_value_across_its_threshold() {
+        assert_eq!(shown(49.6, 0, f64::lt, 50.0), "49.6");
+        assert_eq!(shown(49.96, 0, f64::lt, 50.0), "49.96");
+        assert_eq!(shown(42.4, 0, f64::lt, 50.0), "42");
+        assert_eq!(shown(95.04, 1, f64::gt, 95.0), "95.04");
+        assert_eq!(shown(85.0, 0, f64::ge, 85.0), "85");
+        // Replays at 30.8/min against a budget of 30.72/min must not read "31 above 31".
+        assert_eq!(
+            shown_pair(30.8, 30.72, 0, f64::gt),
+            ("30.8".to_owned(), "30.7".to_owned())
+        );
+        assert_eq!(
+            shown_pair(62.0, 30.72, 0, f64::gt),
+            ("62".to_owned(), "31".to_owned())
+        );
+    }
 
     #[test]
     fn aligned_joins_series_on_time_and_keeps_gaps() {

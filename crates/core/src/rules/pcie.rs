@@ -8,7 +8,9 @@
 
 use serde_json::json;
 
-use super::{Evidence, Finding, RuleInput, Severity, aligned, round2, secs, values};
+use super::{
+    Evidence, Finding, RuleInput, Severity, aligned, round2, secs, shown, shown_pair, values,
+};
 use gpudiag_model::decode::pcie_link_rate;
 use gpudiag_telemetry::Metric;
 
@@ -22,8 +24,16 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
 }
 
 fn downtrained(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Option<Finding> {
+    const ID: &str = "pcie.link_downtrained";
     let cfg = &input.config.pcie;
-    let (gen_max, width_max) = (d.pcie_gen_max?, d.pcie_width_max?);
+    let (Some(gen_max), Some(width_max)) = (d.pcie_gen_max, d.pcie_width_max) else {
+        input.not_judged(
+            ID,
+            Some(d.index),
+            "the GPU does not report its maximum PCIe link",
+        );
+        return None;
+    };
     let rows = aligned(
         input.history,
         d.index,
@@ -37,6 +47,10 @@ fn downtrained(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Opti
         ],
         secs(cfg.window_s),
     );
+    let span_s = rows
+        .first()
+        .zip(rows.last())
+        .map_or(0.0, |(a, b)| b.0.saturating_sub(a.0) as f64 / 1000.0);
     let moving = cfg.moving_mb_per_s * 1e6;
     let active: Vec<(u32, u32)> = rows
         .iter()
@@ -53,7 +67,25 @@ fn downtrained(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Opti
         .filter(|(g, w)| *g < gen_max || *w < width_max)
         .collect();
     let fraction = low.len() as f64 / active.len().max(1) as f64;
-    if active.len() < 3 || fraction < cfg.min_fraction {
+    if active.len() < 3 {
+        let reason = if rows.iter().all(|(_, r)| r[0].is_none() || r[1].is_none()) {
+            format!(
+                "no PCIe link generation and width ({})",
+                input.why_absent(d.index, "pcie_gen")
+            )
+        } else {
+            // Idle links downshift to save power, so only a working GPU's link says anything.
+            format!(
+                "the GPU worked or moved data in {} of {} sample(s); an idle link downshifts, so \
+                 the link is judged under load, in at least 3",
+                active.len(),
+                rows.len()
+            )
+        };
+        input.not_judged(ID, Some(d.index), reason);
+        return None;
+    }
+    if fraction < cfg.min_fraction {
         return None;
     }
     // `min_fraction = 0` lets an all-good window through the test above.
@@ -61,13 +93,17 @@ fn downtrained(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Opti
     let now = pcie_link_rate(link_gen, width).map(|r| round2(r.bytes_per_s / 1e9));
     let full = pcie_link_rate(gen_max, width_max).map(|r| round2(r.bytes_per_s / 1e9));
     Some(Finding {
-        id: "pcie.link_downtrained".into(),
+        id: ID.into(),
         severity: Severity::Warn,
         device: Some(d.index),
         time_ms: input.now_ms,
         title: format!(
-            "GPU {} PCIe link runs at Gen{link_gen} x{width} while busy; it can do Gen{gen_max} x{width_max}",
-            d.index
+            "GPU {} PCIe link runs at Gen{link_gen} x{width} while busy ({}% of {} busy samples \
+             over {:.0} s); it can do Gen{gen_max} x{width_max}",
+            d.index,
+            shown(fraction * 100.0, 0, f64::ge, cfg.min_fraction * 100.0),
+            active.len(),
+            span_s
         ),
         evidence: Evidence {
             values: values([
@@ -95,6 +131,8 @@ fn downtrained(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Opti
             now.map_or("n/a".into(), |v| v.to_string()),
             full.map_or("n/a".into(), |v| v.to_string()),
         ),
+        last_seen_ms: None,
+        state: Default::default(),
         recorded: false,
     })
 }
@@ -107,33 +145,57 @@ pub fn replay_budget_per_min(ber: f64, link_gen: u32, width: u32) -> Option<f64>
 }
 
 fn replays(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Option<Finding> {
+    const ID: &str = "pcie.replay_rate";
     let cfg = &input.config.pcie;
+    let not_judged = |reason: String| {
+        input.not_judged(ID, Some(d.index), reason);
+        None
+    };
     let window = secs(cfg.window_s.max(cfg.replay_min_span_s));
     let series: Vec<(u64, f64)> = input
         .history
         .series_in(d.index, Metric::PcieReplayCount, window)
         .collect();
-    let (&(t0, first), &(t1, last)) = (series.first()?, series.last()?);
+    let (Some(&(t0, first)), Some(&(t1, last))) = (series.first(), series.last()) else {
+        return not_judged(format!(
+            "no PCIe replay counter ({})",
+            input.why_absent(d.index, "pcie_replay_count")
+        ));
+    };
     let span_min = (t1.saturating_sub(t0)) as f64 / 60_000.0;
+    if span_min * 60.0 < cfg.replay_min_span_s {
+        return not_judged(format!(
+            "{:.0} s of replay-counter history; a rate needs {} s",
+            span_min * 60.0,
+            cfg.replay_min_span_s
+        ));
+    }
     // A counter that went backwards was reset (driver reload): nothing to judge across it.
-    if span_min * 60.0 < cfg.replay_min_span_s || last < first {
-        return None;
+    if last < first {
+        return not_judged("the replay counter was reset in the window (driver reload)".into());
     }
     let latest = input.latest.get(&d.index)?;
-    let (link_gen, width) = (latest.pcie_gen?, latest.pcie_width?);
+    let (Some(link_gen), Some(width)) = (latest.pcie_gen, latest.pcie_width) else {
+        return not_judged(
+            "no current PCIe link generation and width to derive the allowed rate from".into(),
+        );
+    };
     let budget = replay_budget_per_min(cfg.replay_ber, link_gen, width)?;
     let rate = (last - first) / span_min;
     if rate <= budget {
         return None;
     }
+    let (rate_text, budget_text) = shown_pair(rate, budget, 0, f64::gt);
     Some(Finding {
-        id: "pcie.replay_rate".into(),
+        id: ID.into(),
         severity: Severity::Warn,
         device: Some(d.index),
         time_ms: input.now_ms,
         title: format!(
-            "GPU {} PCIe replays rising at {rate:.0}/min, above the {budget:.0}/min a healthy Gen{link_gen} x{width} link allows",
-            d.index
+            "GPU {} PCIe replays rising at {rate_text}/min over {:.0} s, above the \
+             {budget_text}/min a healthy Gen{link_gen} x{width} link allows",
+            d.index,
+            span_min * 60.0
         ),
         evidence: Evidence {
             values: values([
@@ -152,6 +214,8 @@ fn replays(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Option<F
                  check the kernel log for AER corrected errors; replays cost bandwidth and can \
                  precede a link failure (XID 79)."
             .into(),
+        last_seen_ms: None,
+        state: Default::default(),
         recorded: false,
     })
 }
@@ -206,10 +270,10 @@ pub fn probe_bandwidth(
         if share >= WARN_SHARE {
             continue;
         }
-        let severity = if share < FAIL_SHARE {
-            Severity::Fail
+        let (severity, below) = if share < FAIL_SHARE {
+            (Severity::Fail, FAIL_SHARE)
         } else {
-            Severity::Warn
+            (Severity::Warn, WARN_SHARE)
         };
         out.push(Finding {
             id: format!("pcie.probe_{name}"),
@@ -217,9 +281,10 @@ pub fn probe_bandwidth(
             device: Some(d.index),
             time_ms: now_ms,
             title: format!(
-                "GPU {} pinned {what} copies reach {gbps:.1} GB/s, {:.0}% of what its Gen{gen_max} x{width_max} link carries ({link_gbps:.1} GB/s)",
+                "GPU {} pinned {what} copies reach {gbps:.1} GB/s, {}% of what its \
+                 Gen{gen_max} x{width_max} link carries ({link_gbps:.1} GB/s)",
                 d.index,
-                share * 100.0
+                shown(share * 100.0, 0, f64::lt, below * 100.0)
             ),
             evidence: Evidence {
                 values: values([
@@ -241,6 +306,8 @@ pub fn probe_bandwidth(
                      hangs off (NUMA: run on the GPU's local socket), and IOMMU or PCIe switch \
                      settings; copies from other processes share the link too."
                 .into(),
+            last_seen_ms: None,
+            state: Default::default(),
             recorded: false,
         });
     }
@@ -253,9 +320,15 @@ pub fn probe_bandwidth(
             device: Some(d.index),
             time_ms: now_ms,
             title: format!(
-                "GPU {} copies from pageable memory run at {pageable:.1} GB/s, {:.0}% of pinned ({pinned:.1} GB/s)",
+                "GPU {} copies from pageable memory run at {pageable:.1} GB/s, {}% of pinned \
+                 ({pinned:.1} GB/s)",
                 d.index,
-                pageable / pinned * 100.0
+                shown(
+                    pageable / pinned * 100.0,
+                    0,
+                    f64::lt,
+                    PAGEABLE_HINT_SHARE * 100.0
+                )
             ),
             evidence: Evidence {
                 values: values([
@@ -269,6 +342,8 @@ pub fn probe_bandwidth(
                      Applications that copy a lot should use pinned host memory \
                      (pin_memory=True, cudaHostAlloc)."
                 .into(),
+            last_seen_ms: None,
+            state: Default::default(),
             recorded: false,
         });
     }
@@ -318,6 +393,14 @@ mod probe_tests {
                 ("pcie.probe_d2h_pinned", Severity::Fail)
             ]
         );
+    }
+
+    #[test]
+    fn a_share_just_below_the_floor_does_not_print_as_the_floor() {
+        let link = pcie_link_rate(5, 16).unwrap().bytes_per_s / 1e9;
+        let f = probe_bandwidth(&h200(), None, &[gbps("h2d_pinned", 0.8497 * link)], 0);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(f[0].title.contains(", 84.97% of what"), "{}", f[0].title);
     }
 
     #[test]

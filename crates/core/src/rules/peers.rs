@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::{Evidence, Finding, Severity, round2, values};
+use super::{Evidence, Finding, Severity, round2, shown, values};
 use gpudiag_probes::p2p::{self, PeerLink};
 use gpudiag_probes::runner::DeviceProbes;
 use gpudiag_probes::{Verdict, median};
@@ -140,9 +140,9 @@ fn slow_gpus(probed: &[DeviceProbes], margin: f64, now_ms: TimeMs) -> Vec<Findin
                 device: Some(device),
                 time_ms: now_ms,
                 title: format!(
-                    "GPU {device} is {:.0}% behind its peers on {probe} {metric} ({value:.1} vs a \
+                    "GPU {device} is {}% behind its peers on {probe} {metric} ({value:.1} vs a \
                      median of {med:.1} over {peers} other GPU(s) of the same model){}",
-                    short * 100.0,
+                    shown(short * 100.0, 0, f64::gt, margin * 100.0),
                     if list.len() > 1 {
                         format!(", and behind on {} more figure(s)", list.len() - 1)
                     } else {
@@ -168,6 +168,8 @@ fn slow_gpus(probed: &[DeviceProbes], margin: f64, now_ms: TimeMs) -> Vec<Findin
                          its peers (gpudiag check); if they match, rerun the probes, then have \
                          the GPU serviced."
                     .into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             })
         })
@@ -197,11 +199,11 @@ fn slow_links(links: &[PeerLink], margin: f64, now_ms: TimeMs) -> Vec<Finding> {
             device: Some(l.src),
             time_ms: now_ms,
             title: format!(
-                "Link GPU {} -> GPU {} ({k}) is {:.0}% behind the other {k} links ({v:.1} vs a \
+                "Link GPU {} -> GPU {} ({k}) is {}% behind the other {k} links ({v:.1} vs a \
                  median of {med:.1} GB/s over {} link(s))",
                 l.src,
                 l.dst,
-                (1.0 - v / med) * 100.0,
+                shown((1.0 - v / med) * 100.0, 0, f64::gt, margin * 100.0),
                 peers.len()
             ),
             evidence: Evidence {
@@ -223,6 +225,8 @@ fn slow_links(links: &[PeerLink], margin: f64, now_ms: TimeMs) -> Vec<Finding> {
                      nvidia-smi nvlink -s -e) and the PCIe path between them; a link running \
                      below its siblings needs the board or cabling looked at."
                 .into(),
+            last_seen_ms: None,
+            state: Default::default(),
             recorded: false,
         });
     }

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use super::{Evidence, Finding, RuleInput, Severity, round2, secs, values};
+use super::{Evidence, Finding, RuleInput, Severity, mean_over, round2, secs, shown, values};
 use gpudiag_telemetry::Metric;
 
 pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
@@ -18,31 +18,54 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 "GPU",
                 Metric::TempGpuC,
                 latest.and_then(|s| s.temp_slowdown_c).or(d.temp_slowdown_c),
+                ("temp_gpu_c", "its slowdown temperature"),
             ),
             (
                 "thermal.memory_near_limit",
                 "memory",
                 Metric::TempMemC,
                 d.temp_mem_max_c,
+                ("temp_mem_c", "its memory's maximum temperature"),
             ),
         ];
-        for (id, what, metric, limit) in checks {
-            let Some(limit) = limit else { continue };
-            let Some(mean) = input.history.mean(d.index, metric, window) else {
+        for (id, what, metric, limit, (field, limit_name)) in checks {
+            let Some(limit) = limit else {
+                input.not_judged(
+                    id,
+                    Some(d.index),
+                    format!("the GPU does not report {limit_name}"),
+                );
                 continue;
             };
-            if mean < limit - cfg.slowdown_margin_c {
+            let Some(mean) = input.history.mean(d.index, metric, window) else {
+                input.not_judged(
+                    id,
+                    Some(d.index),
+                    format!(
+                        "no {what} temperature reading ({})",
+                        input.why_absent(d.index, field)
+                    ),
+                );
+                continue;
+            };
+            let near = limit - cfg.slowdown_margin_c;
+            if mean < near {
                 continue;
             }
+            // The distance is taken from the printed mean so the two numbers add up to the limit.
+            let mean_text = shown(mean, 0, f64::ge, near);
+            let decimals = mean_text.split_once('.').map_or(0, |(_, f)| f.len());
+            let distance = (limit - mean_text.parse().unwrap_or(mean)).max(0.0);
             out.push(Finding {
                 id: id.into(),
                 severity: Severity::Warn,
                 device: Some(d.index),
                 time_ms: input.now_ms,
                 title: format!(
-                    "GPU {} {what} temperature {mean:.0} °C, within {:.0} °C of its {limit:.0} °C limit",
+                    "GPU {} {what} temperature {mean_text} °C ({}), within \
+                     {distance:.decimals$} °C of its {limit:.0} °C limit",
                     d.index,
-                    (limit - mean).max(0.0)
+                    mean_over(input.history, d.index, metric, window)
                 ),
                 evidence: Evidence {
                     values: values([
@@ -56,6 +79,8 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                          (inlet temperature, fan curves, blocked or dusty intakes); if one GPU \
                          runs hotter than its peers, check its heatsink mounting and placement."
                     .into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             });
         }

@@ -5,7 +5,7 @@
 
 use serde_json::json;
 
-use super::{Evidence, Finding, RuleInput, Severity, aligned, round2, secs, values};
+use super::{Evidence, Finding, RuleInput, Severity, aligned, round2, secs, shown, values};
 use gpudiag_telemetry::Metric;
 
 pub const SW_POWER_CAP: u64 = 0x4;
@@ -69,6 +69,18 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
             .filter_map(|(_, r)| Some((r[0]? as u64, r[1]?, *r)))
             .collect();
         if judged.len() < 3 {
+            let reason = if rows.iter().all(|(_, r)| r[0].is_none()) {
+                format!(
+                    "no throttle reasons ({})",
+                    input.why_absent(d.index, "throttle_reasons")
+                )
+            } else {
+                format!(
+                    "{} sample(s) with throttle reasons and utilisation; needs 3",
+                    judged.len()
+                )
+            };
+            input.not_judged("throttle", Some(d.index), reason);
             continue;
         }
         let n = judged.len() as f64;
@@ -95,9 +107,9 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 device: Some(d.index),
                 time_ms: input.now_ms,
                 title: format!(
-                    "GPU {}: {what} for {:.0}% of {:.0} s",
+                    "GPU {}: {what} for {}% of {:.0} s",
                     d.index,
-                    fraction * 100.0,
+                    shown(fraction * 100.0, 0, f64::ge, cfg.min_fraction * 100.0),
                     span_s
                 ),
                 evidence: Evidence {
@@ -118,6 +130,8 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                     ),
                 },
                 advice: advice.into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             });
         }
@@ -142,11 +156,16 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 device: Some(d.index),
                 time_ms: input.now_ms,
                 title: format!(
-                    "GPU {} runs at its power limit ({} W of {} W) for {:.0}% of {:.0} s",
+                    "GPU {} runs at its power limit ({} W of {} W) for {}% of {:.0} s",
                     d.index,
                     mean(3).map_or("n/a".into(), |p| format!("{p:.0}")),
                     limit.map_or("n/a".into(), |l| format!("{l:.0}")),
-                    fraction * 100.0,
+                    shown(
+                        fraction * 100.0,
+                        0,
+                        f64::ge,
+                        cfg.power_cap_min_fraction * 100.0
+                    ),
                     span_s
                 ),
                 evidence: Evidence {
@@ -168,6 +187,8 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                          its power limit. Nothing to fix unless the limit is below the default \
                          (`nvidia-smi -q -d POWER`) or the GPU should be faster than its peers."
                     .into(),
+                last_seen_ms: None,
+                state: Default::default(),
                 recorded: false,
             });
         }

@@ -8,9 +8,12 @@ use serde_json::json;
 
 use super::verdict::{self, ProcessCpu};
 use super::{Evidence, Finding, RuleInput, Severity, secs};
-use gpudiag_model::verdict::Bottleneck;
+use gpudiag_model::verdict::{Basis, Bottleneck};
 
 const MIB: f64 = 1024.0 * 1024.0;
+
+/// The finding's id, kept from before the verdict existed.
+const ID: &str = "utilisation.low";
 
 /// Judges each device over the rule's own rolling window.
 pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
@@ -60,6 +63,20 @@ pub fn over(
             .collect(),
     };
     if holders.is_empty() {
+        if input
+            .latest
+            .get(&device)
+            .is_some_and(|s| s.processes.is_none())
+        {
+            input.not_judged(
+                ID,
+                Some(device),
+                format!(
+                    "no process list ({}): who holds the GPU is not known",
+                    input.why_absent(device, "processes")
+                ),
+            );
+        }
         return None;
     }
     if let Some(pm) = input.process_memory {
@@ -69,7 +86,16 @@ pub fn over(
             .min();
         start = start.max(since.unwrap_or(start));
     }
+    // Why a verdict could not be given is the verdict's own entry.
     let v = verdict::judge(input, cpu, d, start, end).ok()?;
+    if v.basis == Basis::Utilisation && v.bottleneck == Bottleneck::ComputeBound {
+        input.not_judged(
+            ID,
+            Some(device),
+            "no profiling counters (GPM): a GPU that reads busy cannot be told from one running \
+             kernels that leave most SMs empty",
+        );
+    }
     // Throttling has its own findings, with the reason; the others are the job's own doing.
     if !v.bottleneck.is_waste() || v.bottleneck == Bottleneck::Throttled {
         return None;
@@ -97,7 +123,7 @@ pub fn over(
     );
     values.insert("processes".into(), json!(v.processes));
     Some(Finding {
-        id: "utilisation.low".into(),
+        id: ID.into(),
         severity: Severity::Warn,
         device: Some(device),
         time_ms: input.now_ms,
@@ -120,6 +146,8 @@ pub fn over(
              the GPU for others.",
             v.advice
         ),
+        last_seen_ms: None,
+        state: Default::default(),
         recorded: false,
     })
 }

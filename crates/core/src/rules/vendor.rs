@@ -69,6 +69,8 @@ pub fn nvidia_only_signals_missing(
         advice: "Nothing to fix: the other checks ran. For driver errors on AMD GPUs, look at \
                  `dmesg | grep amdgpu` (GPU resets, RAS events)."
             .into(),
+        last_seen_ms: None,
+        state: Default::default(),
         recorded: false,
     })
 }

@@ -348,12 +348,14 @@ fn decide(
     }
 }
 
-/// A share as text: small ones keep a decimal so 0.8% does not read as 1% or 0%.
+/// A share as text: small ones keep a decimal so 0.8% does not read as 1% or 0%. Rounded down:
+/// the verdict's tests are `< threshold` or `>= threshold` (utilisation < 50%, SM active < 1%),
+/// and a floor never shows a value on the other side of a round threshold ("50%" for 49.6).
 fn pct(v: f64) -> String {
     if v < 10.0 {
-        format!("{v:.1}%")
+        format!("{:.1}%", (v * 10.0).floor() / 10.0)
     } else {
-        format!("{v:.0}%")
+        format!("{:.0}%", v.floor())
     }
 }
 
@@ -576,6 +578,15 @@ pub fn judge_all(
 mod tests {
     use super::*;
     use crate::config::UtilisationConfig;
+
+    #[test]
+    fn shares_never_round_up_onto_a_threshold() {
+        // 49.6% fails "utilisation < 50%"; printed as 50% the title contradicts its threshold.
+        assert_eq!(pct(49.6), "49%");
+        assert_eq!(pct(50.0), "50%");
+        assert_eq!(pct(0.96), "0.9%");
+        assert_eq!(pct(9.97), "9.9%");
+    }
 
     fn figures(util: f64, sm: Option<f64>) -> Figures {
         Figures {

@@ -354,6 +354,8 @@ mod test_fixtures {
                 threshold: "> 0".into(),
             },
             advice: "drain the node".into(),
+            last_seen_ms: None,
+            state: Default::default(),
             recorded: false,
         };
         vec![Record::Sample(s), Record::Event(e), Record::Finding(f)]
