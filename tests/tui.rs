@@ -189,7 +189,7 @@ fn profiled_detail_shows_the_verdict_above_the_charts() {
     let rows: Vec<&str> = screen.lines().collect();
     // Border, then the title, then the advice, then the first chart.
     assert!(
-        rows[5].contains("compute-bound on tensor cores over 9 s (tensor 73%"),
+        rows[5].contains("compute-bound on tensor cores over 9 s (tensor 72%"),
         "{screen}"
     );
     assert!(
@@ -224,7 +224,7 @@ fn header_verdict_follows_the_selected_gpu_and_marks_waste() {
     app.theme = Theme { color: true };
     let (line, style) = row_and_style(&app, 2, 16);
     assert!(
-        line.starts_with("verdict GPU 0: compute_bound (high) — over 9 s (tensor 73%"),
+        line.starts_with("verdict GPU 0: compute_bound (high) — over 9 s (tensor 72%"),
         "{line}"
     );
     assert!(line.ends_with('…'), "cut to 80 columns: {line}");

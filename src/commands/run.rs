@@ -377,7 +377,7 @@ fn summary(r: &RunReport) -> String {
     let _ = writeln!(
         out,
         "\ngpudiag: `{}` {how} after {took:.1} s",
-        r.command.join(" ")
+        printable::line(&r.command.join(" "))
     );
     if let Some(why) = &r.not_watched {
         let _ = writeln!(out, "gpudiag: the GPUs were not watched: {why}");
@@ -389,7 +389,11 @@ fn summary(r: &RunReport) -> String {
                 let _ = writeln!(
                     out,
                     "gpudiag: GPU {} verdict: {} ({} confidence) — {}\n    what to do: {}",
-                    d.index, v.bottleneck, v.confidence, v.title, v.advice
+                    d.index,
+                    v.bottleneck,
+                    v.confidence,
+                    printable::line(&v.title),
+                    v.advice
                 );
             }
             None => {
@@ -398,14 +402,20 @@ fn summary(r: &RunReport) -> String {
                     .iter()
                     .find(|n| n.rule == "verdict" && n.device == Some(d.index))
                     .map_or("no data", |n| n.reason.as_str());
-                let _ = writeln!(out, "gpudiag: GPU {} not judged: {why}", d.index);
+                let _ = writeln!(
+                    out,
+                    "gpudiag: GPU {} not judged: {}",
+                    d.index,
+                    printable::line(why)
+                );
             }
         }
         if d.phases.len() > 1 {
             let _ = writeln!(out, "  phases:");
             let t0 = r.start_ms;
             for p in &d.phases {
-                let _ = writeln!(out, "    {}", crate::report::text::phase_line(p, t0));
+                let phase = crate::report::text::phase_line(p, t0);
+                let _ = writeln!(out, "    {}", printable::line(&phase));
             }
         }
     }
@@ -415,7 +425,12 @@ fn summary(r: &RunReport) -> String {
         // Workload findings repeat the verdict above; faults and the rest are news.
         .filter(|f| f.severity > gpudiag_core::rules::Severity::Info && !is_workload(f))
     {
-        let _ = writeln!(out, "gpudiag: [{}] {}", f.severity, f.title);
+        let _ = writeln!(
+            out,
+            "gpudiag: [{}] {}",
+            f.severity,
+            printable::line(&f.title)
+        );
     }
     for p in &r.still_holding {
         let _ = writeln!(
@@ -424,7 +439,7 @@ fn summary(r: &RunReport) -> String {
              a descendant outlived it; kill it or wait for it to release the GPU",
             p.device,
             p.pid,
-            p.name.as_deref().unwrap_or("unknown"),
+            printable::line(p.name.as_deref().unwrap_or("unknown")),
             p.used_memory_bytes.unwrap_or_default() as f64 / (1u64 << 30) as f64
         );
     }

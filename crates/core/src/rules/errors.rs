@@ -400,6 +400,8 @@ pub fn past_xids(
             },
             advice,
             recorded: false,
+            last_seen_ms: None,
+            state: Default::default(),
         });
     }
     super::sort(&mut out);
