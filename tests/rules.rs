@@ -529,6 +529,24 @@ fn an_xid_79_alone_raises_device_lost_once_with_the_xid_as_evidence() {
     assert_eq!(lost[0].time_ms, T0 + 2000);
     assert_eq!(lost[0].evidence.values["xid"], serde_json::json!(79));
     assert_eq!(find(&f, "errors.xid_79").severity, Severity::Fail);
+    // Samples that keep saying the GPU is lost after the XID keep the XID as evidence.
+    let gone = Scenario::new()
+        .phase(2.0, |_, _| {})
+        .xid(79)
+        .phase(3.0, |_, s| {
+            s.gpu_util_pct = None;
+            s.absent
+                .insert("gpu_util_pct".into(), gpudiag_telemetry::Absent::GpuLost);
+        });
+    let f = gone.findings();
+    let lost: Vec<&Finding> = f.iter().filter(|f| f.id == "device.lost").collect();
+    assert_eq!(lost.len(), 1, "{f:?}");
+    assert_eq!(
+        lost[0].evidence.values["xid"],
+        serde_json::json!(79),
+        "{:?}",
+        lost[0]
+    );
     // Other XIDs say nothing about the bus.
     let other = Scenario::new().phase(1.0, |_, _| {}).xid(48).xid(13);
     assert!(

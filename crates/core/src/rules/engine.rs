@@ -230,6 +230,19 @@ impl RuleEngine {
             ..f
         };
         match self.raised_index.get(&key) {
+            // A fault that stays once raised keeps what it was raised with (a lost GPU's XID 79,
+            // the backend's reason): later ticks only repeat that the GPU is still lost, and
+            // add what the first one lacked.
+            Some(&i) if is_sticky(&f) => {
+                let first = &mut self.raised[i];
+                for (k, v) in &f.evidence.values {
+                    first.evidence.values.entry(k.clone()).or_insert(v.clone());
+                }
+                first.last_seen_ms = f.last_seen_ms;
+                let kept = first.clone();
+                self.active.insert(key, kept);
+                return;
+            }
             Some(&i) => {
                 let onset = self.raised[i].time_ms;
                 self.raised[i] = Finding {
