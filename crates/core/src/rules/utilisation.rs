@@ -41,27 +41,11 @@ pub fn over(
 ) -> Option<Finding> {
     let cfg = &input.config.utilisation;
     let d = input.devices.iter().find(|d| d.index == device)?;
-    let min_bytes = cfg.min_process_memory_mib * MIB;
-    let own_pid = std::process::id();
     let mut start = start;
-    let holders: Vec<u32> = match input.process_memory {
-        Some(pm) => pm
-            .holders_in(device, start, end, min_bytes)
-            .into_iter()
-            .map(|(pid, _, _)| pid)
-            .filter(|&pid| pid != own_pid)
-            .collect(),
-        None => input
-            .latest
-            .get(&device)?
-            .processes
-            .iter()
-            .flatten()
-            .filter(|p| p.pid != own_pid)
-            .filter(|p| p.used_memory_bytes.is_some_and(|b| b as f64 >= min_bytes))
-            .map(|p| p.pid)
-            .collect(),
-    };
+    let holders: Vec<u32> = verdict::holders(input, cpu, device, start, end)
+        .into_iter()
+        .map(|p| p.pid)
+        .collect();
     if holders.is_empty() {
         if input
             .latest

@@ -240,7 +240,7 @@ pub fn judge(
 /// The processes that held memory on the device in the window (from the per-process series
 /// when kept, else the latest list), never gpudiag itself: its probes hold a context for a
 /// moment and are not the job being judged.
-fn holders(
+pub(crate) fn holders(
     input: &RuleInput<'_>,
     cpu: Option<&ProcessCpu>,
     device: u32,
