@@ -175,9 +175,12 @@ fn many_concurrent_scrapes_are_all_answered() {
     assert_eq!(ok + busy, CLIENTS * EACH);
     // Scrapes take well under a millisecond: the limit is only ever touched, not held.
     assert!(ok >= CLIENTS * EACH * 9 / 10, "{ok} of {}", CLIENTS * EACH);
-    // At most one thread per answer being written, plus the main, sampling and sampler threads.
+    // At most one thread per answer being written, plus a fixed set: main, the sampler and its
+    // poll worker, the replay's reader, the HTTP accept loop and the runtime's helpers. That
+    // set grew with streamed replay (81 seen once against the old allowance of 80), so the
+    // allowance is generous; what matters is that it does not grow with the clients.
     assert!(
-        peak_threads.load(Ordering::Relaxed) <= MAX_CONNECTIONS + 16,
+        peak_threads.load(Ordering::Relaxed) <= MAX_CONNECTIONS + 24,
         "{peak_threads:?}"
     );
 }
