@@ -51,7 +51,11 @@ pub fn draw(f: &mut Frame, app: &App) {
             panels::overlay::confirm_kill(f, area, app, *pid, name, *signal)
         }
         Some(Overlay::Finding { finding, scroll }) => {
-            panels::findings::detail(f, area, app, finding, *scroll)
+            let view = panels::finding_detail::View {
+                theme: app.theme,
+                devices: &app.devices,
+            };
+            panels::finding_detail::detail(f, area, view, finding, *scroll)
         }
         None => {}
     }

@@ -3,6 +3,7 @@
 
 pub mod detail;
 pub mod devices;
+pub mod finding_detail;
 pub mod findings;
 pub mod header;
 pub mod overlay;
