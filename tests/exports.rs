@@ -1378,7 +1378,8 @@ fn traces_validate_against_their_schema_and_drift_is_caught() {
 /// panic or a hang.
 #[test]
 fn damaged_bundles_never_panic() {
-    use gpudiag::telemetry::bundle::open_bundle_recording;
+    // A bundle opens as a replay: the content decides, not the name.
+    let open_bundle_recording = gpudiag::telemetry::replay::ReplayBackend::open;
     use gpudiag::telemetry::replay::Pace;
     let (path, dir) = report(&["--replay", s(&fixture("healthy.ndjson"))]);
     let bytes = std::fs::read(&path).unwrap();

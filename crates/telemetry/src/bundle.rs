@@ -9,13 +9,10 @@
 //! the archive ambiguous or hostile, and it is refused rather than guessed at.
 
 use std::io::{self, Read};
-use std::path::Path;
 
 use flate2::read::GzDecoder;
 
-use crate::BackendError;
 use crate::recording::{EXCERPT_CHARS, InflateLimit, RecordingError, excerpt};
-use crate::replay::{Pace, ReplayBackend};
 
 /// The bundle member that holds the recording.
 pub const RECORDING: &str = "recording.ndjson.gz";
@@ -39,12 +36,6 @@ pub(crate) fn tar_gz_verdict(prefix: &[u8]) -> Option<bool> {
     let mut head = Vec::with_capacity(512);
     let _ = GzDecoder::new(prefix).take(512).read_to_end(&mut head);
     (head.len() >= 262).then(|| &head[257..262] == b"ustar")
-}
-
-/// Opens `path` as a replay: a bug-report bundle's recording, or a recording file (plain or
-/// gzip). The content decides, not the name.
-pub fn open_bundle_recording(path: &Path, pace: Pace) -> Result<ReplayBackend, BackendError> {
-    ReplayBackend::open(path, pace)
 }
 
 /// A reader that fails once more than `limit` bytes came through it, with an error the

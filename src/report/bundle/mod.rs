@@ -4,7 +4,7 @@
 //! Everything in the bundle derives from one redacted recording: the capture (or the replayed
 //! file) is redacted first, and the check report and trace are computed from that, so the same
 //! secret has the same placeholder in every file. The archive is written to a temporary file
-//! and renamed, so a bundle on disk is always whole. [`open_bundle_recording`] reads a bundle
+//! and renamed, so a bundle on disk is always whole. `ReplayBackend::open` reads a bundle
 //! (or a plain recording: the content decides) as a replay.
 
 mod credentials;
