@@ -159,3 +159,20 @@ fn a_steady_leak_is_found_within_the_run() {
         .unwrap_or_else(|| panic!("{:?}", r.devices[0].findings));
     assert!(leak.title.contains("python3"), "{}", leak.title);
 }
+
+/// A window whose bottleneck changed says that its verdict is a blend, and lists the phases
+/// with the process that held the GPU.
+#[test]
+fn a_mixed_window_says_its_verdict_is_a_blend_and_lists_the_phases() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpudiag"))
+        .args(["check", "--demo"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("phases GPU 0 (the window changed bottleneck 4 times; the verdict above is their blend):"),
+        "{text}"
+    );
+    assert!(text.contains("idle_holding_memory"), "{text}");
+    assert!(text.contains("compute_bound"), "{text}");
+}

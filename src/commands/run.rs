@@ -411,7 +411,11 @@ fn summary(r: &RunReport) -> String {
             }
         }
         if d.phases.len() > 1 {
-            let _ = writeln!(out, "  phases:");
+            let _ = writeln!(
+                out,
+                "  phases (the bottleneck changed {} times; the verdict above is their blend):",
+                d.phases.len() - 1
+            );
             let t0 = r.start_ms;
             for p in &d.phases {
                 let phase = crate::report::text::phase_line(p, t0);

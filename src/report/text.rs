@@ -246,7 +246,15 @@ fn render_verdicts(out: &mut String, report: &CheckReport) {
         );
     }
     for d in report.devices.iter().filter(|d| d.phases.len() > 1) {
-        let _ = writeln!(out, "phases GPU {}:", d.info.index);
+        // A window that changed its bottleneck has a verdict that blends them: the phases are
+        // the story, so say so where the blend is read.
+        let _ = writeln!(
+            out,
+            "phases GPU {} (the window changed bottleneck {} times; the verdict above is their \
+             blend):",
+            d.info.index,
+            d.phases.len() - 1
+        );
         let t0 = d.phases[0].start_ms;
         for p in &d.phases {
             let _ = writeln!(out, "    {}", esc(&phase_line(p, t0)));
