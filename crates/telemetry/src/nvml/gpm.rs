@@ -21,7 +21,7 @@ use nvml_wrapper::{Device, GpmSample, Nvml};
 use nvml_wrapper_sys::bindings::nvmlGpmSample_t;
 
 use super::{absent_from, mark_absent};
-use crate::{Absent, PROFILING_FIELDS, Sample, by_name};
+use crate::{Absent, PROFILING_FIELDS, Sample};
 
 /// GPM refuses intervals shorter than this (NVML's documentation asks for at least 100 ms).
 pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
@@ -234,18 +234,35 @@ fn combine(
     })
 }
 
+/// Where each value goes, in `PROFILING_FIELDS` order: direct stores, because this runs on
+/// every poll and a lookup in the metric table by name would cost a string search per field.
+const SETTERS: [fn(&mut Sample, f64); METRICS.len()] = [
+    |s, v| s.gr_engine_active_pct = Some(v),
+    |s, v| s.sm_active_pct = Some(v),
+    |s, v| s.sm_occupancy_pct = Some(v),
+    |s, v| s.tensor_active_pct = Some(v),
+    |s, v| s.tensor_hmma_active_pct = Some(v),
+    |s, v| s.tensor_imma_active_pct = Some(v),
+    |s, v| s.tensor_dfma_active_pct = Some(v),
+    |s, v| s.dram_active_pct = Some(v),
+    |s, v| s.fp64_active_pct = Some(v),
+    |s, v| s.fp32_active_pct = Some(v),
+    |s, v| s.fp16_active_pct = Some(v),
+    |s, v| s.int_active_pct = Some(v),
+    |s, v| s.prof_pcie_rx_bytes_per_s = Some(v),
+    |s, v| s.prof_pcie_tx_bytes_per_s = Some(v),
+    |s, v| s.nvlink_rx_bytes_per_s = Some(v),
+    |s, v| s.nvlink_tx_bytes_per_s = Some(v),
+];
+
 /// Writes one interval's values (or why there are none) into `s`.
 pub(super) fn apply(values: &Result<Values, Absent>, s: &mut Sample) {
     match values {
         Err(why) => mark_absent(&mut s.absent, PROFILING_FIELDS, why),
         Ok(vs) => {
-            for (name, v) in PROFILING_FIELDS.iter().zip(vs) {
-                let Some(def) = by_name(name) else { continue };
+            for ((name, set), v) in PROFILING_FIELDS.iter().zip(SETTERS).zip(vs) {
                 match v {
-                    Ok(v) => {
-                        // Every profiling field holds an f64, so this cannot be refused.
-                        let _ = def.set(s, Some(*v));
-                    }
+                    Ok(v) => set(s, *v),
                     Err(why) => {
                         s.absent.insert((*name).into(), why.clone());
                     }
@@ -308,6 +325,16 @@ mod tests {
             s.absent.get("nvlink_rx_bytes_per_s"),
             Some(&Absent::NotSupported)
         );
+    }
+
+    #[test]
+    fn each_value_lands_in_the_field_of_its_name() {
+        for (i, name) in PROFILING_FIELDS.iter().enumerate() {
+            let mut s = Sample::default();
+            SETTERS[i](&mut s, 42.0);
+            let def = crate::by_name(name).unwrap();
+            assert_eq!(def.get(&s), Some(42.0), "{name}");
+        }
     }
 
     #[test]

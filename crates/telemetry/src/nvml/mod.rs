@@ -217,6 +217,7 @@ fn sample_device(
     nvml: &Nvml,
     info: &DeviceInfo,
     slot: &DeviceSlot,
+    gpm: &mut gpm::GpmDevice,
     time_ms: u64,
     stuck_after: Duration,
 ) -> Sample {
@@ -226,9 +227,17 @@ fn sample_device(
         mark_absent(&mut sample.absent, SLOW_FIELDS, &Absent::GpuLost);
         mark_absent(&mut sample.absent, PROFILING_FIELDS, &Absent::GpuLost);
     } else {
+        // One handle for the fast fields and the profiling counters: this runs every tick.
         match nvml.device_by_index(info.index) {
-            Ok(dev) => read_fast(&dev, &mut sample),
-            Err(e) => mark_absent(&mut sample.absent, FAST_FIELDS, &absent_from(&e)),
+            Ok(dev) => {
+                read_fast(&dev, &mut sample);
+                gpm.read(nvml, &dev, info.mig_enabled == Some(true), &mut sample);
+            }
+            Err(e) => {
+                let why = absent_from(&e);
+                mark_absent(&mut sample.absent, FAST_FIELDS, &why);
+                mark_absent(&mut sample.absent, PROFILING_FIELDS, &why);
+            }
         }
         slot.apply(&mut sample, Instant::now(), stuck_after);
     }
@@ -318,16 +327,7 @@ impl Backend for NvmlBackend {
         let stuck_after = stuck_limit(self.slow_interval());
         for ((info, slot), gpm) in self.devices.iter().zip(&self.slots).zip(&mut self.gpm) {
             let was_lost = slot.lost.load(Ordering::Relaxed);
-            let mut sample = sample_device(&self.nvml, info, slot, time_ms, stuck_after);
-            if !was_lost {
-                match self.nvml.device_by_index(info.index) {
-                    Ok(dev) => {
-                        let mig = info.mig_enabled == Some(true);
-                        gpm.read(&self.nvml, &dev, mig, &mut sample);
-                    }
-                    Err(e) => mark_absent(&mut sample.absent, PROFILING_FIELDS, &absent_from(&e)),
-                }
-            }
+            let sample = sample_device(&self.nvml, info, slot, gpm, time_ms, stuck_after);
             if !was_lost && sample.absent.values().any(|a| *a == Absent::GpuLost) {
                 slot.lost.store(true, Ordering::Relaxed);
                 tick.events.push(Event {
