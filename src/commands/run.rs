@@ -413,8 +413,8 @@ fn summary(r: &RunReport) -> String {
         if d.phases.len() > 1 {
             let _ = writeln!(
                 out,
-                "  phases (the bottleneck changed {} times; the verdict above is their blend):",
-                d.phases.len() - 1
+                "  phases (the bottleneck changed {}; the verdict above is their blend):",
+                crate::report::text::times(d.phases.len() - 1)
             );
             let t0 = r.start_ms;
             for p in &d.phases {

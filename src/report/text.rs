@@ -250,10 +250,9 @@ fn render_verdicts(out: &mut String, report: &CheckReport) {
         // the story, so say so where the blend is read.
         let _ = writeln!(
             out,
-            "phases GPU {} (the window changed bottleneck {} times; the verdict above is their \
-             blend):",
+            "phases GPU {} (the window changed bottleneck {}; the verdict above is their blend):",
             d.info.index,
-            d.phases.len() - 1
+            times(d.phases.len() - 1)
         );
         let t0 = d.phases[0].start_ms;
         for p in &d.phases {
@@ -269,6 +268,15 @@ fn render_verdicts(out: &mut String, report: &CheckReport) {
             n.device.map(|d| format!(" on GPU {d}")).unwrap_or_default(),
             esc(&n.reason)
         );
+    }
+}
+
+/// "once" or "N times".
+pub fn times(n: usize) -> String {
+    if n == 1 {
+        "once".to_owned()
+    } else {
+        format!("{n} times")
     }
 }
 
