@@ -13,7 +13,7 @@ import torch
 BIN = os.environ.get("GPUDIAG_BIN", "target/release/gpudiag")
 SIZE = 1 << 30
 N = 8192
-VARIANTS = ["k64s3", "k32s3", "k32s4"]
+VARIANTS = ["s4r", "s4", "k64s3", "k32s3", "k32s4"]
 
 
 def timed(op, samples=5, copies=16, warm=4):
@@ -122,14 +122,18 @@ def main():
         ok = "" if target is None or ratio is None else ("ok" if ratio >= target else "MISS")
         print(f"{name:<36} {a or float('nan'):>10.1f} {b:>10.1f} {ratio or float('nan'):>7.3f} {'>= %.2f %s' % (target, ok) if target else ''}")
     memcpy = g.get("d2d_memcpy_traffic")
+    default = g.get("_builtin_" + VARIANTS[0])
+    fp16_builtin = default.get("fp16") if isinstance(default, dict) else None
     extra = [
-        ("built-in bf16 / cuBLAS bf16", g.get("bf16_builtin"), g.get("bf16"), 0.5),
+        ("built-in bf16 / cuBLASLt bf16", g.get("bf16_builtin"), g.get("bf16"), 0.6),
+        ("built-in fp16 / cuBLASLt fp16", fp16_builtin, g.get("fp16"), 0.6),
         ("copy kernel / memcpy (traffic)", g.get("d2d_kernel_traffic"), memcpy, None),
         ("triad / memcpy (traffic)", g.get("triad"), memcpy, None),
     ]
     for name, a, b, target in extra:
         ratio = a / b if a and b else None
-        print(f"{name:<36} {a or float('nan'):>10.1f} {b or float('nan'):>10.1f} {ratio or float('nan'):>7.3f} {'>= %.2f' % target if target else ''}")
+        ok = "" if target is None or ratio is None else ("ok" if ratio >= target else "MISS")
+        print(f"{name:<36} {a or float('nan'):>10.1f} {b or float('nan'):>10.1f} {ratio or float('nan'):>7.3f} {'>= %.2f %s' % (target, ok) if target else ''}")
     for n in ["tf32", "fp16", "bf16"]:
         print(f"pytorch {n}: randn {t[n]:.1f}, integers/64 {t[n + '_int64']:.1f} TFLOP/s; gpudiag/pytorch-on-integers {g.get(n, float('nan')) / t[n + '_int64']:.3f}")
     for v in VARIANTS:

@@ -11,8 +11,10 @@ import ctypes, glob, hashlib, os, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARCHS = ["compute_70", "compute_80", "compute_90"]
-# Kernels that use instructions an older target lacks (mma.sync m16n8k16, cp.async, ldmatrix).
-MIN_ARCH = {"matmul": "compute_80"}
+# Kernels whose instructions limit their targets: mma.sync m16n8k16, cp.async and ldmatrix need
+# compute_80; wgmma, TMA and setmaxnreg exist only on the arch-specific compute_90a, whose PTX
+# loads on compute capability 9.0 alone.
+TARGETS = {"matmul": ["compute_80", "compute_90"], "matmul_sm90a": ["compute_90a"]}
 
 
 def find_nvrtc():
@@ -72,7 +74,7 @@ def main():
         name = os.path.basename(cu)[:-3]
         with open(cu, "rb") as f:
             src = f.read()
-        archs = [a for a in ARCHS if a >= MIN_ARCH.get(name, ARCHS[0])]
+        archs = TARGETS.get(name, ARCHS)
         for arch in archs:
             ptx = compile_ptx(lib, name, src, arch)
             with open(os.path.join(out, f"{name}.{arch}.ptx"), "w") as f:

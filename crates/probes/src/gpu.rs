@@ -189,7 +189,11 @@ impl Gpu {
             .map_err(cuda("cuModuleLoadData"))?;
         Ok(Module {
             raw: m,
-            served_by: format!("{kernel} kernel (embedded PTX compute_{})", p.arch),
+            served_by: format!(
+                "{kernel} kernel (embedded PTX compute_{}{})",
+                p.arch,
+                if p.arch_specific { "a" } else { "" }
+            ),
         })
     }
 }
@@ -372,6 +376,69 @@ impl Drop for PinnedBuffer {
     }
 }
 
+/// A TMA tensor map (the driver's `CUtensorMap`) over a row-major `rows` × `cols` matrix of
+/// 2-byte elements in device memory, read in boxes of `box_rows` × `box_cols` into shared memory
+/// in the 128-byte swizzle that wgmma's descriptors name. Passed to a kernel by value.
+#[repr(transparent)]
+pub struct TensorMap(
+    // Read only by the driver, through the kernel-argument pointer.
+    #[allow(dead_code)] sys::CUtensorMap,
+);
+
+impl TensorMap {
+    pub fn swizzled_128b(
+        ptr: u64,
+        rows: u64,
+        cols: u64,
+        box_rows: u32,
+        box_cols: u32,
+    ) -> Result<TensorMap, ProbeError> {
+        let mut version = 0i32;
+        // SAFETY: writes one int.
+        ck(
+            unsafe { sys::cuDriverGetVersion(&mut version) },
+            "cuDriverGetVersion",
+        )?;
+        // The entry point appeared with CUDA 12.0; calling it through an older driver would
+        // fail to resolve the symbol.
+        if version < 12000 {
+            return Err(ProbeError::Unsupported(format!(
+                "tensor maps need a CUDA 12.0 driver (this one is {}.{})",
+                version / 1000,
+                (version % 1000) / 10
+            )));
+        }
+        let mut map = sys::CUtensorMap { opaque: [0; 16] };
+        let dims: [sys::cuuint64_t; 2] = [cols, rows];
+        let strides: [sys::cuuint64_t; 1] = [cols * 2];
+        let boxes: [sys::cuuint32_t; 2] = [box_cols, box_rows];
+        let element_strides: [sys::cuuint32_t; 2] = [1, 1];
+        // SAFETY: every array outlives the call and has the rank's length (strides: rank − 1);
+        // `ptr` is a device allocation of at least rows × cols × 2 bytes, owned by the caller for
+        // as long as kernels use the map.
+        ck(
+            unsafe {
+                sys::cuTensorMapEncodeTiled(
+                    &mut map,
+                    sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+                    2,
+                    ptr as *mut c_void,
+                    dims.as_ptr(),
+                    strides.as_ptr(),
+                    boxes.as_ptr(),
+                    element_strides.as_ptr(),
+                    sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                    sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                    sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                    sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+                )
+            },
+            "cuTensorMapEncodeTiled",
+        )?;
+        Ok(TensorMap(map))
+    }
+}
+
 /// One kernel argument: a pointer to the value, as cuLaunchKernel wants. Implemented for the
 /// scalar types kernels take only: a blanket impl would also match `&dyn KernelArg` itself and
 /// hand the driver the address of a reference instead of the value.
@@ -388,7 +455,7 @@ macro_rules! kernel_arg {
         }
     )*};
 }
-kernel_arg!(u64, u32, i32, f32);
+kernel_arg!(u64, u32, i32, f32, TensorMap);
 
 /// Launches `f` with `args` (each a reference to a value of the kernel's parameter type).
 pub fn launch(
@@ -411,6 +478,31 @@ pub fn grid_for(n: u64, block: u32, multiprocessors: i32) -> u32 {
     let needed = n.div_ceil(u64::from(block)).max(1);
     let cap = u64::try_from(multiprocessors.max(1)).unwrap_or(1) * 32;
     u32::try_from(needed.min(cap)).unwrap_or(u32::MAX)
+}
+
+/// The registers per thread the driver compiled `f` to, and the bytes of local memory (spills).
+pub fn registers_and_spills(f: Function) -> Result<(i32, i32), ProbeError> {
+    let (mut regs, mut local) = (0i32, 0i32);
+    // SAFETY: a valid function handle of a loaded module; each call writes one int.
+    unsafe {
+        ck(
+            sys::cuFuncGetAttribute(
+                &mut regs,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS,
+                f.0,
+            ),
+            "cuFuncGetAttribute",
+        )?;
+        ck(
+            sys::cuFuncGetAttribute(
+                &mut local,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                f.0,
+            ),
+            "cuFuncGetAttribute",
+        )?;
+    }
+    Ok((regs, local))
 }
 
 /// Raises a kernel's dynamic shared memory limit (needed above 48 KiB).

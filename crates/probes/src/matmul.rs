@@ -1,5 +1,6 @@
-//! Matmul: TFLOP/s for fp32, tf32, fp16, bf16 and fp8 through cuBLASLt when present, and the
-//! built-in mma.sync kernel (bf16/fp16) otherwise. Inputs are random (small integers over a
+//! Matmul: TFLOP/s for fp32, tf32, fp16, bf16 and fp8 through cuBLASLt when present, and a
+//! built-in kernel (bf16/fp16) otherwise: wgmma on Hopper (compute capability 9.0), mma.sync on
+//! every other GPU from compute capability 8.0. Inputs are random (small integers over a
 //! power of two, exact in every type, generated on the GPU by a hash the host mirrors), the
 //! result is checked against a float64 host reference on sampled entries, and clocks, power and
 //! temperature are recorded during the timed runs.
@@ -8,7 +9,10 @@ use serde_json::json;
 
 use super::blas::{self, GemmSpec, Lt, dtype};
 use super::conditions::RunTelemetry;
-use super::gpu::{DeviceBuffer, Event, Gpu, grid_for, launch, set_max_dynamic_shared};
+use super::gpu::{
+    DeviceBuffer, Event, Function, Gpu, Module, TensorMap, grid_for, launch, registers_and_spills,
+    set_max_dynamic_shared,
+};
 use super::suite::{MatmulParams, ModelRef};
 use super::{
     Measurement, ProbeDeadline, ProbeError, ProbeResult, SpanTimer, Verdict, median, test_fault,
@@ -89,13 +93,76 @@ pub const TYPES: [TypeSpec; 5] = [
 pub const BUILTIN_VARIANTS: [(&str, u32, u32); 3] =
     [("k64s3", 64, 3), ("k32s3", 32, 3), ("k32s4", 32, 4)];
 
-fn builtin_variant() -> (&'static str, u32, u32) {
-    let want = std::env::var("GPUDIAG_MMA_VARIANT").unwrap_or_default();
+fn builtin_variant(want: &str) -> (&'static str, u32, u32) {
     BUILTIN_VARIANTS
         .iter()
         .copied()
         .find(|v| v.0 == want)
         .unwrap_or(BUILTIN_VARIANTS[0])
+}
+
+/// Built-in Hopper kernel variants (kernels/matmul_sm90a.cu), the fastest on an H200 first:
+/// 4 pipeline stages with the producer's registers handed to the consumers, and without.
+/// `GPUDIAG_MMA_VARIANT` names one of these or of `BUILTIN_VARIANTS` (which forces mma.sync).
+pub const WGMMA_VARIANTS: [&str; 2] = ["s4r", "s4"];
+const WGMMA_STAGES: u32 = 4;
+/// The wgmma kernel's block tile: 128 columns of C (rows of B) by 256 rows of C (rows of A).
+const WGMMA_TILE_J: u64 = 128;
+const WGMMA_TILE_I: u64 = 256;
+const WGMMA_TILE_K: u32 = 64;
+
+/// The Hopper kernel, loaded and ready to launch on the inputs `a` (M×K) and `b` (N×K).
+struct HopperKernel {
+    _module: Module,
+    function: Function,
+    map_a: TensorMap,
+    map_b: TensorMap,
+    shared_bytes: u32,
+    served_by: String,
+}
+
+fn hopper_kernel(
+    gpu: &Gpu,
+    ty: &str,
+    want: &str,
+    (a, b): (u64, u64),
+    (m, n, k): (u64, u64, u64),
+) -> Result<HopperKernel, ProbeError> {
+    if m % WGMMA_TILE_I != 0 || n % WGMMA_TILE_J != 0 || k % u64::from(WGMMA_TILE_K) != 0 {
+        return Err(ProbeError::Unsupported(format!(
+            "{m}×{n}×{k} is not a multiple of its tile"
+        )));
+    }
+    let variant = WGMMA_VARIANTS
+        .iter()
+        .copied()
+        .find(|v| *v == want)
+        .unwrap_or(WGMMA_VARIANTS[0]);
+    let module = gpu.module("matmul_sm90a")?;
+    let function = module.function(&format!("wgmma_gemm_{ty}_{variant}"))?;
+    let shared_bytes = WGMMA_STAGES * (WGMMA_TILE_J + WGMMA_TILE_I) as u32 * WGMMA_TILE_K * 2
+        + 1024
+        + 16 * WGMMA_STAGES;
+    set_max_dynamic_shared(function, shared_bytes as i32)?;
+    let (regs, spills) = registers_and_spills(function)?;
+    let map_a = TensorMap::swizzled_128b(a, m, k, WGMMA_TILE_I as u32, WGMMA_TILE_K)?;
+    let map_b = TensorMap::swizzled_128b(b, n, k, WGMMA_TILE_J as u32, WGMMA_TILE_K)?;
+    let spilled = if spills > 0 {
+        format!(", {spills} B spilled")
+    } else {
+        String::new()
+    };
+    Ok(HopperKernel {
+        served_by: format!(
+            "built-in wgmma {variant} {} ({regs} registers{spilled})",
+            module.served_by
+        ),
+        _module: module,
+        function,
+        map_a,
+        map_b,
+        shared_bytes,
+    })
 }
 
 /// "bf16" → (bf16, auto); "bf16/builtin" → (bf16, built-in kernel only).
@@ -261,12 +328,13 @@ pub fn run(
                     Measurement::new(&name, c.tflops, "TFLOP/s", &c.served_by, c.samples)
                         .with_expected(expected),
                 );
-                checks.insert(
-                    name.clone(),
-                    json!({"relative_error": c.rel_err, "tolerance": spec.tolerance,
-                           "entries_checked": c.checked, "passed": c.rel_err <= spec.tolerance,
-                           "telemetry": c.telemetry}),
-                );
+                let mut check = json!({"relative_error": c.rel_err, "tolerance": spec.tolerance,
+                       "entries_checked": c.checked, "passed": c.rel_err <= spec.tolerance,
+                       "telemetry": c.telemetry});
+                if let Some(note) = &c.builtin_note {
+                    check["builtin_kernel"] = json!(note);
+                }
+                checks.insert(name.clone(), check);
                 if c.rel_err.is_nan() || c.rel_err > spec.tolerance {
                     r.downgrade(
                         Verdict::Fail,
@@ -298,6 +366,8 @@ struct CaseResult {
     rel_err: f64,
     checked: usize,
     telemetry: serde_json::Value,
+    /// Why the built-in kernel is not the best one for this GPU, when it is not.
+    builtin_note: Option<String>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -344,6 +414,8 @@ fn one_case(
     let plan;
     let served_by;
     let builtin_fn;
+    let hopper;
+    let mut builtin_note = None;
     let mut run: Box<dyn FnMut() -> Result<(), ProbeError> + '_> = if use_lt {
         let lt = engines
             .lt
@@ -373,27 +445,56 @@ fn one_case(
         let plan = &plan;
         Box::new(move || plan.run(pa, pb, pc, w, s))
     } else {
-        let (variant, bk, stages) = builtin_variant();
         let ty = if spec.name == "bf16" { "bf16" } else { "f16" };
-        builtin_fn = mm.function(&format!("mma_gemm_{ty}_{variant}"))?;
-        let smem: u32 = stages * (128 + 256) * (bk + 8) * 2;
-        set_max_dynamic_shared(builtin_fn, smem as i32)?;
-        served_by = format!("built-in mma.sync {variant} {}", mm.served_by);
+        let want = std::env::var("GPUDIAG_MMA_VARIANT").unwrap_or_default();
+        let forced_mma = BUILTIN_VARIANTS.iter().any(|v| v.0 == want);
+        hopper = if gpu.cc == (9, 0) && !forced_mma {
+            match hopper_kernel(gpu, ty, &want, (a.ptr, b.ptr), (m, n, k)) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    builtin_note = Some(format!("wgmma kernel unavailable, mma.sync used: {e}"));
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-        // One block per 128×256 tile, rastered by the kernel itself.
-        let grid = (((m / 128) * (n / 256)) as u32, 1, 1);
-        let f = builtin_fn;
-        let (pa, pb, pc) = (a.ptr, b.ptr, c.ptr);
-        Box::new(move || {
-            launch(
-                f,
-                grid,
-                (256, 1, 1),
-                smem,
-                s,
-                &[&pa, &pb, &pc, &mi, &ni, &ki],
-            )
-        })
+        let pc = c.ptr;
+        if let Some(h) = &hopper {
+            served_by = h.served_by.clone();
+            let grid = (((m / WGMMA_TILE_I) * (n / WGMMA_TILE_J)) as u32, 1, 1);
+            Box::new(move || {
+                launch(
+                    h.function,
+                    grid,
+                    (384, 1, 1),
+                    h.shared_bytes,
+                    s,
+                    &[&h.map_a, &h.map_b, &pc, &mi, &ni, &ki],
+                )
+            })
+        } else {
+            let (variant, bk, stages) = builtin_variant(&want);
+            builtin_fn = mm.function(&format!("mma_gemm_{ty}_{variant}"))?;
+            let smem: u32 = stages * (128 + 256) * (bk + 8) * 2;
+            set_max_dynamic_shared(builtin_fn, smem as i32)?;
+            served_by = format!("built-in mma.sync {variant} {}", mm.served_by);
+            // One block per 128×256 tile, rastered by the kernel itself.
+            let grid = (((m / 128) * (n / 256)) as u32, 1, 1);
+            let f = builtin_fn;
+            let (pa, pb) = (a.ptr, b.ptr);
+            Box::new(move || {
+                launch(
+                    f,
+                    grid,
+                    (256, 1, 1),
+                    smem,
+                    s,
+                    &[&pa, &pb, &pc, &mi, &ni, &ki],
+                )
+            })
+        }
     };
     for _ in 0..WARMUPS {
         run()?;
@@ -437,6 +538,7 @@ fn one_case(
         rel_err,
         checked: points.len(),
         telemetry,
+        builtin_note,
     })
 }
 

@@ -5,19 +5,30 @@
 pub struct Ptx {
     pub kernel: &'static str,
     pub arch: u32,
+    /// An arch-specific target (compute_90a): its PTX loads on that exact compute capability
+    /// only, never on a newer one.
+    pub arch_specific: bool,
     pub text: &'static str,
 }
 
 macro_rules! ptx {
     ($k:literal, $a:literal) => {
+        ptx!($k, $a, "", false)
+    };
+    ($k:literal, $a:literal, specific) => {
+        ptx!($k, $a, "a", true)
+    };
+    ($k:literal, $a:literal, $suffix:literal, $specific:literal) => {
         Ptx {
             kernel: $k,
             arch: $a,
+            arch_specific: $specific,
             text: include_str!(concat!(
                 "../../../kernels/ptx/",
                 $k,
                 ".compute_",
                 stringify!($a),
+                $suffix,
                 ".ptx"
             )),
         }
@@ -33,6 +44,7 @@ pub const EMBEDDED: &[Ptx] = &[
     ptx!("latency", 90),
     ptx!("matmul", 80),
     ptx!("matmul", 90),
+    ptx!("matmul_sm90a", 90, specific),
     ptx!("memtest", 70),
     ptx!("memtest", 80),
     ptx!("memtest", 90),
@@ -47,9 +59,10 @@ pub fn best_arch(available: &[u32], cc: (i32, i32)) -> Option<u32> {
 
 /// The PTX of `kernel` to load on a device of capability `cc`.
 pub fn select(kernel: &str, cc: (i32, i32)) -> Option<&'static Ptx> {
+    let device = u32::try_from(cc.0 * 10 + cc.1).ok()?;
     let archs: Vec<u32> = EMBEDDED
         .iter()
-        .filter(|p| p.kernel == kernel)
+        .filter(|p| p.kernel == kernel && (!p.arch_specific || p.arch == device))
         .map(|p| p.arch)
         .collect();
     let arch = best_arch(&archs, cc)?;
@@ -86,6 +99,21 @@ mod tests {
         for (v, _, _) in crate::matmul::BUILTIN_VARIANTS {
             assert!(m.text.contains(&format!("mma_gemm_bf16_{v}(")), "{v}");
             assert!(m.text.contains(&format!("mma_gemm_f16_{v}(")), "{v}");
+        }
+    }
+
+    #[test]
+    fn the_wgmma_kernel_loads_on_hopper_alone() {
+        let h = select("matmul_sm90a", (9, 0)).unwrap();
+        assert!(h.text.contains(".target sm_90a"));
+        for v in crate::matmul::WGMMA_VARIANTS {
+            assert!(h.text.contains(&format!("wgmma_gemm_bf16_{v}(")), "{v}");
+            assert!(h.text.contains(&format!("wgmma_gemm_f16_{v}(")), "{v}");
+        }
+        // sm_90a PTX is not forward compatible: Blackwell and Ada keep the mma.sync kernel.
+        for cc in [(8, 0), (8, 9), (10, 0), (12, 0)] {
+            assert!(select("matmul_sm90a", cc).is_none(), "{cc:?}");
+            assert!(select("matmul", cc).is_some(), "{cc:?}");
         }
     }
 }
