@@ -10,6 +10,7 @@ for dmon: its first data line). Prints a Markdown table. Usage, from the reposit
 
     python3 benches/tui_idle.py --gpudiag .gpu-bundle/gpudiag [--seconds 60] [--intervals 1,0.1]
     python3 benches/tui_idle.py --demo --seconds 5      # no GPU: the demo, gpudiag only
+    python3 benches/tui_idle.py --parallel --seconds 540 --intervals 1   # all tools at once
 
 nvidia-smi dmon counts its delay in whole seconds, so below 1 s it runs at 1 s (the table says
 so). Targets from the issue: under 1% of one core at 1 s, under 20 MB RSS, first frame < 200 ms.
@@ -120,32 +121,46 @@ def main():
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--intervals", default="1,0.1", help="seconds, comma-separated")
     ap.add_argument("--demo", action="store_true", help="gpudiag --demo only (no GPU needed)")
+    ap.add_argument("--parallel", action="store_true",
+                    help="run the tools of an interval at the same time (long steady-state runs)")
     args = ap.parse_args()
     intervals = [float(x) for x in args.intervals.split(",")]
     rows = []
     for iv in intervals:
         ms = max(50, round(iv * 1000))
         cmd = [args.gpudiag, "--interval", f"{ms}ms"] + (["--demo"] if args.demo else [])
-        r = measure(f"gpudiag{' --demo' if args.demo else ''}", cmd,
-                    lambda out: b"Devices" in out, args.seconds, True, "q")
-        # Without a GPU gpudiag opens the demo instead: such a row measures the wrong thing.
-        note = "" if args.demo or b"LIVE" in r["output"] else "NOT LIVE: no GPU seen, demo shown"
-        rows.append((iv, note, r))
-        if args.demo:
-            continue
-        if shutil.which("nvidia-smi"):
-            d = max(1, round(iv))
-            note = "" if d == iv else f"dmon runs at {d} s (whole seconds only)"
-            rows.append((iv, note, measure(f"nvidia-smi dmon -d {d}",
-                                           ["nvidia-smi", "dmon", "-d", str(d)],
-                                           dmon_data_line, args.seconds, False, "int")))
-        nvitop = shutil.which("nvitop")
-        if nvitop:
-            rows.append((iv, "", measure("nvitop", [nvitop, "--interval", str(max(iv, 0.25))],
-                                         lambda out: b"nvitop" in out.lower(), args.seconds,
-                                         True, "q")))
+        jobs = [("", (f"gpudiag{' --demo' if args.demo else ''}", cmd, lambda out: b"Devices" in out,
+                      args.seconds, True, "q"))]
+        if not args.demo:
+            if shutil.which("nvidia-smi"):
+                d = max(1, round(iv))
+                note = "" if d == iv else f"dmon runs at {d} s (whole seconds only)"
+                jobs.append((note, (f"nvidia-smi dmon -d {d}", ["nvidia-smi", "dmon", "-d", str(d)],
+                                    dmon_data_line, args.seconds, False, "int")))
+            nvitop = shutil.which("nvitop")
+            if nvitop:
+                jobs.append(("", ("nvitop -m full", [nvitop, "-m", "full", "--interval", str(max(iv, 0.25))],
+                                  lambda out: b"nvitop" in out.lower(), args.seconds, True, "q")))
+            else:
+                print(f"(nvitop not found: skipped at {iv} s)", file=sys.stderr)
+        results = [None] * len(jobs)
+        if args.parallel:
+            # All tools at once: each one's CPU and RSS are its own (wait4), and the host has
+            # cores to spare, so one long run gives every tool the same minutes.
+            threads = [threading.Thread(target=lambda i=i, j=j: results.__setitem__(i, measure(*j[1])))
+                       for i, j in enumerate(jobs)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
         else:
-            print(f"(nvitop not found: skipped at {iv} s)", file=sys.stderr)
+            for i, j in enumerate(jobs):
+                results[i] = measure(*j[1])
+        for (note, _), r in zip(jobs, results):
+            # Without a GPU gpudiag opens the demo instead: such a row measures the wrong thing.
+            if r["tool"].startswith("gpudiag") and not args.demo and b"LIVE" not in r["output"]:
+                note = "NOT LIVE: no GPU seen, demo shown"
+            rows.append((iv, note, r))
     print(f"Idle for {args.seconds:.0f} s in a {COLS}x{ROWS} pty; CPU and peak RSS of the "
           "process itself (os.wait4).\n")
     print("| tool | interval (s) | wall (s) | CPU (s) | CPU % of one core | peak RSS (MB) "

@@ -480,29 +480,22 @@ pub fn grid_for(n: u64, block: u32, multiprocessors: i32) -> u32 {
     u32::try_from(needed.min(cap)).unwrap_or(u32::MAX)
 }
 
-/// The registers per thread the driver compiled `f` to, and the bytes of local memory (spills).
-pub fn registers_and_spills(f: Function) -> Result<(i32, i32), ProbeError> {
-    let (mut regs, mut local) = (0i32, 0i32);
-    // SAFETY: a valid function handle of a loaded module; each call writes one int.
-    unsafe {
-        ck(
-            sys::cuFuncGetAttribute(
-                &mut regs,
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS,
-                f.0,
-            ),
-            "cuFuncGetAttribute",
-        )?;
-        ck(
+/// Bytes of local memory per thread the driver compiled `f` to use: register spills, for a
+/// kernel written to keep everything in registers.
+pub fn spilled_bytes(f: Function) -> Result<i32, ProbeError> {
+    let mut local = 0i32;
+    // SAFETY: a valid function handle of a loaded module; writes one int.
+    ck(
+        unsafe {
             sys::cuFuncGetAttribute(
                 &mut local,
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
                 f.0,
-            ),
-            "cuFuncGetAttribute",
-        )?;
-    }
-    Ok((regs, local))
+            )
+        },
+        "cuFuncGetAttribute",
+    )?;
+    Ok(local)
 }
 
 /// Raises a kernel's dynamic shared memory limit (needed above 48 KiB).

@@ -10,8 +10,8 @@ use serde_json::json;
 use super::blas::{self, GemmSpec, Lt, dtype};
 use super::conditions::RunTelemetry;
 use super::gpu::{
-    DeviceBuffer, Event, Function, Gpu, Module, TensorMap, grid_for, launch, registers_and_spills,
-    set_max_dynamic_shared,
+    DeviceBuffer, Event, Function, Gpu, Module, TensorMap, grid_for, launch,
+    set_max_dynamic_shared, spilled_bytes,
 };
 use super::suite::{MatmulParams, ModelRef};
 use super::{
@@ -144,19 +144,17 @@ fn hopper_kernel(
         + 1024
         + 16 * WGMMA_STAGES;
     set_max_dynamic_shared(function, shared_bytes as i32)?;
-    let (regs, spills) = registers_and_spills(function)?;
+    let spills = spilled_bytes(function)?;
     let map_a = TensorMap::swizzled_128b(a, m, k, WGMMA_TILE_I as u32, WGMMA_TILE_K)?;
     let map_b = TensorMap::swizzled_128b(b, n, k, WGMMA_TILE_J as u32, WGMMA_TILE_K)?;
+    // Spills would cost most of the kernel's speed on a new driver's register allocation: say so.
     let spilled = if spills > 0 {
-        format!(", {spills} B spilled")
+        format!(", {spills} B of registers spilled to local memory")
     } else {
         String::new()
     };
     Ok(HopperKernel {
-        served_by: format!(
-            "built-in wgmma {variant} {} ({regs} registers{spilled})",
-            module.served_by
-        ),
+        served_by: format!("built-in wgmma {variant} {}{spilled}", module.served_by),
         _module: module,
         function,
         map_a,
