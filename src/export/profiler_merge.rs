@@ -153,6 +153,7 @@ pub fn merge_into(
         added: 0,
         info: None,
         write_error: None,
+        scan_error: None,
     };
     let mut de = serde_json::Deserializer::from_reader(reader);
     let parsed = TopLevel(&mut state)
@@ -160,6 +161,9 @@ pub fn merge_into(
         .and_then(|()| de.end());
     if let Some(e) = state.write_error.take() {
         return Err(Error::io("writing the merged trace", e));
+    }
+    if let Some(e) = state.scan_error.take() {
+        return Err(e);
     }
     parsed.map_err(|e| read_error(profiler, &budget, &e))?;
     let info = state
@@ -300,6 +304,8 @@ struct MergeState<'a> {
     info: Option<MergeInfo>,
     /// A failure writing the output, kept apart from the input's errors.
     write_error: Option<io::Error>,
+    /// A failure of the first pass, already in words.
+    scan_error: Option<Error>,
 }
 
 impl MergeState<'_> {
@@ -385,8 +391,14 @@ impl<'de> Visitor<'de> for TopLevel<'_, '_> {
                     }
                     events_seen = true;
                     if !state.base_seen {
-                        state.base_time_ns =
-                            scan_base_time(state.path).map_err(M::Error::custom)?;
+                        match scan_base_time(state.path) {
+                            Ok(base) => state.base_time_ns = base,
+                            Err(e) => {
+                                let text = e.to_string();
+                                state.scan_error = Some(e);
+                                return Err(M::Error::custom(text));
+                            }
+                        }
                         state.base_seen = true;
                     }
                     map.next_value_seed(Events(&mut *state))?;
@@ -433,14 +445,16 @@ fn base_time(raw: &RawValue) -> Result<u64, String> {
 
 /// The first pass, for a trace whose `baseTimeNanoseconds` follows its events: reads the
 /// top-level keys, skipping every value but that one without buffering it.
-fn scan_base_time(path: &Path) -> Result<Option<u64>, String> {
+fn scan_base_time(path: &Path) -> Result<Option<u64>, Error> {
     let budget = Budget::new(u64::MAX);
-    let reader = open(path, &budget).map_err(|e| e.to_string())?;
+    let reader = open(path, &budget)?;
     let mut de = serde_json::Deserializer::from_reader(reader);
     let found = ScanBase(budget.clone())
         .deserialize(&mut de)
-        .map_err(|e| read_error(path, &budget, &e).to_string())?;
-    found.transpose()
+        .map_err(|e| read_error(path, &budget, &e))?;
+    found
+        .transpose()
+        .map_err(|e| Error::Usage(format!("{}: {e}", path.display())))
 }
 
 struct ScanBase(Budget);
