@@ -1,3 +1,5 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 //! `gpudiag trace --merge` and `gpudiag run --profiler-trace`: a PyTorch profiler trace with
 //! gpudiag's tracks added. The profiler fixtures in tests/fixtures/profiler/ are Kineto-shaped
 //! traces (make_synthetic.py) over part of a real H200 recording (workloads/bf16_matmul).
