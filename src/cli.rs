@@ -85,7 +85,9 @@ Example:
 
 Exit codes:
   the command's own code; 128+N when signal N killed it (as shells report it)
-  2  usage error, or the command could not be started (not found, not executable)
+  2  usage error, or the command could not be started (not found, not executable), or
+     --profiler-trace's trace could not be merged (gpudiag's own trace is then kept beside
+     --trace)
 With no GPU or no NVIDIA driver the command still runs, and gpudiag says it could not watch.";
 
 #[derive(Debug, Clone, Args)]
@@ -98,6 +100,12 @@ pub struct RunArgs {
     /// Also write a Chrome trace of the run.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// The PyTorch profiler trace the command writes: a file, or the directory a
+    /// tensorboard_trace_handler writes into (its *.pt.trace.json[.gz] written during the run
+    /// are taken). The --trace file becomes that trace with gpudiag's tracks added; with several,
+    /// each gets its own file, named after --trace and the profiler's file.
+    #[arg(long, value_name = "PATH", requires = "trace")]
+    pub profiler_trace: Option<PathBuf>,
     /// Also write the verdicts, phases and findings as JSON
     /// (assets/schema/run-report.schema.json).
     #[arg(long, value_name = "FILE")]
@@ -346,9 +354,14 @@ pub struct RecordArgs {
 pub struct TraceArgs {
     #[command(flatten)]
     pub source: SourceArgs,
-    /// Where to write the trace (JSON).
+    /// Where to write the trace (JSON; with --merge, gzip when the name ends in .gz).
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
+    /// Add the recording's tracks to this PyTorch profiler (Kineto) trace, a .json from
+    /// export_chrome_trace or the .json.gz of tensorboard_trace_handler, aligned on its clock;
+    /// only the time both cover is added. Needs --replay.
+    #[arg(long, value_name = "PROFILER_TRACE", requires = "replay")]
+    pub merge: Option<PathBuf>,
     /// How long to sample live GPUs (a replay is traced whole).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub duration: Duration,

@@ -79,6 +79,17 @@ fn run(cli: Cli) -> Result<i32, Error> {
         Some(Command::Trace(ref args)) => {
             let stop = stop_on_ctrl_c();
             let capture = gpudiag::export::trace(args, &stop, &config()?)?;
+            if let Some(m) = &capture.merged {
+                eprintln!(
+                    "gpudiag: merged {} event(s) into the {} of {}, {:.3} s of overlap, to {}",
+                    m.added_events,
+                    m.profiler_events,
+                    printable::line(&m.info.profiler_trace),
+                    (m.info.window_end_ms - m.info.window_start_ms) / 1000.0,
+                    args.output.display()
+                );
+                return Ok(exit::OK);
+            }
             eprintln!(
                 "gpudiag: traced {} tick(s), {} finding(s) to {}",
                 capture.ticks,

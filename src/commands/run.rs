@@ -17,7 +17,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::cli::RunArgs;
-use crate::export::chrome_trace::TraceBuilder;
+use crate::export::chrome_trace::{Trace, TraceBuilder};
+use crate::export::profiler_merge;
 use crate::export::{refuse_existing, write_json_atomic};
 use gpudiag_core::check::ToolInfo;
 use gpudiag_core::config::Config;
@@ -136,6 +137,7 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
     }
     let start_ms = now_ms();
     let started = Instant::now();
+    let started_wall = std::time::SystemTime::now();
     forward_signals();
     let exit: Arc<Mutex<Option<(ExitStatus, Instant)>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -182,14 +184,94 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
         gpu_processes: Vec::new(),
         still_holding: Vec::new(),
     };
-    if let Some(w) = watched {
+    let mut ours = None;
+    if let Some(mut w) = watched {
+        ours = w.trace.take();
         w.conclude(&mut report, start_ms, end_ms);
     }
     eprint!("{}", printable::text(&summary(&report)));
     if let Some(path) = &args.json {
         write_json_atomic(path, &report)?;
     }
+    if let (Some(ours), Some(profiler), Some(path)) = (ours, &args.profiler_trace, &args.trace) {
+        merge_profiler_traces(&ours, profiler, path, started_wall, args.force)?;
+    }
     Ok(exit_code.unwrap_or_else(|| 128 + signal.unwrap_or(0)))
+}
+
+/// `--profiler-trace`: merges gpudiag's trace into each profiler trace written during the run
+/// (modified in or after the second the run started, since some file systems keep whole
+/// seconds). With none, gpudiag's own trace is written to `path` and a warning says so; when a
+/// merge fails, gpudiag's own trace is kept beside `path` before the error is returned.
+fn merge_profiler_traces(
+    ours: &Trace,
+    profiler: &std::path::Path,
+    path: &std::path::Path,
+    started: std::time::SystemTime,
+    force: bool,
+) -> Result<(), Error> {
+    let whole_second = started
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| std::time::UNIX_EPOCH + Duration::from_secs(d.as_secs()))
+        .unwrap_or(started);
+    let found = profiler_merge::written_since(profiler, whole_second)?;
+    if found.is_empty() {
+        eprintln!(
+            "gpudiag: no profiler trace was written to {} during the run; wrote gpudiag's own \
+             trace to {}",
+            printable::line(&profiler.display().to_string()),
+            printable::line(&path.display().to_string())
+        );
+        return write_json_atomic(path, ours);
+    }
+    let several = found.len() > 1;
+    for input in &found {
+        let output = if several {
+            merged_name(path, input)
+        } else {
+            path.to_path_buf()
+        };
+        if several {
+            refuse_existing(&output, force)?;
+        }
+        match profiler_merge::merge(input, ours, &output) {
+            Ok(m) => eprintln!(
+                "gpudiag: merged {} event(s) into {} ({:.3} s of overlap): {}",
+                m.added_events,
+                printable::line(&input.display().to_string()),
+                (m.info.window_end_ms - m.info.window_start_ms) / 1000.0,
+                printable::line(&output.display().to_string())
+            ),
+            Err(e) => {
+                let own = merged_name(path, std::path::Path::new("gpudiag.json"));
+                write_json_atomic(&own, ours)?;
+                return Err(Error::Usage(format!(
+                    "could not merge into {}: {e}; gpudiag's own trace is in {}",
+                    input.display(),
+                    own.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `merged.json` and `host_1.123.pt.trace.json.gz` give `merged.host_1.123.pt.trace.json.gz`
+/// beside `merged.json`.
+fn merged_name(path: &std::path::Path, profiler: &std::path::Path) -> std::path::PathBuf {
+    let name = path
+        .file_name()
+        .map_or_else(|| "trace".into(), |n| n.to_string_lossy().into_owned());
+    let stem = name
+        .strip_suffix(".json.gz")
+        .or_else(|| name.strip_suffix(".json"))
+        .or_else(|| name.strip_suffix(".gz"))
+        .unwrap_or(&name);
+    let other = profiler.file_name().map_or_else(
+        || "profiler.json".into(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    path.with_file_name(format!("{stem}.{other}"))
 }
 
 /// Waits for the command, forwarding signals caught meanwhile, then lets sampling run on a
@@ -266,6 +348,8 @@ struct Watched {
     devices: Vec<gpudiag_telemetry::DeviceInfo>,
     tree: ProcessTree,
     warnings: Vec<String>,
+    /// gpudiag's trace, kept for `--profiler-trace`.
+    trace: Option<Trace>,
 }
 
 fn watch(
@@ -314,18 +398,26 @@ fn watch(
     if let Some(w) = sink.writer.take() {
         w.finish()?;
     }
+    let mut trace = None;
     if let (Some(builder), Some(path)) = (sink.trace.take(), &args.trace) {
         let mut builder = builder;
         for f in pipeline.engine.raised() {
             builder.push_finding(&f);
         }
-        write_json_atomic(path, &builder.finish())?;
+        let finished = builder.finish();
+        // With a profiler trace, the trace is merged once the command has written it.
+        if args.profiler_trace.is_some() {
+            trace = Some(finished);
+        } else {
+            write_json_atomic(path, &finished)?;
+        }
     }
     Ok(Watched {
         pipeline,
         devices,
         tree: sink.tree,
         warnings,
+        trace,
     })
 }
 

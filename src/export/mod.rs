@@ -4,6 +4,7 @@
 //! that it appears whole or not at all.
 
 pub mod chrome_trace;
+pub mod profiler_merge;
 pub mod prometheus;
 
 use std::fs::File;
@@ -29,6 +30,8 @@ pub struct Capture {
     pub findings: Vec<Finding>,
     pub ticks: u64,
     pub warnings: Vec<String>,
+    /// With `--merge`: what was merged.
+    pub merged: Option<profiler_merge::MergeSummary>,
 }
 
 /// Samples `source` (for `limit` when live; a replay to its end) into a trace, with the findings
@@ -85,6 +88,7 @@ pub fn capture_trace(
         findings,
         ticks: pipeline.tick_count(),
         warnings,
+        merged: None,
     })
 }
 
@@ -104,14 +108,23 @@ impl Sink for TraceSink<'_> {
 pub fn trace(args: &TraceArgs, stop: &AtomicBool, config: &Config) -> Result<Capture, Error> {
     refuse_existing(&args.output, args.force)?;
     let source = open_source(&args.source.spec()?, Pace::AsFastAsPossible, false)?;
-    let capture = capture_trace(
+    let mut capture = capture_trace(
         source,
         args.interval,
         Some(args.duration),
         Some(stop),
         config,
     )?;
-    write_json_atomic(&args.output, &capture.trace)?;
+    match &args.merge {
+        Some(profiler) => {
+            capture.merged = Some(profiler_merge::merge(
+                profiler,
+                &capture.trace,
+                &args.output,
+            )?);
+        }
+        None => write_json_atomic(&args.output, &capture.trace)?,
+    }
     Ok(capture)
 }
 

@@ -1,0 +1,479 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+//! `gpudiag trace --merge` and `gpudiag run --profiler-trace`: a PyTorch profiler trace with
+//! gpudiag's tracks added. The profiler fixtures in tests/fixtures/profiler/ are Kineto-shaped
+//! traces (make_synthetic.py) over part of a real H200 recording (workloads/bf16_matmul).
+//! HolisticTraceAnalysis runs on the merged trace where its venv exists (tests/hta/).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command as StdCommand;
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+use gpudiag::export::chrome_trace::{self, Trace, TraceEvent};
+use gpudiag::export::profiler_merge::MERGE_KEY;
+
+const RECORDING: &str = "tests/fixtures/workloads/bf16_matmul.ndjson.gz";
+const BASE_FIRST: &str = "tests/fixtures/profiler/synthetic.pt.trace.json.gz";
+const BASE_LAST: &str = "tests/fixtures/profiler/synthetic_base_last.pt.trace.json.gz";
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn at(rel: &str) -> PathBuf {
+    root().join(rel)
+}
+
+fn gpudiag() -> Command {
+    let mut c = Command::cargo_bin("gpudiag").unwrap();
+    c.env("GPUDIAG_SYSFS_ROOT", "/nonexistent-sysfs-root");
+    c
+}
+
+struct Run {
+    code: i32,
+    stderr: String,
+}
+
+fn merge(profiler: &Path, recording: &Path, output: &Path, extra: &[&str]) -> Run {
+    let out = gpudiag()
+        .args(["trace", "--merge"])
+        .arg(profiler)
+        .arg("--replay")
+        .arg(recording)
+        .arg("-o")
+        .arg(output)
+        .args(extra)
+        .output()
+        .unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn read_bytes(path: &Path) -> Vec<u8> {
+    let raw = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        flate2::read::MultiGzDecoder::new(&raw[..])
+            .read_to_end(&mut out)
+            .unwrap();
+        out
+    } else {
+        raw
+    }
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_slice(&read_bytes(path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The events gpudiag added (pids from the merge's base up).
+fn added(merged: &Value) -> Vec<Value> {
+    let base = merged[MERGE_KEY]["pid_base"].as_u64().unwrap();
+    merged["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["pid"].as_u64().is_some_and(|p| p >= base))
+        .cloned()
+        .collect()
+}
+
+fn schema() -> Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(at("assets/schema/chrome-trace.schema.json")).unwrap(),
+    )
+    .unwrap()
+}
+
+/// What every event of the Trace Event Format needs, whoever wrote it.
+fn assert_trace_event_format(merged: &Value) {
+    let events = merged["traceEvents"].as_array().expect("traceEvents array");
+    for (i, e) in events.iter().enumerate() {
+        let ph = e["ph"]
+            .as_str()
+            .unwrap_or_else(|| panic!("event {i}: no ph: {e}"));
+        assert!(
+            e.get("pid").is_some() && e.get("tid").is_some(),
+            "event {i}: {e}"
+        );
+        if ph != "M" {
+            assert!(e["ts"].is_number(), "event {i}: ts {e}");
+        }
+        if ph == "X" {
+            assert!(
+                e["dur"].as_f64().is_some_and(|d| d >= 0.0),
+                "event {i}: dur {e}"
+            );
+        }
+        if ph == "C" {
+            let args = e["args"].as_object().expect("counter args");
+            assert!(args.values().all(Value::is_number), "event {i}: {e}");
+        }
+    }
+}
+
+/// gpudiag's part of a merged trace is a valid gpudiag trace: against the committed schema and
+/// the exporter's own validator.
+fn assert_gpudiag_part_is_valid(merged: &Value) {
+    let ours = Value::from(added(merged));
+    let alone = serde_json::json!({
+        "traceEvents": ours,
+        "displayTimeUnit": "ms",
+        "otherData": merged[MERGE_KEY]["trace"],
+    });
+    let validator = jsonschema::draft202012::new(&schema()).unwrap();
+    let errors: Vec<String> = validator
+        .iter_errors(&alone)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+    let trace: Trace = serde_json::from_value(alone).unwrap();
+    let problems = chrome_trace::validate(&trace);
+    assert!(problems.is_empty(), "{problems:?}");
+}
+
+#[test]
+fn merges_either_key_order_plain_or_gzip_and_keeps_the_profilers_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("plain.pt.trace.json");
+    std::fs::write(&plain, read_bytes(&at(BASE_LAST))).unwrap();
+    let mut results = Vec::new();
+    for (input, output) in [
+        (at(BASE_FIRST), dir.path().join("a.json")),
+        (at(BASE_LAST), dir.path().join("b.json.gz")),
+        (plain.clone(), dir.path().join("c.json")),
+    ] {
+        let run = merge(&input, &at(RECORDING), &output, &[]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        assert!(run.stderr.contains("merged"), "{}", run.stderr);
+        let original = read_json(&input);
+        let merged = read_json(&output);
+        assert_trace_event_format(&merged);
+        assert_gpudiag_part_is_valid(&merged);
+        // Every top-level key and every profiler event comes through unchanged, in order.
+        for (k, v) in original.as_object().unwrap() {
+            if k != "traceEvents" {
+                assert_eq!(&merged[k], v, "{k}");
+            }
+        }
+        let before = original["traceEvents"].as_array().unwrap();
+        let after = merged["traceEvents"].as_array().unwrap();
+        assert_eq!(&after[..before.len()], &before[..]);
+        let ours = added(&merged);
+        assert_eq!(after.len(), before.len() + ours.len());
+        assert!(ours.iter().any(|e| e["ph"] == "C" && e["name"] == "util %"));
+        assert!(ours.iter().any(|e| {
+            e["args"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("gpudiag: GPU 0"))
+        }));
+        // No pid of gpudiag's is one the profiler used.
+        let theirs: std::collections::BTreeSet<String> =
+            before.iter().map(|e| e["pid"].to_string()).collect();
+        assert!(ours.iter().all(|e| !theirs.contains(&e["pid"].to_string())));
+        results.push((merged, ours));
+    }
+    // The same profiler trace, whatever its key order or compression, merges the same.
+    assert_eq!(results[0].1, results[1].1);
+    assert_eq!(results[1].1, results[2].1);
+}
+
+#[test]
+fn counters_land_at_the_recordings_wall_clock_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.json");
+    let run = merge(&at(BASE_LAST), &at(RECORDING), &out, &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let merged = read_json(&out);
+    let base_ns = merged["baseTimeNanoseconds"].as_u64().unwrap();
+    let window_start_us = merged[MERGE_KEY]["window_start_ms"].as_f64().unwrap() * 1000.0;
+    // The recording's sample times on device 0, epoch µs.
+    let text = String::from_utf8(read_bytes(&at(RECORDING))).unwrap();
+    let samples: Vec<f64> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == "sample")
+        .filter_map(|v| v["time_ms"].as_f64())
+        .map(|ms| ms * 1000.0)
+        .collect();
+    let counters: Vec<f64> = added(&merged)
+        .iter()
+        .filter(|e| e["ph"] == "C")
+        .map(|e| base_ns as f64 / 1000.0 + e["ts"].as_f64().unwrap())
+        .collect();
+    assert!(counters.len() > 5, "{counters:?}");
+    for wall in counters {
+        let at_sample = samples.iter().any(|s| (s - wall).abs() <= 1.0);
+        let at_window_start = (wall - window_start_us).abs() <= 1.0;
+        assert!(at_sample || at_window_start, "{wall} is no sample time");
+    }
+}
+
+#[test]
+fn a_trace_and_a_recording_that_do_not_overlap_are_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.json");
+    let run = merge(
+        &at(BASE_FIRST),
+        &at("tests/fixtures/recordings/healthy.ndjson"),
+        &out,
+        &[],
+    );
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("do not overlap"), "{}", run.stderr);
+    assert!(!out.exists());
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "temp left"
+    );
+}
+
+#[test]
+fn merge_needs_a_recording_and_keeps_an_existing_output_without_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.json");
+    let r = gpudiag()
+        .args(["trace", "--merge", BASE_FIRST, "-o"])
+        .arg(&out)
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("--replay"));
+    std::fs::write(&out, "keep").unwrap();
+    let run = merge(&at(BASE_FIRST), &at(RECORDING), &out, &[]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("--force"), "{}", run.stderr);
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "keep");
+}
+
+#[test]
+fn bad_profiler_traces_are_exit_2_and_never_replace_the_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = read_bytes(&at(BASE_FIRST));
+    let gz = std::fs::read(at(BASE_FIRST)).unwrap();
+    let mut huge = br#"{"traceEvents":[{"ph":"X","name":""#.to_vec();
+    huge.extend(std::iter::repeat_n(b'a', 17 << 20));
+    huge.extend(br#""}]}"#);
+    let mut deep = br#"{"traceEvents":["#.to_vec();
+    deep.extend(std::iter::repeat_n(b'[', 100_000));
+    let mut garbage_gz = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3];
+    garbage_gz.extend((0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8));
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("empty", Vec::new(), "ends early"),
+        ("not json", b"PK\x03\x04 a zip file".to_vec(), "not a JSON"),
+        ("a csv", b"a,b,c\n1,2,3\n".to_vec(), "not a JSON"),
+        (
+            "truncated json",
+            good[..good.len() / 2].to_vec(),
+            "ends early",
+        ),
+        ("truncated gzip", gz[..gz.len() / 2].to_vec(), "cannot read"),
+        ("gzip garbage", garbage_gz, "cannot read"),
+        (
+            "no traceEvents",
+            br#"{"schemaVersion":1}"#.to_vec(),
+            "no traceEvents",
+        ),
+        (
+            "events not a list",
+            br#"{"traceEvents":{}}"#.to_vec(),
+            "traceEvents",
+        ),
+        ("huge string", huge, "larger than 16 MiB"),
+        ("deep nesting", deep, "ends early"),
+        (
+            "no clock",
+            br#"{"traceEvents":[{"ph":"X","ts":5,"dur":1,"pid":1,"tid":1}]}"#.to_vec(),
+            "wall clock",
+        ),
+    ];
+    for (what, bytes, needle) in cases {
+        let input = dir.path().join("bad.json");
+        std::fs::write(&input, &bytes).unwrap();
+        let out = dir.path().join("out.json");
+        std::fs::write(&out, "good").unwrap();
+        let run = merge(&input, &at(RECORDING), &out, &["--force"]);
+        assert_eq!(run.code, 2, "{what}: {}", run.stderr);
+        assert!(run.stderr.contains(needle), "{what}: {}", run.stderr);
+        assert!(!run.stderr.contains("panicked"), "{what}: {}", run.stderr);
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "good", "{what}");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left.len(), 2, "{what}: temp left: {left:?}");
+    }
+}
+
+#[test]
+fn merging_a_merged_trace_again_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let once = dir.path().join("once.json");
+    assert_eq!(merge(&at(BASE_FIRST), &at(RECORDING), &once, &[]).code, 0);
+    let twice = merge(&once, &at(RECORDING), &dir.path().join("twice.json"), &[]);
+    assert_eq!(twice.code, 2, "{}", twice.stderr);
+    assert!(twice.stderr.contains("already holds"), "{}", twice.stderr);
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// `gpudiag run` on the fake MI300X sysfs tree, with a command that writes a profiler trace
+/// the way tensorboard_trace_handler names it, stamped with the run's own times.
+fn run_with_profiler(dir: &Path, profiler: &Path, trace: &Path, write: bool) -> Run {
+    let script = at("tests/fixtures/profiler/make_synthetic.py");
+    let target = dir.join("host_4242.1700000000000.pt.trace.json.gz");
+    let make = format!(
+        "{} {} {} $(($(date +%s%3N) + 200)) 1.5 --pause 0.5 --gzip; sleep 2",
+        if write { "python3" } else { "true" },
+        script.display(),
+        target.display(),
+    );
+    let out = gpudiag()
+        .env("GPUDIAG_SYSFS_ROOT", at("tests/fixtures/sysfs/mi300x"))
+        .args([
+            "run",
+            "--backend",
+            "sysfs",
+            "--interval",
+            "100ms",
+            "--profiler-trace",
+        ])
+        .arg(profiler)
+        .arg("--trace")
+        .arg(trace)
+        .args(["--", "sh", "-c", &make])
+        .output()
+        .unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn run_merges_the_trace_the_command_wrote_and_ignores_older_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    // A trace from an earlier run: older than this run, so not taken.
+    let old = dir.path().join("host_1.1600000000000.pt.trace.json.gz");
+    std::fs::copy(at(BASE_FIRST), &old).unwrap();
+    let past = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&old)
+        .unwrap()
+        .set_modified(past)
+        .unwrap();
+    let merged = dir.path().join("merged.json");
+    let started = now_ms();
+    let run = run_with_profiler(dir.path(), dir.path(), &merged, true);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stderr.contains("merged"), "{}", run.stderr);
+    let m = read_json(&merged);
+    assert_eq!(
+        m[MERGE_KEY]["profiler_trace"],
+        "host_4242.1700000000000.pt.trace.json.gz"
+    );
+    assert!(m[MERGE_KEY]["window_start_ms"].as_f64().unwrap() >= started as f64);
+    assert_trace_event_format(&m);
+    assert_gpudiag_part_is_valid(&m);
+    assert!(added(&m).iter().any(|e| e["ph"] == "C"), "no counters");
+}
+
+#[test]
+fn run_without_a_new_profiler_trace_writes_gpudiags_own_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let merged = dir.path().join("merged.json");
+    let run = run_with_profiler(dir.path(), dir.path(), &merged, false);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("no profiler trace was written"),
+        "{}",
+        run.stderr
+    );
+    let trace: Trace = serde_json::from_value(read_json(&merged)).unwrap();
+    assert!(chrome_trace::validate(&trace).is_empty());
+    let _: &[TraceEvent] = &trace.trace_events;
+}
+
+/// The venv `.ci/run` makes for HolisticTraceAnalysis (tests/hta/requirements.txt).
+fn hta_python() -> Option<PathBuf> {
+    let python = std::env::var_os("GPUDIAG_HTA_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| at("target/hta-venv/bin/python"));
+    if python.exists() {
+        return Some(python);
+    }
+    assert!(
+        std::env::var_os("GPUDIAG_REQUIRE_HTA").is_none(),
+        "GPUDIAG_REQUIRE_HTA is set but {} does not exist (.ci/run makes it)",
+        python.display()
+    );
+    None
+}
+
+fn breakdowns(python: &Path, trace: &Path) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let name = trace.file_name().unwrap();
+    std::fs::copy(trace, dir.path().join(name)).unwrap();
+    let out = StdCommand::new(python)
+        .arg(at("tests/hta/breakdowns.py"))
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "HTA failed on {}:\n{stdout}\n{}",
+        trace.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("BREAKDOWNS "))
+        .unwrap_or_else(|| panic!("no result from HTA:\n{stdout}"));
+    serde_json::from_str(line).unwrap()
+}
+
+#[test]
+fn holistic_trace_analysis_breakdowns_run_on_the_merged_trace_and_match_the_original() {
+    let Some(python) = hta_python() else {
+        eprintln!(
+            "SKIPPED: no HolisticTraceAnalysis venv at target/hta-venv (make it as .ci/run \
+             does, or set GPUDIAG_HTA_PYTHON)"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for input in [BASE_FIRST, BASE_LAST] {
+        let merged = dir.path().join("merged.json.gz");
+        let run = merge(&at(input), &at(RECORDING), &merged, &["--force"]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        let original = breakdowns(&python, &at(input));
+        let with_ours = breakdowns(&python, &merged);
+        // gpudiag's tracks change nothing HTA computes from the profiler's events.
+        assert_eq!(original, with_ours);
+        let temporal = &with_ours["temporal"][0];
+        assert!(
+            temporal["compute_time(us)"].as_f64().unwrap() > 0.0,
+            "{with_ours}"
+        );
+        let idle = with_ours["idle"].as_array().unwrap();
+        assert!(
+            idle.iter().any(|r| r["idle_category"] == "host_wait"),
+            "{with_ours}"
+        );
+    }
+}
