@@ -18,6 +18,11 @@ use gpudiag::export::profiler_merge::MERGE_KEY;
 const RECORDING: &str = "tests/fixtures/workloads/bf16_matmul.ndjson.gz";
 const BASE_FIRST: &str = "tests/fixtures/profiler/synthetic.pt.trace.json.gz";
 const BASE_LAST: &str = "tests/fixtures/profiler/synthetic_base_last.pt.trace.json.gz";
+/// A real torch 2.11 trace and recording from an H200, with a known 2 s host pause (README there).
+const REAL_TRACE: &str =
+    "tests/fixtures/profiler/h200_torch2.11/training_with_pause.pt.trace.json.gz";
+const REAL_RECORDING: &str = "tests/fixtures/profiler/h200_torch2.11/recording.ndjson.gz";
+const REAL_PAUSE: &str = "tests/fixtures/profiler/h200_torch2.11/pause.json";
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -213,6 +218,81 @@ fn counters_land_at_the_recordings_wall_clock_times() {
         let at_window_start = (wall - window_start_us).abs() <= 1.0;
         assert!(at_sample || at_window_start, "{wall} is no sample time");
     }
+}
+
+#[test]
+fn a_real_torch_trace_and_its_recording_line_up_on_the_pause() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("merged.json");
+    let run = merge(&at(REAL_TRACE), &at(REAL_RECORDING), &out, &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let merged = read_json(&out);
+    assert_trace_event_format(&merged);
+    assert_gpudiag_part_is_valid(&merged);
+    let pause = read_json(&at(REAL_PAUSE));
+    let us = |key: &str| pause[key].as_u64().unwrap() as f64 / 1000.0;
+    let (enter, p0, p1, exit) = (
+        us("annotation_enter_ns"),
+        us("pause_start_ns"),
+        us("pause_end_ns"),
+        us("annotation_exit_ns"),
+    );
+    let base_us = merged["baseTimeNanoseconds"].as_u64().unwrap() as f64 / 1000.0;
+
+    // The profiler's annotation of the pause, on the wall clock, lies within 10 µs of the clock
+    // readings taken on both sides of each of its edges.
+    let mark = merged["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "gpudiag_pause" && e["ph"] == "X")
+        .expect("the pause annotation");
+    let start = base_us + mark["ts"].as_f64().unwrap();
+    let end = start + mark["dur"].as_f64().unwrap();
+    assert!(
+        enter - 10.0 <= start && start <= p0 + 10.0,
+        "{start} vs [{enter}, {p0}]"
+    );
+    assert!(
+        p1 - 10.0 <= end && end <= exit + 10.0,
+        "{end} vs [{p1}, {exit}]"
+    );
+
+    // gpudiag's utilisation track on the same clock: busy before the pause, idle inside, and its
+    // edges within 500 ms of the pause's (NVML averages utilisation over its own sample period,
+    // which put them 300 ms late at this recording's 100 ms interval).
+    let util: Vec<(f64, f64)> = added(&merged)
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == "util %")
+        .filter_map(|e| Some((base_us + e["ts"].as_f64()?, e["args"]["gpu"].as_f64()?)))
+        .collect();
+    assert!(util.iter().any(|&(t, v)| t < p0 && v >= 50.0), "{util:?}");
+    let drop = util
+        .iter()
+        .find(|&&(t, v)| t >= p0 - 100_000.0 && v < 5.0)
+        .expect("utilisation drops in the pause")
+        .0;
+    assert!(
+        (0.0..=500_000.0).contains(&(drop - p0)),
+        "drop {}",
+        drop - p0
+    );
+    let rise = util
+        .iter()
+        .find(|&&(t, v)| t >= p1 - 100_000.0 && v >= 50.0)
+        .expect("utilisation returns after the pause")
+        .0;
+    assert!(
+        (0.0..=500_000.0).contains(&(rise - p1)),
+        "rise {}",
+        rise - p1
+    );
+    assert!(
+        util.iter()
+            .filter(|&&(t, _)| t > p0 + 500_000.0 && t < p1)
+            .all(|&(_, v)| v < 5.0),
+        "{util:?}"
+    );
 }
 
 #[test]
@@ -457,9 +537,13 @@ fn holistic_trace_analysis_breakdowns_run_on_the_merged_trace_and_match_the_orig
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    for input in [BASE_FIRST, BASE_LAST] {
+    for (input, recording) in [
+        (BASE_FIRST, RECORDING),
+        (BASE_LAST, RECORDING),
+        (REAL_TRACE, REAL_RECORDING),
+    ] {
         let merged = dir.path().join("merged.json.gz");
-        let run = merge(&at(input), &at(RECORDING), &merged, &["--force"]);
+        let run = merge(&at(input), &at(recording), &merged, &["--force"]);
         assert_eq!(run.code, 0, "{}", run.stderr);
         let original = breakdowns(&python, &at(input));
         let with_ours = breakdowns(&python, &merged);
