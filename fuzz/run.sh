@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs one fuzz target for a while: fuzz/run.sh TARGET [SECONDS] [extra libFuzzer flags...]
-# Targets: recording bundle config http_request kernel_log. Needs nightly and cargo-fuzz
+# Targets: recording bundle config http_request kernel_log profiler_trace. Needs nightly and cargo-fuzz
 # (`cargo install cargo-fuzz --locked`). One process, so it shares a small machine.
 # Seeds the corpus from tests/fixtures first (generated seeds are not committed; the seed-*
 # files are). A crash lands in fuzz/artifacts/TARGET/: copy it to
@@ -55,7 +55,21 @@ PY
   kernel_log)
     for f in "$fixtures"/kmsg/*.kmsg; do cp "$f" "$corpus/fixture-$(basename "$f")"; done
     max_len=65536 ;;
-  *) echo "unknown target $target (recording bundle config http_request kernel_log)" >&2; exit 2 ;;
+  profiler_trace)
+    # Profiler traces cut to their first events (plain: the first byte is even), both key orders.
+    python3 - "$fixtures" "$corpus" <<'PY'
+import gzip, json, sys, pathlib
+fixtures, corpus = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+for f in ["profiler/synthetic.pt.trace.json.gz", "profiler/synthetic_base_last.pt.trace.json.gz",
+          "profiler/h200_torch2.11/training_with_pause.pt.trace.json.gz"]:
+    t = json.loads(gzip.decompress((fixtures / f).read_bytes()))
+    t["traceEvents"] = t["traceEvents"][:40]
+    (corpus / ("fixture-" + pathlib.Path(f).name.split(".")[0] + ".json")).write_bytes(
+        b"\x00" + json.dumps(t).encode())
+PY
+    extra=(-dict=recording.dict)
+    max_len=65536 ;;
+  *) echo "unknown target $target (recording bundle config http_request kernel_log profiler_trace)" >&2; exit 2 ;;
 esac
 
 # -rss_limit_mb: a parser that allocates gigabytes on a small input is a bug too.

@@ -29,7 +29,7 @@ pub fn gzip(data: &[u8]) -> Vec<u8> {
     enc.finish().expect("gzip in memory")
 }
 
-fn source(path: PathBuf) -> SourceArgs {
+pub fn source(path: PathBuf) -> SourceArgs {
     SourceArgs {
         devices: Vec::new(),
         replay: Some(path),
