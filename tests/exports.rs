@@ -878,6 +878,7 @@ fn kernel_log_credentials_are_redacted() {
             backend: gpudiag::cli::BackendChoice::Replay,
             sysfs_root: None,
             max_inflated_size: gpudiag::telemetry::bundle::DEFAULT_MAX_INFLATED,
+            kubelet: gpudiag::cli::KubeletArgs::default(),
         },
         output: None,
         duration: Duration::from_secs(30),

@@ -8,12 +8,14 @@
 //! produced the data.
 
 pub mod amd;
+pub mod attribution;
 pub mod bundle;
 pub mod fault;
 pub mod kernel_log;
 pub mod live;
 pub mod nvml;
 pub mod poll_deadline;
+pub mod procfs;
 pub mod recording;
 pub mod replay;
 pub mod sampler;
