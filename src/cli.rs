@@ -438,6 +438,10 @@ pub struct ServeArgs {
     /// Time between samples (50ms or more).
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
     pub interval: Duration,
+    /// At most this many processes get per-process series (gpudiag_process_*) in one scrape,
+    /// those holding the most GPU memory; gpudiag_process_series_dropped counts the rest.
+    #[arg(long, value_name = "N", default_value_t = crate::export::prometheus::processes::DEFAULT_PROCESS_CAP)]
+    pub max_process_series: usize,
 }
 
 #[derive(Debug, Clone, Args)]
