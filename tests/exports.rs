@@ -1179,7 +1179,16 @@ fn exported_metric_names() -> BTreeSet<String> {
     for (k, v) in full.iter_mut() {
         if v.is_null() {
             *v = match k.as_str() {
-                "processes" | "throttle_reason_names" => serde_json::json!([]),
+                "throttle_reason_names" | "gpu_pods" => serde_json::json!([]),
+                // One process, the one the verdict is about, so the per-process series appear.
+                "processes" => serde_json::json!([{
+                    "pid": 7, "name": "python3", "user": "u", "kind": "compute",
+                    "used_memory_bytes": 1, "sm_util_pct": 1.0, "container_id": null,
+                    "attribution": {
+                        "job": {"id": "42", "step": "0", "user": "u", "found_in": "cgroup"},
+                        "pod": null
+                    }
+                }]),
                 "retired_pages_pending" | "remapped_rows_pending" | "remapped_rows_failure" => {
                     serde_json::json!(false)
                 }
@@ -1200,6 +1209,7 @@ fn exported_metric_names() -> BTreeSet<String> {
         findings: Vec::new(),
         verdicts: [(0, verdict(0))].into_iter().collect(),
         source_ended: false,
+        process_cap: Default::default(),
     };
     render(&snap, Instant::now())
         .lines()
@@ -1221,7 +1231,7 @@ fn verdict(device: u32) -> gpudiag_model::verdict::Verdict {
         title: "t".into(),
         evidence: serde_json::Map::new(),
         advice: "a".into(),
-        pid: None,
+        pid: Some(7),
         processes: Vec::new(),
     }
 }

@@ -21,6 +21,9 @@ pub mod replay;
 pub mod sampler;
 pub mod sanity;
 
+pub use gpudiag_model::attribution::{
+    Attribution, FoundIn, PodAllocation, PodIdentity, PodName, SlurmJob,
+};
 pub use gpudiag_model::sample::*;
 
 use std::time::Duration;
