@@ -675,6 +675,52 @@ fn planted_secrets_never_reach_a_redacted_bundle() {
     assert!(!run.stdout.contains(SECRET_HOST));
 }
 
+/// Slurm job ids, users, pod and namespace names are personal data: none reaches a redacted
+/// bundle, in the recording, the check report or the trace.
+#[test]
+fn job_and_pod_names_never_reach_a_redacted_bundle() {
+    let (path, _d) = report(&["--replay", s(&fixture("attributed.ndjson"))]);
+    let members = bundle_members(&path);
+    let text = all_text(&members);
+    for secret in [
+        "\"4242\"",
+        "train-llm-0",
+        "ml-team",
+        "notebook-a",
+        "notebook-b",
+        "research",
+        "alice",
+        "carol",
+        "dave",
+    ] {
+        assert!(!text.contains(secret), "{secret} leaked into the bundle");
+    }
+    let check: Value = serde_json::from_slice(member(&members, "check-report.json")).unwrap();
+    let latest = &check["devices"][1]["latest"];
+    let slurm = latest["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == 60001)
+        .unwrap();
+    assert_eq!(slurm["attribution"]["job"]["id"], "job-1");
+    assert_eq!(slurm["attribution"]["job"]["user"], slurm["user"]);
+    assert!(
+        latest["gpu_pods"][0]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("pod-")
+    );
+    assert!(
+        latest["gpu_pods"][0]["namespace"]
+            .as_str()
+            .unwrap()
+            .starts_with("namespace-")
+    );
+    // Container names and pod UIDs are the workload's, not a person's.
+    assert_eq!(latest["gpu_pods"][0]["containers"][0], "lab");
+}
+
 #[test]
 fn no_redact_keeps_everything() {
     let dir = tempfile::tempdir().unwrap();
