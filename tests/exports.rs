@@ -1331,6 +1331,10 @@ fn grafana_dashboard_uses_only_exported_metrics() {
         "DCGM_FI_PROF_SM_OCCUPANCY",
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
         "DCGM_FI_PROF_DRAM_ACTIVE",
+        "gpudiag_process_memory_used_bytes",
+        "gpudiag_process_sm_util_percent",
+        "gpudiag_process_series_dropped",
+        "gpudiag_process_verdict",
     ] {
         assert!(used.contains(must), "the dashboard does not show {must}");
     }

@@ -469,4 +469,40 @@ fn a_real_prometheus_scrapes_per_process_series_with_their_owners() {
     assert_eq!(value_of(&dropped[0]), 2.0);
     let counted = query(&prom, "sum(gpudiag_gpu_processes{job=\"capped\"})");
     assert_eq!(value_of(&counted[0]), 4.0);
+
+    // The dashboard's "by job / by pod" row: each of its queries returns the recording's owners.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/grafana/gpudiag.json");
+    let dash: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let panels = dash["panels"].as_array().unwrap();
+    let row = panels
+        .iter()
+        .position(|p| p["title"] == "By job / by pod")
+        .expect("the dashboard has a by job / by pod row");
+    let mut checked = 0;
+    for panel in panels[row + 1..].iter().take_while(|p| p["type"] != "row") {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$Hostname", ".*")
+                .replace("$gpu", ".*");
+            let got = query(&prom, &expr);
+            let title = panel["title"].as_str().unwrap();
+            if title.contains("job") {
+                assert!(
+                    got.iter().any(|s| s["metric"]["slurm_job"] == "4242"),
+                    "{title}: {expr}: {got:?}"
+                );
+            } else if title.contains("pod") {
+                assert!(
+                    got.iter().any(|s| s["metric"]["pod"] == "train-llm-0"),
+                    "{title}: {expr}: {got:?}"
+                );
+            } else {
+                assert!(!got.is_empty(), "{title}: {expr}");
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 6, "{checked} queries");
 }
