@@ -288,3 +288,46 @@ fn check_json_reports_the_attribution() {
     assert_eq!(pod["matched_by"], "gpu_allocation");
     assert_eq!(process["attribution"]["job"], Value::Null);
 }
+
+/// A fake kubelet for trying pod attribution by hand, e.g. on a GPU host with real processes:
+///
+/// ```text
+/// GPUDIAG_FAKE_KUBELET_SOCKET=/tmp/kubelet.sock GPUDIAG_FAKE_KUBELET_GPUS=GPU-…,GPU-… \
+///   ./attribution --ignored --exact serve_a_fake_kubelet_for_manual_runs &
+/// gpudiag check --json --window 2s --kubelet-socket /tmp/kubelet.sock
+/// ```
+///
+/// Each GPU listed is held by pod `demo/gpu-<n>` (container `main`), the first GPU also by
+/// `demo/shared` (so it reads as time-sliced when two or more are listed). It serves for
+/// `GPUDIAG_FAKE_KUBELET_SECONDS` (60).
+#[test]
+#[ignore = "a fake kubelet for manual runs; needs GPUDIAG_FAKE_KUBELET_SOCKET and _GPUS"]
+fn serve_a_fake_kubelet_for_manual_runs() {
+    let socket = PathBuf::from(std::env::var("GPUDIAG_FAKE_KUBELET_SOCKET").unwrap());
+    let gpus = std::env::var("GPUDIAG_FAKE_KUBELET_GPUS").unwrap();
+    let seconds: u64 = std::env::var("GPUDIAG_FAKE_KUBELET_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let ids: Vec<&str> = gpus.split(',').filter(|g| !g.is_empty()).collect();
+    let mut pods: Vec<_> = ids
+        .iter()
+        .enumerate()
+        .map(|(n, id)| pod("demo", &format!("gpu-{n}"), &[("main", &[*id])]))
+        .collect();
+    if ids.len() >= 2 {
+        pods.push(pod("demo", "shared", &[("main", &[ids[0]])]));
+    }
+    let _ = std::fs::remove_file(&socket);
+    let kubelet = FakeKubelet::start_at(
+        tempfile::tempdir().unwrap(),
+        socket.clone(),
+        Behaviour::Answer(pods),
+    );
+    eprintln!(
+        "fake kubelet on {} for {seconds} s",
+        kubelet.socket().display()
+    );
+    std::thread::sleep(Duration::from_secs(seconds));
+    let _ = std::fs::remove_file(&socket);
+}

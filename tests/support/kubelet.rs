@@ -109,6 +109,11 @@ impl FakeKubelet {
     pub fn start(behaviour: Behaviour) -> FakeKubelet {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let socket = dir.path().join("kubelet.sock");
+        Self::start_at(dir, socket, behaviour)
+    }
+
+    /// Listens on `socket` (which `dir`, removed on drop, need not hold).
+    pub fn start_at(dir: tempfile::TempDir, socket: PathBuf, behaviour: Behaviour) -> FakeKubelet {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (ready, is_ready) = std::sync::mpsc::channel();
         let path = socket.clone();
