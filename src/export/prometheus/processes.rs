@@ -88,14 +88,9 @@ pub(super) fn render(
         .iter()
         .filter_map(|(_, s, l)| Some((l.clone(), s.processes.as_ref()?.len() as f64)))
         .collect();
-    // The heaviest processes first, so a cut leaves out the ones holding the least memory.
-    all.sort_by_key(|(d, p, _)| {
-        (
-            std::cmp::Reverse(p.used_memory_bytes.unwrap_or(0)),
-            d.index,
-            p.pid,
-        )
-    });
+    // The heaviest processes first, so a cut leaves out the ones holding the least memory;
+    // those whose memory is unknown sort after every known amount (`None` is the least).
+    all.sort_by_key(|(d, p, _)| (std::cmp::Reverse(p.used_memory_bytes), d.index, p.pid));
     let dropped = all.len().saturating_sub(snap.process_cap.0);
     all.truncate(snap.process_cap.0);
 

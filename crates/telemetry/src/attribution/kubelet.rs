@@ -319,7 +319,7 @@ impl Kubelet {
             // The kubelet went away (or never ran): let its resources go.
             *client = None;
             return Err(format!(
-                "no kubelet pod-resources socket at {} (not a Kubernetes node)",
+                "no kubelet pod-resources socket at {}",
                 socket.display()
             ));
         }
