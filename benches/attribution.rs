@@ -3,6 +3,11 @@
 //! the first call (connect and List), a refresh, a cached answer, no socket at all, and the
 //! resident memory the client and its runtime add. Plain `main` (`harness = false`); run
 //! `cargo bench --bench attribution`.
+//!
+//! `cargo bench --bench attribution -- serve-kubelet SOCKET ID[,ID...] SECONDS` serves that fake
+//! kubelet instead, for trying `gpudiag --kubelet-socket SOCKET` by hand: each device id (a GPU
+//! UUID or PCI address) is held by pod `demo/gpu-<n>` (container `main`), the first also by
+//! `demo/shared`, so with two ids or more the first GPU reads as time-sliced.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -52,7 +57,42 @@ fn per_call(n: u32, mut f: impl FnMut()) -> Duration {
     start.elapsed() / n
 }
 
+/// `serve-kubelet SOCKET IDS SECONDS`.
+fn serve_kubelet(args: &[String]) {
+    let [socket, ids, seconds] = args else {
+        eprintln!("usage: serve-kubelet SOCKET ID[,ID...] SECONDS");
+        std::process::exit(2);
+    };
+    let ids: Vec<&str> = ids.split(',').filter(|g| !g.is_empty()).collect();
+    let mut pods: Vec<_> = ids
+        .iter()
+        .enumerate()
+        .map(|(n, id)| pod("demo", &format!("gpu-{n}"), &[("main", &[*id])]))
+        .collect();
+    if ids.len() >= 2 {
+        pods.push(pod("demo", "shared", &[("main", &[ids[0]])]));
+    }
+    let socket = std::path::PathBuf::from(socket);
+    let _ = std::fs::remove_file(&socket);
+    let kubelet = FakeKubelet::start_at(
+        tempfile::tempdir().expect("a temporary directory"),
+        socket.clone(),
+        Behaviour::Answer(pods),
+    );
+    let seconds: u64 = seconds.parse().unwrap_or(60);
+    eprintln!(
+        "fake kubelet on {} for {seconds} s",
+        kubelet.socket().display()
+    );
+    std::thread::sleep(Duration::from_secs(seconds));
+    let _ = std::fs::remove_file(&socket);
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "serve-kubelet") {
+        return serve_kubelet(&args[at + 1..]);
+    }
     // /proc: this machine's own processes, up to 64 of them.
     let pids: Vec<u32> = std::fs::read_dir("/proc")
         .map(|d| {
