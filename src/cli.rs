@@ -264,7 +264,7 @@ pub struct KubeletArgs {
     pub kubelet_socket: PathBuf,
     /// How long the kubelet may take to answer; past it processes go without pod names, with
     /// the reason.
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_kubelet_timeout)]
     pub kubelet_timeout: Duration,
     /// How long the kubelet's answer (or failure) is reused before it is asked again.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
@@ -513,6 +513,16 @@ pub fn parse_poll_timeout(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d < Duration::from_millis(10) {
         return Err(format!("poll timeout '{s}' is below the 10ms minimum"));
+    }
+    Ok(d)
+}
+
+/// How long the kubelet may take: at least 10 ms (a Unix-socket round trip takes well under
+/// one), and no more than a minute, since the slow-field reader waits for it.
+pub fn parse_kubelet_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(10) || d > Duration::from_secs(60) {
+        return Err(format!("kubelet timeout '{s}' is outside 10ms to 60s"));
     }
     Ok(d)
 }

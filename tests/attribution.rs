@@ -288,3 +288,16 @@ fn check_json_reports_the_attribution() {
     assert_eq!(pod["matched_by"], "gpu_allocation");
     assert_eq!(process["attribution"]["job"], Value::Null);
 }
+
+#[test]
+fn bad_kubelet_flags_are_usage_errors() {
+    for timeout in ["0s", "5ms", "2m", "soon"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpudiag"))
+            .args(["check", "--demo", "--kubelet-timeout", timeout])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{timeout}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("--kubelet-timeout"), "{stderr}");
+    }
+}
