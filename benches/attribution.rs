@@ -89,7 +89,8 @@ fn serve_kubelet(args: &[String]) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
+    // cargo adds `--bench` to the arguments it was given.
+    let args: Vec<String> = std::env::args().filter(|a| a != "--bench").collect();
     if let Some(at) = args.iter().position(|a| a == "serve-kubelet") {
         return serve_kubelet(&args[at + 1..]);
     }
