@@ -62,12 +62,38 @@ use proto::{ListPodResourcesRequest, ListPodResourcesResponse, PodResources};
 /// The kubelet's answer is bounded: a node runs at most a few hundred pods.
 const MAX_ANSWER_BYTES: usize = 16 << 20;
 
-/// A gRPC client of the pod-resources socket with its own current-thread runtime.
+/// One HTTP/2 connection to the socket, as the tower service tonic's client sends through.
+#[derive(Clone)]
+struct Connection(hyper::client::conn::http2::SendRequest<tonic::body::Body>);
+
+type Answered = http::Response<hyper::body::Incoming>;
+
+impl tower_service::Service<http::Request<tonic::body::Body>> for Connection {
+    type Response = Answered;
+    type Error = hyper::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Answered, hyper::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), hyper::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        Box::pin(self.0.send_request(request))
+    }
+}
+
+/// A gRPC client of the pod-resources socket with its own current-thread runtime. The HTTP/2
+/// connection is driven by a task on that runtime, which runs only inside `list`: between
+/// calls nothing of it is scheduled.
 pub struct PodResourcesClient {
     runtime: tokio::runtime::Runtime,
-    endpoint: tonic::transport::Endpoint,
+    socket: PathBuf,
     /// Kept between calls; dropped after a failure so the next call reconnects.
-    channel: Option<tonic::transport::Channel>,
+    connection: Option<Connection>,
     deadline: Duration,
 }
 
@@ -78,27 +104,25 @@ impl PodResourcesClient {
             .enable_time()
             .build()
             .map_err(|e| format!("cannot start the kubelet client: {e}"))?;
-        let uri = format!("unix:{}", socket.display());
-        let endpoint = tonic::transport::Endpoint::from_shared(uri)
-            .map_err(|e| format!("kubelet socket {}: {e}", socket.display()))?
-            .connect_timeout(deadline);
         Ok(PodResourcesClient {
             runtime,
-            endpoint,
-            channel: None,
+            socket: socket.to_path_buf(),
+            connection: None,
             deadline,
         })
     }
 
     /// `List`, within the deadline.
     pub fn list(&mut self) -> Result<Vec<PodResources>, String> {
-        let (endpoint, cached) = (self.endpoint.clone(), self.channel.clone());
+        let (socket, cached) = (self.socket.clone(), self.connection.clone());
         let call = async move {
-            let channel = match cached {
+            let connection = match cached {
                 Some(c) => c,
-                None => endpoint.connect().await.map_err(|e| connect_error(&e))?,
+                None => connect(&socket).await?,
             };
-            let mut grpc = tonic::client::Grpc::new(channel.clone())
+            // The authority is a placeholder: HTTP/2 wants one, the socket names the peer.
+            let origin = http::Uri::from_static("http://localhost");
+            let mut grpc = tonic::client::Grpc::with_origin(connection.clone(), origin)
                 .max_decoding_message_size(MAX_ANSWER_BYTES);
             grpc.ready()
                 .await
@@ -113,22 +137,22 @@ impl PodResourcesClient {
                 )
                 .await
                 .map_err(|s| format!("kubelet pod-resources List failed: {}", s.message()))?;
-            Ok::<_, String>((channel, answer.into_inner().pod_resources))
+            Ok::<_, String>((connection, answer.into_inner().pod_resources))
         };
         let outcome = self
             .runtime
             .block_on(async { tokio::time::timeout(self.deadline, call).await });
         match outcome {
-            Ok(Ok((channel, pods))) => {
-                self.channel = Some(channel);
+            Ok(Ok((connection, pods))) => {
+                self.connection = Some(connection);
                 Ok(pods)
             }
             Ok(Err(why)) => {
-                self.channel = None;
+                self.connection = None;
                 Err(why)
             }
             Err(_) => {
-                self.channel = None;
+                self.connection = None;
                 Err(format!(
                     "kubelet pod-resources did not answer within {} ms",
                     self.deadline.as_millis()
@@ -138,12 +162,23 @@ impl PodResourcesClient {
     }
 }
 
-/// tonic's transport error says only "transport error"; its source says what happened.
-fn connect_error(e: &tonic::transport::Error) -> String {
-    match std::error::Error::source(e) {
-        Some(source) => format!("cannot connect to the kubelet pod-resources socket: {source}"),
-        None => format!("cannot connect to the kubelet pod-resources socket: {e}"),
-    }
+/// Connects to the socket and starts the HTTP/2 connection's task on the current runtime.
+async fn connect(socket: &Path) -> Result<Connection, String> {
+    let stream = tokio::net::UnixStream::connect(socket).await.map_err(|e| {
+        format!(
+            "cannot connect to the kubelet pod-resources socket {}: {e}",
+            socket.display()
+        )
+    })?;
+    let (send, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .map_err(|e| format!("kubelet pod-resources HTTP/2 handshake failed: {e}"))?;
+    // Ends with the connection (the peer closes, or the client is dropped with its runtime).
+    tokio::spawn(connection);
+    Ok(Connection(send))
 }
 
 /// The identities a device plugin may give a GPU as a device id.
