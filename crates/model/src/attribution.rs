@@ -52,10 +52,11 @@ pub enum FoundIn {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct SlurmJob {
-    /// The job id (`1234`, or `1234_7` for an array task when the environment says so).
+    /// The job id as slurmd numbers it (`1234`; an array task has its own job id).
     #[schemars(length(min = 1))]
     pub id: String,
-    /// The step (`0`, `batch`, `extern`, `interactive`), when the cgroup names one.
+    /// The step (`0`, `batch`, `extern`, `interactive`), when the cgroup or `SLURM_STEP_ID` names
+    /// one.
     pub step: Option<String>,
     /// The job's user: the cgroup's `uid_N` (cgroup v1), else `SLURM_JOB_USER`, else the user
     /// the process runs as (slurmstepd starts tasks as the job's user).
