@@ -159,6 +159,95 @@ fn snapshot() -> Snapshot {
     }
 }
 
+/// `per_gpu` processes on each of the 8 GPUs, every one attributed: on even GPUs pods (one pod
+/// holds the GPU), on odd ones Slurm jobs, so every per-process series carries its owner labels.
+fn snapshot_with_processes(per_gpu: u32) -> Snapshot {
+    use gpudiag::telemetry::SlurmJob;
+    use gpudiag::telemetry::{Attribution, FoundIn, PodAllocation, PodIdentity, ProcessSample};
+    let mut snap = snapshot();
+    for (d, s) in snap.latest.iter_mut() {
+        let pod = format!("train-{d}");
+        if d % 2 == 0 {
+            s.gpu_pods = Some(vec![PodAllocation {
+                namespace: "ml-team".into(),
+                name: pod.clone(),
+                containers: vec!["trainer".into()],
+            }]);
+        }
+        s.processes = Some(
+            (0..per_gpu)
+                .map(|i| {
+                    let attribution = if d % 2 == 0 {
+                        Attribution {
+                            pod: Some(PodIdentity {
+                                uid: Some(format!("7c9e6679-7425-40de-944b-{d:04}{i:08}")),
+                                runtime: Some("containerd".into()),
+                                name: Some(pod.clone()),
+                                namespace: Some("ml-team".into()),
+                                container: Some("trainer".into()),
+                                matched_by: Some(FoundIn::GpuAllocation),
+                                sharing: Vec::new(),
+                            }),
+                            ..Attribution::default()
+                        }
+                    } else {
+                        Attribution {
+                            job: Some(SlurmJob {
+                                id: format!("{}", 100_000 + d * 1000 + i),
+                                step: Some("0".into()),
+                                user: Some(format!("user{i}")),
+                                found_in: FoundIn::Cgroup,
+                            }),
+                            ..Attribution::default()
+                        }
+                    };
+                    ProcessSample {
+                        pid: 10_000 + d * 1000 + i,
+                        name: Some("python3".into()),
+                        user: Some(format!("user{i}")),
+                        kind: Some("compute".into()),
+                        used_memory_bytes: Some(u64::from(i + 1) << 28),
+                        sm_util_pct: Some(f64::from(i % 100)),
+                        container_id: None,
+                        container_pid: None,
+                        cpu_time_s: Some(12.5),
+                        attribution: Some(attribution),
+                    }
+                })
+                .collect(),
+        );
+    }
+    snap
+}
+
+/// Render time and series count of `per_gpu` processes on each of 8 GPUs.
+fn render_with_processes(per_gpu: u32) {
+    let snap = snapshot_with_processes(per_gpu);
+    let n = 500;
+    let start = Instant::now();
+    let mut text = String::new();
+    for _ in 0..n {
+        text = std::hint::black_box(render(&snap, Instant::now()));
+    }
+    let per = start.elapsed() / n;
+    let series = text.lines().filter(|l| !l.starts_with('#')).count();
+    let per_process = text
+        .lines()
+        .filter(|l| l.starts_with("gpudiag_process_") && !l.starts_with("gpudiag_process_series"))
+        .count();
+    let dropped = text
+        .lines()
+        .find(|l| l.starts_with("gpudiag_process_series_dropped"))
+        .and_then(|l| l.rsplit(' ').next())
+        .unwrap_or("?");
+    println!(
+        "serve render 8 GPUs x {per_gpu:>3} processes {:>8.1} µs/scrape  {series} series \
+         ({per_process} per-process, {dropped} processes cut)  {} bytes",
+        per.as_secs_f64() * 1e6,
+        text.len()
+    );
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
     sorted[i]
@@ -257,8 +346,15 @@ fn scrape_over_http() {
 }
 
 fn main() {
-    trace_export("realistic", false);
-    trace_export("worst", true);
+    // `cargo bench --bench exports -- serve` runs only the scrape measurements.
+    let only_serve = std::env::args().any(|a| a == "serve");
+    if !only_serve {
+        trace_export("realistic", false);
+        trace_export("worst", true);
+    }
     render_in_process();
+    for per_gpu in [0, 8, 64, 128] {
+        render_with_processes(per_gpu);
+    }
     scrape_over_http();
 }

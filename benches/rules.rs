@@ -78,6 +78,7 @@ fn sample(device: u32, time_ms: u64, i: u64) -> Sample {
                 container_id: None,
                 container_pid: None,
                 cpu_time_s: None,
+                attribution: None,
             })
             .collect(),
     );

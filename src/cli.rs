@@ -9,6 +9,9 @@ use gpudiag_core::rules::Severity;
 use gpudiag_core::session::{Origin, SourceSpec};
 use gpudiag_model::error::Error;
 use gpudiag_model::units::parse_duration;
+use gpudiag_telemetry::attribution::{
+    AttributionOptions, DEFAULT_KUBELET_SOCKET, KUBELET_SOCKET_ENV, KubeletOptions,
+};
 use gpudiag_telemetry::bundle::DEFAULT_MAX_INFLATED;
 use gpudiag_telemetry::live::LiveBackend;
 use gpudiag_telemetry::replay::ReplayOptions;
@@ -256,6 +259,36 @@ pub struct SourceArgs {
     /// Read amdgpu sysfs and /proc under this directory instead of / (fake trees in tests).
     #[arg(long, value_name = "PATH", env = gpudiag_telemetry::amd::sysfs::SYSFS_ROOT_ENV, hide = true)]
     pub sysfs_root: Option<PathBuf>,
+    #[command(flatten)]
+    pub kubelet: KubeletArgs,
+}
+
+/// Where the kubelet is, for the pod, namespace and container of GPU processes.
+#[derive(Debug, Clone, Args)]
+pub struct KubeletArgs {
+    /// The kubelet's pod-resources socket, asked which pods hold each GPU (pod, namespace and
+    /// container of GPU processes). Nothing is started when it does not exist.
+    #[arg(long, value_name = "PATH", env = KUBELET_SOCKET_ENV, default_value = DEFAULT_KUBELET_SOCKET)]
+    pub kubelet_socket: PathBuf,
+    /// How long the kubelet may take to answer; past it processes go without pod names, with
+    /// the reason.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_kubelet_timeout)]
+    pub kubelet_timeout: Duration,
+    /// How long the kubelet's answer (or failure) is reused before it is asked again.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub kubelet_cache: Duration,
+}
+
+impl Default for KubeletArgs {
+    /// What the flags default to, for commands that build their source without them.
+    fn default() -> Self {
+        let k = AttributionOptions::from_env().kubelet;
+        KubeletArgs {
+            kubelet_socket: k.socket,
+            kubelet_timeout: k.deadline,
+            kubelet_cache: k.cache_for,
+        }
+    }
 }
 
 impl SourceArgs {
@@ -292,6 +325,14 @@ impl SourceArgs {
             sysfs_root: self.sysfs_root.clone(),
             replay: ReplayOptions {
                 max_inflated_bytes: self.max_inflated_size,
+            },
+            attribution: AttributionOptions {
+                kubelet: KubeletOptions {
+                    socket: self.kubelet.kubelet_socket.clone(),
+                    cache_for: self.kubelet.kubelet_cache,
+                    deadline: self.kubelet.kubelet_timeout,
+                },
+                ..AttributionOptions::default()
             },
         })
     }
@@ -410,6 +451,10 @@ pub struct ServeArgs {
     /// Time between samples (50ms or more).
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
     pub interval: Duration,
+    /// At most this many processes get per-process series (gpudiag_process_*) in one scrape,
+    /// those holding the most GPU memory; gpudiag_process_series_dropped counts the rest.
+    #[arg(long, value_name = "N", default_value_t = crate::export::prometheus::processes::DEFAULT_PROCESS_CAP)]
+    pub max_process_series: usize,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -481,6 +526,16 @@ pub fn parse_poll_timeout(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d < Duration::from_millis(10) {
         return Err(format!("poll timeout '{s}' is below the 10ms minimum"));
+    }
+    Ok(d)
+}
+
+/// How long the kubelet may take: at least 10 ms (a Unix-socket round trip takes well under
+/// one), and no more than a minute, since the slow-field reader waits for it.
+pub fn parse_kubelet_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(10) || d > Duration::from_secs(60) {
+        return Err(format!("kubelet timeout '{s}' is outside 10ms to 60s"));
     }
     Ok(d)
 }

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 
-use gpudiag::cli::{BackendChoice, CheckArgs, Cli, Command, FailOn, ReplayArgs, SourceArgs};
+use gpudiag::cli::{
+    BackendChoice, CheckArgs, Cli, Command, FailOn, KubeletArgs, ReplayArgs, SourceArgs,
+};
 use gpudiag::commands;
 use gpudiag::config::{Config, DEFAULT_CONFIG_TOML};
 use gpudiag::error::{Error, exit};
@@ -172,6 +174,7 @@ fn replay(args: &ReplayArgs, interval: std::time::Duration, config: &Config) -> 
                 backend: BackendChoice::Replay,
                 sysfs_root: None,
                 max_inflated_size: args.max_inflated_size,
+                kubelet: KubeletArgs::default(),
             },
             json: false,
             window: None,
@@ -200,6 +203,7 @@ fn default_view(demo: bool, interval: std::time::Duration, config: &Config) -> R
             backend: BackendChoice::Auto,
             sysfs_root: std::env::var_os(SYSFS_ROOT_ENV).map(Into::into),
             max_inflated_size: gpudiag::telemetry::bundle::DEFAULT_MAX_INFLATED,
+            kubelet: KubeletArgs::default(),
         },
         json: false,
         window: None,

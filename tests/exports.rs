@@ -675,6 +675,52 @@ fn planted_secrets_never_reach_a_redacted_bundle() {
     assert!(!run.stdout.contains(SECRET_HOST));
 }
 
+/// Slurm job ids, users, pod and namespace names are personal data: none reaches a redacted
+/// bundle, in the recording, the check report or the trace.
+#[test]
+fn job_and_pod_names_never_reach_a_redacted_bundle() {
+    let (path, _d) = report(&["--replay", s(&fixture("attributed.ndjson"))]);
+    let members = bundle_members(&path);
+    let text = all_text(&members);
+    for secret in [
+        "\"4242\"",
+        "train-llm-0",
+        "ml-team",
+        "notebook-a",
+        "notebook-b",
+        "research",
+        "alice",
+        "carol",
+        "dave",
+    ] {
+        assert!(!text.contains(secret), "{secret} leaked into the bundle");
+    }
+    let check: Value = serde_json::from_slice(member(&members, "check-report.json")).unwrap();
+    let latest = &check["devices"][1]["latest"];
+    let slurm = latest["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == 60001)
+        .unwrap();
+    assert_eq!(slurm["attribution"]["job"]["id"], "job-1");
+    assert_eq!(slurm["attribution"]["job"]["user"], slurm["user"]);
+    assert!(
+        latest["gpu_pods"][0]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("pod-")
+    );
+    assert!(
+        latest["gpu_pods"][0]["namespace"]
+            .as_str()
+            .unwrap()
+            .starts_with("namespace-")
+    );
+    // Container names and pod UIDs are the workload's, not a person's.
+    assert_eq!(latest["gpu_pods"][0]["containers"][0], "lab");
+}
+
 #[test]
 fn no_redact_keeps_everything() {
     let dir = tempfile::tempdir().unwrap();
@@ -878,6 +924,7 @@ fn kernel_log_credentials_are_redacted() {
             backend: gpudiag::cli::BackendChoice::Replay,
             sysfs_root: None,
             max_inflated_size: gpudiag::telemetry::bundle::DEFAULT_MAX_INFLATED,
+            kubelet: gpudiag::cli::KubeletArgs::default(),
         },
         output: None,
         duration: Duration::from_secs(30),
@@ -1178,7 +1225,16 @@ fn exported_metric_names() -> BTreeSet<String> {
     for (k, v) in full.iter_mut() {
         if v.is_null() {
             *v = match k.as_str() {
-                "processes" | "throttle_reason_names" => serde_json::json!([]),
+                "throttle_reason_names" | "gpu_pods" => serde_json::json!([]),
+                // One process, the one the verdict is about, so the per-process series appear.
+                "processes" => serde_json::json!([{
+                    "pid": 7, "name": "python3", "user": "u", "kind": "compute",
+                    "used_memory_bytes": 1, "sm_util_pct": 1.0, "container_id": null,
+                    "attribution": {
+                        "job": {"id": "42", "step": "0", "user": "u", "found_in": "cgroup"},
+                        "pod": null
+                    }
+                }]),
                 "retired_pages_pending" | "remapped_rows_pending" | "remapped_rows_failure" => {
                     serde_json::json!(false)
                 }
@@ -1199,6 +1255,7 @@ fn exported_metric_names() -> BTreeSet<String> {
         findings: Vec::new(),
         verdicts: [(0, verdict(0))].into_iter().collect(),
         source_ended: false,
+        process_cap: Default::default(),
     };
     render(&snap, Instant::now())
         .lines()
@@ -1220,7 +1277,7 @@ fn verdict(device: u32) -> gpudiag_model::verdict::Verdict {
         title: "t".into(),
         evidence: serde_json::Map::new(),
         advice: "a".into(),
-        pid: None,
+        pid: Some(7),
         processes: Vec::new(),
     }
 }
@@ -1274,6 +1331,10 @@ fn grafana_dashboard_uses_only_exported_metrics() {
         "DCGM_FI_PROF_SM_OCCUPANCY",
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
         "DCGM_FI_PROF_DRAM_ACTIVE",
+        "gpudiag_process_memory_used_bytes",
+        "gpudiag_process_sm_util_percent",
+        "gpudiag_process_series_dropped",
+        "gpudiag_process_verdict",
     ] {
         assert!(used.contains(must), "the dashboard does not show {must}");
     }

@@ -369,3 +369,140 @@ fn a_real_prometheus_scrapes_profiling_ratios_and_verdicts() {
         ]
     );
 }
+
+/// Per-process series with their owners (Slurm job, user, pod, namespace, container), the pod
+/// labels on the device series of a GPU one pod holds, and the cap on per-process series.
+#[test]
+fn a_real_prometheus_scrapes_per_process_series_with_their_owners() {
+    let Some(prometheus) = prometheus_binary() else {
+        return skipped();
+    };
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recordings/attributed.ndjson");
+    let fixture = fixture.to_str().expect("a UTF-8 path");
+    let served = serve(&["--replay", fixture]);
+    let capped = serve(&["--replay", fixture, "--max-process-series", "2"]);
+    let dir = tempfile::tempdir().unwrap();
+    let (_prometheus, prom) = start_prometheus(
+        &prometheus,
+        dir.path(),
+        &format!(
+            "  - job_name: gpudiag\n    scrape_interval: 1s\n    scrape_timeout: 1s\n    \
+             static_configs:\n      - targets: ['{}']\n  \
+             - job_name: capped\n    scrape_interval: 1s\n    scrape_timeout: 1s\n    \
+             static_configs:\n      - targets: ['{}']\n",
+            served.addr, capped.addr
+        ),
+    );
+    for job in ["gpudiag", "capped"] {
+        wait_for(
+            &prom,
+            &format!("gpudiag_source_ended{{job=\"{job}\"}}"),
+            |v| v == 1.0,
+            Duration::from_secs(60),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let memory = query(&prom, "gpudiag_process_memory_used_bytes{job=\"gpudiag\"}");
+    assert_eq!(memory.len(), 4, "{memory:?}");
+    let of = |pid: &str| {
+        memory
+            .iter()
+            .find(|s| s["metric"]["pid"] == pid)
+            .unwrap_or_else(|| panic!("pid {pid}: {memory:?}"))
+    };
+    let trainer = &of("48213")["metric"];
+    assert_eq!(trainer["pod"], "train-llm-0");
+    assert_eq!(trainer["namespace"], "ml-team");
+    assert_eq!(trainer["container"], "trainer");
+    assert_eq!(trainer["user"], "alice");
+    assert_eq!(trainer["gpu"], "0");
+    // The scrape job keeps its own label: the Slurm job is `slurm_job`.
+    assert_eq!(trainer["job"], "gpudiag");
+    assert_eq!(value_of(of("48213")), 121_030_000_640.0);
+    let slurm = &of("60001")["metric"];
+    assert_eq!(slurm["slurm_job"], "4242");
+    assert_eq!(slurm["user"], "bob");
+    assert!(slurm.get("pod").is_none(), "{slurm:?}");
+    // On the time-sliced GPU the process HOSTNAME picked has its pod; the other has none.
+    assert_eq!(of("51002")["metric"]["pod"], "notebook-a");
+    assert!(of("51077")["metric"].get("pod").is_none());
+    let sm = query(
+        &prom,
+        "gpudiag_process_sm_util_percent{job=\"gpudiag\",pid=\"51002\"}",
+    );
+    assert_eq!(value_of(&sm[0]), 31.0);
+    // GPU 0's verdict is about its only process, which carries it with its owners.
+    let verdict = query(&prom, "gpudiag_process_verdict{job=\"gpudiag\"}");
+    assert_eq!(verdict.len(), 1, "{verdict:?}");
+    assert_eq!(verdict[0]["metric"]["pid"], "48213");
+    assert_eq!(verdict[0]["metric"]["pod"], "train-llm-0");
+    assert!(verdict[0]["metric"]["verdict"].is_string());
+
+    // dcgm-exporter's Kubernetes mode: the GPU one pod holds carries its labels, the shared one
+    // none.
+    let util0 = query(&prom, "DCGM_FI_DEV_GPU_UTIL{job=\"gpudiag\",gpu=\"0\"}");
+    assert_eq!(util0[0]["metric"]["pod"], "train-llm-0");
+    assert_eq!(util0[0]["metric"]["namespace"], "ml-team");
+    let util1 = query(&prom, "DCGM_FI_DEV_GPU_UTIL{job=\"gpudiag\",gpu=\"1\"}");
+    assert!(util1[0]["metric"].get("pod").is_none(), "{util1:?}");
+
+    // By pod and by job, as the dashboard sums them.
+    let by_pod = query(
+        &prom,
+        "sum by (namespace, pod) (gpudiag_process_memory_used_bytes{job=\"gpudiag\",pod!=\"\"})",
+    );
+    assert_eq!(by_pod.len(), 2, "{by_pod:?}");
+    let dropped = query(&prom, "gpudiag_process_series_dropped{job=\"gpudiag\"}");
+    assert_eq!(value_of(&dropped[0]), 0.0);
+
+    // The capped server keeps the two processes holding the most memory and says it cut two.
+    let kept = query(&prom, "gpudiag_process_memory_used_bytes{job=\"capped\"}");
+    let mut pids: Vec<&str> = kept
+        .iter()
+        .map(|s| s["metric"]["pid"].as_str().unwrap())
+        .collect();
+    pids.sort_unstable();
+    assert_eq!(pids, ["48213", "51002"]);
+    let dropped = query(&prom, "gpudiag_process_series_dropped{job=\"capped\"}");
+    assert_eq!(value_of(&dropped[0]), 2.0);
+    let counted = query(&prom, "sum(gpudiag_gpu_processes{job=\"capped\"})");
+    assert_eq!(value_of(&counted[0]), 4.0);
+
+    // The dashboard's "by job / by pod" row: each of its queries returns the recording's owners.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/grafana/gpudiag.json");
+    let dash: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let panels = dash["panels"].as_array().unwrap();
+    let row = panels
+        .iter()
+        .position(|p| p["title"] == "By job / by pod")
+        .expect("the dashboard has a by job / by pod row");
+    let mut checked = 0;
+    for panel in panels[row + 1..].iter().take_while(|p| p["type"] != "row") {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$Hostname", ".*")
+                .replace("$gpu", ".*");
+            let got = query(&prom, &expr);
+            let title = panel["title"].as_str().unwrap();
+            if title.contains("job") {
+                assert!(
+                    got.iter().any(|s| s["metric"]["slurm_job"] == "4242"),
+                    "{title}: {expr}: {got:?}"
+                );
+            } else if title.contains("pod") {
+                assert!(
+                    got.iter().any(|s| s["metric"]["pod"] == "train-llm-0"),
+                    "{title}: {expr}: {got:?}"
+                );
+            } else {
+                assert!(!got.is_empty(), "{title}: {expr}");
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 6, "{checked} queries");
+}

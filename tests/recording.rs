@@ -66,6 +66,7 @@ fn every_record() -> Vec<Record> {
         container_id: Some("3f1c9a".into()),
         container_pid: Some(57),
         cpu_time_s: Some(1234.5),
+        attribution: None,
     }]);
     s.absent.insert("fan_pct".into(), Absent::NotSupported);
     s.absent.insert(

@@ -50,6 +50,7 @@ fn process(pid: u32, bytes: u64) -> ProcessSample {
         container_id: None,
         container_pid: None,
         cpu_time_s: None,
+        attribution: None,
     }
 }
 

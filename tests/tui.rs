@@ -163,6 +163,28 @@ fn processes_while_a_job_runs() {
     }
 }
 
+/// Who owns each process: a pod on GPU 0, on the time-sliced GPU 1 a pod its HOSTNAME named,
+/// one that no pod could be given, and a Slurm job.
+#[test]
+fn processes_with_their_jobs_and_pods() {
+    let mut b = open("attributed");
+    let mut app = new_app(&b, "attributed.ndjson", false);
+    for _ in 0..10 {
+        app.push_tick(b.poll().unwrap());
+    }
+    app.panel = Panel::Processes;
+    let screen = render(&app, 160, 48);
+    insta::assert_snapshot!("attributed_processes_160x48", screen);
+    for owner in [
+        "ml-team/train-llm-0/trainer",
+        "research/notebook-a/lab",
+        "pod? 2 share the GPU",
+        "job 4242 (bob)",
+    ] {
+        assert!(screen.contains(owner), "{owner} in\n{screen}");
+    }
+}
+
 #[test]
 fn ecc_error_findings() {
     snapshot_panels("ecc_error", &[Panel::Findings, Panel::Devices]);

@@ -39,6 +39,7 @@ pub fn source(path: PathBuf) -> SourceArgs {
         backend: BackendChoice::Replay,
         sysfs_root: None,
         max_inflated_size: gpudiag::telemetry::bundle::DEFAULT_MAX_INFLATED,
+        kubelet: gpudiag::cli::KubeletArgs::default(),
     }
 }
 

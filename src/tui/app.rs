@@ -240,6 +240,8 @@ pub struct ProcRow {
     pub user: Option<String>,
     pub name: Option<String>,
     pub container_id: Option<String>,
+    /// Its Slurm job and pod, where the source looked.
+    pub attribution: Option<gpudiag_model::attribution::Attribution>,
     pub used_memory_bytes: Option<u64>,
     /// Bytes per second over the last minute; `None` until two reads a second apart exist.
     pub growth_bytes_per_s: Option<f64>,
@@ -588,6 +590,7 @@ impl App {
                 user: p.user.clone(),
                 name: p.name.clone(),
                 container_id: p.container_id.clone(),
+                attribution: p.attribution.clone(),
                 used_memory_bytes: p.used_memory_bytes,
                 growth_bytes_per_s: self.growth(s.device, p.pid),
                 sm_util_pct: p.sm_util_pct,

@@ -110,6 +110,7 @@ fn open_live(interval: Duration) -> Result<(Driver, AppInit), Error> {
         poll_timeout: gpudiag_telemetry::poll_deadline::DEFAULT_POLL_TIMEOUT,
         sysfs_root: std::env::var_os(gpudiag_telemetry::amd::sysfs::SYSFS_ROOT_ENV).map(Into::into),
         replay: ReplayOptions::default(),
+        attribution: gpudiag_telemetry::attribution::AttributionOptions::from_env(),
     };
     let mut source = open_source(&spec, Pace::AsFastAsPossible, false)?;
     // Slow fields (PCIe throughput, processes) need not be read more often than the screen

@@ -11,6 +11,7 @@ use std::time::Duration;
 use gpudiag_model::error::Error;
 use gpudiag_model::finding::Finding;
 use gpudiag_model::topology::Topology;
+use gpudiag_telemetry::attribution::AttributionOptions;
 use gpudiag_telemetry::live::{self, LiveBackend, LiveOptions};
 use gpudiag_telemetry::nvml::SlowFields;
 use gpudiag_telemetry::poll_deadline::PollDeadline;
@@ -93,6 +94,8 @@ pub struct SourceSpec {
     pub sysfs_root: Option<PathBuf>,
     /// Limits a recording or bundle is read under.
     pub replay: ReplayOptions,
+    /// Where live processes' owners (Slurm job, pod) are read: /proc's root and the kubelet.
+    pub attribution: AttributionOptions,
 }
 
 impl SourceSpec {
@@ -126,6 +129,7 @@ pub fn open_source(spec: &SourceSpec, pace: Pace, one_shot: bool) -> Result<Sour
                 sysfs_root: spec.sysfs_root.clone(),
                 init_timeout: spec.init_timeout,
                 slow_fields: slow,
+                attribution: spec.attribution.clone(),
             })?;
             (b, None)
         }

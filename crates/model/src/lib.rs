@@ -4,6 +4,7 @@
 //! command maps its errors to. It knows no backend, rule or view (the table says how views show
 //! a field, as data), so nothing here can reach up the data flow.
 
+pub mod attribution;
 pub mod cuda_libraries;
 pub mod deadline;
 pub mod decode;

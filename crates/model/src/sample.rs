@@ -383,7 +383,8 @@ impl DeviceInfo {
 #[schemars(
     deny_unknown_fields,
     transform = crate::schema::added_later("container_pid"),
-    transform = crate::schema::added_later("cpu_time_s")
+    transform = crate::schema::added_later("cpu_time_s"),
+    transform = crate::schema::added_later("attribution")
 )]
 pub struct ProcessSample {
     pub pid: u32,
@@ -407,6 +408,10 @@ pub struct ProcessSample {
     #[serde(default)]
     #[schemars(range(min = 0))]
     pub cpu_time_s: Option<f64>,
+    /// Its Slurm job and Kubernetes pod; `None` from sources that do not look (recordings made
+    /// before gpudiag did).
+    #[serde(default)]
+    pub attribution: Option<crate::attribution::Attribution>,
 }
 
 /// CPU seconds (user + system) from a `/proc/<pid>/stat` line. The kernel reports them in
@@ -431,7 +436,8 @@ pub fn stat_cpu_time_s(stat: &str) -> Option<f64> {
     transform = crate::schema::added_later("throttle_sw_thermal_slowdown_s"),
     transform = crate::schema::added_later("throttle_hw_thermal_slowdown_s"),
     transform = crate::schema::added_later("throttle_hw_power_brake_slowdown_s"),
-    transform = crate::schema::added_later_each(PROFILING_FIELDS)
+    transform = crate::schema::added_later_each(PROFILING_FIELDS),
+    transform = crate::schema::added_later("gpu_pods")
 )]
 pub struct Sample {
     /// Milliseconds since the Unix epoch.
@@ -561,6 +567,10 @@ pub struct Sample {
     pub nvlink_tx_bytes_per_s: Option<f64>,
     /// `None` until the slow-cadence process read has happened (see `absent`).
     pub processes: Option<Vec<ProcessSample>>,
+    /// The pods the kubelet's pod-resources API allocated this GPU to (several when it is
+    /// time-sliced); `None` off Kubernetes or when the kubelet did not answer (see `absent`).
+    #[serde(default)]
+    pub gpu_pods: Option<Vec<crate::attribution::PodAllocation>>,
     /// Why each absent value is absent, keyed by the field's name; left out when none is.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub absent: AbsentMap,
@@ -999,7 +1009,7 @@ const IN_GIB: Format = Format::Fixed {
 };
 
 /// `Sample` fields that hold lists rather than one value, so the table leaves them out.
-pub const LIST_FIELDS: [&str; 2] = ["throttle_reason_names", "processes"];
+pub const LIST_FIELDS: [&str; 3] = ["throttle_reason_names", "processes", "gpu_pods"];
 
 /// Where each series sits in `METRICS`.
 const SERIES_AT: [usize; Metric::COUNT] = {

@@ -8,17 +8,22 @@
 //! produced the data.
 
 pub mod amd;
+pub mod attribution;
 pub mod bundle;
 pub mod fault;
 pub mod kernel_log;
 pub mod live;
 pub mod nvml;
 pub mod poll_deadline;
+pub mod procfs;
 pub mod recording;
 pub mod replay;
 pub mod sampler;
 pub mod sanity;
 
+pub use gpudiag_model::attribution::{
+    Attribution, FoundIn, PodAllocation, PodIdentity, PodName, SlurmJob,
+};
 pub use gpudiag_model::sample::*;
 
 use std::time::Duration;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::amd::rocm::RocmBackend;
 use super::amd::sysfs::{self, SysfsBackend};
+use super::attribution::AttributionOptions;
 use super::nvml::{NvmlBackend, SlowFields};
 use super::{Backend, BackendError, DeviceInfo, HostInfo, Pacing, Tick};
 
@@ -28,6 +29,21 @@ pub struct LiveOptions {
     pub sysfs_root: Option<PathBuf>,
     pub init_timeout: Duration,
     pub slow_fields: SlowFields,
+    /// Where processes' owners are read (its root is replaced by `sysfs_root` when that is set).
+    pub attribution: AttributionOptions,
+}
+
+impl LiveOptions {
+    /// The attribution options, reading /proc under the sysfs root when one is set.
+    fn attribution(&self) -> AttributionOptions {
+        AttributionOptions {
+            root: self
+                .sysfs_root
+                .clone()
+                .unwrap_or_else(|| self.attribution.root.clone()),
+            kubelet: self.attribution.kubelet.clone(),
+        }
+    }
 }
 
 /// Opens the live backend `opts` asks for.
@@ -40,9 +56,13 @@ pub fn open_live(opts: &LiveOptions) -> Result<Box<dyn Backend>, BackendError> {
         LiveBackend::Nvml => Ok(Box::new(NvmlBackend::open_with(
             opts.init_timeout,
             opts.slow_fields,
+            opts.attribution(),
         )?)),
-        LiveBackend::Rocm => Ok(Box::new(RocmBackend::open(opts.init_timeout)?)),
-        LiveBackend::Sysfs => open_sysfs(&root, opts.init_timeout),
+        LiveBackend::Rocm => Ok(Box::new(RocmBackend::open_with(
+            opts.init_timeout,
+            opts.attribution(),
+        )?)),
+        LiveBackend::Sysfs => open_sysfs(&root, opts),
         LiveBackend::Auto => open_auto(opts, &root),
     }
 }
@@ -50,7 +70,7 @@ pub fn open_live(opts: &LiveOptions) -> Result<Box<dyn Backend>, BackendError> {
 /// Every vendor found. With none, the error keeps NVML's explanation first (most hosts that run
 /// gpudiag are NVIDIA hosts whose driver is missing), then says why there is no AMD GPU either.
 fn open_auto(opts: &LiveOptions, root: &Path) -> Result<Box<dyn Backend>, BackendError> {
-    let nvidia = NvmlBackend::open_with(opts.init_timeout, opts.slow_fields);
+    let nvidia = NvmlBackend::open_with(opts.init_timeout, opts.slow_fields, opts.attribution());
     let amd = open_amd(opts, root);
     let mut parts: Vec<Box<dyn Backend>> = Vec::new();
     let nvidia_err = match nvidia {
@@ -77,19 +97,20 @@ fn open_auto(opts: &LiveOptions, root: &Path) -> Result<Box<dyn Backend>, Backen
 /// AMD GPUs for `auto`: ROCm SMI when the real root is read and it initialises, else sysfs.
 fn open_amd(opts: &LiveOptions, root: &Path) -> Result<Box<dyn Backend>, BackendError> {
     if opts.sysfs_root.is_none()
-        && let Ok(b) = RocmBackend::open(opts.init_timeout)
+        && let Ok(b) = RocmBackend::open_with(opts.init_timeout, opts.attribution())
     {
         return Ok(Box::new(b));
     }
-    open_sysfs(root, opts.init_timeout)
+    open_sysfs(root, opts)
 }
 
 /// amdgpu sysfs under `init_deadline`, like NVML and ROCm SMI: reading a wedged GPU's files
 /// can block in the kernel driver.
-fn open_sysfs(root: &Path, init_deadline: Duration) -> Result<Box<dyn Backend>, BackendError> {
+fn open_sysfs(root: &Path, opts: &LiveOptions) -> Result<Box<dyn Backend>, BackendError> {
     let root = root.to_path_buf();
-    match gpudiag_model::deadline::run_with_deadline("sysfs-open", init_deadline, move || {
-        SysfsBackend::open(&root)
+    let attribution = opts.attribution();
+    match gpudiag_model::deadline::run_with_deadline("sysfs-open", opts.init_timeout, move || {
+        SysfsBackend::open_with(&root, attribution)
     }) {
         Ok(opened) => Ok(Box::new(opened?)),
         Err(e) => Err(BackendError::Unavailable(format!(

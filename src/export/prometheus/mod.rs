@@ -11,6 +11,7 @@
 
 mod exposition;
 mod http;
+pub mod processes;
 pub mod web_config;
 
 pub use exposition::{
@@ -59,6 +60,8 @@ pub struct Snapshot {
     pub verdicts: BTreeMap<u32, Verdict>,
     /// The source ended (a replay played out, or live sampling failed); values are the last ones.
     pub source_ended: bool,
+    /// The most processes that get per-process series in one scrape.
+    pub process_cap: processes::ProcessCap,
 }
 
 /// dcgm-exporter's label set for a device; unknown values are left out.
@@ -140,7 +143,9 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         .iter()
         .filter_map(|d| {
             let s = snap.latest.get(&d.index)?;
-            Some((d, s, device_labels(d, &snap.host)))
+            let mut labels = device_labels(d, &snap.host);
+            labels.extend(processes::device_pod_labels(s));
+            Some((d, s, labels))
         })
         .collect();
     for (family, kind, fields) in table_families() {
@@ -242,6 +247,8 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
          far, or no utilisation reading).",
         &judged,
     );
+
+    processes::render(&mut x, snap, &devices);
 
     let mut active: Vec<(Labels, f64)> = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
@@ -404,6 +411,7 @@ pub fn serve(args: &ServeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result
     let shared = Arc::new(RwLock::new(Snapshot {
         host: source.backend.host().clone(),
         devices: devices.clone(),
+        process_cap: processes::ProcessCap(args.max_process_series),
         ..Snapshot::default()
     }));
     let listener = TcpListener::bind(args.listen)
@@ -506,6 +514,7 @@ mod tests {
                 .into_iter()
                 .collect(),
             source_ended: false,
+            process_cap: Default::default(),
         }
     }
 

@@ -264,6 +264,7 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &BundleOptions) -> Result<
                 backend: crate::cli::BackendChoice::Replay,
                 sysfs_root: None,
                 max_inflated_size: gpudiag_telemetry::bundle::DEFAULT_MAX_INFLATED,
+                kubelet: crate::cli::KubeletArgs::default(),
             },
             json: true,
             window: None,

@@ -1,7 +1,8 @@
 //! Redaction of personal data in a bug-report bundle: host names, user names, command-line
-//! arguments, home paths and credentials are replaced by placeholders (`host-1`, `user-1`,
-//! `[args-1]`, `[secret-1]`), the same secret by the same placeholder in every file, so the
-//! report stays readable.
+//! arguments, home paths, credentials, Slurm job ids and Kubernetes pod and namespace names are
+//! replaced by placeholders (`host-1`, `user-1`, `[args-1]`, `[secret-1]`, `job-1`, `pod-1`,
+//! `namespace-1`), the same secret by the same placeholder in every file, so the report stays
+//! readable.
 //!
 //! Two passes over every document: `learn` collects secrets (the host names it is told, user
 //! names, names under `/home/`, arguments of process command lines, what `credentials` finds),
@@ -18,8 +19,13 @@ use super::credentials;
 /// Users whose names are words, not personal data; their home directories still get a
 /// placeholder, their names elsewhere are left alone.
 const SYSTEM_USERS: [&str; 6] = ["root", "nobody", "daemon", "admin", "user", "ubuntu"];
+/// Kubernetes' own namespaces: words, not personal data ("default" is in every other line).
+const SYSTEM_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
 /// Names shorter than this are not replaced as words in free text: they would hit everything.
+/// A value that is the whole name is replaced whatever its length.
 const MIN_WORD: usize = 3;
+/// Job ids are numbers: shorter ones would hit counts and readings in free text.
+const MIN_JOB_WORD: usize = 4;
 /// Credentials at least this long are replaced wherever they appear, not only where they look
 /// like one (a token passed in one file and quoted bare in another); shorter ones could be
 /// part of anything.
@@ -31,6 +37,9 @@ enum Class {
     User,
     Args,
     Secret,
+    Job,
+    Pod,
+    Namespace,
 }
 
 impl Class {
@@ -40,6 +49,9 @@ impl Class {
             Class::User => "user",
             Class::Args => "args",
             Class::Secret => "secret",
+            Class::Job => "job",
+            Class::Pod => "pod",
+            Class::Namespace => "namespace",
         }
     }
 
@@ -50,6 +62,17 @@ impl Class {
             Class::User => "user name(s)",
             Class::Args => "command-line argument list(s)",
             Class::Secret => "credential(s)",
+            Class::Job => "Slurm job id(s)",
+            Class::Pod => "pod name(s)",
+            Class::Namespace => "namespace name(s)",
+        }
+    }
+
+    /// The shortest secret of this class replaced where it is a word of free text.
+    fn min_word(self) -> usize {
+        match self {
+            Class::Job => MIN_JOB_WORD,
+            _ => MIN_WORD,
         }
     }
 
@@ -128,6 +151,58 @@ impl Redactor {
         }
     }
 
+    pub fn learn_job(&mut self, id: &str) {
+        let id = id.trim();
+        if self.enabled && !id.is_empty() {
+            self.add(Class::Job, id);
+        }
+    }
+
+    /// A pod's namespace and name; Kubernetes' own namespaces are kept.
+    pub fn learn_pod(&mut self, namespace: Option<&str>, name: Option<&str>) {
+        if !self.enabled {
+            return;
+        }
+        if let Some(ns) = namespace.map(str::trim)
+            && !ns.is_empty()
+            && !SYSTEM_NAMESPACES.contains(&ns)
+        {
+            self.add(Class::Namespace, ns);
+        }
+        if let Some(name) = name.map(str::trim)
+            && !name.is_empty()
+        {
+            self.add(Class::Pod, name);
+        }
+    }
+
+    /// A process's owners (`processes[].attribution`) and the pods a GPU is allocated to
+    /// (`gpu_pods`, `attribution.pod.sharing`): objects with a `namespace` and a `name`.
+    fn learn_owners(&mut self, process: &Value) {
+        let Some(a) = process.get("attribution") else {
+            return;
+        };
+        if let Some(job) = a.get("job") {
+            if let Some(Value::String(id)) = job.get("id") {
+                self.learn_job(id);
+            }
+            if let Some(Value::String(u)) = job.get("user") {
+                self.learn_user(u);
+            }
+        }
+        if let Some(pod) = a.get("pod") {
+            self.learn_pod_object(pod);
+            if let Some(Value::Array(sharing)) = pod.get("sharing") {
+                sharing.iter().for_each(|p| self.learn_pod_object(p));
+            }
+        }
+    }
+
+    fn learn_pod_object(&mut self, pod: &Value) {
+        let text = |k: &str| pod.get(k).and_then(Value::as_str);
+        self.learn_pod(text("namespace"), text("name"));
+    }
+
     /// A process command line: the arguments after the program are a secret of their own.
     pub fn learn_command(&mut self, command: &str) {
         if !self.enabled {
@@ -185,7 +260,11 @@ impl Redactor {
                         if let Some(Value::String(u)) = p.get("user") {
                             self.learn_user(u);
                         }
+                        self.learn_owners(p);
                     }
+                }
+                if let Some(Value::Array(pods)) = m.get("gpu_pods") {
+                    pods.iter().for_each(|p| self.learn_pod_object(p));
                 }
                 for (k, x) in m {
                     self.learn_credentials(k);
@@ -222,12 +301,8 @@ impl Redactor {
         for (secret, (class, placeholder)) in secrets {
             out = match class {
                 Class::Args | Class::Secret => out,
-                Class::User
-                    if secret.chars().count() < MIN_WORD
-                        || SYSTEM_USERS.contains(&secret.as_str()) =>
-                {
-                    out
-                }
+                Class::User if SYSTEM_USERS.contains(&secret.as_str()) => out,
+                _ if secret.chars().count() < class.min_word() => out,
                 _ => replace_words(&out, secret, placeholder),
             };
         }
@@ -287,12 +362,22 @@ impl Redactor {
             return;
         }
         match v {
-            Value::String(s) => {
-                let r = self.text(s);
-                if r != *s {
-                    *s = r;
+            // A value that is a whole secret (a job id, a short pod name) is replaced even where
+            // free text would keep it.
+            Value::String(s) => match self.map.get(s.as_str()) {
+                Some((class, p))
+                    if *class != Class::Args
+                        && !(*class == Class::User && SYSTEM_USERS.contains(&s.as_str())) =>
+                {
+                    *s = p.clone();
                 }
-            }
+                _ => {
+                    let r = self.text(s);
+                    if r != *s {
+                        *s = r;
+                    }
+                }
+            },
             Value::Array(a) => a.iter_mut().for_each(|x| self.redact_value(x)),
             Value::Object(m) => {
                 m.values_mut().for_each(|x| self.redact_value(x));
@@ -427,6 +512,55 @@ mod tests {
         // One that no document showed while learning is still caught.
         assert_eq!(r.text("late api_key=zzz"), "late api_key=[secret]");
         assert!(r.summary().contains(&("credential(s)", 3)));
+    }
+
+    #[test]
+    fn jobs_pods_and_namespaces_are_personal_data() {
+        let mut r = Redactor::new(true);
+        let mut doc = json!({
+            "gpu_pods": [{"namespace": "ml-team", "name": "train-llm-0", "containers": ["trainer"]}],
+            "processes": [
+                {"pid": 7, "name": "python3", "user": "alice", "attribution": {
+                    "job": {"id": "4242", "step": "0", "user": "bob", "found_in": "cgroup"},
+                    "pod": null}},
+                {"pid": 8, "name": "python3", "user": "carol", "attribution": {
+                    "job": null,
+                    "pod": {"uid": "7c9e6679-7425-40de-944b-e07fc1f90ae7", "name": "a",
+                            "namespace": "default", "container": "lab",
+                            "sharing": [{"namespace": "default", "name": "a"},
+                                        {"namespace": "research", "name": "notebook-b"}]}}},
+            ],
+            "log": "job 4242 of bob in ml-team/train-llm-0 and research/notebook-b used 100 MiB",
+        });
+        r.learn_value(&doc);
+        r.redact_value(&mut doc);
+        let text = doc.to_string();
+        for secret in [
+            "4242",
+            "bob",
+            "ml-team",
+            "train-llm-0",
+            "notebook-b",
+            "research",
+        ] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        let job = &doc["processes"][0]["attribution"]["job"];
+        assert_eq!(job["id"], "job-1");
+        assert!(job["user"].as_str().unwrap().starts_with("user-"));
+        let pod = &doc["processes"][1]["attribution"]["pod"];
+        // A one-letter pod name is replaced where it is the whole value, not in free text.
+        assert!(pod["name"].as_str().unwrap().starts_with("pod-"), "{pod}");
+        assert_eq!(pod["namespace"], "default");
+        assert_eq!(doc["gpu_pods"][0]["containers"][0], "trainer");
+        assert_eq!(
+            doc["log"],
+            "job job-1 of user-2 in namespace-2/pod-3 and namespace-1/pod-2 used 100 MiB"
+        );
+        let summary = r.summary();
+        assert!(summary.contains(&("Slurm job id(s)", 1)), "{summary:?}");
+        assert!(summary.contains(&("pod name(s)", 3)), "{summary:?}");
+        assert!(summary.contains(&("namespace name(s)", 2)), "{summary:?}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Processes on the GPUs: PID, user, command, GPU memory and its growth over the last minute,
-//! SM utilisation; sortable (s), and a confirmed kill (k) on live GPUs.
+//! SM utilisation, and on wide screens who owns each (Slurm job, pod) and its container;
+//! sortable (s), and a confirmed kill (k) on live GPUs.
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Rect};
@@ -8,6 +9,7 @@ use ratatui::widgets::{Block, Paragraph, Row, Table, TableState};
 
 use crate::tui::app::{App, ProcessView};
 use crate::tui::format::{self, NA};
+use gpudiag_model::attribution::{Attribution, PodIdentity};
 
 pub fn render(f: &mut Frame, area: Rect, app: &App) {
     let t = app.theme;
@@ -43,6 +45,8 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         Constraint::Length(5),
     ];
     if wide {
+        header.push("JOB / POD");
+        widths.push(Constraint::Length(30));
         header.push("CONTAINER");
         widths.push(Constraint::Length(14));
     }
@@ -59,6 +63,10 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
                 format::num(r.sm_util_pct, 0, "%"),
             ];
             if wide {
+                cells.push(format::fit(
+                    &format::text(&owner(r.attribution.as_ref())),
+                    30,
+                ));
                 cells.push(
                     r.container_id
                         .as_deref()
@@ -76,4 +84,102 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
     let mut state =
         TableState::default().with_selected(Some(app.selected_process.min(rows.len() - 1)));
     f.render_stateful_widget(table, area, &mut state);
+}
+
+/// Who owns a process, in one cell: its Slurm job (and the job's user), else its pod as
+/// `namespace/name` (and container), else why no pod is named on a GPU pods share, else `-`.
+fn owner(a: Option<&Attribution>) -> String {
+    let Some(a) = a else {
+        return "-".to_owned();
+    };
+    if let Some(job) = &a.job {
+        return match &job.user {
+            Some(user) => format!("job {} ({user})", job.id),
+            None => format!("job {}", job.id),
+        };
+    }
+    match &a.pod {
+        Some(PodIdentity {
+            name: Some(name),
+            namespace,
+            container,
+            ..
+        }) => {
+            let mut s = match namespace {
+                Some(ns) => format!("{ns}/{name}"),
+                None => name.clone(),
+            };
+            if let Some(c) = container {
+                s.push('/');
+                s.push_str(c);
+            }
+            s
+        }
+        Some(pod) if !pod.sharing.is_empty() => {
+            format!("pod? {} share the GPU", pod.sharing.len())
+        }
+        Some(pod) => match &pod.uid {
+            Some(uid) => format!("pod {}", &uid[..uid.len().min(8)]),
+            None => "pod".to_owned(),
+        },
+        None => "-".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpudiag_model::attribution::{FoundIn, PodName, SlurmJob};
+
+    #[test]
+    fn owner_names_the_job_else_the_pod_else_why_not() {
+        assert_eq!(owner(None), "-");
+        let job = Attribution {
+            job: Some(SlurmJob {
+                id: "4242".into(),
+                step: Some("0".into()),
+                user: Some("bob".into()),
+                found_in: FoundIn::Cgroup,
+            }),
+            ..Attribution::default()
+        };
+        assert_eq!(owner(Some(&job)), "job 4242 (bob)");
+        let pod = Attribution {
+            pod: Some(PodIdentity {
+                name: Some("train-0".into()),
+                namespace: Some("ml".into()),
+                container: Some("trainer".into()),
+                ..PodIdentity::default()
+            }),
+            ..Attribution::default()
+        };
+        assert_eq!(owner(Some(&pod)), "ml/train-0/trainer");
+        let shared = Attribution {
+            pod: Some(PodIdentity {
+                uid: Some("0f8fad5b-d9cb-469f-a165-70867728950e".into()),
+                sharing: vec![
+                    PodName {
+                        namespace: "ml".into(),
+                        name: "a".into(),
+                    },
+                    PodName {
+                        namespace: "ml".into(),
+                        name: "b".into(),
+                    },
+                ],
+                ..PodIdentity::default()
+            }),
+            ..Attribution::default()
+        };
+        assert_eq!(owner(Some(&shared)), "pod? 2 share the GPU");
+        let unnamed = Attribution {
+            pod: Some(PodIdentity {
+                uid: Some("0f8fad5b-d9cb-469f-a165-70867728950e".into()),
+                ..PodIdentity::default()
+            }),
+            ..Attribution::default()
+        };
+        assert_eq!(owner(Some(&unnamed)), "pod 0f8fad5b");
+        assert_eq!(owner(Some(&Attribution::default())), "-");
+    }
 }

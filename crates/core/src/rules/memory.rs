@@ -446,6 +446,7 @@ mod tests {
                 container_id: None,
                 container_pid: None,
                 cpu_time_s: None,
+                attribution: None,
             }]);
             pm.observe(&s, 600_000);
         }

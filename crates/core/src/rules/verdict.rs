@@ -714,6 +714,7 @@ mod tests {
                 container_id: None,
                 container_pid: None,
                 cpu_time_s: Some(i as f64 * 0.5),
+                attribution: None,
             }]);
             cpu.observe(&s);
         }

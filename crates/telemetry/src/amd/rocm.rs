@@ -30,6 +30,7 @@ use libloading::Library;
 
 use super::sysfs::{self, ProcessCache, SlotLink};
 use crate::amd;
+use crate::attribution::{AttributionOptions, GpuKeys};
 use crate::{
     Absent, AbsentMap, Backend, BackendError, DeviceInfo, HostInfo, Pacing, Sample, Tick, now_ms,
 };
@@ -439,7 +440,17 @@ impl RocmBackend {
     /// Loads the library, initialises it and reads static attributes, under `init_deadline`
     /// (ROCm SMI reads sysfs files that a wedged GPU can hold).
     pub fn open(init_deadline: Duration) -> Result<RocmBackend, BackendError> {
-        match run_with_deadline("rocm-open", init_deadline, open_blocking) {
+        Self::open_with(init_deadline, AttributionOptions::default())
+    }
+
+    /// `open`, saying where processes' owners are read.
+    pub fn open_with(
+        init_deadline: Duration,
+        attribution: AttributionOptions,
+    ) -> Result<RocmBackend, BackendError> {
+        match run_with_deadline("rocm-open", init_deadline, move || {
+            open_blocking(attribution)
+        }) {
             Ok(r) => r,
             Err(e) => Err(BackendError::Unavailable(format!(
                 "ROCm SMI initialisation failed: {e}"
@@ -448,7 +459,7 @@ impl RocmBackend {
     }
 }
 
-fn open_blocking() -> Result<RocmBackend, BackendError> {
+fn open_blocking(attribution: AttributionOptions) -> Result<RocmBackend, BackendError> {
     // ROCm SMI finds GPUs through the same DRM directory; without an amdgpu card there,
     // rsmi_init would only fail after printing its own errors to our stderr.
     if !sysfs::has_amdgpu(Path::new("/")) {
@@ -506,7 +517,7 @@ fn open_blocking() -> Result<RocmBackend, BackendError> {
         devices,
         gpu_sensor,
         links,
-        processes: ProcessCache::new(Path::new("/")),
+        processes: ProcessCache::new(attribution),
     })
 }
 
@@ -535,12 +546,8 @@ impl Backend for RocmBackend {
 
     fn poll(&mut self) -> Result<Tick, BackendError> {
         let time_ms = now_ms();
-        let buses: Vec<&str> = self
-            .devices
-            .iter()
-            .filter_map(|d| d.pci_bus_id.as_deref())
-            .collect();
-        let procs = self.processes.get(&buses);
+        let gpus: Vec<GpuKeys> = self.devices.iter().map(GpuKeys::of).collect();
+        let procs = self.processes.get(&gpus);
         let samples = self
             .devices
             .iter()
@@ -553,11 +560,12 @@ impl Backend for RocmBackend {
                     s.pcie_gen = put(generation, "pcie_gen", &mut s.absent);
                     s.pcie_width = put(width, "pcie_width", &mut s.absent);
                 }
-                let mine = match info.pci_bus_id.as_deref() {
-                    Some(bus) => ProcessCache::of(&procs, bus),
-                    None => Err(Absent::NotSupported),
+                let (mine, pods) = match info.pci_bus_id.as_deref() {
+                    Some(bus) => (ProcessCache::of(&procs, bus), self.processes.pods_of(bus)),
+                    None => (Err(Absent::NotSupported), Err(Absent::NotSupported)),
                 };
                 s.processes = take(mine, "processes", &mut s.absent);
+                s.gpu_pods = take(pods, "gpu_pods", &mut s.absent);
                 s
             })
             .collect();

@@ -31,11 +31,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::amd;
-use crate::nvml::{container_id_from_cgroup, passwd_name, status_inner_pid, status_uid};
+use crate::attribution::{AttributionOptions, Attributor, GpuKeys, GpuPods, gpu_pods_field};
 use crate::{
     Absent, AbsentMap, Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Pacing,
     ProcessSample, Sample, Tick, now_ms,
 };
+use gpudiag_model::attribution::PodAllocation;
 use gpudiag_model::metrics::Vendor;
 use gpudiag_model::sample::unavailable_on;
 
@@ -96,6 +97,20 @@ impl Sensors {
 impl SysfsBackend {
     /// Finds every amdgpu GPU under `root`; `NoDevice` when there is none.
     pub fn open(root: &Path) -> Result<SysfsBackend, BackendError> {
+        Self::open_with(
+            root,
+            AttributionOptions {
+                root: root.to_path_buf(),
+                ..AttributionOptions::default()
+            },
+        )
+    }
+
+    /// `open`, saying where processes' owners are read (`attribution.root` is normally `root`).
+    pub fn open_with(
+        root: &Path,
+        attribution: AttributionOptions,
+    ) -> Result<SysfsBackend, BackendError> {
         let cards = find_cards(root).map_err(BackendError::NoDevice)?;
         if cards.is_empty() {
             return Err(BackendError::NoDevice(format!(
@@ -113,7 +128,7 @@ impl SysfsBackend {
             devices,
             lost: vec![false; cards.len()],
             cards,
-            processes: ProcessCache::new(root),
+            processes: ProcessCache::new(attribution),
         })
     }
 }
@@ -122,17 +137,20 @@ impl SysfsBackend {
 /// ROCm SMI backend uses it too: ROCm SMI's process list has no per-device VRAM.
 #[derive(Debug)]
 pub(crate) struct ProcessCache {
-    root: PathBuf,
+    attributor: Attributor,
     interval: Duration,
     last: Option<(Instant, Result<ProcessMap, Absent>)>,
+    /// The pods holding each GPU (by bus id), asked with the same scan.
+    pods: BTreeMap<String, GpuPods>,
 }
 
 impl ProcessCache {
-    pub(crate) fn new(root: &Path) -> Self {
+    pub(crate) fn new(attribution: AttributionOptions) -> Self {
         ProcessCache {
-            root: root.to_path_buf(),
+            attributor: Attributor::new(attribution),
             interval: DEFAULT_SLOW_INTERVAL,
             last: None,
+            pods: BTreeMap::new(),
         }
     }
 
@@ -140,19 +158,32 @@ impl ProcessCache {
         self.interval = interval;
     }
 
-    /// The processes on each of `buses`, keyed by bus id.
-    pub(crate) fn get(&mut self, buses: &[&str]) -> Result<ProcessMap, Absent> {
+    /// The processes on each of `gpus`, keyed by bus id (GPUs without one are left out).
+    pub(crate) fn get(&mut self, gpus: &[GpuKeys]) -> Result<ProcessMap, Absent> {
         let stale = self
             .last
             .as_ref()
             .is_none_or(|(at, _)| at.elapsed() >= self.interval);
         if stale {
-            self.last = Some((Instant::now(), scan_processes(&self.root, buses)));
+            self.pods = gpus
+                .iter()
+                .filter_map(|g| Some((g.pci_bus_id.clone()?, self.attributor.gpu_pods(g))))
+                .collect();
+            let scanned = scan_processes(&self.attributor, &self.pods);
+            self.last = Some((Instant::now(), scanned));
         }
         self.last
             .as_ref()
             .map(|(_, p)| p.clone())
             .unwrap_or(Err(Absent::NotYetRead))
+    }
+
+    /// The pods holding the GPU at `bus`, as of the last `get`.
+    pub(crate) fn pods_of(&self, bus: &str) -> Result<Vec<PodAllocation>, Absent> {
+        match self.pods.get(bus) {
+            Some(pods) => gpu_pods_field(pods),
+            None => Err(Absent::NotYetRead),
+        }
     }
 
     /// The processes of one GPU from a `get` answer: none listed means none running.
@@ -188,14 +219,19 @@ impl Backend for SysfsBackend {
 
     fn poll(&mut self) -> Result<Tick, BackendError> {
         let time_ms = now_ms();
-        let buses: Vec<&str> = self.cards.iter().map(|c| c.bus_id.as_str()).collect();
-        let procs = self.processes.get(&buses);
+        let gpus: Vec<GpuKeys> = self.devices.iter().map(GpuKeys::of).collect();
+        let procs = self.processes.get(&gpus);
         let mut tick = Tick::default();
         for ((card, info), lost) in self.cards.iter().zip(&self.devices).zip(&mut self.lost) {
             let mut s = read_sample(card, info, time_ms);
             s.processes = take(
                 ProcessCache::of(&procs, &card.bus_id),
                 "processes",
+                &mut s.absent,
+            );
+            s.gpu_pods = take(
+                self.processes.pods_of(&card.bus_id),
+                "gpu_pods",
                 &mut s.absent,
             );
             // The PCI directory vanished (hot removal, fell off the bus) or the driver answers
@@ -699,11 +735,16 @@ pub fn parse_size(text: &str) -> Option<u64> {
     n.checked_mul(unit)
 }
 
-/// Scans `<root>/proc` for amdgpu clients of the GPUs `buses`; per bus id, one entry per process
-/// with its VRAM summed over its distinct clients.
-fn scan_processes(root: &Path, buses: &[&str]) -> Result<ProcessMap, Absent> {
-    let proc_dir = root.join("proc");
-    let passwd = std::fs::read_to_string(root.join("etc/passwd")).unwrap_or_default();
+/// Scans `/proc` (under the attributor's root) for amdgpu clients of the GPUs `pods` is keyed
+/// by (their bus ids); per bus id, one entry per process with its VRAM summed over its distinct
+/// clients and its owners.
+fn scan_processes(
+    attributor: &Attributor,
+    pods: &BTreeMap<String, GpuPods>,
+) -> Result<ProcessMap, Absent> {
+    let proc_dir = attributor.root().join("proc");
+    let passwd = attributor.passwd();
+    let buses: Vec<&str> = pods.keys().map(String::as_str).collect();
     let mut out = ProcessMap::new();
     let entries = std::fs::read_dir(&proc_dir)
         .map_err(|e| Absent::Error(format!("cannot list {}: {e}", proc_dir.display())))?;
@@ -712,34 +753,14 @@ fn scan_processes(root: &Path, buses: &[&str]) -> Result<ProcessMap, Absent> {
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
         .collect();
     pids.sort_unstable();
+    let unasked: GpuPods = Err("the kubelet was not asked about this GPU".into());
     for pid in pids {
         let pdir = proc_dir.join(pid.to_string());
-        for (bus, usage) in process_usage(&pdir, buses) {
-            let read = |name: &str| std::fs::read_to_string(pdir.join(name));
-            let status = read("status").ok();
-            let user = status.as_deref().and_then(|st| {
-                let uid = status_uid(st)?;
-                Some(passwd_name(&passwd, uid).unwrap_or_else(|| uid.to_string()))
-            });
-            let container_pid = status.as_deref().and_then(status_inner_pid);
-            out.entry(bus).or_default().push(ProcessSample {
-                pid,
-                name: read("comm")
-                    .ok()
-                    .map(|c| c.trim().to_owned())
-                    .filter(|c| !c.is_empty()),
-                user,
-                kind: usage.kind.map(str::to_owned),
-                used_memory_bytes: usage.vram_bytes,
-                sm_util_pct: None,
-                container_id: read("cgroup")
-                    .ok()
-                    .and_then(|c| container_id_from_cgroup(&c)),
-                container_pid,
-                cpu_time_s: read("stat")
-                    .ok()
-                    .and_then(|st| gpudiag_model::sample::stat_cpu_time_s(&st)),
-            });
+        for (bus, usage) in process_usage(&pdir, &buses) {
+            let mut sample = attributor.process(pid, &passwd, pods.get(&bus).unwrap_or(&unasked));
+            sample.kind = usage.kind.map(str::to_owned);
+            sample.used_memory_bytes = usage.vram_bytes;
+            out.entry(bus).or_default().push(sample);
         }
     }
     Ok(out)

@@ -37,7 +37,6 @@ mod topology;
 mod xid;
 
 pub use fields::{kb_per_s_to_bytes, mj_to_j, mw_to_w, pstate_index};
-pub use processes::{container_id_from_cgroup, passwd_name, status_inner_pid, status_uid};
 pub use slow::{DEFAULT_SLOW_INTERVAL, MIN_SLOW_INTERVAL, SlowFields};
 pub use topology::read_topology;
 
@@ -54,6 +53,7 @@ use super::{
     Absent, AbsentMap, Backend, BackendError, ComputeCapability, DeviceInfo, Event, EventKind,
     HostInfo, PROFILING_FIELDS, Pacing, Sample, now_ms,
 };
+use crate::attribution::{AttributionOptions, Attributor, GpuKeys};
 use fields::{FAST_FIELDS, read_fast};
 use gpudiag_model::deadline::{DeadlineError, run_with_deadline};
 use slow::{
@@ -83,6 +83,8 @@ pub struct NvmlBackend {
     topology: Mutex<TopologyRead>,
     /// Profiling counters, one per device, same order as `devices`.
     gpm: Vec<gpm::GpmDevice>,
+    /// Whose each process is (Slurm job, pod), shared by the slow readers.
+    attributor: Arc<Attributor>,
 }
 
 /// The topology is read on its own thread from the moment the backend opens, so its NVML calls
@@ -120,13 +122,18 @@ impl NvmlBackend {
     /// returns `Unavailable` and leaves the thread behind (it cannot be cancelled; the program is
     /// about to exit with "could not run" anyway).
     pub fn open(init_deadline: Duration) -> Result<NvmlBackend, BackendError> {
-        Self::open_with(init_deadline, SlowFields::Background)
+        Self::open_with(
+            init_deadline,
+            SlowFields::Background,
+            AttributionOptions::default(),
+        )
     }
 
-    /// `open`, choosing where the slow fields are read.
+    /// `open`, choosing where the slow fields are read and where processes' owners are.
     pub fn open_with(
         init_deadline: Duration,
         slow_fields: SlowFields,
+        attribution: AttributionOptions,
     ) -> Result<NvmlBackend, BackendError> {
         let opened = match run_with_deadline("nvml-open", init_deadline, open_blocking) {
             Ok(result) => result?,
@@ -145,6 +152,7 @@ impl NvmlBackend {
         };
 
         let nvml = Arc::new(opened.nvml);
+        let attributor = Arc::new(Attributor::new(attribution));
         let slow = Arc::new(SlowShared {
             control: Mutex::new(SlowControl {
                 stop: false,
@@ -158,7 +166,7 @@ impl NvmlBackend {
             .map(|info| {
                 let slot = Arc::new(DeviceSlot::new());
                 if slow_fields == SlowFields::Background {
-                    start_slow_reader(&nvml, info.index, &slot, &slow);
+                    start_slow_reader(&nvml, GpuKeys::of(info), &attributor, &slot, &slow);
                 }
                 slot
             })
@@ -202,6 +210,7 @@ impl NvmlBackend {
             event_beat,
             events_stuck_reported: false,
             topology: Mutex::new(topology),
+            attributor,
         })
     }
 
@@ -309,7 +318,8 @@ impl Backend for NvmlBackend {
                 .zip(&mut self.util_since)
             {
                 if !slot.lost.load(Ordering::Relaxed) {
-                    read_slow(&self.nvml, info.index, since, slot);
+                    let gpu = GpuKeys::of(info);
+                    read_slow(&self.nvml, &gpu, &self.attributor, since, slot);
                     slot.finish_round();
                 }
             }

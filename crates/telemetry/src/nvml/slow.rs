@@ -19,7 +19,9 @@ use nvml_wrapper::enum_wrappers::device::PcieUtilCounter;
 use super::fields::{kb_per_s_to_bytes, mj_to_j, put_clock_events, read_clock_events};
 use super::processes::read_processes;
 use super::{absent_from, lock};
+use crate::attribution::{Attributor, GpuKeys, gpu_pods_field};
 use crate::{Absent, AbsentMap, ProcessSample, Sample, sanity};
+use gpudiag_model::attribution::PodAllocation;
 
 /// How often slow fields are read unless `set_slow_interval` says otherwise.
 pub const DEFAULT_SLOW_INTERVAL: Duration = Duration::from_secs(1);
@@ -66,6 +68,7 @@ pub(super) const SLOW_FIELDS: &[&str] = &[
     "pcie_rx_bytes_per_s",
     "pcie_tx_bytes_per_s",
     "processes",
+    "gpu_pods",
     "throttle_sw_power_cap_s",
     "throttle_sync_boost_s",
     "throttle_sw_thermal_slowdown_s",
@@ -86,6 +89,7 @@ pub(super) struct SlowReading {
     pcie_rx_bytes_per_s: Result<f64, Absent>,
     pcie_tx_bytes_per_s: Result<f64, Absent>,
     processes: Result<Vec<ProcessSample>, Absent>,
+    gpu_pods: Result<Vec<PodAllocation>, Absent>,
     /// The clock-event durations, in `CLOCK_EVENT_FIELDS` order.
     clock_events: [Result<f64, Absent>; 5],
 }
@@ -100,6 +104,7 @@ impl SlowReading {
             pcie_rx_bytes_per_s: Err(why.clone()),
             pcie_tx_bytes_per_s: Err(why.clone()),
             processes: Err(why.clone()),
+            gpu_pods: Err(why.clone()),
             clock_events: std::array::from_fn(|_| Err(why.clone())),
         }
     }
@@ -119,6 +124,7 @@ impl SlowReading {
         s.pcie_rx_bytes_per_s = put(&self.pcie_rx_bytes_per_s, "pcie_rx_bytes_per_s", ab);
         s.pcie_tx_bytes_per_s = put(&self.pcie_tx_bytes_per_s, "pcie_tx_bytes_per_s", ab);
         s.processes = put(&self.processes, "processes", ab);
+        s.gpu_pods = put(&self.gpu_pods, "gpu_pods", ab);
         put_clock_events(s, &self.clock_events);
     }
 }
@@ -222,14 +228,16 @@ impl SlowShared {
 
 pub(super) fn start_slow_reader(
     nvml: &Arc<Nvml>,
-    index: u32,
+    gpu: GpuKeys,
+    attributor: &Arc<Attributor>,
     slot: &Arc<DeviceSlot>,
     shared: &Arc<SlowShared>,
 ) {
     let (nvml, thread_slot, shared) = (Arc::clone(nvml), Arc::clone(slot), Arc::clone(shared));
+    let attributor = Arc::clone(attributor);
     let spawned = std::thread::Builder::new()
-        .name(format!("nvml-slow-{index}"))
-        .spawn(move || slow_loop(&nvml, index, &thread_slot, &shared));
+        .name(format!("nvml-slow-{}", gpu.index))
+        .spawn(move || slow_loop(&nvml, &gpu, &attributor, &thread_slot, &shared));
     if let Err(e) = spawned {
         *lock(&slot.latest) = SlowReading::all(Absent::Error(format!(
             "could not start the slow reader: {e}"
@@ -237,10 +245,16 @@ pub(super) fn start_slow_reader(
     }
 }
 
-fn slow_loop(nvml: &Nvml, index: u32, slot: &DeviceSlot, shared: &SlowShared) {
+fn slow_loop(
+    nvml: &Nvml,
+    gpu: &GpuKeys,
+    attributor: &Attributor,
+    slot: &DeviceSlot,
+    shared: &SlowShared,
+) {
     let mut util_since = None;
     run_rounds(slot, shared, |slot| {
-        read_slow(nvml, index, &mut util_since, slot)
+        read_slow(nvml, gpu, attributor, &mut util_since, slot)
     });
 }
 
@@ -263,9 +277,16 @@ fn run_rounds(slot: &DeviceSlot, shared: &SlowShared, mut read: impl FnMut(&Devi
 /// reader waiting for the first round gets the counters and link state in a few milliseconds
 /// and only the PCIe throughput (two ~20 ms calls) last. `util_since` is the newest
 /// per-process utilisation sample seen so far (NVML's CPU timestamp, µs), so each round
-/// averages only new samples.
-pub(super) fn read_slow(nvml: &Nvml, index: u32, util_since: &mut Option<u64>, slot: &DeviceSlot) {
-    let dev = match nvml.device_by_index(index) {
+/// averages only new samples. The pods holding the GPU come from the kubelet's cached answer
+/// (asked at most once per cache period, under its own deadline).
+pub(super) fn read_slow(
+    nvml: &Nvml,
+    gpu: &GpuKeys,
+    attributor: &Attributor,
+    util_since: &mut Option<u64>,
+    slot: &DeviceSlot,
+) {
+    let dev = match nvml.device_by_index(gpu.index) {
         Ok(dev) => dev,
         Err(e) => {
             *lock(&slot.latest) = SlowReading::all(absent_from(&e));
@@ -285,8 +306,13 @@ pub(super) fn read_slow(nvml: &Nvml, index: u32, util_since: &mut Option<u64>, s
         latest.pcie_replay_count = replays.map(u64::from).map_err(|e| absent_from(&e));
         latest.clock_events = clock_events;
     }
-    let processes = read_processes(nvml, &dev, util_since);
-    lock(&slot.latest).processes = processes;
+    let gpu_pods = attributor.gpu_pods(gpu);
+    let processes = read_processes(nvml, &dev, util_since, attributor, &gpu_pods);
+    {
+        let mut latest = lock(&slot.latest);
+        latest.processes = processes;
+        latest.gpu_pods = gpu_pods_field(&gpu_pods);
+    }
     // Each of these blocks ~20 ms: NVML samples the PCIe counters over that window.
     let rx = dev.pcie_throughput(PcieUtilCounter::Receive);
     let tx = dev.pcie_throughput(PcieUtilCounter::Send);
@@ -317,6 +343,7 @@ mod tests {
             pcie_rx_bytes_per_s: Ok(1024.0),
             pcie_tx_bytes_per_s: Err(Absent::NotSupported),
             processes: Ok(vec![]),
+            gpu_pods: Err(Absent::Error("no kubelet".into())),
             clock_events: std::array::from_fn(|_| Ok(0.0)),
         };
         let mut s = Sample::new(0, 1);
@@ -328,7 +355,8 @@ mod tests {
         assert_eq!(s.pcie_rx_bytes_per_s, Some(1024.0));
         assert_eq!(s.pcie_tx_bytes_per_s, None);
         assert_eq!(s.processes, Some(vec![]));
-        assert_eq!(s.absent.len(), 2);
+        assert_eq!(s.gpu_pods, None);
+        assert_eq!(s.absent.len(), 3);
     }
 
     #[test]
