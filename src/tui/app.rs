@@ -16,6 +16,7 @@ use gpudiag_core::config::RulesConfig;
 use gpudiag_core::rules::{Finding, RuleEngine, Severity};
 use gpudiag_core::session::{Pipeline, with_recorded};
 use gpudiag_model::cuda_libraries::LibraryInfo;
+use gpudiag_model::stats::{self, Counter};
 use gpudiag_probes::runner::ProbeReport;
 use gpudiag_telemetry::kernel_log::XidLog;
 use gpudiag_telemetry::{DeviceInfo, HostInfo, Sample, Tick, TimeMs};
@@ -514,6 +515,7 @@ impl App {
     /// so a FAIL is never below an INFO, newest first within a severity. The selection stays
     /// on the finding it was on.
     pub fn refresh_findings(&mut self) {
+        let _timed = stats::Timed::start(Counter::FindingsRefreshes, Counter::FindingsNs);
         if self.now_ms().is_none() {
             self.findings.clear();
             return;

@@ -20,6 +20,7 @@ use super::fields::{kb_per_s_to_bytes, mj_to_j, put_clock_events, read_clock_eve
 use super::processes::read_processes;
 use super::{absent_from, lock};
 use crate::{Absent, AbsentMap, ProcessSample, Sample, sanity};
+use gpudiag_model::stats::{self, Counter};
 
 /// How often slow fields are read unless `set_slow_interval` says otherwise.
 pub const DEFAULT_SLOW_INTERVAL: Duration = Duration::from_secs(1);
@@ -264,19 +265,25 @@ fn run_rounds(slot: &DeviceSlot, shared: &SlowShared, mut read: impl FnMut(&Devi
 /// and only the PCIe throughput (two ~20 ms calls) last. `util_since` is the newest
 /// per-process utilisation sample seen so far (NVML's CPU timestamp, µs), so each round
 /// averages only new samples.
+/// Counts one slow-round driver call (`GPUDIAG_TICK_STATS`).
+fn slow<T>(result: T) -> T {
+    stats::call(Counter::NvmlSlowCalls, result)
+}
+
 pub(super) fn read_slow(nvml: &Nvml, index: u32, util_since: &mut Option<u64>, slot: &DeviceSlot) {
-    let dev = match nvml.device_by_index(index) {
+    let _timed = stats::Timed::start(Counter::SlowRounds, Counter::SlowRoundNs);
+    let dev = match slow(nvml.device_by_index(index)) {
         Ok(dev) => dev,
         Err(e) => {
             *lock(&slot.latest) = SlowReading::all(absent_from(&e));
             return;
         }
     };
-    let energy = dev.total_energy_consumption();
-    let link_gen = dev.current_pcie_link_gen();
-    let link_width = dev.current_pcie_link_width();
-    let replays = dev.pcie_replay_counter();
-    let clock_events = read_clock_events(&dev);
+    let energy = slow(dev.total_energy_consumption());
+    let link_gen = slow(dev.current_pcie_link_gen());
+    let link_width = slow(dev.current_pcie_link_width());
+    let replays = slow(dev.pcie_replay_counter());
+    let clock_events = slow(read_clock_events(&dev));
     {
         let mut latest = lock(&slot.latest);
         latest.energy_j = energy.map(mj_to_j).map_err(|e| absent_from(&e));
@@ -285,11 +292,14 @@ pub(super) fn read_slow(nvml: &Nvml, index: u32, util_since: &mut Option<u64>, s
         latest.pcie_replay_count = replays.map(u64::from).map_err(|e| absent_from(&e));
         latest.clock_events = clock_events;
     }
+    // The driver's compute and graphics lists, then /proc for each process listed.
+    stats::add(Counter::ProcessListReads, 1);
+    stats::add(Counter::NvmlSlowCalls, 2);
     let processes = read_processes(nvml, &dev, util_since);
     lock(&slot.latest).processes = processes;
     // Each of these blocks ~20 ms: NVML samples the PCIe counters over that window.
-    let rx = dev.pcie_throughput(PcieUtilCounter::Receive);
-    let tx = dev.pcie_throughput(PcieUtilCounter::Send);
+    let rx = slow(dev.pcie_throughput(PcieUtilCounter::Receive));
+    let tx = slow(dev.pcie_throughput(PcieUtilCounter::Send));
     let mut latest = lock(&slot.latest);
     latest.pcie_rx_bytes_per_s = rx.map(kb_per_s_to_bytes).map_err(|e| absent_from(&e));
     latest.pcie_tx_bytes_per_s = tx.map(kb_per_s_to_bytes).map_err(|e| absent_from(&e));
