@@ -224,18 +224,20 @@ pub fn save_recording(app: &App, dir: &Path) -> String {
         }
     };
     let result = created.and_then(|mut w| {
-        for t in &app.session {
-            w.write_tick(t)?;
-        }
-        w.finish()
+        let unreadable = app.session.for_each(|t| w.write_tick(t))?;
+        w.finish()?;
+        Ok(unreadable + app.session.unstored())
     });
     match result {
-        Ok(()) => {
-            let note = if app.session_dropped {
-                " (the oldest ticks of this long session were not kept)"
+        Ok(lost) => {
+            let mut note = if app.session.dropped() {
+                " (the oldest ticks of this long session were not kept)".to_owned()
             } else {
-                ""
+                String::new()
             };
+            if lost > 0 {
+                note.push_str(&format!(" ({lost} ticks could not be kept)"));
+            }
             format!(
                 "saved {} ticks to {}{note}",
                 app.session.len(),
