@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::host_facts::HostFacts;
 use crate::cli::CheckArgs;
 use gpudiag_core::check::{
     self, CHECK_SCHEMA_VERSION, CheckReport, DeviceReport, SourceInfo, ToolInfo, WindowInfo,
@@ -9,9 +10,7 @@ use gpudiag_core::check::{
 use gpudiag_core::config::Config;
 use gpudiag_core::rules::{self, Finding, RuleEngine};
 use gpudiag_core::session::{self, Limit, Pipeline, RunOptions, Sink, open_source, with_recorded};
-use gpudiag_model::cuda_libraries::{self, LibraryInfo};
 use gpudiag_model::error::Error;
-use gpudiag_telemetry::kernel_log;
 use gpudiag_telemetry::recording::excerpt;
 use gpudiag_telemetry::replay::Pace;
 use gpudiag_telemetry::{BackendError, EventKind, Tick, now_ms};
@@ -242,41 +241,6 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         fail_on,
         exit_code,
     })
-}
-
-/// This host's kernel-log XIDs and CUDA libraries, read on a thread of their own.
-enum HostFacts {
-    Reading(std::thread::JoinHandle<(XidRead, Vec<LibraryInfo>)>),
-    /// No thread could be started: read on the caller's thread at `join`.
-    Inline,
-}
-
-type XidRead = Result<kernel_log::XidLog, String>;
-
-impl HostFacts {
-    fn start() -> HostFacts {
-        std::thread::Builder::new()
-            .name("gpudiag-host-facts".into())
-            .spawn(read_host_facts)
-            .map_or(HostFacts::Inline, HostFacts::Reading)
-    }
-
-    fn join(self) -> (XidRead, Vec<LibraryInfo>) {
-        match self {
-            HostFacts::Reading(h) => h.join().unwrap_or_else(|_| {
-                (
-                    Err("reading the kernel log failed unexpectedly".into()),
-                    cuda_libraries::detect_libraries(),
-                )
-            }),
-            HostFacts::Inline => read_host_facts(),
-        }
-    }
-}
-
-fn read_host_facts() -> (XidRead, Vec<LibraryInfo>) {
-    let log = kernel_log::read_xids(&kernel_log::KernelLogSource::from_env(), "/proc".as_ref());
-    (log, cuda_libraries::detect_libraries())
 }
 
 /// Notices carried by the source's events, distinct and at most this many; a recording may hold
