@@ -97,6 +97,10 @@ def phases(cmd):
           f"{c.get('nvml_slow_calls')} slow in {c.get('slow_rounds')} rounds "
           f"({c.get('slow_round_ns', 0) / 1e6:.1f} ms), poll {c.get('poll_ns', 0) / 1e6:.1f} ms; "
           f"{c.get('allocs')} allocations ({c.get('alloc_bytes', 0) / 1024:.0f} KiB)")
+    for n, g in st.get("call_groups", {}).items():
+        if g["calls"]:
+            print(f"- {n}: {g['calls']} calls, {g['wall_ms']:.2f} ms wall, "
+                  f"{g['cpu_ms']:.2f} ms CPU of the calling thread")
     threads = sorted(st.get("threads", {}).items(),
                      key=lambda kv: -(kv[1]["user_s"] + kv[1]["system_s"]))
     print("threads alive at exit (CPU s): " + ", ".join(

@@ -232,6 +232,14 @@ def summarise_stats(iv, path):
                      key=lambda kv: -(kv[1]["user_s"] + kv[1]["system_s"]))
     print("- CPU by thread (s, live at quit): " + ", ".join(
         f"{name} {t['user_s'] + t['system_s']:.2f}" for name, t in threads))
+    groups = [(n, g) for n, g in st.get("call_groups", {}).items() if g["calls"]]
+    if groups:
+        print("- driver call groups (calls, wall and the calling thread's CPU per call, CPU as "
+              "% of a core over the run):")
+        for n, g in groups:
+            print(f"  - {n}: {g['calls']} calls, {g['wall_us_per_call']:.0f} µs wall and "
+                  f"{g['cpu_us_per_call']:.0f} µs CPU per call, "
+                  f"{100 * g['cpu_ms'] / 1000 / st['wall_s']:.3f}%")
 
 
 if __name__ == "__main__":

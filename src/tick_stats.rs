@@ -145,6 +145,7 @@ pub fn finish() {
             "Threads": status_kb("Threads:"),
         },
         "counters": counters_json(),
+        "call_groups": groups_json(),
         "per_tick": per_tick,
         "marks": s.marks,
         "threads": s.threads.unwrap_or_else(thread_cpu),
@@ -162,6 +163,27 @@ fn counters_json() -> serde_json::Value {
     stats::snapshot()
         .into_iter()
         .map(|(n, v)| (n.to_owned(), serde_json::json!(v)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// Driver call groups: calls, wall and thread CPU time in total and per call.
+fn groups_json() -> serde_json::Value {
+    stats::groups()
+        .into_iter()
+        .map(|(name, calls, wall_ns, cpu_ns)| {
+            let per = |ns: u64| (calls > 0).then(|| ns as f64 / calls as f64 / 1000.0);
+            (
+                name.to_owned(),
+                serde_json::json!({
+                    "calls": calls,
+                    "wall_ms": wall_ns as f64 / 1e6,
+                    "cpu_ms": cpu_ns as f64 / 1e6,
+                    "wall_us_per_call": per(wall_ns),
+                    "cpu_us_per_call": per(cpu_ns),
+                }),
+            )
+        })
         .collect::<serde_json::Map<_, _>>()
         .into()
 }

@@ -161,6 +161,108 @@ impl Drop for Timed {
     }
 }
 
+/// Groups of driver calls whose wall time and CPU time (of the calling thread) are measured
+/// apart: whether a call that takes milliseconds sleeps in the driver or burns the CPU decides
+/// how often it may be made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallGroup {
+    /// One device's fast fields (the handle and every call of the fast poll).
+    FastFields,
+    /// One profiling-counter sample and, from the second on, its metrics.
+    Gpm,
+    /// Energy, PCIe link generation and width, replay counter.
+    SlowCounters,
+    /// The clock-event (throttle) durations, one batched field-value call.
+    SlowClockEvents,
+    /// The process lists (and /proc for each process).
+    SlowProcesses,
+    /// PCIe throughput, rx and tx.
+    SlowPcieThroughput,
+    /// One wait of the XID event thread.
+    XidWait,
+}
+
+impl CallGroup {
+    pub const ALL: [CallGroup; 7] = [
+        CallGroup::FastFields,
+        CallGroup::Gpm,
+        CallGroup::SlowCounters,
+        CallGroup::SlowClockEvents,
+        CallGroup::SlowProcesses,
+        CallGroup::SlowPcieThroughput,
+        CallGroup::XidWait,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CallGroup::FastFields => "fast_fields",
+            CallGroup::Gpm => "gpm",
+            CallGroup::SlowCounters => "slow_counters",
+            CallGroup::SlowClockEvents => "slow_clock_events",
+            CallGroup::SlowProcesses => "slow_processes",
+            CallGroup::SlowPcieThroughput => "slow_pcie_throughput",
+            CallGroup::XidWait => "xid_wait",
+        }
+    }
+}
+
+/// Per group: calls, wall ns, thread CPU ns.
+#[allow(clippy::declare_interior_mutable_const)]
+const GROUP_ZERO: [AtomicU64; 3] = [ZERO, ZERO, ZERO];
+static GROUPS: [[AtomicU64; 3]; CallGroup::ALL.len()] = [GROUP_ZERO; CallGroup::ALL.len()];
+
+/// The calling thread's CPU time so far, in ns.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only the timespec we hand it.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0;
+    }
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// Measures one call of a group from now until dropped (when counting is on).
+pub struct GroupTimer {
+    group: CallGroup,
+    started: Option<(Instant, u64)>,
+}
+
+impl GroupTimer {
+    pub fn start(group: CallGroup) -> GroupTimer {
+        GroupTimer {
+            group,
+            started: enabled().then(|| (Instant::now(), thread_cpu_ns())),
+        }
+    }
+}
+
+impl Drop for GroupTimer {
+    fn drop(&mut self) {
+        if let Some((wall, cpu)) = self.started {
+            let slots = &GROUPS[self.group as usize];
+            slots[0].fetch_add(1, Ordering::Relaxed);
+            let wall_ns = u64::try_from(wall.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            slots[1].fetch_add(wall_ns, Ordering::Relaxed);
+            slots[2].fetch_add(thread_cpu_ns().saturating_sub(cpu), Ordering::Relaxed);
+        }
+    }
+}
+
+/// Every group's (name, calls, wall ns, thread CPU ns) now.
+pub fn groups() -> Vec<(&'static str, u64, u64, u64)> {
+    CallGroup::ALL
+        .iter()
+        .map(|g| {
+            let s = &GROUPS[*g as usize];
+            let get = |i: usize| s[i].load(Ordering::Relaxed);
+            (g.name(), get(0), get(1), get(2))
+        })
+        .collect()
+}
+
 /// Every counter's name and value now.
 pub fn snapshot() -> Vec<(&'static str, u64)> {
     Counter::ALL
@@ -196,5 +298,36 @@ mod tests {
         for (i, c) in Counter::ALL.iter().enumerate() {
             assert_eq!(*c as usize, i, "{}", c.name());
         }
+        for (i, g) in CallGroup::ALL.iter().enumerate() {
+            assert_eq!(*g as usize, i, "{}", g.name());
+        }
+    }
+
+    #[test]
+    fn a_group_timer_tells_sleeping_from_spinning() {
+        enable();
+        let get = |name: &str| groups().into_iter().find(|g| g.0 == name);
+        let before = get("xid_wait").unwrap_or_default();
+        {
+            let _t = GroupTimer::start(CallGroup::XidWait);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let slept = get("xid_wait").unwrap_or_default();
+        assert_eq!(slept.1, before.1 + 1);
+        let (wall, cpu) = (slept.2 - before.2, slept.3 - before.3);
+        assert!(wall >= 20_000_000, "{wall}");
+        assert!(cpu < wall / 2, "a sleep is not CPU time: {cpu} of {wall}");
+        let before = get("gpm").unwrap_or_default();
+        {
+            let _t = GroupTimer::start(CallGroup::Gpm);
+            // Spin until this thread has used 5 ms of CPU (however busy the machine is).
+            let start = thread_cpu_ns();
+            let mut x = 0u64;
+            while thread_cpu_ns() < start + 5_000_000 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        }
+        let spun = get("gpm").unwrap_or_default();
+        assert!(spun.3 - before.3 >= 5_000_000, "a busy loop is CPU time");
     }
 }

@@ -56,7 +56,7 @@ use super::{
 };
 use fields::{FAST_FIELDS, read_fast};
 use gpudiag_model::deadline::{DeadlineError, run_with_deadline};
-use gpudiag_model::stats::{self, Counter};
+use gpudiag_model::stats::{self, CallGroup, Counter};
 use slow::{
     DeviceSlot, SLOW_FIELDS, SlowControl, SlowShared, read_slow, start_slow_reader, stuck_limit,
 };
@@ -229,9 +229,11 @@ fn sample_device(
         mark_absent(&mut sample.absent, PROFILING_FIELDS, &Absent::GpuLost);
     } else {
         // One handle for the fast fields and the profiling counters: this runs every tick.
+        let fast_timer = stats::GroupTimer::start(CallGroup::FastFields);
         match stats::call(Counter::NvmlFastCalls, nvml.device_by_index(info.index)) {
             Ok(dev) => {
                 read_fast(&dev, &mut sample);
+                drop(fast_timer);
                 gpm.read(nvml, &dev, info.mig_enabled == Some(true), &mut sample);
             }
             Err(e) => {

@@ -20,7 +20,7 @@ use super::fields::{kb_per_s_to_bytes, mj_to_j, put_clock_events, read_clock_eve
 use super::processes::read_processes;
 use super::{absent_from, lock};
 use crate::{Absent, AbsentMap, ProcessSample, Sample, sanity};
-use gpudiag_model::stats::{self, Counter};
+use gpudiag_model::stats::{self, CallGroup, Counter};
 
 /// How often slow fields are read unless `set_slow_interval` says otherwise.
 pub const DEFAULT_SLOW_INTERVAL: Duration = Duration::from_secs(1);
@@ -279,11 +279,16 @@ pub(super) fn read_slow(nvml: &Nvml, index: u32, util_since: &mut Option<u64>, s
             return;
         }
     };
+    let counters = stats::GroupTimer::start(CallGroup::SlowCounters);
     let energy = slow(dev.total_energy_consumption());
     let link_gen = slow(dev.current_pcie_link_gen());
     let link_width = slow(dev.current_pcie_link_width());
     let replays = slow(dev.pcie_replay_counter());
-    let clock_events = slow(read_clock_events(&dev));
+    drop(counters);
+    let clock_events = {
+        let _timed = stats::GroupTimer::start(CallGroup::SlowClockEvents);
+        slow(read_clock_events(&dev))
+    };
     {
         let mut latest = lock(&slot.latest);
         latest.energy_j = energy.map(mj_to_j).map_err(|e| absent_from(&e));
@@ -295,11 +300,16 @@ pub(super) fn read_slow(nvml: &Nvml, index: u32, util_since: &mut Option<u64>, s
     // The driver's compute and graphics lists, then /proc for each process listed.
     stats::add(Counter::ProcessListReads, 1);
     stats::add(Counter::NvmlSlowCalls, 2);
-    let processes = read_processes(nvml, &dev, util_since);
+    let processes = {
+        let _timed = stats::GroupTimer::start(CallGroup::SlowProcesses);
+        read_processes(nvml, &dev, util_since)
+    };
     lock(&slot.latest).processes = processes;
     // Each of these blocks ~20 ms: NVML samples the PCIe counters over that window.
+    let pcie = stats::GroupTimer::start(CallGroup::SlowPcieThroughput);
     let rx = slow(dev.pcie_throughput(PcieUtilCounter::Receive));
     let tx = slow(dev.pcie_throughput(PcieUtilCounter::Send));
+    drop(pcie);
     let mut latest = lock(&slot.latest);
     latest.pcie_rx_bytes_per_s = rx.map(kb_per_s_to_bytes).map_err(|e| absent_from(&e));
     latest.pcie_tx_bytes_per_s = tx.map(kb_per_s_to_bytes).map_err(|e| absent_from(&e));

@@ -19,7 +19,7 @@ use nvml_wrapper::event::EventSet;
 use super::lock;
 use super::slow::SlowShared;
 use crate::{DeviceInfo, Event, EventKind, now_ms};
-use gpudiag_model::stats::{self, Counter};
+use gpudiag_model::stats::{self, CallGroup, Counter};
 
 /// How long one wait on the event set may block; bounds how late the thread notices a stop.
 /// Short while the backend is young, so a `check` of a second or two exits promptly; then
@@ -198,7 +198,10 @@ fn event_loop(
     let mut failed_before = false;
     let started = Instant::now();
     while !shared.stopped() {
-        let waited = set.wait(wait_slice_ms(started.elapsed()));
+        let waited = {
+            let _timed = stats::GroupTimer::start(CallGroup::XidWait);
+            set.wait(wait_slice_ms(started.elapsed()))
+        };
         stats::add(Counter::EventWaits, 1);
         beat.beat();
         match waited {
