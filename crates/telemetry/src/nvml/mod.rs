@@ -260,10 +260,9 @@ impl Drop for NvmlBackend {
         }
         lock(&self.slow.control).stop = true;
         self.slow.wake.notify_all();
-        let deadline = Instant::now() + Duration::from_secs(1);
-        while Arc::strong_count(&self.nvml) > 1 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        gpudiag_model::deadline::wait_until(Duration::from_secs(1), || {
+            Arc::strong_count(&self.nvml) <= 1
+        });
     }
 }
 
