@@ -5,6 +5,8 @@ its waited-for children included), for `probe --suite standard` and the like:
     python3 benches/peak_rss.py [--runs N] -- .gpu-bundle/gpudiag probe --suite standard --json
 
 The command's stdout goes to /dev/null (its stderr is kept). Prints one Markdown row per run.
+Linux counts the forking Python's own resident set into the child's peak at exec, so a peak
+below this script's RSS (about 10-14 MB) is Python's, not the command's.
 """
 import argparse
 import os
@@ -17,7 +19,7 @@ def main():
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args()
-    cmd = [c for c in args.command if c != "--"] if args.command[:1] == ["--"] else args.command
+    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
         ap.error("no command given")
     print("| command | wall (s) | peak RSS (MB) | exit |")
