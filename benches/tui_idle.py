@@ -219,7 +219,8 @@ def summarise_stats(iv, path):
           f"GPM samples, {per('nvml_slow_calls'):.1f} slow driver calls in {per('slow_rounds'):.2f} "
           f"slow rounds, {per('process_list_reads'):.2f} process-list reads, "
           f"{per('event_waits'):.1f} XID event waits")
-    print(f"- per tick: poll {us('poll_ns'):.0f} µs, slow rounds {us('slow_round_ns'):.0f} µs, "
+    print(f"- per tick: poll {us('poll_ns'):.0f} µs (a replay's includes its wait for the "
+          f"recorded time), slow rounds {us('slow_round_ns'):.0f} µs, "
           f"pipeline {us('pipeline_ns'):.0f} µs, findings {us('findings_ns'):.0f} µs "
           f"({per('findings_refreshes'):.2f} refreshes), draw {us('draw_ns'):.0f} µs "
           f"({per('draws'):.2f} draws, {per('draws_skipped'):.2f} skipped), "
