@@ -10,6 +10,7 @@ pub mod commands;
 pub mod export;
 pub mod report;
 pub mod schema;
+pub mod tick_stats;
 pub mod tui;
 
 pub use gpudiag_core::{check, config, history, rules, session};

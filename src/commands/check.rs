@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::host_facts::HostFacts;
 use crate::cli::CheckArgs;
 use gpudiag_core::check::{
     self, CHECK_SCHEMA_VERSION, CheckReport, DeviceReport, SourceInfo, ToolInfo, WindowInfo,
@@ -9,27 +10,31 @@ use gpudiag_core::check::{
 use gpudiag_core::config::Config;
 use gpudiag_core::rules::{self, Finding, RuleEngine};
 use gpudiag_core::session::{self, Limit, Pipeline, RunOptions, Sink, open_source, with_recorded};
-use gpudiag_model::cuda_libraries;
 use gpudiag_model::error::Error;
-use gpudiag_telemetry::kernel_log;
 use gpudiag_telemetry::recording::excerpt;
 use gpudiag_telemetry::replay::Pace;
 use gpudiag_telemetry::{BackendError, EventKind, Tick, now_ms};
 
 use super::probe::run_probes;
+use crate::tick_stats;
 
 /// `gpudiag check`.
 pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
     let spec = args.source.spec()?;
     let is_replay = spec.is_recording();
     let single_read = !is_replay && args.window == Some(Duration::ZERO);
-    let source = open_source(&spec, Pace::AsFastAsPossible, single_read)?;
     // NVML reports only XIDs that happen while it listens; earlier ones are in the kernel log.
-    // A replay's GPUs are not this host's.
-    let kernel_xids = (!is_replay)
-        .then(|| kernel_log::read_xids(&kernel_log::KernelLogSource::from_env(), "/proc".as_ref()));
+    // A replay's GPUs are not this host's. The log and the library search touch no GPU, so
+    // they run while the source opens (NVML's initialisation is most of a single read).
+    let host_facts = (!is_replay).then(HostFacts::start);
+    let source = open_source(&spec, Pace::AsFastAsPossible, single_read)?;
+    tick_stats::mark("source_opened");
+    let (kernel_xids, libraries) = match host_facts.map(HostFacts::join) {
+        Some((log, libraries)) => (Some(log), Some(libraries)),
+        None => (None, None),
+    };
+    tick_stats::mark("host_facts_read");
     let all_devices = source.backend.devices().to_vec();
-    let libraries = (!is_replay).then(cuda_libraries::detect_libraries);
     // A replay reads the whole recording and keeps the window's end; a live check samples for
     // exactly the window.
     let limit = if is_replay {
@@ -64,8 +69,11 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         .wait_for_slow_fields(Duration::from_millis(500));
     let (failure, topology, notes) = if limit == Some(Duration::ZERO) {
         let failure = session::read_once(&mut source, &mut pipeline, &mut notices)?;
+        tick_stats::mark("polled");
         // Asked after the poll: the backend reads it on its own thread meanwhile.
-        (failure, source.topology(), None)
+        let topology = source.topology();
+        tick_stats::mark("topology_read");
+        (failure, topology, None)
     } else {
         let topology = source.topology();
         let opts = RunOptions {
@@ -175,6 +183,7 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         rules::sort(&mut findings);
         not_judged.extend(unread);
     }
+    tick_stats::mark("judged");
     let fail_on = args.fail_on.into();
     let exit_code = check::exit_code_for(&findings, fail_on);
     let status = check::status_of(&findings);

@@ -2,6 +2,7 @@
 //! `record`; `trace`, `serve` and `report` live with their writers (`export`, `report`).
 
 mod check;
+pub mod host_facts;
 mod probe;
 mod record;
 pub mod run;

@@ -10,12 +10,14 @@ use std::time::{Duration, Instant};
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseEvent, MouseEventKind};
 
 use super::messages::{FeedControl, FeedMsg, LOOKBACK, ReplayPosition, tick_time};
+use super::session_log::SessionLog;
 use super::theme::Theme;
 use crate::cli::SuiteName;
 use gpudiag_core::config::RulesConfig;
 use gpudiag_core::rules::{Finding, RuleEngine, Severity};
 use gpudiag_core::session::{Pipeline, with_recorded};
 use gpudiag_model::cuda_libraries::LibraryInfo;
+use gpudiag_model::stats::{self, Counter};
 use gpudiag_probes::runner::ProbeReport;
 use gpudiag_telemetry::kernel_log::XidLog;
 use gpudiag_telemetry::{DeviceInfo, HostInfo, Sample, Tick, TimeMs};
@@ -295,8 +297,7 @@ pub struct App {
     /// Memory readings per (device, pid) within the growth window.
     proc_memory: BTreeMap<(u32, u32), VecDeque<(TimeMs, u64)>>,
     /// Ticks seen this session, oldest first, for saving a recording.
-    pub session: VecDeque<Tick>,
-    pub session_dropped: bool,
+    pub session: SessionLog,
     /// Processes already sent SIGTERM: the next kill offers SIGKILL.
     terminated: BTreeSet<u32>,
 
@@ -346,8 +347,7 @@ impl App {
             findings: Vec::new(),
             findings_at: None,
             proc_memory: BTreeMap::new(),
-            session: VecDeque::new(),
-            session_dropped: false,
+            session: SessionLog::new(MAX_SESSION_TICKS),
             terminated: BTreeSet::new(),
             panel: Panel::Devices,
             selected_device: 0,
@@ -456,7 +456,6 @@ impl App {
         self.reset_engine();
         self.proc_memory.clear();
         self.session.clear();
-        self.session_dropped = false;
     }
 
     /// Adds one tick to the pipeline and the session. Cheap per tick: the engine re-judges its
@@ -466,11 +465,7 @@ impl App {
             self.track_processes(s);
         }
         if tick_time(&tick).is_some() {
-            self.session.push_back(tick.clone());
-            if self.session.len() > MAX_SESSION_TICKS {
-                self.session.pop_front();
-                self.session_dropped = true;
-            }
+            self.session.push(&tick);
         }
         self.pipeline.push(tick);
     }
@@ -516,6 +511,7 @@ impl App {
     /// so a FAIL is never below an INFO, newest first within a severity. The selection stays
     /// on the finding it was on.
     pub fn refresh_findings(&mut self) {
+        let _timed = stats::Timed::start(Counter::FindingsRefreshes, Counter::FindingsNs);
         if self.now_ms().is_none() {
             self.findings.clear();
             return;

@@ -6,14 +6,16 @@ use std::path::Path;
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::Instant;
 
-use crossterm::event::{Event as InputEvent, KeyEventKind};
+use crossterm::event::{Event as InputEvent, KeyEventKind, MouseEventKind};
 use ratatui::Terminal;
 use ratatui::backend::Backend as TermBackend;
 
 use super::app::{App, Effect, KillSignal};
 use super::feed::Feed;
-use super::messages::AppEvent;
+use super::messages::{AppEvent, FeedMsg};
 use super::ui;
+use crate::tick_stats;
+use gpudiag_model::stats::{self, Counter};
 use gpudiag_telemetry::recording::{Header, RecordingError, RecordingWriter};
 
 /// Reads terminal input on its own thread, so waiting for a key never blocks drawing.
@@ -51,12 +53,16 @@ where
     B::Error: Into<std::io::Error>,
 {
     draw(terminal, app)?;
+    tick_stats::mark("first_frame");
     while let Ok(first) = rx.recv() {
+        stats::add(Counter::LoopWakes, 1);
         let mut next = Some(first);
         let mut n = 0;
+        let mut changed = false;
         while let Some(ev) = next.take() {
-            handle(app, ev, feed, tx, terminal.size().ok());
+            changed |= handle(app, ev, feed, tx, terminal.size().ok());
             if app.quit {
+                tick_stats::threads_now();
                 return Ok(());
             }
             n += 1;
@@ -64,7 +70,11 @@ where
                 next = rx.try_recv().ok();
             }
         }
-        draw(terminal, app)?;
+        if changed {
+            draw(terminal, app)?;
+        } else {
+            stats::add(Counter::DrawsSkipped, 1);
+        }
     }
     Ok(())
 }
@@ -73,19 +83,23 @@ fn draw<B: TermBackend>(terminal: &mut Terminal<B>, app: &App) -> std::io::Resul
 where
     B::Error: Into<std::io::Error>,
 {
+    let _timed = stats::Timed::start(Counter::Draws, Counter::DrawNs);
     terminal
         .draw(|f| ui::draw(f, app))
         .map(|_| ())
         .map_err(Into::into)
 }
 
+/// Applies one event; true when it may have changed what the screen shows, so the loop draws
+/// only then (a mouse moving over the terminal, with mouse capture on, sends a stream of
+/// events that change nothing).
 fn handle(
     app: &mut App,
     ev: AppEvent,
     feed: &Feed,
     tx: &Sender<AppEvent>,
     size: Option<ratatui::layout::Size>,
-) {
+) -> bool {
     if let Some(s) = size {
         app.viewport = (s.width, s.height);
     }
@@ -95,20 +109,35 @@ fn handle(
                 perform(app, effect, feed, tx);
             }
         }
+        AppEvent::Input(InputEvent::Key(_)) => return false,
         AppEvent::Input(InputEvent::Mouse(m)) => {
+            if matches!(
+                m.kind,
+                MouseEventKind::Moved | MouseEventKind::Drag(_) | MouseEventKind::Up(_)
+            ) {
+                return false;
+            }
             let width = size.map_or(80, |s| s.width);
             app.on_mouse(m, |col, row| ui::tab_at(width, col, row));
         }
-        // Resize and focus changes need only the redraw that follows every event.
-        AppEvent::Input(_) => {}
+        // A resize needs only the redraw that follows.
+        AppEvent::Input(InputEvent::Resize(..)) => {}
+        // Focus changes and pastes show nothing.
+        AppEvent::Input(_) => return false,
         AppEvent::InputClosed(why) => {
             app.status = Some(format!("terminal input closed: {why}"));
             app.quit = true;
         }
-        AppEvent::Feed(msg) => app.on_feed(msg, Instant::now()),
+        AppEvent::Feed(msg) => {
+            if let FeedMsg::Ticks { ticks, .. } = &msg {
+                stats::add(Counter::Ticks, ticks.len() as u64);
+            }
+            app.on_feed(msg, Instant::now());
+        }
         AppEvent::Terminate => app.quit = true,
         AppEvent::Probes(result) => app.on_probes(result),
     }
+    true
 }
 
 fn perform(app: &mut App, effect: Effect, feed: &Feed, tx: &Sender<AppEvent>) {
@@ -195,18 +224,20 @@ pub fn save_recording(app: &App, dir: &Path) -> String {
         }
     };
     let result = created.and_then(|mut w| {
-        for t in &app.session {
-            w.write_tick(t)?;
-        }
-        w.finish()
+        let unreadable = app.session.for_each(|t| w.write_tick(t))?;
+        w.finish()?;
+        Ok(unreadable + app.session.unstored())
     });
     match result {
-        Ok(()) => {
-            let note = if app.session_dropped {
-                " (the oldest ticks of this long session were not kept)"
+        Ok(lost) => {
+            let mut note = if app.session.dropped() {
+                " (the oldest ticks of this long session were not kept)".to_owned()
             } else {
-                ""
+                String::new()
             };
+            if lost > 0 {
+                note.push_str(&format!(" ({lost} ticks could not be kept)"));
+            }
             format!(
                 "saved {} ticks to {}{note}",
                 app.session.len(),

@@ -16,6 +16,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use super::messages::{AppEvent, FeedControl, FeedMsg, LOOKBACK, ReplayPosition, tick_time};
+use gpudiag_model::stats::{self, Counter};
 use gpudiag_telemetry::replay::{Pace, ReplayBackend};
 use gpudiag_telemetry::{Backend, BackendError};
 
@@ -161,13 +162,17 @@ impl Worker {
                 if self.next_due <= now {
                     self.next_due = now + self.interval;
                 }
+                let _timed = stats::Timed::start(Counter::Polls, Counter::PollNs);
                 match &mut self.driver {
                     Driver::Live(backend) => (backend.poll(), None),
                     Driver::Replay(_) => return true,
                 }
             }
             Driver::Replay(r) => {
-                let result = r.poll();
+                let result = {
+                    let _timed = stats::Timed::start(Counter::Polls, Counter::PollNs);
+                    r.poll()
+                };
                 (result, Some(position(r, speed)))
             }
         };

@@ -10,6 +10,7 @@ pub mod feed;
 pub mod format;
 pub mod messages;
 pub mod panels;
+pub mod session_log;
 pub mod terminal;
 pub mod theme;
 pub mod ui;
@@ -37,14 +38,15 @@ pub fn run_default(demo: bool, interval: Duration, config: &Config) -> Result<i3
     if demo {
         return run_replay_source(open_demo()?, DEMO_NAME.into(), interval, 1.0, None, config);
     }
+    // NVML reports only XIDs that happen while it listens; earlier ones are in the log, read
+    // meanwhile with the CUDA libraries.
+    let host_facts = crate::commands::host_facts::HostFacts::start();
     match open_live(interval) {
         Ok((driver, init)) => {
-            let libraries = Some(gpudiag_model::cuda_libraries::detect_libraries());
-            // NVML reports only XIDs that happen while it listens; earlier ones are in the log.
-            let kernel_xids = gpudiag_telemetry::kernel_log::read_xids(
-                &gpudiag_telemetry::kernel_log::KernelLogSource::from_env(),
-                "/proc".as_ref(),
-            );
+            crate::tick_stats::mark("source_opened");
+            let (kernel_xids, libraries) = host_facts.join();
+            let libraries = Some(libraries);
+            crate::tick_stats::mark("host_facts_read");
             let facts = SourceFacts {
                 libraries,
                 recorded: Vec::new(),

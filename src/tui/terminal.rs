@@ -2,7 +2,7 @@
 //! back on drop, on panic (before the previous hook prints, so the message lands on a sane
 //! screen) and, through the event loop, on SIGTERM. Restoring twice is harmless.
 
-use std::io::{Stdout, stdout};
+use std::io::{BufWriter, Stdout, Write, stdout};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crossterm::event::{DisableMouseCapture, EnableMouseCapture};
@@ -10,6 +10,7 @@ use crossterm::execute;
 use crossterm::terminal::{
     Clear, ClearType, EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
 };
+use gpudiag_model::stats::{self, Counter};
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
 
@@ -17,7 +18,26 @@ use ratatui::backend::CrosstermBackend;
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 
 pub struct TerminalGuard {
-    pub terminal: Terminal<CrosstermBackend<Stdout>>,
+    pub terminal: Terminal<CrosstermBackend<BufWriter<CountedStdout>>>,
+}
+
+/// One frame's worth of escapes, written in one go: stdout's own buffer is 1 KiB, which made a
+/// full redraw of a large terminal a few dozen write calls.
+const FRAME_BUFFER: usize = 64 << 10;
+
+/// Stdout, counting the bytes written to it under `GPUDIAG_TICK_STATS`.
+pub struct CountedStdout(Stdout);
+
+impl Write for CountedStdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.0.write(buf)?;
+        stats::add(Counter::TerminalBytes, n as u64);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
 }
 
 impl TerminalGuard {
@@ -37,6 +57,7 @@ impl TerminalGuard {
             restore();
             return Err(e);
         }
+        let out = BufWriter::with_capacity(FRAME_BUFFER, CountedStdout(out));
         let terminal = match Terminal::new(CrosstermBackend::new(out)) {
             Ok(t) => t,
             Err(e) => {

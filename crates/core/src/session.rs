@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use gpudiag_model::error::Error;
 use gpudiag_model::finding::Finding;
+use gpudiag_model::stats::{self, Counter};
 use gpudiag_model::topology::Topology;
 use gpudiag_telemetry::attribution::AttributionOptions;
 use gpudiag_telemetry::live::{self, LiveBackend, LiveOptions};
@@ -309,6 +310,7 @@ impl Pipeline {
 
     /// sanitise → history → rules → sink → latest values.
     pub fn push_into(&mut self, mut tick: Tick, sink: &mut dyn Sink) -> Result<(), Error> {
+        let _timed = stats::Timed::start(Counter::PipelinePushes, Counter::PipelineNs);
         self.sanitiser.apply(&mut tick);
         if let Some(t) = tick.samples.iter().map(|s| s.time_ms).max() {
             self.first_tick.get_or_insert(t);
@@ -565,7 +567,11 @@ pub fn read_once(
     pipeline: &mut Pipeline,
     sink: &mut dyn Sink,
 ) -> Result<Option<BackendError>, Error> {
-    match source.backend.poll() {
+    let polled = {
+        let _timed = stats::Timed::start(Counter::Polls, Counter::PollNs);
+        source.backend.poll()
+    };
+    match polled {
         Ok(t) => pipeline
             .push_into(source.selected.apply(t), sink)
             .map(|()| None),

@@ -44,14 +44,30 @@ pub fn run_with_deadline<T: Send + 'static>(
 /// Waits at most `bound` for a thread to finish and joins it; past the bound the thread is left
 /// behind (it may be inside a vendor call a sick driver holds) and `None` comes back.
 pub fn join_within<T>(handle: std::thread::JoinHandle<T>, bound: Duration) -> Option<T> {
-    let deadline = std::time::Instant::now() + bound;
-    while !handle.is_finished() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    if handle.is_finished() {
+    if wait_until(bound, || handle.is_finished()) {
         handle.join().ok()
     } else {
         None
+    }
+}
+
+/// Checks `done` until it holds or `bound` passes; true when it held. The pauses between checks
+/// start at 50 µs and double up to 5 ms: a thread told to stop usually ends within a
+/// millisecond, and a fixed 5 ms pause made every join at exit cost 5 ms (three of them in a
+/// single-read `check`, which is held to a wall time of tens of milliseconds).
+pub fn wait_until(bound: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + bound;
+    let mut pause = Duration::from_micros(50);
+    loop {
+        if done() {
+            return true;
+        }
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(5));
     }
 }
 
@@ -85,6 +101,19 @@ impl Watchdog {
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    #[test]
+    fn wait_until_returns_soon_after_the_condition_holds() {
+        let start = Instant::now();
+        let until = start + Duration::from_millis(3);
+        assert!(wait_until(Duration::from_secs(5), || Instant::now() >= until));
+        // Pauses double from 50 µs: the check after 3 ms comes well before a fixed 5 ms step.
+        assert!(start.elapsed() < Duration::from_secs(1));
+        let start = Instant::now();
+        assert!(!wait_until(Duration::from_millis(20), || false));
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(20) && waited < Duration::from_secs(2));
+    }
 
     #[test]
     fn join_within_joins_a_finished_thread_and_leaves_a_stuck_one() {

@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod printable;
 pub mod sample;
 pub mod schema;
+pub mod stats;
 pub mod topology;
 pub mod units;
 pub mod verdict;

@@ -224,24 +224,13 @@ pub fn run(opts: &Options) -> Result<ProbeReport, Error> {
             Duration::from_secs_f64(opts.suite.deadline_s),
             opts.stop.clone(),
         );
-        let engines = names.iter().any(|n| n == "matmul").then(Engines::open);
         for name in &names {
             let mut r = ProbeResult::new(name, *index);
             let start = Instant::now();
             r.param("suite", opts.suite_name.as_str());
             let outcome = match ctl.check() {
                 Err(e) => Err(e),
-                Ok(()) => run_one(
-                    &g,
-                    name,
-                    opts,
-                    model,
-                    engines.as_ref(),
-                    &nvml,
-                    *index,
-                    &ctl,
-                    &mut r,
-                ),
+                Ok(()) => run_one(&g, name, opts, model, &nvml, *index, &ctl, &mut r),
             };
             match outcome {
                 Ok(()) => {}
@@ -362,7 +351,6 @@ fn run_one(
     name: &str,
     opts: &Options,
     model: Option<&suite::ModelRef>,
-    engines: Option<&Engines>,
     nvml: &Option<Arc<Nvml>>,
     index: u32,
     ctl: &ProbeDeadline,
@@ -377,16 +365,11 @@ fn run_one(
         "latency" => latency::run(g, &s.latency, ctl, r),
         "bandwidth" => bandwidth::run(g, &s.bandwidth, budget, model, ctl, r),
         "matmul" => {
-            let fallback;
-            let engines = match engines {
-                Some(e) => e,
-                None => {
-                    fallback = Engines::open();
-                    &fallback
-                }
-            };
+            // cuBLASLt is loaded for the matmul alone and unloaded after it: the pages it
+            // touches would otherwise stay resident through the bandwidth and memory probes.
+            let engines = Engines::open();
             let tel = || RunTelemetry::start(nvml.clone(), index);
-            matmul::run(g, &s.matmul, budget, model, engines, &tel, ctl, r)
+            matmul::run(g, &s.matmul, budget, model, &engines, &tel, ctl, r)
         }
         "memory" => {
             let mem_budget = conditions::memory_budget(free, s.memory.share, s.memory.max_bytes);

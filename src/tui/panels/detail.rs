@@ -174,11 +174,12 @@ fn render_chart(
                 .iter()
                 .filter_map(|m| Some((m.series?, m.chart?.scale)))
                 .map(|(series, scale)| {
-                    app.pipeline
+                    let points = app
+                        .pipeline
                         .history
                         .series_in(device, series, window)
-                        .map(|(ts, v)| ((ts as f64 - end as f64) / 1000.0, scale.apply(v)))
-                        .collect()
+                        .map(|(ts, v)| ((ts as f64 - end as f64) / 1000.0, scale.apply(v)));
+                    thin(points, -window_s, dot_columns(area))
                 })
                 .collect()
         }
@@ -222,4 +223,125 @@ fn render_chart(
         .x_axis(Axis::default().bounds([-window_s, 0.0]))
         .y_axis(Axis::default().bounds([0.0, y_max]));
     f.render_widget(chart, area);
+}
+
+/// Braille dots across a chart's plot: two per cell inside the border. A generous bound (the
+/// axes take none here, having no labels).
+fn dot_columns(area: Rect) -> usize {
+    usize::from(area.width.saturating_sub(2)).max(1) * 2
+}
+
+/// The points of one series as the chart can show them: in each of `columns` dot columns
+/// across `[x_min, 0]`, the first, the lowest, the highest and the last point, in the order
+/// they came, so the line enters and leaves each column where it did and spikes and dips
+/// survive, while a 10 Hz series over an hour draws a few hundred segments instead of
+/// thousands. Series with no more points than that pass through as they are.
+fn thin(points: impl Iterator<Item = (f64, f64)>, x_min: f64, columns: usize) -> Vec<(f64, f64)> {
+    let points: Vec<(f64, f64)> = points.collect();
+    if points.len() <= 4 * columns {
+        return points;
+    }
+    let span = -x_min;
+    let mut out: Vec<(f64, f64)> = Vec::new();
+    let mut current: Option<(usize, ColumnPoints)> = None;
+    for p in points.iter().copied() {
+        let col = if span > 0.0 {
+            (((p.0 - x_min) / span) * columns as f64).clamp(0.0, (columns - 1) as f64) as usize
+        } else {
+            0
+        };
+        match &mut current {
+            Some((c, column)) if *c == col => column.add(p),
+            _ => {
+                if let Some((_, column)) = current.take() {
+                    column.emit(&mut out);
+                }
+                current = Some((col, ColumnPoints::new(p)));
+            }
+        }
+    }
+    if let Some((_, column)) = current {
+        column.emit(&mut out);
+    }
+    out
+}
+
+/// The points of one dot column that `thin` keeps.
+struct ColumnPoints {
+    first: (f64, f64),
+    low: (f64, f64),
+    high: (f64, f64),
+    last: (f64, f64),
+}
+
+impl ColumnPoints {
+    fn new(p: (f64, f64)) -> Self {
+        ColumnPoints {
+            first: p,
+            low: p,
+            high: p,
+            last: p,
+        }
+    }
+
+    fn add(&mut self, p: (f64, f64)) {
+        if p.1 < self.low.1 {
+            self.low = p;
+        }
+        if p.1 > self.high.1 {
+            self.high = p;
+        }
+        self.last = p;
+    }
+
+    fn emit(self, out: &mut Vec<(f64, f64)>) {
+        let (a, b) = if self.low.0 <= self.high.0 {
+            (self.low, self.high)
+        } else {
+            (self.high, self.low)
+        };
+        for p in [self.first, a, b, self.last] {
+            if out.last() != Some(&p) {
+                out.push(p);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thinning_keeps_each_columns_extremes_in_order() {
+        // 3600 points over an hour, one spike and one dip, into 100 columns.
+        let points: Vec<(f64, f64)> = (0..3600)
+            .map(|i| {
+                let x = -3600.0 + f64::from(i);
+                let y = match i {
+                    1000 => 100.0,
+                    2000 => -5.0,
+                    _ => 50.0,
+                };
+                (x, y)
+            })
+            .collect();
+        let thinned = thin(points.iter().copied(), -3600.0, 100);
+        assert!(thinned.len() <= 400, "{}", thinned.len());
+        assert_eq!(thinned.last(), points.last());
+        assert!(thinned.contains(&(-2600.0, 100.0)));
+        assert!(thinned.contains(&(-1600.0, -5.0)));
+        assert!(
+            thinned.windows(2).all(|w| w[0].0 <= w[1].0),
+            "time order kept"
+        );
+        assert_eq!(thinned.first(), points.first());
+    }
+
+    #[test]
+    fn short_series_pass_through() {
+        let points = [(-50.0, 1.0), (-30.0, 2.0), (-10.0, 3.0)];
+        assert_eq!(thin(points.iter().copied(), -60.0, 100), points.to_vec());
+        assert!(thin(std::iter::empty(), -60.0, 100).is_empty());
+    }
 }

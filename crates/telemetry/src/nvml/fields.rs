@@ -3,6 +3,7 @@
 //! tested without a GPU.
 
 use gpudiag_model::decode::throttle_reason_names;
+use gpudiag_model::stats::{self, Counter};
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::device::Device;
 use nvml_wrapper::enum_wrappers::device::{Clock, PerformanceState, TemperatureSensor};
@@ -58,12 +59,17 @@ const STATIC_FIELDS: &[&str] = &[
     "pcie_width_max",
 ];
 
+/// Counts one fast-poll driver call (`GPUDIAG_TICK_STATS`).
+fn fast<T>(result: T) -> T {
+    stats::call(Counter::NvmlFastCalls, result)
+}
+
 pub(super) fn read_fast(dev: &Device<'_>, s: &mut Sample) {
     let mut ab = std::mem::take(&mut s.absent);
     let a = &mut ab;
 
     let util = read_many(
-        dev.utilization_rates(),
+        fast(dev.utilization_rates()),
         &["gpu_util_pct", "mem_util_pct"],
         a,
     );
@@ -73,7 +79,7 @@ pub(super) fn read_fast(dev: &Device<'_>, s: &mut Sample) {
     // The wrapper's memory_info() is nvmlDeviceGetMemoryInfo_v2, whose `used` excludes the
     // driver-reserved memory (as nvidia-smi shows it).
     let mem = read_many(
-        dev.memory_info(),
+        fast(dev.memory_info()),
         &["mem_used_bytes", "mem_free_bytes", "mem_total_bytes"],
         a,
     );
@@ -81,17 +87,22 @@ pub(super) fn read_fast(dev: &Device<'_>, s: &mut Sample) {
     s.mem_free_bytes = mem.as_ref().map(|m| m.free);
     s.mem_total_bytes = mem.map(|m| m.total);
 
-    s.power_w = read(dev.power_usage(), "power_w", a).map(mw_to_w);
-    s.power_limit_w = read(dev.enforced_power_limit(), "power_limit_w", a).map(mw_to_w);
-    s.temp_gpu_c = read(dev.temperature(TemperatureSensor::Gpu), "temp_gpu_c", a).map(f64::from);
-    s.sm_clock_mhz = read(dev.clock_info(Clock::SM), "sm_clock_mhz", a);
-    s.mem_clock_mhz = read(dev.clock_info(Clock::Memory), "mem_clock_mhz", a);
-    s.pstate = read_with(dev.performance_state(), "pstate", a, |p| {
+    s.power_w = read(fast(dev.power_usage()), "power_w", a).map(mw_to_w);
+    s.power_limit_w = read(fast(dev.enforced_power_limit()), "power_limit_w", a).map(mw_to_w);
+    s.temp_gpu_c = read(
+        fast(dev.temperature(TemperatureSensor::Gpu)),
+        "temp_gpu_c",
+        a,
+    )
+    .map(f64::from);
+    s.sm_clock_mhz = read(fast(dev.clock_info(Clock::SM)), "sm_clock_mhz", a);
+    s.mem_clock_mhz = read(fast(dev.clock_info(Clock::Memory)), "mem_clock_mhz", a);
+    s.pstate = read_with(fast(dev.performance_state()), "pstate", a, |p| {
         pstate_index(p).ok_or_else(|| Absent::Error("performance state unknown".into()))
     });
 
     let bits = read_many(
-        throttle_bits(dev.current_throttle_reasons_strict()),
+        throttle_bits(fast(dev.current_throttle_reasons_strict())),
         &["throttle_reasons", "throttle_reason_names"],
         a,
     );
@@ -99,21 +110,21 @@ pub(super) fn read_fast(dev: &Device<'_>, s: &mut Sample) {
     s.throttle_reason_names = bits.map(throttle_reason_names);
 
     // Fan 0 only. Fanless (SXM) parts answer InvalidArg for it: see `fan_absent`.
-    s.fan_pct = match dev.fan_speed(0) {
+    s.fan_pct = match fast(dev.fan_speed(0)) {
         Ok(pct) => Some(f64::from(pct)),
         Err(e) => {
             a.insert("fan_pct".into(), fan_absent(&e));
             None
         }
     };
-    s.encoder_util_pct =
-        read(dev.encoder_utilization(), "encoder_util_pct", a).map(|u| f64::from(u.utilization));
-    s.decoder_util_pct =
-        read(dev.decoder_utilization(), "decoder_util_pct", a).map(|u| f64::from(u.utilization));
+    s.encoder_util_pct = read(fast(dev.encoder_utilization()), "encoder_util_pct", a)
+        .map(|u| f64::from(u.utilization));
+    s.decoder_util_pct = read(fast(dev.decoder_utilization()), "decoder_util_pct", a)
+        .map(|u| f64::from(u.utilization));
 
     // One driver round trip for the counters.
     let ids: Vec<FieldId> = BatchField::ALL.map(|f| FieldId(f.id())).into();
-    apply_field_values(s, a, dev.field_values_for(&ids));
+    apply_field_values(s, a, fast(dev.field_values_for(&ids)));
 
     s.absent = ab;
 }

@@ -22,6 +22,7 @@ use nvml_wrapper_sys::bindings::nvmlGpmSample_t;
 
 use super::{absent_from, mark_absent};
 use crate::{Absent, PROFILING_FIELDS, Sample};
+use gpudiag_model::stats::{self, CallGroup, Counter};
 
 /// GPM refuses intervals shorter than this (NVML's documentation asks for at least 100 ms).
 pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
@@ -112,6 +113,8 @@ impl GpmDevice {
     }
 
     fn sample(&mut self, nvml: &Nvml, dev: &Device, now: Instant) {
+        stats::add(Counter::GpmSamples, 1);
+        let _timed = stats::GroupTimer::start(CallGroup::Gpm);
         let taken: Result<Vec<GpmSample<'_>>, NvmlError> = match &self.source {
             Source::Instances(gis) => gis.iter().map(|(gi, _)| dev.gpm_mig_sample(*gi)).collect(),
             _ => dev.gpm_sample().map(|s| vec![s]),

@@ -56,6 +56,7 @@ use super::{
 use crate::attribution::{AttributionOptions, Attributor, GpuKeys};
 use fields::{FAST_FIELDS, read_fast};
 use gpudiag_model::deadline::{DeadlineError, run_with_deadline};
+use gpudiag_model::stats::{self, CallGroup, Counter};
 use slow::{
     DeviceSlot, SLOW_FIELDS, SlowControl, SlowShared, read_slow, start_slow_reader, stuck_limit,
 };
@@ -237,9 +238,11 @@ fn sample_device(
         mark_absent(&mut sample.absent, PROFILING_FIELDS, &Absent::GpuLost);
     } else {
         // One handle for the fast fields and the profiling counters: this runs every tick.
-        match nvml.device_by_index(info.index) {
+        let fast_timer = stats::GroupTimer::start(CallGroup::FastFields);
+        match stats::call(Counter::NvmlFastCalls, nvml.device_by_index(info.index)) {
             Ok(dev) => {
                 read_fast(&dev, &mut sample);
+                drop(fast_timer);
                 gpm.read(nvml, &dev, info.mig_enabled == Some(true), &mut sample);
             }
             Err(e) => {
@@ -266,10 +269,9 @@ impl Drop for NvmlBackend {
         }
         lock(&self.slow.control).stop = true;
         self.slow.wake.notify_all();
-        let deadline = Instant::now() + Duration::from_secs(1);
-        while Arc::strong_count(&self.nvml) > 1 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        gpudiag_model::deadline::wait_until(Duration::from_secs(1), || {
+            Arc::strong_count(&self.nvml) <= 1
+        });
     }
 }
 

@@ -22,6 +22,7 @@ use super::{absent_from, lock};
 use crate::attribution::{Attributor, GpuKeys, gpu_pods_field};
 use crate::{Absent, AbsentMap, ProcessSample, Sample, sanity};
 use gpudiag_model::attribution::PodAllocation;
+use gpudiag_model::stats::{self, CallGroup, Counter};
 
 /// How often slow fields are read unless `set_slow_interval` says otherwise.
 pub const DEFAULT_SLOW_INTERVAL: Duration = Duration::from_secs(1);
@@ -273,6 +274,11 @@ fn run_rounds(slot: &DeviceSlot, shared: &SlowShared, mut read: impl FnMut(&Devi
     }
 }
 
+/// Counts one slow-round driver call (`GPUDIAG_TICK_STATS`).
+fn slow<T>(result: T) -> T {
+    stats::call(Counter::NvmlSlowCalls, result)
+}
+
 /// One slow round for one device, published in stages from cheapest to dearest so that a
 /// reader waiting for the first round gets the counters and link state in a few milliseconds
 /// and only the PCIe throughput (two ~20 ms calls) last. `util_since` is the newest
@@ -286,18 +292,24 @@ pub(super) fn read_slow(
     util_since: &mut Option<u64>,
     slot: &DeviceSlot,
 ) {
-    let dev = match nvml.device_by_index(gpu.index) {
+    let _timed = stats::Timed::start(Counter::SlowRounds, Counter::SlowRoundNs);
+    let dev = match slow(nvml.device_by_index(gpu.index)) {
         Ok(dev) => dev,
         Err(e) => {
             *lock(&slot.latest) = SlowReading::all(absent_from(&e));
             return;
         }
     };
-    let energy = dev.total_energy_consumption();
-    let link_gen = dev.current_pcie_link_gen();
-    let link_width = dev.current_pcie_link_width();
-    let replays = dev.pcie_replay_counter();
-    let clock_events = read_clock_events(&dev);
+    let counters = stats::GroupTimer::start(CallGroup::SlowCounters);
+    let energy = slow(dev.total_energy_consumption());
+    let link_gen = slow(dev.current_pcie_link_gen());
+    let link_width = slow(dev.current_pcie_link_width());
+    let replays = slow(dev.pcie_replay_counter());
+    drop(counters);
+    let clock_events = {
+        let _timed = stats::GroupTimer::start(CallGroup::SlowClockEvents);
+        slow(read_clock_events(&dev))
+    };
     {
         let mut latest = lock(&slot.latest);
         latest.energy_j = energy.map(mj_to_j).map_err(|e| absent_from(&e));
@@ -307,15 +319,23 @@ pub(super) fn read_slow(
         latest.clock_events = clock_events;
     }
     let gpu_pods = attributor.gpu_pods(gpu);
-    let processes = read_processes(nvml, &dev, util_since, attributor, &gpu_pods);
+    // The driver's compute and graphics lists, then /proc for each process listed.
+    stats::add(Counter::ProcessListReads, 1);
+    stats::add(Counter::NvmlSlowCalls, 2);
+    let processes = {
+        let _timed = stats::GroupTimer::start(CallGroup::SlowProcesses);
+        read_processes(nvml, &dev, util_since, attributor, &gpu_pods)
+    };
     {
         let mut latest = lock(&slot.latest);
         latest.processes = processes;
         latest.gpu_pods = gpu_pods_field(&gpu_pods);
     }
     // Each of these blocks ~20 ms: NVML samples the PCIe counters over that window.
-    let rx = dev.pcie_throughput(PcieUtilCounter::Receive);
-    let tx = dev.pcie_throughput(PcieUtilCounter::Send);
+    let pcie = stats::GroupTimer::start(CallGroup::SlowPcieThroughput);
+    let rx = slow(dev.pcie_throughput(PcieUtilCounter::Receive));
+    let tx = slow(dev.pcie_throughput(PcieUtilCounter::Send));
+    drop(pcie);
     let mut latest = lock(&slot.latest);
     latest.pcie_rx_bytes_per_s = rx.map(kb_per_s_to_bytes).map_err(|e| absent_from(&e));
     latest.pcie_tx_bytes_per_s = tx.map(kb_per_s_to_bytes).map_err(|e| absent_from(&e));

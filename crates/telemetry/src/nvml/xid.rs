@@ -19,13 +19,29 @@ use nvml_wrapper::event::EventSet;
 use super::lock;
 use super::slow::SlowShared;
 use crate::{DeviceInfo, Event, EventKind, now_ms};
+use gpudiag_model::stats::{self, CallGroup, Counter};
 
 /// How long one wait on the event set may block; bounds how late the thread notices a stop.
+/// Short while the backend is young, so a `check` of a second or two exits promptly; then
+/// longer, since every return is a driver call and a monitor left running for hours would
+/// otherwise make ten a second for nothing.
 const EVENT_WAIT_MS: u32 = 100;
+const EVENT_WAIT_LONG_MS: u32 = 500;
+/// How long the thread waits in short slices before the long ones.
+const SHORT_WAITS_FOR: Duration = Duration::from_secs(5);
+
+/// The wait slice for a thread that started `running` ago.
+fn wait_slice_ms(running: Duration) -> u32 {
+    if running < SHORT_WAITS_FOR {
+        EVENT_WAIT_MS
+    } else {
+        EVENT_WAIT_LONG_MS
+    }
+}
 /// Pause after a failed wait, so a persistent failure does not spin.
 const FAILED_WAIT_PAUSE: Duration = Duration::from_secs(5);
 /// Silence from the event thread past which it counts as stuck in NVML: well above one wait
-/// (100 ms) and the pause after a failed one.
+/// (500 ms at most) and the pause after a failed one.
 pub(super) const EVENT_STUCK_AFTER: Duration = Duration::from_secs(10);
 
 /// When a background thread last came back from the driver; `None` while it is not running
@@ -180,8 +196,13 @@ fn event_loop(
         return;
     };
     let mut failed_before = false;
+    let started = Instant::now();
     while !shared.stopped() {
-        let waited = set.wait(EVENT_WAIT_MS);
+        let waited = {
+            let _timed = stats::GroupTimer::start(CallGroup::XidWait);
+            set.wait(wait_slice_ms(started.elapsed()))
+        };
+        stats::add(Counter::EventWaits, 1);
         beat.beat();
         match waited {
             Ok(data) => {
@@ -229,7 +250,17 @@ mod tests {
         assert!(stuck > limit, "{stuck:?}");
         beat.stopped();
         assert_eq!(beat.stuck_for(later, limit), None, "ended on purpose");
-        assert!(FAILED_WAIT_PAUSE + Duration::from_millis(u64::from(EVENT_WAIT_MS)) < limit);
+        assert!(FAILED_WAIT_PAUSE + Duration::from_millis(u64::from(EVENT_WAIT_LONG_MS)) < limit);
+    }
+
+    #[test]
+    fn waits_are_short_at_first_then_long() {
+        assert_eq!(wait_slice_ms(Duration::ZERO), EVENT_WAIT_MS);
+        assert_eq!(wait_slice_ms(Duration::from_secs(2)), EVENT_WAIT_MS);
+        assert_eq!(wait_slice_ms(SHORT_WAITS_FOR), EVENT_WAIT_LONG_MS);
+        assert_eq!(wait_slice_ms(Duration::from_secs(3600)), EVENT_WAIT_LONG_MS);
+        // The backend's drop waits up to a second for its threads: a long slice still fits.
+        const { assert!(EVENT_WAIT_LONG_MS < 1000) };
     }
 
     #[test]
