@@ -100,8 +100,46 @@ pub fn mark(name: &str) {
         "cpu_user_s": user,
         "cpu_system_s": system,
         "rss_kb": status_kb("VmRSS:"),
+        "rss_kb_by_mapping": rss_by_mapping(),
         "counters": counters_json(),
     }));
+}
+
+/// Resident kB per mapped file (anonymous memory as `[anon]`, heap, stacks by name) from
+/// `/proc/self/smaps`, largest first: which library or part of the binary the RSS is.
+fn rss_by_mapping() -> serde_json::Value {
+    let Ok(text) = std::fs::read_to_string("/proc/self/smaps") else {
+        return serde_json::Value::Null;
+    };
+    let mut by_name: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        if let Some(kb) = line.strip_prefix("Rss:") {
+            let kb: u64 = kb
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            *by_name.entry(current.clone()).or_default() += kb;
+        } else if line
+            .split_whitespace()
+            .next()
+            .is_some_and(|f| f.contains('-'))
+        {
+            // A mapping header: "start-end perms offset dev inode [path]".
+            let path = line.split_whitespace().nth(5).unwrap_or("[anon]");
+            current = path.rsplit('/').next().unwrap_or(path).to_owned();
+        }
+    }
+    let mut sorted: Vec<(String, u64)> = by_name.into_iter().filter(|(_, kb)| *kb > 0).collect();
+    sorted.sort_by_key(|m| std::cmp::Reverse(m.1));
+    serde_json::Value::Object(
+        sorted
+            .into_iter()
+            .take(12)
+            .map(|(n, kb)| (n, serde_json::json!(kb)))
+            .collect(),
+    )
 }
 
 /// Takes each live thread's CPU time now, before the UI stops its threads.

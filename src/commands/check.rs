@@ -73,6 +73,12 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         // Asked after the poll: the backend reads it on its own thread meanwhile.
         let topology = source.topology();
         tick_stats::mark("topology_read");
+        // The driver's teardown (nvmlShutdown, a few ms) is nothing the report needs: it runs on
+        // its own thread, which the process's exit ends. Should the thread not start, the
+        // closure and the source are dropped here instead.
+        let _ = std::thread::Builder::new()
+            .name("gpudiag-teardown".into())
+            .spawn(move || drop(source));
         (failure, topology, None)
     } else {
         let topology = source.topology();

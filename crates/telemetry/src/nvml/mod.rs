@@ -44,10 +44,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureThreshold};
 use nvml_wrapper::enums::device::DeviceArchitecture;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
 
 use super::{
     Absent, AbsentMap, Backend, BackendError, ComputeCapability, DeviceInfo, Event, EventKind,
@@ -84,8 +84,38 @@ pub struct NvmlBackend {
     topology: Mutex<TopologyRead>,
     /// Profiling counters, one per device, same order as `devices`.
     gpm: Vec<gpm::GpmDevice>,
+    /// Each device's NVML handle once looked up, same order as `devices`.
+    handles: Vec<Option<RawDevice>>,
     /// Whose each process is (Slurm job, pod), shared by the slow readers.
     attributor: Arc<Attributor>,
+}
+
+/// A device handle kept between polls: looking one up by index costs more driver time than
+/// the whole fast poll it serves. NVML handles stay valid until `nvmlShutdown`; a GPU that
+/// falls off the bus answers through its old handle with "GPU lost".
+#[derive(Clone, Copy)]
+pub(super) struct RawDevice(nvml_wrapper_sys::bindings::nvmlDevice_t);
+
+// SAFETY: an NVML device handle is an opaque token with no thread affinity (nvml-wrapper marks
+// `Device` Send and Sync); the backend hands it only to calls on the `Nvml` it came from.
+unsafe impl Send for RawDevice {}
+
+impl RawDevice {
+    /// The handle of device `index`, looked up once into `cache`.
+    pub(super) fn get<'n>(
+        nvml: &'n Nvml,
+        index: u32,
+        cache: &mut Option<RawDevice>,
+    ) -> Result<Device<'n>, NvmlError> {
+        if let Some(raw) = *cache {
+            // SAFETY: `raw` came from `device_by_index` on this same `nvml`, which is alive.
+            return Ok(unsafe { Device::new(raw.0, nvml) });
+        }
+        let dev = nvml.device_by_index(index)?;
+        // SAFETY: reading the raw handle of a live device.
+        *cache = Some(RawDevice(unsafe { dev.handle() }));
+        Ok(dev)
+    }
 }
 
 /// The topology is read on its own thread from the moment the backend opens, so its NVML calls
@@ -198,8 +228,10 @@ impl NvmlBackend {
             .iter()
             .map(|_| gpm::GpmDevice::new())
             .collect();
+        let handles = vec![None; opened.devices.len()];
         Ok(NvmlBackend {
             gpm,
+            handles,
             nvml,
             host: opened.host,
             devices: opened.devices,
@@ -228,6 +260,7 @@ fn sample_device(
     info: &DeviceInfo,
     slot: &DeviceSlot,
     gpm: &mut gpm::GpmDevice,
+    handle: &mut Option<RawDevice>,
     time_ms: u64,
     stuck_after: Duration,
 ) -> Sample {
@@ -239,7 +272,10 @@ fn sample_device(
     } else {
         // One handle for the fast fields and the profiling counters: this runs every tick.
         let fast_timer = stats::GroupTimer::start(CallGroup::FastFields);
-        match stats::call(Counter::NvmlFastCalls, nvml.device_by_index(info.index)) {
+        match stats::call(
+            Counter::NvmlFastCalls,
+            RawDevice::get(nvml, info.index, handle),
+        ) {
             Ok(dev) => {
                 read_fast(&dev, &mut sample);
                 drop(fast_timer);
@@ -313,15 +349,16 @@ impl Backend for NvmlBackend {
         let mut tick = super::Tick::default();
         tick.events.append(&mut lock(&self.events));
         if self.slow_fields == SlowFields::InPoll {
-            for ((info, slot), since) in self
+            for (((info, slot), since), handle) in self
                 .devices
                 .iter()
                 .zip(&self.slots)
                 .zip(&mut self.util_since)
+                .zip(&mut self.handles)
             {
                 if !slot.lost.load(Ordering::Relaxed) {
                     let gpu = GpuKeys::of(info);
-                    read_slow(&self.nvml, &gpu, &self.attributor, since, slot);
+                    read_slow(&self.nvml, &gpu, &self.attributor, since, handle, slot);
                     slot.finish_round();
                 }
             }
@@ -337,9 +374,15 @@ impl Backend for NvmlBackend {
             }
         }
         let stuck_after = stuck_limit(self.slow_interval());
-        for ((info, slot), gpm) in self.devices.iter().zip(&self.slots).zip(&mut self.gpm) {
+        for (((info, slot), gpm), handle) in self
+            .devices
+            .iter()
+            .zip(&self.slots)
+            .zip(&mut self.gpm)
+            .zip(&mut self.handles)
+        {
             let was_lost = slot.lost.load(Ordering::Relaxed);
-            let sample = sample_device(&self.nvml, info, slot, gpm, time_ms, stuck_after);
+            let sample = sample_device(&self.nvml, info, slot, gpm, handle, time_ms, stuck_after);
             if !was_lost && sample.absent.values().any(|a| *a == Absent::GpuLost) {
                 slot.lost.store(true, Ordering::Relaxed);
                 tick.events.push(Event {

@@ -18,11 +18,20 @@ use nvml_wrapper::enum_wrappers::device::PcieUtilCounter;
 
 use super::fields::{kb_per_s_to_bytes, mj_to_j, put_clock_events, read_clock_events};
 use super::processes::read_processes;
-use super::{absent_from, lock};
+use super::{RawDevice, absent_from, lock};
 use crate::attribution::{Attributor, GpuKeys, gpu_pods_field};
 use crate::{Absent, AbsentMap, ProcessSample, Sample, sanity};
 use gpudiag_model::attribution::PodAllocation;
 use gpudiag_model::stats::{self, CallGroup, Counter};
+
+/// The slow counters (link state, replays, clock-event durations) are read every this many
+/// slow rounds: every 5 s at the default cadence.
+pub const COUNTER_ROUNDS: u64 = 5;
+/// The energy counter, every this many rounds (30 s at the default cadence, dcgm-exporter's
+/// default collection interval).
+pub const ENERGY_ROUNDS: u64 = 30;
+/// The PCIe throughput, every this many rounds (2 s at the default cadence).
+pub const PCIE_ROUNDS: u64 = 2;
 
 /// How often slow fields are read unless `set_slow_interval` says otherwise.
 pub const DEFAULT_SLOW_INTERVAL: Duration = Duration::from_secs(1);
@@ -254,8 +263,9 @@ fn slow_loop(
     shared: &SlowShared,
 ) {
     let mut util_since = None;
+    let mut handle = None;
     run_rounds(slot, shared, |slot| {
-        read_slow(nvml, gpu, attributor, &mut util_since, slot)
+        read_slow(nvml, gpu, attributor, &mut util_since, &mut handle, slot)
     });
 }
 
@@ -281,7 +291,7 @@ fn slow<T>(result: T) -> T {
 
 /// One slow round for one device, published in stages from cheapest to dearest so that a
 /// reader waiting for the first round gets the counters and link state in a few milliseconds
-/// and only the PCIe throughput (two ~20 ms calls) last. `util_since` is the newest
+/// and the PCIe throughput (two ~20 ms calls, read in parallel) last. `util_since` is the newest
 /// per-process utilisation sample seen so far (NVML's CPU timestamp, µs), so each round
 /// averages only new samples. The pods holding the GPU come from the kubelet's cached answer
 /// (asked at most once per cache period, under its own deadline).
@@ -290,55 +300,106 @@ pub(super) fn read_slow(
     gpu: &GpuKeys,
     attributor: &Attributor,
     util_since: &mut Option<u64>,
+    handle: &mut Option<RawDevice>,
     slot: &DeviceSlot,
 ) {
     let _timed = stats::Timed::start(Counter::SlowRounds, Counter::SlowRoundNs);
-    let dev = match slow(nvml.device_by_index(gpu.index)) {
+    let dev = match slow(RawDevice::get(nvml, gpu.index, handle)) {
         Ok(dev) => dev,
         Err(e) => {
             *lock(&slot.latest) = SlowReading::all(absent_from(&e));
             return;
         }
     };
-    let counters = stats::GroupTimer::start(CallGroup::SlowCounters);
-    let energy = slow(dev.total_energy_consumption());
-    let link_gen = slow(dev.current_pcie_link_gen());
-    let link_width = slow(dev.current_pcie_link_width());
-    let replays = slow(dev.pcie_replay_counter());
-    drop(counters);
-    let clock_events = {
-        let _timed = stats::GroupTimer::start(CallGroup::SlowClockEvents);
-        slow(read_clock_events(&dev))
-    };
-    {
+    let round = *lock(&slot.rounds);
+    // Each PCIe throughput call blocks ~20 ms while NVML samples the counters (and costs
+    // about 1 ms of CPU): both run on their own threads from the start of the round, so a
+    // round lasts one such window (about 21 ms on an H200, against 42 ms one after the other)
+    // and the cheap reads below happen meanwhile. Read every PCIE_ROUNDS-th round. A single
+    // read (`check --window 0`) is round 0 and waits for all of it.
+    let pcie_due = round.is_multiple_of(PCIE_ROUNDS);
+    std::thread::scope(|scope| {
+        let pcie = |counter| {
+            let dev = &dev;
+            move || {
+                let _timed = stats::GroupTimer::start(CallGroup::SlowPcieThroughput);
+                slow(dev.pcie_throughput(counter))
+            }
+        };
+        let spawn = |name: &str, counter| {
+            pcie_due.then(|| {
+                std::thread::Builder::new()
+                    .name(name.into())
+                    .spawn_scoped(scope, pcie(counter))
+            })
+        };
+        let rx = spawn("gpudiag-pcie-rx", PcieUtilCounter::Receive);
+        let tx = spawn("gpudiag-pcie-tx", PcieUtilCounter::Send);
+
+        // The link state, replay counter and clock-event durations change slowly or only add
+        // up, and the rules judge them over minutes: read every COUNTER_ROUNDS-th round. The
+        // energy counter costs about 4 ms of CPU a read on an H200 (all the rest of a round
+        // about 0.3 ms): every ENERGY_ROUNDS-th. In between the slot keeps their last values.
+        if round.is_multiple_of(ENERGY_ROUNDS) {
+            let energy = {
+                let _timed = stats::GroupTimer::start(CallGroup::SlowCounters);
+                slow(dev.total_energy_consumption())
+            };
+            lock(&slot.latest).energy_j = energy.map(mj_to_j).map_err(|e| absent_from(&e));
+        }
+        if round.is_multiple_of(COUNTER_ROUNDS) {
+            let counters = stats::GroupTimer::start(CallGroup::SlowCounters);
+            let link_gen = slow(dev.current_pcie_link_gen());
+            let link_width = slow(dev.current_pcie_link_width());
+            let replays = slow(dev.pcie_replay_counter());
+            drop(counters);
+            let clock_events = {
+                let _timed = stats::GroupTimer::start(CallGroup::SlowClockEvents);
+                slow(read_clock_events(&dev))
+            };
+            let mut latest = lock(&slot.latest);
+            latest.pcie_gen = link_gen.map_err(|e| absent_from(&e));
+            latest.pcie_width = link_width.map_err(|e| absent_from(&e));
+            latest.pcie_replay_count = replays.map(u64::from).map_err(|e| absent_from(&e));
+            latest.clock_events = clock_events;
+        }
+        let gpu_pods = attributor.gpu_pods(gpu);
+        // The driver's compute and graphics lists, then /proc for each process listed.
+        stats::add(Counter::ProcessListReads, 1);
+        stats::add(Counter::NvmlSlowCalls, 2);
+        let processes = {
+            let _timed = stats::GroupTimer::start(CallGroup::SlowProcesses);
+            read_processes(nvml, &dev, util_since, attributor, &gpu_pods)
+        };
+        {
+            let mut latest = lock(&slot.latest);
+            latest.processes = processes;
+            latest.gpu_pods = gpu_pods_field(&gpu_pods);
+        }
+        if !pcie_due {
+            return;
+        }
+        // A thread that could not start reads on this one instead.
+        let finish = |handle: Option<std::io::Result<std::thread::ScopedJoinHandle<'_, _>>>,
+                      counter| {
+            match handle {
+                Some(Ok(h)) => h.join().ok(),
+                _ => Some(pcie(counter)()),
+            }
+        };
+        let rx = finish(rx, PcieUtilCounter::Receive);
+        let tx = finish(tx, PcieUtilCounter::Send);
+        let unread = || Absent::Error("the PCIe throughput read did not finish".into());
         let mut latest = lock(&slot.latest);
-        latest.energy_j = energy.map(mj_to_j).map_err(|e| absent_from(&e));
-        latest.pcie_gen = link_gen.map_err(|e| absent_from(&e));
-        latest.pcie_width = link_width.map_err(|e| absent_from(&e));
-        latest.pcie_replay_count = replays.map(u64::from).map_err(|e| absent_from(&e));
-        latest.clock_events = clock_events;
-    }
-    let gpu_pods = attributor.gpu_pods(gpu);
-    // The driver's compute and graphics lists, then /proc for each process listed.
-    stats::add(Counter::ProcessListReads, 1);
-    stats::add(Counter::NvmlSlowCalls, 2);
-    let processes = {
-        let _timed = stats::GroupTimer::start(CallGroup::SlowProcesses);
-        read_processes(nvml, &dev, util_since, attributor, &gpu_pods)
-    };
-    {
-        let mut latest = lock(&slot.latest);
-        latest.processes = processes;
-        latest.gpu_pods = gpu_pods_field(&gpu_pods);
-    }
-    // Each of these blocks ~20 ms: NVML samples the PCIe counters over that window.
-    let pcie = stats::GroupTimer::start(CallGroup::SlowPcieThroughput);
-    let rx = slow(dev.pcie_throughput(PcieUtilCounter::Receive));
-    let tx = slow(dev.pcie_throughput(PcieUtilCounter::Send));
-    drop(pcie);
-    let mut latest = lock(&slot.latest);
-    latest.pcie_rx_bytes_per_s = rx.map(kb_per_s_to_bytes).map_err(|e| absent_from(&e));
-    latest.pcie_tx_bytes_per_s = tx.map(kb_per_s_to_bytes).map_err(|e| absent_from(&e));
+        latest.pcie_rx_bytes_per_s = match rx {
+            Some(r) => r.map(kb_per_s_to_bytes).map_err(|e| absent_from(&e)),
+            None => Err(unread()),
+        };
+        latest.pcie_tx_bytes_per_s = match tx {
+            Some(r) => r.map(kb_per_s_to_bytes).map_err(|e| absent_from(&e)),
+            None => Err(unread()),
+        };
+    });
 }
 
 #[cfg(test)]
