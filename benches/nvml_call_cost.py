@@ -28,6 +28,7 @@ def main():
     h = N.nvmlDeviceGetHandleByIndex(0)
     print("| call | CPU µs per call | wall µs per call |\n|---|---|---|")
     for label, fn in [
+        ("device handle by index", lambda: N.nvmlDeviceGetHandleByIndex(0)),
         ("utilization_rates", lambda: N.nvmlDeviceGetUtilizationRates(h)),
         ("memory_info", lambda: N.nvmlDeviceGetMemoryInfo(h)),
         ("power_usage", lambda: N.nvmlDeviceGetPowerUsage(h)),
