@@ -184,10 +184,14 @@ fn device_lines(
             t.warn(),
         ));
     }
+    // The profiling counters' PCIe rates cover the whole interval between two samples, NVML's
+    // throughput a 20 ms window read every few seconds: the first where the GPU has them.
+    let rx = s.and_then(|s| s.prof_pcie_rx_bytes_per_s.or(s.pcie_rx_bytes_per_s));
+    let tx = s.and_then(|s| s.prof_pcie_tx_bytes_per_s.or(s.pcie_tx_bytes_per_s));
     spans.push(Span::raw(format!(
         " rx {} tx {}",
-        format::rate(s.and_then(|s| s.pcie_rx_bytes_per_s)),
-        format::rate(s.and_then(|s| s.pcie_tx_bytes_per_s))
+        format::rate(rx),
+        format::rate(tx)
     )));
     if let Some((m, severity)) = health_marker(s) {
         // Said first and instead of the throttle marker, whose "n/a" would only repeat it.

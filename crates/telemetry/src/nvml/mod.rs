@@ -287,6 +287,8 @@ fn sample_device(
                 mark_absent(&mut sample.absent, PROFILING_FIELDS, &why);
             }
         }
+        slot.gpm_pcie
+            .store(sample.prof_pcie_rx_bytes_per_s.is_some(), Ordering::Relaxed);
         slot.apply(&mut sample, Instant::now(), stuck_after);
     }
     sample.copy_static_from(info);

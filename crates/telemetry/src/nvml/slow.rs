@@ -30,8 +30,10 @@ pub const COUNTER_ROUNDS: u64 = 5;
 /// The energy counter, every this many rounds (30 s at the default cadence, dcgm-exporter's
 /// default collection interval).
 pub const ENERGY_ROUNDS: u64 = 30;
-/// The PCIe throughput, every this many rounds (2 s at the default cadence).
+/// The PCIe throughput, every this many rounds (2 s at the default cadence)...
 pub const PCIE_ROUNDS: u64 = 2;
+/// ...and where the profiling counters give PCIe rates every poll, every this many (5 s).
+pub const PCIE_ROUNDS_WITH_GPM: u64 = 5;
 
 /// How often slow fields are read unless `set_slow_interval` says otherwise.
 pub const DEFAULT_SLOW_INTERVAL: Duration = Duration::from_secs(1);
@@ -151,6 +153,9 @@ pub(super) struct DeviceSlot {
     last_round: Mutex<Instant>,
     /// Set by `poll()` when the GPU is lost; the reader then stops calling NVML.
     pub(super) lost: AtomicBool,
+    /// Set by `poll()` while the profiling counters give PCIe rates, which make NVML's
+    /// throughput reads a cross-check rather than the only figure.
+    pub(super) gpm_pcie: AtomicBool,
 }
 
 /// Cadence and stop flag for all slow readers; the condvar makes their sleep interruptible.
@@ -172,6 +177,7 @@ impl DeviceSlot {
             round_done: Condvar::new(),
             last_round: Mutex::new(Instant::now()),
             lost: AtomicBool::new(false),
+            gpm_pcie: AtomicBool::new(false),
         }
     }
 
@@ -317,7 +323,12 @@ pub(super) fn read_slow(
     // round lasts one such window (about 21 ms on an H200, against 42 ms one after the other)
     // and the cheap reads below happen meanwhile. Read every PCIE_ROUNDS-th round. A single
     // read (`check --window 0`) is round 0 and waits for all of it.
-    let pcie_due = round.is_multiple_of(PCIE_ROUNDS);
+    let pcie_every = if slot.gpm_pcie.load(Ordering::Relaxed) {
+        PCIE_ROUNDS_WITH_GPM
+    } else {
+        PCIE_ROUNDS
+    };
+    let pcie_due = round.is_multiple_of(pcie_every);
     std::thread::scope(|scope| {
         let pcie = |counter| {
             let dev = &dev;
