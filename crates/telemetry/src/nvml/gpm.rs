@@ -30,7 +30,7 @@ pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
 /// The graphics-engine share (`GraphicsUtil`, first in `METRICS`) alone costs about 1.8 ms of
 /// CPU to compute on an H200, the other fifteen together about 0.1 ms: it is measured over
 /// intervals of at least this long instead of every poll's.
-pub const GRAPHICS_INTERVAL: Duration = Duration::from_secs(5);
+pub const GRAPHICS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// GPM's byte rates are in MiB/s.
 const MIB: f64 = 1024.0 * 1024.0;

@@ -24,16 +24,18 @@ use crate::{Absent, AbsentMap, ProcessSample, Sample, sanity};
 use gpudiag_model::attribution::PodAllocation;
 use gpudiag_model::stats::{self, CallGroup, Counter};
 
-/// The slow counters (link state, replays, clock-event durations) are read every this many
-/// slow rounds: every 5 s at the default cadence.
+/// The link state and replay counter are read every this many slow rounds: every 5 s at the
+/// default cadence.
 pub const COUNTER_ROUNDS: u64 = 5;
 /// The energy counter, every this many rounds (30 s at the default cadence, dcgm-exporter's
 /// default collection interval).
 pub const ENERGY_ROUNDS: u64 = 30;
 /// The PCIe throughput, every this many rounds (2 s at the default cadence)...
 pub const PCIE_ROUNDS: u64 = 2;
-/// ...and where the profiling counters give PCIe rates every poll, every this many (5 s).
-pub const PCIE_ROUNDS_WITH_GPM: u64 = 5;
+/// ...and where the profiling counters give PCIe rates every poll, every this many (10 s).
+pub const PCIE_ROUNDS_WITH_GPM: u64 = 10;
+/// The clock-event durations (about 1 ms of CPU a read on an H200), every this many rounds.
+pub const CLOCK_EVENT_ROUNDS: u64 = 10;
 
 /// How often slow fields are read unless `set_slow_interval` says otherwise.
 pub const DEFAULT_SLOW_INTERVAL: Duration = Duration::from_secs(1);
@@ -347,10 +349,11 @@ pub(super) fn read_slow(
         let rx = spawn("gpudiag-pcie-rx", PcieUtilCounter::Receive);
         let tx = spawn("gpudiag-pcie-tx", PcieUtilCounter::Send);
 
-        // The link state, replay counter and clock-event durations change slowly or only add
-        // up, and the rules judge them over minutes: read every COUNTER_ROUNDS-th round. The
-        // energy counter costs about 4 ms of CPU a read on an H200 (all the rest of a round
-        // about 0.3 ms): every ENERGY_ROUNDS-th. In between the slot keeps their last values.
+        // The link state and replay counter change slowly, the clock-event durations only add
+        // up, and the rules judge them over minutes: read every COUNTER_ROUNDS-th and
+        // CLOCK_EVENT_ROUNDS-th round. The energy counter costs about 4 ms of CPU a read on an
+        // H200 (the process list 0.1 ms): every ENERGY_ROUNDS-th. In between the slot keeps
+        // their last values.
         if round.is_multiple_of(ENERGY_ROUNDS) {
             let energy = {
                 let _timed = stats::GroupTimer::start(CallGroup::SlowCounters);
@@ -364,15 +367,17 @@ pub(super) fn read_slow(
             let link_width = slow(dev.current_pcie_link_width());
             let replays = slow(dev.pcie_replay_counter());
             drop(counters);
-            let clock_events = {
-                let _timed = stats::GroupTimer::start(CallGroup::SlowClockEvents);
-                slow(read_clock_events(&dev))
-            };
             let mut latest = lock(&slot.latest);
             latest.pcie_gen = link_gen.map_err(|e| absent_from(&e));
             latest.pcie_width = link_width.map_err(|e| absent_from(&e));
             latest.pcie_replay_count = replays.map(u64::from).map_err(|e| absent_from(&e));
-            latest.clock_events = clock_events;
+        }
+        if round.is_multiple_of(CLOCK_EVENT_ROUNDS) {
+            let clock_events = {
+                let _timed = stats::GroupTimer::start(CallGroup::SlowClockEvents);
+                slow(read_clock_events(&dev))
+            };
+            lock(&slot.latest).clock_events = clock_events;
         }
         let gpu_pods = attributor.gpu_pods(gpu);
         // The driver's compute and graphics lists, then /proc for each process listed.
