@@ -25,7 +25,9 @@ Exit codes:
      --max-inflated-size); a recording damaged part way is read, its bad lines skipped and
      reported as warnings
   3  could not run: no NVIDIA driver or NVML, no GPU, NVML initialisation hung, or a probe's
-     CUDA call hung well past the suite's deadline";
+     CUDA call hung well past the suite's deadline (`check --json` still prints a report,
+     status could_not_run); or nothing judged: no finding and a GPU gave no reading
+     (status not_judged)";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -346,6 +348,19 @@ pub enum BackendChoice {
     Rocm,
     Sysfs,
     Replay,
+}
+
+impl BackendChoice {
+    /// The name `--backend` takes, as reports name the source.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Nvml => "nvml",
+            BackendChoice::Rocm => "rocm",
+            BackendChoice::Sysfs => "sysfs",
+            BackendChoice::Replay => "replay",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 
+use gpudiag::check::CheckReport;
 use gpudiag::cli::{
     BackendChoice, CheckArgs, Cli, Command, FailOn, KubeletArgs, ReplayArgs, SourceArgs,
 };
@@ -146,7 +147,18 @@ fn stop_on_ctrl_c() -> Arc<AtomicBool> {
 }
 
 fn check(args: &CheckArgs, config: &Config) -> Result<i32, Error> {
-    let report = commands::check(args, config)?;
+    let report = match commands::check(args, config) {
+        // A script reading `--json` always gets a document; the reason goes to stderr as well,
+        // for the person watching.
+        Err(Error::CannotRun(why)) if args.json => {
+            eprintln!("gpudiag: {}", printable::line(&why));
+            let mut report =
+                CheckReport::could_not_run(why, args.source.backend.name(), args.fail_on.into());
+            report.host.hostname = gethostname::gethostname().into_string().ok();
+            report
+        }
+        other => other?,
+    };
     if args.json {
         let json = serde_json::to_string_pretty(&report)
             .map_err(|e| Error::CannotRun(format!("could not serialise the report: {e}")))?;
@@ -209,13 +221,14 @@ fn replay(args: &ReplayArgs, interval: std::time::Duration, config: &Config) -> 
     )
 }
 
-/// `gpudiag`: the terminal UI; without a terminal, the check summary. With no GPU either says so
-/// in one line and shows the bundled demo recording instead.
+/// `gpudiag`: the terminal UI; without a terminal, the check summary. With no GPU the UI says
+/// so in one line and shows the bundled demo recording instead; the summary for scripts says why
+/// and exits 3, since a demo's healthy report would fool them (`--demo` asks for it).
 fn default_view(demo: bool, interval: std::time::Duration, config: &Config) -> Result<i32, Error> {
     if interactive() {
         return tui::run_default(demo, interval, config);
     }
-    let mut args = CheckArgs {
+    let args = CheckArgs {
         source: SourceArgs {
             devices: Vec::new(),
             replay: None,
@@ -234,16 +247,10 @@ fn default_view(demo: bool, interval: std::time::Duration, config: &Config) -> R
         probes: None,
         force: false,
     };
-    match check(&args, config) {
-        Err(Error::CannotRun(why)) if !demo => {
-            eprintln!(
-                "gpudiag: no live NVIDIA GPU here ({}); showing the bundled demo recording \
-                 (gpudiag --demo)",
-                printable::line(&why)
-            );
-            args.source.demo = true;
-            check(&args, config)
-        }
+    check(&args, config).map_err(|e| match e {
+        Error::CannotRun(why) => Error::CannotRun(format!(
+            "no live GPU here ({why}); `gpudiag --demo` shows the bundled demo recording"
+        )),
         other => other,
-    }
+    })
 }

@@ -410,10 +410,16 @@ fn schema_names_follow_the_rust_types() {
         .map(|s| serde_json::to_value(s).unwrap())
         .collect();
     assert_eq!(defs["Severity"]["enum"], Value::Array(severities));
-    let statuses: Vec<Value> = [Status::Healthy, Status::Warn, Status::Fail]
-        .iter()
-        .map(|s| serde_json::to_value(s).unwrap())
-        .collect();
+    let statuses: Vec<Value> = [
+        Status::Healthy,
+        Status::Warn,
+        Status::Fail,
+        Status::NotJudged,
+        Status::CouldNotRun,
+    ]
+    .iter()
+    .map(|s| serde_json::to_value(s).unwrap())
+    .collect();
     assert_eq!(
         allowed_strings(&schema, &schema["properties"]["status"]),
         strings(statuses)
@@ -530,7 +536,7 @@ fn report_deserialises_into_the_typed_report_and_back() {
     let read: CheckReport = serde_json::from_value(newer).unwrap();
     assert_eq!(read, report);
 
-    assert_eq!(report.schema_version, 1);
+    assert_eq!(report.schema_version, 2);
     assert_eq!(report.tool.name, "gpudiag");
     assert_eq!(report.tool.version, env!("CARGO_PKG_VERSION"));
     assert_eq!(report.host.hostname.as_deref(), Some("gpu-node-07"));
@@ -949,7 +955,7 @@ fn report_drift_is_caught() {
 
     // Wrong types and values.
     let wrong: Vec<(&str, &str, Value, &str)> = vec![
-        ("", "schema_version", json!(2), "/schema_version"),
+        ("", "schema_version", json!(1), "/schema_version"),
         ("", "exit_code", json!("0"), "/exit_code"),
         ("", "exit_code", json!(2), "/exit_code"),
         ("", "status", json!("ok"), "/status"),

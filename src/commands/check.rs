@@ -216,7 +216,7 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         (Some(a), Some(b)) => b.saturating_sub(a),
         _ => 0,
     };
-    Ok(CheckReport {
+    let mut report = CheckReport {
         schema_version: CHECK_SCHEMA_VERSION,
         tool: ToolInfo::this(),
         generated_ms: now_ms(),
@@ -244,9 +244,12 @@ pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
         host_findings,
         not_judged,
         status,
+        could_not_run: None,
         fail_on,
         exit_code,
-    })
+    };
+    report.mark_blind_devices();
+    Ok(report)
 }
 
 /// Notices carried by the source's events, distinct and at most this many; a recording may hold

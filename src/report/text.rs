@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use gpudiag_core::check::{CheckReport, DeviceReport};
+use gpudiag_core::check::{CheckReport, DeviceReport, Status};
 use gpudiag_core::history::WindowStats;
 use gpudiag_model::finding::Finding;
 use gpudiag_model::metrics;
@@ -119,6 +119,17 @@ pub fn render(report: &CheckReport) -> String {
         count(Info),
         report.exit_code
     );
+    match report.status {
+        Status::NotJudged => out.push_str(
+            "  a GPU gave no reading in the window: gpudiag was blind to it, so \"healthy\" \
+             cannot be said (see \"not judged\" above)\n",
+        ),
+        Status::CouldNotRun => {
+            let why = report.could_not_run.as_deref().unwrap_or("no reason given");
+            let _ = writeln!(out, "  could not run: {}", esc(why));
+        }
+        _ => {}
+    }
     out
 }
 

@@ -13,14 +13,17 @@ use gpudiag_model::cuda_libraries::LibraryInfo;
 use gpudiag_model::error::exit;
 use gpudiag_telemetry::{DeviceInfo, HostInfo, Metric, Sample, TimeMs};
 
-/// Bumped on any change that removes or retypes a field; adding a field keeps it.
-pub const CHECK_SCHEMA_VERSION: u32 = 1;
+/// Bumped on any change that removes or retypes a field; adding a field keeps it. Version 2:
+/// `status` gains `not_judged` and `could_not_run`, `exit_code` gains 3, and `could_not_run`
+/// says why when the check could not run (the document is printed then too).
+pub const CHECK_SCHEMA_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[schemars(
     deny_unknown_fields,
     transform = gpudiag_model::schema::added_later("topology"),
-    transform = gpudiag_model::schema::added_later("not_judged")
+    transform = gpudiag_model::schema::added_later("not_judged"),
+    transform = gpudiag_model::schema::added_later("could_not_run")
 )]
 pub struct CheckReport {
     #[schemars(extend("const" = CHECK_SCHEMA_VERSION))]
@@ -48,13 +51,82 @@ pub struct CheckReport {
     /// Rules that could not judge in the window, with the reason: silence is not health.
     #[serde(default)]
     pub not_judged: Vec<gpudiag_model::verdict::NotJudged>,
-    /// The worst severity among the findings (info counts as healthy).
+    /// The worst severity among the findings (info counts as healthy); `not_judged` when no
+    /// finding counts and a checked GPU gave no reading at all (nothing about it could be
+    /// judged); `could_not_run` when the check could not run (see `could_not_run`).
     pub status: Status,
+    /// Why the check could not run (no driver, no GPU, a hung initialisation); present only
+    /// with status `could_not_run`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub could_not_run: Option<String>,
     /// The severity at which `status` turns into exit code 1.
     pub fail_on: Severity,
-    /// 1 when a finding is at or above `fail_on`, else 0 (codes 2 and 3 print no report).
-    #[schemars(extend("enum" = [exit::OK, exit::FINDINGS]))]
+    /// 1 when a finding is at or above `fail_on`; 3 when nothing could be judged or the check
+    /// could not run; else 0. Usage errors (exit 2) print no report.
+    #[schemars(extend("enum" = [exit::OK, exit::FINDINGS, exit::CANNOT_RUN]))]
     pub exit_code: i32,
+}
+
+impl CheckReport {
+    /// The report of a check that could not run: no devices, no window, and why. Printed so a
+    /// script reading `--json` always gets a document to act on.
+    pub fn could_not_run(why: String, backend: &str, fail_on: Severity) -> Self {
+        CheckReport {
+            schema_version: CHECK_SCHEMA_VERSION,
+            tool: ToolInfo::this(),
+            generated_ms: gpudiag_telemetry::now_ms(),
+            host: HostInfo::default(),
+            source: SourceInfo {
+                backend: backend.to_owned(),
+                recording: None,
+                warnings: Vec::new(),
+            },
+            libraries: None,
+            window: WindowInfo {
+                requested_s: None,
+                covered_s: 0.0,
+                ticks: 0,
+                start_ms: None,
+                end_ms: None,
+            },
+            devices: Vec::new(),
+            topology: None,
+            host_probes: None,
+            host_findings: Vec::new(),
+            not_judged: Vec::new(),
+            status: Status::CouldNotRun,
+            could_not_run: Some(why),
+            fail_on,
+            exit_code: exit::CANNOT_RUN,
+        }
+    }
+
+    /// `not_judged` in place of `healthy` when a checked GPU gave no reading in the window: a
+    /// prolog must tell "fine" from "blind". Findings that count keep their status, since they
+    /// were judged from what was read.
+    pub fn mark_blind_devices(&mut self) {
+        let blind: Vec<u32> = self
+            .devices
+            .iter()
+            .filter(|d| d.summary.is_empty() && d.verdict.is_none())
+            .map(|d| d.info.index)
+            .collect();
+        for &device in &blind {
+            self.not_judged.push(gpudiag_model::verdict::NotJudged {
+                rule: "all".into(),
+                device: Some(device),
+                reason: "no value of any metric was read in the window: nothing about this \
+                         GPU could be judged"
+                    .into(),
+            });
+        }
+        if (!blind.is_empty() || self.devices.is_empty()) && self.status == Status::Healthy {
+            self.status = Status::NotJudged;
+            if self.exit_code == exit::OK {
+                self.exit_code = exit::CANNOT_RUN;
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -130,10 +202,14 @@ pub struct DeviceReport {
 )]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
-    /// No findings above `info`.
+    /// No findings above `info`, and every checked GPU gave readings to judge.
     Healthy,
     Warn,
     Fail,
+    /// No finding, and a checked GPU gave no reading at all: gpudiag was blind to it.
+    NotJudged,
+    /// The check could not run (no driver, no GPU); the report says why.
+    CouldNotRun,
 }
 
 impl std::fmt::Display for Status {
@@ -142,6 +218,8 @@ impl std::fmt::Display for Status {
             Status::Healthy => "healthy",
             Status::Warn => "warn",
             Status::Fail => "fail",
+            Status::NotJudged => "not_judged",
+            Status::CouldNotRun => "could_not_run",
         })
     }
 }

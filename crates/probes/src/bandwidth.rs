@@ -113,7 +113,10 @@ pub fn run(
         )));
     }
     r.param("bytes", bytes as u64);
-    let host_bytes = bytes.min(HOST_BYTES_MAX);
+    let host_bytes = bytes
+        .min(HOST_BYTES_MAX)
+        .min(p.host_bytes.map_or(usize::MAX, |h| (h / 16 * 16) as usize))
+        .max(16);
     r.param("host_bytes", host_bytes as u64);
     r.param("samples", p.samples);
     r.param("warmups", WARMUPS);

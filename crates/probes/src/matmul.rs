@@ -253,7 +253,21 @@ pub struct Engines {
     pub lt_note: Option<String>,
 }
 
+/// How close the built-in kernel comes to cuBLASLt on a GPU of compute capability `cc`, as
+/// measured (bf16, 8192³; benches/RESULTS.md, 2026-11-24: 815.6 against 820.5 TFLOP/s on an
+/// H200), and the kernel's name; `None` where it was not measured close.
+pub fn builtin_share_of_cublaslt(cc: (i32, i32)) -> Option<(f64, &'static str)> {
+    (cc == (9, 0)).then_some((0.99, "wgmma (sm_90a)"))
+}
+
 impl Engines {
+    pub fn not_loaded(why: String) -> Engines {
+        Engines {
+            lt: None,
+            lt_note: Some(why),
+        }
+    }
+
     pub fn open() -> Engines {
         match blas::locate().and_then(|p| Lt::load(&p)) {
             Ok(lt) => Engines {

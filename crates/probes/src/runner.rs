@@ -367,7 +367,16 @@ fn run_one(
         "matmul" => {
             // cuBLASLt is loaded for the matmul alone and unloaded after it: the pages it
             // touches would otherwise stay resident through the bandwidth and memory probes.
-            let engines = Engines::open();
+            let engines = match (
+                s.matmul.skip_cublaslt_at,
+                matmul::builtin_share_of_cublaslt(g.cc),
+            ) {
+                (Some(at), Some((share, kernel))) if share >= at => Engines::not_loaded(format!(
+                    "cuBLASLt not loaded: the built-in {kernel} kernel reaches {share:.2}x of it \
+                     on this GPU, and this suite spares the library's memory"
+                )),
+                _ => Engines::open(),
+            };
             let tel = || RunTelemetry::start(nvml.clone(), index);
             matmul::run(g, &s.matmul, budget, model, &engines, &tel, ctl, r)
         }

@@ -69,6 +69,11 @@ impl Default for NcclParams {
 pub struct BandwidthParams {
     /// Bytes per copy.
     pub bytes: u64,
+    /// Bytes per host↔device copy when fewer than `bytes` (and `bandwidth::HOST_BYTES_MAX`):
+    /// the page-locked buffer is resident host memory for the probe's length, which a prolog
+    /// on every job start keeps small; device-side copies keep `bytes`.
+    #[serde(default)]
+    pub host_bytes: Option<u64>,
     /// Timed samples (each: 16 copies between two events, after 4 warm-up copies).
     pub samples: u32,
     pub tests: Vec<String>,
@@ -84,6 +89,12 @@ pub struct MatmulParams {
     pub types: Vec<String>,
     /// Entries of the result checked against the host reference.
     pub verify_samples: u32,
+    /// Leave cuBLASLt unloaded on GPUs whose built-in kernel is known to reach at least this
+    /// share of it (`matmul::builtin_share_of_cublaslt`): the library maps hundreds of MB, which
+    /// a prolog on every job start should not pay for a figure the built-in kernel gives as well.
+    /// `None` always loads it.
+    #[serde(default)]
+    pub skip_cublaslt_at: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -37,48 +37,107 @@ const GB: f64 = 1e9;
 /// power brake (the SW power cap is expected at full load and not a verdict of its own).
 const HARMFUL_THROTTLE: u64 = 0x8 | 0x20 | 0x40 | 0x80;
 
+/// The share of a window's samples with profiling counters below which the verdict says how much
+/// they cover and lowers its confidence: GPM needs two samples before its first value, so one
+/// sample in twenty may lack them on a healthy run.
+const FULL_COVERAGE: f64 = 0.9;
+
 pub use gpudiag_model::verdict::NotJudged;
 
-/// Per-process CPU time as /proc reported it, at most one point a second, for the CPU share
-/// over any window the history still covers.
+/// Per-process CPU time as /proc reported it and SM use as the driver reported it, at most one
+/// point a second each, for the shares over any window the history still covers. A process that
+/// left the GPU keeps its series for a while: `run` judges after its command exited, and the
+/// processes it judges have left every list by then.
 #[derive(Debug, Default, Clone)]
 pub struct ProcessCpu {
-    series: HashMap<(u32, u32), VecDeque<(TimeMs, f64)>>,
+    series: HashMap<(u32, u32), ProcessActivity>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct ProcessActivity {
+    cpu_time: VecDeque<(TimeMs, f64)>,
+    sm_util: VecDeque<(TimeMs, f64)>,
+    /// When the process was last in its device's list.
+    last_seen_ms: TimeMs,
 }
 
 /// An hour of 1 Hz points per process.
 const MAX_CPU_POINTS: usize = 3600;
+/// How long a process that left its GPU's list keeps its series.
+const KEEP_GONE_MS: u64 = 10 * 60 * 1000;
+/// Processes kept at most, gone ones dropped first (oldest first): a host that starts many
+/// short processes must not grow this without bound.
+const MAX_PROCESSES: usize = 1024;
+
+fn push_point(series: &mut VecDeque<(TimeMs, f64)>, t: TimeMs, v: f64) {
+    if series
+        .back()
+        .is_some_and(|&(last, _)| t < last.saturating_add(1000))
+    {
+        return;
+    }
+    if series.len() == MAX_CPU_POINTS {
+        series.pop_front();
+    }
+    series.push_back((t, v));
+}
 
 impl ProcessCpu {
     pub fn observe(&mut self, s: &Sample) {
         let Some(procs) = &s.processes else { return };
         for p in procs {
-            let Some(cpu) = p.cpu_time_s else { continue };
-            let series = self.series.entry((s.device, p.pid)).or_default();
-            if series
-                .back()
-                .is_some_and(|&(t, _)| s.time_ms < t.saturating_add(1000))
-            {
-                continue;
+            let entry = self.series.entry((s.device, p.pid)).or_default();
+            entry.last_seen_ms = entry.last_seen_ms.max(s.time_ms);
+            if let Some(cpu) = p.cpu_time_s {
+                push_point(&mut entry.cpu_time, s.time_ms, cpu);
             }
-            if series.len() == MAX_CPU_POINTS {
-                series.pop_front();
+            if let Some(sm) = p.sm_util_pct {
+                push_point(&mut entry.sm_util, s.time_ms, sm);
             }
-            series.push_back((s.time_ms, cpu));
         }
-        // Processes gone from this device's list are dropped with their series.
+        let cutoff = s.time_ms.saturating_sub(KEEP_GONE_MS);
         self.series
-            .retain(|&(device, pid), _| device != s.device || procs.iter().any(|p| p.pid == pid));
+            .retain(|&(device, _), a| device != s.device || a.last_seen_ms >= cutoff);
+        if self.series.len() > MAX_PROCESSES {
+            let mut by_age: Vec<((u32, u32), TimeMs)> = self
+                .series
+                .iter()
+                .map(|(&k, a)| (k, a.last_seen_ms))
+                .collect();
+            by_age.sort_by_key(|&(_, t)| t);
+            let excess = self.series.len() - MAX_PROCESSES;
+            for (key, _) in by_age.into_iter().take(excess) {
+                self.series.remove(&key);
+            }
+        }
     }
 
     /// CPU use of `pid` in `[start, end]`, in % of one core.
     pub fn cpu_pct(&self, device: u32, pid: u32, start: TimeMs, end: TimeMs) -> Option<f64> {
-        let series = self.series.get(&(device, pid))?;
+        let series = &self.series.get(&(device, pid))?.cpu_time;
         let mut inside = series.iter().filter(|(t, _)| (start..=end).contains(t));
         let (t0, c0) = inside.next()?;
         let (t1, c1) = inside.next_back()?;
         let dt = t1.saturating_sub(*t0) as f64 / 1000.0;
         (dt >= 1.0).then(|| ((c1 - c0) / dt * 100.0).max(0.0))
+    }
+
+    /// Mean SM use of `pid` on `device` in `[start, end]` as the driver reported it, in %.
+    pub fn sm_util_pct(&self, device: u32, pid: u32, start: TimeMs, end: TimeMs) -> Option<f64> {
+        let series = &self.series.get(&(device, pid))?.sm_util;
+        let (n, sum) = series
+            .iter()
+            .filter(|(t, _)| (start..=end).contains(t))
+            .fold((0usize, 0.0), |(n, sum), &(_, v)| (n + 1, sum + v));
+        (n > 0).then(|| sum / n as f64)
+    }
+
+    pub fn len(&self) -> usize {
+        self.series.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.series.is_empty()
     }
 }
 
@@ -170,6 +229,41 @@ pub fn judge(
             cfg.min_span_s
         )));
     }
+    // The profiling counters may cover only part of the window (GPM lost mid-run, a recording
+    // that kept them for some samples): their means describe the part they cover, so the
+    // utilisation they are compared with is taken over that part too, the confidence follows
+    // the share covered, and a long stretch without them is judged on its own.
+    let sm_stats = input.history.stats(d, Metric::SmActivePct, range);
+    let coverage = (sm_stats.count > 0)
+        .then(|| (sm_stats.count as f64 / util.count as f64).min(1.0))
+        .filter(|&c| c < FULL_COVERAGE);
+    let util_mean = match (coverage, sm_stats.first_ms, sm_stats.last_ms) {
+        (Some(_), Some(a), Some(b)) => input
+            .history
+            .mean(
+                d,
+                Metric::GpuUtilPct,
+                Window::Range {
+                    start_ms: a,
+                    end_ms: b,
+                },
+            )
+            .unwrap_or(util_mean),
+        _ => util_mean,
+    };
+    let uncovered = match coverage.zip(sm_stats.first_ms.zip(sm_stats.last_ms)) {
+        Some((_, (first, last))) => {
+            let before = (start_ms, first.saturating_sub(1));
+            let after = (last.saturating_add(1), end_ms);
+            let longer = if before.1.saturating_sub(before.0) >= after.1.saturating_sub(after.0) {
+                before
+            } else {
+                after
+            };
+            judge(input, cpu, device, longer.0, longer.1).ok()
+        }
+        None => None,
+    };
     let mean = |m| input.history.mean(d, m, range);
     let share = |m, f: fn(f64) -> bool| input.history.fraction_where(d, m, range, f);
     let latest = input.latest.get(&d);
@@ -208,9 +302,30 @@ pub fn judge(
 
     let holders = holders(input, cpu, d, start_ms, end_ms);
 
-    let (bottleneck, confidence, basis) = decide(&figures, !holders.is_empty(), cfg);
+    let (bottleneck, mut confidence, basis) = decide(&figures, !holders.is_empty(), cfg);
     let mut evidence = figures.evidence();
     evidence.insert("window_s".into(), json!(round2(span_s)));
+    if let Some(share) = coverage {
+        confidence = confidence.min(if share >= 0.5 {
+            Confidence::Medium
+        } else {
+            Confidence::Low
+        });
+        evidence.insert("profiling_counter_coverage".into(), json!(round2(share)));
+    }
+    if let Some(u) = &uncovered {
+        if u.bottleneck != bottleneck {
+            confidence = Confidence::Low;
+        }
+        evidence.insert(
+            "without_counters".into(),
+            json!({
+                "start_ms": u.start_ms,
+                "end_ms": u.end_ms,
+                "bottleneck": u.bottleneck,
+            }),
+        );
+    }
     if let Some(p) = holders.first().filter(|_| holders.len() == 1) {
         evidence.insert("process_cpu_pct".into(), json!(p.cpu_pct));
     }
@@ -220,8 +335,30 @@ pub fn judge(
             s.pcie_width_max.or(device.pcie_width_max)?,
         )
     });
-    let title = title(d, bottleneck, &figures, &holders);
-    let advice = advice(bottleneck, &figures, link.map(|l| l.bytes_per_s), basis);
+    let mut title = title(d, bottleneck, &figures, &holders, coverage);
+    if let Some(u) = &uncovered {
+        title.push_str(&format!(
+            "; the {:.0} s without profiling counters read {} on utilisation alone",
+            u.end_ms.saturating_sub(u.start_ms) as f64 / 1000.0,
+            u.bottleneck
+        ));
+    }
+    let mut advice = advice(bottleneck, &figures, link.map(|l| l.bytes_per_s), basis);
+    let idle = idle_holders(&holders);
+    if !idle.is_empty() {
+        let pids: Vec<String> = idle.iter().map(|p| p.pid.to_string()).collect();
+        advice.push_str(&format!(
+            " Process{} {} hold{} GPU memory and run{} no kernels beside the busy one: end \
+             {} or free {} memory (torch.cuda.empty_cache() returns only cached blocks) so the \
+             busy process can use it.",
+            if idle.len() == 1 { "" } else { "es" },
+            pids.join(", "),
+            if idle.len() == 1 { "s" } else { "" },
+            if idle.len() == 1 { "s" } else { "" },
+            if idle.len() == 1 { "it" } else { "them" },
+            if idle.len() == 1 { "its" } else { "their" },
+        ));
+    }
     Ok(Verdict {
         device: d,
         bottleneck,
@@ -279,10 +416,15 @@ pub(crate) fn holders(
             pid,
             name,
             used_memory_bytes: used,
-            sm_util_pct: latest
-                .iter()
-                .find(|p| p.pid == pid)
-                .and_then(|p| p.sm_util_pct),
+            sm_util_pct: cpu
+                .and_then(|c| c.sm_util_pct(device, pid, start_ms, end_ms))
+                .map(round2)
+                .or_else(|| {
+                    latest
+                        .iter()
+                        .find(|p| p.pid == pid)
+                        .and_then(|p| p.sm_util_pct)
+                }),
             cpu_pct: cpu_pct(pid),
         })
         .collect()
@@ -363,8 +505,21 @@ fn opt_pct(v: Option<f64>) -> String {
     v.map_or_else(|| "n/a".to_owned(), pct)
 }
 
-fn title(device: u32, b: Bottleneck, f: &Figures, holders: &[VerdictProcess]) -> String {
-    let over = format!("over {:.0} s", f.span_s);
+fn title(
+    device: u32,
+    b: Bottleneck,
+    f: &Figures,
+    holders: &[VerdictProcess],
+    coverage: Option<f64>,
+) -> String {
+    let over = match coverage {
+        Some(c) => format!(
+            "over {:.0} s, profiling counters in {} of it",
+            f.span_s,
+            pct(c * 100.0)
+        ),
+        None => format!("over {:.0} s", f.span_s),
+    };
     let counters = if f.sm_active.is_some() {
         format!(
             "utilisation {}, SM active {}, occupancy {}",
@@ -385,7 +540,26 @@ fn title(device: u32, b: Bottleneck, f: &Figures, holders: &[VerdictProcess]) ->
                 .map(|c| format!(", CPU {c:.0}%"))
                 .unwrap_or_default()
         ),
-        many => format!(" · {} processes", many.len()),
+        many => {
+            let idle = idle_holders(many);
+            let named: Vec<String> = idle
+                .iter()
+                .take(2)
+                .map(|p| {
+                    format!(
+                        "{} (pid {}) holds {} and runs nothing",
+                        p.name.as_deref().unwrap_or("unknown"),
+                        p.pid,
+                        gib(p.used_memory_bytes)
+                    )
+                })
+                .collect();
+            if named.is_empty() {
+                format!(" · {} processes", many.len())
+            } else {
+                format!(" · {} processes; {}", many.len(), named.join("; "))
+            }
+        }
     };
     let what = match b {
         Bottleneck::ComputeBound => match (f.tensor, f.fp32) {
@@ -427,6 +601,31 @@ fn title(device: u32, b: Bottleneck, f: &Figures, holders: &[VerdictProcess]) ->
         Bottleneck::Idle => format!("idle {over}"),
     };
     format!("GPU {device} {what}{who}")
+}
+
+/// Processes that hold memory on a GPU where another process runs kernels, while they run none
+/// themselves over the window (driver-reported SM use under 1%): a parked notebook or a stuck
+/// rank keeping memory others could use. Only named where the driver reports per-process SM use
+/// for every holder, since an unknown share is not an idle one.
+fn idle_holders(holders: &[VerdictProcess]) -> Vec<&VerdictProcess> {
+    let all_known = holders.iter().all(|p| p.sm_util_pct.is_some());
+    let someone_busy = holders
+        .iter()
+        .any(|p| p.sm_util_pct.is_some_and(|u| u >= 5.0));
+    if !all_known || !someone_busy {
+        return Vec::new();
+    }
+    holders
+        .iter()
+        .filter(|p| p.sm_util_pct.is_some_and(|u| u < 1.0))
+        .collect()
+}
+
+fn gib(bytes: Option<u64>) -> String {
+    bytes.map_or_else(
+        || "memory".to_owned(),
+        |b| format!("{:.1} GiB", b as f64 / (1024.0 * MIB)),
+    )
 }
 
 fn advice(b: Bottleneck, f: &Figures, link_bytes_per_s: Option<f64>, basis: Basis) -> String {
@@ -532,26 +731,46 @@ pub fn phases(
     let span = end_ms.saturating_sub(start_ms);
     // At least 10 s a slice, at most 20 slices.
     let step = (span / 20).max(10_000);
-    let mut out: Vec<Verdict> = Vec::new();
+    // Slices merge while their bottleneck and basis agree: a stretch without profiling
+    // counters is a phase of its own, not folded into one judged with them.
+    let mut spans: Vec<(Verdict, usize)> = Vec::new();
     let mut at = start_ms;
     while at < end_ms {
         let to = at.saturating_add(step).min(end_ms);
         if let Ok(v) = judge(input, cpu, device, at, to) {
-            match out.last_mut() {
-                Some(prev) if same_phase(prev.bottleneck, v.bottleneck) => prev.end_ms = v.end_ms,
-                _ => out.push(v),
+            match spans.last_mut() {
+                Some((prev, slices)) if same_phase(prev, &v) => {
+                    prev.end_ms = v.end_ms;
+                    *slices += 1;
+                }
+                _ => spans.push((v, 1)),
             }
         }
         at = to.saturating_add(1);
     }
-    out
+    // A merged phase is judged again over its whole span, so its title, figures and evidence
+    // describe all of it rather than its first slice.
+    spans
+        .into_iter()
+        .map(|(v, slices)| {
+            if slices == 1 {
+                return v;
+            }
+            judge(input, cpu, device, v.start_ms, v.end_ms).unwrap_or(v)
+        })
+        .collect()
 }
 
 /// Launch- and sync-bound are one pattern on either side of a utilisation threshold (tiny
 /// kernels with the CPU in the loop); a run that wavers across it is one phase, not many.
-fn same_phase(a: Bottleneck, b: Bottleneck) -> bool {
+fn same_phase(a: &Verdict, b: &Verdict) -> bool {
     use Bottleneck::{LaunchBound, SyncBound};
-    a == b || matches!((a, b), (LaunchBound, SyncBound) | (SyncBound, LaunchBound))
+    a.basis == b.basis
+        && (a.bottleneck == b.bottleneck
+            || matches!(
+                (a.bottleneck, b.bottleneck),
+                (LaunchBound, SyncBound) | (SyncBound, LaunchBound)
+            ))
 }
 
 /// Verdicts for every device over one window, or why not.
@@ -637,7 +856,7 @@ mod tests {
                 Basis::ProfilingCounters
             )
         );
-        assert!(title(0, Bottleneck::ComputeBound, &bf16, &[]).contains("tensor cores"));
+        assert!(title(0, Bottleneck::ComputeBound, &bf16, &[], None).contains("tensor cores"));
         // Pageable 256 MiB host-to-device copies each step.
         let mut copies = figures(20.0, Some(1.0));
         copies.copying_share = Some(0.6);
