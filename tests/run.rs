@@ -6,6 +6,9 @@
 //! in tests/fixtures stands in for a GPU. (The verdicts themselves are checked on
 //! recordings in tests/rules.rs and on the GPU host in tests/gpu_run.rs.)
 
+#[path = "support/tmux.rs"]
+mod tmux;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -349,4 +352,44 @@ fn unsafe_kill(pid: u32, signal: i32) {
         .status()
         .unwrap();
     assert!(status.success());
+}
+
+/// In a terminal, Ctrl-\ and Ctrl-C reach the command directly (it stays in the terminal's
+/// foreground group), so gpudiag does not send them again: the command sees each once, and
+/// gpudiag survives Ctrl-\ (SIGQUIT used to kill it) and exits with the command's code.
+#[test]
+fn terminal_ctrl_backslash_and_ctrl_c_reach_the_command_once() {
+    let Some(tmux) = tmux::Tmux::start(100, 20, "run-signals") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_gpudiag");
+    tmux.type_line(&format!(
+        "cd {}; GPUDIAG_SYSFS_ROOT=/nonexistent {bin} run -- sh -c \"trap 'echo QUIT >> got' \
+         QUIT; trap 'echo INT >> got; exit 9' INT; touch ready; while :; do sleep 0.1; done\"; \
+         echo \"exit=$?\"",
+        dir.path().display()
+    ));
+    let start = Instant::now();
+    while !dir.path().join("ready").exists() {
+        assert!(start.elapsed() < HANG, "{}", tmux.capture());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    tmux.keys(&["C-\\"]);
+    let got = dir.path().join("got");
+    while !got.exists() {
+        assert!(start.elapsed() < HANG, "{}", tmux.capture());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Time for a second, forwarded SIGQUIT to arrive if gpudiag sent one.
+    std::thread::sleep(Duration::from_millis(300));
+    tmux.keys(&["C-c"]);
+    // "exit=" is in the typed command too: wait for a line that starts with it.
+    let screen = tmux.wait_until(
+        "the exit code",
+        |screen| screen.lines().any(|l| l.starts_with("exit=")),
+        HANG,
+    );
+    assert!(screen.contains("exit=9"), "{screen}");
+    assert_eq!(std::fs::read_to_string(&got).unwrap(), "QUIT\nINT\n", "{screen}");
 }
