@@ -158,9 +158,15 @@ fn json_is_a_flag_that_prints_the_report_on_stderr() {
     let err = String::from_utf8_lossy(&out.stderr);
     let last = err.lines().last().unwrap();
     let report: serde_json::Value = serde_json::from_str(last).unwrap();
-    assert_eq!(report["command"], serde_json::json!(["sh", "-c", "echo out; exit 3"]));
+    assert_eq!(
+        report["command"],
+        serde_json::json!(["sh", "-c", "echo out; exit 3"])
+    );
     assert_eq!(report["exit_code"], 3);
-    assert!(!err.contains("exited with code"), "the text summary too: {err}");
+    assert!(
+        !err.contains("exited with code"),
+        "the text summary too: {err}"
+    );
     assert_valid_run_report(&report);
 }
 
@@ -176,7 +182,10 @@ fn an_output_path_that_cannot_be_written_stops_before_the_command_runs() {
     let bad: [(&Path, &str); 3] = [
         (&missing, "no-such-dir"),
         (dir.path(), "is a directory"),
-        (Path::new("/proc/gpudiag-out.json"), "cannot create a file in /proc"),
+        (
+            Path::new("/proc/gpudiag-out.json"),
+            "cannot create a file in /proc",
+        ),
     ];
     for flag in ["--report-file", "--record", "--trace"] {
         for (path, why) in &bad {
@@ -234,7 +243,10 @@ fn a_failed_profiler_merge_keeps_the_commands_exit_code_and_gpudiags_trace() {
         .arg("--profiler-trace")
         .arg(&profiler)
         .args(["--", "sh", "-c"])
-        .arg(format!("sleep 0.3; echo garbage > {}; exit 5", profiler.display()))
+        .arg(format!(
+            "sleep 0.3; echo garbage > {}; exit 5",
+            profiler.display()
+        ))
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -243,7 +255,11 @@ fn a_failed_profiler_merge_keeps_the_commands_exit_code_and_gpudiags_trace() {
     let own = dir.path().join("merged.gpudiag.json");
     let trace: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&own).unwrap()).unwrap();
-    assert!(trace["traceEvents"].as_array().is_some_and(|e| !e.is_empty()));
+    assert!(
+        trace["traceEvents"]
+            .as_array()
+            .is_some_and(|e| !e.is_empty())
+    );
     assert!(!merged.exists());
 }
 
@@ -391,5 +407,9 @@ fn terminal_ctrl_backslash_and_ctrl_c_reach_the_command_once() {
         HANG,
     );
     assert!(screen.contains("exit=9"), "{screen}");
-    assert_eq!(std::fs::read_to_string(&got).unwrap(), "QUIT\nINT\n", "{screen}");
+    assert_eq!(
+        std::fs::read_to_string(&got).unwrap(),
+        "QUIT\nINT\n",
+        "{screen}"
+    );
 }

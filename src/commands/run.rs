@@ -342,13 +342,22 @@ fn check_output(path: &Path, force: bool) -> Result<(), Error> {
 fn die_with_parent(parent: u32) -> std::io::Result<()> {
     // SAFETY: prctl with PR_SET_PDEATHSIG and getppid take and return plain integers.
     unsafe {
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+        if libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) != 0
+        {
             return Err(std::io::Error::last_os_error());
         }
         // gpudiag died between fork and prctl: the child was re-parented already and no death
         // signal will come.
         if libc::getppid() as u32 != parent {
-            return Err(std::io::Error::other("gpudiag ended before the command started"));
+            return Err(std::io::Error::other(
+                "gpudiag ended before the command started",
+            ));
         }
     }
     Ok(())
