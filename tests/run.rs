@@ -168,6 +168,15 @@ fn json_is_a_flag_that_prints_the_report_on_stderr() {
         "the text summary too: {err}"
     );
     assert_valid_run_report(&report);
+    // The old form, `--json FILE -- CMD`, now names FILE as the command: say what changed.
+    let out = gpudiag()
+        .current_dir(dir.path())
+        .args(["run", "--json", "out.json", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("use --report-file FILE"), "{err}");
 }
 
 /// Each output path that cannot be written is a usage error (2) before the command starts: a

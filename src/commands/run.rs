@@ -187,8 +187,14 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
                 drop(writer);
                 let _ = std::fs::remove_file(path);
             }
+            // `run --json FILE -- CMD` from before --json became a flag.
+            let hint = if args.json && args.command.get(1).is_some_and(|a| a == "--") {
+                "; --json takes no file (it prints on stderr): use --report-file FILE"
+            } else {
+                ""
+            };
             return Err(Error::Usage(format!(
-                "cannot start {}: {e}",
+                "cannot start {}: {e}{hint}",
                 printable::line(&program.to_string_lossy())
             )));
         }
