@@ -98,7 +98,7 @@ def main():
         ref = Reference(handle)
         ref.start()
         report_path = os.path.join(outdir, f"{name}.json")
-        cmd = [binary, "run", "--force", "--interval", "500ms", "--json", report_path,
+        cmd = [binary, "run", "--force", "--interval", "500ms", "--report-file", report_path,
                "--record", os.path.join(outdir, f"{name}.ndjson.gz"), "--",
                sys.executable, os.path.join(here, "workloads", f"{name}.py"), seconds]
         done = subprocess.run(cmd, capture_output=True, text=True)

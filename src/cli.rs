@@ -90,10 +90,16 @@ Example:
 
 Exit codes:
   the command's own code; 128+N when signal N killed it (as shells report it)
-  2  usage error, or the command could not be started (not found, not executable), or
-     --profiler-trace's trace could not be merged (gpudiag's own trace is then kept beside
-     --trace)
-With no GPU or no NVIDIA driver the command still runs, and gpudiag says it could not watch.";
+  2  before the command starts only: usage error, an output file (--report-file, --record,
+     --trace) that exists without --force, is a directory, or whose directory is missing or
+     not writable, or a command that cannot be started (not found, not executable)
+Once the command has run, gpudiag exits with its code: a file that cannot be written then, or
+a --profiler-trace that cannot be merged (gpudiag's own trace is kept as <trace>.gpudiag.json),
+is a warning on stderr.
+With no GPU or no NVIDIA driver the command still runs, and gpudiag says it could not watch.
+Signals: HUP, INT, QUIT, TERM, USR1, USR2 and ALRM sent to gpudiag are passed to the command
+(Ctrl-C and Ctrl-\\ from the terminal reach it directly); if gpudiag is killed outright
+(SIGKILL), the command is killed too.";
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
@@ -111,10 +117,13 @@ pub struct RunArgs {
     /// each gets its own file, named after --trace and the profiler's file.
     #[arg(long, value_name = "PATH", requires = "trace")]
     pub profiler_trace: Option<PathBuf>,
-    /// Also write the verdicts, phases and findings as JSON
-    /// (assets/schema/run-report.schema.json).
+    /// Print the run report (verdicts, phases, findings) as one line of JSON on stderr instead
+    /// of the text summary; stdout stays the command's (assets/schema/run-report.schema.json).
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the run report as JSON to FILE (assets/schema/run-report.schema.json).
     #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    pub report_file: Option<PathBuf>,
     /// Time between samples (50ms or more; the profiling counters need 100ms or more).
     #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_interval)]
     pub interval: Duration,

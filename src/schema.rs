@@ -25,7 +25,7 @@ pub const RUN_REPORT_FILE: &str = "run-report.schema.json";
 
 const RUN_REPORT_ID: &str = "urn:gpudiag:schema:run-report:1";
 const RUN_REPORT_TITLE: &str = "gpudiag run report";
-const RUN_REPORT_DESCRIPTION: &str = "The JSON document `gpudiag run --json FILE -- CMD` writes     when the command ends: its exit, the verdict on each GPU it used over the run and how the     verdict changed (phases), the findings, and its processes on the GPUs. schema_version 1.     Generated from gpudiag's types (src/schema.rs): change those, not this file.";
+const RUN_REPORT_DESCRIPTION: &str = "The JSON document `gpudiag run --json -- CMD` prints on stderr (one line) and `gpudiag run --report-file FILE -- CMD` writes, when the command ends: its exit, the verdict on each GPU it used over the run and how the     verdict changed (phases), the findings, and its processes on the GPUs. schema_version 1.     Generated from gpudiag's types (src/schema.rs): change those, not this file.";
 
 const CHECK_REPORT_ID: &str = "urn:gpudiag:schema:check-report:2";
 const CHECK_REPORT_TITLE: &str = "gpudiag check report";
@@ -65,7 +65,7 @@ pub fn all() -> [(&'static str, String); 4] {
     ]
 }
 
-/// `run-report.schema.json`: what `gpudiag run --json FILE` writes.
+/// `run-report.schema.json`: what `gpudiag run --json` prints and `--report-file FILE` writes.
 pub fn run_report() -> String {
     let schema = generator().root_schema_for::<crate::commands::run::RunReport>();
     finish(

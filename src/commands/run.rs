@@ -4,12 +4,18 @@
 //!
 //! gpudiag makes itself a child subreaper, so a descendant whose parent exits (a launcher that
 //! forks workers and returns) is re-parented to gpudiag instead of init and stays in the tree.
-//! The command stays in the terminal's process group, so Ctrl-C reaches it directly; a SIGINT or
-//! SIGTERM sent to gpudiag alone is forwarded.
+//! The command stays in the terminal's process group, so Ctrl-C and Ctrl-\ reach it directly;
+//! the signals that would end gpudiag, sent to gpudiag alone, are forwarded (see
+//! [`FORWARDED`]), and the command gets SIGKILL if gpudiag dies without forwarding anything.
+//!
+//! Every output path is checked before the command starts; once it has run, nothing gpudiag
+//! fails to write changes the exit code, which is always the command's own.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{Child, Command as ChildCommand, ExitStatus};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,7 +44,7 @@ pub const RUN_SCHEMA_VERSION: u32 = 1;
 /// holds a GPU (it refreshes on the slow cadence, about a second).
 const AFTER_EXIT: Duration = Duration::from_millis(1500);
 
-/// What `--json FILE` holds.
+/// What `--json` prints on stderr and `--report-file FILE` holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct RunReport {
@@ -86,11 +92,40 @@ pub struct TreeProcess {
     pub used_memory_bytes: Option<u64>,
 }
 
-/// The signal a handler last caught, for the forwarding thread (handlers may only store it).
-static CAUGHT: AtomicI32 = AtomicI32::new(0);
+/// The signals forwarded to the command: those whose default action ends a process and that
+/// someone sends to ask the job to stop or to tell it something (a supervisor's SIGTERM, Slurm's
+/// `--signal=USR1@60`, `timeout -s ALRM`, a closed terminal's SIGHUP, `kill -QUIT` for a stack
+/// dump). They mean something to the command, not to gpudiag. Left at their defaults:
+/// SIGPIPE (gpudiag's own stderr closing must not kill the command; Rust ignores it anyway),
+/// SIGXCPU and SIGXFSZ (gpudiag's own limits), SIGVTALRM and SIGPROF (timers of a profiler
+/// attached to gpudiag), SIGIO, SIGPWR and SIGSTKFLT (nobody sends them to a job), and the
+/// real-time signals (glibc uses the first of them internally).
+const FORWARDED: [libc::c_int; 7] = [
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGTERM,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGALRM,
+];
 
-extern "C" fn catch(signal: libc::c_int) {
-    CAUGHT.store(signal, Ordering::Relaxed);
+/// Signals caught and not yet forwarded, one bit per number: sent by a process (`kill`).
+static SENT: AtomicU64 = AtomicU64::new(0);
+/// The same, sent by the kernel to a whole process group: the terminal's Ctrl-C, Ctrl-\ and
+/// hangup, which reached the command too while it is still in gpudiag's group.
+static FROM_KERNEL: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn catch(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let bit = 1u64 << (signal as u32 & 63);
+    // SAFETY: with SA_SIGINFO the kernel passes a valid siginfo_t (checked for null anyway).
+    let kernel = !info.is_null() && unsafe { (*info).si_code } == libc::SI_KERNEL;
+    // Lock-free atomics are async-signal-safe.
+    if kernel {
+        FROM_KERNEL.fetch_or(bit, Ordering::Relaxed);
+    } else {
+        SENT.fetch_or(bit, Ordering::Relaxed);
+    }
 }
 
 /// `gpudiag run`. Returns the exit code to end with: the command's own.
@@ -105,11 +140,14 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
                 .into(),
         ));
     }
-    for path in [&args.record, &args.trace, &args.json]
+    // Checked now, so a path that cannot be written is a usage error before anything ran,
+    // never an exit code that replaces the command's. The files --profiler-trace implies go
+    // beside --trace, in the directory checked here.
+    for path in [&args.record, &args.trace, &args.report_file]
         .into_iter()
         .flatten()
     {
-        refuse_existing(path, args.force)?;
+        check_output(path, args.force)?;
     }
     // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes plain integers and touches no memory.
     unsafe {
@@ -120,15 +158,47 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
         Ok(s) => (Some(s), None),
         Err(e) => (None, Some(e.to_string())),
     };
-    let mut child = ChildCommand::new(program)
-        .args(&args.command[1..])
-        .spawn()
-        .map_err(|e| {
-            Error::Usage(format!(
-                "cannot start {}: {e}",
+    // Created before the command starts, so a file that cannot be made is a usage error.
+    let writer = match (&source, &args.record) {
+        (Some(source), Some(path)) => Some(RecordingWriter::create_with(
+            path,
+            &header_for(source, args),
+            args.force,
+        )?),
+        _ => None,
+    };
+    // Caught from before the command exists, so no signal in between ends gpudiag alone;
+    // the command starts with the defaults again (exec resets caught signals).
+    catch_forwarded_signals();
+    let mut command = ChildCommand::new(program);
+    command.args(&args.command[1..]);
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the forked child before exec and calls only prctl and
+    // getppid, which are async-signal-safe, and allocates nothing.
+    unsafe {
+        command.pre_exec(move || die_with_parent(parent));
+    }
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            if writer.is_some()
+                && let Some(path) = &args.record
+            {
+                drop(writer);
+                let _ = std::fs::remove_file(path);
+            }
+            // `run --json FILE -- CMD` from before --json became a flag.
+            let hint = if args.json && args.command.get(1).is_some_and(|a| a == "--") {
+                "; --json takes no file (it prints on stderr): use --report-file FILE"
+            } else {
+                ""
+            };
+            return Err(Error::Usage(format!(
+                "cannot start {}: {e}{hint}",
                 printable::line(&program.to_string_lossy())
-            ))
-        })?;
+            )));
+        }
+    };
     if let Some(why) = &not_watched {
         eprintln!(
             "gpudiag: could not watch the GPUs ({}); running the command anyway",
@@ -138,7 +208,6 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
     let start_ms = now_ms();
     let started = Instant::now();
     let started_wall = std::time::SystemTime::now();
-    forward_signals();
     let exit: Arc<Mutex<Option<(ExitStatus, Instant)>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let child_pid = child.id();
@@ -152,10 +221,7 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
             .map_err(|e| Error::CannotRun(format!("could not start a thread: {e}")))?
     };
 
-    let watched = match source {
-        Some(source) => Some(watch(source, args, config, &stop)?),
-        None => None,
-    };
+    let watched = source.map(|source| watch(source, writer, args, config, &stop));
     let _ = waiter.join();
     let (status, exited_at) = exit
         .lock()
@@ -189,20 +255,124 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
         ours = w.trace.take();
         w.conclude(&mut report, start_ms, end_ms);
     }
-    eprint!("{}", printable::text(&summary(&report)));
-    if let Some(path) = &args.json {
-        write_json_atomic(path, &report)?;
+    if args.json {
+        // One line, so a reader can pick it out of the command's own stderr.
+        match serde_json::to_string(&report) {
+            Ok(json) => eprintln!("{json}"),
+            Err(e) => warn(&format!("could not serialise the run report: {e}")),
+        }
+    } else {
+        eprint!("{}", printable::text(&summary(&report)));
     }
-    if let (Some(ours), Some(profiler), Some(path)) = (ours, &args.profiler_trace, &args.trace) {
-        merge_profiler_traces(&ours, profiler, path, started_wall, args.force)?;
+    // From here on the command has run: a failure is a warning and the exit code stays its own.
+    if let Some(path) = &args.report_file
+        && let Err(e) = write_json_atomic(path, &report)
+    {
+        warn(&e.to_string());
+    }
+    if let (Some(ours), Some(profiler), Some(path)) = (ours, &args.profiler_trace, &args.trace)
+        && let Err(e) = merge_profiler_traces(&ours, profiler, path, started_wall, args.force)
+    {
+        let own = merged_name(path, Path::new("gpudiag.json"));
+        let kept = match write_json_atomic(&own, &ours) {
+            Ok(()) => format!(
+                "gpudiag's own trace is in {}",
+                printable::line(&own.display().to_string())
+            ),
+            Err(e) => format!("gpudiag's own trace could not be kept either: {e}"),
+        };
+        warn(&format!("{e}; {kept}"));
     }
     Ok(exit_code.unwrap_or_else(|| 128 + signal.unwrap_or(0)))
 }
 
+fn warn(what: &str) {
+    eprintln!("gpudiag: warning: {}", printable::line(what));
+}
+
+/// A usage error unless `path` can be written at the end of the run: it must not exist (unless
+/// `force`) nor be a directory, and its directory must exist and take a new file.
+fn check_output(path: &Path, force: bool) -> Result<(), Error> {
+    let shown = path.display().to_string();
+    let shown = printable::line(&shown);
+    // Before refuse_existing: --force cannot replace a directory with a file.
+    if path.is_dir() {
+        return Err(Error::Usage(format!(
+            "{shown} is a directory; give a file name"
+        )));
+    }
+    refuse_existing(path, force)?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let dir_shown = dir.display().to_string();
+    let dir_shown = printable::line(&dir_shown);
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(Error::Usage(format!(
+                "cannot write {shown}: {dir_shown} is not a directory"
+            )));
+        }
+        Err(e) => {
+            return Err(Error::Usage(format!(
+                "cannot write {shown}: its directory {dir_shown}: {e}"
+            )));
+        }
+    }
+    // Making a file is the one test that covers modes, read-only mounts, ACLs and root alike
+    // (access(2) says yes to root on a directory nobody can add to, such as /proc).
+    let probe = dir.join(format!(".gpudiag-write-test-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => Err(Error::Usage(format!(
+            "cannot write {shown}: cannot create a file in {dir_shown}: {e}"
+        ))),
+    }
+}
+
+/// In the child before exec: SIGKILL when gpudiag dies, so a gpudiag killed outright (SIGKILL,
+/// the OOM killer, a crash) cannot leave the command running under init. SIGKILL and not
+/// SIGTERM: whoever kills gpudiag outright has usually spent the grace period already (its
+/// SIGTERM was forwarded), and a command that ignores SIGTERM must not outlive it. The signal
+/// follows the thread that forked, and `run` spawns from the main thread, which lives as long
+/// as gpudiag.
+fn die_with_parent(parent: u32) -> std::io::Result<()> {
+    // SAFETY: prctl with PR_SET_PDEATHSIG and getppid take and return plain integers.
+    unsafe {
+        if libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        // gpudiag died between fork and prctl: the child was re-parented already and no death
+        // signal will come.
+        if libc::getppid() as u32 != parent {
+            return Err(std::io::Error::other(
+                "gpudiag ended before the command started",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `--profiler-trace`: merges gpudiag's trace into each profiler trace written during the run
 /// (modified in or after the second the run started, since some file systems keep whole
-/// seconds). With none, gpudiag's own trace is written to `path` and a warning says so; when a
-/// merge fails, gpudiag's own trace is kept beside `path` before the error is returned.
+/// seconds). With none, gpudiag's own trace is written to `path` and a warning says so. On an
+/// error the caller keeps gpudiag's own trace.
 fn merge_profiler_traces(
     ours: &Trace,
     profiler: &std::path::Path,
@@ -243,12 +413,9 @@ fn merge_profiler_traces(
                 printable::line(&output.display().to_string())
             ),
             Err(e) => {
-                let own = merged_name(path, std::path::Path::new("gpudiag.json"));
-                write_json_atomic(&own, ours)?;
                 return Err(Error::Usage(format!(
-                    "could not merge into {}: {e}; gpudiag's own trace is in {}",
-                    input.display(),
-                    own.display()
+                    "could not merge into {}: {e}",
+                    input.display()
                 )));
             }
         }
@@ -302,13 +469,7 @@ fn wait_and_forward(
                 break;
             }
         }
-        let signal = CAUGHT.swap(0, Ordering::Relaxed);
-        if signal != 0 {
-            // SAFETY: kill takes plain integers; `pid` is our own child, not yet reaped.
-            unsafe {
-                libc::kill(pid, signal);
-            }
-        }
+        forward_caught(pid);
         std::thread::sleep(Duration::from_millis(20));
     }
     if watching {
@@ -317,23 +478,43 @@ fn wait_and_forward(
     stop.store(true, Ordering::Relaxed);
 }
 
-/// Catches SIGTERM always, and SIGINT unless gpudiag is in the terminal's foreground group:
-/// then the terminal's Ctrl-C reaches the command directly (forwarding would deliver it twice),
-/// and gpudiag ignores it to keep watching until the command has handled it and exited. Called
-/// after the command started, so it inherits none of this.
-fn forward_signals() {
-    // SAFETY: getpgrp and tcgetpgrp take plain integers; a failure (fd 0 not a terminal) is -1.
-    let foreground = unsafe { libc::tcgetpgrp(0) == libc::getpgrp() };
-    let on_interrupt = if foreground {
-        libc::SIG_IGN
-    } else {
-        catch as *const () as libc::sighandler_t
-    };
-    // SAFETY: `catch` only stores to an atomic, which is async-signal-safe; SIG_IGN is a valid
-    // disposition.
-    unsafe {
-        libc::signal(libc::SIGTERM, catch as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGINT, on_interrupt);
+/// Catches [`FORWARDED`] so they no longer end gpudiag: gpudiag keeps watching until the
+/// command has handled them and exited, then exits with its code.
+fn catch_forwarded_signals() {
+    for signal in FORWARDED {
+        // SAFETY: a zeroed sigaction is a valid start; `catch` only touches lock-free atomics
+        // and the siginfo it is given. SA_RESTART keeps gpudiag's own reads and waits from
+        // failing with EINTR.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = catch as *const () as libc::sighandler_t;
+            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Sends the command what was caught since the last call. A signal the kernel sent to a
+/// process group (the terminal's Ctrl-C, Ctrl-\, hangup) already reached the command while
+/// it is in gpudiag's group; sending it again would deliver it twice. A signal sent to the
+/// whole group with kill(-pgid) cannot be told from one sent to gpudiag alone and does arrive
+/// twice, as it did before.
+fn forward_caught(pid: libc::pid_t) {
+    let sent = SENT.swap(0, Ordering::Relaxed);
+    let mut from_kernel = FROM_KERNEL.swap(0, Ordering::Relaxed);
+    // SAFETY: getpgid and getpgrp take and return plain integers.
+    if from_kernel != 0 && unsafe { libc::getpgid(pid) == libc::getpgrp() } {
+        from_kernel = 0;
+    }
+    let pending = sent | from_kernel;
+    for signal in FORWARDED {
+        if pending & (1u64 << signal) != 0 {
+            // SAFETY: kill takes plain integers; `pid` is our own child, not yet reaped.
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
     }
 }
 
@@ -352,25 +533,28 @@ struct Watched {
     trace: Option<Trace>,
 }
 
-fn watch(
-    source: Source,
-    args: &RunArgs,
-    config: &Config,
-    stop: &Arc<AtomicBool>,
-) -> Result<Watched, Error> {
-    let devices = source.devices();
-    let host = source.backend.host().clone();
+fn header_for(source: &Source, args: &RunArgs) -> Header {
     let mut header = Header::new(
         source.backend.name(),
-        host.clone(),
-        devices.clone(),
+        source.backend.host().clone(),
+        source.devices(),
         Some(args.interval.as_millis() as u64),
     );
     header.topology = source.topology();
-    let writer = match &args.record {
-        Some(path) => Some(RecordingWriter::create_with(path, &header, args.force)?),
-        None => None,
-    };
+    header
+}
+
+/// Samples until `stop`. The command is running: every failure here is a warning, so that
+/// gpudiag still waits for the command and exits with its code.
+fn watch(
+    source: Source,
+    writer: Option<RecordingWriter>,
+    args: &RunArgs,
+    config: &Config,
+    stop: &Arc<AtomicBool>,
+) -> Watched {
+    let devices = source.devices();
+    let host = source.backend.host().clone();
     let trace = args
         .trace
         .as_ref()
@@ -383,6 +567,7 @@ fn watch(
     ));
     let mut sink = RunSink {
         writer,
+        write_failed: None,
         trace,
         tree: ProcessTree::new(std::process::id()),
     };
@@ -392,11 +577,18 @@ fn watch(
         stop: Some(stop),
     };
     let mut warnings = Vec::new();
-    if let Some(e) = session::run(source, &mut pipeline, &opts, &mut sink)? {
-        warnings.push(format!("sampling stopped early: {e}"));
+    match session::run(source, &mut pipeline, &opts, &mut sink) {
+        Ok(None) => {}
+        Ok(Some(e)) => warnings.push(format!("sampling stopped early: {e}")),
+        Err(e) => warnings.push(format!("sampling stopped early: {e}")),
     }
-    if let Some(w) = sink.writer.take() {
-        w.finish()?;
+    if let Some(e) = sink.write_failed.take() {
+        warn(&format!("the recording stopped: {e}"));
+    }
+    if let Some(w) = sink.writer.take()
+        && let Err(e) = w.finish()
+    {
+        warn(&format!("the recording could not be finished: {e}"));
     }
     let mut trace = None;
     if let (Some(builder), Some(path)) = (sink.trace.take(), &args.trace) {
@@ -408,17 +600,17 @@ fn watch(
         // With a profiler trace, the trace is merged once the command has written it.
         if args.profiler_trace.is_some() {
             trace = Some(finished);
-        } else {
-            write_json_atomic(path, &finished)?;
+        } else if let Err(e) = write_json_atomic(path, &finished) {
+            warn(&e.to_string());
         }
     }
-    Ok(Watched {
+    Watched {
         pipeline,
         devices,
         tree: sink.tree,
         warnings,
         trace,
-    })
+    }
 }
 
 impl Watched {
@@ -633,6 +825,8 @@ fn parent_from_stat(stat: &str) -> Option<u32> {
 
 struct RunSink {
     writer: Option<RecordingWriter>,
+    /// Why the recording stopped (a full disk): the verdict goes on without it.
+    write_failed: Option<Error>,
     trace: Option<TraceBuilder>,
     tree: ProcessTree,
 }
@@ -640,9 +834,14 @@ struct RunSink {
 impl Sink for RunSink {
     fn on_tick(&mut self, tick: &Tick, raised: &[Finding], _: &Pipeline) -> Result<(), Error> {
         if let Some(w) = &mut self.writer {
-            w.write_tick(tick)?;
-            for f in raised {
-                w.write(&Record::Finding(f.clone()))?;
+            let written = w.write_tick(tick).and_then(|()| {
+                raised
+                    .iter()
+                    .try_for_each(|f| w.write(&Record::Finding(f.clone())))
+            });
+            if let Err(e) = written {
+                self.write_failed = Some(e.into());
+                self.writer = None;
             }
         }
         if let Some(t) = &mut self.trace {
