@@ -1661,10 +1661,13 @@ fn header_leads_with_the_phase_the_window_ends_in() {
         Pace::AsFastAsPossible,
     )
     .unwrap();
-    let app = loaded_from(b, "spin.ndjson");
+    let mut app = loaded_from(b, "spin.ndjson");
     let engine = &app.pipeline.engine;
-    let window = &engine.verdicts()[&0];
-    let now = engine.current_phase(0).expect("two phases in the window");
+    let window = engine.verdicts()[&0].clone();
+    let now = engine
+        .current_phase(0)
+        .expect("two phases in the window")
+        .clone();
     assert_eq!(now.verdict.bottleneck.to_string(), "underfilled");
     assert_ne!(
         window.bottleneck, now.verdict.bottleneck,
@@ -1688,6 +1691,15 @@ fn header_leads_with_the_phase_the_window_ends_in() {
             assert!(line.ends_with('…'), "{line}");
         }
     }
+    // The Detail block speaks of the spin too, with its advice.
+    app.panel = Panel::Detail;
+    let screen = render(&app, 120, 40);
+    let lead = format!("│now, {:.0} s: ", now.duration_s());
+    assert!(screen.contains(&lead), "{screen}");
+    assert!(
+        screen.contains(&format!("what to do: {}", &now.verdict.advice[..20])),
+        "{screen}"
+    );
     // Spin alone: one phase, one verdict, as before.
     let b = ReplayBackend::from_reader(
         std::io::Cursor::new(recording_of(&[(100.0, 1.0); 35])),

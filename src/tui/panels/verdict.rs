@@ -117,7 +117,8 @@ pub fn header_line(app: &App, d: &DeviceInfo, width: usize) -> Line<'static> {
     format::fit_line(line, width)
 }
 
-/// The Detail panel's block: the verdict's whole title, then what to do, in at most
+/// The Detail panel's block: the verdict's whole title (the current phase's, where the window
+/// holds several), then what to do, in at most
 /// `max_lines` lines of `width` (the title gets up to half of them, at least one). The header
 /// right above already names the bottleneck and the confidence. Text that does not fit ends in
 /// "…"; `check` carries it whole.
@@ -140,8 +141,17 @@ pub fn detail_lines(
             ))];
         }
     };
+    // Where the window holds several phases, the block speaks of the one it ends in, as the
+    // header leads with it: its advice is what applies now.
+    let (v, head) = match app.pipeline.engine.current_phase(d.index) {
+        Some(now) => (
+            &now.verdict,
+            format!("now, {:.0} s: {}", now.duration_s(), title(&now.verdict)),
+        ),
+        None => (v, title(v).to_owned()),
+    };
     let head = capped(
-        format::wrap(&format::text(title(v)), width, ""),
+        format::wrap(&format::text(&head), width, ""),
         (max_lines / 2).max(1),
         width,
     );
