@@ -196,23 +196,24 @@ pub fn fit_line(line: Line<'static>, width: usize) -> Line<'static> {
     }
 }
 
-/// Word-wraps `s` into lines of at most `width` characters, each starting with `indent`; a
-/// word longer than a line is split. Never loses text, unlike `fit`.
+/// Word-wraps `s` into lines of at most `width` cells, each starting with `indent`; a word
+/// longer than a line is split. Never loses text, unlike `fit`.
 pub fn wrap(s: &str, width: usize, indent: &str) -> Vec<String> {
-    let room = width.saturating_sub(indent.chars().count()).max(1);
+    let room = width.saturating_sub(width_of(indent)).max(1);
     let mut lines = Vec::new();
     let mut line = String::new();
     let mut len = 0;
     for word in s.split_whitespace() {
-        let mut word: Vec<char> = word.chars().collect();
+        let mut word = word;
         loop {
             let gap = usize::from(len > 0);
-            if len + gap + word.len() <= room {
+            let w = width_of(word);
+            if len + gap + w <= room {
                 if gap == 1 {
                     line.push(' ');
                 }
-                line.extend(word.iter());
-                len += gap + word.len();
+                line.push_str(word);
+                len += gap + w;
                 break;
             }
             if len > 0 {
@@ -221,9 +222,19 @@ pub fn wrap(s: &str, width: usize, indent: &str) -> Vec<String> {
                 len = 0;
                 continue;
             }
-            let rest = word.split_off(room.min(word.len()));
-            lines.push(format!("{indent}{}", word.iter().collect::<String>()));
-            word = rest;
+            // The longest head of the word that fits, at least one character.
+            let mut used = 0;
+            let mut at = 0;
+            for (i, c) in word.char_indices() {
+                let cw = UnicodeWidthChar::width(c).unwrap_or(0);
+                if at > 0 && used + cw > room {
+                    break;
+                }
+                used += cw;
+                at = i + c.len_utf8();
+            }
+            lines.push(format!("{indent}{}", &word[..at]));
+            word = &word[at..];
             if word.is_empty() {
                 break;
             }
@@ -326,5 +337,10 @@ mod tests {
         // A word longer than the line is split rather than cut.
         assert_eq!(wrap("abcdefgh", 3, ""), ["abc", "def", "gh"]);
         assert_eq!(wrap("", 10, "  "), ["  "]);
+        // Display width: three two-cell characters to a line of six.
+        assert_eq!(
+            wrap("名前名前名前名前", 6, ""),
+            ["名前名", "前名前", "名前"]
+        );
     }
 }
