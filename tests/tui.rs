@@ -1565,3 +1565,153 @@ fn an_unreadable_kernel_log_is_said_in_the_footer() {
     assert!(status.contains("before this session"), "{status}");
     assert!(render(&app, 120, 36).contains("not judged: errors.kernel_log_xid"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Text fitted to the screen, and the verdict of a window that changed
+
+/// Rows of `screen` whose text runs into the last cell before `edge` columns from the right
+/// (the right border, or the screen's edge) without ending in the cut mark: text that ratatui
+/// clipped silently.
+fn cut_without_a_mark(screen: &str, rows: std::ops::Range<usize>, edge: usize) -> Vec<String> {
+    screen
+        .lines()
+        .map(|l| l.trim_matches('"'))
+        .enumerate()
+        .filter(|(i, _)| rows.contains(i))
+        .filter_map(|(_, l)| {
+            let cells: Vec<char> = l.chars().collect();
+            let last = *cells.get(cells.len().checked_sub(edge + 1)?)?;
+            (last != ' ' && last != '…').then(|| l.to_owned())
+        })
+        .collect()
+}
+
+/// Finding titles, evidence, the header and the footer are cut with "…" at 80 and 120 columns,
+/// never silently: the demo's idle finding is longer than either.
+#[test]
+fn cut_text_ends_with_a_mark_at_80_and_120_columns() {
+    let mut app = loaded("demo");
+    app.panel = Panel::Findings;
+    for (w, h) in [(80u16, 24u16), (120, 40)] {
+        let screen = render(&app, w, h);
+        let h = usize::from(h);
+        let title = screen
+            .lines()
+            .find(|l| l.contains("GPU0  GPU 0 idle while holding memory"))
+            .unwrap_or_else(|| panic!("{screen}"));
+        let text = title.trim_matches('"').trim_end_matches('│').trim_end();
+        assert!(text.ends_with('…'), "{w}x{h}: {title}");
+        let bad = cut_without_a_mark(&screen, 5..h - 2, 1);
+        assert!(bad.is_empty(), "{w}x{h} cut silently: {bad:#?}\n{screen}");
+        let bad = cut_without_a_mark(&screen, 0..3, 0);
+        assert!(bad.is_empty(), "{w}x{h} header cut silently: {bad:#?}");
+    }
+}
+
+/// A one-device recording in the profiled fixture's format: `util` and `sm` (utilisation and
+/// SM active, %) for each second.
+fn recording_of(seconds: &[(f64, f64)]) -> Vec<u8> {
+    let text = std::fs::read_to_string(fixture("profiled.ndjson")).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut header = lines[0].clone();
+    let first = header["devices"][0].clone();
+    header["devices"] = serde_json::json!([first]);
+    // A sample with profiling counters, on device 0.
+    let template = lines
+        .iter()
+        .find(|l| l["device"] == 0 && l["sm_active_pct"].is_number())
+        .unwrap();
+    let start = template["time_ms"].as_u64().unwrap();
+    let mut out = format!("{header}\n");
+    for (i, &(util, sm)) in seconds.iter().enumerate() {
+        let mut s = template.clone();
+        s["time_ms"] = serde_json::json!(start + 1000 * i as u64);
+        s["gpu_util_pct"] = serde_json::json!(util);
+        s["sm_active_pct"] = serde_json::json!(sm);
+        for key in ["sm_occupancy_pct", "gr_engine_active_pct"] {
+            s[key] = serde_json::json!(sm);
+        }
+        for key in [
+            "tensor_active_pct",
+            "dram_active_pct",
+            "fp64_active_pct",
+            "fp32_active_pct",
+            "fp16_active_pct",
+        ] {
+            s[key] = serde_json::json!(0.0);
+        }
+        s["processes"] = serde_json::Value::Null;
+        out.push_str(&format!("{s}\n"));
+    }
+    out.into_bytes()
+}
+
+/// Idle for 20 s, then a one-warp spin (utilisation 100%, SM active 1%) for 15 s: the window's
+/// verdict blends the two, so the header leads with the spin ("now underfilled") and gives the
+/// blend after it; a window of one phase keeps the one verdict.
+#[test]
+fn header_leads_with_the_phase_the_window_ends_in() {
+    let mut seconds = vec![(0.0, 0.0); 20];
+    seconds.extend([(100.0, 1.0); 15]);
+    let b = ReplayBackend::from_reader(
+        std::io::Cursor::new(recording_of(&seconds)),
+        Pace::AsFastAsPossible,
+    )
+    .unwrap();
+    let mut app = loaded_from(b, "spin.ndjson");
+    let engine = &app.pipeline.engine;
+    let window = engine.verdicts()[&0].clone();
+    let now = engine
+        .current_phase(0)
+        .expect("two phases in the window")
+        .clone();
+    assert_eq!(now.verdict.bottleneck.to_string(), "underfilled");
+    assert_ne!(
+        window.bottleneck, now.verdict.bottleneck,
+        "the window blends: {window:?}"
+    );
+    // The spin's 15 s, to the 10 s slice phases are judged by.
+    assert!((10.0..=20.0).contains(&now.duration_s()), "{now:?}");
+    for (w, h) in [(120u16, 40u16), (80, 24)] {
+        let screen = render(&app, w, h);
+        let line = screen.lines().nth(2).unwrap().trim_matches('"').trim_end();
+        let lead = format!(
+            "verdict GPU 0: now underfilled, {:.0} s (high) — ",
+            now.duration_s()
+        );
+        assert!(line.starts_with(&lead), "{w}x{h}: {line}");
+        assert!(line.contains("utilisation 100%, SM active 1.0%"), "{line}");
+        if w == 120 {
+            let blend = format!("· over {:.0} s: {} (", window.window_s(), window.bottleneck);
+            assert!(line.contains(&blend), "{line}");
+        } else {
+            assert!(line.ends_with('…'), "{line}");
+        }
+    }
+    // The Detail block speaks of the spin too, with its advice.
+    app.panel = Panel::Detail;
+    let screen = render(&app, 120, 40);
+    let lead = format!("│now, {:.0} s: ", now.duration_s());
+    assert!(screen.contains(&lead), "{screen}");
+    assert!(
+        screen.contains(&format!("what to do: {}", &now.verdict.advice[..20])),
+        "{screen}"
+    );
+    // Spin alone: one phase, one verdict, as before.
+    let b = ReplayBackend::from_reader(
+        std::io::Cursor::new(recording_of(&[(100.0, 1.0); 35])),
+        Pace::AsFastAsPossible,
+    )
+    .unwrap();
+    let app = loaded_from(b, "spin.ndjson");
+    assert!(app.pipeline.engine.current_phase(0).is_none());
+    let screen = render(&app, 120, 40);
+    let line = screen.lines().nth(2).unwrap();
+    assert!(
+        line.contains("verdict GPU 0: underfilled (high) — over 30 s"),
+        "{line}"
+    );
+}

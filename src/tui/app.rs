@@ -324,12 +324,14 @@ pub struct App {
 impl App {
     pub fn new(init: AppInit) -> Self {
         let init_is_live = init.source == SourceKind::Live;
+        // The header leads with the phase the window ends in, not only the window's blend.
         let engine = RuleEngine::new(
             RulesConfig::default(),
             init.devices.clone(),
             Some(init.host.clone()),
             None,
-        );
+        )
+        .with_current_phase();
         App {
             pipeline: Pipeline::new(engine).retaining(LOOKBACK),
             recorded: Vec::new(),
@@ -405,7 +407,8 @@ impl App {
             self.devices.clone(),
             Some(self.host.clone()),
             self.libraries.clone(),
-        );
+        )
+        .with_current_phase();
         self.pipeline = Pipeline::new(engine).retaining(LOOKBACK);
     }
 

@@ -2,6 +2,9 @@
 //! `None`, so no panel can show 0 for a value that was never read.
 
 use gpudiag_telemetry::TimeMs;
+use ratatui::style::Style;
+use ratatui::text::{Line, Span};
+use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 
 pub const NA: &str = "n/a";
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -100,38 +103,117 @@ pub fn text(s: &str) -> String {
     gpudiag_model::printable::line(s).into_owned()
 }
 
-/// `s` made printable (see [`text`]), cut to at most `width` characters, marking the cut
-/// with "…".
+/// `s` made printable (see [`text`]) and fitted to `width` terminal cells (see [`cut`]).
 pub fn fit(s: &str, width: usize) -> String {
     let s = gpudiag_model::printable::line(s);
-    if s.chars().count() <= width {
-        return s.into_owned();
-    }
     if width == 0 {
         return String::new();
     }
-    let mut out: String = s.chars().take(width - 1).collect();
-    out.push('…');
-    out
+    match cut(&s, width) {
+        None => s.into_owned(),
+        Some(keep) => format!("{}…", &s[..keep]),
+    }
 }
 
-/// Word-wraps `s` into lines of at most `width` characters, each starting with `indent`; a
-/// word longer than a line is split. Never loses text, unlike `fit`.
+/// Cells `s` takes on a terminal: wide (CJK, emoji) characters take two, combining marks none.
+pub fn width_of(s: &str) -> usize {
+    UnicodeWidthStr::width(s)
+}
+
+/// Where to cut `s` so that what is kept and a closing "…" take at most `width` cells: the
+/// byte length to keep, or `None` when `s` fits whole. Ratatui clips a line wider than its
+/// area without a mark, so every text the TUI fits to a width goes through here, and a reader
+/// can tell a cut value from a whole one. The cut falls on a word boundary when that gives up
+/// little of the line (a word cut in half reads as a different word: "utilisation 3…" for 36%),
+/// else on a character boundary; separators left dangling before the mark go too.
+pub fn cut(s: &str, width: usize) -> Option<usize> {
+    if width_of(s) <= width {
+        return None;
+    }
+    let room = width.saturating_sub(1);
+    let mut keep = 0;
+    let mut used = 0;
+    for (i, c) in s.char_indices() {
+        let w = UnicodeWidthChar::width(c).unwrap_or(0);
+        if used + w > room {
+            break;
+        }
+        used += w;
+        keep = i + c.len_utf8();
+    }
+    let at_word_end = s[keep..].starts_with(char::is_whitespace);
+    if !at_word_end {
+        // Back to the last space, if that gives up at most a fifth of the room (and no more
+        // than a long word): a short fit is better cut mid-word than left nearly empty.
+        if let Some(space) = s[..keep].rfind(char::is_whitespace) {
+            let lost = width_of(&s[space..keep]);
+            if lost <= (room / 5).min(16) {
+                keep = space;
+            }
+        }
+    }
+    let kept = s[..keep].trim_end_matches(|c: char| c.is_whitespace() || ",;:(—·".contains(c));
+    // Cutting to nothing but the mark would hide that there was text; keep the raw cut then.
+    Some(if kept.is_empty() { keep } else { kept.len() })
+}
+
+/// `line` fitted to `width` cells like [`fit`], each span keeping its style; the "…" takes the
+/// style of the text it follows. The spans' text must already be printable.
+pub fn fit_line(line: Line<'static>, width: usize) -> Line<'static> {
+    let whole: String = line.spans.iter().map(|s| s.content.as_ref()).collect();
+    let Some(mut keep) = cut(&whole, width) else {
+        return line;
+    };
+    if width == 0 {
+        return Line::default();
+    }
+    let Line {
+        spans,
+        style,
+        alignment,
+    } = line;
+    let mut out = Vec::new();
+    let mut last_style = Style::default();
+    for span in spans {
+        if keep == 0 {
+            break;
+        }
+        let len = span.content.len();
+        last_style = span.style;
+        if len <= keep {
+            keep -= len;
+            out.push(span);
+        } else {
+            out.push(Span::styled(span.content[..keep].to_owned(), span.style));
+            keep = 0;
+        }
+    }
+    out.push(Span::styled("…", last_style));
+    Line {
+        spans: out,
+        style,
+        alignment,
+    }
+}
+
+/// Word-wraps `s` into lines of at most `width` cells, each starting with `indent`; a word
+/// longer than a line is split. Never loses text, unlike `fit`.
 pub fn wrap(s: &str, width: usize, indent: &str) -> Vec<String> {
-    let room = width.saturating_sub(indent.chars().count()).max(1);
+    let room = width.saturating_sub(width_of(indent)).max(1);
     let mut lines = Vec::new();
     let mut line = String::new();
     let mut len = 0;
     for word in s.split_whitespace() {
-        let mut word: Vec<char> = word.chars().collect();
+        let mut word = word;
         loop {
             let gap = usize::from(len > 0);
-            if len + gap + word.len() <= room {
+            let w = width_of(word);
+            if len + gap + w <= room {
                 if gap == 1 {
                     line.push(' ');
                 }
-                line.extend(word.iter());
-                len += gap + word.len();
+                line.push_str(word);
+                len += gap + w;
                 break;
             }
             if len > 0 {
@@ -140,9 +222,19 @@ pub fn wrap(s: &str, width: usize, indent: &str) -> Vec<String> {
                 len = 0;
                 continue;
             }
-            let rest = word.split_off(room.min(word.len()));
-            lines.push(format!("{indent}{}", word.iter().collect::<String>()));
-            word = rest;
+            // The longest head of the word that fits, at least one character.
+            let mut used = 0;
+            let mut at = 0;
+            for (i, c) in word.char_indices() {
+                let cw = UnicodeWidthChar::width(c).unwrap_or(0);
+                if at > 0 && used + cw > room {
+                    break;
+                }
+                used += cw;
+                at = i + c.len_utf8();
+            }
+            lines.push(format!("{indent}{}", &word[..at]));
+            word = &word[at..];
             if word.is_empty() {
                 break;
             }
@@ -154,9 +246,11 @@ pub fn wrap(s: &str, width: usize, indent: &str) -> Vec<String> {
     lines
 }
 
-/// Pads or cuts `s` to exactly `width` characters.
+/// Pads or cuts `s` to exactly `width` cells.
 pub fn pad(s: &str, width: usize) -> String {
-    format!("{:<width$}", fit(s, width))
+    let s = fit(s, width);
+    let gap = width.saturating_sub(width_of(&s));
+    format!("{s}{}", " ".repeat(gap))
 }
 
 #[cfg(test)]
@@ -191,6 +285,48 @@ mod tests {
     }
 
     #[test]
+    fn cut_text_ends_in_a_mark_within_the_width() {
+        // A word boundary when it gives up little, else mid-word; never a dangling separator.
+        let title = "GPU 0 idle while holding memory over 30 s (utilisation 0.0%, no counters)";
+        // At 60 the cut would split "0.0%": the number goes whole.
+        assert_eq!(
+            fit(title, 60),
+            "GPU 0 idle while holding memory over 30 s (utilisation…"
+        );
+        assert_eq!(fit(title, 52), "GPU 0 idle while holding memory over 30 s…");
+        assert_eq!(fit("abcdefghij klm", 8), "abcdefg…");
+        // Display width, not characters: each CJK character takes two cells.
+        let wide = "名前名前名前";
+        assert_eq!(width_of(wide), 12);
+        assert_eq!(fit(wide, 6), "名前…");
+        assert_eq!(width_of(&fit(wide, 7)), 7);
+        assert_eq!(pad("名前", 6), "名前  ");
+        // Whole text is left alone; nothing but the mark fits in one cell.
+        assert_eq!(fit(title, 200), title);
+        assert_eq!(fit(title, 1), "…");
+        assert_eq!(fit(title, 0), "");
+    }
+
+    #[test]
+    fn a_fitted_line_keeps_its_styles_and_marks_the_cut() {
+        use ratatui::style::Color;
+        let red = Style::default().fg(Color::Red);
+        let line = Line::from(vec![
+            Span::styled("verdict GPU 0: underfilled", red),
+            Span::raw(" (high) — utilisation 100%"),
+        ]);
+        let fitted = fit_line(line.clone(), 20);
+        let text: String = fitted.spans.iter().map(|s| s.content.as_ref()).collect();
+        assert_eq!(text, "verdict GPU 0: unde…");
+        assert!(fitted.spans.iter().all(|s| s.style == red), "{fitted:?}");
+        let fitted = fit_line(line.clone(), 40);
+        assert_eq!(fitted.spans.len(), 3);
+        assert_eq!(fitted.spans[1].content, " (high)");
+        assert_eq!(fitted.spans[2].content, "…");
+        assert_eq!(fit_line(line.clone(), 80), line);
+    }
+
+    #[test]
     fn wrap_keeps_every_word_within_the_width() {
         let text = "Drain the node: stop jobs on this GPU, collect `gpudiag report`.";
         let lines = wrap(text, 20, "  ");
@@ -201,5 +337,10 @@ mod tests {
         // A word longer than the line is split rather than cut.
         assert_eq!(wrap("abcdefgh", 3, ""), ["abc", "def", "gh"]);
         assert_eq!(wrap("", 10, "  "), ["  "]);
+        // Display width: three two-cell characters to a line of six.
+        assert_eq!(
+            wrap("名前名前名前名前", 6, ""),
+            ["名前名", "前名前", "名前"]
+        );
     }
 }

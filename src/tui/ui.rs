@@ -35,7 +35,10 @@ pub fn draw(f: &mut Frame, app: &App) {
     ])
     .areas(area);
     panels::header::render(f, header, app);
-    f.render_widget(tab_line(app), tabs);
+    f.render_widget(
+        super::format::fit_line(tab_line(app), tabs.width as usize),
+        tabs,
+    );
     match app.panel {
         Panel::Devices => panels::devices::render_screen(f, body, app),
         Panel::Detail => panels::detail::render(f, body, app),

@@ -94,6 +94,7 @@ fn draw(f: &mut Frame, area: Rect, app: &App, with_verdict: bool) {
         format::text(&d.label()),
         app.zoom.label()
     );
+    let title = format::fit(&title, area.width.saturating_sub(2) as usize);
     let block = Block::bordered().title(Span::styled(title, t.title()));
     let mut inner = block.inner(area);
     f.render_widget(block, area);
@@ -194,9 +195,12 @@ fn render_chart(
             .and_then(|(s, m)| s.why_absent(m.name))
             .map_or_else(|| "no data yet".to_owned(), ToString::to_string);
         f.render_widget(
-            Paragraph::new(format!("{NA}: {}", format::text(&why)))
-                .style(t.dim())
-                .block(block),
+            Paragraph::new(format::fit(
+                &format!("{NA}: {why}"),
+                area.width.saturating_sub(2) as usize,
+            ))
+            .style(t.dim())
+            .block(block),
             area,
         );
         return;

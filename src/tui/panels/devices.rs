@@ -83,8 +83,8 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         let s = app.pipeline.latest.get(&d.index);
         let selected = i == app.selected_device;
         let (a, b) = device_lines(d, s, width, &t, selected);
-        lines.push(a);
-        lines.push(b);
+        lines.push(format::fit_line(a, width));
+        lines.push(format::fit_line(b, width));
     }
     f.render_widget(Paragraph::new(lines), inner);
 }

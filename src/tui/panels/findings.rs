@@ -88,7 +88,7 @@ fn finding_lines(app: &App, finding: &Finding, selected: bool, width: usize) -> 
         ));
     }
     vec![
-        Line::from(head),
+        format::fit_line(Line::from(head), width),
         Line::from(Span::styled(
             format::fit(
                 &format!("     evidence: {}", evidence_text(&finding.evidence)),
@@ -96,6 +96,9 @@ fn finding_lines(app: &App, finding: &Finding, selected: bool, width: usize) -> 
             ),
             t.dim(),
         )),
-        Line::from(format::fit(&format!("     do: {}", finding.advice), width)),
+        Line::from(format::fit(
+            &format!("     do: {}", format::text(&finding.advice)),
+            width,
+        )),
     ]
 }

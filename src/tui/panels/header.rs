@@ -76,5 +76,11 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         Some(d) => super::verdict::header_line(app, d, area.width as usize),
         None => Line::from(Span::styled("verdict: no GPU", t.dim())),
     };
-    f.render_widget(Paragraph::new(vec![line1, Line::from(spans), line3]), area);
+    let width = area.width as usize;
+    let lines = vec![
+        format::fit_line(line1, width),
+        format::fit_line(Line::from(spans), width),
+        line3,
+    ];
+    f.render_widget(Paragraph::new(lines), area);
 }

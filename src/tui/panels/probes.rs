@@ -118,24 +118,38 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
                 suite_span(app, SuiteName::Full, *suite),
                 Span::raw("   ↑↓ pick · Enter run"),
             ])];
+            let width = usize::from(block.inner(area).width);
+            let first = lines.remove(0);
+            lines.push(format::fit_line(first, width));
             lines.push(Line::from(""));
+            // Wrapped here rather than by the paragraph, which must not wrap the result tables.
             match last {
-                None => lines.push(Line::from(
-                    "No probe run yet. quick takes seconds, standard about a minute, full \
-                     minutes with the GPU nearly to itself; a GPU other processes use is \
-                     refused, and you are asked whether to run on it anyway.",
-                )),
-                Some(Err(e)) => lines.push(Line::from(Span::styled(
-                    format!(
-                        "Could not run: {}",
-                        crate::tui::format::text(&e.to_string())
-                    ),
-                    t.severity(gpudiag_core::rules::Severity::Fail),
-                ))),
-                Some(Ok(report)) => {
-                    let width = usize::from(block.inner(area).width);
-                    lines.extend(report_lines(app, report, width));
-                }
+                None => lines.extend(
+                    format::wrap(
+                        "No probe run yet. quick takes seconds, standard about a minute, full \
+                         minutes with the GPU nearly to itself; a GPU other processes use is \
+                         refused, and you are asked whether to run on it anyway.",
+                        width,
+                        "",
+                    )
+                    .into_iter()
+                    .map(Line::from),
+                ),
+                Some(Err(e)) => lines.extend(
+                    format::wrap(
+                        &format!("Could not run: {}", format::text(&e.to_string())),
+                        width,
+                        "",
+                    )
+                    .into_iter()
+                    .map(|l| {
+                        Line::from(Span::styled(
+                            l,
+                            t.severity(gpudiag_core::rules::Severity::Fail),
+                        ))
+                    }),
+                ),
+                Some(Ok(report)) => lines.extend(report_lines(app, report, width)),
             }
             f.render_widget(Paragraph::new(lines).block(block), area);
         }
@@ -169,7 +183,7 @@ fn report_lines(app: &App, report: &ProbeReport, width: usize) -> Vec<Line<'stat
         } else {
             ratatui::style::Style::default()
         };
-        lines.push(Line::from(Span::styled(l.to_owned(), style)));
+        lines.push(Line::from(Span::styled(format::fit(l, width), style)));
     }
     lines
 }

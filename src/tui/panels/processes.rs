@@ -17,9 +17,12 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
     let block = Block::bordered().title(Span::styled(title, t.title()));
     let rows = match app.process_view() {
         ProcessView::NotRead(why) => {
-            let msg = format!(
-                "process list {NA}: {}",
-                format::text(&why.unwrap_or_else(|| "no sample yet".into()))
+            let msg = format::fit(
+                &format!(
+                    "process list {NA}: {}",
+                    why.unwrap_or_else(|| "no sample yet".into())
+                ),
+                area.width.saturating_sub(2) as usize,
             );
             f.render_widget(Paragraph::new(msg).style(t.dim()).block(block), area);
             return;
@@ -50,23 +53,35 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         header.push("CONTAINER");
         widths.push(Constraint::Length(14));
     }
+    // The command column takes what the others leave (inside the border, past the selection
+    // marker, between columns); cells are fitted to it here, as the table would cut them
+    // without a mark.
+    let fixed: u16 = widths
+        .iter()
+        .map(|c| match c {
+            Constraint::Length(n) => *n,
+            _ => 0,
+        })
+        .sum();
+    let command_width = usize::from(
+        area.width
+            .saturating_sub(2 + 2 + fixed + (widths.len() as u16 - 1))
+            .max(10),
+    );
     let body: Vec<Row> = rows
         .iter()
         .map(|r| {
             let mut cells = vec![
                 r.device.to_string(),
                 r.pid.to_string(),
-                format::text(r.user.as_deref().unwrap_or(NA)),
-                format::text(r.name.as_deref().unwrap_or(NA)),
+                format::fit(r.user.as_deref().unwrap_or(NA), 10),
+                format::fit(r.name.as_deref().unwrap_or(NA), command_width),
                 format::bytes(r.used_memory_bytes),
                 format::growth(r.growth_bytes_per_s),
                 format::num(r.sm_util_pct, 0, "%"),
             ];
             if wide {
-                cells.push(format::fit(
-                    &format::text(&owner(r.attribution.as_ref())),
-                    30,
-                ));
+                cells.push(format::fit(&owner(r.attribution.as_ref()), 30));
                 cells.push(
                     r.container_id
                         .as_deref()

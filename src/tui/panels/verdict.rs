@@ -7,6 +7,7 @@ use ratatui::text::{Line, Span};
 
 use crate::tui::app::App;
 use crate::tui::format;
+use gpudiag_core::rules::verdict;
 use gpudiag_model::verdict::{Basis, Verdict};
 use gpudiag_telemetry::DeviceInfo;
 
@@ -66,39 +67,58 @@ fn without_flags(reason: &str) -> &str {
     }
 }
 
+/// The confidence and basis in parentheses: "(low, utilisation only)".
+fn strength(v: &Verdict) -> String {
+    let basis = match v.basis {
+        Basis::ProfilingCounters => "",
+        Basis::Utilisation => ", utilisation only",
+    };
+    format!("({}{basis})", v.confidence)
+}
+
 /// The header's line: "verdict GPU 0: launch_bound (low, utilisation only) — over 30 s: …",
-/// cut to `width`.
+/// fitted to `width`. Where the window holds more than one phase it leads with the one it
+/// ends in, and gives the window's blend after it: "verdict GPU 0: now underfilled, 11 s
+/// (high) — utilisation 100%, SM active 0.9% · over 30 s: launch_bound (utilisation 36%, …)".
 pub fn header_line(app: &App, d: &DeviceInfo, width: usize) -> Line<'static> {
     let t = app.theme;
     let head = format!("verdict GPU {}: ", d.index);
-    match state(app, d.index) {
-        State::Judged(v) => {
-            let name = format!("{head}{}", v.bottleneck);
-            let basis = match v.basis {
-                Basis::ProfilingCounters => "",
-                Basis::Utilisation => ", utilisation only",
-            };
-            let rest = format!(" ({}{basis}) — {}", v.confidence, short_title(v));
-            let line = format::fit(&format!("{name}{rest}"), width);
-            // The name is styled, the rest plain; `fit` may have cut into either.
-            let split = line
-                .char_indices()
-                .nth(name.chars().count())
-                .map_or(line.len(), |(i, _)| i);
-            let (styled, plain) = line.split_at(split);
-            Line::from(vec![
-                Span::styled(styled.to_owned(), style(app, v)),
-                Span::raw(plain.to_owned()),
-            ])
-        }
+    let line = match state(app, d.index) {
+        State::Judged(v) => match app.pipeline.engine.current_phase(d.index) {
+            Some(now) => Line::from(vec![
+                Span::styled(
+                    format!("{head}now {}", now.verdict.bottleneck),
+                    style(app, &now.verdict),
+                ),
+                Span::raw(format!(
+                    ", {:.0} s {} — {} · over {:.0} s: {} ({})",
+                    now.duration_s(),
+                    strength(&now.verdict),
+                    format::text(&verdict::brief(&now.verdict)),
+                    v.window_s(),
+                    v.bottleneck,
+                    format::text(&verdict::brief(v)),
+                )),
+            ]),
+            None => Line::from(vec![
+                Span::styled(format!("{head}{}", v.bottleneck), style(app, v)),
+                Span::raw(format!(
+                    " {} — {}",
+                    strength(v),
+                    format::text(short_title(v))
+                )),
+            ]),
+        },
         other => Line::from(Span::styled(
-            format::fit(&format!("{head}{}", why_not(&other)), width),
+            format::text(&format!("{head}{}", why_not(&other))),
             t.dim(),
         )),
-    }
+    };
+    format::fit_line(line, width)
 }
 
-/// The Detail panel's block: the verdict's whole title, then what to do, in at most
+/// The Detail panel's block: the verdict's whole title (the current phase's, where the window
+/// holds several), then what to do, in at most
 /// `max_lines` lines of `width` (the title gets up to half of them, at least one). The header
 /// right above already names the bottleneck and the confidence. Text that does not fit ends in
 /// "…"; `check` carries it whole.
@@ -121,8 +141,17 @@ pub fn detail_lines(
             ))];
         }
     };
+    // Where the window holds several phases, the block speaks of the one it ends in, as the
+    // header leads with it: its advice is what applies now.
+    let (v, head) = match app.pipeline.engine.current_phase(d.index) {
+        Some(now) => (
+            &now.verdict,
+            format!("now, {:.0} s: {}", now.duration_s(), title(&now.verdict)),
+        ),
+        None => (v, title(v).to_owned()),
+    };
     let head = capped(
-        format::wrap(&format::text(title(v)), width, ""),
+        format::wrap(&format::text(&head), width, ""),
         (max_lines / 2).max(1),
         width,
     );

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use super::verdict::{self, NotJudged, ProcessCpu};
+use super::verdict::{self, CurrentPhase, NotJudged, ProcessCpu};
 use super::{Finding, FindingState, ProcessMemory, RuleInput, is_workload, sort};
 use crate::config::RulesConfig;
 use crate::history::History;
@@ -30,6 +30,11 @@ pub struct RuleEngine {
     verdicts: BTreeMap<u32, Verdict>,
     /// What the latest evaluation could not judge: the verdict's devices, then the rules'.
     not_judged: Vec<NotJudged>,
+    /// Whether each evaluation also finds the phase its window ends in (a few more verdicts
+    /// per device: only views that show it ask).
+    track_current_phase: bool,
+    /// The phase each device's window ends in, where the window holds more than one.
+    current_phases: BTreeMap<u32, CurrentPhase>,
     last_eval_ms: Option<TimeMs>,
     environment_done: bool,
     /// Findings of the latest windowed evaluation plus every event finding, by key.
@@ -58,12 +63,21 @@ impl RuleEngine {
             process_cpu: ProcessCpu::default(),
             verdicts: BTreeMap::new(),
             not_judged: Vec::new(),
+            track_current_phase: false,
+            current_phases: BTreeMap::new(),
             last_eval_ms: None,
             environment_done: false,
             active: BTreeMap::new(),
             raised: Vec::new(),
             raised_index: Default::default(),
         }
+    }
+
+    /// An engine that also finds, at each evaluation, the phase each device's window ends in
+    /// (see [`RuleEngine::current_phase`]).
+    pub fn with_current_phase(mut self) -> Self {
+        self.track_current_phase = true;
+        self
     }
 
     /// Takes one tick, already pushed into `history` by the caller. Returns the findings raised
@@ -139,6 +153,7 @@ impl RuleEngine {
         let input = self.input(history, &[], Some(now));
         let (verdicts, mut not_judged) =
             verdict::judge_all(&input, Some(&self.process_cpu), start_ms, now);
+        let current = self.current_phases(&input, &verdicts, start_ms, now);
         let workload: Vec<Finding> = self
             .devices
             .iter()
@@ -157,6 +172,7 @@ impl RuleEngine {
         );
         not_judged.sort_by_key(|n| n.device);
         self.verdicts = verdicts;
+        self.current_phases = current;
         self.not_judged = not_judged;
         self.active.retain(|_, f| !is_workload(f));
         self.raised.retain(|f| !is_workload(f));
@@ -169,6 +185,35 @@ impl RuleEngine {
         for f in workload {
             self.raise(f);
         }
+    }
+
+    /// The phase the window of `device`'s latest verdict ends in, where that window holds
+    /// more than one phase; `None` where it holds one (the verdict
+    /// says what runs now), where no verdict was reached, or on an engine made without
+    /// [`RuleEngine::with_current_phase`].
+    pub fn current_phase(&self, device: u32) -> Option<&CurrentPhase> {
+        self.current_phases.get(&device)
+    }
+
+    /// The phases each judged device's window `[start_ms, end_ms]` ends in, when asked for.
+    fn current_phases(
+        &self,
+        input: &RuleInput<'_>,
+        verdicts: &BTreeMap<u32, Verdict>,
+        start_ms: TimeMs,
+        end_ms: TimeMs,
+    ) -> BTreeMap<u32, CurrentPhase> {
+        if !self.track_current_phase {
+            return BTreeMap::new();
+        }
+        self.devices
+            .iter()
+            .filter(|d| verdicts.contains_key(&d.index))
+            .filter_map(|d| {
+                let cpu = Some(&self.process_cpu);
+                verdict::current_phase(input, cpu, d, start_ms, end_ms).map(|v| (d.index, v))
+            })
+            .collect()
     }
 
     /// The latest verdict per device (over the rolling window, or the window `finish_over` was
@@ -204,16 +249,15 @@ impl RuleEngine {
         self.last_eval_ms = Some(now);
         let window = (self.config.utilisation.window_s * 1000.0) as u64;
         let input = self.input(history, &[], Some(now));
-        let (verdicts, mut not_judged) = verdict::judge_all(
-            &input,
-            Some(&self.process_cpu),
-            now.saturating_sub(window),
-            now,
-        );
+        let start = now.saturating_sub(window);
+        let (verdicts, mut not_judged) =
+            verdict::judge_all(&input, Some(&self.process_cpu), start, now);
+        let current = self.current_phases(&input, &verdicts, start, now);
         let found = super::windowed(&input);
         not_judged.extend(input.not_judged.take());
         not_judged.sort_by_key(|n| n.device);
         self.verdicts = verdicts;
+        self.current_phases = current;
         self.not_judged = not_judged;
         // Windowed findings are current state: replace the previous evaluation's, keep events.
         self.active.retain(|_, f| is_sticky(f));

@@ -773,6 +773,64 @@ fn same_phase(a: &Verdict, b: &Verdict) -> bool {
             ))
 }
 
+/// The phase a window ends in: what runs now, and since when.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CurrentPhase {
+    /// When the phase began, to the slice (10 s or more) that [`phases`] judges by.
+    pub since_ms: TimeMs,
+    /// The verdict on the phase's most recent slice: its first slice may straddle the change
+    /// (half idle, half spin) and would blend the figures again.
+    pub verdict: Verdict,
+}
+
+impl CurrentPhase {
+    /// How long the phase has lasted, in seconds.
+    pub fn duration_s(&self) -> f64 {
+        self.verdict.end_ms.saturating_sub(self.since_ms) as f64 / 1000.0
+    }
+}
+
+/// The phase `[start_ms, end_ms]` ends in, when the window holds more than one: a window's
+/// verdict blends what came before with what runs now (idle seconds then a one-warp spin read
+/// as launch-bound, utilisation 36%, while the spin itself reads 100%), so a live view leads
+/// with this one. `None` when the window is one phase (its verdict already says what runs
+/// now) or no slice of it could be judged.
+pub fn current_phase(
+    input: &RuleInput<'_>,
+    cpu: Option<&ProcessCpu>,
+    device: &DeviceInfo,
+    start_ms: TimeMs,
+    end_ms: TimeMs,
+) -> Option<CurrentPhase> {
+    let all = phases(input, cpu, device, start_ms, end_ms);
+    let last = match all.as_slice() {
+        [_, .., last] => last,
+        _ => return None,
+    };
+    // The slice length `phases` uses, counted back from the end.
+    let step = (end_ms.saturating_sub(start_ms) / 20).max(10_000);
+    let recent_from = end_ms.saturating_sub(step).max(last.start_ms);
+    let verdict = judge(input, cpu, device, recent_from, end_ms)
+        .ok()
+        .filter(|v| same_phase(v.bottleneck, last.bottleneck))
+        .unwrap_or_else(|| last.clone());
+    Some(CurrentPhase {
+        since_ms: last.start_ms,
+        verdict,
+    })
+}
+
+/// The figures that decide most verdicts, in a few words for a one-line view: "utilisation
+/// 100%, SM active 0.9%", without SM active where the GPU has no profiling counters.
+pub fn brief(v: &Verdict) -> String {
+    let figure = |key: &str| v.evidence.get(key).and_then(serde_json::Value::as_f64);
+    let util = figure("gpu_util_mean_pct").map_or_else(|| "n/a".to_owned(), pct);
+    match figure("sm_active_mean_pct") {
+        Some(sm) => format!("utilisation {util}, SM active {}", pct(sm)),
+        None => format!("utilisation {util}"),
+    }
+}
+
 /// Verdicts for every device over one window, or why not.
 pub fn judge_all(
     input: &RuleInput<'_>,
