@@ -1124,12 +1124,10 @@ mod tests {
                 read: read.clone(),
             };
             let mut reader = RecordingReader::from_reader(counted).unwrap();
-            let err = loop {
-                match reader.next_outline() {
-                    Ok(Some(_)) => panic!("no record in there"),
-                    Ok(None) => panic!("read all {blank} blank lines"),
-                    Err(e) => break e,
-                }
+            let err = match reader.next_outline() {
+                Ok(Some(_)) => panic!("no record in there"),
+                Ok(None) => panic!("read all {blank} blank lines"),
+                Err(e) => e,
             };
             let RecordingError::MostlyNotRecords {
                 line,
