@@ -23,12 +23,12 @@
 //! event cannot widen the overlap gpudiag's tracks are added over), counted, and said (a warning,
 //! and `skipped_events` in the merged trace's `gpudiag` object). It is still copied through
 //! unchanged, like every profiler event: the merged file is the profiler's own, and a viewer or
-//! analysis reading it should see what the profiler wrote. The bulk is the middle 98% of the
-//! timed events' starts (from the 1st to the 99th percentile); an event is far outside it when
-//! it starts or ends more than the bulk's own length (at least [`MIN_MARGIN_US`]) before or
-//! after it. Percentiles are taken from a histogram of at most [`MAX_BUCKETS`] buckets, in a
-//! first pass over the file (the one that also finds `baseTimeNanoseconds`), so memory stays
-//! flat. A trace of fewer than 100 timed events has percentiles that are its extremes: nothing
+//! analysis reading it should see what the profiler wrote. The bulk runs from the 1st
+//! percentile of the timed events' starts to the 99th percentile of their ends (so a long
+//! event such as a profiler step counts by its end); an event is far outside it when it starts
+//! or ends more than the bulk's own length (at least [`MIN_MARGIN_US`]) before or after it.
+//! Percentiles are taken from histograms of at most [`MAX_BUCKETS`] buckets, in a first pass
+//! over the file (the one that also finds `baseTimeNanoseconds`), so memory stays flat. A trace of fewer than 100 timed events has percentiles that are its extremes: nothing
 //! in it is far from the bulk.
 //!
 //! Ids: Kineto's GPU events use the device index as pid, its CPU events the OS pid, and a few
@@ -71,7 +71,7 @@ const EPOCH_US_FLOOR: f64 = 1e15;
 const READ_BUFFER: usize = 256 << 10;
 /// The least an event may lie beyond the bulk of a trace's events and still count: 1 s.
 pub const MIN_MARGIN_US: f64 = 1e6;
-/// Buckets the histogram of event starts keeps at most; past it, they double in width.
+/// Buckets a histogram of event times keeps at most; past it, they double in width.
 pub const MAX_BUCKETS: usize = 4096;
 /// The finest bucket: 1 ms.
 const FIRST_BUCKET_US: f64 = 1e3;
@@ -190,7 +190,7 @@ pub fn merge_into(
         out,
         budget: budget.clone(),
         base_time_ns: scanned.base_time_ns,
-        bulk_us: scanned.starts.allowed(),
+        bulk_us: allowed(&scanned.starts, &scanned.ends),
         skipped: 0,
         profiler_events: 0,
         span_us: None,
@@ -410,16 +410,16 @@ impl Peek<'_> {
     }
 }
 
-/// A histogram of event starts in bounded memory, for percentiles: buckets `width` µs wide,
+/// A histogram of event times in bounded memory, for percentiles: buckets `width` µs wide,
 /// doubling in width (and merging in pairs) whenever there would be more than [`MAX_BUCKETS`].
 #[derive(Debug, Default)]
-struct Starts {
+struct Times {
     width: f64,
     buckets: BTreeMap<i64, u64>,
     count: u64,
 }
 
-impl Starts {
+impl Times {
     fn add(&mut self, ts: f64) {
         if !ts.is_finite() || ts.abs() > MAX_TS_US {
             return;
@@ -454,15 +454,20 @@ impl Starts {
         None
     }
 
-    /// Where an event's times may lie: from the 1st to the 99th percentile of the starts,
-    /// widened on each side by that span (at least [`MIN_MARGIN_US`]). `None` without starts.
-    fn allowed(&self) -> Option<(f64, f64)> {
+    /// The bucket of the 1st percentile (`high`: the 99th) of the times.
+    fn percentile_bucket(&self, high: bool) -> Option<(f64, f64)> {
         let last = self.count.checked_sub(1)?;
-        let (lo, _) = self.bucket_of(last / 100)?;
-        let (_, hi) = self.bucket_of(last - last / 100)?;
-        let margin = (hi - lo).max(MIN_MARGIN_US);
-        Some((lo - margin, hi + margin))
+        self.bucket_of(if high { last - last / 100 } else { last / 100 })
     }
+}
+
+/// Where an event's times may lie: from the 1st percentile of the starts to the 99th of the
+/// ends, widened on each side by that span (at least [`MIN_MARGIN_US`]). `None` without times.
+fn allowed(starts: &Times, ends: &Times) -> Option<(f64, f64)> {
+    let (lo, _) = starts.percentile_bucket(false)?;
+    let (_, hi) = ends.percentile_bucket(true)?;
+    let margin = (hi - lo).max(MIN_MARGIN_US);
+    Some((lo - margin, hi + margin))
 }
 
 /// The top-level object: copied key by key, `traceEvents` element by element.
@@ -544,7 +549,8 @@ fn base_time(raw: &RawValue) -> Result<u64, String> {
 /// What the first pass learns.
 struct Scanned {
     base_time_ns: Option<u64>,
-    starts: Starts,
+    starts: Times,
+    ends: Times,
 }
 
 /// The first pass: `baseTimeNanoseconds` (Kineto writes it before or after its events,
@@ -554,10 +560,10 @@ fn scan(path: &Path) -> Result<Scanned, Error> {
     let budget = Budget::new(u64::MAX);
     let reader = open(path, &budget)?;
     let mut de = serde_json::Deserializer::from_reader(reader);
-    let mut starts = Starts::default();
+    let (mut starts, mut ends) = (Times::default(), Times::default());
     let found = ScanBase {
         budget: budget.clone(),
-        starts: &mut starts,
+        times: (&mut starts, &mut ends),
     }
     .deserialize(&mut de)
     .map_err(|e| read_error(path, &budget, &e))?;
@@ -567,12 +573,13 @@ fn scan(path: &Path) -> Result<Scanned, Error> {
     Ok(Scanned {
         base_time_ns,
         starts,
+        ends,
     })
 }
 
 struct ScanBase<'s> {
     budget: Budget,
-    starts: &'s mut Starts,
+    times: (&'s mut Times, &'s mut Times),
 }
 
 impl<'de> DeserializeSeed<'de> for ScanBase<'_> {
@@ -600,7 +607,7 @@ impl<'de> Visitor<'de> for ScanBase<'_> {
             } else if key == "traceEvents" {
                 map.next_value_seed(ScanEvents {
                     budget: self.budget.clone(),
-                    starts: &mut *self.starts,
+                    times: (&mut *self.times.0, &mut *self.times.1),
                 })?;
             } else {
                 map.next_value::<IgnoredAny>()?;
@@ -612,7 +619,8 @@ impl<'de> Visitor<'de> for ScanBase<'_> {
 
 struct ScanEvents<'s> {
     budget: Budget,
-    starts: &'s mut Starts,
+    /// Starts and ends.
+    times: (&'s mut Times, &'s mut Times),
 }
 
 impl<'de> DeserializeSeed<'de> for ScanEvents<'_> {
@@ -635,11 +643,12 @@ impl<'de> Visitor<'de> for ScanEvents<'_> {
             let Some(raw) = seq.next_element::<Box<RawValue>>()? else {
                 break;
             };
-            if let Some((ts, _)) = serde_json::from_str::<Peek<'_>>(raw.get())
+            if let Some((ts, end)) = serde_json::from_str::<Peek<'_>>(raw.get())
                 .ok()
                 .and_then(|e| e.times())
             {
-                self.starts.add(ts);
+                self.times.0.add(ts);
+                self.times.1.add(end);
             }
         }
         self.budget.set_limit(u64::MAX);
