@@ -104,6 +104,9 @@ fn run(cli: Cli) -> Result<i32, Error> {
             let stop = stop_on_ctrl_c();
             let capture = gpudiag::export::trace(args, &stop, &config()?)?;
             if let Some(m) = &capture.merged {
+                if let Some(w) = m.warning() {
+                    eprintln!("gpudiag: warning: {w}");
+                }
                 eprintln!(
                     "gpudiag: merged {} event(s) into the {} of {}, {:.3} s of overlap, to {}",
                     m.added_events,

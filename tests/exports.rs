@@ -1064,6 +1064,70 @@ fn serve_answers_scrapes_and_rejects_the_rest() {
     assert_eq!(get(&served.addr, "/metrics").0, 200);
 }
 
+/// One raw exchange over TCP; the whole answer as the server wrote it, until it closed.
+fn raw_http(addr: &str, request: &str) -> String {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(request.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    c.read_to_end(&mut out).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+fn header_of<'a>(answer: &'a str, name: &str) -> Option<&'a str> {
+    let (head, _) = answer.split_once("\r\n\r\n")?;
+    head.lines()
+        .find_map(|l| {
+            l.split_once(": ")
+                .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+        })
+        .map(|(_, v)| v)
+}
+
+/// HTTP/1.1 (RFC 9110 section 9.3.2, RFC 9112 section 3.2.2) asks every server for HEAD and for
+/// request targets in absolute form; `serve` answered them 405 and 404.
+#[test]
+fn serve_answers_head_and_absolute_form_targets() {
+    let served = serve(&["--replay", s(&fixture("two_gpus.ndjson"))]);
+    let addr = &served.addr;
+    let get = raw_http(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(get.starts_with("HTTP/1.1 200 "), "{get}");
+    let head = raw_http(addr, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    // The headers a GET gets, and nothing after them.
+    assert!(head.ends_with("\r\n\r\n"), "{head:?}");
+    assert_eq!(head.matches("\r\n\r\n").count(), 1, "{head:?}");
+    assert_eq!(
+        header_of(&head, "Content-Type"),
+        header_of(&get, "Content-Type")
+    );
+    // The length of the body a GET now would get: sample ages may have gained a digit.
+    let length: usize = header_of(&head, "Content-Length").unwrap().parse().unwrap();
+    let get_length = get.split_once("\r\n\r\n").unwrap().1.len();
+    assert!(length.abs_diff(get_length) < 64, "{length} vs {get_length}");
+    let missing = raw_http(addr, "HEAD /nothing HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(missing.starts_with("HTTP/1.1 404 "), "{missing}");
+    assert!(missing.ends_with("\r\n\r\n"), "{missing:?}");
+    assert_ne!(header_of(&missing, "Content-Length"), Some("0"));
+
+    let port = addr.rsplit(':').next().unwrap();
+    for target in [
+        format!("http://{addr}/metrics"),
+        format!("http://localhost:{port}/metrics?x=1"),
+        "HTTP://gpu-node-07/metrics".to_string(),
+    ] {
+        let answer = raw_http(addr, &format!("GET {target} HTTP/1.1\r\nHost: x\r\n\r\n"));
+        assert!(answer.starts_with("HTTP/1.1 200 "), "{target}: {answer}");
+        assert!(answer.contains("gpudiag_info{"), "{target}");
+    }
+    let elsewhere = raw_http(addr, &format!("GET http://{addr}/ HTTP/1.1\r\n\r\n"));
+    assert!(elsewhere.starts_with("HTTP/1.1 404 "), "{elsewhere}");
+
+    let post = raw_http(addr, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+    assert!(post.starts_with("HTTP/1.1 405 "), "{post}");
+    assert_eq!(header_of(&post, "Allow"), Some("GET, HEAD"));
+}
+
 #[test]
 fn slow_clients_do_not_stall_other_scrapes() {
     let served = serve(&["--demo"]);

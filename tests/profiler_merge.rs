@@ -561,3 +561,66 @@ fn holistic_trace_analysis_breakdowns_run_on_the_merged_trace_and_match_the_orig
         );
     }
 }
+
+/// One profiler event with a time that cannot be real (1e300 µs, or a day after the rest) once
+/// made the merge fail with a 39-digit number of nanoseconds, or widened the overlap to all of
+/// the recording. Such events are left out of the trace's span, counted and said, and still
+/// copied through.
+#[test]
+fn events_with_times_that_cannot_be_real_are_skipped_counted_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let baseline_out = dir.path().join("baseline.json");
+    let run = merge(&at(BASE_LAST), &at(RECORDING), &baseline_out, &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(!run.stderr.contains("warning"), "{}", run.stderr);
+    let baseline = read_json(&baseline_out);
+    let window = |m: &Value| {
+        (
+            m[MERGE_KEY]["window_start_ms"].as_f64().unwrap(),
+            m[MERGE_KEY]["window_end_ms"].as_f64().unwrap(),
+        )
+    };
+    assert_eq!(baseline[MERGE_KEY]["skipped_events"], 0);
+    let original = read_json(&at(BASE_LAST));
+    let last_end = original["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| Some(e["ts"].as_f64()? + e["dur"].as_f64().unwrap_or(0.0)))
+        .fold(0.0, f64::max);
+    let day_us = 86_400e6;
+    let strays = [
+        serde_json::json!({"ph": "X", "name": "huge ts", "pid": 0, "tid": 7, "ts": 1e300, "dur": 1}),
+        serde_json::json!({"ph": "X", "name": "huge dur", "pid": 0, "tid": 7, "ts": 5000, "dur": 1e300}),
+        serde_json::json!({"ph": "X", "name": "before 1970", "pid": 0, "tid": 7, "ts": -1e300, "dur": 1}),
+        serde_json::json!({"ph": "i", "name": "a day on", "pid": 0, "tid": 7, "ts": last_end + day_us, "s": "t"}),
+        serde_json::json!({"ph": "X", "name": "a day long", "pid": 0, "tid": 7, "ts": 5000, "dur": day_us}),
+    ];
+    for (i, stray) in strays.iter().enumerate() {
+        let mut trace = original.clone();
+        trace["traceEvents"]
+            .as_array_mut()
+            .unwrap()
+            .push(stray.clone());
+        let input = dir.path().join(format!("stray{i}.pt.trace.json"));
+        std::fs::write(&input, serde_json::to_vec(&trace).unwrap()).unwrap();
+        let out = dir.path().join(format!("merged{i}.json"));
+        let run = merge(&input, &at(RECORDING), &out, &[]);
+        let name = &stray["name"];
+        assert_eq!(run.code, 0, "{name}: {}", run.stderr);
+        assert!(
+            run.stderr
+                .contains("gpudiag: warning: 1 profiler event with times that cannot be real"),
+            "{name}: {}",
+            run.stderr
+        );
+        let merged = read_json(&out);
+        assert_eq!(merged[MERGE_KEY]["skipped_events"], 1, "{name}");
+        assert_eq!(window(&merged), window(&baseline), "{name}");
+        assert_eq!(added(&merged), added(&baseline), "{name}");
+        // Copied through as the profiler wrote it.
+        let events = merged["traceEvents"].as_array().unwrap();
+        assert!(events.contains(stray), "{name}");
+        assert_gpudiag_part_is_valid(&merged);
+    }
+}

@@ -414,6 +414,42 @@ fn a_bundle_inflating_past_its_limit_is_exit_2_unless_the_limit_is_raised() {
     assert!(bad.stderr.contains("'lots'"), "{}", bad.stderr);
 }
 
+/// A header and then millions of blank lines: a few kilobytes gzipped or bundled, which a
+/// replay once read to the end (a minute and more at a gigabyte) before it said "no telemetry
+/// samples". Every form stops at the same line, about a million in, and says why (exit 2).
+#[test]
+fn a_recording_of_blank_lines_stops_early_in_every_form() {
+    const BLANK: usize = 3 << 20;
+    let header = std::fs::read_to_string(fixture("healthy.ndjson")).unwrap();
+    let header = header.lines().next().unwrap();
+    let mut plain = format!("{header}\n").into_bytes();
+    plain.resize(plain.len() + BLANK, b'\n');
+    let gz = gzip(&plain);
+    let bundle = tar_gz(&[("recording.ndjson.gz", b'0', &gz)]);
+    assert!(bundle.len() < 64 * 1024, "{}", bundle.len());
+    let dir = tempfile::tempdir().unwrap();
+    // The line after the budget of 2^20 lines owed, the header being line 1.
+    let stop = format!("line {}: stopped reading: ", (1u64 << 20) + 2);
+    for (name, bytes) in [
+        ("blank.ndjson", &plain),
+        ("blank.ndjson.gz", &gz),
+        ("blank.tar.gz", &bundle),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let run = check_file(&path, &[]);
+        let line = run.error(2);
+        assert!(line.contains(&stop), "{name}: {line}");
+        assert!(
+            line.contains("blank, malformed or of unknown kinds"),
+            "{line}"
+        );
+        assert!(line.contains(s(&path)), "{line}");
+        let piped = gpudiag(&["check", "--replay", "-"], Some(bytes));
+        assert!(piped.error(2).contains(&stop), "{name} piped");
+    }
+}
+
 // ---- streaming ----
 
 /// A recording made up as it is read, far longer than any test reads of it: a header, then one

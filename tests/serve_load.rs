@@ -205,7 +205,8 @@ fn abuser(addr: String, kind: usize, stop: Arc<AtomicBool>, answers: Arc<AtomicU
         b"DELETE /metrics HTTP/1.1\r\n\r\n",
         b"GET /../../etc/passwd HTTP/1.1\r\n\r\n",
         b"GET /metrics HTTP/9.9\r\n\r\n",
-        b"GET http://x/metrics?%00 HTTP/1.1\r\nHost: \xff\xfe\r\n\r\n",
+        // Absolute form routes by its path (RFC 9112), so aim it at one that climbs out.
+        b"GET http://x/../metrics?%00 HTTP/1.1\r\nHost: \xff\xfe\r\n\r\n",
     ];
     while !stop.load(Ordering::Relaxed) {
         let req = requests[kind % requests.len()];

@@ -405,13 +405,21 @@ fn merge_profiler_traces(
             refuse_existing(&output, force)?;
         }
         match profiler_merge::merge(input, ours, &output) {
-            Ok(m) => eprintln!(
-                "gpudiag: merged {} event(s) into {} ({:.3} s of overlap): {}",
-                m.added_events,
-                printable::line(&input.display().to_string()),
-                (m.info.window_end_ms - m.info.window_start_ms) / 1000.0,
-                printable::line(&output.display().to_string())
-            ),
+            Ok(m) => {
+                if let Some(w) = m.warning() {
+                    eprintln!(
+                        "gpudiag: warning: {}: {w}",
+                        printable::line(&input.display().to_string())
+                    );
+                }
+                eprintln!(
+                    "gpudiag: merged {} event(s) into {} ({:.3} s of overlap): {}",
+                    m.added_events,
+                    printable::line(&input.display().to_string()),
+                    (m.info.window_end_ms - m.info.window_start_ms) / 1000.0,
+                    printable::line(&output.display().to_string())
+                );
+            }
             Err(e) => {
                 return Err(Error::Usage(format!(
                     "could not merge into {}: {e}",

@@ -17,6 +17,20 @@
 //! without buffering them). Traces from before the key existed carry epoch microseconds in
 //! `ts` itself, which is recognised by their size.
 //!
+//! Times that cannot be real: an event whose `ts` or end (`ts + dur`) is not a finite number, is
+//! not a wall-clock time between 1970 and 2262 once on the profiler's clock, or lies far outside
+//! the bulk of the trace's events is skipped when the trace's time span is taken (so one stray
+//! event cannot widen the overlap gpudiag's tracks are added over), counted, and said (a warning,
+//! and `skipped_events` in the merged trace's `gpudiag` object). It is still copied through
+//! unchanged, like every profiler event: the merged file is the profiler's own, and a viewer or
+//! analysis reading it should see what the profiler wrote. The bulk runs from the 1st
+//! percentile of the timed events' starts to the 99th percentile of their ends (so a long
+//! event such as a profiler step counts by its end); an event is far outside it when it starts
+//! or ends more than the bulk's own length (at least [`MIN_MARGIN_US`]) before or after it.
+//! Percentiles are taken from histograms of at most [`MAX_BUCKETS`] buckets, in a first pass
+//! over the file (the one that also finds `baseTimeNanoseconds`), so memory stays flat. A trace of fewer than 100 timed events has percentiles that are its extremes: nothing
+//! in it is far from the bulk.
+//!
 //! Ids: Kineto's GPU events use the device index as pid, its CPU events the OS pid, and a few
 //! pseudo-processes use strings ("Spans", "Traces", ""). gpudiag's processes are numbered from
 //! [`PID_BASE`] (above Linux's largest possible pid, 2^22), or from one past the profiler's
@@ -55,6 +69,16 @@ const SORT_BASE: i64 = 0x0100_0000 + 0x100;
 /// Epoch microseconds of 2001-09-09: a `ts` at least this large is a wall-clock time itself.
 const EPOCH_US_FLOOR: f64 = 1e15;
 const READ_BUFFER: usize = 256 << 10;
+/// The least an event may lie beyond the bulk of a trace's events and still count: 1 s.
+pub const MIN_MARGIN_US: f64 = 1e6;
+/// Buckets a histogram of event times keeps at most; past it, they double in width.
+pub const MAX_BUCKETS: usize = 4096;
+/// The finest bucket: 1 ms.
+const FIRST_BUCKET_US: f64 = 1e3;
+/// Wall-clock microseconds that nanoseconds in an i64 reach (the year 2262).
+const MAX_WALL_US: f64 = 9.2e15;
+/// `ts` values further from zero than this are not histogrammed (as µs, 3000 years).
+const MAX_TS_US: f64 = 1e17;
 
 /// What the merged file's [`MERGE_KEY`] holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -71,6 +95,11 @@ pub struct MergeInfo {
     /// The time both cover, epoch milliseconds: what was added.
     pub window_start_ms: f64,
     pub window_end_ms: f64,
+    /// Profiler events whose times cannot be real (not finite, not a wall-clock time, or far
+    /// outside the bulk of the trace's events), left out of its time span; they are still
+    /// copied through unchanged.
+    #[serde(default)]
+    pub skipped_events: u64,
 }
 
 /// What a merge did.
@@ -81,6 +110,20 @@ pub struct MergeSummary {
     pub profiler_events: u64,
     /// gpudiag's events added.
     pub added_events: usize,
+}
+
+impl MergeSummary {
+    /// What a user should hear about the merge besides its result.
+    pub fn warning(&self) -> Option<String> {
+        let n = self.info.skipped_events;
+        (n > 0).then(|| {
+            format!(
+                "{n} profiler event{} with times that cannot be real (not finite, or far outside \
+                 the trace's other events) left out of its time span; copied through unchanged",
+                if n == 1 { "" } else { "s" }
+            )
+        })
+    }
 }
 
 /// Merges `ours` into the profiler trace at `profiler`, writing `output` (gzip when its name
@@ -138,6 +181,7 @@ pub fn merge_into(
     ours: &Trace,
     out: &mut dyn Write,
 ) -> Result<MergeSummary, Error> {
+    let scanned = scan(profiler)?;
     let budget = Budget::new(MAX_VALUE_BYTES);
     let reader = open(profiler, &budget)?;
     let mut state = MergeState {
@@ -145,15 +189,15 @@ pub fn merge_into(
         ours,
         out,
         budget: budget.clone(),
-        base_time_ns: None,
-        base_seen: false,
+        base_time_ns: scanned.base_time_ns,
+        bulk_us: allowed(&scanned.starts, &scanned.ends),
+        skipped: 0,
         profiler_events: 0,
         span_us: None,
         max_pid: None,
         added: 0,
         info: None,
         write_error: None,
-        scan_error: None,
     };
     let mut de = serde_json::Deserializer::from_reader(reader);
     let parsed = TopLevel(&mut state)
@@ -161,9 +205,6 @@ pub fn merge_into(
         .and_then(|()| de.end());
     if let Some(e) = state.write_error.take() {
         return Err(Error::io("writing the merged trace", e));
-    }
-    if let Some(e) = state.scan_error.take() {
-        return Err(e);
     }
     parsed.map_err(|e| read_error(profiler, &budget, &e))?;
     let info = state
@@ -293,9 +334,12 @@ struct MergeState<'a> {
     ours: &'a Trace,
     out: &'a mut dyn Write,
     budget: Budget,
+    /// From the first pass.
     base_time_ns: Option<u64>,
-    /// The key was read (before `traceEvents`, or by the first pass).
-    base_seen: bool,
+    /// Where an event's times may lie, the profiler's µs: the bulk with its margins.
+    bulk_us: Option<(f64, f64)>,
+    /// Timed events left out of the span.
+    skipped: u64,
     profiler_events: u64,
     /// Earliest start and latest end of the profiler's timed events, its µs.
     span_us: Option<(f64, f64)>,
@@ -304,8 +348,6 @@ struct MergeState<'a> {
     info: Option<MergeInfo>,
     /// A failure writing the output, kept apart from the input's errors.
     write_error: Option<io::Error>,
-    /// A failure of the first pass, already in words.
-    scan_error: Option<Error>,
 }
 
 impl MergeState<'_> {
@@ -317,22 +359,22 @@ impl MergeState<'_> {
         })
     }
 
-    /// Notes an event's pid and time.
+    /// Notes an event's pid and time; times that cannot be real are counted, not noted.
     fn observe(&mut self, event: &Peek<'_>) {
         if let Some(pid) = event.pid.and_then(|p| p.get().parse::<u64>().ok()) {
             self.max_pid = Some(self.max_pid.map_or(pid, |m| m.max(pid)));
         }
-        if event.ph.as_deref() == Some("M") {
-            return;
-        }
-        let number = |v: Option<&RawValue>| v.and_then(|v| v.get().parse::<f64>().ok());
-        let Some(ts) = number(event.ts).filter(|t| t.is_finite()) else {
+        let Some((ts, end)) = event.times() else {
             return;
         };
-        let end = ts
-            + number(event.dur)
-                .filter(|d| d.is_finite() && *d > 0.0)
-                .unwrap_or(0.0);
+        let base_us = self.base_time_ns.map_or(0.0, |b| b as f64 / 1000.0);
+        let wall = |us: f64| (0.0..=MAX_WALL_US).contains(&(base_us + us));
+        let in_bulk = |us: f64| self.bulk_us.is_none_or(|(lo, hi)| (lo..=hi).contains(&us));
+        let real = ts.is_finite() && end.is_finite() && wall(ts) && wall(end);
+        if !(real && in_bulk(ts) && in_bulk(end)) {
+            self.skipped += 1;
+            return;
+        }
         self.span_us = Some(match self.span_us {
             Some((lo, hi)) => (lo.min(ts), hi.max(end)),
             None => (ts, end),
@@ -351,6 +393,81 @@ struct Peek<'a> {
     ts: Option<&'a RawValue>,
     #[serde(borrow, default)]
     dur: Option<&'a RawValue>,
+}
+
+impl Peek<'_> {
+    /// A timed event's start and end, the profiler's µs, as written (maybe not finite); `None`
+    /// for metadata and events without a numeric `ts`. A `dur` that is not a positive number
+    /// is no duration.
+    fn times(&self) -> Option<(f64, f64)> {
+        if self.ph.as_deref() == Some("M") {
+            return None;
+        }
+        let number = |v: Option<&RawValue>| v.and_then(|v| v.get().parse::<f64>().ok());
+        let ts = number(self.ts).filter(|t| !t.is_nan())?;
+        let dur = number(self.dur).filter(|d| *d > 0.0).unwrap_or(0.0);
+        Some((ts, ts + dur))
+    }
+}
+
+/// A histogram of event times in bounded memory, for percentiles: buckets `width` µs wide,
+/// doubling in width (and merging in pairs) whenever there would be more than [`MAX_BUCKETS`].
+#[derive(Debug, Default)]
+struct Times {
+    width: f64,
+    buckets: BTreeMap<i64, u64>,
+    count: u64,
+}
+
+impl Times {
+    fn add(&mut self, ts: f64) {
+        if !ts.is_finite() || ts.abs() > MAX_TS_US {
+            return;
+        }
+        if self.width == 0.0 {
+            self.width = FIRST_BUCKET_US;
+        }
+        *self
+            .buckets
+            .entry((ts / self.width).floor() as i64)
+            .or_default() += 1;
+        self.count += 1;
+        while self.buckets.len() > MAX_BUCKETS {
+            self.width *= 2.0;
+            let old = std::mem::take(&mut self.buckets);
+            for (k, n) in old {
+                *self.buckets.entry(k.div_euclid(2)).or_default() += n;
+            }
+        }
+    }
+
+    /// The start of the bucket holding the `rank`-th start (0-based), and its end.
+    fn bucket_of(&self, rank: u64) -> Option<(f64, f64)> {
+        let mut seen = 0;
+        for (&k, &n) in &self.buckets {
+            seen += n;
+            if seen > rank {
+                let lo = k as f64 * self.width;
+                return Some((lo, lo + self.width));
+            }
+        }
+        None
+    }
+
+    /// The bucket of the 1st percentile (`high`: the 99th) of the times.
+    fn percentile_bucket(&self, high: bool) -> Option<(f64, f64)> {
+        let last = self.count.checked_sub(1)?;
+        self.bucket_of(if high { last - last / 100 } else { last / 100 })
+    }
+}
+
+/// Where an event's times may lie: from the 1st percentile of the starts to the 99th of the
+/// ends, widened on each side by that span (at least [`MIN_MARGIN_US`]). `None` without times.
+fn allowed(starts: &Times, ends: &Times) -> Option<(f64, f64)> {
+    let (lo, _) = starts.percentile_bucket(false)?;
+    let (_, hi) = ends.percentile_bucket(true)?;
+    let margin = (hi - lo).max(MIN_MARGIN_US);
+    Some((lo - margin, hi + margin))
 }
 
 /// The top-level object: copied key by key, `traceEvents` element by element.
@@ -390,17 +507,6 @@ impl<'de> Visitor<'de> for TopLevel<'_, '_> {
                         return Err(M::Error::custom("traceEvents appears twice"));
                     }
                     events_seen = true;
-                    if !state.base_seen {
-                        match scan_base_time(state.path) {
-                            Ok(base) => state.base_time_ns = base,
-                            Err(e) => {
-                                let text = e.to_string();
-                                state.scan_error = Some(e);
-                                return Err(M::Error::custom(text));
-                            }
-                        }
-                        state.base_seen = true;
-                    }
                     map.next_value_seed(Events(&mut *state))?;
                 }
                 MERGE_KEY => {
@@ -409,12 +515,9 @@ impl<'de> Visitor<'de> for TopLevel<'_, '_> {
                          profiler's original",
                     ));
                 }
-                other => {
+                // The first pass read baseTimeNanoseconds already, wherever it is.
+                _ => {
                     let raw: Box<RawValue> = map.next_value()?;
-                    if other == "baseTimeNanoseconds" && !events_seen {
-                        state.base_time_ns = Some(base_time(&raw).map_err(M::Error::custom)?);
-                        state.base_seen = true;
-                    }
                     state.write(raw.get().as_bytes())?;
                 }
             }
@@ -443,30 +546,50 @@ fn base_time(raw: &RawValue) -> Result<u64, String> {
     })
 }
 
-/// The first pass, for a trace whose `baseTimeNanoseconds` follows its events: reads the
-/// top-level keys, skipping every value but that one without buffering it.
-fn scan_base_time(path: &Path) -> Result<Option<u64>, Error> {
+/// What the first pass learns.
+struct Scanned {
+    base_time_ns: Option<u64>,
+    starts: Times,
+    ends: Times,
+}
+
+/// The first pass: `baseTimeNanoseconds` (Kineto writes it before or after its events,
+/// depending on the version) and a histogram of the events' starts, each event read whole
+/// (under the same bound as the copying pass) but only its times kept.
+fn scan(path: &Path) -> Result<Scanned, Error> {
     let budget = Budget::new(u64::MAX);
     let reader = open(path, &budget)?;
     let mut de = serde_json::Deserializer::from_reader(reader);
-    let found = ScanBase(budget.clone())
-        .deserialize(&mut de)
-        .map_err(|e| read_error(path, &budget, &e))?;
-    found
+    let (mut starts, mut ends) = (Times::default(), Times::default());
+    let found = ScanBase {
+        budget: budget.clone(),
+        times: (&mut starts, &mut ends),
+    }
+    .deserialize(&mut de)
+    .map_err(|e| read_error(path, &budget, &e))?;
+    let base_time_ns = found
         .transpose()
-        .map_err(|e| Error::Usage(format!("{}: {e}", path.display())))
+        .map_err(|e| Error::Usage(format!("{}: {e}", path.display())))?;
+    Ok(Scanned {
+        base_time_ns,
+        starts,
+        ends,
+    })
 }
 
-struct ScanBase(Budget);
+struct ScanBase<'s> {
+    budget: Budget,
+    times: (&'s mut Times, &'s mut Times),
+}
 
-impl<'de> DeserializeSeed<'de> for ScanBase {
+impl<'de> DeserializeSeed<'de> for ScanBase<'_> {
     type Value = Option<Result<u64, String>>;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_map(self)
     }
 }
 
-impl<'de> Visitor<'de> for ScanBase {
+impl<'de> Visitor<'de> for ScanBase<'_> {
     type Value = Option<Result<u64, String>>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -477,15 +600,59 @@ impl<'de> Visitor<'de> for ScanBase {
         let mut found = None;
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
             if key == "baseTimeNanoseconds" {
-                self.0.set_limit(MAX_VALUE_BYTES);
+                self.budget.set_limit(MAX_VALUE_BYTES);
                 let raw: Box<RawValue> = map.next_value()?;
                 found = Some(base_time(&raw));
-                self.0.set_limit(u64::MAX);
+                self.budget.set_limit(u64::MAX);
+            } else if key == "traceEvents" {
+                map.next_value_seed(ScanEvents {
+                    budget: self.budget.clone(),
+                    times: (&mut *self.times.0, &mut *self.times.1),
+                })?;
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
         }
         Ok(found)
+    }
+}
+
+struct ScanEvents<'s> {
+    budget: Budget,
+    /// Starts and ends.
+    times: (&'s mut Times, &'s mut Times),
+}
+
+impl<'de> DeserializeSeed<'de> for ScanEvents<'_> {
+    type Value = ();
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ScanEvents<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("traceEvents: an array of events")
+    }
+
+    fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<(), S::Error> {
+        loop {
+            self.budget.set_limit(MAX_VALUE_BYTES);
+            let Some(raw) = seq.next_element::<Box<RawValue>>()? else {
+                break;
+            };
+            if let Some((ts, end)) = serde_json::from_str::<Peek<'_>>(raw.get())
+                .ok()
+                .and_then(|e| e.times())
+            {
+                self.times.0.add(ts);
+                self.times.1.add(end);
+            }
+        }
+        self.budget.set_limit(u64::MAX);
+        Ok(())
     }
 }
 
@@ -707,6 +874,7 @@ fn clip(state: &MergeState<'_>) -> Result<(Vec<TraceEvent>, MergeInfo), String> 
         pid_base,
         window_start_ms: lo as f64 / 1e6,
         window_end_ms: hi as f64 / 1e6,
+        skipped_events: state.skipped,
     };
     Ok((meta, info))
 }

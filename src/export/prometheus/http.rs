@@ -59,9 +59,11 @@ pub struct Request {
     pub authorization: Option<String>,
 }
 
-/// What a request gets: (status, content type, body).
+/// What a request gets: (status, content type, body). `HEAD` is routed as `GET` is; the body
+/// is left out when the answer is written ([`answer_bytes`]), so its headers stay the same.
 pub fn respond_to(method: &str, url: &str, snap: &RwLock<Snapshot>) -> Answer {
-    let path = url.split('?').next().unwrap_or(url);
+    let target = origin_form(url);
+    let path = target.split('?').next().unwrap_or(target);
     if path != "/metrics" {
         return (
             404,
@@ -69,11 +71,11 @@ pub fn respond_to(method: &str, url: &str, snap: &RwLock<Snapshot>) -> Answer {
             "not found: gpudiag serves /metrics\n".into(),
         );
     }
-    if method != "GET" {
+    if method != "GET" && method != "HEAD" {
         return (
             405,
             "text/plain; charset=utf-8",
-            "method not allowed: use GET\n".into(),
+            "method not allowed: use GET or HEAD\n".into(),
         );
     }
     let body = match snap.read() {
@@ -82,6 +84,30 @@ pub fn respond_to(method: &str, url: &str, snap: &RwLock<Snapshot>) -> Answer {
         Err(poisoned) => render(&poisoned.into_inner(), Instant::now()),
     };
     (200, CONTENT_TYPE, body)
+}
+
+/// A request target in origin form (`/metrics?x`). HTTP/1.1 servers must accept the absolute
+/// form too (RFC 9112 section 3.2.2: `http://host:port/metrics?x`), which a client sends
+/// through a proxy; its authority is ignored (gpudiag serves one host) and an empty path is
+/// `/`. Any other target is returned as it came, and routes nowhere.
+fn origin_form(target: &str) -> &str {
+    let scheme_len = ["http://", "https://"]
+        .iter()
+        .find(|s| {
+            target
+                .get(..s.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(s))
+        })
+        .map(|s| s.len());
+    let Some(scheme_len) = scheme_len else {
+        return target;
+    };
+    let rest = &target[scheme_len..];
+    match rest.find(['/', '?']) {
+        Some(at) if rest[at..].starts_with('/') => &rest[at..],
+        // `http://host?x` and `http://host` have the empty path, which means `/`.
+        _ => "/",
+    }
 }
 
 /// The answer to a request: with basic auth configured, a 401 for any path unless the
@@ -135,7 +161,7 @@ pub(super) fn serve_connections(
             if now.duration_since(p.accepted) < REQUEST_TIMEOUT {
                 return true;
             }
-            send_now(p, plain(408, "request timeout\n"));
+            send_now(p, plain(408, "request timeout\n"), false);
             false
         });
         let wait = pending
@@ -308,7 +334,7 @@ fn accept_some(
                 .map(|(i, _)| i);
             if let Some(i) = oldest {
                 let mut old = pending.swap_remove(i);
-                send_now(&mut old, busy());
+                send_now(&mut old, busy(), false);
             }
         }
         pending.push(Pending {
@@ -324,9 +350,10 @@ fn accept_some(
 /// writes), or at once with a 503 when `MAX_CONNECTIONS` answers are already being written (to
 /// clients that read slowly).
 fn dispatch(mut p: Pending, request: Result<Request, Answer>, answering: &Answering) {
+    let head = matches!(&request, Ok(req) if req.method == "HEAD");
     if answering.count.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
         answering.count.fetch_sub(1, Ordering::AcqRel);
-        send_now(&mut p, busy());
+        send_now(&mut p, busy(), head);
         return;
     }
     let counter = answering.count.clone();
@@ -338,7 +365,7 @@ fn dispatch(mut p: Pending, request: Result<Request, Answer>, answering: &Answer
                 Ok(req) => respond(&req, &shared, auth.as_deref()),
                 Err(answer) => answer,
             };
-            write_answer(p, answer);
+            write_answer(p, answer, head);
             counter.fetch_sub(1, Ordering::AcqRel);
         });
     if spawned.is_err() {
@@ -348,13 +375,13 @@ fn dispatch(mut p: Pending, request: Result<Request, Answer>, answering: &Answer
 
 /// Writes an answer and closes, blocking, with a deadline: a client that stops reading holds
 /// the thread for at most REQUEST_TIMEOUT. A client that went away is its own problem.
-fn write_answer(p: Pending, (status, ctype, body): Answer) {
+fn write_answer(p: Pending, answer: Answer, head: bool) {
     let Pending {
         mut stream, tls, ..
     } = p;
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_write_timeout(Some(REQUEST_TIMEOUT));
-    let bytes = response_bytes(status, ctype, &body);
+    let bytes = answer_bytes(&answer, head);
     match tls {
         None => {
             let _ = stream.write_all(&bytes).and_then(|()| stream.flush());
@@ -385,8 +412,8 @@ fn flush_tls(conn: &mut rustls::ServerConnection, stream: &mut TcpStream) {
 
 /// A short answer written without blocking (it fits an empty socket buffer), then the close.
 /// Over TLS it can only be sent once the handshake is done; before that the close says it.
-fn send_now(p: &mut Pending, (status, ctype, body): Answer) {
-    let bytes = response_bytes(status, ctype, &body);
+fn send_now(p: &mut Pending, answer: Answer, head: bool) {
+    let bytes = answer_bytes(&answer, head);
     match &mut p.tls {
         None => {
             let _ = p.stream.write_all(&bytes);
@@ -439,8 +466,25 @@ pub fn answer(received: &[u8], snap: &RwLock<Snapshot>) -> Option<Answer> {
     })
 }
 
+/// The bytes an answer is written as: to a `HEAD` request (`head`), the headers a `GET` would
+/// get, Content-Length included, and no body (RFC 9110 section 9.3.2).
+pub fn answer_bytes((status, content_type, body): &Answer, head: bool) -> Vec<u8> {
+    if head {
+        head_bytes(*status, content_type, body.len())
+    } else {
+        response_bytes(*status, content_type, body)
+    }
+}
+
 /// The whole HTTP/1.1 response for an answer; the connection closes after it.
 pub fn response_bytes(status: u16, content_type: &str, body: &str) -> Vec<u8> {
+    let mut out = head_bytes(status, content_type, body.len());
+    out.extend_from_slice(body.as_bytes());
+    out
+}
+
+/// The status line and headers of a response whose body is `content_length` bytes.
+fn head_bytes(status: u16, content_type: &str, content_length: usize) -> Vec<u8> {
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
@@ -454,17 +498,14 @@ pub fn response_bytes(status: u16, content_type: &str, body: &str) -> Vec<u8> {
     };
     let extra = match status {
         401 => "WWW-Authenticate: Basic realm=\"gpudiag\", charset=\"UTF-8\"\r\n",
-        405 => "Allow: GET\r\n",
+        405 => "Allow: GET, HEAD\r\n",
         _ => "",
     };
-    let mut out = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
-         {extra}Connection: close\r\n\r\n",
-        body.len()
+    format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: \
+         {content_length}\r\n{extra}Connection: close\r\n\r\n"
     )
-    .into_bytes();
-    out.extend_from_slice(body.as_bytes());
-    out
+    .into_bytes()
 }
 
 fn busy() -> Answer {

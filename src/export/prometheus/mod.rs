@@ -17,7 +17,9 @@ pub mod web_config;
 pub use exposition::{
     CONTENT_TYPE, Exposition, Kind, Labels, escape_help, escape_label_value, format_value,
 };
-pub use http::{Answer, Guard, Request, answer, parse_head, respond, respond_to, response_bytes};
+pub use http::{
+    Answer, Guard, Request, answer, answer_bytes, parse_head, respond, respond_to, response_bytes,
+};
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -683,7 +685,45 @@ mod tests {
         assert_eq!(respond_to("GET", "/", &snap).0, 404);
         assert_eq!(respond_to("GET", "/metricsx", &snap).0, 404);
         assert_eq!(respond_to("POST", "/metrics", &snap).0, 405);
-        assert_eq!(respond_to("HEAD", "/metrics", &snap).0, 405);
+        assert_eq!(respond_to("PUT", "/metrics", &snap).0, 405);
+        // HEAD is GET without the body, which is left out only when the answer is written.
+        assert_eq!(
+            respond_to("HEAD", "/metrics?x=1", &snap).0,
+            respond_to("GET", "/metrics?x=1", &snap).0
+        );
+        // The absolute form a client sends through a proxy routes by its path.
+        for target in [
+            "http://localhost:9400/metrics",
+            "HTTP://[::1]:9400/metrics?x=1",
+            "https://gpu-7.example/metrics",
+        ] {
+            assert_eq!(respond_to("GET", target, &snap).0, 200, "{target}");
+        }
+        for target in [
+            "http://localhost:9400",
+            "http://localhost:9400?x=/metrics",
+            "http://host/metricsx",
+            "ftp://host/metrics",
+            "http:/metrics",
+            "*",
+        ] {
+            assert_eq!(respond_to("GET", target, &snap).0, 404, "{target}");
+        }
+    }
+
+    #[test]
+    fn a_head_answer_is_the_get_answer_without_its_body() {
+        let snap = RwLock::new(snapshot());
+        let answer = respond_to("HEAD", "/metrics", &snap);
+        let whole = response_bytes(answer.0, answer.1, &answer.2);
+        let head = answer_bytes(&answer, true);
+        assert_eq!(head, whole[..whole.len() - answer.2.len()]);
+        let text = String::from_utf8(head).unwrap();
+        assert!(
+            text.contains(&format!("Content-Length: {}\r\n", answer.2.len())),
+            "{text}"
+        );
+        assert_eq!(answer_bytes(&answer, false), whole);
     }
 
     #[test]

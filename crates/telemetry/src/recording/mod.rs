@@ -84,6 +84,20 @@ pub enum RecordingError {
         human = human_bytes(*limit)
     )]
     TooLarge { path: String, limit: u64 },
+    /// The input goes on and on without records (blank lines, junk, unknown kinds): reading
+    /// stopped rather than spend minutes on what a small compressed file can inflate to.
+    #[error(
+        "{path} line {line}: stopped reading: {junk_lines} lines so far are blank, malformed or \
+         of unknown kinds against {records} records (a recording is mostly records; gpudiag reads \
+         at most about {per_record} such lines per record), so this is not a recording it can use"
+    )]
+    MostlyNotRecords {
+        path: String,
+        line: u64,
+        junk_lines: u64,
+        records: u64,
+        per_record: u64,
+    },
     #[error("cannot serialise a record: {0}")]
     Serialize(#[source] serde_json::Error),
 }

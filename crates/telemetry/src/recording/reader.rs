@@ -28,6 +28,44 @@ const MAX_UNKNOWN_KIND_NAMES: usize = 16;
 /// from a newer writer and is skipped like an unknown kind rather than counted as damage.
 const KNOWN_EVENT_KINDS: [&str; 3] = ["xid", "device_lost", "notice"];
 
+/// How much content that is not a record a reader wades through before it gives up: blank
+/// lines, malformed ones, lines too long and kinds this build does not know cost nothing to
+/// write but a line of work each to read, so a bundle of a few kilobytes that inflates to a
+/// gigabyte of newlines would otherwise keep a replay busy for minutes before it finds no sample.
+///
+/// It works as a debt: every such line adds one line and its bytes, every record pays off
+/// `per_record` lines and `per_record` times its own bytes, and reading stops once the debt
+/// passes `lines` or `bytes`. A recording is almost all records (a damaged one has a few bad
+/// lines, a newer writer's kinds come a few per sample), so it never comes near; junk can at most
+/// add about `per_record` cheap lines of work per record, which keeps it proportionate to what
+/// the records themselves cost. Paying off never goes below zero, so a pass started part way
+/// through a recording never owes more than one from its start did at the same line: a replay
+/// that seeks cannot fail where its first pass passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct JunkBudget {
+    pub lines: u64,
+    pub bytes: u64,
+    pub per_record: u64,
+}
+
+impl JunkBudget {
+    /// About a tenth of a second of blank lines, or 64 MiB of bytes, owed at any point.
+    pub(crate) const DEFAULT: JunkBudget = JunkBudget {
+        lines: 1 << 20,
+        bytes: 64 << 20,
+        per_record: 16,
+    };
+}
+
+/// What a reader owes its [`JunkBudget`] now, and what it has seen of each side.
+#[derive(Debug, Clone, Copy, Default)]
+struct JunkDebt {
+    lines: u64,
+    bytes: u64,
+    junk_lines: u64,
+    records: u64,
+}
+
 /// A line that was not read as a record, or where reading stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BadLine {
@@ -267,6 +305,8 @@ pub struct RecordingReader {
     counted_through: u64,
     buf: Vec<u8>,
     done: bool,
+    budget: JunkBudget,
+    debt: JunkDebt,
 }
 
 impl std::fmt::Debug for RecordingReader {
@@ -366,7 +406,16 @@ impl RecordingReader {
             counted_through,
             buf: Vec::new(),
             done: false,
+            budget: JunkBudget::DEFAULT,
+            debt: JunkDebt::default(),
         }
+    }
+
+    /// The same reader under another [`JunkBudget`] (tests use small ones).
+    #[cfg(test)]
+    pub(crate) fn with_junk_budget(mut self, budget: JunkBudget) -> Self {
+        self.budget = budget;
+        self
     }
 
     pub fn header(&self) -> &Header {
@@ -420,10 +469,14 @@ impl RecordingReader {
                     if self.counting() {
                         self.stats.records += 1;
                     }
+                    self.pay_off();
                     return Ok(Some(record));
                 }
-                Ok(None) => {}
-                Err(problem) => self.note_malformed(&problem),
+                Ok(None) => self.owe()?,
+                Err(problem) => {
+                    self.note_malformed(&problem);
+                    self.owe()?;
+                }
             }
         }
     }
@@ -436,17 +489,27 @@ impl RecordingReader {
                 return Ok(None);
             };
             if terminated && let Some(time) = sample_time_at_start(&self.buf) {
+                self.pay_off();
                 return Ok(Some(Outline::Sample(time)));
             }
             let parsed = self.parse_line(terminated);
             self.release_big_buffer();
-            match parsed {
-                Ok(Some(Record::Sample(s))) => return Ok(Some(Outline::Sample(s.time_ms))),
-                Ok(Some(Record::Event(e))) => return Ok(Some(Outline::Event(e.time_ms))),
-                Ok(Some(Record::Finding(f))) => return Ok(Some(Outline::Finding(Box::new(f)))),
-                Ok(None) => {}
-                Err(problem) => self.note_malformed(&problem),
-            }
+            let outline = match parsed {
+                Ok(Some(Record::Sample(s))) => Outline::Sample(s.time_ms),
+                Ok(Some(Record::Event(e))) => Outline::Event(e.time_ms),
+                Ok(Some(Record::Finding(f))) => Outline::Finding(Box::new(f)),
+                Ok(None) => {
+                    self.owe()?;
+                    continue;
+                }
+                Err(problem) => {
+                    self.note_malformed(&problem);
+                    self.owe()?;
+                    continue;
+                }
+            };
+            self.pay_off();
+            return Ok(Some(outline));
         }
     }
 
@@ -458,7 +521,10 @@ impl RecordingReader {
             match self.read_raw_line() {
                 Ok(RawLine::Eof) => return Ok(None),
                 Ok(RawLine::Line { terminated }) => return Ok(Some(terminated)),
-                Err(Problem::Line(problem)) => self.note_malformed(&problem),
+                Err(Problem::Line(problem)) => {
+                    self.note_malformed(&problem);
+                    self.owe()?;
+                }
                 Err(Problem::Read(source)) => {
                     if let Some(limit) = inflate_limit(&source) {
                         return Err(RecordingError::TooLarge {
@@ -476,6 +542,37 @@ impl RecordingReader {
                 }
             }
         }
+    }
+
+    /// The line last read carried no record: it adds to the debt, and past the budget reading
+    /// stops with an error that says why.
+    fn owe(&mut self) -> Result<(), RecordingError> {
+        let bytes = self.offset - self.line_start;
+        let debt = &mut self.debt;
+        debt.junk_lines += 1;
+        debt.lines += 1;
+        debt.bytes = debt.bytes.saturating_add(bytes);
+        if debt.lines <= self.budget.lines && debt.bytes <= self.budget.bytes {
+            return Ok(());
+        }
+        self.done = true;
+        Err(RecordingError::MostlyNotRecords {
+            path: self.path.clone(),
+            line: self.line,
+            junk_lines: debt.junk_lines,
+            records: debt.records,
+            per_record: self.budget.per_record,
+        })
+    }
+
+    /// The line last read was a record: it pays off some of the debt.
+    fn pay_off(&mut self) {
+        let bytes = self.offset - self.line_start;
+        let per = self.budget.per_record;
+        let debt = &mut self.debt;
+        debt.records += 1;
+        debt.lines = debt.lines.saturating_sub(per);
+        debt.bytes = debt.bytes.saturating_sub(bytes.saturating_mul(per));
     }
 
     fn counting(&self) -> bool {
@@ -990,6 +1087,165 @@ mod tests {
         let warnings = stats.warnings();
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(warnings[0].starts_with("reading stopped at line 4: read error: "));
+    }
+
+    /// Counts the bytes taken from the input, so a test can tell how far a reader went.
+    struct Counted {
+        inner: Cursor<Vec<u8>>,
+        read: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    }
+
+    impl Read for Counted {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = self.inner.read(buf)?;
+            self.read
+                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            Ok(n)
+        }
+    }
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        io::Write::write_all(&mut z, bytes).unwrap();
+        z.finish().unwrap()
+    }
+
+    /// A header and then nothing but newlines: a few kilobytes gzipped, minutes of work read
+    /// to the end. The reader gives up after its budget, having read little of it.
+    #[test]
+    fn a_recording_of_blank_lines_stops_within_its_budget() {
+        let blank = 4usize << 20;
+        let mut text = format!("{PLAIN_HEADER}\n").into_bytes();
+        text.resize(text.len() + blank, b'\n');
+        for input in [text.clone(), gzip(&text)] {
+            let read = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let counted = Counted {
+                inner: Cursor::new(input),
+                read: read.clone(),
+            };
+            let mut reader = RecordingReader::from_reader(counted).unwrap();
+            let err = match reader.next_outline() {
+                Ok(Some(_)) => panic!("no record in there"),
+                Ok(None) => panic!("read all {blank} blank lines"),
+                Err(e) => e,
+            };
+            let RecordingError::MostlyNotRecords {
+                line,
+                junk_lines,
+                records,
+                ..
+            } = err
+            else {
+                panic!("{err}");
+            };
+            assert_eq!(records, 0);
+            assert_eq!(junk_lines, JunkBudget::DEFAULT.lines + 1);
+            assert_eq!(line, junk_lines + 1);
+            // The decoder reads ahead a little; nowhere near the 4 MiB.
+            let read = read.load(std::sync::atomic::Ordering::Relaxed);
+            assert!(read < (JunkBudget::DEFAULT.lines + (256 << 10)), "{read}");
+            assert!(reader.next_record().unwrap().is_none(), "it stays stopped");
+        }
+    }
+
+    #[test]
+    fn junk_is_allowed_in_proportion_to_the_records_around_it() {
+        let budget = JunkBudget {
+            lines: 10,
+            bytes: 1 << 20,
+            per_record: 3,
+        };
+        let sample = r#"{"kind":"sample","time_ms":1,"device":0}"#;
+        let read = |every: usize, junk: &str| {
+            let mut text = format!("{PLAIN_HEADER}\n");
+            for _ in 0..100 {
+                text.push_str(sample);
+                text.push('\n');
+                for _ in 0..every {
+                    text.push_str(junk);
+                    text.push('\n');
+                }
+            }
+            let reader = RecordingReader::from_reader(Cursor::new(text.into_bytes()))
+                .unwrap()
+                .with_junk_budget(budget);
+            collect(reader)
+        };
+        for junk in ["", "not json", r#"{"kind":"probe_result"}"#] {
+            // Three junk lines per record are paid off as they come, however long the file.
+            let (_, recs, _) = read(3, junk).unwrap();
+            assert_eq!(recs.len(), 100, "{junk:?}");
+            // Four are not: one more line of debt with each record, past ten at the eighth.
+            let err = read(4, junk).unwrap_err();
+            assert!(
+                matches!(err, RecordingError::MostlyNotRecords { records: 8, .. }),
+                "{junk:?}: {err}"
+            );
+        }
+        // Bytes count too: a few long junk lines pass the byte budget before the line budget.
+        let budget = JunkBudget {
+            lines: 1000,
+            bytes: 64 << 10,
+            per_record: 16,
+        };
+        let long = "x".repeat(30 << 10);
+        let text = format!("{PLAIN_HEADER}\n{sample}\n{long}\n{long}\n{long}\n{sample}\n");
+        let reader = RecordingReader::from_reader(Cursor::new(text.into_bytes()))
+            .unwrap()
+            .with_junk_budget(budget);
+        let err = collect(reader).unwrap_err();
+        assert!(
+            matches!(err, RecordingError::MostlyNotRecords { line: 5, .. }),
+            "{err}"
+        );
+        let message = err.to_string();
+        assert!(message.contains("line 5: stopped reading"), "{message}");
+    }
+
+    #[test]
+    fn a_pass_from_part_way_never_fails_where_one_from_the_start_passed() {
+        // A replay that seeks starts a pass at a line the first pass read; it must not stop
+        // where the first pass went on. Records pay off debt but bank no credit, so a pass
+        // that starts later owes at most what the first pass owed at the same line.
+        let budget = JunkBudget {
+            lines: 4,
+            bytes: 1 << 20,
+            per_record: 3,
+        };
+        let sample = r#"{"kind":"sample","time_ms":1,"device":0}"#;
+        let body = format!(
+            "\n\n\n\n{sample}\n\n\n\n{sample}\n\n\n{sample}\n{sample}\n{sample}\n\n\n\n\n{sample}\n"
+        );
+        let text = format!("{PLAIN_HEADER}\n{body}");
+        let reader = RecordingReader::from_reader(Cursor::new(text.clone().into_bytes()))
+            .unwrap()
+            .with_junk_budget(budget);
+        assert_eq!(collect(reader).unwrap().1.len(), 6);
+        // One more blank line in the first run is one too many.
+        let over = format!("{PLAIN_HEADER}\n\n{body}");
+        let reader = RecordingReader::from_reader(Cursor::new(over.into_bytes()))
+            .unwrap()
+            .with_junk_budget(budget);
+        assert!(collect(reader).is_err());
+        let mut offset = PLAIN_HEADER.len() + 1;
+        for (i, line) in body.split_inclusive('\n').enumerate() {
+            let at = LinePos {
+                offset: offset as u64,
+                line: i as u64 + 2,
+            };
+            let rest = text.as_bytes()[offset..].to_vec();
+            let resumed = RecordingReader::resume(
+                BufReader::new(Cursor::new(rest)),
+                "r",
+                header(),
+                false,
+                at,
+                0,
+            )
+            .with_junk_budget(budget);
+            assert!(collect(resumed).is_ok(), "from line {}", at.line);
+            offset += line.len();
+        }
     }
 
     #[test]
