@@ -62,9 +62,10 @@ def smaps_by_file(pid):
     return out
 
 
-def measure(cmd, env):
+def measure(cmd, env, keep=None):
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    out = open(keep, "wb") if keep else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, env=env)
     peak = {"total": 0, "by_file": collections.Counter()}
     done = threading.Event()
 
@@ -98,15 +99,19 @@ def measure(cmd, env):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=".gpu-bundle/gpudiag")
+    ap.add_argument("--label", default="", help="prefix of the variant names (which binary)")
     ap.add_argument("--gpus", default="1")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--variant", action="append", default=[])
     ap.add_argument("--json-out")
+    ap.add_argument("--no-floor", dest="floor", action="store_false",
+                    help="leave out the bare-driver floor rows")
+    ap.add_argument("--keep-reports", help="folder for each run's check report (stdout)")
     args = ap.parse_args()
-    variants = [("default", {})]
+    variants = [(args.label + "default", {})]
     for v in args.variant:
         name, _, pairs = v.partition("=")
-        variants.append((name, dict(p.split("=", 1) for p in pairs.split(",") if p)))
+        variants.append((args.label + name, dict(p.split("=", 1) for p in pairs.split(",") if p)))
     rows = []
     for n in [int(x) for x in args.gpus.split(",")]:
         devs = []
@@ -116,13 +121,18 @@ def main():
             env = dict(os.environ, **extra)
             cmd = [args.bin, "check", "--probes", "quick", "--json", *devs]
             for run in range(args.runs):
-                r = measure(cmd, env)
+                keep = None
+                if args.keep_reports:
+                    os.makedirs(args.keep_reports, exist_ok=True)
+                    keep = os.path.join(args.keep_reports, f"{name}-{n}gpu-{run}.json")
+                r = measure(cmd, env, keep)
                 rows.append(dict(r, gpus=n, variant=name, run=run))
-        for nvml in (0, 1):
+        for nvml in (0, 1) if args.floor else ():
             r = measure([sys.executable, "-c", FLOOR, str(n), str(nvml)], dict(os.environ))
             rows.append(dict(r, gpus=n, variant="floor: driver + contexts" + (" + NVML" if nvml else ""), run=0))
-    rows.append(dict(measure([sys.executable, "-c", "pass"], dict(os.environ)), gpus=0,
-                     variant="python alone (part of each floor row)", run=0))
+    if args.floor:
+        rows.append(dict(measure([sys.executable, "-c", "pass"], dict(os.environ)), gpus=0,
+                         variant="python alone (part of each floor row)", run=0))
     print("| GPUs | variant | run | wall (s) | peak RSS (MB) | exit | top mappings at the sampled peak (MB) |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
