@@ -403,3 +403,185 @@ fn epilog_start_time_comes_from_the_prolog_when_slurm_gives_none() {
     assert_eq!(ran.code, 2, "{}", ran.stderr);
     assert!(ran.stderr.contains("is not a job id"), "{}", ran.stderr);
 }
+
+#[test]
+fn systemd_unit_verifies_with_the_binary_where_exec_start_points() {
+    let unit = std::fs::read_to_string(at("assets/deploy/systemd/gpudiag-serve.service")).unwrap();
+    let shipped = "ExecStart=/usr/local/bin/gpudiag serve $GPUDIAG_SERVE_ARGS";
+    assert!(
+        unit.contains(shipped),
+        "ExecStart changed: update this test"
+    );
+    for line in [
+        "Restart=on-failure",
+        "DynamicUser=yes",
+        "ProtectSystem=strict",
+    ] {
+        assert!(unit.lines().any(|l| l == line), "{line} missing");
+    }
+    // No PrivateDevices: NVML must open /dev/nvidia*.
+    assert!(!unit.contains("PrivateDevices=yes"));
+    let Some(analyze) = tool("systemd-analyze") else {
+        return;
+    };
+    // The unit as shipped, with only the binary's path swapped for the one just built, since
+    // verify checks that ExecStart's program exists and is executable.
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("gpudiag-serve.service");
+    let built = env!("CARGO_BIN_EXE_gpudiag");
+    std::fs::write(
+        &copy,
+        unit.replace(
+            shipped,
+            &format!("ExecStart={built} serve $GPUDIAG_SERVE_ARGS"),
+        ),
+    )
+    .unwrap();
+    let out = Command::new(&analyze)
+        .arg("verify")
+        .arg(&copy)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "systemd-analyze verify: {stderr}");
+    // verify exits 0 on an unknown or misspelt key, only warning about it: no warning at all.
+    assert!(
+        !stderr.contains("gpudiag-serve.service"),
+        "systemd-analyze verify warned: {stderr}"
+    );
+    // The same check does fail on a broken unit, so its silence above means something.
+    std::fs::write(
+        &copy,
+        unit.replace(shipped, "ExecStart=/nonexistent/gpudiag serve"),
+    )
+    .unwrap();
+    let out = Command::new(&analyze)
+        .arg("verify")
+        .arg(&copy)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "verify accepted a missing binary");
+}
+
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).ok()?;
+    c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .ok()?;
+    c.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut out = String::new();
+    c.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.contains(" 200 ").then(|| body.to_string())
+}
+
+/// A Prometheus killed on drop.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Loads a shipped scrape config into a real Prometheus (and promtool) and returns the
+/// targets it discovered for the `gpudiag` job: (address, labels).
+fn prometheus_targets(config: &str) -> Option<Vec<(String, Value)>> {
+    let promtool = tool("promtool")?;
+    let prometheus = tool("prometheus")?;
+    // A copy keeps the file layout (targets/ beside the config) and gets a scratch TSDB.
+    let dir = tempfile::tempdir().unwrap();
+    let src = at("assets/deploy/prometheus");
+    std::fs::copy(src.join(config), dir.path().join(config)).unwrap();
+    std::fs::create_dir(dir.path().join("targets")).unwrap();
+    for entry in std::fs::read_dir(src.join("targets")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(
+            entry.path(),
+            dir.path().join("targets").join(entry.file_name()),
+        )
+        .unwrap();
+    }
+    let cfg = dir.path().join(config);
+    let out = Command::new(&promtool)
+        .args(["check", "config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check config {config}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let _prom = Killed(
+        Command::new(&prometheus)
+            .arg(format!("--config.file={}", cfg.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let targets = http_get(&addr, "/api/v1/targets")
+            .and_then(|b| serde_json::from_str::<Value>(&b).ok())
+            .and_then(|v| v["data"]["activeTargets"].as_array().cloned())
+            .unwrap_or_default();
+        let found: Vec<(String, Value)> = targets
+            .iter()
+            .filter(|t| t["labels"]["job"] == "gpudiag")
+            .map(|t| {
+                (
+                    t["labels"]["instance"].as_str().unwrap().to_owned(),
+                    t["labels"].clone(),
+                )
+            })
+            .collect();
+        if !found.is_empty() {
+            let cfg = http_get(&addr, "/api/v1/status/config").unwrap();
+            assert!(cfg.contains("honor_labels: true"), "{cfg}");
+            return Some(found);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Prometheus did not load {config} in 60 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn prometheus_loads_the_static_scrape_config() {
+    let Some(found) = prometheus_targets("prometheus-static.yml") else {
+        return;
+    };
+    let mut instances: Vec<&str> = found.iter().map(|(i, _)| i.as_str()).collect();
+    instances.sort_unstable();
+    assert_eq!(instances, ["gpu-node-01:9835", "gpu-node-02:9835"]);
+    assert!(found.iter().all(|(_, l)| l["cluster"] == "example"));
+}
+
+#[test]
+fn prometheus_loads_the_file_sd_scrape_config_and_its_targets_file() {
+    let Some(found) = prometheus_targets("prometheus-file-sd.yml") else {
+        return;
+    };
+    let mut instances: Vec<&str> = found.iter().map(|(i, _)| i.as_str()).collect();
+    instances.sort_unstable();
+    assert_eq!(instances, ["gpu-node-01:9835", "gpu-node-02:9835"]);
+    assert!(found.iter().all(|(_, l)| l["partition"] == "gpu"));
+}
