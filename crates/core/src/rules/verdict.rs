@@ -812,7 +812,7 @@ pub fn current_phase(
     let recent_from = end_ms.saturating_sub(step).max(last.start_ms);
     let verdict = judge(input, cpu, device, recent_from, end_ms)
         .ok()
-        .filter(|v| same_phase(v.bottleneck, last.bottleneck))
+        .filter(|v| same_phase(v, last))
         .unwrap_or_else(|| last.clone());
     Some(CurrentPhase {
         since_ms: last.start_ms,
