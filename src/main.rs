@@ -134,6 +134,15 @@ fn run(cli: Cli) -> Result<i32, Error> {
         }
         Some(Command::Replay(ref args)) => replay(args, cli.interval, &config()?),
         Some(Command::Run(ref args)) => commands::run(args, &config()?),
+        // Neither reads the config: a broken one must not stop a shell from installing these.
+        Some(Command::Completions(ref args)) => {
+            commands::print(&commands::completions(args.shell))?;
+            Ok(exit::OK)
+        }
+        Some(Command::Man) => {
+            commands::print(&commands::man_page()?)?;
+            Ok(exit::OK)
+        }
         None => default_view(cli.demo, cli.interval, &config()?),
     }
 }
