@@ -34,8 +34,9 @@ fn main() -> ExitCode {
     let code = match result {
         Ok(code) => code,
         Err(e) => {
-            // Errors quote their input (a path, a recording's bad value): one escaped line.
-            eprintln!("gpudiag: {}", printable::line(&e.to_string()));
+            // Errors quote their input (a path, a recording's bad value): each line escaped,
+            // each prefixed, so a TOML error keeps its caret under the fault.
+            eprint!("{}", printable::error_lines(&e.to_string()));
             e.exit_code()
         }
     };
@@ -160,7 +161,7 @@ fn check(args: &CheckArgs, config: &Config) -> Result<i32, Error> {
         // A script reading `--json` always gets a document; the reason goes to stderr as well,
         // for the person watching.
         Err(Error::CannotRun(why)) if args.json => {
-            eprintln!("gpudiag: {}", printable::line(&why));
+            eprint!("{}", printable::error_lines(&why));
             let mut report =
                 CheckReport::could_not_run(why, args.source.backend.name(), args.fail_on.into());
             report.host.hostname = gethostname::gethostname().into_string().ok();
