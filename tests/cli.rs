@@ -1021,11 +1021,17 @@ fn version_names_the_commit_it_was_built_from() {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
     match (head, option_env!("GPUDIAG_BUILD_COMMIT")) {
         // A commit named at build time wins over git.
-        (_, Some(named)) if !named.is_empty() => assert!(run.stdout.contains(&named[..named.len().min(9)])),
+        (_, Some(named)) if !named.is_empty() => {
+            assert!(run.stdout.contains(&named[..named.len().min(9)]))
+        }
         (Some(head), _) => {
             let want = format!("gpudiag {version} ({}", &head[..9]);
             assert!(run.stdout.starts_with(&want), "{} lacks {want}", run.stdout);
-            assert!(run.stdout.ends_with(")\n") || run.stdout.ends_with(", dirty)\n"), "{}", run.stdout);
+            assert!(
+                run.stdout.ends_with(")\n") || run.stdout.ends_with(", dirty)\n"),
+                "{}",
+                run.stdout
+            );
         }
         (None, _) => assert_eq!(run.stdout, format!("gpudiag {version} (commit unknown)\n")),
     }
@@ -1354,8 +1360,17 @@ fn completions_name_every_subcommand_for_each_shell() {
     let bad = Path::new(env!("CARGO_TARGET_TMPDIR")).join("completions-bad-config.toml");
     std::fs::write(&bad, "[rules\n").unwrap();
     let subcommands = [
-        "check", "record", "config", "trace", "report", "serve", "replay", "run", "probe",
-        "completions", "man",
+        "check",
+        "record",
+        "config",
+        "trace",
+        "report",
+        "serve",
+        "replay",
+        "run",
+        "probe",
+        "completions",
+        "man",
     ];
     for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
         let run = gpudiag(&["--config", s(&bad), "completions", shell]);
@@ -1369,7 +1384,7 @@ fn completions_name_every_subcommand_for_each_shell() {
     let bash = gpudiag(&["completions", "bash"]).stdout;
     assert!(bash.starts_with("_gpudiag()"), "{bash}");
     assert!(bash.contains("complete -F _gpudiag"), "{bash}");
-    assert!(bash.contains("gpudiag__check)"), "{bash}");
+    assert!(bash.contains("gpudiag,check)"), "{bash}");
     assert!(bash.contains("--fail-on"), "{bash}");
 
     let unknown = gpudiag(&["completions", "tcsh"]);
@@ -1383,13 +1398,30 @@ fn man_page_is_roff_naming_the_subcommands() {
     let run = gpudiag(&["man"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let page = &run.stdout;
-    assert!(page.starts_with(".ie ") || page.starts_with(".TH "), "{page}");
+    assert!(
+        page.starts_with(".ie ") || page.starts_with(".TH "),
+        "{page}"
+    );
     let title = page.lines().find(|l| l.starts_with(".TH ")).unwrap();
     assert!(title.starts_with(".TH gpudiag 1 "), "{title}");
-    for section in [".SH NAME", ".SH SYNOPSIS", ".SH OPTIONS", ".SH SUBCOMMANDS", ".SH VERSION"] {
+    for section in [
+        ".SH NAME",
+        ".SH SYNOPSIS",
+        ".SH OPTIONS",
+        ".SH SUBCOMMANDS",
+        ".SH VERSION",
+    ] {
         assert!(page.contains(section), "lacks {section}");
     }
-    for sub in ["check", "record", "serve", "run", "probe", "completions", "man"] {
+    for sub in [
+        "check",
+        "record",
+        "serve",
+        "run",
+        "probe",
+        "completions",
+        "man",
+    ] {
         assert!(
             page.contains(&format!("gpudiag\\-{sub}(1)")),
             "lacks subcommand {sub}"
@@ -1397,4 +1429,32 @@ fn man_page_is_roff_naming_the_subcommands() {
     }
     assert!(page.contains("Exit codes:"));
     assert!(page.contains(&format!("v{}", gpudiag::build_info::LONG_VERSION)));
+}
+
+/// A bad config's TOML error keeps its source line and the caret under the fault, each line
+/// prefixed and escaped: a control character in the file cannot reach the terminal.
+#[test]
+fn a_bad_config_error_keeps_its_caret_each_line_prefixed_and_escaped() {
+    let bad = Path::new(env!("CARGO_TARGET_TMPDIR")).join("caret-bad-config.toml");
+    std::fs::write(&bad, "[rules.memory]\nnearly_full_pct = \x1b[2J 90\n").unwrap();
+    let healthy = fixture("healthy.ndjson");
+    let run = gpudiag(&["--config", s(&bad), "check", "--replay", s(&healthy)]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stdout.is_empty(), "{}", run.stdout);
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert!(lines.len() > 2, "{}", run.stderr);
+    assert!(
+        lines.iter().all(|l| l.starts_with("gpudiag: ")),
+        "{}",
+        run.stderr
+    );
+    assert!(lines[0].contains("caret-bad-config.toml"), "{}", run.stderr);
+    assert!(lines[0].contains("line 2"), "{}", run.stderr);
+    assert!(!run.stderr.contains('\x1b'), "{}", run.stderr);
+    // The quoted source line, escaped, and the caret on the line after it.
+    let quoted = lines
+        .iter()
+        .position(|l| l.contains("nearly_full_pct = \\x1b[2J 90"))
+        .unwrap_or_else(|| panic!("no quoted line in {}", run.stderr));
+    assert!(lines[quoted + 1].contains('^'), "{}", run.stderr);
 }

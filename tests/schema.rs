@@ -548,7 +548,10 @@ fn report_deserialises_into_the_typed_report_and_back() {
         tool.remove("commit");
         tool.remove("dirty");
     });
-    assert_eq!(errors(&validator(REPORT_SCHEMA), &earlier), Vec::<String>::new());
+    assert_eq!(
+        errors(&validator(REPORT_SCHEMA), &earlier),
+        Vec::<String>::new()
+    );
     let read: CheckReport = serde_json::from_value(earlier).unwrap();
     assert_eq!((read.tool.commit, read.tool.dirty), (None, None));
     assert_eq!(report.host.hostname.as_deref(), Some("gpu-node-07"));
@@ -849,9 +852,9 @@ fn report_drift_is_caught() {
             "extra",
         ),
         (
-            mutated(&base, |r| set(r, "/tool", "commit", json!("abc"))),
+            mutated(&base, |r| set(r, "/tool", "branch", json!("main"))),
             "/tool",
-            "commit",
+            "branch",
         ),
         (
             mutated(&base, |r| set(r, "/host", "kernel", json!("6.8"))),

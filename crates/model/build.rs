@@ -31,7 +31,10 @@ fn main() {
         (Some(c), _) => format!("{version} ({})", short(c)),
         (None, _) => format!("{version} (commit unknown)"),
     };
-    println!("cargo:rustc-env=GPUDIAG_COMMIT={}", commit.unwrap_or_default());
+    println!(
+        "cargo:rustc-env=GPUDIAG_COMMIT={}",
+        commit.unwrap_or_default()
+    );
     let dirty = dirty.map(|d| d.to_string()).unwrap_or_default();
     println!("cargo:rustc-env=GPUDIAG_DIRTY={dirty}");
     println!("cargo:rustc-env=GPUDIAG_LONG_VERSION={long}");
@@ -65,7 +68,11 @@ fn from_git(manifest_dir: &Path) -> (Option<String>, Option<bool>) {
     // Rerun when a commit is made or checked out (HEAD, or the branch it points to, loose or
     // packed) or when the index changes (`git add`, and `git status` refreshing it). An edit
     // not yet staged does not rerun this by itself: the dirty flag is as of the last of those.
-    let mut watched = vec!["HEAD".to_owned(), "index".to_owned(), "packed-refs".to_owned()];
+    let mut watched = vec![
+        "HEAD".to_owned(),
+        "index".to_owned(),
+        "packed-refs".to_owned(),
+    ];
     if let Some(branch) = git(manifest_dir, &["symbolic-ref", "-q", "HEAD"]) {
         watched.push(branch);
     }

@@ -139,11 +139,15 @@ pub struct ToolInfo {
     pub version: String,
     /// The full git commit gpudiag was built from; null for a build outside git (a source
     /// tarball). Added within schema version 2: absent in reports of earlier builds.
+    // Always written; the schema's skip_serializing_if only leaves it out of `required`, so
+    // reports of earlier builds still validate.
     #[serde(default)]
+    #[schemars(skip_serializing_if = "Option::is_none")]
     pub commit: Option<String>,
     /// Whether tracked files differed from `commit` when it was built; null when not known.
     /// Added within schema version 2: absent in reports of earlier builds.
     #[serde(default)]
+    #[schemars(skip_serializing_if = "Option::is_none")]
     pub dirty: Option<bool>,
 }
 

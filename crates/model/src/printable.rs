@@ -77,7 +77,10 @@ mod tests {
             error_lines("bad at line 1\n  |\n1 | [x\x1b[2J\n  |   ^\n"),
             "gpudiag: bad at line 1\ngpudiag:   |\ngpudiag: 1 | [x\\x1b[2J\ngpudiag:   |   ^\n"
         );
-        assert_eq!(error_lines("crlf\r\nnext"), "gpudiag: crlf\ngpudiag: next\n");
+        assert_eq!(
+            error_lines("crlf\r\nnext"),
+            "gpudiag: crlf\ngpudiag: next\n"
+        );
     }
 
     #[test]

@@ -703,7 +703,10 @@ mod tests {
         let text = render(&Snapshot::default(), Instant::now());
         assert!(text.contains("gpudiag_info{version="));
         let revision = gpudiag_model::build_info::COMMIT.unwrap_or("unknown");
-        assert!(text.contains(&format!(",revision=\"{revision}\"")), "{text}");
+        assert!(
+            text.contains(&format!(",revision=\"{revision}\"")),
+            "{text}"
+        );
         assert!(!text.contains("DCGM_"));
     }
 }
