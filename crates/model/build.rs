@@ -97,7 +97,7 @@ fn from_git(manifest_dir: &Path) -> (Option<String>, Option<bool>) {
             .args(["status", "--porcelain", "--untracked-files=no"])
             .output()
             .ok()?;
-        out.status.success().then(|| !out.stdout.is_empty())
+        out.status.success().then_some(!out.stdout.is_empty())
     });
     (commit, dirty)
 }
