@@ -32,7 +32,8 @@ Exit codes:
 #[derive(Debug, Parser)]
 #[command(
     name = "gpudiag",
-    version,
+    // The commit and whether the tree was dirty, so a bug report names the build.
+    version = gpudiag_model::build_info::LONG_VERSION,
     about = "GPU telemetry, probes and diagnostics: what the GPU is doing and what is wrong",
     after_help = EXIT_CODES_HELP
 )]
@@ -82,6 +83,30 @@ pub enum Command {
     // The probe list comes from the probe registry, so help cannot fall behind a new probe.
     #[command(about = probe_about(), after_help = PROBE_EXIT_CODES_HELP)]
     Probe(ProbeArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    #[command(after_help = COMPLETIONS_HELP)]
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) to stdout.
+    #[command(after_help = MAN_HELP)]
+    Man,
+}
+
+pub const COMPLETIONS_HELP: &str = "\
+Install:
+  bash  gpudiag completions bash > ~/.local/share/bash-completion/completions/gpudiag
+  zsh   gpudiag completions zsh > ~/.zfunc/_gpudiag   (with fpath+=~/.zfunc before compinit)
+  fish  gpudiag completions fish > ~/.config/fish/completions/gpudiag.fish";
+
+pub const MAN_HELP: &str = "\
+Install:
+  mkdir -p ~/.cargo/share/man/man1
+  gpudiag man > ~/.cargo/share/man/man1/gpudiag.1   (man finds it while ~/.cargo/bin is on PATH)";
+
+#[derive(Debug, Clone, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 pub const RUN_EXIT_CODES_HELP: &str = "\

@@ -34,8 +34,9 @@ fn main() -> ExitCode {
     let code = match result {
         Ok(code) => code,
         Err(e) => {
-            // Errors quote their input (a path, a recording's bad value): one escaped line.
-            eprintln!("gpudiag: {}", printable::line(&e.to_string()));
+            // Errors quote their input (a path, a recording's bad value): each line escaped,
+            // each prefixed, so a TOML error keeps its caret under the fault.
+            eprint!("{}", printable::error_lines(&e.to_string()));
             e.exit_code()
         }
     };
@@ -137,6 +138,15 @@ fn run(cli: Cli) -> Result<i32, Error> {
         }
         Some(Command::Replay(ref args)) => replay(args, cli.interval, &config()?),
         Some(Command::Run(ref args)) => commands::run(args, &config()?),
+        // Neither reads the config: a broken one must not stop a shell from installing these.
+        Some(Command::Completions(ref args)) => {
+            commands::print(&commands::completions(args.shell))?;
+            Ok(exit::OK)
+        }
+        Some(Command::Man) => {
+            commands::print(&commands::man_page()?)?;
+            Ok(exit::OK)
+        }
         None => default_view(cli.demo, cli.interval, &config()?),
     }
 }
@@ -154,7 +164,7 @@ fn check(args: &CheckArgs, config: &Config) -> Result<i32, Error> {
         // A script reading `--json` always gets a document; the reason goes to stderr as well,
         // for the person watching.
         Err(Error::CannotRun(why)) if args.json => {
-            eprintln!("gpudiag: {}", printable::line(&why));
+            eprint!("{}", printable::error_lines(&why));
             let mut report =
                 CheckReport::could_not_run(why, args.source.backend.name(), args.fail_on.into());
             report.host.hostname = gethostname::gethostname().into_string().ok();

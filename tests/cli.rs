@@ -1002,8 +1002,39 @@ fn help_lists_the_exit_codes() {
     assert_eq!(run.code, 0);
     assert_eq!(
         run.stdout,
-        format!("gpudiag {}\n", env!("CARGO_PKG_VERSION"))
+        format!("gpudiag {}\n", gpudiag::build_info::LONG_VERSION)
     );
+}
+
+/// `--version` names the commit this checkout is at (CI builds from a fresh clone), and says
+/// so when it cannot (a build from a tarball, without `.git`).
+#[test]
+fn version_names_the_commit_it_was_built_from() {
+    let run = gpudiag(&["--version"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let version = env!("CARGO_PKG_VERSION");
+    let head = std::process::Command::new("git")
+        .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    match (head, option_env!("GPUDIAG_BUILD_COMMIT")) {
+        // A commit named at build time wins over git.
+        (_, Some(named)) if !named.is_empty() => {
+            assert!(run.stdout.contains(&named[..named.len().min(9)]))
+        }
+        (Some(head), _) => {
+            let want = format!("gpudiag {version} ({}", &head[..9]);
+            assert!(run.stdout.starts_with(&want), "{} lacks {want}", run.stdout);
+            assert!(
+                run.stdout.ends_with(")\n") || run.stdout.ends_with(", dirty)\n"),
+                "{}",
+                run.stdout
+            );
+        }
+        (None, _) => assert_eq!(run.stdout, format!("gpudiag {version} (commit unknown)\n")),
+    }
 }
 
 /// The probe list in help comes from the probe registry: every probe is named, per-GPU ones
@@ -1320,4 +1351,110 @@ fn recorded_findings_reach_every_view_marked_as_recorded() {
             .iter()
             .all(|f| f.id != "thermal.near_slowdown")
     );
+}
+
+/// Each shell's completion script is generated from the CLI, names every subcommand, and
+/// needs no config: a broken config file must not stop a shell from installing it.
+#[test]
+fn completions_name_every_subcommand_for_each_shell() {
+    let bad = Path::new(env!("CARGO_TARGET_TMPDIR")).join("completions-bad-config.toml");
+    std::fs::write(&bad, "[rules\n").unwrap();
+    let subcommands = [
+        "check",
+        "record",
+        "config",
+        "trace",
+        "report",
+        "serve",
+        "replay",
+        "run",
+        "probe",
+        "completions",
+        "man",
+    ];
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let run = gpudiag(&["--config", s(&bad), "completions", shell]);
+        assert_eq!(run.code, 0, "{shell}: {}", run.stderr);
+        assert!(run.stderr.is_empty(), "{shell}: {}", run.stderr);
+        for sub in subcommands {
+            assert!(run.stdout.contains(sub), "{shell} completion lacks {sub}");
+        }
+    }
+    // bash completes the subcommands and a subcommand's own flags.
+    let bash = gpudiag(&["completions", "bash"]).stdout;
+    assert!(bash.starts_with("_gpudiag()"), "{bash}");
+    assert!(bash.contains("complete -F _gpudiag"), "{bash}");
+    assert!(bash.contains("gpudiag,check)"), "{bash}");
+    assert!(bash.contains("--fail-on"), "{bash}");
+
+    let unknown = gpudiag(&["completions", "tcsh"]);
+    assert_eq!(unknown.code, 2, "{}", unknown.stderr);
+}
+
+/// The man page is roff from the CLI: a title line, every subcommand, the exit codes and the
+/// version with its commit.
+#[test]
+fn man_page_is_roff_naming_the_subcommands() {
+    let run = gpudiag(&["man"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let page = &run.stdout;
+    assert!(
+        page.starts_with(".ie ") || page.starts_with(".TH "),
+        "{page}"
+    );
+    let title = page.lines().find(|l| l.starts_with(".TH ")).unwrap();
+    assert!(title.starts_with(".TH gpudiag 1 "), "{title}");
+    for section in [
+        ".SH NAME",
+        ".SH SYNOPSIS",
+        ".SH OPTIONS",
+        ".SH SUBCOMMANDS",
+        ".SH VERSION",
+    ] {
+        assert!(page.contains(section), "lacks {section}");
+    }
+    for sub in [
+        "check",
+        "record",
+        "serve",
+        "run",
+        "probe",
+        "completions",
+        "man",
+    ] {
+        assert!(
+            page.contains(&format!("gpudiag\\-{sub}(1)")),
+            "lacks subcommand {sub}"
+        );
+    }
+    assert!(page.contains("Exit codes:"));
+    assert!(page.contains(&format!("v{}", gpudiag::build_info::LONG_VERSION)));
+}
+
+/// A bad config's TOML error keeps its source line and the caret under the fault, each line
+/// prefixed and escaped: a control character in the file cannot reach the terminal.
+#[test]
+fn a_bad_config_error_keeps_its_caret_each_line_prefixed_and_escaped() {
+    let bad = Path::new(env!("CARGO_TARGET_TMPDIR")).join("caret-bad-config.toml");
+    std::fs::write(&bad, "[rules.memory]\nnearly_full_pct = \x1b[2J 90\n").unwrap();
+    let healthy = fixture("healthy.ndjson");
+    let run = gpudiag(&["--config", s(&bad), "check", "--replay", s(&healthy)]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stdout.is_empty(), "{}", run.stdout);
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert!(lines.len() > 2, "{}", run.stderr);
+    assert!(
+        lines.iter().all(|l| l.starts_with("gpudiag: ")),
+        "{}",
+        run.stderr
+    );
+    assert!(lines[0].contains("caret-bad-config.toml"), "{}", run.stderr);
+    assert!(lines[0].contains("line 2"), "{}", run.stderr);
+    assert!(!run.stderr.contains('\x1b'), "{}", run.stderr);
+    // The quoted source line, escaped, and the caret on the line after it.
+    let quoted = lines
+        .iter()
+        .position(|l| l.contains("nearly_full_pct = \\x1b[2J 90"))
+        .unwrap_or_else(|| panic!("no quoted line in {}", run.stderr));
+    assert!(lines[quoted + 1].contains('^'), "{}", run.stderr);
 }

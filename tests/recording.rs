@@ -240,7 +240,7 @@ fn round_trip_plain_and_gzip_files() {
         assert_eq!(bytes.starts_with(&[0x1f, 0x8b]), name.ends_with(".gz"));
         let (h, records, stats) = recording::read_all(&path).unwrap();
         assert_eq!(h, header());
-        assert_eq!(h.tool_version, env!("CARGO_PKG_VERSION"));
+        assert_eq!(h.tool_version, gpudiag::build_info::LONG_VERSION);
         assert_eq!(records, every_record());
         assert_eq!(stats.records, 6);
         assert!(!stats.is_truncated());

@@ -539,6 +539,21 @@ fn report_deserialises_into_the_typed_report_and_back() {
     assert_eq!(report.schema_version, 2);
     assert_eq!(report.tool.name, "gpudiag");
     assert_eq!(report.tool.version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(report.tool.commit.as_deref(), gpudiag::build_info::COMMIT);
+    assert_eq!(report.tool.dirty, gpudiag::build_info::DIRTY);
+    // `tool.commit` and `tool.dirty` came within schema version 2: a report of an earlier build,
+    // without them, still validates and reads, as unknown.
+    let earlier = mutated(&value, |r| {
+        let tool = r["tool"].as_object_mut().unwrap();
+        tool.remove("commit");
+        tool.remove("dirty");
+    });
+    assert_eq!(
+        errors(&validator(REPORT_SCHEMA), &earlier),
+        Vec::<String>::new()
+    );
+    let read: CheckReport = serde_json::from_value(earlier).unwrap();
+    assert_eq!((read.tool.commit, read.tool.dirty), (None, None));
     assert_eq!(report.host.hostname.as_deref(), Some("gpu-node-07"));
     assert_eq!(report.host.driver_version.as_deref(), Some("580.65.06"));
     assert_eq!(report.source.backend, "replay");
@@ -766,7 +781,7 @@ fn recording_written_by_record_validates() {
         let header: Value = serde_json::from_str(&lines[0]).unwrap();
         assert_eq!(header["format"], "gpudiag-recording");
         assert_eq!(header["version"], 1);
-        assert_eq!(header["tool_version"], env!("CARGO_PKG_VERSION"));
+        assert_eq!(header["tool_version"], gpudiag::build_info::LONG_VERSION);
         match out_name {
             "r.ndjson.gz" => {
                 assert_eq!(header["devices"].as_array().unwrap().len(), 2);
@@ -837,9 +852,9 @@ fn report_drift_is_caught() {
             "extra",
         ),
         (
-            mutated(&base, |r| set(r, "/tool", "commit", json!("abc"))),
+            mutated(&base, |r| set(r, "/tool", "branch", json!("main"))),
             "/tool",
-            "commit",
+            "branch",
         ),
         (
             mutated(&base, |r| set(r, "/host", "kernel", json!("6.8"))),

@@ -1,8 +1,10 @@
-//! One module per subcommand that is more than a call into a writer: `check`, `probe` and
-//! `record`; `trace`, `serve` and `report` live with their writers (`export`, `report`).
+//! One module per subcommand that is more than a call into a writer: `check`, `probe`,
+//! `record`, `run`, `completions` and `man`; `trace`, `serve` and `report` live with their writers (`export`, `report`).
 
 mod check;
+mod completions;
 pub mod host_facts;
+mod man;
 mod probe;
 mod record;
 pub mod run;
@@ -12,6 +14,8 @@ use std::io::Write;
 use gpudiag_model::error::Error;
 
 pub use check::check;
+pub use completions::completions;
+pub use man::man_page;
 pub use probe::{probe, run_probes_in_child, run_probes_in_ui};
 pub use record::record;
 pub use run::run;

@@ -80,6 +80,7 @@ pub struct TraceInfo {
     pub format: String,
     #[schemars(extend("const" = TRACE_VERSION))]
     pub version: u32,
+    /// The gpudiag build that wrote the trace, as a recording's header names it.
     pub tool_version: String,
     /// Epoch milliseconds of `ts == 0`; `None` for a trace with no timed event.
     pub start_ms: Option<TimeMs>,
@@ -284,7 +285,7 @@ impl TraceBuilder {
             info: TraceInfo {
                 format: TRACE_FORMAT.into(),
                 version: TRACE_VERSION,
-                tool_version: env!("CARGO_PKG_VERSION").into(),
+                tool_version: gpudiag_model::build_info::LONG_VERSION.into(),
                 start_ms: None,
                 backend: backend.into(),
                 recording,

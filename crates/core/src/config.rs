@@ -301,7 +301,9 @@ impl Config {
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
         let config: Config = toml::from_str(text).map_err(|e| ConfigError::Invalid {
             path: origin.to_owned(),
-            message: e.to_string().trim_end().replace('\n', " | "),
+            // Kept multi-line: the source line and the caret under the fault are the point;
+            // the binary escapes and prefixes each line as it prints it.
+            message: e.to_string().trim_end().to_owned(),
         })?;
         config.validate(origin)?;
         Ok(config)

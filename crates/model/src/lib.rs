@@ -5,6 +5,7 @@
 //! a field, as data), so nothing here can reach up the data flow.
 
 pub mod attribution;
+pub mod build_info;
 pub mod cuda_libraries;
 pub mod deadline;
 pub mod decode;

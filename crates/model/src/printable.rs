@@ -17,6 +17,18 @@ pub fn line(s: &str) -> Cow<'_, str> {
     escape(s, |_| true)
 }
 
+/// `message` as gpudiag writes an error to stderr: each line prefixed `gpudiag: ` and escaped
+/// on its own, ending in a newline. A message of several lines (a TOML error's source line and
+/// caret) keeps them, aligned as written, and a quoted value still cannot forge a line: only
+/// the message's own newlines start one, each with the prefix.
+pub fn error_lines(message: &str) -> String {
+    let mut out = String::with_capacity(message.len() + 16);
+    for l in message.trim_end_matches(['\n', '\r']).split('\n') {
+        let _ = writeln!(out, "gpudiag: {}", line(l.strip_suffix('\r').unwrap_or(l)));
+    }
+    out
+}
+
 /// `s` as lines of text: every control character escaped but the newlines between lines. For
 /// whole outputs whose values were each made safe with [`line`].
 pub fn text(s: &str) -> Cow<'_, str> {
@@ -56,6 +68,19 @@ mod tests {
             "proc\\x0d\\x0aFAKE [fail]\\x09\\x7f\\u{9b}2J"
         );
         assert_eq!(text("a\x1b[2J\nb\r\n"), "a\\x1b[2J\nb\\x0d\n");
+    }
+
+    #[test]
+    fn error_lines_prefix_and_escape_each_line() {
+        assert_eq!(error_lines("no GPU"), "gpudiag: no GPU\n");
+        assert_eq!(
+            error_lines("bad at line 1\n  |\n1 | [x\x1b[2J\n  |   ^\n"),
+            "gpudiag: bad at line 1\ngpudiag:   |\ngpudiag: 1 | [x\\x1b[2J\ngpudiag:   |   ^\n"
+        );
+        assert_eq!(
+            error_lines("crlf\r\nnext"),
+            "gpudiag: crlf\ngpudiag: next\n"
+        );
     }
 
     #[test]

@@ -302,7 +302,13 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         "Number of active findings of each severity.",
         &counts,
     );
-    let mut info: Labels = vec![("version", env!("CARGO_PKG_VERSION").to_string())];
+    // `revision` as Prometheus's own `*_build_info` names the commit, so a fleet dashboard can
+    // tell two builds of one version apart.
+    let revision = gpudiag_model::build_info::COMMIT.unwrap_or("unknown");
+    let mut info: Labels = vec![
+        ("version", gpudiag_model::build_info::VERSION.to_string()),
+        ("revision", revision.to_string()),
+    ];
     if let Some(h) = &snap.host.hostname {
         info.push(("Hostname", h.clone()));
     }
@@ -736,6 +742,11 @@ mod tests {
     fn empty_snapshot_still_says_who_serves() {
         let text = render(&Snapshot::default(), Instant::now());
         assert!(text.contains("gpudiag_info{version="));
+        let revision = gpudiag_model::build_info::COMMIT.unwrap_or("unknown");
+        assert!(
+            text.contains(&format!(",revision=\"{revision}\"")),
+            "{text}"
+        );
         assert!(!text.contains("DCGM_"));
     }
 }

@@ -386,7 +386,7 @@ fn readme_text(
          \x20 gpudiag replay THIS_FILE.tar.gz\n\
          \x20 gpudiag check --replay THIS_FILE.tar.gz\n\n\
          {redaction}\n",
-        version = env!("CARGO_PKG_VERSION"),
+        version = gpudiag_model::build_info::LONG_VERSION,
         devices = cap.devices.len(),
         status = check.status,
         findings = check

@@ -163,7 +163,8 @@ pub struct Header {
     pub version: u32,
     /// When the recording started, ms since the Unix epoch.
     pub created_ms: TimeMs,
-    /// The gpudiag version that wrote the file.
+    /// The gpudiag build that wrote the file: `0.1.0 (abc123def)`, with `, dirty` when its
+    /// tree had changes, or `0.1.0 (commit unknown)`; earlier builds wrote the version alone.
     pub tool_version: String,
     /// The backend that produced the telemetry ("nvml", ...).
     #[schemars(length(min = 1))]
@@ -194,7 +195,7 @@ impl Header {
             format: FORMAT_NAME.to_string(),
             version: RECORDING_VERSION,
             created_ms: super::now_ms(),
-            tool_version: env!("CARGO_PKG_VERSION").to_string(),
+            tool_version: gpudiag_model::build_info::LONG_VERSION.to_string(),
             backend: backend.to_string(),
             interval_ms,
             host,
