@@ -21,6 +21,8 @@ gpus=1
 [ "$n" -ge 8 ] && gpus=1,2,4,8
 nvidia-smi -L > "$R/gpus.txt"
 nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >> "$R/gpus.txt"
+# The Slurm scripts map /dev/nvidiaN numbers to UUIDs through this file: keep its real layout.
+for f in /proc/driver/nvidia/gpus/*/information; do echo "== $f"; cat "$f"; done > "$R/proc_driver_nvidia.txt" 2>&1
 
 for bin in ${BASE:+"$BASE"} "$NEW"; do
   "$bin" check --probes quick --json --device 0 > /dev/null 2>&1
