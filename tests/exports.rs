@@ -1090,7 +1090,16 @@ fn header_of<'a>(answer: &'a str, name: &str) -> Option<&'a str> {
 fn serve_answers_head_and_absolute_form_targets() {
     let served = serve(&["--replay", s(&fixture("two_gpus.ndjson"))]);
     let addr = &served.addr;
-    let get = raw_http(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    // A scrape before the replay's first tick answers only the info series; compare HEAD with
+    // a GET of the same state, once the GPUs' series are there.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let get = loop {
+        let get = raw_http(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        if get.contains("DCGM_FI_DEV_GPU_UTIL{") || Instant::now() > deadline {
+            break get;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert!(get.starts_with("HTTP/1.1 200 "), "{get}");
     let head = raw_http(addr, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
     assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
