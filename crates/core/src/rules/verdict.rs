@@ -284,7 +284,7 @@ pub fn judge(
         span_s,
         util: util_mean,
         util_p95: util.p95,
-        sm_active: mean(Metric::SmActivePct),
+        sm_active: sm_stats.mean,
         occupancy: mean(Metric::SmOccupancyPct),
         tensor: mean(Metric::TensorActivePct),
         dram: mean(Metric::DramActivePct),
@@ -719,20 +719,23 @@ fn advice(b: Bottleneck, f: &Figures, link_bytes_per_s: Option<f64>, basis: Basi
     text
 }
 
+/// The length of a phase slice over a window of `span_ms`: at least 10 s, at most 20 slices.
+fn slice_ms(span_ms: u64) -> u64 {
+    (span_ms / 20).max(10_000)
+}
+
 /// Verdicts over consecutive slices of `[start_ms, end_ms]`, neighbours with the same
-/// bottleneck merged: how a run changed (loading, training, evaluation).
-pub fn phases(
+/// bottleneck and basis merged (a stretch without profiling counters is a phase of its own),
+/// each with the number of slices merged into it. The merged verdicts keep their first slice's
+/// figures: `phases` judges them again where it needs their words.
+fn merged_slices(
     input: &RuleInput<'_>,
     cpu: Option<&ProcessCpu>,
     device: &DeviceInfo,
     start_ms: TimeMs,
     end_ms: TimeMs,
-) -> Vec<Verdict> {
-    let span = end_ms.saturating_sub(start_ms);
-    // At least 10 s a slice, at most 20 slices.
-    let step = (span / 20).max(10_000);
-    // Slices merge while their bottleneck and basis agree: a stretch without profiling
-    // counters is a phase of its own, not folded into one judged with them.
+) -> Vec<(Verdict, usize)> {
+    let step = slice_ms(end_ms.saturating_sub(start_ms));
     let mut spans: Vec<(Verdict, usize)> = Vec::new();
     let mut at = start_ms;
     while at < end_ms {
@@ -748,9 +751,21 @@ pub fn phases(
         }
         at = to.saturating_add(1);
     }
+    spans
+}
+
+/// Verdicts over consecutive slices of `[start_ms, end_ms]`, neighbours with the same
+/// bottleneck merged: how a run changed (loading, training, evaluation).
+pub fn phases(
+    input: &RuleInput<'_>,
+    cpu: Option<&ProcessCpu>,
+    device: &DeviceInfo,
+    start_ms: TimeMs,
+    end_ms: TimeMs,
+) -> Vec<Verdict> {
     // A merged phase is judged again over its whole span, so its title, figures and evidence
     // describe all of it rather than its first slice.
-    spans
+    merged_slices(input, cpu, device, start_ms, end_ms)
         .into_iter()
         .map(|(v, slices)| {
             if slices == 1 {
@@ -802,17 +817,19 @@ pub fn current_phase(
     start_ms: TimeMs,
     end_ms: TimeMs,
 ) -> Option<CurrentPhase> {
-    let all = phases(input, cpu, device, start_ms, end_ms);
+    // The merged phases unjudged again: only the last one's start is used, and its figures
+    // come from its latest slice below (this runs each second in the TUI).
+    let all = merged_slices(input, cpu, device, start_ms, end_ms);
     let last = match all.as_slice() {
-        [_, .., last] => last,
+        [_, .., (last, _)] => last,
         _ => return None,
     };
-    // The slice length `phases` uses, counted back from the end.
-    let step = (end_ms.saturating_sub(start_ms) / 20).max(10_000);
+    let step = slice_ms(end_ms.saturating_sub(start_ms));
     let recent_from = end_ms.saturating_sub(step).max(last.start_ms);
     let verdict = judge(input, cpu, device, recent_from, end_ms)
         .ok()
         .filter(|v| same_phase(v, last))
+        .or_else(|| judge(input, cpu, device, last.start_ms, last.end_ms).ok())
         .unwrap_or_else(|| last.clone());
     Some(CurrentPhase {
         since_ms: last.start_ms,
