@@ -13,7 +13,7 @@ pub mod schema;
 pub mod tick_stats;
 pub mod tui;
 
-pub use gpudiag_core::{check, config, history, rules, session};
+pub use gpudiag_core::{check, config, history, judgement, rules, session};
 pub use gpudiag_model::{build_info, cuda_libraries, deadline, error, printable, topology};
 pub use gpudiag_probes as probes;
 pub use gpudiag_telemetry as telemetry;

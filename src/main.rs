@@ -7,16 +7,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 
-use gpudiag::check::CheckReport;
-use gpudiag::cli::{
-    BackendChoice, CheckArgs, Cli, Command, FailOn, KubeletArgs, ReplayArgs, SourceArgs,
-};
+use gpudiag::check::{CheckReport, CheckRequest};
+use gpudiag::cli::{BackendChoice, CheckArgs, Cli, Command, ReplayArgs};
 use gpudiag::commands;
 use gpudiag::config::{Config, DEFAULT_CONFIG_TOML};
 use gpudiag::error::{Error, exit};
 use gpudiag::printable;
 use gpudiag::report::text;
+use gpudiag::session::{Origin, SourceSpec};
 use gpudiag::telemetry::amd::sysfs::SYSFS_ROOT_ENV;
+use gpudiag::telemetry::live::LiveBackend;
+use gpudiag::telemetry::replay::ReplayOptions;
 use gpudiag::tick_stats;
 use gpudiag::tui;
 
@@ -160,29 +161,43 @@ fn stop_on_ctrl_c() -> Arc<AtomicBool> {
 }
 
 fn check(args: &CheckArgs, config: &Config) -> Result<i32, Error> {
-    let report = match commands::check(args, config) {
+    check_and_print(
+        &args.request()?,
+        args.json,
+        args.source.backend.name(),
+        config,
+    )
+}
+
+/// Runs the check `request` asks for and prints its report: JSON or text.
+fn check_and_print(
+    request: &CheckRequest,
+    json: bool,
+    backend_name: &str,
+    config: &Config,
+) -> Result<i32, Error> {
+    let report = match commands::check_request(request, config) {
         // A script reading `--json` always gets a document; the reason goes to stderr as well,
         // for the person watching.
-        Err(Error::CannotRun(why)) if args.json => {
+        Err(Error::CannotRun(why)) if json => {
             eprint!("{}", printable::error_lines(&why));
-            let mut report =
-                CheckReport::could_not_run(why, args.source.backend.name(), args.fail_on.into());
+            let mut report = CheckReport::could_not_run(why, backend_name, request.fail_on);
             report.host.hostname = gethostname::gethostname().into_string().ok();
             report
         }
         other => other?,
     };
-    if args.json {
+    if json {
         let json = serde_json::to_string_pretty(&report)
             .map_err(|e| Error::CannotRun(format!("could not serialise the report: {e}")))?;
         commands::print(&format!("{json}\n"))?;
         tick_stats::mark("printed");
     } else {
         commands::print_text(&text::render(&report))?;
-        if let Some(suite) = args.probes {
+        if let Some(ask) = &request.probes {
             let devices = report.devices.iter().filter_map(|d| d.probes.clone());
             let probed = gpudiag::probes::runner::ProbeReport {
-                suite: suite.as_str().into(),
+                suite: ask.suite.clone(),
                 devices: devices.collect(),
                 host: report.host_probes.clone().unwrap_or_default(),
                 findings: Vec::new(),
@@ -210,26 +225,16 @@ fn replay(args: &ReplayArgs, interval: std::time::Duration, config: &Config) -> 
             config,
         );
     }
-    check(
-        &CheckArgs {
-            source: SourceArgs {
-                devices: Vec::new(),
-                replay: Some(args.file.clone()),
-                demo: false,
-                init_timeout: std::time::Duration::from_secs(10),
-                poll_timeout: gpudiag::telemetry::poll_deadline::DEFAULT_POLL_TIMEOUT,
-                backend: BackendChoice::Replay,
-                sysfs_root: None,
-                max_inflated_size: args.max_inflated_size,
-                kubelet: KubeletArgs::default(),
-            },
-            json: false,
-            window: None,
-            interval: std::time::Duration::from_millis(100),
-            fail_on: FailOn::Fail,
-            probes: None,
-            force: false,
+    let source = SourceSpec {
+        replay: ReplayOptions {
+            max_inflated_bytes: args.max_inflated_size,
         },
+        ..SourceSpec::new(Origin::File(args.file.clone()))
+    };
+    check_and_print(
+        &CheckRequest::new(source),
+        false,
+        BackendChoice::Replay.name(),
         config,
     )
 }
@@ -241,26 +246,17 @@ fn default_view(demo: bool, interval: std::time::Duration, config: &Config) -> R
     if interactive() {
         return tui::run_default(demo, interval, config);
     }
-    let args = CheckArgs {
-        source: SourceArgs {
-            devices: Vec::new(),
-            replay: None,
-            demo,
-            init_timeout: std::time::Duration::from_secs(10),
-            poll_timeout: gpudiag::telemetry::poll_deadline::DEFAULT_POLL_TIMEOUT,
-            backend: BackendChoice::Auto,
-            sysfs_root: std::env::var_os(SYSFS_ROOT_ENV).map(Into::into),
-            max_inflated_size: gpudiag::telemetry::bundle::DEFAULT_MAX_INFLATED,
-            kubelet: KubeletArgs::default(),
-        },
-        json: false,
-        window: None,
-        interval: std::time::Duration::from_millis(100),
-        fail_on: FailOn::Fail,
-        probes: None,
-        force: false,
+    let origin = if demo {
+        Origin::Demo
+    } else {
+        Origin::Live(LiveBackend::Auto)
     };
-    check(&args, config).map_err(|e| match e {
+    let source = SourceSpec {
+        sysfs_root: std::env::var_os(SYSFS_ROOT_ENV).map(Into::into),
+        ..SourceSpec::new(origin)
+    };
+    let request = CheckRequest::new(source);
+    check_and_print(&request, false, BackendChoice::Auto.name(), config).map_err(|e| match e {
         Error::CannotRun(why) => Error::CannotRun(format!(
             "no live GPU here ({why}); `gpudiag --demo` shows the bundled demo recording"
         )),

@@ -79,6 +79,7 @@ pub fn start_from_env() {
         return;
     };
     stats::enable();
+    stats::set_mark_hook(mark);
     *state() = Some(State {
         path: path.into(),
         started: Instant::now(),

@@ -3,7 +3,6 @@
 
 mod check;
 mod completions;
-pub mod host_facts;
 mod man;
 mod probe;
 mod record;
@@ -13,7 +12,7 @@ use std::io::Write;
 
 use gpudiag_model::error::Error;
 
-pub use check::check;
+pub use check::{check, check_request};
 pub use completions::completions;
 pub use man::man_page;
 pub use probe::{probe, run_probes_in_child, run_probes_in_ui};

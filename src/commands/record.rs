@@ -17,14 +17,10 @@ use gpudiag_telemetry::replay::Pace;
 /// `gpudiag record`. Returns the number of ticks written.
 pub fn record(args: &RecordArgs, stop: Arc<AtomicBool>, config: &Config) -> Result<u64, Error> {
     let source = open_source(&args.source.spec()?, Pace::AsFastAsPossible, false)?;
-    let libraries = source
-        .recording
-        .is_none()
-        .then(cuda_libraries::detect_libraries);
+    let libraries = source.is_this_host().then(cuda_libraries::detect_libraries);
     // A replay plays at its own recorded spacing, so --interval says nothing about it.
     let interval_ms = source
-        .recording
-        .is_none()
+        .is_this_host()
         .then_some(args.interval.as_millis() as u64);
     let mut header = Header::new(
         source.backend.name(),

@@ -28,8 +28,11 @@ use crate::export::profiler_merge;
 use crate::export::{refuse_existing, write_json_atomic};
 use gpudiag_core::check::ToolInfo;
 use gpudiag_core::config::Config;
-use gpudiag_core::rules::{Finding, RuleEngine, is_workload};
-use gpudiag_core::session::{self, Limit, Pipeline, RunOptions, Sink, Source, open_source};
+use gpudiag_core::judgement::{self, Moment, Seen, Span};
+use gpudiag_core::rules::{Finding, is_workload};
+use gpudiag_core::session::{
+    self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source,
+};
 use gpudiag_model::error::Error;
 use gpudiag_model::printable;
 use gpudiag_model::verdict::{NotJudged, Verdict};
@@ -221,7 +224,8 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
             .map_err(|e| Error::CannotRun(format!("could not start a thread: {e}")))?
     };
 
-    let watched = source.map(|source| watch(source, writer, args, config, &stop));
+    let options = WatchOptions::of(args);
+    let watched = source.map(|source| watch(source, writer, &options, config, &stop));
     let _ = waiter.join();
     let (status, exited_at) = exit
         .lock()
@@ -535,6 +539,8 @@ fn exit_parts(status: ExitStatus) -> (Option<i32>, Option<i32>) {
 struct Watched {
     pipeline: Pipeline,
     devices: Vec<gpudiag_telemetry::DeviceInfo>,
+    /// Findings the source carried (a recording's; live sources carry none).
+    recorded: Vec<Finding>,
     tree: ProcessTree,
     warnings: Vec<String>,
     /// gpudiag's trace, kept for `--profiler-trace`.
@@ -554,25 +560,38 @@ fn header_for(source: &Source, args: &RunArgs) -> Header {
 
 /// Samples until `stop`. The command is running: every failure here is a warning, so that
 /// gpudiag still waits for the command and exits with its code.
+/// How `run` watches: the sampling interval, and the trace it writes (and whether that trace
+/// waits for a profiler trace to be merged into).
+struct WatchOptions<'a> {
+    interval: Duration,
+    trace: Option<&'a Path>,
+    merge_later: bool,
+}
+
+impl<'a> WatchOptions<'a> {
+    fn of(args: &'a RunArgs) -> WatchOptions<'a> {
+        WatchOptions {
+            interval: args.interval,
+            trace: args.trace.as_deref(),
+            merge_later: args.profiler_trace.is_some(),
+        }
+    }
+}
+
 fn watch(
     source: Source,
     writer: Option<RecordingWriter>,
-    args: &RunArgs,
+    options: &WatchOptions<'_>,
     config: &Config,
     stop: &Arc<AtomicBool>,
 ) -> Watched {
     let devices = source.devices();
     let host = source.backend.host().clone();
-    let trace = args
+    let recorded = source.recorded.clone();
+    let trace = options
         .trace
-        .as_ref()
         .map(|_| TraceBuilder::new(source.backend.name(), None, &host, devices.clone()));
-    let mut pipeline = Pipeline::new(RuleEngine::new(
-        config.rules.clone(),
-        devices.clone(),
-        Some(host),
-        Some(gpudiag_model::cuda_libraries::detect_libraries()),
-    ));
+    let mut pipeline = Pipeline::new(engine_for(&source, config));
     let mut sink = RunSink {
         writer,
         write_failed: None,
@@ -580,7 +599,7 @@ fn watch(
         tree: ProcessTree::new(std::process::id()),
     };
     let opts = RunOptions {
-        interval: args.interval,
+        interval: options.interval,
         limit: Limit::None,
         stop: Some(stop),
     };
@@ -599,14 +618,14 @@ fn watch(
         warn(&format!("the recording could not be finished: {e}"));
     }
     let mut trace = None;
-    if let (Some(builder), Some(path)) = (sink.trace.take(), &args.trace) {
+    if let (Some(builder), Some(path)) = (sink.trace.take(), options.trace) {
         let mut builder = builder;
         for f in pipeline.engine.raised() {
             builder.push_finding(&f);
         }
         let finished = builder.finish();
         // With a profiler trace, the trace is merged once the command has written it.
-        if args.profiler_trace.is_some() {
+        if options.merge_later {
             trace = Some(finished);
         } else if let Err(e) = write_json_atomic(path, &finished) {
             warn(&e.to_string());
@@ -615,6 +634,7 @@ fn watch(
     Watched {
         pipeline,
         devices,
+        recorded,
         tree: sink.tree,
         warnings,
         trace,
@@ -623,10 +643,17 @@ fn watch(
 
 impl Watched {
     fn conclude(mut self, report: &mut RunReport, start_ms: TimeMs, end_ms: TimeMs) {
-        let history = &self.pipeline.history;
-        self.pipeline
-            .engine
-            .finish_within(history, start_ms, end_ms);
+        // The command's own time is judged: sampling went on a moment past its exit to see who
+        // still held the GPU.
+        let span = Span {
+            start_ms: Some(start_ms),
+            end_ms: Some(end_ms),
+        };
+        let seen = Seen {
+            recorded: &self.recorded,
+            ..Seen::default()
+        };
+        let mut judged = judgement::judge(&mut self.pipeline, Moment::End(span), &seen);
         let used: BTreeSet<u32> = self.tree.seen.values().map(|p| p.device).collect();
         for d in &self.devices {
             if !used.is_empty() && !used.contains(&d.index) {
@@ -635,15 +662,12 @@ impl Watched {
             report.devices.push(RunDevice {
                 index: d.index,
                 name: d.name.clone(),
-                verdict: self.pipeline.engine.verdicts().get(&d.index).cloned(),
-                phases: self
-                    .pipeline
-                    .engine
-                    .phases(history, d.index, start_ms, end_ms),
+                verdict: judged.verdicts.get(&d.index).cloned(),
+                phases: judged.phases.remove(&d.index).unwrap_or_default(),
             });
         }
-        report.findings = self.pipeline.engine.raised();
-        report.not_judged = self.pipeline.engine.not_judged().to_vec();
+        report.findings = judged.findings;
+        report.not_judged = judged.not_judged;
         report.gpu_processes = self.tree.seen.values().cloned().collect();
         report.still_holding = self.tree.still_holding(&self.pipeline, end_ms);
         for w in self.warnings {
@@ -654,6 +678,53 @@ impl Watched {
             });
         }
     }
+}
+
+/// What `run` concludes, watching a source that ends by itself (a recording) from its first
+/// sample to its last: the same watching and judging as a command's run, with no command. It
+/// lets `run`'s conclusion be compared with the other views of the same data.
+pub fn conclusion_of(source: Source, config: &Config) -> RunConclusion {
+    let stop = Arc::new(AtomicBool::new(false));
+    let options = WatchOptions {
+        interval: Duration::from_millis(100),
+        trace: None,
+        merge_later: false,
+    };
+    let watched = watch(source, None, &options, config, &stop);
+    let (Some(start_ms), Some(end_ms)) = (watched.pipeline.first_ms(), watched.pipeline.last_ms())
+    else {
+        return RunConclusion::default();
+    };
+    let mut report = RunReport {
+        schema_version: RUN_SCHEMA_VERSION,
+        tool: ToolInfo::this(),
+        command: Vec::new(),
+        pid: std::process::id(),
+        start_ms,
+        end_ms,
+        exit_code: None,
+        signal: None,
+        not_watched: None,
+        devices: Vec::new(),
+        findings: Vec::new(),
+        not_judged: Vec::new(),
+        gpu_processes: Vec::new(),
+        still_holding: Vec::new(),
+    };
+    watched.conclude(&mut report, start_ms, end_ms);
+    RunConclusion {
+        devices: report.devices,
+        findings: report.findings,
+        not_judged: report.not_judged,
+    }
+}
+
+/// The judged part of a run's report.
+#[derive(Debug, Clone, Default)]
+pub struct RunConclusion {
+    pub devices: Vec<RunDevice>,
+    pub findings: Vec<Finding>,
+    pub not_judged: Vec<NotJudged>,
 }
 
 /// The text printed when the command ends.

@@ -554,6 +554,31 @@ impl TraceBuilder {
         }
     }
 
+    /// The verdict on the whole capture per GPU, as `check` gives it: one complete event over
+    /// the span it judged, beside the instants that mark each change of the rolling verdict.
+    pub fn push_overall_verdicts<'a>(&mut self, verdicts: impl IntoIterator<Item = &'a Verdict>) {
+        for v in verdicts {
+            let pid = pid_of(Some(v.device));
+            let args = match serde_json::to_value(v) {
+                Ok(Value::Object(map)) => {
+                    map.into_iter().map(|(k, v)| (Cow::Owned(k), v)).collect()
+                }
+                _ => Args::new(),
+            };
+            self.thread(pid, TID_VERDICT, "verdict".into());
+            self.events.push(Pending {
+                name: Cow::Owned(format!("verdict over the capture: {}", v.bottleneck)),
+                cat: Some("verdict,overall".into()),
+                ph: Phase::Complete,
+                time_ms: v.start_ms,
+                dur_ms: Some(v.end_ms.saturating_sub(v.start_ms)),
+                pid,
+                tid: TID_VERDICT,
+                args,
+            });
+        }
+    }
+
     /// A probe phase as a complete event with its results in `args`.
     pub fn push_probe(&mut self, p: &ProbeSpan) {
         let pid = pid_of(p.device);

@@ -16,9 +16,10 @@ use std::time::Duration;
 use crate::cli::TraceArgs;
 use chrome_trace::{Trace, TraceBuilder};
 use gpudiag_core::config::Config;
+use gpudiag_core::judgement::{self, KernelLog, Moment, Seen, Span};
 use gpudiag_core::rules::Finding;
 use gpudiag_core::session::{
-    self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source, with_recorded,
+    self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source,
 };
 use gpudiag_model::error::Error;
 use gpudiag_telemetry::Tick;
@@ -44,7 +45,12 @@ pub fn capture_trace(
     config: &Config,
 ) -> Result<Capture, Error> {
     let devices = source.devices();
+    let host_devices = source.backend.devices().to_vec();
     let recorded = source.recorded.clone();
+    // XIDs from before the capture (a job that died earlier) are in the kernel log only.
+    let kernel_xids = source
+        .is_this_host()
+        .then(gpudiag_core::host_facts::read_kernel_xids);
     let mut builder = TraceBuilder::new(
         source.backend.name(),
         source.recording.clone(),
@@ -77,9 +83,18 @@ pub fn capture_trace(
     if pipeline.tick_count() == 0 {
         return Err(Error::Usage("the source holds no telemetry samples".into()));
     }
-    pipeline.engine.finish(&pipeline.history);
-    builder.push_verdicts(pipeline.engine.verdicts().values());
-    let findings = with_recorded(pipeline.engine.raised(), &recorded);
+    let seen = Seen {
+        recorded: &recorded,
+        kernel_log: kernel_xids.as_ref().map(|xids| KernelLog {
+            xids,
+            host_devices: &host_devices,
+            before: "before this trace",
+        }),
+        probes: None,
+    };
+    let judged = judgement::judge(&mut pipeline, Moment::End(Span::whole()), &seen);
+    builder.push_overall_verdicts(judged.verdicts.values());
+    let findings = judged.findings;
     for f in &findings {
         builder.push_finding(f);
     }

@@ -14,8 +14,9 @@ use super::session_log::SessionLog;
 use super::theme::Theme;
 use crate::cli::SuiteName;
 use gpudiag_core::config::RulesConfig;
+use gpudiag_core::judgement::{self, KernelLog, Moment, Seen, Span};
 use gpudiag_core::rules::{Finding, RuleEngine, Severity};
-use gpudiag_core::session::{Pipeline, with_recorded};
+use gpudiag_core::session::Pipeline;
 use gpudiag_model::cuda_libraries::LibraryInfo;
 use gpudiag_model::stats::{self, Counter};
 use gpudiag_probes::runner::ProbeReport;
@@ -272,6 +273,10 @@ pub struct AppInit {
     pub topology: Option<gpudiag_model::topology::Topology>,
 }
 
+/// The pipeline's (last tick, tick count) when a judgement was made: it holds while no tick
+/// arrives.
+type JudgedAt = (Option<TimeMs>, u64);
+
 pub struct App {
     pub host: HostInfo,
     pub devices: Vec<DeviceInfo>,
@@ -294,6 +299,8 @@ pub struct App {
     /// Everything the rules raised this session, worst first, newest first within a severity.
     pub findings: Vec<Finding>,
     findings_at: Option<Instant>,
+    /// The findings of the whole recording judged at its end, and when they were judged.
+    ended_findings: Option<(JudgedAt, Vec<Finding>)>,
     /// Memory readings per (device, pid) within the growth window.
     proc_memory: BTreeMap<(u32, u32), VecDeque<(TimeMs, u64)>>,
     /// Ticks seen this session, oldest first, for saving a recording.
@@ -336,6 +343,7 @@ impl App {
             pipeline: Pipeline::new(engine).retaining(LOOKBACK),
             recorded: Vec::new(),
             kernel_xids: None,
+            ended_findings: None,
             rules: RulesConfig::default(),
             libraries: None,
             host: init.host,
@@ -386,12 +394,14 @@ impl App {
     /// Shows the findings a replayed recording carries beside the rules' own.
     pub fn set_recorded(&mut self, findings: Vec<Finding>) {
         self.recorded = findings;
+        self.ended_findings = None;
     }
 
     /// Judges the XIDs the kernel logged before the session beside the rules' findings, against
     /// each GPU's present state as it arrives (a GPU lost now makes its past XIDs live again).
     /// A log that could not be read is said in the footer until the next key, not left silent.
     pub fn set_kernel_xids(&mut self, log: Result<XidLog, String>) {
+        self.ended_findings = None;
         if let Err(why) = &log
             && self.status.is_none()
         {
@@ -519,31 +529,39 @@ impl App {
             self.findings.clear();
             return;
         }
-        if self.ended.is_some() {
-            let pipeline = &mut self.pipeline;
-            pipeline.engine.finish(&pipeline.history);
-        }
-        // A replay shows what the recording carried up to where it stands, not what is to come.
-        let now = self.now_ms();
-        let recorded: Vec<Finding> = self
-            .recorded
-            .iter()
-            .filter(|f| now.is_some_and(|n| f.time_ms <= n))
-            .cloned()
-            .collect();
-        let mut findings = with_recorded(self.pipeline.engine.raised(), &recorded);
-        if let Some(log) = &self.kernel_xids {
-            let all: Vec<u32> = self.devices.iter().map(|d| d.index).collect();
-            let (past, _) = gpudiag_core::rules::errors::past_xids(
-                log,
-                &self.devices,
-                &all,
-                &self.pipeline.latest,
-                now.unwrap_or_default(),
-                BEFORE_SESSION,
-            );
-            findings.extend(past);
-        }
+        let last_probes = match &self.probes {
+            ProbesState::Ready {
+                last: Some(Ok(report)),
+                ..
+            } => Some(report),
+            _ => None,
+        };
+        let seen = Seen {
+            recorded: &self.recorded,
+            kernel_log: self.kernel_xids.as_ref().map(|xids| KernelLog {
+                xids,
+                host_devices: &self.devices,
+                before: BEFORE_SESSION,
+            }),
+            probes: last_probes,
+        };
+        // At the end of a recording the whole of it is judged, as `check` judges it; once, until
+        // more ticks arrive (a seek back).
+        let mut findings = match self.ended {
+            Some(_) => {
+                let at = (self.pipeline.last_ms(), self.pipeline.tick_count());
+                match &self.ended_findings {
+                    Some((judged_at, findings)) if *judged_at == at => findings.clone(),
+                    _ => {
+                        let judged =
+                            judgement::judge(&mut self.pipeline, Moment::End(Span::whole()), &seen);
+                        self.ended_findings = Some((at, judged.findings.clone()));
+                        judged.findings
+                    }
+                }
+            }
+            None => judgement::judge_now(&self.pipeline, &seen).findings,
+        };
         findings.sort_by_key(|f| std::cmp::Reverse((f.severity, f.time_ms)));
         let key = |f: &Finding| (f.id.clone(), f.device, f.time_ms);
         let was = self.findings.get(self.selected_finding).map(key);
@@ -665,6 +683,7 @@ impl App {
 
     /// A probe run finished (or could not start).
     pub fn on_probes(&mut self, mut result: Result<ProbeReport, String>) {
+        self.ended_findings = None;
         if let Ok(report) = &mut result {
             report.findings = gpudiag_core::rules::peers::compare(
                 &report.devices,

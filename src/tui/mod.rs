@@ -40,7 +40,7 @@ pub fn run_default(demo: bool, interval: Duration, config: &Config) -> Result<i3
     }
     // NVML reports only XIDs that happen while it listens; earlier ones are in the log, read
     // meanwhile with the CUDA libraries.
-    let host_facts = crate::commands::host_facts::HostFacts::start();
+    let host_facts = gpudiag_core::host_facts::HostFacts::start();
     match open_live(interval) {
         Ok((driver, init)) => {
             crate::tick_stats::mark("source_opened");

@@ -26,7 +26,24 @@ pub struct RulesConfig {
     pub pcie: PcieConfig,
     pub memory: MemoryConfig,
     pub thermal: ThermalConfig,
+    pub power: PowerConfig,
     pub peers: PeersConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PowerConfig {
+    /// An enforced power limit below this share (0..1) of the GPU's default is flagged.
+    pub min_share_of_default: f64,
+}
+
+impl Default for PowerConfig {
+    fn default() -> Self {
+        // Below 95%: a limit a few watts under the default (rounding, a firmware step) is noise.
+        PowerConfig {
+            min_share_of_default: 0.95,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -277,6 +294,10 @@ window_s = 10.0
 # Warns within this many degrees C of the slowdown threshold.
 slowdown_margin_c = 5.0
 
+[rules.power]
+# Warns when the enforced power limit is below this share (0..1) of the GPU's default.
+min_share_of_default = 0.95
+
 [rules.peers]
 # Probe results (matmul, bandwidth, peer copies) this share (0..1) below the median of the
 # host's other GPUs of the same model are flagged; likewise a GPU pair's link against the other
@@ -337,7 +358,7 @@ impl Config {
     /// Range checks serde cannot express; each error names the key.
     fn validate(&self, origin: &str) -> Result<(), ConfigError> {
         let r = &self.rules;
-        let checks: [(&str, f64, f64, f64); 29] = [
+        let checks: [(&str, f64, f64, f64); 30] = [
             (
                 "rules.engine.eval_interval_s",
                 r.engine.eval_interval_s,
@@ -471,6 +492,12 @@ impl Config {
             ),
             ("rules.thermal.window_s", r.thermal.window_s, 1.0, 86400.0),
             ("rules.peers.margin", r.peers.margin, 0.0, 0.99),
+            (
+                "rules.power.min_share_of_default",
+                r.power.min_share_of_default,
+                0.0,
+                1.0,
+            ),
             (
                 "rules.thermal.slowdown_margin_c",
                 r.thermal.slowdown_margin_c,

@@ -4,5 +4,7 @@
 pub mod check;
 pub mod config;
 pub mod history;
+pub mod host_facts;
+pub mod judgement;
 pub mod rules;
 pub mod session;

@@ -51,6 +51,12 @@ impl Source {
             .collect()
     }
 
+    /// Whether the source's GPUs are this host's (live), so this host's kernel log and CUDA
+    /// libraries describe them; a recording's GPUs were elsewhere.
+    pub fn is_this_host(&self) -> bool {
+        self.recording.is_none()
+    }
+
     /// The topology of the selected GPUs, where the source knows it.
     pub fn topology(&self) -> Option<Topology> {
         let selected: Vec<u32> = self.selected.0.iter().copied().collect();
@@ -100,6 +106,20 @@ pub struct SourceSpec {
 }
 
 impl SourceSpec {
+    /// `origin` with every other setting at its default: all devices, a 10 s initialisation,
+    /// the default poll deadline, the real `/`, the default replay limits and attribution.
+    pub fn new(origin: Origin) -> SourceSpec {
+        SourceSpec {
+            origin,
+            devices: Vec::new(),
+            init_timeout: Duration::from_secs(10),
+            poll_timeout: gpudiag_telemetry::poll_deadline::DEFAULT_POLL_TIMEOUT,
+            sysfs_root: None,
+            replay: ReplayOptions::default(),
+            attribution: AttributionOptions::default(),
+        }
+    }
+
     /// True when the source is a recording (the demo or a file) rather than live GPUs.
     pub fn is_recording(&self) -> bool {
         !matches!(self.origin, Origin::Live(_))
@@ -396,17 +416,11 @@ impl Pipeline {
         }
     }
 
-    /// The findings a check reports: every problem raised while sampling, or, when only the end
-    /// of a recording is judged, those raised in that end plus what is still active at its end.
-    pub fn findings(&self, window: Option<Duration>) -> Vec<Finding> {
-        let raised = self.engine.raised();
-        let (Some(window), Some(end)) = (window, self.last_ms()) else {
-            return raised;
-        };
-        // The same half-open window as `keep_last`: (end − window, end].
-        let start = end.saturating_sub(window.as_millis() as u64) + 1;
+    /// The findings of a report over `[start, the end]`: those raised in it, plus what is still
+    /// active at its end.
+    pub fn findings_since(&self, start: TimeMs) -> Vec<Finding> {
         // Events are judged by when they happened; windowed and environment findings by the
-        // state at the end, plus those that held at some point of the window.
+        // state at the end, plus those that held at some point of the span.
         let mut out: Vec<Finding> = self
             .engine
             .active()
@@ -417,7 +431,7 @@ impl Pipeline {
                 f.last_seen() >= start || !event_like
             })
             .collect();
-        for f in raised {
+        for f in self.engine.raised() {
             let seen = out.iter().any(|a| a.id == f.id && a.device == f.device);
             if f.last_seen() >= start && !seen {
                 out.push(f);
@@ -442,24 +456,6 @@ pub fn engine_for(source: &Source, config: &Config) -> RuleEngine {
         Some(source.backend.host().clone()),
         libraries,
     )
-}
-
-/// Adds the findings a recording carried that the rules did not raise again themselves,
-/// marked as recorded.
-pub fn with_recorded(mut findings: Vec<Finding>, recorded: &[Finding]) -> Vec<Finding> {
-    for f in recorded {
-        if !findings
-            .iter()
-            .any(|g| g.id == f.id && g.device == f.device)
-        {
-            findings.push(Finding {
-                recorded: true,
-                ..f.clone()
-            });
-        }
-    }
-    crate::rules::sort(&mut findings);
-    findings
 }
 
 /// How long a run samples.

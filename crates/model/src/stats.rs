@@ -113,6 +113,23 @@ pub fn enable() {
     ENABLED.store(true, Ordering::Relaxed);
 }
 
+/// Where [`mark`] sends a named moment: the binary's figures file, when it keeps one. A hook
+/// rather than a dependency, so a library step (the check's source opened, its judgement made)
+/// can mark itself without knowing who writes the figures.
+static MARK_HOOK: std::sync::OnceLock<fn(&str)> = std::sync::OnceLock::new();
+
+/// Sends every later [`mark`] to `hook`; only the first call takes effect.
+pub fn set_mark_hook(hook: fn(&str)) {
+    let _ = MARK_HOOK.set(hook);
+}
+
+/// Notes a named moment (the end of start-up, the first frame) where the figures are kept.
+pub fn mark(name: &str) {
+    if let Some(hook) = MARK_HOOK.get() {
+        hook(name);
+    }
+}
+
 /// Whether counting is on.
 #[inline]
 pub fn enabled() -> bool {

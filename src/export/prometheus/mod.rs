@@ -31,9 +31,11 @@ use http::serve_connections;
 
 use crate::cli::ServeArgs;
 use gpudiag_core::config::Config;
+use gpudiag_core::host_facts::XidRead;
+use gpudiag_core::judgement::{self, Judgement, KernelLog, Moment, Seen, Span};
 use gpudiag_core::rules::{Finding, Severity};
 use gpudiag_core::session::{
-    self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source, with_recorded,
+    self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source,
 };
 use gpudiag_model::decode::THROTTLE_REASONS;
 use gpudiag_model::error::Error;
@@ -331,10 +333,35 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
 }
 
 /// Publishes every tick into the snapshot scrapes read: the latest samples, XIDs, and what is
-/// wrong now (the engine's active findings, not everything ever raised).
+/// wrong now (the judgement's active findings, not everything ever raised).
 struct SnapshotSink {
     shared: Arc<RwLock<Snapshot>>,
+    /// What the session saw besides telemetry: a recording's findings, the kernel log's XIDs.
     recorded: Vec<Finding>,
+    kernel_xids: Option<XidRead>,
+    host_devices: Vec<DeviceInfo>,
+}
+
+impl SnapshotSink {
+    fn seen(&self) -> Seen<'_> {
+        Seen {
+            recorded: &self.recorded,
+            kernel_log: self.kernel_xids.as_ref().map(|xids| KernelLog {
+                xids,
+                host_devices: &self.host_devices,
+                before: "before serve started",
+            }),
+            probes: None,
+        }
+    }
+
+    /// Puts a judgement's active findings and its verdicts into the snapshot.
+    fn publish(&self, judged: Judgement) {
+        let findings: Vec<Finding> = judged.active().cloned().collect();
+        let mut s = self.shared.write().unwrap_or_else(|p| p.into_inner());
+        s.findings = findings;
+        s.verdicts = judged.verdicts;
+    }
 }
 
 impl Sink for SnapshotSink {
@@ -348,17 +375,17 @@ impl Sink for SnapshotSink {
                 _ => None,
             })
             .collect();
-        let findings = with_recorded(pipeline.engine.active(), &self.recorded);
-        let verdicts = pipeline.engine.verdicts().clone();
-        // Rules ran outside the lock: a scrape waits only for this copy.
-        let mut s = self.shared.write().unwrap_or_else(|p| p.into_inner());
-        for sample in &tick.samples {
-            s.received.insert(sample.device, now);
-            s.latest.insert(sample.device, sample.clone());
+        // Judged outside the lock: a scrape waits only for the copy.
+        let judged = judgement::judge_now(pipeline, &self.seen());
+        {
+            let mut s = self.shared.write().unwrap_or_else(|p| p.into_inner());
+            for sample in &tick.samples {
+                s.received.insert(sample.device, now);
+                s.latest.insert(sample.device, sample.clone());
+            }
+            s.last_xid.extend(xids);
         }
-        s.last_xid.extend(xids);
-        s.findings = findings;
-        s.verdicts = verdicts;
+        self.publish(judged);
         Ok(())
     }
 }
@@ -371,9 +398,15 @@ fn sample_into(
     shared: Arc<RwLock<Snapshot>>,
     stop: Arc<AtomicBool>,
 ) {
+    // XIDs from before serve started (a job that died earlier) are in the kernel log only.
+    let kernel_xids = source
+        .is_this_host()
+        .then(gpudiag_core::host_facts::read_kernel_xids);
     let mut sink = SnapshotSink {
         shared: shared.clone(),
         recorded: source.recorded.clone(),
+        kernel_xids,
+        host_devices: source.backend.devices().to_vec(),
     };
     let opts = RunOptions {
         interval,
@@ -385,8 +418,36 @@ fn sample_into(
         Ok(Some(e)) => stopped(&e.to_string()),
         Err(e) => stopped(&e.to_string()),
     }
+    // The source ended: what it held is judged as a whole, as `check` judges it, and stays
+    // served.
+    if pipeline.tick_count() > 0 {
+        let judged = judgement::judge(&mut pipeline, Moment::End(Span::whole()), &sink.seen());
+        sink.publish(judged);
+    }
     let mut s = shared.write().unwrap_or_else(|p| p.into_inner());
     s.source_ended = true;
+}
+
+/// What `serve` publishes for a source that ends by itself (a recording), once it has played
+/// out: the snapshot scrapes read, with no server. It lets `serve`'s findings and verdicts be
+/// compared with the other views of the same data.
+pub fn snapshot_at_end(source: Source, config: &Config) -> Snapshot {
+    let pipeline = Pipeline::new(engine_for(&source, config)).retaining(FINDINGS_WINDOW);
+    let shared = Arc::new(RwLock::new(Snapshot {
+        host: source.backend.host().clone(),
+        devices: source.devices(),
+        ..Snapshot::default()
+    }));
+    let stop = Arc::new(AtomicBool::new(false));
+    sample_into(
+        source,
+        pipeline,
+        Duration::from_millis(100),
+        shared.clone(),
+        stop,
+    );
+    let snapshot = shared.read().unwrap_or_else(|p| p.into_inner());
+    snapshot.clone()
 }
 
 /// Says on stderr why sampling ended; the reason may quote a recording, so it is escaped.

@@ -20,12 +20,15 @@ use flate2::Compression;
 use flate2::write::GzEncoder;
 use serde_json::Value;
 
-use crate::cli::{CheckArgs, FailOn, ReportArgs, SourceArgs};
+use crate::cli::ReportArgs;
 use crate::commands;
 use crate::export;
+use gpudiag_core::check::CheckRequest;
 use gpudiag_core::config::RulesConfig;
 use gpudiag_core::rules::{Finding, RuleEngine};
-use gpudiag_core::session::{self, Limit, Pipeline, RunOptions, Sink, Source, open_source};
+use gpudiag_core::session::{
+    self, Limit, Origin, Pipeline, RunOptions, Sink, Source, SourceSpec, open_source,
+};
 use gpudiag_model::error::Error;
 use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::recording::{Header, Record};
@@ -253,28 +256,14 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &BundleOptions) -> Result<
         .open(&tmp)
         .and_then(|mut f| f.write_all(&recording_gz))
         .map_err(|e| Error::io(format!("cannot write {}", tmp.display()), e))?;
-    let check = commands::check(
-        &CheckArgs {
-            source: SourceArgs {
-                devices: Vec::new(),
-                replay: Some(tmp.clone()),
-                demo: false,
-                init_timeout: opts.init_timeout,
-                poll_timeout: gpudiag_telemetry::poll_deadline::DEFAULT_POLL_TIMEOUT,
-                backend: crate::cli::BackendChoice::Replay,
-                sysfs_root: None,
-                max_inflated_size: gpudiag_telemetry::bundle::DEFAULT_MAX_INFLATED,
-                kubelet: crate::cli::KubeletArgs::default(),
-            },
-            json: true,
-            window: None,
-            interval: opts.interval,
-            fail_on: FailOn::Fail,
-            probes: None,
-            force: false,
-        },
-        &opts.config,
-    );
+    let request = CheckRequest {
+        interval: opts.interval,
+        ..CheckRequest::new(SourceSpec {
+            init_timeout: opts.init_timeout,
+            ..SourceSpec::new(Origin::File(tmp.clone()))
+        })
+    };
+    let check = commands::check_request(&request, &opts.config);
     let _ = std::fs::remove_file(&tmp);
     let mut check = check?;
     check.source.backend = cap.backend.clone();

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use super::verdict::{self, CurrentPhase, NotJudged, ProcessCpu};
-use super::{Finding, FindingState, ProcessMemory, RuleInput, is_workload, sort};
+use super::{Cadence, Finding, FindingState, ProcessMemory, RuleInput, is_workload, sort};
 use crate::config::RulesConfig;
 use crate::history::History;
 use gpudiag_model::cuda_libraries::LibraryInfo;
@@ -97,19 +97,20 @@ impl RuleEngine {
             .chain(tick.events.iter().map(|e| e.time_ms))
             .max();
         if !tick.events.is_empty() {
-            let found = super::errors::evaluate_events(&self.input(history, &tick.events, now));
+            let found =
+                super::run_cadence(Cadence::Events, &self.input(history, &tick.events, now));
             for f in found {
                 self.raise(f);
             }
         }
         // Telemetry health is judged on every tick: a stall or a bad value lasts one tick.
-        let found = super::health::evaluate(&self.input(history, &tick.events, now));
+        let found = super::run_cadence(Cadence::EveryTick, &self.input(history, &tick.events, now));
         for f in found {
             self.raise(f);
         }
         if !self.environment_done {
             self.environment_done = true;
-            let found = super::environment::evaluate(&self.input(history, &[], now));
+            let found = super::run_cadence(Cadence::Once, &self.input(history, &[], now));
             for f in found {
                 self.raise(f);
             }
@@ -214,6 +215,16 @@ impl RuleEngine {
                 verdict::current_phase(input, cpu, d, start_ms, end_ms).map(|v| (d.index, v))
             })
             .collect()
+    }
+
+    /// The devices judged.
+    pub fn devices(&self) -> &[DeviceInfo] {
+        &self.devices
+    }
+
+    /// The thresholds judged by.
+    pub fn config(&self) -> &RulesConfig {
+        &self.config
     }
 
     /// The latest verdict per device (over the rolling window, or the window `finish_over` was

@@ -1,6 +1,10 @@
 //! The check report: the versioned JSON document `gpudiag check --json` prints, and the overall
 //! status a scheduler acts on. Its JSON Schema is `assets/schema/check-report.schema.json`.
 
+mod run;
+
+pub use run::{CheckRequest, CheckWindow, NoProbes, ProbeAsk, ProbeRunner, run};
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 

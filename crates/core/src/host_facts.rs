@@ -36,6 +36,10 @@ impl HostFacts {
 }
 
 fn read_host_facts() -> (XidRead, Vec<LibraryInfo>) {
-    let log = kernel_log::read_xids(&kernel_log::KernelLogSource::from_env(), "/proc".as_ref());
-    (log, cuda_libraries::detect_libraries())
+    (read_kernel_xids(), cuda_libraries::detect_libraries())
+}
+
+/// The XIDs this host's kernel logged, or why the log could not be read.
+pub fn read_kernel_xids() -> XidRead {
+    kernel_log::read_xids(&kernel_log::KernelLogSource::from_env(), "/proc".as_ref())
 }
