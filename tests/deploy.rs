@@ -3,8 +3,11 @@
 //! epilog against a fake `gpudiag` (printing reports the real binary made from the recordings)
 //! and a fake `scontrol` that records its arguments; the systemd unit through
 //! `systemd-analyze verify`; the Prometheus scrape configs through `promtool check config` and
-//! a real Prometheus that loads them. Tools a test needs are skipped with a message where
-//! absent, and fail the test where GPUDIAG_REQUIRE_DEPLOY_TOOLS is set (`.ci/run` sets it).
+//! a real Prometheus that loads them; the Kubernetes manifests through `kubernetes-validate
+//! --strict` (offline, from the venv `.ci/run` makes), parsed for what the pod must have, and
+//! their arguments run by the real `gpudiag serve`; the Containerfile parsed against the
+//! repository. Tools a test needs are skipped with a message where absent, and fail the test
+//! where GPUDIAG_REQUIRE_DEPLOY_TOOLS is set (`.ci/run` sets it).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -489,8 +492,6 @@ impl Drop for Killed {
 /// Loads a shipped scrape config into a real Prometheus (and promtool) and returns the
 /// targets it discovered for the `gpudiag` job: (address, labels).
 fn prometheus_targets(config: &str) -> Option<Vec<(String, Value)>> {
-    let promtool = tool("promtool")?;
-    let prometheus = tool("prometheus")?;
     // A copy keeps the file layout (targets/ beside the config) and gets a scratch TSDB.
     let dir = tempfile::tempdir().unwrap();
     let src = at("assets/deploy/prometheus");
@@ -504,10 +505,19 @@ fn prometheus_targets(config: &str) -> Option<Vec<(String, Value)>> {
         )
         .unwrap();
     }
-    let cfg = dir.path().join(config);
+    targets_in_prometheus(&dir.path().join(config))
+}
+
+/// `promtool check config` of a scrape config, then a real Prometheus that loads it (its TSDB
+/// beside the file): the targets it keeps for the `gpudiag` job, (address, labels).
+fn targets_in_prometheus(cfg: &Path) -> Option<Vec<(String, Value)>> {
+    let promtool = tool("promtool")?;
+    let prometheus = tool("prometheus")?;
+    let dir = cfg.parent().unwrap();
+    let config = cfg.display();
     let out = Command::new(&promtool)
         .args(["check", "config"])
-        .arg(&cfg)
+        .arg(cfg)
         .output()
         .unwrap();
     assert!(
@@ -527,7 +537,7 @@ fn prometheus_targets(config: &str) -> Option<Vec<(String, Value)>> {
             .arg(format!("--config.file={}", cfg.display()))
             .arg(format!(
                 "--storage.tsdb.path={}",
-                dir.path().join("tsdb").display()
+                dir.join("tsdb").display()
             ))
             .arg(format!("--web.listen-address={addr}"))
             .stdout(std::process::Stdio::null())
@@ -584,4 +594,813 @@ fn prometheus_loads_the_file_sd_scrape_config_and_its_targets_file() {
     instances.sort_unstable();
     assert_eq!(instances, ["gpu-node-01:9835", "gpu-node-02:9835"]);
     assert!(found.iter().all(|(_, l)| l["partition"] == "gpu"));
+}
+
+// Kubernetes: assets/deploy/kubernetes/
+
+/// Every document of a YAML file (`---`-separated), as JSON values; empty ones left out.
+fn yaml_docs(rel: &str) -> Vec<Value> {
+    use serde::Deserialize;
+    let text = std::fs::read_to_string(at(rel)).unwrap();
+    serde_norway::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).unwrap_or_else(|e| panic!("{rel}: {e}")))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+const MANIFEST: &str = "assets/deploy/kubernetes/gpudiag.yaml";
+const SERVICE_MONITOR: &str = "assets/deploy/kubernetes/servicemonitor.yaml";
+const CONTAINERFILE: &str = "assets/deploy/kubernetes/Containerfile";
+
+/// The object of `kind` in gpudiag.yaml; exactly one of each kind is shipped.
+fn object(kind: &str) -> Value {
+    let docs: Vec<Value> = yaml_docs(MANIFEST)
+        .into_iter()
+        .filter(|d| d["kind"] == kind)
+        .collect();
+    assert_eq!(docs.len(), 1, "one {kind} in {MANIFEST}");
+    docs.into_iter().next().unwrap()
+}
+
+/// The DaemonSet's pod spec and its `gpudiag` container.
+fn pod_and_container() -> (Value, Value) {
+    let pod = object("DaemonSet")["spec"]["template"]["spec"].clone();
+    let containers = pod["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1, "one container: gpudiag");
+    let container = containers[0].clone();
+    assert_eq!(container["name"], "gpudiag");
+    (pod, container)
+}
+
+/// The container's arguments: what the image's entrypoint, the binary, is run with.
+fn serve_args(container: &Value) -> Vec<String> {
+    assert!(
+        container.get("command").is_none(),
+        "no command: the image's ENTRYPOINT (the binary) runs, as the Containerfile test checks"
+    );
+    container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The value of `--flag VALUE` or `--flag=VALUE` in `args`.
+fn flag_value(args: &[String], flag: &str) -> Option<String> {
+    args.iter().enumerate().find_map(|(i, a)| {
+        if a == flag {
+            args.get(i + 1).cloned()
+        } else {
+            a.strip_prefix(&format!("{flag}=")).map(str::to_owned)
+        }
+    })
+}
+
+/// The container's env as (name, value) pairs.
+fn env_of(container: &Value) -> Vec<(String, String)> {
+    container["env"]
+        .as_array()
+        .map(|env| {
+            env.iter()
+                .map(|e| {
+                    let name = e["name"].as_str().unwrap().to_owned();
+                    (name, e["value"].as_str().unwrap_or_default().to_owned())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// kubernetes-validate from the venv `.ci/run` makes (or GPUDIAG_KUBERNETES_VALIDATE); `None`
+/// with a message where there is none, a failure where CI requires the deploy tools.
+fn kubernetes_validate() -> Option<PathBuf> {
+    let path = std::env::var_os("GPUDIAG_KUBERNETES_VALIDATE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| at("target/k8s-venv/bin/kubernetes-validate"));
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("GPUDIAG_REQUIRE_DEPLOY_TOOLS").is_none(),
+        "GPUDIAG_REQUIRE_DEPLOY_TOOLS is set but {} does not exist (.ci/run makes the venv \
+         from tests/deploy/requirements.txt)",
+        path.display()
+    );
+    eprintln!(
+        "skipped: no kubernetes-validate at {} (make target/k8s-venv as .ci/run does, or set \
+         GPUDIAG_KUBERNETES_VALIDATE)",
+        path.display()
+    );
+    None
+}
+
+/// The oldest and the newest Kubernetes the manifests are validated against; the newest is the
+/// newest the pinned kubernetes-validate bundles.
+const KUBERNETES_VERSIONS: [&str; 2] = ["1.30.0", "1.37.0"];
+
+/// kubernetes-validate --strict on a file, against each of KUBERNETES_VERSIONS: (exit code,
+/// output).
+fn validate_manifest(validate: &Path, file: &Path) -> (i32, String) {
+    let mut cmd = Command::new(validate);
+    cmd.arg("--strict");
+    for v in KUBERNETES_VERSIONS {
+        cmd.args(["--kubernetes-version", v]);
+    }
+    let out = cmd.arg(file).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn kubernetes_manifests_validate_strictly_against_the_api_schemas() {
+    let Some(validate) = kubernetes_validate() else {
+        return;
+    };
+    let (code, out) = validate_manifest(&validate, &at(MANIFEST));
+    assert_eq!(code, 0, "{out}");
+    // A kind or apiVersion it has no schema for is only a warning with exit 0: every object
+    // must have been checked, against both versions.
+    let objects: Vec<String> = yaml_docs(MANIFEST)
+        .iter()
+        .map(|d| {
+            format!(
+                "{}/{}",
+                d["kind"].as_str().unwrap().to_lowercase(),
+                d["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        objects,
+        [
+            "namespace/gpudiag",
+            "serviceaccount/gpudiag",
+            "daemonset/gpudiag",
+            "service/gpudiag"
+        ]
+    );
+    for object in &objects {
+        for v in KUBERNETES_VERSIONS {
+            let minor = v.rsplit_once('.').unwrap().0;
+            let line = format!("passed for resource {object} against version {minor}");
+            assert!(out.contains(&line), "{line:?} missing: {out}");
+        }
+    }
+    assert!(
+        !out.contains("WARN") && !out.contains("ERROR"),
+        "kubernetes-validate: {out}"
+    );
+
+    // Strict mode rejects a field the API does not have, which the API server would drop
+    // (or kubectl refuse) rather than apply: a misspelt hostPID must fail here.
+    let text = std::fs::read_to_string(at(MANIFEST)).unwrap();
+    assert!(text.contains("hostPID: true"));
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("gpudiag.yaml");
+    std::fs::write(&broken, text.replace("hostPID: true", "hostPid: true")).unwrap();
+    let (code, out) = validate_manifest(&validate, &broken);
+    assert_ne!(code, 0, "a misspelt field passed: {out}");
+    assert!(out.contains("'hostPid' was unexpected"), "{out}");
+}
+
+#[test]
+fn daemonset_sees_every_gpu_without_taking_one() {
+    let (pod, container) = pod_and_container();
+    // Other containers' processes: NVML names them by host PID, attribution reads their /proc.
+    assert_eq!(pod["hostPID"], true);
+    assert_eq!(pod["runtimeClassName"], "nvidia");
+    let env = env_of(&container);
+    for (name, value) in [
+        ("NVIDIA_VISIBLE_DEVICES", "all"),
+        ("NVIDIA_DRIVER_CAPABILITIES", "utility"),
+    ] {
+        assert!(
+            env.iter().any(|(n, v)| n == name && v == value),
+            "{name}={value} missing from {env:?}"
+        );
+    }
+    // No extended resource anywhere in the pod: a monitor asking for nvidia.com/gpu would take
+    // a GPU from the scheduler, and see only that one.
+    fn no_gpu_resources(v: &Value, path: &str) {
+        match v {
+            Value::Object(m) => {
+                for (k, child) in m {
+                    if k == "resources" {
+                        for section in child.as_object().unwrap().values() {
+                            for name in section.as_object().into_iter().flat_map(|m| m.keys()) {
+                                assert!(
+                                    !name.starts_with("nvidia.com/"),
+                                    "{path}.resources asks for {name}"
+                                );
+                            }
+                        }
+                    }
+                    no_gpu_resources(child, &format!("{path}.{k}"));
+                }
+            }
+            Value::Array(a) => {
+                for (i, child) in a.iter().enumerate() {
+                    no_gpu_resources(child, &format!("{path}[{i}]"));
+                }
+            }
+            _ => {}
+        }
+    }
+    no_gpu_resources(&pod, "spec.template.spec");
+    // Requests and limits of its own all the same: CPU and memory, nothing else.
+    for section in ["requests", "limits"] {
+        let mut keys: Vec<&String> = container["resources"][section]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["cpu", "memory"], "resources.{section}");
+    }
+    // On GPU nodes only, tainted or not.
+    assert_eq!(pod["nodeSelector"]["nvidia.com/gpu.present"], "true");
+    let tolerations = pod["tolerations"].as_array().unwrap();
+    assert!(
+        tolerations.iter().any(|t| t["key"] == "nvidia.com/gpu"
+            && t["operator"] == "Exists"
+            && t["effect"] == "NoSchedule"),
+        "{tolerations:?}"
+    );
+    // Least privilege that still works: root for the kubelet's socket, no capability, no
+    // escalation, nothing written.
+    let sc = &container["securityContext"];
+    assert_ne!(pod["hostNetwork"], true);
+    assert_ne!(sc["privileged"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    assert!(sc["capabilities"].get("add").is_none(), "{sc}");
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    // Everything in the namespace the file creates.
+    for doc in yaml_docs(MANIFEST)
+        .iter()
+        .chain(&yaml_docs(SERVICE_MONITOR))
+    {
+        if doc["kind"] != "Namespace" {
+            assert_eq!(doc["metadata"]["namespace"], "gpudiag", "{}", doc["kind"]);
+        }
+    }
+    assert_eq!(object("Namespace")["metadata"]["name"], "gpudiag");
+}
+
+#[test]
+fn daemonset_mounts_the_kubelet_socket_serve_asks() {
+    let (pod, container) = pod_and_container();
+    // Where serve looks: --kubelet-socket, else GPUDIAG_KUBELET_SOCKET, else its default.
+    let args = serve_args(&container);
+    let env = env_of(&container);
+    let socket = flag_value(&args, "--kubelet-socket")
+        .or_else(|| {
+            env.iter()
+                .find(|(n, _)| n == gpudiag_telemetry::attribution::KUBELET_SOCKET_ENV)
+                .map(|(_, v)| v.clone())
+        })
+        .unwrap_or_else(|| gpudiag_telemetry::attribution::DEFAULT_KUBELET_SOCKET.to_owned());
+    let dir = Path::new(&socket).parent().unwrap().to_str().unwrap();
+    let mounts = container["volumeMounts"].as_array().unwrap();
+    let mount = mounts
+        .iter()
+        .find(|m| m["mountPath"] == dir)
+        .unwrap_or_else(|| panic!("nothing mounted at {dir}, where serve looks for {socket}"));
+    assert_eq!(mount["readOnly"], true, "{mount}");
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    // The kubelet's own directory (its default --root-dir), where it makes the socket.
+    assert_eq!(
+        volume["hostPath"]["path"], "/var/lib/kubelet/pod-resources",
+        "{volume}"
+    );
+    assert_eq!(volume["hostPath"]["type"], "Directory");
+}
+
+#[test]
+fn ports_probes_service_and_service_monitor_agree_with_serve_args() {
+    let (pod, container) = pod_and_container();
+    let args = serve_args(&container);
+    assert_eq!(args.first().map(String::as_str), Some("serve"));
+    // The same parser clap uses for --listen (SocketAddr's FromStr); the test below runs the
+    // binary with these arguments.
+    let listen: std::net::SocketAddr = flag_value(&args, "--listen")
+        .expect("--listen: serve's default is loopback, which no probe or scraper reaches")
+        .parse()
+        .unwrap();
+    assert!(listen.ip().is_unspecified(), "{listen}: the pod's IP");
+    let ports = container["ports"].as_array().unwrap();
+    assert_eq!(ports.len(), 1);
+    assert_eq!(ports[0]["name"], "metrics");
+    assert_eq!(ports[0]["containerPort"], listen.port());
+    // Every probe asks serve's one path, on that port.
+    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        let get = &container[probe]["httpGet"];
+        assert_eq!(get["path"], "/metrics", "{probe}");
+        assert!(
+            get["port"] == "metrics" || get["port"] == listen.port(),
+            "{probe}: {get}"
+        );
+    }
+    // The Service selects the pods and names the port; the ServiceMonitor selects the Service
+    // and scrapes that port by name.
+    let service = object("Service");
+    let pod_labels = object("DaemonSet")["spec"]["template"]["metadata"]["labels"].clone();
+    for (k, v) in service["spec"]["selector"].as_object().unwrap() {
+        assert_eq!(&pod_labels[k], v, "Service selector {k}");
+    }
+    let service_ports = service["spec"]["ports"].as_array().unwrap();
+    assert_eq!(service_ports.len(), 1);
+    assert_eq!(service_ports[0]["name"], "metrics");
+    assert!(
+        service_ports[0]["targetPort"] == "metrics"
+            || service_ports[0]["targetPort"] == listen.port()
+    );
+    let monitors = yaml_docs(SERVICE_MONITOR);
+    assert_eq!(monitors.len(), 1);
+    let monitor = &monitors[0];
+    for (k, v) in monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
+        assert_eq!(
+            &service["metadata"]["labels"][k], v,
+            "ServiceMonitor selector {k}"
+        );
+    }
+    assert_eq!(
+        monitor["spec"]["namespaceSelector"]["matchNames"],
+        serde_json::json!([service["metadata"]["namespace"]])
+    );
+    let endpoints = monitor["spec"]["endpoints"].as_array().unwrap();
+    assert_eq!(endpoints.len(), 1);
+    assert_eq!(endpoints[0]["port"], service_ports[0]["name"]);
+    assert_eq!(endpoints[0]["path"], "/metrics");
+    assert_eq!(endpoints[0]["honorLabels"], true);
+    assert_eq!(
+        pod["serviceAccountName"],
+        object("ServiceAccount")["metadata"]["name"]
+    );
+}
+
+#[test]
+fn daemonset_args_start_the_real_serve_and_its_probe_path_answers() {
+    use std::io::{BufRead, BufReader};
+    let (_, container) = pod_and_container();
+    let mut args = serve_args(&container);
+    // The shipped arguments, but on a free loopback port instead of 0.0.0.0:9835: tests run
+    // in parallel, on machines other builds share. The shipped address is parsed above.
+    let at_listen = args
+        .iter()
+        .position(|a| a == "--listen")
+        .expect("--listen ADDR");
+    args[at_listen + 1] = "127.0.0.1:0".into();
+    let recording = at("tests/fixtures/recordings/healthy.ndjson");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpudiag"))
+        .args(&args)
+        .arg("--replay")
+        .arg(&recording)
+        .envs(env_of(&container))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    // Kept open while serve runs: it says on stderr when the recording ends.
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    stderr.read_line(&mut line).unwrap();
+    let _serve = Killed(child);
+    let addr = line
+        .split("://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("serve did not start with {args:?}: {line:?}"));
+    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        let path = container[probe]["httpGet"]["path"].as_str().unwrap();
+        let body = http_get(addr, path).unwrap_or_else(|| panic!("{probe} {path}: not 200"));
+        assert!(
+            body.contains("# TYPE gpudiag_info"),
+            "{probe} {path}: {body}"
+        );
+    }
+    // The check means something: a path serve does not answer fails it.
+    assert_eq!(http_get(addr, "/healthz"), None);
+}
+
+/// A Containerfile's instructions, (KEYWORD, arguments), with continuation lines joined and
+/// comment and blank lines left out, as the builder reads them.
+fn containerfile_instructions(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Some(head) = line.strip_suffix('\\') {
+            current.push_str(head);
+            current.push(' ');
+            continue;
+        }
+        current.push_str(line);
+        let (keyword, rest) = current.split_once(char::is_whitespace).unwrap();
+        out.push((keyword.to_ascii_uppercase(), rest.trim().to_owned()));
+        current.clear();
+    }
+    out
+}
+
+/// One build stage: its base image, its name, its instructions after FROM.
+struct Stage {
+    image: String,
+    name: Option<String>,
+    steps: Vec<(String, String)>,
+}
+
+fn stages(text: &str) -> Vec<Stage> {
+    let mut stages: Vec<Stage> = Vec::new();
+    for (keyword, rest) in containerfile_instructions(text) {
+        if keyword == "FROM" {
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            let name = match words.as_slice() {
+                [_] => None,
+                [_, as_, name] if as_.eq_ignore_ascii_case("as") => Some(name.to_string()),
+                _ => panic!("FROM {rest}"),
+            };
+            stages.push(Stage {
+                image: words[0].to_owned(),
+                name,
+                steps: Vec::new(),
+            });
+        } else {
+            stages
+                .last_mut()
+                .expect("FROM first")
+                .steps
+                .push((keyword, rest));
+        }
+    }
+    stages
+}
+
+impl Stage {
+    fn all(&self, keyword: &str) -> Vec<&str> {
+        self.steps
+            .iter()
+            .filter(|(k, _)| k == keyword)
+            .map(|(_, r)| r.as_str())
+            .collect()
+    }
+
+    /// Its COPY instructions: (--from stage, sources, destination).
+    fn copies(&self) -> Vec<(Option<String>, Vec<String>, String)> {
+        self.all("COPY")
+            .into_iter()
+            .map(|rest| {
+                let mut from = None;
+                let mut paths = Vec::new();
+                for word in rest.split_whitespace() {
+                    if let Some(stage) = word.strip_prefix("--from=") {
+                        from = Some(stage.to_owned());
+                    } else {
+                        assert!(!word.starts_with("--"), "COPY flag {word}: teach the test");
+                        paths.push(word.to_owned());
+                    }
+                }
+                let dest = paths.pop().unwrap();
+                (from, paths, dest)
+            })
+            .collect()
+    }
+
+    /// The one JSON-form ENTRYPOINT or CMD.
+    fn exec_form(&self, keyword: &str) -> Vec<String> {
+        let all = self.all(keyword);
+        assert_eq!(all.len(), 1, "one {keyword}");
+        serde_json::from_str(all[0]).unwrap_or_else(|e| panic!("{keyword} in JSON form: {e}"))
+    }
+}
+
+/// Copies a file, or a directory's contents, from `from` to `to`.
+fn copy_tree(from: &Path, to: &Path) {
+    if from.is_dir() {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            copy_tree(&entry.path(), &to.join(entry.file_name()));
+        }
+    } else {
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(from, to).unwrap();
+    }
+}
+
+/// Every `include_str!`/`include_bytes!` path under `dir` (the first literal of a `concat!`,
+/// a directory prefix, stands for the files it names), resolved as rustc does: relative to
+/// the including file.
+fn compile_time_includes(dir: &Path, found: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            compile_time_includes(&path, found);
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for macro_ in ["include_str!(", "include_bytes!("] {
+            for (at, _) in text.match_indices(macro_) {
+                let rest = &text[at + macro_.len()..];
+                let literal = rest.split('"').nth(1).unwrap();
+                found.push(path.parent().unwrap().join(literal));
+            }
+        }
+    }
+}
+
+#[test]
+fn containerfile_builds_the_binary_its_entrypoint_runs_from_files_that_exist() {
+    let text = std::fs::read_to_string(at(CONTAINERFILE)).unwrap();
+    let stages = stages(&text);
+    assert_eq!(stages.len(), 2, "a builder and a runtime stage");
+    let (builder, runtime) = (&stages[0], &stages[1]);
+    let builder_name = builder.name.as_deref().expect("FROM ... AS builder");
+
+    // The builder's Rust is the workspace's rust-version, on the runtime's Debian release, so
+    // the binary needs no newer glibc than the runtime has.
+    let cargo_toml: toml::Table =
+        toml::from_str(&std::fs::read_to_string(at("Cargo.toml")).unwrap()).unwrap();
+    let rust_version = cargo_toml["workspace"]["package"]["rust-version"]
+        .as_str()
+        .unwrap();
+    let builder_tag = builder.image.rsplit_once(':').unwrap().1;
+    assert!(
+        builder.image.contains("/rust:") && builder_tag.starts_with(&format!("{rust_version}-")),
+        "{} is not Rust {rust_version}, the workspace's rust-version",
+        builder.image
+    );
+    let runtime_tag = runtime.image.rsplit_once(':').unwrap().1;
+    assert!(runtime.image.contains("/debian:"), "{}", runtime.image);
+    let release = runtime_tag.split('-').next().unwrap();
+    assert!(
+        builder_tag.ends_with(&format!("-{release}")),
+        "builder {builder_tag} and runtime {runtime_tag} on different Debian releases"
+    );
+    assert!(
+        builder
+            .all("RUN")
+            .iter()
+            .any(|r| r.contains("cargo build --release --locked")),
+        "the builder runs cargo build --release --locked"
+    );
+
+    // The runtime copies the binary from where cargo leaves it, and runs it.
+    let workdir = builder.all("WORKDIR");
+    assert_eq!(workdir.len(), 1);
+    let bin = cargo_toml["package"]["name"].as_str().unwrap();
+    let built = format!("{}/target/release/{bin}", workdir[0].trim_end_matches('/'));
+    let copies = runtime.copies();
+    assert_eq!(copies.len(), 1, "the runtime copies the binary only");
+    let (from, sources, dest) = &copies[0];
+    assert_eq!(from.as_deref(), Some(builder_name));
+    assert_eq!(sources, &[built]);
+    assert_eq!(runtime.exec_form("ENTRYPOINT"), std::slice::from_ref(dest));
+    // `docker run IMAGE` serves as the DaemonSet does.
+    let (_, container) = pod_and_container();
+    assert_eq!(runtime.exec_form("CMD"), serve_args(&container));
+
+    // What the builder copies from the context exists here, and is exactly what the ignore
+    // file lets into the context.
+    let context: Vec<(String, String)> = builder
+        .copies()
+        .into_iter()
+        .flat_map(|(from, sources, dest)| {
+            assert_eq!(from, None, "the builder copies from the context only");
+            sources.into_iter().map(move |s| (s, dest.clone()))
+        })
+        .collect();
+    for (source, _) in &context {
+        assert!(at(source).exists(), "COPY {source}: not in the repository");
+    }
+    let ignore = std::fs::read_to_string(at(&format!("{CONTAINERFILE}.dockerignore"))).unwrap();
+    let patterns: Vec<&str> = ignore
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(
+        patterns.first(),
+        Some(&"*"),
+        "an allowlist: everything out first"
+    );
+    let mut allowed: Vec<&str> = patterns[1..]
+        .iter()
+        .map(|p| p.strip_prefix('!').expect("only exceptions after *"))
+        .collect();
+    let mut copied: Vec<&str> = context.iter().map(|(s, _)| s.as_str()).collect();
+    allowed.sort_unstable();
+    copied.sort_unstable();
+    assert_eq!(
+        allowed, copied,
+        "the ignore file and the COPY lines disagree"
+    );
+
+    // And it is enough to build: the copied context, laid out as in the image, has every
+    // target and member Cargo.toml names and a current lock (`cargo fetch` checks both
+    // without compiling), and every file the sources include at compile time.
+    let image = tempfile::tempdir().unwrap();
+    for (source, dest) in &context {
+        let dest = dest.trim_start_matches("./");
+        let to = if dest.is_empty() || dest.ends_with('/') {
+            image
+                .path()
+                .join(dest)
+                .join(Path::new(source).file_name().unwrap())
+        } else {
+            image.path().join(dest)
+        };
+        copy_tree(&at(source), &to);
+    }
+    let host = Command::new(env!("CARGO")).arg("-vV").output().unwrap();
+    let host = String::from_utf8_lossy(&host.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        .unwrap();
+    let out = Command::new(env!("CARGO"))
+        .args(["fetch", "--locked", "--offline", "--target", &host])
+        .current_dir(image.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo fetch in the image's context: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut includes = Vec::new();
+    compile_time_includes(image.path(), &mut includes);
+    assert!(includes.len() >= 5, "{includes:?}");
+    for path in &includes {
+        assert!(
+            path.exists(),
+            "{} is included at compile time but not copied into the image",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn service_monitor_validates_against_its_schema() {
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(at("tests/deploy/servicemonitor.schema.json")).unwrap(),
+    )
+    .unwrap();
+    jsonschema::meta::validate(&schema).unwrap();
+    let validator = jsonschema::draft202012::new(&schema).unwrap();
+    let monitors = yaml_docs(SERVICE_MONITOR);
+    assert_eq!(monitors.len(), 1);
+    let errors: Vec<String> = validator
+        .iter_errors(&monitors[0])
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    // A misspelt field fails, as kubectl's strict field validation would refuse it.
+    let text = std::fs::read_to_string(at(SERVICE_MONITOR)).unwrap();
+    let broken: Value =
+        serde_norway::from_str(&text.replace("honorLabels:", "honorLabel:")).unwrap();
+    assert!(
+        !validator.is_valid(&broken),
+        "a misspelt honorLabels passed"
+    );
+}
+
+/// Targets as Kubernetes discovery gives them for the gpudiag namespace (the meta labels
+/// Prometheus documents for `role: endpointslice`): the gpudiag Service's `metrics` port on
+/// two nodes, another port of the same pod, and another Service's `metrics` port. Loopback
+/// addresses stand for pod IPs, so a scrape goes nowhere else.
+fn endpoints_discovered(service: &str, port: &str) -> Value {
+    let target = |addr: &str, svc: &str, port_name: &str, node: &str, pod: &str| {
+        serde_json::json!({
+            "targets": [addr],
+            "labels": {
+                "__meta_kubernetes_namespace": "gpudiag",
+                "__meta_kubernetes_service_name": svc,
+                "__meta_kubernetes_endpointslice_port_name": port_name,
+                "__meta_kubernetes_endpointslice_endpoint_conditions_ready": "true",
+                "__meta_kubernetes_pod_name": pod,
+                "__meta_kubernetes_pod_node_name": node,
+            }
+        })
+    };
+    serde_json::json!([
+        target(
+            "127.0.0.2:9835",
+            service,
+            port,
+            "gpu-node-01",
+            "gpudiag-a1b2c"
+        ),
+        target(
+            "127.0.0.3:9835",
+            service,
+            port,
+            "gpu-node-02",
+            "gpudiag-d3e4f"
+        ),
+        target(
+            "127.0.0.2:8080",
+            service,
+            "debug",
+            "gpu-node-01",
+            "gpudiag-a1b2c"
+        ),
+        target(
+            "127.0.0.4:9835",
+            "another-exporter",
+            port,
+            "gpu-node-01",
+            "x-5g6h7"
+        ),
+    ])
+}
+
+#[test]
+fn prometheus_kubernetes_scrape_config_keeps_one_target_per_gpudiag_pod() {
+    let rel = "assets/deploy/prometheus/prometheus-kubernetes.yml";
+    let docs = yaml_docs(rel);
+    let mut config = docs[0].clone();
+    let jobs = config["scrape_configs"].as_array_mut().unwrap();
+    assert_eq!(jobs.len(), 1);
+    let job = jobs[0].as_object_mut().unwrap();
+    assert_eq!(job["job_name"], "gpudiag");
+    assert_eq!(job["honor_labels"], true);
+    // Discovery of the namespace and Service gpudiag.yaml makes, keeping its named port.
+    let service = object("Service");
+    let sd = job["kubernetes_sd_configs"].as_array().unwrap();
+    assert_eq!(sd.len(), 1);
+    assert_eq!(sd[0]["role"], "endpointslice");
+    assert_eq!(
+        sd[0]["namespaces"]["names"],
+        serde_json::json!([service["metadata"]["namespace"]])
+    );
+    let name = service["metadata"]["name"].as_str().unwrap();
+    let port = service["spec"]["ports"][0]["name"].as_str().unwrap();
+
+    // promtool checks the file as shipped where it has Kubernetes discovery; Debian's
+    // Prometheus is built without it (client-go is not packaged), so there the file is
+    // checked, and loaded, with the discovery replaced by the targets it would give.
+    if let Some(promtool) = tool("promtool") {
+        let out = Command::new(promtool)
+            .args(["check", "config"])
+            .arg(at(rel))
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if said.contains("field kubernetes_sd_configs not found") {
+            eprintln!("note: this promtool has no Kubernetes discovery; checking a copy");
+        } else {
+            assert!(out.status.success(), "promtool check config {rel}: {said}");
+        }
+    }
+    job.remove("kubernetes_sd_configs");
+    job.insert("static_configs".into(), endpoints_discovered(name, port));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("prometheus-kubernetes.yml");
+    // JSON is YAML, as Prometheus reads it.
+    std::fs::write(&cfg, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    let Some(found) = targets_in_prometheus(&cfg) else {
+        return;
+    };
+    let mut kept: Vec<(&str, &str)> = found
+        .iter()
+        .map(|(i, l)| (i.as_str(), l["node"].as_str().unwrap_or("no node label")))
+        .collect();
+    kept.sort_unstable();
+    assert_eq!(
+        kept,
+        [
+            ("127.0.0.2:9835", "gpu-node-01"),
+            ("127.0.0.3:9835", "gpu-node-02")
+        ]
+    );
+    // No target label of gpudiag's own pod where gpudiag's `pod`/`namespace` belong.
+    for (_, labels) in &found {
+        for own in ["pod", "namespace", "container", "service"] {
+            assert!(labels.get(own).is_none(), "{own} on the target: {labels}");
+        }
+    }
 }
