@@ -182,8 +182,9 @@ impl Prepared<'_> {
             recording_gz,
             recording_name,
         } = self;
-        // Judged from a temporary file, the report would name that file and the replay
-        // backend; the bundle says what the telemetry came from.
+        // Judged from a replay of a temporary file, the report would name that file and the
+        // replay backend, and leave out the libraries, which are this host's when the capture
+        // was live; the bundle says what the telemetry came from.
         check.source.backend = cap.backend.clone();
         check.source.recording = recording_name.clone();
         if cap.live {
@@ -300,4 +301,80 @@ fn readme_text(
             .sum::<usize>()
             + check.host_findings.len(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chrome_trace::TraceBuilder;
+    use gpudiag_core::rules::Severity;
+    use gpudiag_telemetry::kernel_log::KernelLogSource;
+    use gpudiag_telemetry::{DeviceInfo, HostInfo, Sample};
+    use std::io::Read;
+
+    /// Written from a check report and trace the caller judged, with no command run: every
+    /// file in its place, the report naming the captured backend, the host name replaced.
+    #[test]
+    fn a_bundle_is_written_from_what_the_caller_judged() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostInfo {
+            hostname: Some("gpu-node-17".into()),
+            ..HostInfo::default()
+        };
+        let devices = vec![DeviceInfo::default()];
+        let cap = Captured {
+            header: Header::new("nvml", host.clone(), devices.clone(), Some(100)),
+            records: vec![Record::Sample(Sample::new(0, 1000))],
+            backend: "nvml".into(),
+            recording: None,
+            live: false,
+            devices: devices.clone(),
+        };
+        let empty = dir.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        let opts = BundleOptions {
+            redact: true,
+            roots: host::Roots {
+                sys: empty.clone(),
+                etc: empty.clone(),
+                proc_: empty.clone(),
+                root: empty,
+                kernel_log: KernelLogSource::Off,
+            },
+        };
+        let prepared = prepare(&cap, &opts).unwrap();
+        assert!(!prepared.recording_gz().is_empty());
+        assert_eq!(prepared.recording_name(), None);
+        let check = CheckReport::could_not_run("judged elsewhere".into(), "replay", Severity::Fail);
+        let trace = TraceBuilder::new("replay", None, &host, devices).finish();
+        let out = dir.path().join("bundle.tar.gz");
+        prepared.write(&out, check, trace).unwrap();
+
+        let file = std::fs::File::open(&out).unwrap();
+        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
+        let mut members = Vec::new();
+        for entry in archive.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let name = entry.path().unwrap().display().to_string();
+            let mut bytes = Vec::new();
+            entry.read_to_end(&mut bytes).unwrap();
+            if name == RECORDING {
+                let mut plain = Vec::new();
+                flate2::read::GzDecoder::new(bytes.as_slice())
+                    .read_to_end(&mut plain)
+                    .unwrap();
+                bytes = plain;
+            }
+            members.push((name, String::from_utf8(bytes).unwrap()));
+        }
+        let names: Vec<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, [README, CHECK_REPORT, RECORDING, TRACE, ENVIRONMENT]);
+        let check: Value = serde_json::from_str(&members[1].1).unwrap();
+        assert_eq!(check["source"]["backend"], "nvml");
+        let trace: Value = serde_json::from_str(&members[3].1).unwrap();
+        assert_eq!(trace["otherData"]["backend"], "nvml");
+        for (name, text) in &members {
+            assert!(!text.contains("gpu-node-17"), "the host name in {name}");
+        }
+    }
 }
