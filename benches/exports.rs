@@ -9,10 +9,10 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpudiag::export::chrome_trace::TraceBuilder;
-use gpudiag::export::prometheus::{Snapshot, render};
 use gpudiag::telemetry::recording::{Header, RecordingWriter};
 use gpudiag::telemetry::{DeviceInfo, HostInfo, Sample, Tick};
+use gpudiag_export::chrome_trace::TraceBuilder;
+use gpudiag_export::prometheus::{Snapshot, render};
 
 const DEVICES: u32 = 8;
 const STEP_MS: u64 = 100;

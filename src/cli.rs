@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use gpudiag_core::rules::Severity;
 use gpudiag_core::session::{Origin, SourceSpec};
+use gpudiag_export::prometheus::processes::DEFAULT_PROCESS_CAP;
 use gpudiag_model::error::Error;
 use gpudiag_model::units::parse_duration;
 use gpudiag_telemetry::attribution::{
@@ -502,7 +503,7 @@ pub struct ServeArgs {
     pub interval: Duration,
     /// At most this many processes get per-process series (gpudiag_process_*) in one scrape,
     /// those holding the most GPU memory; gpudiag_process_series_dropped counts the rest.
-    #[arg(long, value_name = "N", default_value_t = crate::export::prometheus::processes::DEFAULT_PROCESS_CAP)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_PROCESS_CAP)]
     pub max_process_series: usize,
 }
 

@@ -13,8 +13,8 @@ use schemars::SchemaGenerator;
 use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
 
-use crate::export::chrome_trace::Trace;
 use gpudiag_core::check::CheckReport;
+use gpudiag_export::chrome_trace::Trace;
 use gpudiag_telemetry::recording::{Header, Record};
 
 /// The file of each schema in `assets/schema/`.

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use assert_cmd::Command;
 use flate2::read::GzDecoder;
 use gpudiag::check::CheckReport;
-use gpudiag::export::chrome_trace::{self, Trace};
-use gpudiag::report::bundle::host::Environment;
 use gpudiag::telemetry::recording::{self, Record};
+use gpudiag_export::bundle::host::Environment;
+use gpudiag_export::chrome_trace::{self, Trace};
 use serde_json::Value;
 
 #[path = "support/serve.rs"]
@@ -900,7 +900,8 @@ fn planted_credentials_never_reach_a_bundle() {
 /// Kernel log lines (here from a saved log) go through the same redaction as the rest.
 #[test]
 fn kernel_log_credentials_are_redacted() {
-    use gpudiag::report::bundle::{self, BundleOptions, host};
+    use gpudiag::report::bundle::{self, ReportOptions};
+    use gpudiag_export::bundle::host;
     let dir = tempfile::tempdir().unwrap();
     let rec = credential_recording(dir.path());
     let klog = dir.path().join("kern.log");
@@ -936,7 +937,7 @@ fn kernel_log_credentials_are_redacted() {
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
     let out = dir.path().join("bundle.tar.gz");
-    let opts = BundleOptions {
+    let opts = ReportOptions {
         redact: true,
         config: gpudiag::config::Config::default(),
         interval: Duration::from_millis(250),
@@ -976,7 +977,7 @@ fn readme_lists_the_variables_a_bundle_keeps() {
         .nth(1)
         .and_then(|s| s.split("\n## ").next())
         .unwrap();
-    for name in gpudiag::report::bundle::host::KEPT_VARIABLES {
+    for name in gpudiag_export::bundle::host::KEPT_VARIABLES {
         assert!(
             section.contains(&format!("`{name}`")),
             "README lacks {name}"
@@ -1289,8 +1290,8 @@ fn serve_reports_a_busy_port_and_bad_flags() {
 
 /// Every metric name a fully populated snapshot exports.
 fn exported_metric_names() -> BTreeSet<String> {
-    use gpudiag::export::prometheus::{Snapshot, render};
     use gpudiag::telemetry::{DeviceInfo, HostInfo, Sample};
+    use gpudiag_export::prometheus::{Snapshot, render};
     let mut s = Sample::new(0, 1);
     let json = serde_json::to_value(&s).unwrap();
     // Every numeric field set, so every series appears.

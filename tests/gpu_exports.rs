@@ -9,8 +9,8 @@ use std::process::Command;
 
 use flate2::read::GzDecoder;
 use gpudiag::check::CheckReport;
-use gpudiag::export::chrome_trace::{self, Phase, Trace};
-use gpudiag::report::bundle::host::Environment;
+use gpudiag_export::bundle::host::Environment;
+use gpudiag_export::chrome_trace::{self, Phase, Trace};
 
 fn gpudiag() -> Command {
     let bin = std::env::var("GPUDIAG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpudiag").into());

@@ -191,7 +191,7 @@ fn serve_view(path: Option<&Path>) -> View {
     let snapshot = gpudiag::export::prometheus::snapshot_at_end(source, &Config::default());
     assert!(snapshot.source_ended);
     // What a scrape reads: the exposition's finding series.
-    let text = gpudiag::export::prometheus::render(&snapshot, Instant::now());
+    let text = gpudiag_export::prometheus::render(&snapshot, Instant::now());
     let mut view = View::default();
     for line in text.lines().filter(|l| l.starts_with("gpudiag_finding{")) {
         // A label starts the set or follows a comma: `pci_bus_id="..."` is not `id`.

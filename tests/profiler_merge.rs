@@ -12,8 +12,8 @@ use std::process::Command as StdCommand;
 use assert_cmd::Command;
 use serde_json::Value;
 
-use gpudiag::export::chrome_trace::{self, Trace, TraceEvent};
-use gpudiag::export::profiler_merge::MERGE_KEY;
+use gpudiag_export::chrome_trace::{self, Trace, TraceEvent};
+use gpudiag_export::profiler_merge::MERGE_KEY;
 
 const RECORDING: &str = "tests/fixtures/workloads/bf16_matmul.ndjson.gz";
 const BASE_FIRST: &str = "tests/fixtures/profiler/synthetic.pt.trace.json.gz";

@@ -6,9 +6,10 @@ use std::sync::{OnceLock, RwLock};
 
 use libfuzzer_sys::fuzz_target;
 
-use gpudiag::export::prometheus::{Snapshot, answer, response_bytes};
+use gpudiag::export::prometheus::{answer, response_bytes};
 use gpudiag::telemetry::Backend;
 use gpudiag::telemetry::replay::{Pace, ReplayBackend};
+use gpudiag_export::prometheus::Snapshot;
 
 /// The demo recording's last state, as a scrape would see it.
 fn snapshot() -> &'static RwLock<Snapshot> {

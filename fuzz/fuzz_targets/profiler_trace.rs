@@ -13,7 +13,7 @@ use libfuzzer_sys::fuzz_target;
 
 use gpudiag::config::Config;
 use gpudiag::error::exit;
-use gpudiag::export::chrome_trace::Trace;
+use gpudiag_export::chrome_trace::Trace;
 
 mod common;
 
@@ -53,7 +53,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let path = common::scratch(&input);
     let mut out = Vec::new();
-    match gpudiag::export::profiler_merge::merge_into(&path, ours(), &mut out) {
+    match gpudiag_export::profiler_merge::merge_into(&path, ours(), &mut out) {
         Ok(_) => {
             let merged: serde_json::Value =
                 serde_json::from_slice(&out).expect("a merged trace is JSON");

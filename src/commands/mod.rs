@@ -1,5 +1,6 @@
 //! One module per subcommand that is more than a call into a writer: `check`, `probe`,
-//! `record`, `run`, `completions` and `man`; `trace`, `serve` and `report` live with their writers (`export`, `report`).
+//! `record`, `run`, `completions` and `man`; `trace`, `serve` and `report` are adapters in
+//! `export` and `report` over the writers of `gpudiag-export`.
 
 mod check;
 mod completions;

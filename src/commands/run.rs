@@ -23,9 +23,6 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::cli::RunArgs;
-use crate::export::chrome_trace::{Trace, TraceBuilder};
-use crate::export::profiler_merge;
-use crate::export::{refuse_existing, write_json_atomic};
 use gpudiag_core::check::ToolInfo;
 use gpudiag_core::config::Config;
 use gpudiag_core::judgement::{self, Moment, Seen, Span};
@@ -33,6 +30,9 @@ use gpudiag_core::rules::{Finding, is_workload};
 use gpudiag_core::session::{
     self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source,
 };
+use gpudiag_export::chrome_trace::{Trace, TraceBuilder};
+use gpudiag_export::profiler_merge;
+use gpudiag_export::{refuse_existing, write_json_atomic};
 use gpudiag_model::error::Error;
 use gpudiag_model::printable;
 use gpudiag_model::verdict::{NotJudged, Verdict};

@@ -1,26 +1,23 @@
-//! Exports of telemetry for other tools: Chrome traces (`gpudiag trace`) and Prometheus metrics
-//! (`gpudiag serve`), plus what they share with the bug-report bundle: opening a source with the
-//! findings a recording carries, evaluating rules through one function, and writing a file so
-//! that it appears whole or not at all.
+//! The exports' adapters over the writers in `gpudiag-export`: `gpudiag trace` (a pass over a
+//! source into a Chrome trace, with the findings a recording carries) and `gpudiag serve`
+//! (`prometheus`: the sampling thread and the HTTP server). The bug-report bundle's traces come
+//! from [`capture_trace`] too.
 
-pub mod chrome_trace;
-pub mod profiler_merge;
 pub mod prometheus;
 
-use std::fs::File;
-use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::cli::TraceArgs;
-use chrome_trace::{Trace, TraceBuilder};
 use gpudiag_core::config::Config;
 use gpudiag_core::judgement::{self, KernelLog, Moment, Seen, Span};
 use gpudiag_core::rules::Finding;
 use gpudiag_core::session::{
     self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source,
 };
+use gpudiag_export::chrome_trace::{Trace, TraceBuilder};
+use gpudiag_export::profiler_merge::MergeSummary;
+use gpudiag_export::{TraceOptions, write_trace};
 use gpudiag_model::error::Error;
 use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::replay::Pace;
@@ -32,7 +29,7 @@ pub struct Capture {
     pub ticks: u64,
     pub warnings: Vec<String>,
     /// With `--merge`: what was merged.
-    pub merged: Option<profiler_merge::MergeSummary>,
+    pub merged: Option<MergeSummary>,
 }
 
 /// Samples `source` (for `limit` when live; a replay to its end) into a trace, with the findings
@@ -121,7 +118,12 @@ impl Sink for TraceSink<'_> {
 /// `gpudiag trace`: returns the capture (the file is written).
 /// `stop` (Ctrl-C) ends a live capture early; what was sampled is still written.
 pub fn trace(args: &TraceArgs, stop: &AtomicBool, config: &Config) -> Result<Capture, Error> {
-    refuse_existing(&args.output, args.force)?;
+    let opts = TraceOptions {
+        output: args.output.clone(),
+        force: args.force,
+        merge: args.merge.clone(),
+    };
+    opts.refuse_existing()?;
     let source = open_source(&args.source.spec()?, Pace::AsFastAsPossible, false)?;
     let mut capture = capture_trace(
         source,
@@ -130,79 +132,6 @@ pub fn trace(args: &TraceArgs, stop: &AtomicBool, config: &Config) -> Result<Cap
         Some(stop),
         config,
     )?;
-    match &args.merge {
-        Some(profiler) => {
-            capture.merged = Some(profiler_merge::merge(
-                profiler,
-                &capture.trace,
-                &args.output,
-            )?);
-        }
-        None => write_json_atomic(&args.output, &capture.trace)?,
-    }
+    capture.merged = write_trace(&capture.trace, &opts)?;
     Ok(capture)
-}
-
-/// A usage error when `path` exists and `force` is off.
-pub fn refuse_existing(path: &Path, force: bool) -> Result<(), Error> {
-    if !force && path.exists() {
-        return Err(Error::Usage(format!(
-            "{} exists; pass --force to replace it",
-            path.display()
-        )));
-    }
-    Ok(())
-}
-
-/// Serialises `value` as JSON into `path` atomically.
-pub fn write_json_atomic(path: &Path, value: &impl serde::Serialize) -> Result<(), Error> {
-    write_atomic(path, |w| {
-        serde_json::to_writer(&mut *w, value).map_err(std::io::Error::other)?;
-        w.write_all(b"\n")
-    })
-}
-
-/// Writes through `fill` into a temporary file beside `path`, syncs it and renames it over
-/// `path`: a reader (or a crash) never sees a half-written file. The temporary file is removed
-/// on failure.
-pub fn write_atomic(
-    path: &Path,
-    fill: impl FnOnce(&mut std::io::BufWriter<&File>) -> std::io::Result<()>,
-) -> Result<(), Error> {
-    let tmp = temp_path_for(path);
-    let result = (|| {
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        let mut w = std::io::BufWriter::new(&file);
-        fill(&mut w)?;
-        w.flush()?;
-        drop(w);
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    result.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io(format!("cannot write {}", path.display()), e)
-    })
-}
-
-/// `dir/.name.tmp-PID-N`: hidden, in the same directory (a rename across file systems would
-/// copy), and unique per process and call.
-fn temp_path_for(path: &Path) -> PathBuf {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    let name = path
-        .file_name()
-        .map_or_else(|| "output".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = format!(
-        ".{name}.tmp-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    );
-    match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.join(tmp),
-        _ => PathBuf::from(tmp),
-    }
 }

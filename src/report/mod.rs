@@ -1,4 +1,5 @@
-//! Reports for people: the check report as text and the bug-report bundle.
+//! Reports for people: the check report as text, and `gpudiag report`, which judges what the
+//! bug-report bundle (written by `gpudiag_export::bundle`) holds.
 
 pub mod bundle;
 pub mod text;

@@ -15,7 +15,7 @@ use gpudiag_model::sample::MetricDef;
 use gpudiag_model::verdict::Basis;
 use gpudiag_telemetry::{Absent, METRICS, Sample};
 
-use crate::tui::format::clock;
+use crate::format::clock;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 

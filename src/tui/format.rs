@@ -1,10 +1,11 @@
 //! Text formatting shared by the panels. Every helper takes an `Option` and prints "n/a" for
 //! `None`, so no panel can show 0 for a value that was never read.
 
-use gpudiag_telemetry::TimeMs;
 use ratatui::style::Style;
 use ratatui::text::{Line, Span};
 use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
+
+pub use crate::format::{clock, elapsed};
 
 pub const NA: &str = "n/a";
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -61,26 +62,6 @@ pub fn growth(bytes_per_s: Option<f64>) -> String {
     match bytes_per_s {
         None => NA.to_owned(),
         Some(r) => format!("{:+.1} MiB/s", r / MIB),
-    }
-}
-
-/// Wall-clock time of day in UTC ("14:03:07"); recordings travel between time zones, so the
-/// UI says UTC rather than guessing the viewer's zone.
-pub fn clock(ms: TimeMs) -> String {
-    // By arithmetic rather than through a calendar: a recording may carry any time, and a
-    // formatter that refuses years past 9999 must not take a view down. UTC has no leap seconds
-    // in Unix time, so the time of day is the remainder of a day.
-    let s = ms / 1000;
-    format!("{:02}:{:02}:{:02}", s / 3600 % 24, s / 60 % 60, s % 60)
-}
-
-/// An elapsed time as "m:ss" or "h:mm:ss".
-pub fn elapsed(ms: u64) -> String {
-    let s = ms / 1000;
-    if s >= 3600 {
-        format!("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
-    } else {
-        format!("{}:{:02}", s / 60, s % 60)
     }
 }
 
@@ -270,15 +251,10 @@ mod tests {
     }
 
     #[test]
-    fn units_and_times() {
+    fn units() {
         assert_eq!(rate(Some(1.32e9)), "1.3G");
         assert_eq!(rate(Some(2.4e8)), "240M");
         assert_eq!(gib(Some(150_754_820_096)), "140");
-        assert_eq!(clock(1_767_225_661_000), "00:01:01");
-        // Past year 9999, where calendar formatters give up.
-        assert_eq!(clock(u64::MAX), "14:25:51");
-        assert_eq!(elapsed(88_000), "1:28");
-        assert_eq!(elapsed(3_723_000), "1:02:03");
         assert_eq!(bar(Some(0.5), 4), "██░░");
         assert_eq!(fit("abcdef", 4), "abc…");
         assert_eq!(pad("ab", 4), "ab  ");

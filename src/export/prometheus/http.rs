@@ -22,9 +22,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use super::exposition::CONTENT_TYPE;
 use super::web_config::BasicAuth;
-use super::{Snapshot, render};
+use gpudiag_export::prometheus::{CONTENT_TYPE, Snapshot, render};
 
 /// Answers written at once, each on its own thread; a scrape takes well under a millisecond,
 /// so only clients that stop reading ever come near this.

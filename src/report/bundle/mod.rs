@@ -1,24 +1,11 @@
-//! The bug-report bundle (`gpudiag report`): one `.tar.gz` holding a README, the check report,
-//! a recording, its Chrome trace and the environment, redacted by default.
-//!
-//! Everything in the bundle derives from one redacted recording: the capture (or the replayed
-//! file) is redacted first, and the check report and trace are computed from that, so the same
-//! secret has the same placeholder in every file. The archive is written to a temporary file
-//! and renamed, so a bundle on disk is always whole. `ReplayBackend::open` reads a bundle
-//! (or a plain recording: the content decides) as a replay.
-
-mod credentials;
-pub mod host;
-pub mod redact;
+//! `gpudiag report`: records the source the flags name and judges the redacted recording (the
+//! check report, the trace) for the bundle writer in `gpudiag_export::bundle`, which redacts,
+//! gathers the host's facts and writes the archive.
 
 use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
-
-use flate2::Compression;
-use flate2::write::GzEncoder;
-use serde_json::Value;
 
 use crate::cli::ReportArgs;
 use crate::commands;
@@ -29,44 +16,16 @@ use gpudiag_core::rules::{Finding, RuleEngine};
 use gpudiag_core::session::{
     self, Limit, Origin, Pipeline, RunOptions, Sink, Source, SourceSpec, open_source,
 };
+use gpudiag_export::bundle::{self, BundleOptions, Captured, host};
 use gpudiag_model::error::Error;
 use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::recording::{Header, Record};
 use gpudiag_telemetry::replay::{Pace, ReplayBackend};
-use redact::Redactor;
 
-/// The files of a bundle, in the order they are written.
-pub const README: &str = "README.txt";
-pub const CHECK_REPORT: &str = "check-report.json";
-pub use gpudiag_telemetry::bundle::RECORDING;
-pub const TRACE: &str = "trace.json";
-pub const ENVIRONMENT: &str = "environment.json";
-
-/// The default bundle name: `gpudiag-report-2026-11-22T01-02-03Z.tar.gz`.
-fn default_name() -> PathBuf {
-    let t = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-    PathBuf::from(format!("gpudiag-report-{}.tar.gz", t.replace(':', "-")))
-}
-
-/// What a bundle is made from: a recording held in memory (a fresh capture, a replayed file, or
-/// the TUI's session) and where it came from.
+/// How `gpudiag report` writes a bundle: the writer's options, and what the bundle's check
+/// report and trace are judged with.
 #[derive(Debug, Clone)]
-pub struct Captured {
-    pub header: Header,
-    /// Every record, in recording order (events before the samples of their tick).
-    pub records: Vec<Record>,
-    /// The backend that produced the telemetry ("nvml", "replay").
-    pub backend: String,
-    /// The recording replayed, if any (redactable).
-    pub recording: Option<String>,
-    /// The telemetry comes from this host's GPUs now (so PCI topology and libraries apply).
-    pub live: bool,
-    pub devices: Vec<gpudiag_telemetry::DeviceInfo>,
-}
-
-/// How a bundle is written.
-#[derive(Debug, Clone)]
-pub struct BundleOptions {
+pub struct ReportOptions {
     /// Replace host names, user names, command-line arguments and home paths.
     pub redact: bool,
     /// Rule thresholds for the check report and the trace's findings.
@@ -146,43 +105,19 @@ impl Sink for CaptureSink {
     }
 }
 
-fn to_value(v: &impl serde::Serialize) -> Result<Value, Error> {
-    serde_json::to_value(v).map_err(|e| Error::CannotRun(format!("cannot serialise: {e}")))
-}
-
-fn pretty(v: &Value) -> Result<Vec<u8>, Error> {
-    let mut out = serde_json::to_vec_pretty(v)
-        .map_err(|e| Error::CannotRun(format!("cannot serialise: {e}")))?;
-    out.push(b'\n');
-    Ok(out)
-}
-
-/// The recording as gzip-compressed NDJSON lines.
-fn gzip_lines(lines: &[Value]) -> Result<Vec<u8>, Error> {
-    let mut enc = GzEncoder::new(Vec::new(), Compression::default());
-    for l in lines {
-        serde_json::to_writer(&mut enc, l)
-            .map_err(|e| Error::CannotRun(format!("cannot serialise: {e}")))?;
-        enc.write_all(b"\n")
-            .map_err(|e| Error::io("compressing the recording", e))?;
-    }
-    enc.finish()
-        .map_err(|e| Error::io("compressing the recording", e))
-}
-
 /// `gpudiag report`: writes the bundle and returns its path.
 pub fn report(
     args: &ReportArgs,
     stop: &AtomicBool,
     config: &gpudiag_core::config::Config,
 ) -> Result<PathBuf, Error> {
-    let out = args.output.clone().unwrap_or_else(default_name);
-    export::refuse_existing(&out, args.force)?;
+    let out = args.output.clone().unwrap_or_else(bundle::default_name);
+    gpudiag_export::refuse_existing(&out, args.force)?;
     let cap = capture(args, stop)?;
     write_bundle(
         &out,
         &cap,
-        &BundleOptions {
+        &ReportOptions {
             redact: !args.no_redact,
             config: config.clone(),
             interval: args.interval,
@@ -195,53 +130,16 @@ pub fn report(
 
 /// Writes the bundle of `cap` to `out` (atomically; an existing file is replaced, so callers
 /// that must not overwrite check first).
-pub fn write_bundle(out: &Path, cap: &Captured, opts: &BundleOptions) -> Result<(), Error> {
-    let mut redactor = Redactor::new(opts.redact);
-    // Host and user names this process knows, besides those the data mentions; the recorded
-    // host first, so it is `host-1` whichever machine writes the bundle.
-    if let Some(h) = &cap.header.host.hostname {
-        redactor.learn_host(h);
-    }
-    let mut lines = vec![to_value(&cap.header)?];
-    for r in &cap.records {
-        lines.push(to_value(r)?);
-    }
-    // The recording's secrets first, so its placeholders do not depend on who writes the bundle.
-    for v in &lines {
-        redactor.learn_value(v);
-    }
-    if let Ok(h) = gethostname::gethostname().into_string() {
-        redactor.learn_host(&h);
-    }
-    for var in ["USER", "LOGNAME", "SUDO_USER"] {
-        if let Ok(u) = std::env::var(var) {
-            redactor.learn_user(&u);
-        }
-    }
-    if let Ok(home) = std::env::var("HOME") {
-        redactor.learn_text(&home);
-    }
-    let environment = host::collect(&opts.roots, &cap.header.host, &cap.devices, cap.live);
-    let mut env_value = to_value(&environment)?;
-    if let Some(h) = &environment.hostname {
-        redactor.learn_host(h);
-    }
-    let mut recording_name = cap
-        .recording
-        .clone()
-        .map(Value::from)
-        .unwrap_or(Value::Null);
-    for v in [&env_value, &recording_name] {
-        redactor.learn_value(v);
-    }
-    for v in lines
-        .iter_mut()
-        .chain([&mut env_value, &mut recording_name])
-    {
-        redactor.redact_value(v);
-    }
-    let recording_gz = gzip_lines(&lines)?;
-    let recording_name = recording_name.as_str().map(str::to_string);
+pub fn write_bundle(out: &Path, cap: &Captured, opts: &ReportOptions) -> Result<(), Error> {
+    let prepared = bundle::prepare(
+        cap,
+        &BundleOptions {
+            redact: opts.redact,
+            roots: opts.roots.clone(),
+        },
+    )?;
+    let recording_gz = prepared.recording_gz().to_vec();
+    let recording_name = prepared.recording_name().map(str::to_string);
 
     // The check report and the trace come from the redacted recording.
     // `check` reads a recording from a path: a private temporary file, removed right after.
@@ -265,124 +163,10 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &BundleOptions) -> Result<
     };
     let check = commands::check_request(&request, &opts.config);
     let _ = std::fs::remove_file(&tmp);
-    let mut check = check?;
-    check.source.backend = cap.backend.clone();
-    check.source.recording = recording_name.clone();
-    if cap.live {
-        check.libraries = Some(environment.libraries.clone());
-    }
-    let mut check_value = to_value(&check)?;
-    redactor.redact_value(&mut check_value);
+    let check = check?;
 
-    let replay =
-        ReplayBackend::from_reader(Cursor::new(recording_gz.clone()), Pace::AsFastAsPossible)?;
+    let replay = ReplayBackend::from_reader(Cursor::new(recording_gz), Pace::AsFastAsPossible)?;
     let source = Source::from_backend(Box::new(replay), recording_name.clone())?;
-    let mut trace = export::capture_trace(source, opts.interval, None, None, &opts.config)?.trace;
-    trace.other_data.backend = cap.backend.clone();
-    let mut trace_value = to_value(&trace)?;
-    redactor.redact_value(&mut trace_value);
-    let trace_bytes = serde_json::to_vec(&trace_value)
-        .map_err(|e| Error::CannotRun(format!("cannot serialise: {e}")))?;
-
-    let readme = redactor.text(&readme_text(
-        cap,
-        recording_name.as_deref(),
-        &redactor,
-        &check,
-    ));
-    let files: [(&str, Vec<u8>); 5] = [
-        (README, readme.into_bytes()),
-        (CHECK_REPORT, pretty(&check_value)?),
-        (RECORDING, recording_gz),
-        (TRACE, trace_bytes),
-        (ENVIRONMENT, pretty(&env_value)?),
-    ];
-    let mtime = gpudiag_telemetry::now_ms() / 1000;
-    export::write_atomic(out, |w| {
-        let gz = GzEncoder::new(w, Compression::default());
-        let mut tar = tar::Builder::new(gz);
-        for (name, bytes) in &files {
-            let mut h = tar::Header::new_gnu();
-            h.set_size(bytes.len() as u64);
-            h.set_mode(0o644);
-            h.set_mtime(mtime);
-            h.set_entry_type(tar::EntryType::Regular);
-            tar.append_data(&mut h, name, bytes.as_slice())?;
-        }
-        tar.into_inner()?.finish()?;
-        Ok(())
-    })
-}
-
-fn readme_text(
-    cap: &Captured,
-    recording: Option<&str>,
-    redactor: &Redactor,
-    check: &gpudiag_core::check::CheckReport,
-) -> String {
-    let source = match recording {
-        Some(r) => format!("a replay of the recording {r}"),
-        None => format!(
-            "{} of live sampling ({} backend)",
-            humantime::format_duration(Duration::from_millis(
-                check.window.covered_s.max(0.0) as u64 * 1000
-            )),
-            cap.backend
-        ),
-    };
-    let redaction = if redactor.enabled() {
-        let what: Vec<String> = redactor
-            .summary()
-            .iter()
-            .map(|(k, n)| format!("{n} {k}"))
-            .collect();
-        format!(
-            "Redacted: host names, user names, command-line arguments, home paths and \
-             credentials (passwords, tokens, keys, the user:password of URLs, long random \
-             strings) were replaced by placeholders (host-1, user-1, [args-1], [secret-1]), the \
-             same value by the same placeholder in every file ({}). Environment variables are \
-             kept only where gpudiag knows their meaning (GPU selection, CUDA, NCCL, ROCm, \
-             loader and Slurm settings). `gpudiag report --no-redact` keeps the rest as it was.",
-            if what.is_empty() {
-                "nothing was found to replace".to_string()
-            } else {
-                what.join(", ")
-            }
-        )
-    } else {
-        "Not redacted (--no-redact): host names, user names, command lines, home paths and \
-         anything that looks like a credential are as they were. Environment variables are \
-         kept only where gpudiag knows their meaning."
-            .to_string()
-    };
-    format!(
-        "gpudiag bug-report bundle\n\
-         =========================\n\n\
-         Written by gpudiag {version} from {source}.\n\
-         Devices: {devices}. Status: {status}, {findings} finding(s).\n\n\
-         Files:\n\
-         - {README}: this file.\n\
-         - {CHECK_REPORT}: the check report (`gpudiag check --json`; schema \
-           assets/schema/check-report.schema.json).\n\
-         - {RECORDING}: the telemetry as a gpudiag recording (gzip NDJSON; schema \
-           assets/schema/recording.schema.json).\n\
-         - {TRACE}: a Chrome trace of the recording; open it in https://ui.perfetto.dev or \
-           chrome://tracing.\n\
-         - {ENVIRONMENT}: OS, kernel, CPU, driver and CUDA libraries, the environment \
-           variables that steer the GPU stack, container detection, PCI topology and NUMA \
-           nodes, kernel log lines about NVRM/Xid.\n\n\
-         To look at it on any machine, GPU or not:\n\
-         \x20 gpudiag replay THIS_FILE.tar.gz\n\
-         \x20 gpudiag check --replay THIS_FILE.tar.gz\n\n\
-         {redaction}\n",
-        version = gpudiag_model::build_info::LONG_VERSION,
-        devices = cap.devices.len(),
-        status = check.status,
-        findings = check
-            .devices
-            .iter()
-            .map(|d| d.findings.len())
-            .sum::<usize>()
-            + check.host_findings.len(),
-    )
+    let trace = export::capture_trace(source, opts.interval, None, None, &opts.config)?.trace;
+    prepared.write(out, check, trace)
 }

@@ -162,7 +162,7 @@ pub(super) fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::prometheus::render;
+    use crate::prometheus::render;
     use gpudiag_model::attribution::{FoundIn, PodAllocation, PodIdentity, SlurmJob};
     use gpudiag_telemetry::HostInfo;
     use std::time::Instant;

@@ -51,8 +51,8 @@ use serde::de::{self, DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAcc
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::chrome_trace::{HOST_PID, Phase, Trace, TraceEvent, TraceInfo};
-use super::write_atomic;
+use crate::chrome_trace::{HOST_PID, Phase, Trace, TraceEvent, TraceInfo};
+use crate::write_atomic;
 use gpudiag_model::error::Error;
 use gpudiag_model::printable;
 
@@ -929,7 +929,7 @@ pub fn written_since(path: &Path, since: std::time::SystemTime) -> Result<Vec<Pa
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::chrome_trace::{Args, Scope};
+    use crate::chrome_trace::{Args, Scope};
 
     fn event(name: &'static str, ph: Phase, ts: u64, pid: u32, tid: u32) -> TraceEvent {
         let mut args = Args::new();
