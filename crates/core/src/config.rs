@@ -592,7 +592,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(keys, 29);
+        assert_eq!(keys, 30);
     }
 
     #[test]
