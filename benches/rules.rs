@@ -181,7 +181,7 @@ fn per_family(history: &History, devices: &[DeviceInfo]) {
     type Family = fn(&RuleInput<'_>) -> Vec<gpudiag::rules::Finding>;
     let families: [(&str, Family); 9] = [
         ("verdict, 30 s window", |i| {
-            black_box(rules::verdict::judge_all(
+            black_box(rules::bottleneck::judge_all(
                 i,
                 None,
                 i.now_ms - 30_000,
@@ -190,7 +190,7 @@ fn per_family(history: &History, devices: &[DeviceInfo]) {
             Vec::new()
         }),
         ("verdict, the whole hour (check over a recording)", |i| {
-            black_box(rules::verdict::judge_all(
+            black_box(rules::bottleneck::judge_all(
                 i,
                 None,
                 i.now_ms - 3_600_000,

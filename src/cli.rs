@@ -7,13 +7,13 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use gpudiag_core::rules::Severity;
 use gpudiag_core::session::{Origin, SourceSpec};
-use gpudiag_export::prometheus::processes::DEFAULT_PROCESS_CAP;
+use gpudiag_export::prometheus::process_series::DEFAULT_PROCESS_CAP;
 use gpudiag_model::error::Error;
 use gpudiag_model::units::parse_duration;
 use gpudiag_telemetry::attribution::{
     AttributionOptions, DEFAULT_KUBELET_SOCKET, KUBELET_SOCKET_ENV, KubeletOptions,
 };
-use gpudiag_telemetry::bundle::DEFAULT_MAX_INFLATED;
+use gpudiag_telemetry::bundle_reader::DEFAULT_MAX_INFLATED;
 use gpudiag_telemetry::live::LiveBackend;
 use gpudiag_telemetry::replay::ReplayOptions;
 

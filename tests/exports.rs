@@ -13,7 +13,7 @@ use assert_cmd::Command;
 use flate2::read::GzDecoder;
 use gpudiag::check::CheckReport;
 use gpudiag::telemetry::recording::{self, Record};
-use gpudiag_export::bundle::host::Environment;
+use gpudiag_export::bundle_writer::host::Environment;
 use gpudiag_export::chrome_trace::{self, Trace};
 use serde_json::Value;
 
@@ -901,7 +901,7 @@ fn planted_credentials_never_reach_a_bundle() {
 #[test]
 fn kernel_log_credentials_are_redacted() {
     use gpudiag::report::bundle::{self, ReportOptions};
-    use gpudiag_export::bundle::host;
+    use gpudiag_export::bundle_writer::host;
     let dir = tempfile::tempdir().unwrap();
     let rec = credential_recording(dir.path());
     let klog = dir.path().join("kern.log");
@@ -924,7 +924,7 @@ fn kernel_log_credentials_are_redacted() {
             poll_timeout: Duration::from_secs(2),
             backend: gpudiag::cli::BackendChoice::Replay,
             sysfs_root: None,
-            max_inflated_size: gpudiag::telemetry::bundle::DEFAULT_MAX_INFLATED,
+            max_inflated_size: gpudiag::telemetry::bundle_reader::DEFAULT_MAX_INFLATED,
             kubelet: gpudiag::cli::KubeletArgs::default(),
         },
         output: None,
@@ -977,7 +977,7 @@ fn readme_lists_the_variables_a_bundle_keeps() {
         .nth(1)
         .and_then(|s| s.split("\n## ").next())
         .unwrap();
-    for name in gpudiag_export::bundle::host::KEPT_VARIABLES {
+    for name in gpudiag_export::bundle_writer::host::KEPT_VARIABLES {
         assert!(
             section.contains(&format!("`{name}`")),
             "README lacks {name}"

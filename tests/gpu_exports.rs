@@ -9,7 +9,7 @@ use std::process::Command;
 
 use flate2::read::GzDecoder;
 use gpudiag::check::CheckReport;
-use gpudiag_export::bundle::host::Environment;
+use gpudiag_export::bundle_writer::host::Environment;
 use gpudiag_export::chrome_trace::{self, Phase, Trace};
 
 fn gpudiag() -> Command {

@@ -38,7 +38,7 @@ pub fn source(path: PathBuf) -> SourceArgs {
         poll_timeout: Duration::from_secs(2),
         backend: BackendChoice::Replay,
         sysfs_root: None,
-        max_inflated_size: gpudiag::telemetry::bundle::DEFAULT_MAX_INFLATED,
+        max_inflated_size: gpudiag::telemetry::bundle_reader::DEFAULT_MAX_INFLATED,
         kubelet: gpudiag::cli::KubeletArgs::default(),
     }
 }

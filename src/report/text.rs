@@ -9,11 +9,11 @@ use std::fmt::Write;
 use gpudiag_core::check::{CheckReport, DeviceReport, Status};
 use gpudiag_core::history::WindowStats;
 use gpudiag_model::finding::Finding;
-use gpudiag_model::metrics;
+use gpudiag_model::metric_table;
 use gpudiag_model::printable::line as esc;
 use gpudiag_model::sample::MetricDef;
 use gpudiag_model::verdict::Basis;
-use gpudiag_telemetry::{Absent, METRICS, Sample};
+use gpudiag_telemetry::{Absent, METRIC_TABLE, Sample};
 
 use crate::format::clock;
 
@@ -163,9 +163,9 @@ fn render_device(out: &mut String, d: &DeviceReport) {
             .and_then(pick)
     };
     let mut lines: BTreeMap<u8, Vec<String>> = BTreeMap::new();
-    for m in METRICS {
+    for m in METRIC_TABLE {
         let Some(text) = m.text else { continue };
-        let item = metrics::expand(text.template, |name| {
+        let item = metric_table::expand(text.template, |name| {
             let (format, v) = match name {
                 "" => (m.format, m.shown(Some(s), i)),
                 "mean" => (m.format, stat(m, |w| w.mean)),
@@ -185,7 +185,7 @@ fn render_device(out: &mut String, d: &DeviceReport) {
         errors.push(format!("throttle: {}", throttle_names(s)));
     }
     // Without profiling counters (no GPM, a single read) one reason says why, once.
-    let profiled = METRICS
+    let profiled = METRIC_TABLE
         .iter()
         .filter(|m| m.text.is_some_and(|t| t.line == PROFILING_LINE));
     if profiled.clone().all(|m| m.get(s).is_none()) {

@@ -4,7 +4,7 @@
 //! command line, no terminal UI, no HTTP server. The binary drives the pipeline, builds the
 //! options here from its flags and hands the results to these writers.
 
-pub mod bundle;
+pub mod bundle_writer;
 pub mod chrome_trace;
 mod output;
 pub mod profiler_merge;

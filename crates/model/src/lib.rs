@@ -11,7 +11,7 @@ pub mod deadline;
 pub mod decode;
 pub mod error;
 pub mod finding;
-pub mod metrics;
+pub mod metric_table;
 pub mod printable;
 pub mod sample;
 pub mod schema;

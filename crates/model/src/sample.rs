@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::{
+use crate::metric_table::{
     Chart, FieldValue, Format, GIB, Kind, MIB, Plausible, Plot, Prometheus, Repr, Round, Scale,
     Text, Trace, Unit, Unrepresentable, Vendor, Vendors,
 };
@@ -53,7 +53,7 @@ impl Chart {
     /// The fields the chart plots, in table order; the first one's absence explains an empty
     /// chart.
     pub fn fields(self) -> impl Iterator<Item = &'static MetricDef> {
-        crate::sample::METRICS
+        crate::sample::METRIC_TABLE
             .iter()
             .filter(move |m| m.chart.is_some_and(|p| p.chart == self))
     }
@@ -195,7 +195,7 @@ impl MetricDef {
 
 /// The table entry of the `Sample` field `name`.
 pub fn by_name(name: &str) -> Option<&'static MetricDef> {
-    METRICS.iter().find(|m| m.name == name)
+    METRIC_TABLE.iter().find(|m| m.name == name)
 }
 
 /// The `Sample` fields a backend of `vendor` has no way to read: those the table gives to other
@@ -203,7 +203,7 @@ pub fn by_name(name: &str) -> Option<&'static MetricDef> {
 /// reading, kept in two fields).
 pub fn unavailable_on(vendor: Vendor) -> impl Iterator<Item = &'static str> {
     let throttle_bits = by_name("throttle_reasons").is_some_and(|m| !m.vendors.has(vendor));
-    METRICS
+    METRIC_TABLE
         .iter()
         .filter(move |m| !m.vendors.has(vendor))
         .map(|m| m.name)
@@ -213,7 +213,7 @@ pub fn unavailable_on(vendor: Vendor) -> impl Iterator<Item = &'static str> {
 /// The trace's counter groups in order of first appearance in the table, each with its fields.
 pub fn trace_groups() -> Vec<(&'static str, Vec<&'static MetricDef>)> {
     let mut groups: Vec<(&'static str, Vec<&'static MetricDef>)> = Vec::new();
-    for m in METRICS {
+    for m in METRIC_TABLE {
         let Some(t) = m.trace else { continue };
         match groups.iter_mut().find(|(g, _)| *g == t.group) {
             Some((_, fields)) => fields.push(m),
@@ -224,7 +224,7 @@ pub fn trace_groups() -> Vec<(&'static str, Vec<&'static MetricDef>)> {
 }
 
 /// Declares the metric table: the `Metric` enum (one variant per field that `=> Variant` makes
-/// a history series) and `METRICS`, each entry a `MetricDef` expression completed with the
+/// a history series) and `METRIC_TABLE`, each entry a `MetricDef` expression completed with the
 /// field's name, series, representation and accessors.
 macro_rules! metric_table {
     (
@@ -249,20 +249,20 @@ macro_rules! metric_table {
             /// the table cost about 8% of a push.
             pub fn value(&self, metric: Metric) -> Option<f64> {
                 match metric {
-                    $($( Metric::$series => self.$field.map($crate::metrics::FieldValue::to_f64), )?)*
+                    $($( Metric::$series => self.$field.map($crate::metric_table::FieldValue::to_f64), )?)*
                 }
             }
         }
 
         /// Every value field of `Sample`, in struct order.
-        pub const METRICS: &[$crate::sample::MetricDef] = &[$(
+        pub const METRIC_TABLE: &[$crate::sample::MetricDef] = &[$(
             $crate::sample::MetricDef {
                 name: stringify!($field),
                 series: metric_table!(@series $($series)?),
                 repr: $crate::sample::repr_of(|s: &$crate::sample::Sample| s.$field),
-                get: |s| s.$field.map($crate::metrics::FieldValue::to_f64),
+                get: |s| s.$field.map($crate::metric_table::FieldValue::to_f64),
                 set: |s, v| {
-                    s.$field = v.map($crate::metrics::FieldValue::from_f64).transpose()?;
+                    s.$field = v.map($crate::metric_table::FieldValue::from_f64).transpose()?;
                     Ok(())
                 },
                 ..$def
@@ -1011,12 +1011,12 @@ const IN_GIB: Format = Format::Fixed {
 /// `Sample` fields that hold lists rather than one value, so the table leaves them out.
 pub const LIST_FIELDS: [&str; 3] = ["throttle_reason_names", "processes", "gpu_pods"];
 
-/// Where each series sits in `METRICS`.
+/// Where each series sits in `METRIC_TABLE`.
 const SERIES_AT: [usize; Metric::COUNT] = {
     let mut at = [0; Metric::COUNT];
     let mut i = 0;
-    while i < METRICS.len() {
-        if let Some(m) = METRICS[i].series {
+    while i < METRIC_TABLE.len() {
+        if let Some(m) = METRIC_TABLE[i].series {
             at[m as usize] = i;
         }
         i += 1;
@@ -1032,7 +1032,7 @@ impl Metric {
 
     /// The series' entry in the metric table.
     pub fn def(self) -> &'static MetricDef {
-        &METRICS[SERIES_AT[self as usize]]
+        &METRIC_TABLE[SERIES_AT[self as usize]]
     }
 }
 
@@ -1135,7 +1135,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::metrics::{Piece, pieces};
+    use crate::metric_table::{Piece, pieces};
 
     fn serde_keys() -> Vec<String> {
         let v = serde_json::to_value(Sample::new(0, 0)).unwrap_or_default();
@@ -1149,7 +1149,7 @@ mod tests {
 
     #[test]
     fn the_table_declares_every_value_field_once() {
-        let table: Vec<&str> = METRICS.iter().map(|m| m.name).collect();
+        let table: Vec<&str> = METRIC_TABLE.iter().map(|m| m.name).collect();
         let unique: BTreeSet<&str> = table.iter().copied().collect();
         assert_eq!(unique.len(), table.len(), "a field is declared twice");
         let mut covered: BTreeSet<String> = unique.iter().map(|s| s.to_string()).collect();
@@ -1166,13 +1166,13 @@ mod tests {
             assert_eq!(m.def().series, Some(m));
             assert_eq!(serde_json::to_value(m).ok(), Some(m.name().into()));
         }
-        let series = METRICS.iter().filter(|m| m.series.is_some()).count();
+        let series = METRIC_TABLE.iter().filter(|m| m.series.is_some()).count();
         assert_eq!(series, Metric::COUNT);
     }
 
     #[test]
     fn accessors_read_and_write_their_own_field() {
-        for m in METRICS {
+        for m in METRIC_TABLE {
             let mut s = Sample::new(0, 0);
             let one = 1.0;
             assert_eq!(m.set(&mut s, Some(one)), Ok(()), "{}", m.name);
@@ -1201,7 +1201,7 @@ mod tests {
                 }
             }
         };
-        for m in METRICS {
+        for m in METRIC_TABLE {
             if let Some(t) = m.text {
                 let stats: &[&str] = if m.series.is_some() {
                     &["", "mean", "max"]
@@ -1257,8 +1257,8 @@ mod tests {
 
     #[test]
     fn prometheus_families_agree_on_type_and_help() {
-        for a in METRICS {
-            for b in METRICS {
+        for a in METRIC_TABLE {
+            for b in METRIC_TABLE {
                 let (Some(pa), Some(pb)) = (a.prometheus, b.prometheus) else {
                     continue;
                 };

@@ -1,5 +1,5 @@
 //! The bottleneck verdict: what held a GPU (or one process on it) back over a window, with the
-//! evidence it rests on, how sure it is, and what to do. Judged by `gpudiag_core::rules::verdict`.
+//! evidence it rests on, how sure it is, and what to do. Judged by `gpudiag_core::rules::bottleneck`.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

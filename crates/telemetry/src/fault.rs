@@ -38,7 +38,7 @@ use super::sanity;
 use super::{
     Absent, Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Pacing, Sample, Tick,
 };
-use gpudiag_model::metrics::{Repr, Unrepresentable};
+use gpudiag_model::metric_table::{Repr, Unrepresentable};
 
 /// The hidden environment variable that holds a fault schedule.
 pub const FAULTS_ENV: &str = "GPUDIAG_TEST_FAULTS";

@@ -9,7 +9,7 @@
 
 pub mod amd;
 pub mod attribution;
-pub mod bundle;
+pub mod bundle_reader;
 pub mod fault;
 pub mod kernel_log;
 pub mod live;

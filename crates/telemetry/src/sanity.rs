@@ -12,8 +12,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{Absent, LIST_FIELDS, METRICS, Sample, Tick};
-use gpudiag_model::metrics::{Kind, Repr};
+use super::{Absent, LIST_FIELDS, METRIC_TABLE, Sample, Tick};
+use gpudiag_model::metric_table::{Kind, Repr};
 use gpudiag_model::sample::MetricDef;
 
 /// Prefix of the reason for a value dropped as implausible.
@@ -77,15 +77,15 @@ pub fn slow_stuck_reason(stuck: std::time::Duration) -> Absent {
 }
 
 /// Every field a per-tick sample carries, for marking a whole device absent.
-pub const SAMPLE_FIELDS: [&str; METRICS.len() + LIST_FIELDS.len()] = {
-    let mut fields = [""; METRICS.len() + LIST_FIELDS.len()];
+pub const SAMPLE_FIELDS: [&str; METRIC_TABLE.len() + LIST_FIELDS.len()] = {
+    let mut fields = [""; METRIC_TABLE.len() + LIST_FIELDS.len()];
     let mut i = 0;
-    while i < METRICS.len() {
-        fields[i] = METRICS[i].name;
+    while i < METRIC_TABLE.len() {
+        fields[i] = METRIC_TABLE[i].name;
         i += 1;
     }
     while i < fields.len() {
-        fields[i] = LIST_FIELDS[i - METRICS.len()];
+        fields[i] = LIST_FIELDS[i - METRIC_TABLE.len()];
         i += 1;
     }
     fields
@@ -128,7 +128,7 @@ impl Sanitiser {
     /// what is plausible for each field and which fields are counters.
     pub fn sample(&mut self, s: &mut Sample) -> usize {
         let mut dropped = 0;
-        for m in METRICS {
+        for m in METRIC_TABLE {
             let Some(x) = m.get(s) else {
                 continue;
             };

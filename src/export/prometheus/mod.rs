@@ -27,10 +27,14 @@ use gpudiag_core::session::{
     self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source,
 };
 use gpudiag_export::prometheus::Snapshot;
-use gpudiag_export::prometheus::processes::ProcessCap;
+use gpudiag_export::prometheus::process_series::ProcessCap;
 use gpudiag_model::error::Error;
 use gpudiag_telemetry::replay::Pace;
 use gpudiag_telemetry::{DeviceInfo, EventKind, Tick};
+
+/// Names the node for the `Hostname` label where the host name is a pod's (Kubernetes' downward
+/// API: `fieldRef: spec.nodeName`).
+pub const NODE_NAME_ENV: &str = "NODE_NAME";
 
 /// How long findings remember events (XIDs) in a long-running serve.
 const FINDINGS_WINDOW: Duration = Duration::from_secs(600);
@@ -180,8 +184,16 @@ pub fn serve(args: &ServeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result
     let source = open_source(&args.source.spec()?, Pace::Recorded { speed: 1.0 }, false)?;
     let pipeline = Pipeline::new(engine_for(&source, config)).retaining(FINDINGS_WINDOW);
     let devices = source.devices();
+    let mut host = source.backend.host().clone();
+    // In a pod the host name is the pod's; the node's comes from the downward API, as
+    // dcgm-exporter's DaemonSet passes it.
+    if source.is_this_host()
+        && let Some(node) = std::env::var(NODE_NAME_ENV).ok().filter(|n| !n.is_empty())
+    {
+        host.hostname = Some(node);
+    }
     let shared = Arc::new(RwLock::new(Snapshot {
-        host: source.backend.host().clone(),
+        host,
         devices: devices.clone(),
         process_cap: ProcessCap(args.max_process_series),
         ..Snapshot::default()

@@ -1,5 +1,5 @@
 //! `gpudiag report`: records the source the flags name and judges the redacted recording (the
-//! check report, the trace) for the bundle writer in `gpudiag_export::bundle`, which redacts,
+//! check report, the trace) for the bundle writer in `gpudiag_export::bundle_writer`, which redacts,
 //! gathers the host's facts and writes the archive.
 
 use std::io::{Cursor, Write};
@@ -16,7 +16,7 @@ use gpudiag_core::rules::{Finding, RuleEngine};
 use gpudiag_core::session::{
     self, Limit, Origin, Pipeline, RunOptions, Sink, Source, SourceSpec, open_source,
 };
-use gpudiag_export::bundle::{self, BundleOptions, Captured, host};
+use gpudiag_export::bundle_writer::{self, BundleOptions, Captured, host};
 use gpudiag_model::error::Error;
 use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::recording::{Header, Record};
@@ -111,7 +111,10 @@ pub fn report(
     stop: &AtomicBool,
     config: &gpudiag_core::config::Config,
 ) -> Result<PathBuf, Error> {
-    let out = args.output.clone().unwrap_or_else(bundle::default_name);
+    let out = args
+        .output
+        .clone()
+        .unwrap_or_else(bundle_writer::default_name);
     gpudiag_export::refuse_existing(&out, args.force)?;
     let cap = capture(args, stop)?;
     write_bundle(
@@ -131,7 +134,7 @@ pub fn report(
 /// Writes the bundle of `cap` to `out` (atomically; an existing file is replaced, so callers
 /// that must not overwrite check first).
 pub fn write_bundle(out: &Path, cap: &Captured, opts: &ReportOptions) -> Result<(), Error> {
-    let prepared = bundle::prepare(
+    let prepared = bundle_writer::prepare(
         cap,
         &BundleOptions {
             redact: opts.redact,

@@ -13,7 +13,7 @@ use ratatui::widgets::{Axis, Block, Chart, Dataset, GraphType, Paragraph};
 use crate::tui::app::App;
 use crate::tui::format::{self, NA};
 use gpudiag_core::history::Window;
-use gpudiag_model::metrics;
+use gpudiag_model::metric_table;
 use gpudiag_model::sample::{Ceiling, MetricDef};
 use gpudiag_telemetry::{Absent, DeviceInfo, Metric, Sample, TimeMs};
 
@@ -27,7 +27,7 @@ struct ChartSpec {
 impl ChartSpec {
     /// The chart as the metric table declares it, filled in from the latest sample and the
     /// device's static attributes.
-    fn new(chart: metrics::Chart, s: Option<&Sample>, d: &DeviceInfo) -> Self {
+    fn new(chart: metric_table::Chart, s: Option<&Sample>, d: &DeviceInfo) -> Self {
         let fields: Vec<&'static MetricDef> = chart.fields().collect();
         let value = |m: &MetricDef| m.shown(s, d);
         let ceiling = match chart.ceiling() {
@@ -40,7 +40,7 @@ impl ChartSpec {
         };
         let first = fields.first().copied();
         let rate = |b: f64| format::rate(Some(b));
-        let title = metrics::expand(chart.title(), |name| {
+        let title = metric_table::expand(chart.title(), |name| {
             let (m, v) = match name {
                 "ceiling" => (first?, ceiling),
                 _ => {
@@ -122,9 +122,9 @@ fn draw(f: &mut Frame, area: Rect, app: &App, with_verdict: bool) {
             .latest(d.index, Metric::GrEngineActivePct)
             .is_some()
         || s.and_then(|s| s.why_absent("sm_active_pct")) == Some(&Absent::NeedsTwoSamples);
-    let specs: Vec<ChartSpec> = metrics::Chart::ALL
+    let specs: Vec<ChartSpec> = metric_table::Chart::ALL
         .into_iter()
-        .filter(|c| *c != metrics::Chart::Profile || profiled)
+        .filter(|c| *c != metric_table::Chart::Profile || profiled)
         .map(|c| ChartSpec::new(c, s, d))
         .collect();
     // Two columns of three charts; on a wide, short terminal three columns of two. A seventh

@@ -7,7 +7,7 @@ use ratatui::text::{Line, Span};
 
 use crate::tui::app::App;
 use crate::tui::format;
-use gpudiag_core::rules::verdict;
+use gpudiag_core::rules::bottleneck;
 use gpudiag_model::verdict::{Basis, Verdict};
 use gpudiag_telemetry::DeviceInfo;
 
@@ -94,10 +94,10 @@ pub fn header_line(app: &App, d: &DeviceInfo, width: usize) -> Line<'static> {
                     ", {:.0} s {} — {} · over {:.0} s: {} ({})",
                     now.duration_s(),
                     strength(&now.verdict),
-                    format::text(&verdict::brief(&now.verdict)),
+                    format::text(&bottleneck::brief(&now.verdict)),
                     v.window_s(),
                     v.bottleneck,
-                    format::text(&verdict::brief(v)),
+                    format::text(&bottleneck::brief(v)),
                 )),
             ]),
             None => Line::from(vec![

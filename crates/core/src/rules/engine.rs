@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use super::verdict::{self, CurrentPhase, NotJudged, ProcessCpu};
+use super::bottleneck::{self, CurrentPhase, NotJudged, ProcessCpu};
 use super::{Cadence, Finding, FindingState, ProcessMemory, RuleInput, is_workload, sort};
 use crate::config::RulesConfig;
 use crate::history::History;
@@ -153,7 +153,7 @@ impl RuleEngine {
         self.evaluate_windowed(history, now);
         let input = self.input(history, &[], Some(now));
         let (verdicts, mut not_judged) =
-            verdict::judge_all(&input, Some(&self.process_cpu), start_ms, now);
+            bottleneck::judge_all(&input, Some(&self.process_cpu), start_ms, now);
         let current = self.current_phases(&input, &verdicts, start_ms, now);
         let workload: Vec<Finding> = self
             .devices
@@ -212,7 +212,7 @@ impl RuleEngine {
             .filter(|d| verdicts.contains_key(&d.index))
             .filter_map(|d| {
                 let cpu = Some(&self.process_cpu);
-                verdict::current_phase(input, cpu, d, start_ms, end_ms).map(|v| (d.index, v))
+                bottleneck::current_phase(input, cpu, d, start_ms, end_ms).map(|v| (d.index, v))
             })
             .collect()
     }
@@ -252,7 +252,7 @@ impl RuleEngine {
         self.devices
             .iter()
             .find(|d| d.index == device)
-            .map(|d| verdict::phases(&input, Some(&self.process_cpu), d, start_ms, end_ms))
+            .map(|d| bottleneck::phases(&input, Some(&self.process_cpu), d, start_ms, end_ms))
             .unwrap_or_default()
     }
 
@@ -262,7 +262,7 @@ impl RuleEngine {
         let input = self.input(history, &[], Some(now));
         let start = now.saturating_sub(window);
         let (verdicts, mut not_judged) =
-            verdict::judge_all(&input, Some(&self.process_cpu), start, now);
+            bottleneck::judge_all(&input, Some(&self.process_cpu), start, now);
         let current = self.current_phases(&input, &verdicts, start, now);
         let found = super::windowed(&input);
         not_judged.extend(input.not_judged.take());

@@ -9,6 +9,7 @@
 
 pub use gpudiag_model::finding::{Evidence, Finding, FindingState, Severity, values};
 
+pub mod bottleneck;
 pub mod engine;
 pub mod environment;
 pub mod errors;
@@ -21,7 +22,6 @@ pub mod thermal;
 pub mod throttle;
 pub mod utilisation;
 pub mod vendor;
-pub mod verdict;
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -54,7 +54,7 @@ pub struct RuleInput<'a> {
     /// Per-process memory series for the leak rule; `None` when nobody kept them.
     pub process_memory: Option<&'a ProcessMemory>,
     /// Per-process CPU time for the verdict's host-side evidence; `None` when nobody kept it.
-    pub process_cpu: Option<&'a verdict::ProcessCpu>,
+    pub process_cpu: Option<&'a bottleneck::ProcessCpu>,
     /// Where rules say what they could not judge: the engine reads it after an evaluation.
     pub not_judged: NotJudgedLog,
 }

@@ -6,7 +6,7 @@
 
 use serde_json::json;
 
-use super::verdict::{self, ProcessCpu};
+use super::bottleneck::{self, ProcessCpu};
 use super::{Evidence, Finding, RuleInput, Severity, secs};
 use gpudiag_model::verdict::{Basis, Bottleneck};
 
@@ -42,7 +42,7 @@ pub fn over(
     let cfg = &input.config.utilisation;
     let d = input.devices.iter().find(|d| d.index == device)?;
     let mut start = start;
-    let holders: Vec<u32> = verdict::holders(input, cpu, device, start, end)
+    let holders: Vec<u32> = bottleneck::holders(input, cpu, device, start, end)
         .into_iter()
         .map(|p| p.pid)
         .collect();
@@ -71,7 +71,7 @@ pub fn over(
         start = start.max(since.unwrap_or(start));
     }
     // Why a verdict could not be given is the verdict's own entry.
-    let v = verdict::judge(input, cpu, d, start, end).ok()?;
+    let v = bottleneck::judge(input, cpu, d, start, end).ok()?;
     if v.basis == Basis::Utilisation && v.bottleneck == Bottleneck::ComputeBound {
         input.not_judged(
             ID,

@@ -10,7 +10,7 @@
 //! format); sampling and serving are the binary's.
 
 mod exposition;
-pub mod processes;
+pub mod process_series;
 
 pub use exposition::{
     CONTENT_TYPE, Exposition, Kind, Labels, escape_help, escape_label_value, format_value,
@@ -21,10 +21,10 @@ use std::time::Instant;
 
 use gpudiag_core::rules::{Finding, Severity};
 use gpudiag_model::decode::THROTTLE_REASONS;
-use gpudiag_model::metrics::Prometheus;
+use gpudiag_model::metric_table::Prometheus;
 use gpudiag_model::sample::MetricDef;
 use gpudiag_model::verdict::Verdict;
-use gpudiag_telemetry::{DeviceInfo, HostInfo, METRICS, Sample};
+use gpudiag_telemetry::{DeviceInfo, HostInfo, METRIC_TABLE, Sample};
 
 /// What a scrape shows: the newest state of every device.
 #[derive(Debug, Clone, Default)]
@@ -43,7 +43,7 @@ pub struct Snapshot {
     /// The source ended (a replay played out, or live sampling failed); values are the last ones.
     pub source_ended: bool,
     /// The most processes that get per-process series in one scrape.
-    pub process_cap: processes::ProcessCap,
+    pub process_cap: process_series::ProcessCap,
 }
 
 /// dcgm-exporter's label set for a device; unknown values are left out.
@@ -105,7 +105,7 @@ const FAMILY_ORDER: [&str; 32] = [
 /// name (several fields may share one, told apart by a label).
 fn table_families() -> Vec<(&'static Prometheus, Kind, Vec<&'static MetricDef>)> {
     let mut families: Vec<(&'static Prometheus, Kind, Vec<&'static MetricDef>)> = Vec::new();
-    for m in METRICS {
+    for m in METRIC_TABLE {
         let Some(p) = &m.prometheus else { continue };
         match families.iter_mut().find(|(f, _, _)| f.name == p.name) {
             Some((_, _, fields)) => fields.push(m),
@@ -126,7 +126,7 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         .filter_map(|d| {
             let s = snap.latest.get(&d.index)?;
             let mut labels = device_labels(d, &snap.host);
-            labels.extend(processes::device_pod_labels(s));
+            labels.extend(process_series::device_pod_labels(s));
             Some((d, s, labels))
         })
         .collect();
@@ -230,7 +230,7 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         &judged,
     );
 
-    processes::render(&mut x, snap, &devices);
+    process_series::render(&mut x, snap, &devices);
 
     let mut active: Vec<(Labels, f64)> = Vec::new();
     let mut seen = std::collections::BTreeSet::new();

@@ -35,7 +35,7 @@ use crate::{
     Absent, AbsentMap, Backend, BackendError, DeviceInfo, HostInfo, Pacing, Sample, Tick, now_ms,
 };
 use gpudiag_model::deadline::run_with_deadline;
-use gpudiag_model::metrics::Vendor;
+use gpudiag_model::metric_table::Vendor;
 use gpudiag_model::sample::unavailable_on;
 
 /// The names tried, in order: the development symlink, Debian's soname, then ROCm's sonames

@@ -37,7 +37,7 @@ use crate::{
     ProcessSample, Sample, Tick, now_ms,
 };
 use gpudiag_model::attribution::PodAllocation;
-use gpudiag_model::metrics::Vendor;
+use gpudiag_model::metric_table::Vendor;
 use gpudiag_model::sample::unavailable_on;
 
 /// The root the backend reads under unless told otherwise.

@@ -27,7 +27,7 @@ use gpudiag_model::stats::{self, CallGroup, Counter};
 /// GPM refuses intervals shorter than this (NVML's documentation asks for at least 100 ms).
 pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
 
-/// The graphics-engine share (`GraphicsUtil`, first in `METRICS`) alone costs about 1.8 ms of
+/// The graphics-engine share (`GraphicsUtil`, first in `COUNTERS`) alone costs about 1.8 ms of
 /// CPU to compute on an H200, the other fifteen together about 0.1 ms: it is measured over
 /// intervals of at least this long instead of every poll's.
 pub const GRAPHICS_INTERVAL: Duration = Duration::from_secs(10);
@@ -37,7 +37,7 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 /// What each `Sample` field reads, in `PROFILING_FIELDS` order; `true` for a rate (summed over
 /// MIG instances and converted from MiB/s) rather than a share.
-const METRICS: [(GpmMetricId, bool); 16] = [
+const COUNTERS: [(GpmMetricId, bool); 16] = [
     (GpmMetricId::GraphicsUtil, false),
     (GpmMetricId::SmUtil, false),
     (GpmMetricId::SmOccupancy, false),
@@ -56,10 +56,10 @@ const METRICS: [(GpmMetricId, bool); 16] = [
     (GpmMetricId::NvlinkTotalTxPerSec, true),
 ];
 
-const _: () = assert!(METRICS.len() == PROFILING_FIELDS.len());
+const _: () = assert!(COUNTERS.len() == PROFILING_FIELDS.len());
 
 /// The values of one interval, in `PROFILING_FIELDS` order.
-pub type Values = [Result<f64, Absent>; METRICS.len()];
+pub type Values = [Result<f64, Absent>; COUNTERS.len()];
 
 /// A GPM sample kept between polls. `GpmSample` borrows the `Nvml` it came from, which the
 /// backend owns behind an `Arc`; the raw handle is kept instead and freed with `release`.
@@ -158,7 +158,7 @@ impl GpmDevice {
             };
             // The first interval reads all sixteen, so even a short window has every value.
             let first = self.graphics == Err(Absent::NeedsTwoSamples);
-            let per_poll: Vec<usize> = (usize::from(!first)..METRICS.len()).collect();
+            let per_poll: Vec<usize> = (usize::from(!first)..COUNTERS.len()).collect();
             let values = metrics_between(nvml, &previous, &taken, &per_poll, &weights);
             self.last = values.map(|mut v| {
                 if first {
@@ -237,7 +237,7 @@ impl GpmDevice {
     }
 }
 
-/// The metrics at `indices` of `METRICS` between two samples per source, combined over the
+/// The metrics at `indices` of `COUNTERS` between two samples per source, combined over the
 /// sources by `weights`; the metrics not asked are absent.
 fn metrics_between(
     nvml: &Nvml,
@@ -246,7 +246,7 @@ fn metrics_between(
     indices: &[usize],
     weights: &[f64],
 ) -> Result<Values, Absent> {
-    let ids: Vec<GpmMetricId> = indices.iter().map(|&i| METRICS[i].0).collect();
+    let ids: Vec<GpmMetricId> = indices.iter().map(|&i| COUNTERS[i].0).collect();
     let per_source: Result<Vec<_>, NvmlError> = from
         .iter()
         .zip(to)
@@ -262,9 +262,9 @@ fn metrics_between(
             let got = gpm_metrics_get(nvml, &a, &b, &ids);
             a.into_handle();
             b.into_handle();
-            // Results in METRICS order, the unasked ones as placeholders.
+            // Results in COUNTERS order, the unasked ones as placeholders.
             got.map(|r| {
-                let mut full: Vec<_> = METRICS
+                let mut full: Vec<_> = COUNTERS
                     .iter()
                     .map(|_| Err(NvmlError::NotSupported))
                     .collect();
@@ -336,7 +336,7 @@ fn combine(
 ) -> Values {
     let total: f64 = weights.iter().sum();
     std::array::from_fn(|i| {
-        let is_rate = METRICS[i].1;
+        let is_rate = COUNTERS[i].1;
         let mut acc = 0.0;
         for (source, w) in results.iter().zip(weights) {
             let v = match source.get(i) {
@@ -355,7 +355,7 @@ fn combine(
 
 /// Where each value goes, in `PROFILING_FIELDS` order: direct stores, because this runs on
 /// every poll and a lookup in the metric table by name would cost a string search per field.
-const SETTERS: [fn(&mut Sample, f64); METRICS.len()] = [
+const SETTERS: [fn(&mut Sample, f64); COUNTERS.len()] = [
     |s, v| s.gr_engine_active_pct = Some(v),
     |s, v| s.sm_active_pct = Some(v),
     |s, v| s.sm_occupancy_pct = Some(v),
@@ -397,7 +397,7 @@ mod tests {
     use nvml_wrapper::struct_wrappers::gpm::{GpmMetricInfo, GpmMetricResult};
 
     fn results(values: [f64; 16]) -> Vec<Result<GpmMetricResult, NvmlError>> {
-        METRICS
+        COUNTERS
             .iter()
             .zip(values)
             .map(|((id, _), value)| {

@@ -31,14 +31,14 @@
 
 mod fields;
 mod gpm;
-mod processes;
+mod process_list;
 mod slow;
-mod topology;
+mod topology_reader;
 mod xid;
 
 pub use fields::{kb_per_s_to_bytes, mj_to_j, mw_to_w, pstate_index};
 pub use slow::{DEFAULT_SLOW_INTERVAL, MIN_SLOW_INTERVAL, SlowFields};
-pub use topology::read_topology;
+pub use topology_reader::read_topology;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -692,7 +692,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 mod tests {
     use super::*;
     use crate::nvml::fields::{BatchField, fan_absent};
-    use crate::nvml::processes::{basename, used_memory};
+    use crate::nvml::process_list::{basename, used_memory};
     use nvml_wrapper::enum_wrappers::device::{
         PcieUtilCounter, PerformanceState, TemperatureSensor,
     };

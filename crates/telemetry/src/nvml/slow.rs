@@ -17,7 +17,7 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::PcieUtilCounter;
 
 use super::fields::{kb_per_s_to_bytes, mj_to_j, put_clock_events, read_clock_events};
-use super::processes::read_processes;
+use super::process_list::read_processes;
 use super::{RawDevice, absent_from, lock};
 use crate::attribution::{Attributor, GpuKeys, gpu_pods_field};
 use crate::{Absent, AbsentMap, ProcessSample, Sample, sanity};

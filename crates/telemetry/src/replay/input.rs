@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use flate2::read::GzDecoder;
 
-use crate::bundle::{self, Capped, TarWalker};
+use crate::bundle_reader::{self, Capped, TarWalker};
 use crate::recording::read_prefix;
 use crate::recording::{Header, LinePos, RecordingError, RecordingReader};
 
@@ -29,7 +29,7 @@ pub struct ReplayOptions {
 impl Default for ReplayOptions {
     fn default() -> Self {
         ReplayOptions {
-            max_inflated_bytes: bundle::DEFAULT_MAX_INFLATED,
+            max_inflated_bytes: bundle_reader::DEFAULT_MAX_INFLATED,
         }
     }
 }
@@ -125,7 +125,7 @@ pub(crate) fn open_stream(
     }
     let limit = options.max_inflated_bytes;
     let mut walker = TarWalker::new(Capped::new(GzDecoder::new(whole), limit));
-    bundle::find_recording(&mut walker, false, name)?;
+    bundle_reader::find_recording(&mut walker, false, name)?;
     let member_name = member_name(name);
     let mut member = walker;
     let magic = read_prefix(&mut member, 2).map_err(|source| RecordingError::Read {
@@ -156,7 +156,7 @@ fn sniff(input: &mut impl Read) -> io::Result<(Vec<u8>, bool)> {
     }
     let mut chunk = [0u8; 4096];
     while prefix.len() < SNIFF_BYTES {
-        if let Some(tar_gz) = bundle::tar_gz_verdict(&prefix) {
+        if let Some(tar_gz) = bundle_reader::tar_gz_verdict(&prefix) {
             return Ok((prefix, tar_gz));
         }
         match input.read(&mut chunk) {
@@ -166,7 +166,7 @@ fn sniff(input: &mut impl Read) -> io::Result<(Vec<u8>, bool)> {
             Err(e) => return Err(e),
         }
     }
-    let tar_gz = bundle::is_tar_gz(&prefix);
+    let tar_gz = bundle_reader::is_tar_gz(&prefix);
     Ok((prefix, tar_gz))
 }
 
@@ -191,7 +191,7 @@ pub(crate) fn open_rereadable(
         source,
     })?;
     let limit = options.max_inflated_bytes;
-    let container = if bundle::is_tar_gz(&prefix) {
+    let container = if bundle_reader::is_tar_gz(&prefix) {
         let archive = GzDecoder::new(BufReader::with_capacity(
             BUF_BYTES,
             At {
@@ -200,7 +200,7 @@ pub(crate) fn open_rereadable(
             },
         ));
         let mut walker = TarWalker::new(Capped::new(archive, limit));
-        let member = bundle::find_recording(&mut walker, true, name)?;
+        let member = bundle_reader::find_recording(&mut walker, true, name)?;
         let mut rereader = Rereadable {
             shared: shared.clone(),
             container: Container::Bundle {
@@ -241,7 +241,7 @@ pub(crate) fn open_rereadable(
 
 /// The name a bundle's recording goes by in messages.
 fn member_name(bundle_name: &str) -> String {
-    format!("{bundle_name} ({})", bundle::RECORDING)
+    format!("{bundle_name} ({})", bundle_reader::RECORDING)
 }
 
 impl Rereadable {

@@ -1,5 +1,5 @@
 //! The metric table's vocabulary. Each telemetry field of a `Sample` is declared once, in the
-//! table beside the struct (`sample::METRICS`), with what it measures, what values are
+//! table beside the struct (`sample::METRIC_TABLE`), with what it measures, what values are
 //! plausible, which vendors' backends read it and how every view shows it. Sanity checks, fault
 //! injection, history, summaries and the exporters iterate that table instead of naming fields,
 //! so a new metric is a table entry plus a backend read. `MetricDef`, the macro that builds the

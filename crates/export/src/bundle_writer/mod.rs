@@ -30,7 +30,7 @@ use redact::Redactor;
 /// The files of a bundle, in the order they are written.
 pub const README: &str = "README.txt";
 pub const CHECK_REPORT: &str = "check-report.json";
-pub use gpudiag_telemetry::bundle::RECORDING;
+pub use gpudiag_telemetry::bundle_reader::RECORDING;
 pub const TRACE: &str = "trace.json";
 pub const ENVIRONMENT: &str = "environment.json";
 
