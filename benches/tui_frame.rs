@@ -1,5 +1,5 @@
 //! Per-tick cost of the terminal UI without a terminal: the demo recording fed to the app one
-//! tick at a time, as the feed delivers them, and a frame drawn into a 120x36 `TestBackend`
+//! tick at a time, as the sampler delivers them, and a frame drawn into a 120x36 `TestBackend`
 //! after each (the Devices panel, then again with the Detail panel open). This is the work the
 //! UI thread does per refresh, minus writing to a real terminal.
 //!
@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use gpudiag::session::DEMO_RECORDING;
 use gpudiag::telemetry::Backend;
 use gpudiag::telemetry::replay::{Pace, ReplayBackend};
+use gpudiag::telemetry::sampler::SamplerMsg;
 use gpudiag::tui::app::{App, AppInit, SourceKind};
-use gpudiag::tui::messages::FeedMsg;
 use gpudiag::tui::theme::Theme;
 use gpudiag::tui::ui;
 use ratatui::Terminal;
@@ -42,7 +42,7 @@ fn main() {
         while let Ok(t) = b.poll() {
             let start = Instant::now();
             app.on_feed(
-                FeedMsg::Ticks {
+                SamplerMsg::Ticks {
                     ticks: vec![t],
                     reset: false,
                     position: None,

@@ -3,7 +3,7 @@
 //! The counters are `gpudiag_model::stats`' (driver calls, process-list reads, pipeline and
 //! redraw work, bytes to the terminal), plus heap allocations counted by this binary's global
 //! allocator, the process's and each thread's CPU time (from `/proc/self/task`, threads named
-//! `gpudiag-feed`, `nvml-slow-0`, ...), and resident memory. `mark` notes a moment (the first
+//! `gpudiag-sampler`, `nvml-slow-0`, ...), and resident memory. `mark` notes a moment (the first
 //! frame, the end of start-up) with the CPU used so far, so start-up and steady state separate.
 //! Per-tick figures divide the counters by the ticks taken in.
 

@@ -17,11 +17,10 @@ use gpudiag::session::{DEMO_RECORDING, Pipeline, Sink};
 use gpudiag::telemetry::fault::{self, FAULTS_ENV, FaultBackend};
 use gpudiag::telemetry::poll_deadline::PollDeadline;
 use gpudiag::telemetry::replay::{Pace, ReplayBackend};
-use gpudiag::telemetry::sampler::{Sampler, SamplerMsg};
+use gpudiag::telemetry::sampler::{Sampler, SamplerMsg, SamplerOptions};
 use gpudiag::telemetry::sanity::{self, Health};
 use gpudiag::telemetry::{Absent, Backend, EventKind, Metric, Tick};
 use gpudiag::tui::app::{App, AppInit, Panel, SourceKind};
-use gpudiag::tui::messages::FeedMsg;
 use gpudiag::tui::theme::Theme;
 use gpudiag::tui::ui;
 use ratatui::Terminal;
@@ -98,7 +97,10 @@ fn pipeline(name: &str, spec: &str, poll_timeout: Duration) -> Run {
     let host = replay.host().clone();
     let faulty = FaultBackend::new(Box::new(replay), fault::parse(spec).unwrap());
     let guarded = PollDeadline::new(Box::new(faulty), poll_timeout).unwrap();
-    let sampler = Sampler::spawn(Box::new(guarded), Duration::from_millis(100), None);
+    let sampler = Sampler::spawn(
+        Box::new(guarded),
+        SamplerOptions::new(Duration::from_millis(100), None),
+    );
     let mut pipeline = Pipeline::new(RuleEngine::new(
         RulesConfig::default(),
         devices,
@@ -107,12 +109,14 @@ fn pipeline(name: &str, spec: &str, poll_timeout: Duration) -> Run {
     ));
     let mut ticks = Vec::new();
     let mut failure = None;
-    for msg in sampler.rx.iter() {
+    while let Ok(msg) = sampler.recv() {
         match msg {
-            SamplerMsg::Tick(t) => {
+            SamplerMsg::Ticks { ticks: polled, .. } => {
                 // The ticks as the pipeline passes them on: sanitised.
                 let mut keep = KeepTicks(Vec::new());
-                pipeline.push_into(t, &mut keep).unwrap();
+                for t in polled {
+                    pipeline.push_into(t, &mut keep).unwrap();
+                }
                 ticks.extend(keep.0);
             }
             SamplerMsg::Ended(e) => {
@@ -372,14 +376,14 @@ fn app_after(name: &str, spec: &str) -> App {
         topology: None,
     });
     app.on_feed(
-        FeedMsg::Ticks {
+        SamplerMsg::Ticks {
             ticks: run.ticks,
             reset: false,
             position: None,
         },
         Instant::now(),
     );
-    app.on_feed(FeedMsg::Ended(None), Instant::now());
+    app.on_feed(SamplerMsg::Ended(None), Instant::now());
     app
 }
 

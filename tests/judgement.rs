@@ -18,7 +18,7 @@ use gpudiag::session::{DEMO_RECORDING, Origin, SourceSpec, open_source};
 use gpudiag::telemetry::replay::{Pace, ReplayBackend};
 use gpudiag::telemetry::{Backend, Tick};
 use gpudiag::tui::app::{App, AppInit, SourceKind};
-use gpudiag::tui::messages::{FeedMsg, ReplayPosition};
+use gpudiag::telemetry::sampler::SamplerMsg;
 use gpudiag::tui::theme::Theme;
 use serde_json::Value;
 
@@ -242,22 +242,16 @@ fn tui_view(path: Option<&Path>) -> View {
     while let Ok(t) = backend.poll() {
         ticks.push(t);
     }
-    let (current_ms, start_ms, end_ms) = backend.position();
-    let position = Some(ReplayPosition {
-        current_ms,
-        start_ms,
-        end_ms,
-        speed: 1.0,
-    });
+    let position = Some(backend.position());
     app.on_feed(
-        FeedMsg::Ticks {
+        SamplerMsg::Ticks {
             ticks,
             reset: false,
             position,
         },
         Instant::now(),
     );
-    app.on_feed(FeedMsg::Ended(None), Instant::now());
+    app.on_feed(SamplerMsg::Ended(None), Instant::now());
     app.refresh_findings();
     let mut view = View::default();
     for f in &app.findings {

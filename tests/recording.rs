@@ -19,6 +19,12 @@ use gpudiag::telemetry::{
 
 const T0: u64 = 1_767_225_600_000;
 
+/// Where a replay stands, as (current, start, end).
+fn span(r: &ReplayBackend) -> (u64, u64, u64) {
+    let p = r.position();
+    (p.current_ms, p.start_ms, p.end_ms)
+}
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/recordings")
@@ -482,7 +488,7 @@ fn replay_groups_ticks_by_time() {
     assert_eq!(r.pacing(), Pacing::SelfPaced);
     assert_eq!(r.devices().len(), 2);
     assert_eq!(r.host().hostname.as_deref(), Some("gpu-node-07"));
-    assert_eq!(r.position(), (T0, T0, T0 + 9000));
+    assert_eq!(span(&r), (T0, T0, T0 + 9000));
     let mut ticks = Vec::new();
     loop {
         match r.poll() {
@@ -506,7 +512,7 @@ fn replay_groups_ticks_by_time() {
     }
     assert_eq!(ticks[8].samples[0].gpu_util_pct, Some(0.0));
     assert!(matches!(r.poll(), Err(BackendError::EndOfRecording)));
-    assert_eq!(r.position(), (T0 + 9000, T0, T0 + 9000));
+    assert_eq!(span(&r), (T0 + 9000, T0, T0 + 9000));
     assert!(r.recorded_findings().is_empty());
 }
 
@@ -553,7 +559,7 @@ fn replay_seek() {
     assert_eq!(t.samples[0].time_ms, T0 + 3000);
     assert_eq!(t.samples[0].ecc_uncorrected_volatile, Some(2));
     assert_eq!(t.events[0].kind, EventKind::Xid { xid: 48 });
-    assert_eq!(r.position(), (T0 + 3000, T0, T0 + 5000));
+    assert_eq!(span(&r), (T0 + 3000, T0, T0 + 5000));
 }
 
 #[test]

@@ -19,6 +19,12 @@ use gpudiag::telemetry::{
 
 const T0: u64 = 1_767_225_600_000;
 
+/// Where a replay stands, as (current, start, end).
+fn span(r: &ReplayBackend) -> (u64, u64, u64) {
+    let p = r.position();
+    (p.current_ms, p.start_ms, p.end_ms)
+}
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/recordings")
@@ -503,7 +509,7 @@ fn a_replay_reads_its_input_only_as_far_as_it_plays() {
     // A thousand ticks are about 70 kB; what was read beyond them is the read-ahead buffers.
     let read = served.load(Ordering::Relaxed);
     assert!(read < 1 << 20, "{read} bytes read for 1000 ticks");
-    let (current, start, end) = r.position();
+    let (current, start, end) = span(&r);
     assert_eq!((current, start), (T0 + 999 * 100, T0));
     assert!(end >= current);
     // A stream goes forwards only.
@@ -657,7 +663,7 @@ fn seeks_land_on_the_same_tick_in_plain_gzip_and_bundled_recordings() {
     for path in [&plain, &gz, &bundle] {
         let mut r = ReplayBackend::open(path, Pace::AsFastAsPossible).unwrap();
         assert_eq!(r.tick_count(), n);
-        assert_eq!(r.position(), (T0, T0, T0 + (n - 1) * 100));
+        assert_eq!(span(&r), (T0, T0, T0 + (n - 1) * 100));
         for &target in &targets {
             r.seek_to(target).unwrap();
             let got = r.poll().ok().map(|t| summary(&t));
@@ -679,7 +685,7 @@ fn the_demo_seeks_both_ways() {
         &ReplayOptions::default(),
     )
     .unwrap();
-    let (_, start, end) = r.position();
+    let (_, start, end) = span(&r);
     assert!(end > start);
     let middle = start + (end - start) / 2;
     r.seek_to(middle).unwrap();

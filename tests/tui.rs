@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The terminal UI without a terminal: snapshots of every panel rendered into ratatui's
 //! `TestBackend` from fixture recordings and the demo, key sequences driving the app state, the
-//! feed thread on a real recording, and saving a session.
+//! UI's sampler on a real recording, and saving a session.
 
 use std::ops::Not;
 use std::path::{Path, PathBuf};
@@ -12,13 +12,13 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseButton, MouseEvent,
 use gpudiag::rules::Severity;
 use gpudiag::session::DEMO_RECORDING;
 use gpudiag::telemetry::replay::{Pace, ReplayBackend};
-use gpudiag::telemetry::{Backend, Tick};
+use gpudiag::telemetry::sampler::{SamplerControl, SamplerMsg};
+use gpudiag::telemetry::{Backend, ReplayPosition, Tick};
 use gpudiag::tui::app::{
     App, AppInit, Effect, KillSignal, Overlay, Panel, ProcSort, ProcessView, SourceKind, Zoom,
 };
-use gpudiag::tui::event::save_recording;
-use gpudiag::tui::feed::{Driver, Feed};
-use gpudiag::tui::messages::{AppEvent, FeedControl, FeedMsg, ReplayPosition};
+use gpudiag::tui::event::{save_recording, spawn_sampler};
+use gpudiag::tui::messages::AppEvent;
 use gpudiag::tui::theme::Theme;
 use gpudiag::tui::ui;
 use ratatui::Terminal;
@@ -62,13 +62,7 @@ fn all_ticks(b: &mut ReplayBackend) -> Vec<Tick> {
 }
 
 fn position(b: &ReplayBackend) -> Option<ReplayPosition> {
-    let (current_ms, start_ms, end_ms) = b.position();
-    Some(ReplayPosition {
-        current_ms,
-        start_ms,
-        end_ms,
-        speed: 1.0,
-    })
+    Some(b.position())
 }
 
 /// An app that has seen the whole recording, as the UI is at its end.
@@ -81,7 +75,7 @@ fn playing_from(mut b: ReplayBackend, name: &str) -> App {
     let mut app = new_app(&b, name, false);
     let ticks = all_ticks(&mut b);
     app.on_feed(
-        FeedMsg::Ticks {
+        SamplerMsg::Ticks {
             ticks,
             reset: false,
             position: position(&b),
@@ -95,14 +89,14 @@ fn loaded_from(mut b: ReplayBackend, name: &str) -> App {
     let mut app = new_app(&b, name, false);
     let ticks = all_ticks(&mut b);
     app.on_feed(
-        FeedMsg::Ticks {
+        SamplerMsg::Ticks {
             ticks,
             reset: false,
             position: position(&b),
         },
         Instant::now(),
     );
-    app.on_feed(FeedMsg::Ended(None), Instant::now());
+    app.on_feed(SamplerMsg::Ended(None), Instant::now());
     app
 }
 
@@ -595,14 +589,14 @@ fn ctrl_c_quits() {
 }
 
 #[test]
-fn pause_tells_the_feed_and_shows_in_the_header() {
+fn pause_tells_the_sampler_and_shows_in_the_header() {
     let mut app = loaded("demo");
     let effects = press(&mut app, &[KeyCode::Char(' ')]);
-    assert_eq!(effects, [Effect::Feed(FeedControl::Pause(true))]);
+    assert_eq!(effects, [Effect::Feed(SamplerControl::Pause(true))]);
     assert!(app.paused);
     assert!(render(&app, 80, 24).contains("PAUSED REPLAY 2:05/2:05"));
     let effects = press(&mut app, &[KeyCode::Char('p')]);
-    assert_eq!(effects, [Effect::Feed(FeedControl::Pause(false))]);
+    assert_eq!(effects, [Effect::Feed(SamplerControl::Pause(false))]);
     assert!(render(&app, 80, 24).contains("REPLAY END 2:05/2:05"));
 }
 
@@ -742,23 +736,23 @@ fn replay_keys_seek_and_change_speed() {
     let mut app = loaded("demo");
     assert_eq!(
         press(&mut app, &[KeyCode::Left]),
-        [Effect::Feed(FeedControl::Seek(-10_000))]
+        [Effect::Feed(SamplerControl::Seek(-10_000))]
     );
     let shift_right = KeyEvent::new(KeyCode::Right, KeyModifiers::SHIFT);
     assert_eq!(
         app.on_key(shift_right),
-        Some(Effect::Feed(FeedControl::Seek(60_000)))
+        Some(Effect::Feed(SamplerControl::Seek(60_000)))
     );
     assert_eq!(
         press(&mut app, &[KeyCode::Char('+'), KeyCode::Char('+')]),
         [
-            Effect::Feed(FeedControl::Speed(2.0)),
-            Effect::Feed(FeedControl::Speed(4.0))
+            Effect::Feed(SamplerControl::Speed(2.0)),
+            Effect::Feed(SamplerControl::Speed(4.0))
         ]
     );
     assert_eq!(
         press(&mut app, &[KeyCode::Char('-')]),
-        [Effect::Feed(FeedControl::Speed(2.0))]
+        [Effect::Feed(SamplerControl::Speed(2.0))]
     );
     for _ in 0..20 {
         press(&mut app, &[KeyCode::Char('-')]);
@@ -811,7 +805,7 @@ fn findings_refresh_at_most_once_a_second() {
     let (first, rest) = ticks.split_at(1);
     let t0 = Instant::now();
     app.on_feed(
-        FeedMsg::Ticks {
+        SamplerMsg::Ticks {
             ticks: first.to_vec(),
             reset: false,
             position: None,
@@ -820,7 +814,7 @@ fn findings_refresh_at_most_once_a_second() {
     );
     assert!(app.findings.is_empty());
     app.on_feed(
-        FeedMsg::Ticks {
+        SamplerMsg::Ticks {
             ticks: rest.to_vec(),
             reset: false,
             position: None,
@@ -849,7 +843,7 @@ fn a_reset_forgets_the_old_data() {
     let mut b = open("healthy");
     let ticks = all_ticks(&mut b);
     app.on_feed(
-        FeedMsg::Ticks {
+        SamplerMsg::Ticks {
             ticks,
             reset: true,
             position: None,
@@ -904,9 +898,9 @@ fn replay_of_a_missing_file_exits_2_before_touching_the_terminal() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The feed thread and saving
+// The UI's sampler and saving
 
-fn next_feed(rx: &mpsc::Receiver<AppEvent>) -> FeedMsg {
+fn next_feed(rx: &mpsc::Receiver<AppEvent>) -> SamplerMsg {
     match rx.recv_timeout(Duration::from_secs(10)).unwrap() {
         AppEvent::Feed(m) => m,
         other => panic!("{other:?}"),
@@ -914,19 +908,19 @@ fn next_feed(rx: &mpsc::Receiver<AppEvent>) -> FeedMsg {
 }
 
 #[test]
-fn feed_plays_pauses_and_seeks_a_recording() {
+fn the_sampler_plays_pauses_and_seeks_a_recording() {
     let b = ReplayBackend::open(fixture("healthy.ndjson"), Pace::Recorded { speed: 1.0 }).unwrap();
     let (tx, rx) = mpsc::channel();
     // Paused before the first tick is due, then seek: the ticks up to the target come at once.
-    let feed = Feed::spawn(Driver::Replay(Box::new(b)), Duration::from_secs(1), 1.0, tx).unwrap();
-    let FeedMsg::Ticks { ticks, .. } = next_feed(&rx) else {
+    let sampler = spawn_sampler(Box::new(b), Duration::from_secs(1), tx).unwrap();
+    let SamplerMsg::Ticks { ticks, .. } = next_feed(&rx) else {
         panic!("no first tick")
     };
     assert_eq!(ticks.len(), 1);
-    feed.send(FeedControl::Pause(true));
-    feed.send(FeedControl::Seek(3_000));
+    sampler.send(SamplerControl::Pause(true));
+    sampler.send(SamplerControl::Seek(3_000));
     let mut seen = 1;
-    let FeedMsg::Ticks {
+    let SamplerMsg::Ticks {
         ticks,
         reset,
         position,
@@ -940,8 +934,8 @@ fn feed_plays_pauses_and_seeks_a_recording() {
     let p = position.unwrap();
     assert!(p.current_ms >= p.start_ms + 3_000, "{p:?}");
     // Backwards: everything from the start again, flagged as a reset.
-    feed.send(FeedControl::Seek(-60_000));
-    let FeedMsg::Ticks {
+    sampler.send(SamplerControl::Seek(-60_000));
+    let SamplerMsg::Ticks {
         ticks,
         reset,
         position,
@@ -954,14 +948,14 @@ fn feed_plays_pauses_and_seeks_a_recording() {
     let p = position.unwrap();
     assert_eq!(p.current_ms, p.start_ms);
     // Fast and unpaused: plays to the end and says so.
-    feed.send(FeedControl::Speed(1000.0));
-    feed.send(FeedControl::Pause(false));
+    sampler.send(SamplerControl::Speed(1000.0));
+    sampler.send(SamplerControl::Pause(false));
     let mut after = 0;
     loop {
         match next_feed(&rx) {
-            FeedMsg::Ticks { ticks, .. } => after += ticks.len(),
-            FeedMsg::Ended(why) => {
-                assert_eq!(why, None);
+            SamplerMsg::Ticks { ticks, .. } => after += ticks.len(),
+            SamplerMsg::Ended(why) => {
+                assert!(why.is_none(), "{why:?}");
                 break;
             }
         }
@@ -1008,7 +1002,7 @@ impl Backend for FakeLive {
 }
 
 #[test]
-fn live_feed_polls_on_its_interval_pauses_and_reports_failure() {
+fn a_live_source_is_polled_on_its_interval_paused_and_its_failure_reported() {
     let polls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let backend = FakeLive {
         host: Default::default(),
@@ -1018,15 +1012,9 @@ fn live_feed_polls_on_its_interval_pauses_and_reports_failure() {
     };
     let (tx, rx) = mpsc::channel();
     let start = Instant::now();
-    let feed = Feed::spawn(
-        Driver::Live(Box::new(backend)),
-        Duration::from_millis(50),
-        1.0,
-        tx,
-    )
-    .unwrap();
+    let sampler = spawn_sampler(Box::new(backend), Duration::from_millis(50), tx).unwrap();
     for _ in 0..3 {
-        let FeedMsg::Ticks {
+        let SamplerMsg::Ticks {
             ticks, position, ..
         } = next_feed(&rx)
         else {
@@ -1041,7 +1029,7 @@ fn live_feed_polls_on_its_interval_pauses_and_reports_failure() {
         "{:?}",
         start.elapsed()
     );
-    feed.send(FeedControl::Pause(true));
+    sampler.send(SamplerControl::Pause(true));
     std::thread::sleep(Duration::from_millis(100));
     let paused_at = polls.load(std::sync::atomic::Ordering::SeqCst);
     std::thread::sleep(Duration::from_millis(300));
@@ -1051,15 +1039,18 @@ fn live_feed_polls_on_its_interval_pauses_and_reports_failure() {
         "no polling while paused"
     );
     // Seek and speed mean nothing live; they must not disturb it.
-    feed.send(FeedControl::Seek(-10_000));
-    feed.send(FeedControl::Speed(8.0));
+    sampler.send(SamplerControl::Seek(-10_000));
+    sampler.send(SamplerControl::Speed(8.0));
     while rx.try_recv().is_ok() {}
-    feed.send(FeedControl::Pause(false));
+    sampler.send(SamplerControl::Pause(false));
     loop {
         match next_feed(&rx) {
-            FeedMsg::Ticks { reset, .. } => assert!(!reset),
-            FeedMsg::Ended(why) => {
-                assert_eq!(why.as_deref(), Some("GPU fell off the bus"));
+            SamplerMsg::Ticks { reset, .. } => assert!(!reset),
+            SamplerMsg::Ended(why) => {
+                assert_eq!(
+                    why.map(|e| e.to_string()).as_deref(),
+                    Some("GPU fell off the bus")
+                );
                 break;
             }
         }
@@ -1070,17 +1061,17 @@ fn live_feed_polls_on_its_interval_pauses_and_reports_failure() {
 fn resuming_a_replay_keeps_its_pace() {
     let b = ReplayBackend::open(fixture("healthy.ndjson"), Pace::Recorded { speed: 4.0 }).unwrap();
     let (tx, rx) = mpsc::channel();
-    let feed = Feed::spawn(Driver::Replay(Box::new(b)), Duration::from_secs(1), 4.0, tx).unwrap();
-    assert!(matches!(next_feed(&rx), FeedMsg::Ticks { .. }));
-    feed.send(FeedControl::Pause(true));
+    let sampler = spawn_sampler(Box::new(b), Duration::from_secs(1), tx).unwrap();
+    assert!(matches!(next_feed(&rx), SamplerMsg::Ticks { .. }));
+    sampler.send(SamplerControl::Pause(true));
     // Ticks are 1 s apart at ×4: 250 ms. Pause for several of them.
     std::thread::sleep(Duration::from_millis(1200));
     while rx.try_recv().is_ok() {}
-    feed.send(FeedControl::Pause(false));
+    sampler.send(SamplerControl::Pause(false));
     let start = Instant::now();
     let mut arrivals = Vec::new();
     while arrivals.len() < 3 {
-        if let FeedMsg::Ticks { ticks, .. } = next_feed(&rx) {
+        if let SamplerMsg::Ticks { ticks, .. } = next_feed(&rx) {
             arrivals.extend(ticks.iter().map(|_| start.elapsed()));
         }
     }
@@ -1472,7 +1463,7 @@ fn recorded_findings_appear_when_the_replay_reaches_them() {
         .into_iter()
         .partition(|t| t.samples.iter().all(|s| s.time_ms < first + 5000));
     app.on_feed(
-        FeedMsg::Ticks {
+        SamplerMsg::Ticks {
             ticks: early,
             reset: false,
             position: None,
@@ -1482,7 +1473,7 @@ fn recorded_findings_appear_when_the_replay_reaches_them() {
     app.refresh_findings();
     assert!(app.findings.iter().all(|f| f.id != "thermal.near_slowdown"));
     app.on_feed(
-        FeedMsg::Ticks {
+        SamplerMsg::Ticks {
             ticks: late,
             reset: false,
             position: None,
@@ -1737,7 +1728,7 @@ fn header_leads_with_the_phase_the_window_ends_in() {
     );
     // At the recording's end the whole of it is judged, as `check` judges it.
     let mut app = app;
-    app.on_feed(FeedMsg::Ended(None), Instant::now());
+    app.on_feed(SamplerMsg::Ended(None), Instant::now());
     app.refresh_findings();
     let whole = app.pipeline.engine.verdicts()[&0].clone();
     assert!(whole.window_s() >= 34.0, "{whole:?}");

@@ -197,7 +197,7 @@ fn run_probes_with(
         force,
         init_timeout,
         stop,
-        read_topology: Some(gpudiag_telemetry::nvml::read_topology),
+        gpu_state: Arc::new(gpudiag_telemetry::nvml::NvmlGpuState::open(init_timeout)),
     });
     match result {
         // No CUDA GPU: if the GPUs here are AMD ones, say that plainly rather than "no driver".

@@ -1,7 +1,8 @@
 //! The UI's state and how input and telemetry change it. No terminal here: tests drive an `App`
-//! with key events and feed messages and look at the fields, or render it into a `TestBackend`.
+//! with key events and the sampler's messages and look at the fields, or render it into a
+//! `TestBackend`.
 //!
-//! Side effects (talking to the feed, signalling a process, writing a file) are returned as
+//! Side effects (controlling the sampler, signalling a process, writing a file) are returned as
 //! `Effect`s for the event loop to carry out, so the state stays pure and testable.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseEvent, MouseEventKind};
 
-use super::messages::{FeedControl, FeedMsg, LOOKBACK, ReplayPosition, tick_time};
+use super::messages::LOOKBACK;
 use super::session_log::SessionLog;
 use super::theme::Theme;
 use crate::cli::SuiteName;
@@ -21,7 +22,8 @@ use gpudiag_model::cuda_libraries::LibraryInfo;
 use gpudiag_model::stats::{self, Counter};
 use gpudiag_probes::runner::ProbeReport;
 use gpudiag_telemetry::kernel_log::XidLog;
-use gpudiag_telemetry::{DeviceInfo, HostInfo, Sample, Tick, TimeMs};
+use gpudiag_telemetry::sampler::{SamplerControl, SamplerMsg};
+use gpudiag_telemetry::{DeviceInfo, HostInfo, ReplayPosition, Sample, Tick, TimeMs};
 
 /// How the UI's titles place an XID the kernel logged before it started.
 pub const BEFORE_SESSION: &str = "before this session";
@@ -189,7 +191,7 @@ pub enum Overlay {
 /// What the event loop must do for the app.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
-    Feed(FeedControl),
+    Feed(SamplerControl),
     Signal {
         pid: u32,
         signal: KillSignal,
@@ -432,10 +434,10 @@ impl App {
         self.pipeline.latest.values().map(|s| s.time_ms).max()
     }
 
-    /// Applies what the feed sent. Findings follow at most once per `FINDINGS_EVERY`.
-    pub fn on_feed(&mut self, msg: FeedMsg, now: Instant) {
+    /// Applies what the sampler sent. Findings follow at most once per `FINDINGS_EVERY`.
+    pub fn on_feed(&mut self, msg: SamplerMsg, now: Instant) {
         match msg {
-            FeedMsg::Ticks {
+            SamplerMsg::Ticks {
                 ticks,
                 reset,
                 position,
@@ -456,8 +458,8 @@ impl App {
                 }
                 self.maybe_refresh_findings(now);
             }
-            FeedMsg::Ended(why) => {
-                self.ended = Some(why);
+            SamplerMsg::Ended(why) => {
+                self.ended = Some(why.map(|e| e.to_string()));
                 self.refresh_findings();
                 self.findings_at = Some(now);
             }
@@ -477,7 +479,7 @@ impl App {
         for s in &tick.samples {
             self.track_processes(s);
         }
-        if tick_time(&tick).is_some() {
+        if tick.time_ms().is_some() {
             self.session.push(&tick);
         }
         self.pipeline.push(tick);
@@ -917,7 +919,7 @@ impl App {
             KeyCode::Esc if self.panel == Panel::Probes => self.cancel_force(),
             KeyCode::Char(' ') | KeyCode::Char('p') => {
                 self.paused = !self.paused;
-                return Some(Effect::Feed(FeedControl::Pause(self.paused)));
+                return Some(Effect::Feed(SamplerControl::Pause(self.paused)));
             }
             KeyCode::Char('z') => self.zoom = self.zoom.step(1),
             KeyCode::Char('Z') => self.zoom = self.zoom.step(-1),
@@ -974,7 +976,7 @@ impl App {
         let j = (i + by).clamp(0, SPEEDS.len() as isize - 1) as usize;
         self.speed = SPEEDS.get(j).copied().unwrap_or(1.0);
         self.status = Some(format!("replay speed ×{}", self.speed));
-        Some(Effect::Feed(FeedControl::Speed(self.speed)))
+        Some(Effect::Feed(SamplerControl::Speed(self.speed)))
     }
 
     fn seek(&mut self, delta_ms: i64) -> Option<Effect> {
@@ -982,7 +984,7 @@ impl App {
             self.status = Some("seeking applies to replays".into());
             return None;
         }
-        Some(Effect::Feed(FeedControl::Seek(delta_ms)))
+        Some(Effect::Feed(SamplerControl::Seek(delta_ms)))
     }
 
     fn ask_kill(&mut self) -> Option<Effect> {

@@ -1,22 +1,24 @@
-//! The event loop: input, the telemetry feed and signals feed one channel; the loop applies
-//! each event to the app, carries out the effects it asks for, and redraws. There is no timer:
-//! with nothing arriving the loop sleeps in `recv`, so an idle UI costs nothing between ticks.
+//! The event loop: input, the sampler and signals feed one channel; the loop applies each event
+//! to the app, carries out the effects it asks for (controls go back to the sampler), and
+//! redraws. There is no timer: with nothing arriving the loop sleeps in `recv`, so an idle UI
+//! costs nothing between ticks.
 
 use std::path::Path;
 use std::sync::mpsc::{Receiver, Sender};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossterm::event::{Event as InputEvent, KeyEventKind, MouseEventKind};
 use ratatui::Terminal;
 use ratatui::backend::Backend as TermBackend;
 
-use super::app::{App, Effect, KillSignal};
-use super::feed::Feed;
-use super::messages::{AppEvent, FeedMsg};
+use super::app::{App, Effect, KillSignal, MAX_SESSION_TICKS};
+use super::messages::{AppEvent, LOOKBACK};
 use super::ui;
 use crate::tick_stats;
 use gpudiag_model::stats::{self, Counter};
+use gpudiag_telemetry::Backend;
 use gpudiag_telemetry::recording::{Header, RecordingError, RecordingWriter};
+use gpudiag_telemetry::sampler::{Sampler, SamplerMsg, SamplerOptions};
 
 /// Reads terminal input on its own thread, so waiting for a key never blocks drawing.
 pub fn spawn_input(tx: Sender<AppEvent>) -> std::io::Result<()> {
@@ -37,6 +39,19 @@ pub fn spawn_input(tx: Sender<AppEvent>) -> std::io::Result<()> {
         .map(|_| ())
 }
 
+/// Starts the sampler that polls `backend` for the UI (live GPUs every `interval`; a replay at
+/// its own pace): its ticks, replay positions and end arrive as `AppEvent::Feed`. A backward
+/// seek delivers up to `LOOKBACK` before its target, the widest chart window; one seek at most
+/// as many ticks as the session keeps.
+pub fn spawn_sampler(
+    backend: Box<dyn Backend>,
+    interval: Duration,
+    tx: Sender<AppEvent>,
+) -> std::io::Result<Sampler> {
+    let opts = SamplerOptions::new(interval, None).seeking(LOOKBACK, MAX_SESSION_TICKS);
+    Sampler::spawn_into(backend, opts, move |m| tx.send(AppEvent::Feed(m)).is_ok())
+}
+
 /// Most events drained before one redraw: a seek delivers many ticks at once, and drawing
 /// after each would only delay the last.
 const MAX_BATCH: usize = 512;
@@ -47,7 +62,7 @@ pub fn run_loop<B: TermBackend>(
     app: &mut App,
     rx: &Receiver<AppEvent>,
     tx: &Sender<AppEvent>,
-    feed: &Feed,
+    sampler: &Sampler,
 ) -> std::io::Result<()>
 where
     B::Error: Into<std::io::Error>,
@@ -60,7 +75,7 @@ where
         let mut n = 0;
         let mut changed = false;
         while let Some(ev) = next.take() {
-            changed |= handle(app, ev, feed, tx, terminal.size().ok());
+            changed |= handle(app, ev, sampler, tx, terminal.size().ok());
             if app.quit {
                 tick_stats::threads_now();
                 return Ok(());
@@ -96,7 +111,7 @@ where
 fn handle(
     app: &mut App,
     ev: AppEvent,
-    feed: &Feed,
+    sampler: &Sampler,
     tx: &Sender<AppEvent>,
     size: Option<ratatui::layout::Size>,
 ) -> bool {
@@ -106,7 +121,7 @@ fn handle(
     match ev {
         AppEvent::Input(InputEvent::Key(k)) if k.kind != KeyEventKind::Release => {
             if let Some(effect) = app.on_key(k) {
-                perform(app, effect, feed, tx);
+                perform(app, effect, sampler, tx);
             }
         }
         AppEvent::Input(InputEvent::Key(_)) => return false,
@@ -129,7 +144,7 @@ fn handle(
             app.quit = true;
         }
         AppEvent::Feed(msg) => {
-            if let FeedMsg::Ticks { ticks, .. } = &msg {
+            if let SamplerMsg::Ticks { ticks, .. } = &msg {
                 stats::add(Counter::Ticks, ticks.len() as u64);
             }
             app.on_feed(msg, Instant::now());
@@ -140,9 +155,9 @@ fn handle(
     true
 }
 
-fn perform(app: &mut App, effect: Effect, feed: &Feed, tx: &Sender<AppEvent>) {
+fn perform(app: &mut App, effect: Effect, sampler: &Sampler, tx: &Sender<AppEvent>) {
     match effect {
-        Effect::Feed(c) => feed.send(c),
+        Effect::Feed(c) => sampler.send(c),
         Effect::Signal { pid, signal } => app.status = Some(send_signal(pid, signal)),
         Effect::SaveRecording => app.status = Some(save_recording(app, Path::new("."))),
         Effect::RunProbes { suite, force } => {

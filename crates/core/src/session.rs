@@ -17,7 +17,7 @@ use gpudiag_telemetry::live::{self, LiveBackend, LiveOptions};
 use gpudiag_telemetry::nvml::SlowFields;
 use gpudiag_telemetry::poll_deadline::PollDeadline;
 use gpudiag_telemetry::replay::{Pace, ReplayBackend, ReplayOptions};
-use gpudiag_telemetry::sampler::{Sampler, SamplerMsg};
+use gpudiag_telemetry::sampler::{self, Sampler, SamplerMsg, SamplerOptions};
 use gpudiag_telemetry::sanity::Sanitiser;
 use gpudiag_telemetry::{
     Backend, BackendError, DeviceInfo, Event, Pacing, Sample, Tick, TimeMs, fault,
@@ -37,6 +37,8 @@ pub struct Source {
     pub selected: DeviceFilter,
     /// The recording's name (a path, or the demo's); `None` for live GPUs.
     pub recording: Option<String>,
+    /// The backend a recording was made with (its header's: "nvml", ...); `None` for live GPUs.
+    pub recorded_with: Option<String>,
     /// Findings the recording carries for the selected devices (raised live when it was made).
     pub recorded: Vec<Finding>,
 }
@@ -129,15 +131,17 @@ impl SourceSpec {
 /// Opens the source `spec` names. `one_shot`: a single read, whose slow fields are read inside
 /// the poll instead of on a thread of their own.
 pub fn open_source(spec: &SourceSpec, pace: Pace, one_shot: bool) -> Result<Source, Error> {
-    let (backend, recording): (Box<dyn Backend>, Option<String>) = match &spec.origin {
+    let (backend, recording, recorded_with): (Box<dyn Backend>, _, _) = match &spec.origin {
         Origin::Demo => {
             let demo = std::io::Cursor::new(DEMO_RECORDING);
             let b = ReplayBackend::from_seekable(demo, DEMO_NAME, pace, &spec.replay)?;
-            (Box::new(b), Some(DEMO_NAME.into()))
+            let with = b.header().backend.clone();
+            (Box::new(b), Some(DEMO_NAME.into()), Some(with))
         }
         Origin::File(path) => {
             let b = ReplayBackend::open_with(path, pace, &spec.replay)?;
-            (Box::new(b), Some(recording_name(path)))
+            let with = b.header().backend.clone();
+            (Box::new(b), Some(recording_name(path)), Some(with))
         }
         Origin::Live(choice) => {
             let slow = if one_shot {
@@ -152,7 +156,7 @@ pub fn open_source(spec: &SourceSpec, pace: Pace, one_shot: bool) -> Result<Sour
                 slow_fields: slow,
                 attribution: spec.attribution.clone(),
             })?;
-            (b, None)
+            (b, None, None)
         }
     };
     let backend = with_faults_and_deadline(backend, spec.poll_timeout)?;
@@ -166,6 +170,7 @@ pub fn open_source(spec: &SourceSpec, pace: Pace, one_shot: bool) -> Result<Sour
         backend,
         selected,
         recording,
+        recorded_with,
         recorded,
     })
 }
@@ -192,6 +197,7 @@ impl Source {
             backend,
             selected,
             recording,
+            recorded_with: None,
             recorded,
         })
     }
@@ -523,17 +529,22 @@ pub fn run_to_end(
         Limit::Live(d) | Limit::SourceTime(d) => Some(d),
     };
     let filter = source.selected;
-    let mut sampler = Sampler::spawn(source.backend, opts.interval, limit);
+    let mut sampler = Sampler::spawn(source.backend, SamplerOptions::new(opts.interval, limit));
     let mut failure = None;
     loop {
         if opts.stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
             sampler.stop();
         }
-        match sampler.rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(SamplerMsg::Tick(t)) => {
-                if let Err(e) = pipeline.push_into(filter.apply(t), sink) {
-                    sampler.stop();
-                    return Err(e);
+        match sampler.recv_timeout(Duration::from_millis(100)) {
+            Ok(SamplerMsg::Ticks { ticks, reset, .. }) => {
+                if reset {
+                    pipeline.rewind();
+                }
+                for t in ticks {
+                    if let Err(e) = pipeline.push_into(filter.apply(t), sink) {
+                        sampler.stop();
+                        return Err(e);
+                    }
                 }
             }
             Ok(SamplerMsg::Ended(e)) => {
@@ -555,19 +566,15 @@ pub fn run_to_end(
     Ok(RunEnd { failure, notes })
 }
 
-/// One read of every device on this thread, for `check --window 0`: no sampler thread, since
-/// every thread that calls NVML costs resident memory and a single read is held to
-/// `nvidia-smi -q`'s footprint. The source stays open (its topology is read after the poll).
+/// One read of every device for `check --window 0`: the sampler's loop for one tick, on this
+/// thread (see [`sampler::read_once`]). The source stays open (its topology is read after the
+/// poll).
 pub fn read_once(
     source: &mut Source,
     pipeline: &mut Pipeline,
     sink: &mut dyn Sink,
 ) -> Result<Option<BackendError>, Error> {
-    let polled = {
-        let _timed = stats::Timed::start(Counter::Polls, Counter::PollNs);
-        source.backend.poll()
-    };
-    match polled {
+    match sampler::read_once(&mut *source.backend) {
         Ok(t) => pipeline
             .push_into(source.selected.apply(t), sink)
             .map(|()| None),

@@ -1,7 +1,8 @@
 //! gpudiag's data model, shared by every layer above it: what a sample, a device, an event and a
 //! finding are, the metric table that declares each telemetry field once, how throttle bits and
-//! PCIe links decode, how GPUs connect, which CUDA libraries a host has, and the exit codes every
-//! command maps its errors to. It knows no backend, rule or view (the table says how views show
+//! PCIe links decode, how GPUs connect, which CUDA libraries a host has, what probes ask of the
+//! GPUs' state (`gpu_state`, implemented by telemetry), and the exit codes every command maps
+//! its errors to. It knows no backend, rule or view (the table says how views show
 //! a field, as data), so nothing here can reach up the data flow.
 
 pub mod attribution;
@@ -11,6 +12,7 @@ pub mod deadline;
 pub mod decode;
 pub mod error;
 pub mod finding;
+pub mod gpu_state;
 pub mod metric_table;
 pub mod printable;
 pub mod sample;

@@ -1,15 +1,15 @@
 //! The conditions a probe runs under: how much memory it may take, whether another process is
-//! using the GPU (a busy GPU would disturb the probe and be disturbed by it), and the NVML
-//! readings that explain a result (ECC counters before and after, clocks, power and temperature
-//! during a run). NVML is only read here, never written.
+//! using the GPU (a busy GPU would disturb the probe and be disturbed by it), and the readings
+//! that explain a result (ECC counters before and after, clocks, power and temperature during a
+//! run), all asked of the caller's `GpuState` (the telemetry layer's NVML reader): probes never
+//! open the driver's management library themselves.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use nvml_wrapper::Nvml;
-use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
+use gpudiag_model::gpu_state::{GpuState, GpuUser, StateError};
 use serde_json::{Value, json};
 
 /// Bytes a probe may allocate: `share` of free memory, capped at `cap`, rounded down to 2 MiB
@@ -26,41 +26,36 @@ pub fn memory_budget(free: u64, share: f64, cap: u64) -> u64 {
     budget / MIB2 * MIB2
 }
 
-/// Processes other than this one that hold the GPU: (pid, used bytes if known).
-pub fn other_processes(nvml: &Nvml, index: u32) -> Result<Vec<(u32, Option<u64>)>, String> {
-    let dev = nvml
-        .device_by_index(index)
-        .map_err(|e| format!("NVML device {index}: {e}"))?;
-    let me = std::process::id();
-    let mut out = Vec::new();
-    let compute = dev
-        .running_compute_processes()
-        .map_err(|e| format!("NVML process list: {e}"))?;
-    let graphics = dev.running_graphics_processes().unwrap_or_default();
-    for p in compute.into_iter().chain(graphics) {
-        if p.pid == me || out.iter().any(|(pid, _)| *pid == p.pid) {
-            continue;
-        }
-        let used = match p.used_gpu_memory {
-            nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => Some(b),
-            nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
-        };
-        out.push((p.pid, used));
+/// Why probes would not run on GPU `index` without `--force`: other processes use it, or
+/// whether they do could not be seen. `None` when the GPU is free; the PIDs seen either way.
+pub fn refusal(state: &dyn GpuState, index: u32) -> (Option<String>, Vec<u32>) {
+    match state.other_processes(index) {
+        Ok(others) => (
+            busy_refusal(index, &others),
+            others.iter().map(|u| u.pid).collect(),
+        ),
+        Err(StateError::NoDriver(why)) => (
+            Some(format!("{why}, so other users of the GPU cannot be seen")),
+            Vec::new(),
+        ),
+        Err(StateError::Failed(e)) => (
+            Some(format!("could not list the GPU's processes ({e})")),
+            Vec::new(),
+        ),
     }
-    Ok(out)
 }
 
 /// The refusal message for a busy GPU, or `None` when nobody else is on it. It says why; the
 /// caller says how to override it (`--force`, or a key in the terminal UI).
-pub fn busy_refusal(index: u32, others: &[(u32, Option<u64>)]) -> Option<String> {
+pub fn busy_refusal(index: u32, others: &[GpuUser]) -> Option<String> {
     if others.is_empty() {
         return None;
     }
     let list: Vec<String> = others
         .iter()
-        .map(|(pid, used)| match used {
-            Some(b) => format!("pid {pid} ({} MiB)", b >> 20),
-            None => format!("pid {pid}"),
+        .map(|u| match u.used_bytes {
+            Some(b) => format!("pid {} ({} MiB)", u.pid, b >> 20),
+            None => format!("pid {}", u.pid),
         })
         .collect();
     Some(format!(
@@ -69,18 +64,16 @@ pub fn busy_refusal(index: u32, others: &[(u32, Option<u64>)]) -> Option<String>
     ))
 }
 
-/// Volatile ECC counters (corrected, uncorrected); `None` where the GPU has no ECC or it is off.
-pub fn ecc_counters(nvml: &Nvml, index: u32) -> Value {
-    let Ok(dev) = nvml.device_by_index(index) else {
-        return Value::Null;
-    };
-    let c = dev
-        .total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
-        .ok();
-    let u = dev
-        .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-        .ok();
-    json!({"corrected_volatile": c, "uncorrected_volatile": u})
+/// Volatile ECC counters (corrected, uncorrected), each `null` where the GPU has no ECC or it is
+/// off; `null` as a whole where the GPU could not be read.
+pub fn ecc_counters(state: &dyn GpuState, index: u32) -> Value {
+    match state.ecc_counts(index) {
+        Ok(c) => json!({
+            "corrected_volatile": c.corrected_volatile,
+            "uncorrected_volatile": c.uncorrected_volatile,
+        }),
+        Err(_) => Value::Null,
+    }
 }
 
 /// Samples SM clock, power, temperature and throttle reasons every 100 ms until stopped, so a
@@ -91,30 +84,30 @@ pub struct RunTelemetry {
 }
 
 impl RunTelemetry {
-    pub fn start(nvml: Option<Arc<Nvml>>, index: u32) -> RunTelemetry {
+    pub fn start(state: Arc<dyn GpuState>, index: u32) -> RunTelemetry {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let thread = nvml.and_then(|nvml| {
-            std::thread::Builder::new()
-                .name("probe-telemetry".into())
-                .spawn(move || {
-                    let mut rows = Vec::new();
-                    let Ok(dev) = nvml.device_by_index(index) else {
-                        return rows;
+        let thread = std::thread::Builder::new()
+            .name("probe-telemetry".into())
+            .spawn(move || {
+                let mut rows = Vec::new();
+                while !flag.load(Ordering::Relaxed) {
+                    // A GPU that cannot be read at all (no driver) gives no rows, not rows of
+                    // nothing.
+                    let Ok(r) = state.reading(index) else {
+                        break;
                     };
-                    while !flag.load(Ordering::Relaxed) {
-                        rows.push([
-                            dev.clock_info(Clock::SM).ok().map(f64::from),
-                            dev.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
-                            dev.temperature(TemperatureSensor::Gpu).ok().map(f64::from),
-                            dev.current_throttle_reasons().ok().map(|r| r.bits() as f64),
-                        ]);
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                    rows
-                })
-                .ok()
-        });
+                    rows.push([
+                        r.sm_clock_mhz,
+                        r.power_w,
+                        r.temperature_c,
+                        r.throttle_reasons.map(|bits| bits as f64),
+                    ]);
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                rows
+            })
+            .ok();
         RunTelemetry { stop, thread }
     }
 
@@ -164,6 +157,7 @@ fn summarise_rows(rows: &[[Option<f64>; 4]]) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpudiag_model::gpu_state::{EccCounts, ListedGpu, RunReading};
 
     #[test]
     fn budget_is_a_share_capped_and_rounded() {
@@ -181,8 +175,91 @@ mod tests {
     #[test]
     fn a_busy_gpu_is_refused_with_the_processes_named() {
         assert_eq!(busy_refusal(0, &[]), None);
-        let msg = busy_refusal(1, &[(42, Some(3 << 30)), (43, None)]).unwrap();
+        let users = [
+            GpuUser {
+                pid: 42,
+                used_bytes: Some(3 << 30),
+            },
+            GpuUser {
+                pid: 43,
+                used_bytes: None,
+            },
+        ];
+        let msg = busy_refusal(1, &users).unwrap();
         assert!(msg.contains("pid 42 (3072 MiB)") && msg.contains("pid 43"));
+    }
+
+    /// A state that answers what it is built with, for the probe runner's decisions.
+    struct Fake {
+        users: Result<Vec<GpuUser>, StateError>,
+    }
+
+    impl GpuState for Fake {
+        fn gpus(&self) -> Result<Vec<ListedGpu>, StateError> {
+            Ok(Vec::new())
+        }
+        fn other_processes(&self, _: u32) -> Result<Vec<GpuUser>, StateError> {
+            self.users.clone()
+        }
+        fn ecc_counts(&self, _: u32) -> Result<EccCounts, StateError> {
+            Err(StateError::NoDriver("no driver here".into()))
+        }
+        fn reading(&self, _: u32) -> Result<RunReading, StateError> {
+            Ok(RunReading {
+                sm_clock_mhz: Some(1980.0),
+                power_w: None,
+                temperature_c: Some(40.0),
+                throttle_reasons: Some(4),
+            })
+        }
+        fn topology(&self, _: &[ListedGpu]) -> Option<gpudiag_model::topology::Topology> {
+            None
+        }
+    }
+
+    #[test]
+    fn the_state_decides_refusals_and_fills_the_readings() {
+        let busy = Fake {
+            users: Ok(vec![GpuUser {
+                pid: 7,
+                used_bytes: None,
+            }]),
+        };
+        let (why, pids) = refusal(&busy, 0);
+        assert!(why.unwrap().contains("pid 7"));
+        assert_eq!(pids, [7]);
+        let free = Fake { users: Ok(vec![]) };
+        assert_eq!(refusal(&free, 0), (None, vec![]));
+        let blind = Fake {
+            users: Err(StateError::NoDriver(
+                "NVML is unavailable (no library)".into(),
+            )),
+        };
+        let (why, pids) = refusal(&blind, 0);
+        assert_eq!(
+            why.as_deref(),
+            Some("NVML is unavailable (no library), so other users of the GPU cannot be seen")
+        );
+        assert!(pids.is_empty());
+        let failing = Fake {
+            users: Err(StateError::Failed(
+                "NVML process list: Unknown Error".into(),
+            )),
+        };
+        assert_eq!(
+            refusal(&failing, 0).0.as_deref(),
+            Some("could not list the GPU's processes (NVML process list: Unknown Error)")
+        );
+        // No driver: the ECC counters are null, not zeros.
+        assert_eq!(ecc_counters(&blind, 0), Value::Null);
+        let state: Arc<dyn GpuState> = Arc::new(free);
+        let tel = RunTelemetry::start(state, 0);
+        std::thread::sleep(Duration::from_millis(50));
+        let v = tel.finish();
+        assert!(v["samples"].as_u64().unwrap() >= 1, "{v}");
+        assert_eq!(v["sm_clock_mhz"]["max"], 1980.0);
+        assert_eq!(v["power_w"], Value::Null);
+        assert_eq!(v["throttle_reasons_seen"], 4);
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! Runs a suite (or named probes) on the selected GPUs: checks first (busy GPU, memory budget),
 //! then one context per device, each probe under the suite's deadline and Ctrl-C, results
-//! collected even when a probe fails or stops.
+//! collected even when a probe fails or stops. What the runner knows of the GPUs' state (the
+//! driver's numbering, other processes, ECC counters, clocks during a run, topology) it asks of
+//! the caller's `GpuState`.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use nvml_wrapper::Nvml;
 use serde::{Deserialize, Serialize};
 
 use super::conditions::{self, RunTelemetry};
@@ -19,7 +20,7 @@ use super::{
 };
 use gpudiag_model::error::Error;
 use gpudiag_model::finding::{Evidence, Finding, Severity};
-use gpudiag_model::topology::Topology;
+use gpudiag_model::gpu_state::{GpuState, ListedGpu};
 
 /// What to run.
 pub struct Options {
@@ -32,13 +33,11 @@ pub struct Options {
     pub force: bool,
     pub init_timeout: Duration,
     pub stop: Arc<AtomicBool>,
-    /// Reads how the GPUs (index, PCI bus id) connect, for the peer-copy probe's labels; the
-    /// caller passes the telemetry layer's reader, so probes never read topology themselves.
-    pub read_topology: Option<TopologyReader>,
+    /// The GPUs' state as the telemetry layer reads it (NVML): the driver's numbering, who
+    /// else uses a GPU, ECC counters, clocks during a run, and how the GPUs connect (the
+    /// peer-copy probe's labels). Without a driver it says so, and probes run with less context.
+    pub gpu_state: Arc<dyn GpuState>,
 }
-
-/// Reads the topology of the given GPUs (NVML index, PCI bus id) through an open NVML.
-pub type TopologyReader = fn(&Nvml, &[(u32, Option<String>)]) -> Topology;
 
 /// Probe results for one GPU.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -102,43 +101,38 @@ pub fn check_names(names: &[String]) -> Result<(), Error> {
     }
 }
 
-/// NVML index, UUID and PCI bus id of every GPU NVML sees.
-fn nvml_devices(nvml: &Nvml) -> Vec<(u32, Option<String>, Option<String>)> {
-    let n = nvml.device_count().unwrap_or(0);
-    (0..n)
-        .map(|i| match nvml.device_by_index(i) {
-            Ok(d) => (i, d.uuid().ok(), d.pci_info().ok().map(|p| p.bus_id)),
-            Err(_) => (i, None, None),
-        })
-        .collect()
-}
-
 pub fn run(opts: &Options) -> Result<ProbeReport, Error> {
     check_names(&opts.only)?;
-    let nvml = Nvml::init().ok().map(Arc::new);
     let count = gpu::device_count().map_err(|e| Error::CannotRun(e.to_string()))?;
     if count == 0 {
         return Err(Error::CannotRun("the CUDA driver sees no GPU".into()));
     }
-    // Devices as NVML numbers them (what `check` and nvidia-smi show), each with its CUDA
-    // ordinal found by PCI bus id; without NVML, CUDA ordinals stand in.
-    let listed: Vec<(u32, Option<String>, Option<usize>)> = match &nvml {
-        Some(n) => {
+    // Devices as the driver's management library numbers them (what `check` and nvidia-smi
+    // show), each with its CUDA ordinal found by PCI bus id; without it, CUDA ordinals stand in.
+    let listed: Vec<(ListedGpu, Option<usize>)> = match opts.gpu_state.gpus() {
+        Ok(gpus) => {
             let cuda: Vec<Option<String>> = (0..count).map(|o| gpu::pci_bus_id(o).ok()).collect();
-            nvml_devices(n)
-                .into_iter()
-                .map(|(i, uuid, bus)| {
-                    let ord = bus.as_deref().and_then(|b| {
+            gpus.into_iter()
+                .map(|g| {
+                    let ord = g.pci_bus_id.as_deref().and_then(|b| {
                         cuda.iter()
                             .position(|c| c.as_deref().is_some_and(|c| gpu::same_pci_bus(b, c)))
                     });
-                    (i, uuid, ord)
+                    (g, ord)
                 })
                 .collect()
         }
-        None => (0..count).map(|o| (o as u32, None, Some(o))).collect(),
+        Err(_) => (0..count)
+            .map(|o| {
+                let g = ListedGpu {
+                    index: o as u32,
+                    ..ListedGpu::default()
+                };
+                (g, Some(o))
+            })
+            .collect(),
     };
-    let selected: Vec<&(u32, Option<String>, Option<usize>)> = if opts.devices.is_empty() {
+    let selected: Vec<&(ListedGpu, Option<usize>)> = if opts.devices.is_empty() {
         listed.iter().collect()
     } else {
         opts.devices
@@ -147,9 +141,11 @@ pub fn run(opts: &Options) -> Result<ProbeReport, Error> {
                 let sel = sel.trim();
                 listed
                     .iter()
-                    .find(|(i, uuid, _)| {
-                        sel.parse::<u32>().is_ok_and(|x| x == *i)
-                            || uuid.as_deref().is_some_and(|u| u.eq_ignore_ascii_case(sel))
+                    .find(|(g, _)| {
+                        sel.parse::<u32>().is_ok_and(|x| x == g.index)
+                            || g.uuid
+                                .as_deref()
+                                .is_some_and(|u| u.eq_ignore_ascii_case(sel))
                     })
                     .ok_or_else(|| Error::Usage(format!("no GPU matches --device '{sel}'")))
             })
@@ -168,16 +164,17 @@ pub fn run(opts: &Options) -> Result<ProbeReport, Error> {
     let mut devices = Vec::new();
     // Contexts stay open for the probes over several GPUs, which need all of them at once.
     let mut opened: Vec<(u32, usize, Gpu)> = Vec::new();
-    for (index, _, ordinal) in selected {
+    for (listed_gpu, ordinal) in selected {
+        let index = listed_gpu.index;
         let mut d = DeviceProbes {
-            index: *index,
+            index,
             gpu: None,
             model: None,
             refused: None,
             // Read before any refusal: the CUDA context that names the others may never open.
-            name: nvml
-                .as_ref()
-                .and_then(|n| n.device_by_index(*index).ok()?.name().ok())
+            name: listed_gpu
+                .name
+                .clone()
                 .or_else(|| (*ordinal).and_then(gpu::device_name)),
             forcible: false,
             busy_pids: Vec::new(),
@@ -189,25 +186,14 @@ pub fn run(opts: &Options) -> Result<ProbeReport, Error> {
             continue;
         };
         if !opts.force {
-            let refusal = match &nvml {
-                Some(n) => match conditions::other_processes(n, *index) {
-                    Ok(others) => {
-                        d.busy_pids = others.iter().map(|(pid, _)| *pid).collect();
-                        conditions::busy_refusal(*index, &others)
-                    }
-                    Err(e) => Some(format!("could not list the GPU's processes ({e})")),
-                },
-                None => {
-                    Some("NVML is unavailable, so other users of the GPU cannot be seen".into())
-                }
-            };
+            let (refusal, busy_pids) = conditions::refusal(&*opts.gpu_state, index);
             if let Some(why) = refusal {
                 d.refused = Some(why);
                 d.forcible = true;
+                d.busy_pids = busy_pids;
                 devices.push(d);
                 continue;
             }
-            d.busy_pids.clear();
         }
         let g = match Gpu::open(ordinal, opts.init_timeout) {
             Ok(g) => g,
@@ -225,12 +211,12 @@ pub fn run(opts: &Options) -> Result<ProbeReport, Error> {
             opts.stop.clone(),
         );
         for name in &names {
-            let mut r = ProbeResult::new(name, *index);
+            let mut r = ProbeResult::new(name, index);
             let start = Instant::now();
             r.param("suite", opts.suite_name.as_str());
             let outcome = match ctl.check() {
                 Err(e) => Err(e),
-                Ok(()) => run_one(&g, name, opts, model, &nvml, *index, &ctl, &mut r),
+                Ok(()) => run_one(&g, name, opts, model, index, &ctl, &mut r),
             };
             match outcome {
                 Ok(()) => {}
@@ -250,10 +236,10 @@ pub fn run(opts: &Options) -> Result<ProbeReport, Error> {
         }
         devices.push(d);
         if !multi.is_empty() {
-            opened.push((*index, ordinal, g));
+            opened.push((index, ordinal, g));
         }
     }
-    let host = run_multi(opts, &multi, &nvml, &opened, &mut devices);
+    let host = run_multi(opts, &multi, &listed, &opened, &mut devices);
     Ok(ProbeReport {
         suite: opts.suite_name.clone(),
         devices,
@@ -267,7 +253,7 @@ pub fn run(opts: &Options) -> Result<ProbeReport, Error> {
 fn run_multi(
     opts: &Options,
     multi: &[String],
-    nvml: &Option<Arc<Nvml>>,
+    listed: &[(ListedGpu, Option<usize>)],
     opened: &[(u32, usize, Gpu)],
     devices: &mut [DeviceProbes],
 ) -> Vec<ProbeResult> {
@@ -297,21 +283,12 @@ fn run_multi(
         let start = Instant::now();
         match name.as_str() {
             "p2p" => {
-                let reader = opts.read_topology;
-                let topology = nvml.as_ref().zip(reader).map(|(n, read)| {
-                    let buses = nvml_devices(n);
-                    let gpus: Vec<(u32, Option<String>)> = opened
-                        .iter()
-                        .map(|(i, _, _)| {
-                            let bus = buses
-                                .iter()
-                                .find(|(x, _, _)| x == i)
-                                .and_then(|b| b.2.clone());
-                            (*i, bus)
-                        })
-                        .collect();
-                    read(n, &gpus)
-                });
+                let gpus: Vec<ListedGpu> = opened
+                    .iter()
+                    .filter_map(|(i, _, _)| listed.iter().find(|(g, _)| g.index == *i))
+                    .map(|(g, _)| g.clone())
+                    .collect();
+                let topology = opts.gpu_state.topology(&gpus);
                 let gpus: Vec<(u32, &Gpu)> = opened.iter().map(|(i, _, g)| (*i, g)).collect();
                 let results = p2p::run(&gpus, &opts.suite.p2p, budget, topology.as_ref(), &ctl);
                 for mut r in results {
@@ -345,13 +322,11 @@ fn run_multi(
     host
 }
 
-#[allow(clippy::too_many_arguments)]
 fn run_one(
     g: &Gpu,
     name: &str,
     opts: &Options,
     model: Option<&suite::ModelRef>,
-    nvml: &Option<Arc<Nvml>>,
     index: u32,
     ctl: &ProbeDeadline,
     r: &mut ProbeResult,
@@ -377,16 +352,13 @@ fn run_one(
                 )),
                 _ => Engines::open(),
             };
-            let tel = || RunTelemetry::start(nvml.clone(), index);
+            let tel = || RunTelemetry::start(opts.gpu_state.clone(), index);
             matmul::run(g, &s.matmul, budget, model, &engines, &tel, ctl, r)
         }
         "memory" => {
             let mem_budget = conditions::memory_budget(free, s.memory.share, s.memory.max_bytes);
             r.param("memory_budget_bytes", mem_budget);
-            let ecc = || match nvml {
-                Some(n) => conditions::ecc_counters(n, index),
-                None => serde_json::Value::Null,
-            };
+            let ecc = || conditions::ecc_counters(&*opts.gpu_state, index);
             memory::run(g, &s.memory, mem_budget, &ecc, ctl, r)
         }
         other => Err(ProbeError::Unsupported(format!("no probe '{other}'"))),

@@ -36,7 +36,8 @@ use std::time::{Duration, Instant};
 
 use super::sanity;
 use super::{
-    Absent, Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Pacing, Sample, Tick,
+    Absent, Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Pacing, Playback,
+    Sample, Tick,
 };
 use gpudiag_model::metric_table::{Repr, Unrepresentable};
 
@@ -247,10 +248,15 @@ impl Backend for FaultBackend {
 
     fn poll(&mut self) -> Result<Tick, BackendError> {
         let started = *self.started.get_or_insert_with(Instant::now);
-        let poll = self.polls;
-        self.polls += 1;
         let elapsed = started.elapsed();
         let mut tick = self.inner.poll()?;
+        // A replay's wait cut short by a control stands for no poll: counting it would shift the
+        // schedule, and a fault added to it would make it look like a tick.
+        if self.inner.pacing() == Pacing::SelfPaced && tick == Tick::default() {
+            return Ok(tick);
+        }
+        let poll = self.polls;
+        self.polls += 1;
         let time_ms = tick
             .samples
             .iter()
@@ -327,6 +333,10 @@ impl Backend for FaultBackend {
             std::thread::sleep(hang);
         }
         Ok(tick)
+    }
+
+    fn playback(&mut self) -> Option<&mut dyn Playback> {
+        self.inner.playback()
     }
 
     fn source_warnings(&self) -> Vec<String> {

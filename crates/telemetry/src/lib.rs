@@ -4,8 +4,10 @@
 //! users need one crate.
 //!
 //! Data flows one way: a `Backend` yields `DeviceInfo` once and a `Tick` per poll; the sampler
-//! pushes ticks into the history; rules and views read the history. No view knows which backend
-//! produced the data.
+//! is the only code that polls one, and hands its ticks to whoever listens (the session pipeline,
+//! the terminal UI); rules and views read the history. No view knows which backend produced the
+//! data: a source that plays recorded time offers `Playback` (seek, pace), and the sampler, not
+//! the view, asks it.
 
 pub mod amd;
 pub mod attribution;
@@ -26,6 +28,8 @@ pub use gpudiag_model::attribution::{
 };
 pub use gpudiag_model::sample::*;
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 /// What one poll of a backend yields.
@@ -33,6 +37,17 @@ use std::time::Duration;
 pub struct Tick {
     pub samples: Vec<Sample>,
     pub events: Vec<Event>,
+}
+
+impl Tick {
+    /// The time the tick stands for: its samples' time, or its latest event's.
+    pub fn time_ms(&self) -> Option<TimeMs> {
+        self.samples
+            .iter()
+            .map(|s| s.time_ms)
+            .max()
+            .or_else(|| self.events.iter().map(|e| e.time_ms).max())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +106,46 @@ pub trait Backend: Send {
     fn topology(&self) -> Option<gpudiag_model::topology::Topology> {
         None
     }
+    /// A source that plays recorded time answers with what it can do besides polling (seek,
+    /// change pace); live hardware answers `None`: it cannot seek, and its pace is the caller's.
+    fn playback(&mut self) -> Option<&mut dyn Playback> {
+        None
+    }
+}
+
+/// Where a source playing recorded time stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayPosition {
+    /// The tick last delivered (or the seek target); the start before the first poll.
+    pub current_ms: TimeMs,
+    pub start_ms: TimeMs,
+    /// The last tick: of the whole recording, or, read from a stream, of what was read so far.
+    pub end_ms: TimeMs,
+}
+
+/// What a source playing recorded time (a replay) can be asked besides polling. Wrappers
+/// (fault injection, the poll deadline) pass it through to the source they wrap.
+pub trait Playback {
+    fn position(&self) -> ReplayPosition;
+    fn pace(&self) -> replay::Pace;
+    /// Changes pace; timing restarts from the next tick, so setting the same pace again
+    /// re-anchors the clock (after a pause, the ticks due meanwhile do not all come at once).
+    fn set_pace(&mut self, pace: replay::Pace) -> Result<(), BackendError>;
+    /// Moves so that the next poll returns the first tick at or after `time_ms` (past the end,
+    /// the next poll ends the recording). An error leaves the position as it was: a recording
+    /// read from a pipe cannot go back.
+    fn seek_to(&mut self, time_ms: TimeMs) -> Result<(), BackendError>;
+    /// Whether the next poll ends the recording.
+    fn at_end(&mut self) -> bool;
+    /// Whether the last poll did not answer in time and is still running (a replay under the
+    /// poll deadline, whose worker is stuck): polling on would wait a deadline per tick.
+    fn stalled(&self) -> bool {
+        false
+    }
+    /// A poll waiting for its tick returns an empty `Tick` within about 50 ms of `flag` being
+    /// set; the tick stays due for the next poll. So a control (or a stop) never waits for the
+    /// recording's next tick.
+    fn interrupt_waits_on(&mut self, flag: Arc<AtomicBool>);
 }
 
 /// A recording that cannot be read is the user's input at fault (exit code 2).

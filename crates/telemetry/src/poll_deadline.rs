@@ -11,14 +11,21 @@
 //!
 //! It also marks a device the backend listed at start but left out of a poll (a GPU that fell
 //! out of the driver's device list) with `sanity::MISSING`, so the gap is visible rather than
-//! silent. Only live backends (and test faults) run under it: a replay reads memory.
+//! silent. Only live backends (and test faults) run under it: a replay reads memory. A replay
+//! under test faults keeps its `Playback` (seek, pace): each request goes to the worker under
+//! the same deadline, and none is sent while a poll is stuck.
 
+use std::cell::Cell;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::Duration;
 
+use super::replay::Pace;
 use super::sanity::{self, MISSING};
 use super::{
-    Absent, Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Pacing, Tick, now_ms,
+    Absent, Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Pacing, Playback,
+    ReplayPosition, Tick, TimeMs, now_ms,
 };
 
 /// How long one poll of a live backend may take by default. A fast NVML read of every field
@@ -32,6 +39,22 @@ enum Request {
     SetSlow(Duration),
     /// Reads the topology; answered on the channel.
     Topology(mpsc::Sender<Option<gpudiag_model::topology::Topology>>),
+    /// Runs on the source's playback; the closure answers on a channel of its own.
+    Playback(OnPlayback),
+}
+
+/// Work for the worker to do on the source's playback.
+type OnPlayback = Box<dyn FnOnce(&mut dyn Playback) + Send>;
+
+/// A wrapped replay's playback, reached through the worker.
+struct RemotePlayback {
+    tx: Sender<Request>,
+    deadline: Duration,
+    /// A poll is stuck in the worker: a request would only queue behind it.
+    poll_stuck: bool,
+    /// What was last learned, answered while the worker cannot be asked.
+    position: Cell<ReplayPosition>,
+    pace: Pace,
 }
 
 /// A backend whose polls run on a worker thread under a deadline.
@@ -51,12 +74,17 @@ pub struct PollDeadline {
     stalled: u64,
     /// Time of the last tick handed out.
     last_ms: Option<super::TimeMs>,
+    /// `None`: the wrapped source has no playback (live hardware).
+    playback: Option<RemotePlayback>,
     worker: Option<std::thread::JoinHandle<()>>,
 }
 
 impl PollDeadline {
     /// Moves `inner` onto a worker thread. Fails only when no thread can be started.
-    pub fn new(inner: Box<dyn Backend>, deadline: Duration) -> Result<PollDeadline, BackendError> {
+    pub fn new(
+        mut inner: Box<dyn Backend>,
+        deadline: Duration,
+    ) -> Result<PollDeadline, BackendError> {
         let name = inner.name();
         let host = inner.host().clone();
         let devices = inner.devices().to_vec();
@@ -64,6 +92,13 @@ impl PollDeadline {
         let warnings = inner.source_warnings();
         let recorded = inner.recorded_findings();
         let (tx, req_rx) = mpsc::channel::<Request>();
+        let playback = inner.playback().map(|p| RemotePlayback {
+            tx: tx.clone(),
+            deadline,
+            poll_stuck: false,
+            position: Cell::new(p.position()),
+            pace: p.pace(),
+        });
         let (resp_tx, rx) = mpsc::channel();
         let worker = std::thread::Builder::new()
             .name("gpudiag-poll".into())
@@ -84,6 +119,7 @@ impl PollDeadline {
             outstanding: false,
             stalled: 0,
             last_ms: None,
+            playback,
             worker: Some(worker),
         })
     }
@@ -166,6 +202,12 @@ fn serve(
             Request::SetSlow(t) => inner.set_slow_interval(t),
             Request::Topology(reply) => {
                 let _ = reply.send(inner.topology());
+            }
+            // Without a playback the closure is dropped, and its caller hears no answer.
+            Request::Playback(f) => {
+                if let Some(p) = inner.playback() {
+                    f(p);
+                }
             }
         }
     }
@@ -254,6 +296,12 @@ impl Backend for PollDeadline {
         }
     }
 
+    fn playback(&mut self) -> Option<&mut dyn Playback> {
+        let remote = self.playback.as_mut()?;
+        remote.poll_stuck = self.outstanding;
+        Some(remote)
+    }
+
     fn topology(&self) -> Option<gpudiag_model::topology::Topology> {
         let tx = self.tx.as_ref()?;
         let (reply_tx, reply_rx) = mpsc::channel();
@@ -264,6 +312,72 @@ impl Backend for PollDeadline {
             .recv_timeout(self.deadline + TOPOLOGY_GRACE)
             .ok()
             .flatten()
+    }
+}
+
+impl RemotePlayback {
+    /// Runs `f` on the wrapped source's playback and waits at most the deadline for its answer;
+    /// `None` at once while a poll is stuck.
+    fn ask<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut dyn Playback) -> R + Send + 'static,
+    ) -> Option<R> {
+        if self.poll_stuck {
+            return None;
+        }
+        let (reply_tx, reply_rx) = mpsc::channel();
+        let request = Request::Playback(Box::new(move |p| {
+            let _ = reply_tx.send(f(p));
+        }));
+        self.tx.send(request).ok()?;
+        reply_rx.recv_timeout(self.deadline).ok()
+    }
+
+    fn busy(&self) -> BackendError {
+        BackendError::Unavailable(format!(
+            "the replay did not answer within {} ms",
+            self.deadline.as_millis()
+        ))
+    }
+}
+
+impl Playback for RemotePlayback {
+    fn position(&self) -> ReplayPosition {
+        if let Some(position) = self.ask(|p| p.position()) {
+            self.position.set(position);
+        }
+        self.position.get()
+    }
+
+    fn pace(&self) -> Pace {
+        self.pace
+    }
+
+    fn set_pace(&mut self, pace: Pace) -> Result<(), BackendError> {
+        self.ask(move |p| p.set_pace(pace))
+            .unwrap_or_else(|| Err(self.busy()))?;
+        self.pace = pace;
+        Ok(())
+    }
+
+    fn seek_to(&mut self, time_ms: TimeMs) -> Result<(), BackendError> {
+        self.ask(move |p| p.seek_to(time_ms))
+            .unwrap_or_else(|| Err(self.busy()))
+    }
+
+    /// A worker that does not answer is not at the end: the next poll says how it stands.
+    fn at_end(&mut self) -> bool {
+        self.ask(|p| p.at_end()).unwrap_or(false)
+    }
+
+    fn stalled(&self) -> bool {
+        self.poll_stuck
+    }
+
+    fn interrupt_waits_on(&mut self, flag: Arc<AtomicBool>) {
+        let _ = self.tx.send(Request::Playback(Box::new(move |p| {
+            p.interrupt_waits_on(flag);
+        })));
     }
 }
 
@@ -279,6 +393,8 @@ impl Drop for PollDeadline {
     /// while, so the backend's own threads stop before the process exits; a worker stuck in a
     /// vendor call is left behind.
     fn drop(&mut self) {
+        // Both senders go, or the worker would wait for requests for ever.
+        self.playback = None;
         self.tx = None;
         if let Some(worker) = self.worker.take() {
             let _ = gpudiag_model::deadline::join_within(worker, Duration::from_secs(2));
@@ -362,6 +478,43 @@ mod tests {
         g.poll().unwrap();
         let t = g.topology().expect("forwarded");
         assert_eq!(t.notes, ["read after 1 poll(s)"]);
+    }
+
+    #[test]
+    fn a_wrapped_replay_keeps_its_playback_and_live_hardware_has_none() {
+        use crate::recording::{Header, ReadStats, Record};
+        let header = Header::new(
+            "nvml",
+            HostInfo::default(),
+            vec![DeviceInfo::default()],
+            None,
+        );
+        let records = (0..5)
+            .map(|i| Record::Sample(Sample::new(0, 1000 + i * 1000)))
+            .collect();
+        let replay = crate::replay::ReplayBackend::from_parts(
+            header,
+            records,
+            ReadStats::default(),
+            Pace::AsFastAsPossible,
+        )
+        .unwrap();
+        let mut g = PollDeadline::new(Box::new(replay), Duration::from_secs(5)).unwrap();
+        assert_eq!(g.poll().unwrap().time_ms(), Some(1000));
+        let p = g.playback().expect("a replay's playback");
+        assert_eq!(p.pace(), Pace::AsFastAsPossible);
+        p.seek_to(4000).unwrap();
+        assert_eq!(p.position().current_ms, 4000);
+        assert!(!p.at_end());
+        assert_eq!(g.poll().unwrap().time_ms(), Some(4000));
+        let p = g.playback().expect("a replay's playback");
+        p.seek_to(2000).unwrap();
+        p.set_pace(Pace::Recorded { speed: 1000.0 }).unwrap();
+        assert_eq!(p.pace(), Pace::Recorded { speed: 1000.0 });
+        assert_eq!(g.poll().unwrap().time_ms(), Some(2000));
+
+        let mut live = PollDeadline::new(slow(vec![], vec![]), Duration::from_secs(5)).unwrap();
+        assert!(live.playback().is_none());
     }
 
     #[test]

@@ -22,7 +22,10 @@ use std::time::{Duration, Instant};
 use super::recording::{
     Header, LinePos, Outline, ReadStats, Record, RecordingError, RecordingReader,
 };
-use super::{Backend, BackendError, DeviceInfo, Event, HostInfo, Pacing, Sample, Tick, TimeMs};
+use super::{
+    Backend, BackendError, DeviceInfo, Event, HostInfo, Pacing, Playback, ReplayPosition, Sample,
+    Tick, TimeMs,
+};
 use gpudiag_model::finding::Finding;
 use input::{Opened, Rereadable};
 use ticks::{Grouped, Grouper, RecordedFindings, SeekIndex};
@@ -362,13 +365,6 @@ impl ReplayBackend {
         Ok(self.peeked.as_ref())
     }
 
-    /// With a flag set from elsewhere (a UI, a signal handler), a `poll` that is waiting for its
-    /// tick returns an empty `Tick` within about 50 ms; the tick stays due for the next poll.
-    pub fn with_interrupt(mut self, flag: Arc<AtomicBool>) -> Self {
-        self.interrupt = Some(flag);
-        self
-    }
-
     pub fn header(&self) -> &Header {
         &self.header
     }
@@ -434,19 +430,21 @@ impl ReplayBackend {
                 None => break,
             }
         }
-        let (_, start, end) = self.position();
-        self.current_ms = Some(time_ms.clamp(start, end));
+        let at = self.position();
+        self.current_ms = Some(time_ms.clamp(at.start_ms, at.end_ms));
         self.anchor = None;
         Ok(())
     }
 
-    /// `(current, start, end)` in recorded time: the tick last delivered (the start before the
-    /// first poll), the first tick and the last tick. A recording without ticks reports its
-    /// creation time for all three. From a stream, the end is the last tick read so far.
-    pub fn position(&self) -> (TimeMs, TimeMs, TimeMs) {
-        let start = self.start_ms.unwrap_or(self.header.created_ms);
-        let end = self.end_ms.unwrap_or(start);
-        (self.current_ms.unwrap_or(start), start, end)
+    /// Where the replay stands in recorded time. A recording without ticks reports its creation
+    /// time for all three. From a stream, the end is the last tick read so far.
+    pub fn position(&self) -> ReplayPosition {
+        let start_ms = self.start_ms.unwrap_or(self.header.created_ms);
+        ReplayPosition {
+            current_ms: self.current_ms.unwrap_or(start_ms),
+            start_ms,
+            end_ms: self.end_ms.unwrap_or(start_ms),
+        }
     }
 
     /// Moves past the tick read ahead.
@@ -535,6 +533,10 @@ impl Backend for ReplayBackend {
         Pacing::SelfPaced
     }
 
+    fn playback(&mut self) -> Option<&mut dyn Playback> {
+        Some(self)
+    }
+
     fn poll(&mut self) -> Result<Tick, BackendError> {
         let Some(time_ms) = self.peek()?.map(|t| t.time) else {
             return Err(BackendError::EndOfRecording);
@@ -553,6 +555,32 @@ impl Backend for ReplayBackend {
             samples: tick.samples,
             events: tick.events,
         })
+    }
+}
+
+impl Playback for ReplayBackend {
+    fn position(&self) -> ReplayPosition {
+        ReplayBackend::position(self)
+    }
+
+    fn pace(&self) -> Pace {
+        self.pace
+    }
+
+    fn set_pace(&mut self, pace: Pace) -> Result<(), BackendError> {
+        ReplayBackend::set_pace(self, pace)
+    }
+
+    fn seek_to(&mut self, time_ms: TimeMs) -> Result<(), BackendError> {
+        ReplayBackend::seek_to(self, time_ms)
+    }
+
+    fn at_end(&mut self) -> bool {
+        ReplayBackend::at_end(self)
+    }
+
+    fn interrupt_waits_on(&mut self, flag: Arc<AtomicBool>) {
+        self.interrupt = Some(flag);
     }
 }
 
@@ -645,6 +673,14 @@ mod tests {
         ReplayBackend::from_parts(header(), records(), ReadStats::default(), pace).unwrap()
     }
 
+    fn at(current_ms: TimeMs, start_ms: TimeMs, end_ms: TimeMs) -> ReplayPosition {
+        ReplayPosition {
+            current_ms,
+            start_ms,
+            end_ms,
+        }
+    }
+
     fn times(tick: &Tick) -> Vec<(u32, TimeMs)> {
         tick.samples.iter().map(|s| (s.device, s.time_ms)).collect()
     }
@@ -684,7 +720,7 @@ mod tests {
         assert_eq!(xids(&t), [79]);
         assert!(matches!(r.poll(), Err(BackendError::EndOfRecording)));
         assert!(matches!(r.poll(), Err(BackendError::EndOfRecording)));
-        assert_eq!(r.position(), (1250, 1000, 1250));
+        assert_eq!(r.position(), at(1250, 1000, 1250));
     }
 
     #[test]
@@ -729,8 +765,8 @@ mod tests {
             ReadStats::default(),
             Pace::Recorded { speed: 1.0 },
         )
-        .unwrap()
-        .with_interrupt(flag.clone());
+        .unwrap();
+        r.interrupt_waits_on(flag.clone());
         assert_eq!(r.poll().unwrap().samples.len(), 1);
         flag.store(true, Ordering::Relaxed);
         let start = Instant::now();
@@ -745,16 +781,16 @@ mod tests {
     #[test]
     fn seek_moves_both_ways() {
         let mut r = replay(Pace::AsFastAsPossible);
-        assert_eq!(r.position(), (1000, 1000, 1250));
+        assert_eq!(r.position(), at(1000, 1000, 1250));
         r.seek_to(1150).unwrap();
-        assert_eq!(r.position(), (1150, 1000, 1250));
+        assert_eq!(r.position(), at(1150, 1000, 1250));
         assert_eq!(times(&r.poll().unwrap()), [(0, 1200), (1, 1200)]);
-        assert_eq!(r.position(), (1200, 1000, 1250));
+        assert_eq!(r.position(), at(1200, 1000, 1250));
         r.seek_to(0).unwrap();
-        assert_eq!(r.position().0, 1000);
+        assert_eq!(r.position().current_ms, 1000);
         assert_eq!(times(&r.poll().unwrap()), [(0, 1000), (1, 1000)]);
         r.seek_to(5000).unwrap();
-        assert_eq!(r.position().0, 1250);
+        assert_eq!(r.position().current_ms, 1250);
         assert!(matches!(r.poll(), Err(BackendError::EndOfRecording)));
     }
 
@@ -767,7 +803,7 @@ mod tests {
             Pace::AsFastAsPossible,
         )
         .unwrap();
-        assert_eq!(r.position(), (1000, 1000, 1000));
+        assert_eq!(r.position(), at(1000, 1000, 1000));
         assert!(matches!(r.poll(), Err(BackendError::EndOfRecording)));
     }
 

@@ -20,7 +20,9 @@
 //!   width (~120 µs; generation travels with it).
 //!
 //! XIDs come from an event thread (`xid`) that queues them for the next poll; the topology
-//! (`topology`) is read once, on its own thread from the moment the backend opens.
+//! (`topology`) is read once, on its own thread from the moment the backend opens. The state the
+//! probes ask for (who else holds a GPU, ECC counters, clocks during a run) is read through
+//! `gpu_state`.
 //!
 //! Every NVML failure becomes `None` plus an `Absent` reason under the field's name. A GPU that
 //! falls off the bus yields one `DeviceLost` event and, from then on, samples of `GpuLost`
@@ -31,14 +33,16 @@
 
 mod fields;
 mod gpm;
+mod gpu_state;
 mod process_list;
 mod slow;
 mod topology_reader;
 mod xid;
 
 pub use fields::{kb_per_s_to_bytes, mj_to_j, mw_to_w, pstate_index};
+pub use gpu_state::NvmlGpuState;
 pub use slow::{DEFAULT_SLOW_INTERVAL, MIN_SLOW_INTERVAL, SlowFields};
-pub use topology_reader::read_topology;
+use topology_reader::read_topology;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
