@@ -17,7 +17,14 @@ use gpudiag_telemetry::bundle_reader::DEFAULT_MAX_INFLATED;
 use gpudiag_telemetry::live::LiveBackend;
 use gpudiag_telemetry::replay::ReplayOptions;
 
+/// `gpudiag check`'s footer: examples, then the exit codes a scheduler acts on.
 pub const EXIT_CODES_HELP: &str = "\
+Examples:
+  gpudiag check                         one second of telemetry, then the findings
+  gpudiag check --json --fail-on warn   the JSON report; exit 1 on a warning too
+  gpudiag check --probes quick          with the quick probe suite (seconds)
+  gpudiag check --replay rec.ndjson.gz  a recording or a `gpudiag report` bundle
+
 Exit codes:
   0  healthy, or only findings below --fail-on
   1  a finding at or above --fail-on (default: fail)
@@ -30,27 +37,85 @@ Exit codes:
      status could_not_run); or nothing judged: no finding and a GPU gave no reading
      (status not_judged)";
 
+/// `gpudiag --help`'s footer. Plain `gpudiag` has no --fail-on: piped, its summary fails only
+/// on a `fail` finding, as `check` does by default.
+pub const TOP_HELP: &str = "\
+Without a subcommand gpudiag opens the terminal UI on the live GPUs; with none it says so in
+one line and opens the bundled demo. When stdin or stdout is not a terminal it prints the check
+summary instead (`gpudiag check`), and with no GPU it says why and exits 3 rather than print
+the demo's (`gpudiag --demo | cat` asks for that). Each subcommand's --help gives its own
+exit codes; these are plain gpudiag's.
+
+Exit codes:
+  0  the terminal UI closed; piped: healthy, or only warn and info findings
+  1  piped: a fail finding
+  2  usage error: a bad flag or configuration file
+  3  piped: could not run (no NVIDIA driver or NVML, no GPU), or nothing judged";
+
+/// The footer of the commands that write a file from the telemetry: `record`, `trace`,
+/// `report`. None of them judges the GPUs into its exit code; the findings go into the file.
+pub const OUTPUT_EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  written (Ctrl-C ends a live capture early and still writes it)
+  2  usage error: a bad flag, an output file that exists without --force or cannot be
+     written, or an input file that cannot be read or understood (not a recording, a newer
+     format, a bundle that is ambiguous or inflates past --max-inflated-size)
+  3  could not run: no NVIDIA driver or NVML, no GPU, or NVML initialisation hung";
+
+pub const SERVE_EXIT_CODES_HELP: &str = "\
+Example:
+  gpudiag serve --listen 0.0.0.0:9835 --web.config.file web.yml
+
+Exit codes:
+  0  stopped by Ctrl-C or SIGTERM (a replay that ends keeps serving its last values)
+  2  usage error: a bad flag, a web config file that cannot be read or asks for what gpudiag
+     does not implement, or a --replay input that cannot be read or understood
+  3  could not run: no NVIDIA driver or NVML, no GPU, NVML initialisation hung, or the
+     address cannot be listened on";
+
+/// `replay` has no --fail-on: without a terminal its summary fails only on a `fail` finding.
+pub const REPLAY_EXIT_CODES_HELP: &str = "\
+Keys: space pauses, <- and -> seek 10 s (with Shift 60 s), + and - change the speed, ? lists
+the rest. The refresh interval is the top-level one: gpudiag --interval 500ms replay FILE.
+
+Exit codes:
+  0  the terminal UI closed; without a terminal: healthy, or only warn and info findings
+  1  without a terminal: a fail finding
+  2  usage error: a bad flag, or a FILE that cannot be read or understood (not a recording,
+     a newer format, a bundle that is ambiguous or inflates past --max-inflated-size)
+  3  without a terminal: nothing judged (no finding, and a GPU gave no reading)";
+
+pub const CONFIG_HELP: &str = "\
+The file read: --config FILE, else $GPUDIAG_CONFIG, else
+$XDG_CONFIG_HOME/gpudiag/config.toml (~/.config/gpudiag/config.toml). A file holds only the
+keys it changes.
+
+Exit codes:
+  0  printed
+  2  the file cannot be read, or has an unknown key or a bad value (the error names both)";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "gpudiag",
     // The commit and whether the tree was dirty, so a bug report names the build.
     version = gpudiag_model::build_info::LONG_VERSION,
     about = "GPU telemetry, probes and diagnostics: what the GPU is doing and what is wrong",
-    after_help = EXIT_CODES_HELP
+    after_help = TOP_HELP
 )]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// Show the bundled demo recording (a real GPU going from idle to load and back).
+    /// Open the bundled demo recording (a real H200 going from idle to full load and back)
+    /// instead of live GPUs; without a terminal, print its check summary.
     #[arg(long)]
     pub demo: bool,
+    /// Refresh interval of the terminal UI, here and for `replay` (50ms or more).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
+    pub interval: Duration,
     /// Rule thresholds from this TOML file instead of $GPUDIAG_CONFIG or
     /// $XDG_CONFIG_HOME/gpudiag/config.toml (see `gpudiag config --default`).
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Refresh interval of the terminal UI (50ms or more).
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
-    pub interval: Duration,
 }
 
 #[derive(Debug, Subcommand)]
@@ -59,23 +124,24 @@ pub enum Command {
     #[command(after_help = EXIT_CODES_HELP)]
     Check(CheckArgs),
     /// Record telemetry to an NDJSON file (gzip when the name ends in .gz).
-    #[command(after_help = EXIT_CODES_HELP)]
+    #[command(after_help = OUTPUT_EXIT_CODES_HELP)]
     Record(RecordArgs),
     /// Show the configuration (rule thresholds and windows).
+    #[command(after_help = CONFIG_HELP)]
     Config(ConfigArgs),
     /// Write a Chrome trace (Perfetto UI, chrome://tracing) of live telemetry or a recording.
-    #[command(after_help = EXIT_CODES_HELP)]
+    #[command(after_help = OUTPUT_EXIT_CODES_HELP)]
     Trace(TraceArgs),
     /// Write a bug-report bundle (.tar.gz): check report, recording, trace and environment,
     /// with host names, user names, command-line arguments and home paths redacted.
-    #[command(after_help = EXIT_CODES_HELP)]
+    #[command(after_help = OUTPUT_EXIT_CODES_HELP)]
     Report(ReportArgs),
     /// Serve the telemetry and findings as Prometheus metrics on /metrics.
-    #[command(after_help = EXIT_CODES_HELP)]
+    #[command(after_help = SERVE_EXIT_CODES_HELP)]
     Serve(ServeArgs),
     /// Open a recording in the terminal UI (play/pause, speed, seeking); without a terminal,
     /// print its check summary.
-    #[command(after_help = EXIT_CODES_HELP)]
+    #[command(after_help = REPLAY_EXIT_CODES_HELP)]
     Replay(ReplayArgs),
     /// Run a command and watch the GPUs while it runs; when it ends, say on stderr what held
     /// the GPUs back and how that changed over the run. Exits with the command's own code.
@@ -129,8 +195,23 @@ Signals: HUP, INT, QUIT, TERM, USR1, USR2 and ALRM sent to gpudiag are passed to
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
-    #[command(flatten)]
-    pub source: SourceArgs,
+    // First, so that it is listed under "Arguments" and not under the last heading a
+    // flattened group leaves behind.
+    /// The command and its arguments, after `--`.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<std::ffi::OsString>,
+    /// Print the run report (verdicts, phases, findings) as one line of JSON on stderr instead
+    /// of the text summary; stdout stays the command's (assets/schema/run-report.schema.json).
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the run report as JSON to FILE (assets/schema/run-report.schema.json).
+    #[arg(long, value_name = "FILE")]
+    pub report_file: Option<PathBuf>,
     /// Also write a recording of the run (gzip when the name ends in .gz).
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
@@ -143,27 +224,14 @@ pub struct RunArgs {
     /// each gets its own file, named after --trace and the profiler's file.
     #[arg(long, value_name = "PATH", requires = "trace")]
     pub profiler_trace: Option<PathBuf>,
-    /// Print the run report (verdicts, phases, findings) as one line of JSON on stderr instead
-    /// of the text summary; stdout stays the command's (assets/schema/run-report.schema.json).
-    #[arg(long)]
-    pub json: bool,
-    /// Also write the run report as JSON to FILE (assets/schema/run-report.schema.json).
-    #[arg(long, value_name = "FILE")]
-    pub report_file: Option<PathBuf>,
-    /// Time between samples (50ms or more; the profiling counters need 100ms or more).
-    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_interval)]
-    pub interval: Duration,
     /// Replace the output files if they exist.
     #[arg(long)]
     pub force: bool,
-    /// The command and its arguments, after `--`.
-    #[arg(
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "CMD"
-    )]
-    pub command: Vec<std::ffi::OsString>,
+    /// Time between samples (50ms or more; the profiling counters need 100ms or more).
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_interval, help_heading = SOURCE_HEADING)]
+    pub interval: Duration,
+    #[command(flatten)]
+    pub source: SourceArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -235,7 +303,7 @@ pub struct ProbeArgs {
     /// Which suite's sizes and budget to use.
     #[arg(long, value_enum, default_value = "quick")]
     pub suite: SuiteName,
-    /// Only these GPUs: an index or a UUID; repeat for several.
+    /// Only these GPUs: an index or a UUID; repeat for several [default: every GPU].
     #[arg(long = "device", value_name = "INDEX|UUID")]
     pub devices: Vec<String>,
     /// Print the results as JSON.
@@ -244,7 +312,7 @@ pub struct ProbeArgs {
     /// Probe a GPU even when other processes are using it.
     #[arg(long)]
     pub force: bool,
-    /// How long CUDA context creation may take.
+    /// How long CUDA context creation may take; past it the GPU is refused (exit code 1).
     #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = parse_duration)]
     pub init_timeout: Duration,
 }
@@ -266,23 +334,28 @@ impl From<FailOn> for Severity {
     }
 }
 
+/// The help heading of where telemetry comes from (`SourceArgs`, and each command's interval).
+pub const SOURCE_HEADING: &str = "Telemetry source";
+
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = SOURCE_HEADING)]
 pub struct SourceArgs {
-    /// Only these GPUs: an index or a UUID; repeat for several.
-    #[arg(long = "device", value_name = "INDEX|UUID")]
-    pub devices: Vec<String>,
     /// Read a recording (NDJSON, plain or gzip) or a `gpudiag report` bundle instead of live
     /// GPUs; `-` reads it from stdin.
     #[arg(long, value_name = "FILE", conflicts_with = "demo")]
     pub replay: Option<PathBuf>,
+    /// Use the bundled demo recording instead of live GPUs.
+    #[arg(long)]
+    pub demo: bool,
+    /// Only these GPUs: an index or a UUID; repeat for several [default: every GPU].
+    #[arg(long = "device", value_name = "INDEX|UUID")]
+    pub devices: Vec<String>,
     /// The most a bundle given to --replay may inflate to (the archive and the recording in it),
     /// e.g. 8GiB; past it gpudiag stops with exit code 2.
     #[arg(long, value_name = "SIZE", default_value = DEFAULT_MAX_INFLATED_ARG, value_parser = parse_size)]
     pub max_inflated_size: u64,
-    /// Use the bundled demo recording instead of live GPUs.
-    #[arg(long)]
-    pub demo: bool,
-    /// How long NVML initialisation may take before gpudiag gives up (exit code 3).
+    /// How long NVML initialisation may take before gpudiag gives up on the GPUs (exit code 3;
+    /// `run` runs its command anyway).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub init_timeout: Duration,
     /// How long one poll of the GPUs may take; past it the devices are marked stalled and
@@ -302,6 +375,7 @@ pub struct SourceArgs {
 
 /// Where the kubelet is, for the pod, namespace and container of GPU processes.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Kubernetes pod attribution")]
 pub struct KubeletArgs {
     /// The kubelet's pod-resources socket, asked which pods hold each GPU (pod, namespace and
     /// container of GPU processes). Nothing is started when it does not exist.
@@ -400,111 +474,115 @@ impl BackendChoice {
 
 #[derive(Debug, Clone, Args)]
 pub struct CheckArgs {
-    #[command(flatten)]
-    pub source: SourceArgs,
-    /// Print the versioned JSON check report instead of text.
+    /// Print the versioned JSON check report (assets/schema/check-report.schema.json) instead
+    /// of text.
     #[arg(long)]
     pub json: bool,
-    /// Sample for this long before summarising (`0` for a single read). With --replay the
-    /// default is the whole recording and a window keeps only its end.
+    /// Sample live GPUs for this long before summarising (`0` for a single read). With --replay
+    /// a window keeps only the recording's end [default: 1s; with --replay, the whole
+    /// recording].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub window: Option<Duration>,
-    /// Time between samples inside the window.
-    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_interval)]
-    pub interval: Duration,
     /// Exit with code 1 when a finding of this severity or worse is present.
     #[arg(long, value_enum, default_value = "fail")]
     pub fail_on: FailOn,
-    /// Also run a probe suite on each GPU and put the results in the report.
+    /// Also run a probe suite on each GPU and put the results in the report [default: no
+    /// probes].
     #[arg(long, value_enum, value_name = "SUITE", conflicts_with_all = ["replay", "demo"])]
     pub probes: Option<SuiteName>,
     /// With --probes: probe GPUs even when other processes are using them.
     #[arg(long, requires = "probes")]
     pub force: bool,
+    /// Time between samples inside the window (50ms or more).
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_interval, help_heading = SOURCE_HEADING)]
+    pub interval: Duration,
+    #[command(flatten)]
+    pub source: SourceArgs,
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct RecordArgs {
-    #[command(flatten)]
-    pub source: SourceArgs,
     /// Where to write (gzip when the name ends in .gz).
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
-    /// Stop after this long; without it, record until Ctrl-C.
+    /// Stop after this long [default: record until Ctrl-C; a replay to its end].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub duration: Option<Duration>,
-    /// Time between samples (50ms or more).
-    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_interval)]
-    pub interval: Duration,
     /// Replace FILE if it exists.
     #[arg(long)]
     pub force: bool,
+    /// Time between samples (50ms or more).
+    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_interval, help_heading = SOURCE_HEADING)]
+    pub interval: Duration,
+    #[command(flatten)]
+    pub source: SourceArgs,
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct TraceArgs {
-    #[command(flatten)]
-    pub source: SourceArgs,
     /// Where to write the trace (JSON; with --merge, gzip when the name ends in .gz).
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
+    /// How long to sample live GPUs (a replay is traced whole).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
     /// Add the recording's tracks to this PyTorch profiler (Kineto) trace, a .json from
     /// export_chrome_trace or the .json.gz of tensorboard_trace_handler, aligned on its clock;
     /// only the time both cover is added. Needs --replay.
     #[arg(long, value_name = "PROFILER_TRACE", requires = "replay")]
     pub merge: Option<PathBuf>,
-    /// How long to sample live GPUs (a replay is traced whole).
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
-    pub duration: Duration,
-    /// Time between samples (50ms or more).
-    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_interval)]
-    pub interval: Duration,
     /// Replace FILE if it exists.
     #[arg(long)]
     pub force: bool,
+    /// Time between samples (50ms or more).
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_interval, help_heading = SOURCE_HEADING)]
+    pub interval: Duration,
+    #[command(flatten)]
+    pub source: SourceArgs,
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct ReportArgs {
-    #[command(flatten)]
-    pub source: SourceArgs,
     /// Where to write the bundle [default: gpudiag-report-<UTC time>.tar.gz].
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// How long to record live GPUs (a replay is bundled whole).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub duration: Duration,
-    /// Time between samples (50ms or more).
-    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_interval)]
-    pub interval: Duration,
     /// Keep host names, user names, command lines and home paths as they are.
     #[arg(long)]
     pub no_redact: bool,
     /// Replace FILE if it exists.
     #[arg(long)]
     pub force: bool,
+    /// Time between samples (50ms or more).
+    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_interval, help_heading = SOURCE_HEADING)]
+    pub interval: Duration,
+    #[command(flatten)]
+    pub source: SourceArgs,
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    #[command(flatten)]
-    pub source: SourceArgs,
     /// Address to listen on; loopback by default (`0.0.0.0:9835` exposes it to the network).
     /// Port 0 picks a free port, printed at start.
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9835")]
     pub listen: std::net::SocketAddr,
     /// TLS and basic auth for /metrics from a Prometheus exporter web config file
     /// (exporter-toolkit's web-config.yml: tls_server_config, basic_auth_users with bcrypt
-    /// hashes). Listening beyond loopback without both prints a warning.
+    /// hashes). Listening beyond loopback without both prints a warning [default: plain HTTP,
+    /// no password].
     #[arg(long = "web.config.file", value_name = "PATH")]
     pub web_config_file: Option<PathBuf>,
-    /// Time between samples (50ms or more).
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
-    pub interval: Duration,
     /// At most this many processes get per-process series (gpudiag_process_*) in one scrape,
     /// those holding the most GPU memory; gpudiag_process_series_dropped counts the rest.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_PROCESS_CAP)]
     pub max_process_series: usize,
+    /// Time between samples (50ms or more).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval, help_heading = SOURCE_HEADING)]
+    pub interval: Duration,
+    #[command(flatten)]
+    pub source: SourceArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -512,13 +590,13 @@ pub struct ReplayArgs {
     /// The recording (NDJSON, plain or gzip) or a `gpudiag report` bundle; `-` reads stdin.
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
+    /// Playback speed: 1 plays as recorded, 10 ten times faster.
+    #[arg(long, default_value = "1", value_parser = parse_speed)]
+    pub speed: f64,
     /// The most a bundle may inflate to (the archive and the recording in it), e.g. 8GiB; past
     /// it gpudiag stops with exit code 2.
     #[arg(long, value_name = "SIZE", default_value = DEFAULT_MAX_INFLATED_ARG, value_parser = parse_size)]
     pub max_inflated_size: u64,
-    /// Playback speed: 1 plays as recorded, 10 ten times faster.
-    #[arg(long, default_value = "1", value_parser = parse_speed)]
-    pub speed: f64,
 }
 
 /// `DEFAULT_MAX_INFLATED` as the flag's default is written.

@@ -977,14 +977,12 @@ fn record_from_a_missing_recording_exits_2_and_writes_nothing() {
 // ---------------------------------------------------------------------------------------------
 // Help and text output
 
+/// Each help ends with the exit codes of its own command: `check`'s four, where --fail-on
+/// decides 1; plain `gpudiag`'s, which has no --fail-on; and those of the commands that write a
+/// file, which never judge the GPUs into their exit code.
 #[test]
 fn help_lists_the_exit_codes() {
-    for args in [
-        &["--help"][..],
-        &["check", "--help"][..],
-        &["record", "--help"][..],
-        &["help", "check"][..],
-    ] {
+    for args in [&["check", "--help"][..], &["help", "check"][..]] {
         let run = gpudiag(args);
         assert_eq!(run.code, 0, "{args:?}");
         let help = &run.stdout;
@@ -998,11 +996,155 @@ fn help_lists_the_exit_codes() {
             assert!(help.contains(line), "{args:?} lacks {line:?}");
         }
     }
+    let expected: [(&[&str], &[&str]); 5] = [
+        (
+            &["--help"],
+            &[
+                "0  the terminal UI closed; piped: healthy, or only warn and info findings",
+                "1  piped: a fail finding",
+                "3  piped: could not run",
+            ],
+        ),
+        (&["record", "--help"], &["0  written", "3  could not run"]),
+        (&["trace", "--help"], &["0  written", "3  could not run"]),
+        (&["report", "--help"], &["0  written", "3  could not run"]),
+        (
+            &["replay", "--help"],
+            &[
+                "1  without a terminal: a fail finding",
+                "3  without a terminal",
+            ],
+        ),
+    ];
+    for (args, lines) in expected {
+        let run = gpudiag(args);
+        assert_eq!(run.code, 0, "{args:?}");
+        let help = &run.stdout;
+        assert!(help.contains("Exit codes:"), "{args:?}: {help}");
+        for line in lines {
+            assert!(help.contains(line), "{args:?} lacks {line:?}:\n{help}");
+        }
+    }
+    for sub in ["record", "trace", "report", "serve"] {
+        let help = gpudiag(&[sub, "--help"]).stdout;
+        assert!(
+            !help.lines().any(|l| l.starts_with("  1  ")),
+            "{sub} never exits 1, yet its help says when:\n{help}"
+        );
+    }
     let run = gpudiag(&["--version"]);
     assert_eq!(run.code, 0);
     assert_eq!(
         run.stdout,
         format!("gpudiag {}\n", gpudiag::build_info::LONG_VERSION)
+    );
+}
+
+/// A help text names --fail-on only where the command has that flag: the other commands'
+/// exit codes do not depend on it.
+#[test]
+fn help_mentions_fail_on_only_where_the_command_has_it() {
+    use clap::CommandFactory;
+    let cli = gpudiag::cli::Cli::command();
+    let has_fail_on =
+        |c: &clap::Command| c.get_arguments().any(|a| a.get_long() == Some("fail-on"));
+    let mut commands: Vec<(Vec<&str>, bool)> = vec![(vec!["--help"], has_fail_on(&cli))];
+    for sub in cli.get_subcommands() {
+        commands.push((vec![sub.get_name(), "--help"], has_fail_on(sub)));
+    }
+    assert!(
+        commands.iter().any(|(_, has)| *has),
+        "no command has --fail-on"
+    );
+    for (args, has) in commands {
+        let run = gpudiag(&args);
+        assert_eq!(run.code, 0, "{args:?}");
+        if !has {
+            assert!(
+                !run.stdout.contains("--fail-on"),
+                "{args:?} has no --fail-on, yet its help names it:\n{}",
+                run.stdout
+            );
+        }
+    }
+}
+
+/// `check --help` lists the flags people use first, then where the telemetry comes from, then
+/// the kubelet, each group under its heading, with the defaults shown.
+#[test]
+fn check_help_puts_the_flags_people_use_first() {
+    let help = gpudiag(&["check", "--help"]).stdout;
+    let order = [
+        "--json",
+        "--window <DURATION>",
+        "--fail-on <FAIL_ON>",
+        "--probes <SUITE>",
+        "Telemetry source:",
+        "--interval <DURATION>",
+        "--replay <FILE>",
+        "--device <INDEX|UUID>",
+        "--init-timeout <DURATION>",
+        "Kubernetes pod attribution:",
+        "--kubelet-socket <PATH>",
+    ];
+    let at: Vec<usize> = order
+        .iter()
+        .map(|s| help.find(s).unwrap_or_else(|| panic!("no {s} in:\n{help}")))
+        .collect();
+    assert!(
+        at.windows(2).all(|w| w[0] < w[1]),
+        "not in the order {order:?}:\n{help}"
+    );
+    for default in [
+        "[default: 1s; with --replay, the whole recording]",
+        "[default: fail]",
+        "[default: 100ms]",
+        "[default: every GPU]",
+        "[default: 10s]",
+    ] {
+        assert!(help.contains(default), "no {default} in:\n{help}");
+    }
+}
+
+/// Every option that takes a value shows its default, in clap's `[default: ...]` or in its
+/// text where the default is not a value (`--window`: the whole recording with --replay).
+/// The exceptions are the files a command reads or writes only when asked to.
+#[test]
+fn every_option_shows_its_default() {
+    use clap::CommandFactory;
+    const ONLY_WHEN_ASKED: [&str; 8] = [
+        "replay",
+        "merge",
+        "profiler-trace",
+        "record",
+        "trace",
+        "report-file",
+        "config",
+        "output",
+    ];
+    let mut cli = gpudiag::cli::Cli::command();
+    cli.build();
+    let mut missing = Vec::new();
+    let mut check = |command: &clap::Command| {
+        for arg in command.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            let takes_value = arg.get_num_args().is_some_and(|n| n.takes_values());
+            if !takes_value || arg.is_hide_set() || ONLY_WHEN_ASKED.contains(&long) {
+                continue;
+            }
+            let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+            if arg.get_default_values().is_empty() && !help.contains("[default: ") {
+                missing.push(format!("{} --{long}", command.get_name()));
+            }
+        }
+    };
+    check(&cli);
+    for sub in cli.get_subcommands() {
+        check(sub);
+    }
+    assert!(
+        missing.is_empty(),
+        "options with no default shown: {missing:?}"
     );
 }
 

@@ -967,20 +967,22 @@ fn kernel_log_credentials_are_redacted() {
     }
 }
 
-/// The README names every variable a bundle keeps, so users can see what leaves their host.
+/// The bundle documentation names every variable a bundle keeps, so users can see what leaves
+/// their host.
 #[test]
-fn readme_lists_the_variables_a_bundle_keeps() {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let section = readme
-        .split("## Bug-report bundles")
+fn docs_list_the_variables_a_bundle_keeps() {
+    let docs =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/bundles.md"))
+            .unwrap();
+    let section = docs
+        .split("## What a bundle keeps, and what it redacts")
         .nth(1)
         .and_then(|s| s.split("\n## ").next())
         .unwrap();
     for name in gpudiag_export::bundle_writer::host::KEPT_VARIABLES {
         assert!(
             section.contains(&format!("`{name}`")),
-            "README lacks {name}"
+            "docs/bundles.md lacks {name}"
         );
     }
 }

@@ -3,8 +3,8 @@
 //! test types keys, reads the pane, and checks what a person would see, then that the shell's
 //! terminal is back as it was (no alternate screen, no mouse capture, same stty settings).
 //!
-//! With `GPUDIAG_UPDATE_SCREENS=1` the captures are also written to `assets/screens/` for the
-//! README.
+//! With `GPUDIAG_UPDATE_SCREENS=1` the captures are also written to `assets/screens/`, as the
+//! text captures docs/tui.md links to.
 
 #[path = "support/tmux.rs"]
 mod tmux;

@@ -1,0 +1,604 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The pictures of the terminal UI in the README and docs/tui.md: the UI itself rendered into
+//! ratatui's `TestBackend` from the bundled demo recording, then each cell drawn as SVG with its colours and bold, so a picture is what a terminal shows,
+//! not a hand-made mock-up. The test fails when a committed picture differs from what the UI
+//! draws today; `GPUDIAG_UPDATE_SCREENS=1 cargo nextest run --locked --test tui_screens`
+//! rewrites them (after a UI change, or when the demo recording is made again).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use gpudiag::session::{DEMO_NAME, DEMO_RECORDING};
+use gpudiag::telemetry::replay::{Pace, ReplayBackend};
+use gpudiag::telemetry::{Backend, Tick};
+use gpudiag::tui::app::{App, AppInit, Panel, SourceKind};
+use gpudiag::tui::messages::{FeedMsg, ReplayPosition, tick_time};
+use gpudiag::tui::theme::Theme;
+use gpudiag::tui::ui;
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::buffer::Buffer;
+use ratatui::style::{Color, Modifier};
+
+const UPDATE: &str = "GPUDIAG_UPDATE_SCREENS";
+
+fn screens_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/screens")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The scenes
+
+/// One picture: a file name, what it shows (the SVG's title), and the screen it renders.
+struct Scene {
+    name: &'static str,
+    title: &'static str,
+    width: u16,
+    height: u16,
+    app: App,
+}
+
+/// Every picture the docs show. The moment of the demo is chosen from its data (the end of its
+/// longest stretch at full load), not a fixed time, so a demo recorded again still gives a
+/// busy GPU rather than an idle one.
+fn scenes() -> Vec<Scene> {
+    let demo = Source::demo;
+    let (w, h) = (120, 36);
+    let mut scenes = Vec::new();
+
+    let mut app = demo().app_at_full_load();
+    app.panel = Panel::Devices;
+    scenes.push(Scene {
+        name: "devices",
+        title: "gpudiag: the Devices panel and the verdict, bundled demo at full load",
+        width: w,
+        height: h,
+        app,
+    });
+
+    let mut app = demo().app_at_full_load();
+    app.panel = Panel::Detail;
+    scenes.push(Scene {
+        name: "detail",
+        title: "gpudiag: the Detail panel's verdict, advice and charts, bundled demo",
+        width: w,
+        height: h,
+        app,
+    });
+
+    let mut app = demo().app_at_full_load();
+    app.panel = Panel::Processes;
+    scenes.push(Scene {
+        name: "processes",
+        title: "gpudiag: the Processes panel, bundled demo at full load",
+        width: w,
+        height: h,
+        app,
+    });
+
+    // At the end, so the findings of every phase are in.
+    let mut app = demo().app_at_end();
+    app.panel = Panel::Findings;
+    scenes.push(Scene {
+        name: "findings",
+        title: "gpudiag: the Findings panel, worst first, at the end of the bundled demo",
+        width: w,
+        height: h,
+        app,
+    });
+
+    let mut app = demo().app_at_end();
+    app.panel = Panel::Findings;
+    app.on_key(KeyEvent::new(KeyCode::Enter, KeyModifiers::NONE));
+    scenes.push(Scene {
+        name: "finding-detail",
+        title: "gpudiag: the worst finding of the bundled demo opened: evidence and advice",
+        width: w,
+        height: h,
+        app,
+    });
+    scenes
+}
+
+/// A recording read whole, and how the UI names it in its header.
+struct Source {
+    backend: ReplayBackend,
+    name: String,
+    ticks: Vec<Tick>,
+}
+
+impl Source {
+    fn demo() -> Source {
+        let backend = ReplayBackend::from_reader(DEMO_RECORDING, Pace::AsFastAsPossible).unwrap();
+        Source::read(backend, DEMO_NAME.to_owned())
+    }
+
+    fn read(mut backend: ReplayBackend, name: String) -> Source {
+        let mut ticks = Vec::new();
+        while let Ok(t) = backend.poll() {
+            ticks.push(t);
+        }
+        assert!(!ticks.is_empty(), "{name} has no ticks");
+        Source {
+            backend,
+            name,
+            ticks,
+        }
+    }
+
+    /// The UI as `gpudiag replay` builds it, in colour.
+    fn new_app(&self) -> App {
+        let b = &self.backend;
+        let mut app = App::new(AppInit {
+            host: b.header().host.clone(),
+            devices: b.header().devices.clone(),
+            source: SourceKind::Replay {
+                name: self.name.clone(),
+            },
+            backend_name: b.header().backend.clone(),
+            interval: Duration::from_secs(1),
+            theme: Theme { color: true },
+            can_signal: false,
+            topology: b.header().topology.clone(),
+        });
+        app.set_recorded(b.recorded_findings());
+        app
+    }
+
+    /// The UI having played the recording up to and including tick `last`.
+    fn app_until(&self, last: usize) -> App {
+        let mut app = self.new_app();
+        let times: Vec<u64> = self.ticks.iter().filter_map(tick_time).collect();
+        let position = ReplayPosition {
+            current_ms: tick_time(&self.ticks[last]).unwrap_or_default(),
+            start_ms: times.iter().copied().min().unwrap_or_default(),
+            end_ms: times.iter().copied().max().unwrap_or_default(),
+            speed: 1.0,
+        };
+        app.on_feed(
+            FeedMsg::Ticks {
+                ticks: self.ticks[..=last].to_vec(),
+                reset: false,
+                position: Some(position),
+            },
+            Instant::now(),
+        );
+        if last + 1 == self.ticks.len() {
+            app.on_feed(FeedMsg::Ended(None), Instant::now());
+        }
+        app.refresh_findings();
+        app
+    }
+
+    fn app_at_end(&self) -> App {
+        self.app_until(self.ticks.len() - 1)
+    }
+
+    fn app_at_full_load(&self) -> App {
+        self.app_until(end_of_longest_full_load(&self.ticks))
+    }
+}
+
+/// The last tick of the longest run of ticks in which every GPU reads at least 90%
+/// utilisation (ticks without samples neither extend nor break a run); the last tick when no
+/// GPU ever gets there.
+fn end_of_longest_full_load(ticks: &[Tick]) -> usize {
+    let (mut best, mut best_len, mut len) = (ticks.len() - 1, 0, 0);
+    for (i, t) in ticks.iter().enumerate() {
+        if t.samples.is_empty() {
+            continue;
+        }
+        let busy = t
+            .samples
+            .iter()
+            .all(|s| s.gpu_util_pct.is_some_and(|u| u >= 90.0));
+        len = if busy { len + 1 } else { 0 };
+        if busy && len > best_len {
+            (best, best_len) = (i, len);
+        }
+    }
+    best
+}
+
+fn render(app: &App, width: u16, height: u16) -> Buffer {
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
+    terminal.draw(|f| ui::draw(f, app)).unwrap();
+    terminal.backend().buffer().clone()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cells to SVG
+
+/// Cell size in pixels: a 15 px monospace font advances about 9 px a character.
+const CELL_W: usize = 9;
+const CELL_H: usize = 18;
+const FONT_PX: usize = 15;
+/// Baseline below a row's top: box-drawing and block glyphs then span the whole row, so
+/// borders join from row to row.
+const BASELINE: usize = 14;
+const PAD: usize = 10;
+const DEFAULT_FG: &str = "#d4d4d4";
+const DEFAULT_BG: &str = "#1e1e1e";
+
+/// A dark terminal palette for the 16 named colours (the ones the UI's theme uses).
+fn named(c: Color) -> Option<&'static str> {
+    Some(match c {
+        Color::Black => "#000000",
+        Color::Red => "#cd3131",
+        Color::Green => "#0dbc79",
+        Color::Yellow => "#e5e510",
+        Color::Blue => "#3b8eea",
+        Color::Magenta => "#bc3fbc",
+        Color::Cyan => "#11a8cd",
+        Color::Gray => "#e5e5e5",
+        Color::DarkGray => "#808080",
+        Color::LightRed => "#f14c4c",
+        Color::LightGreen => "#23d18b",
+        Color::LightYellow => "#f5f543",
+        Color::LightBlue => "#3b8eea",
+        Color::LightMagenta => "#d670d6",
+        Color::LightCyan => "#29b8db",
+        Color::White => "#ffffff",
+        _ => return None,
+    })
+}
+
+/// `None` for the terminal's default colour.
+fn hex(c: Color) -> Option<String> {
+    const NAMED: [Color; 16] = [
+        Color::Black,
+        Color::Red,
+        Color::Green,
+        Color::Yellow,
+        Color::Blue,
+        Color::Magenta,
+        Color::Cyan,
+        Color::Gray,
+        Color::DarkGray,
+        Color::LightRed,
+        Color::LightGreen,
+        Color::LightYellow,
+        Color::LightBlue,
+        Color::LightMagenta,
+        Color::LightCyan,
+        Color::White,
+    ];
+    match c {
+        Color::Reset => None,
+        Color::Rgb(r, g, b) => Some(format!("#{r:02x}{g:02x}{b:02x}")),
+        // xterm's 256 colours: the 16 named ones, a 6x6x6 cube, then 24 greys.
+        Color::Indexed(i @ 0..=15) => named(NAMED[usize::from(i)]).map(str::to_owned),
+        Color::Indexed(i @ 16..=231) => {
+            let level = |v: u8| if v == 0 { 0 } else { 55 + 40 * v };
+            let i = i - 16;
+            let (r, g, b) = (level(i / 36), level(i / 6 % 6), level(i % 6));
+            Some(format!("#{r:02x}{g:02x}{b:02x}"))
+        }
+        Color::Indexed(i) => {
+            let v = 8 + 10 * (i - 232);
+            Some(format!("#{v:02x}{v:02x}{v:02x}"))
+        }
+        other => named(other).map(str::to_owned),
+    }
+}
+
+/// What a cell looks like once reverse video is applied.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Look {
+    fg: String,
+    bg: String,
+    bold: bool,
+    italic: bool,
+    underline: bool,
+    dim: bool,
+}
+
+fn look(cell: &ratatui::buffer::Cell) -> Look {
+    let mut fg = hex(cell.fg).unwrap_or_else(|| DEFAULT_FG.to_owned());
+    let mut bg = hex(cell.bg).unwrap_or_else(|| DEFAULT_BG.to_owned());
+    if cell.modifier.contains(Modifier::REVERSED) {
+        std::mem::swap(&mut fg, &mut bg);
+    }
+    Look {
+        fg,
+        bg,
+        bold: cell.modifier.contains(Modifier::BOLD),
+        italic: cell.modifier.contains(Modifier::ITALIC),
+        underline: cell.modifier.contains(Modifier::UNDERLINED),
+        dim: cell.modifier.contains(Modifier::DIM),
+    }
+}
+
+fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            // XML 1.0 allows no other control character, even escaped.
+            c if c.is_control() => out.push('\u{fffd}'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The buffer as SVG: a background rectangle per stretch of cells with a colour other than the
+/// default, and a text element per stretch with one look. ASCII and other characters go in
+/// separate elements, so glyphs a viewer takes from another font (braille, box drawing) can be
+/// placed cell by cell without shifting the text around them.
+fn svg(buf: &Buffer, title: &str) -> String {
+    let area = buf.area;
+    let (w, h) = (usize::from(area.width), usize::from(area.height));
+    let mut classes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut class_of = |colour: &str| -> String {
+        let n = classes.len();
+        format!("c{}", *classes.entry(colour.to_owned()).or_insert(n))
+    };
+    let mut body = String::new();
+    for y in 0..h {
+        let row: Vec<(String, Look)> = (0..w)
+            .map(|x| {
+                let cell = &buf[(area.x + x as u16, area.y + y as u16)];
+                let symbol = match cell.symbol() {
+                    "" => " ",
+                    s => s,
+                };
+                (symbol.to_owned(), look(cell))
+            })
+            .collect();
+        // Backgrounds.
+        let mut x = 0;
+        while x < w {
+            let bg = &row[x].1.bg;
+            let start = x;
+            while x < w && &row[x].1.bg == bg {
+                x += 1;
+            }
+            if bg != DEFAULT_BG {
+                writeln!(
+                    body,
+                    r#"<rect x="{}" y="{}" width="{}" height="{CELL_H}" fill="{bg}"/>"#,
+                    start * CELL_W,
+                    y * CELL_H,
+                    (x - start) * CELL_W
+                )
+                .unwrap();
+            }
+        }
+        // Text.
+        let mut x = 0;
+        while x < w {
+            let (ref symbol, ref l) = row[x];
+            let ascii = symbol.is_ascii();
+            let start = x;
+            while x < w && &row[x].1 == l && row[x].0.is_ascii() == ascii {
+                x += 1;
+            }
+            let mut cells: &[(String, Look)] = &row[start..x];
+            let mut at = start;
+            // Spaces draw nothing unless underlined; trim them so the element is the ink.
+            if !l.underline {
+                while let [(first, _), rest @ ..] = cells
+                    && first == " "
+                {
+                    cells = rest;
+                    at += 1;
+                }
+                while let [rest @ .., (last, _)] = cells
+                    && last == " "
+                {
+                    cells = rest;
+                }
+            }
+            if cells.is_empty() {
+                continue;
+            }
+            let text: String = cells.iter().map(|(s, _)| s.as_str()).collect();
+            let mut class = class_of(&l.fg);
+            for (on, name) in [
+                (l.bold, "b"),
+                (l.italic, "i"),
+                (l.underline, "u"),
+                (l.dim, "d"),
+            ] {
+                if on {
+                    class.push(' ');
+                    class.push_str(name);
+                }
+            }
+            let y = y * CELL_H + BASELINE;
+            if ascii {
+                // The monospace font's own advance is within a few hundredths of a pixel of
+                // the cell; textLength evens out the rest where the viewer supports it.
+                writeln!(
+                    body,
+                    r#"<text x="{}" y="{y}" textLength="{}" class="{class}">{}</text>"#,
+                    at * CELL_W,
+                    cells.len() * CELL_W,
+                    escape(&text)
+                )
+                .unwrap();
+            } else {
+                // Braille, blocks and box drawing often come from a fallback font with another
+                // advance: each glyph gets its own cell's position, which every viewer honours.
+                let xs: Vec<String> = (at..at + cells.len())
+                    .map(|c| (c * CELL_W).to_string())
+                    .collect();
+                writeln!(
+                    body,
+                    r#"<text x="{}" y="{y}" class="{class}">{}</text>"#,
+                    xs.join(" "),
+                    escape(&text)
+                )
+                .unwrap();
+            }
+        }
+    }
+    let (width, height) = (w * CELL_W + 2 * PAD, h * CELL_H + 2 * PAD);
+    let mut style = String::from(
+        "text{white-space:pre}.b{font-weight:bold}.i{font-style:italic}\
+         .u{text-decoration:underline}.d{opacity:.6}",
+    );
+    let mut by_number: Vec<(&String, &usize)> = classes.iter().collect();
+    by_number.sort_by_key(|(_, n)| **n);
+    for (colour, n) in by_number {
+        write!(style, ".c{n}{{fill:{colour}}}").unwrap();
+    }
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" xml:space=\"preserve\" width=\"{width}\" \
+         height=\"{height}\" viewBox=\"0 0 {width} {height}\" \
+         font-family=\"'DejaVu Sans Mono',Menlo,Consolas,'Liberation Mono',monospace\" \
+         font-size=\"{FONT_PX}\">\n\
+         <title>{}</title>\n<style>{style}</style>\n\
+         <rect width=\"{width}\" height=\"{height}\" rx=\"6\" fill=\"{DEFAULT_BG}\"/>\n\
+         <g transform=\"translate({PAD},{PAD})\">\n{body}</g>\n</svg>\n",
+        escape(title)
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+
+/// Every committed picture is what the UI draws today; with `GPUDIAG_UPDATE_SCREENS` set, the
+/// pictures are written instead.
+#[test]
+fn committed_pictures_match_what_the_ui_draws() {
+    let update = std::env::var_os(UPDATE).is_some();
+    let dir = screens_dir();
+    let mut stale = Vec::new();
+    for scene in scenes() {
+        let picture = svg(&render(&scene.app, scene.width, scene.height), scene.title);
+        let path = dir.join(format!("{}.svg", scene.name));
+        if update {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(&path, &picture).unwrap();
+            continue;
+        }
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        if committed != picture {
+            stale.push(path.display().to_string());
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "out of date with the UI: {}\nregenerate them: {UPDATE}=1 cargo nextest run --locked \
+         --test tui_screens",
+        stale.join(", ")
+    );
+}
+
+/// No picture is left behind in assets/screens/ by a scene that was renamed or removed.
+#[test]
+fn every_committed_picture_has_a_scene() {
+    let names: Vec<String> = scenes().iter().map(|s| format!("{}.svg", s.name)).collect();
+    let orphans: Vec<String> = std::fs::read_dir(screens_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".svg") && !names.contains(n))
+        .collect();
+    assert!(orphans.is_empty(), "pictures no scene draws: {orphans:?}");
+}
+
+/// The scenes show what their names promise. Only what any demo recording made with
+/// assets/demo/load.py shows is asked for, so recording the demo again needs no change here.
+#[test]
+fn the_scenes_show_what_they_are_named_for() {
+    let text = |scene: &Scene| {
+        let buf = render(&scene.app, scene.width, scene.height);
+        let area = buf.area;
+        (0..area.height)
+            .map(|y| {
+                (0..area.width)
+                    .map(|x| buf[(x, y)].symbol().to_owned())
+                    .collect::<String>()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    for scene in scenes() {
+        let screen = text(&scene);
+        let expected: &[&str] = match scene.name {
+            "devices" => &["[1 Devices]", "verdict GPU 0", "util"],
+            "detail" => &["[2 Detail]", "what to do", "power"],
+            "processes" => &["[3 Processes]", "PID", "python3"],
+            "findings" => &["[4 Findings]"],
+            "finding-detail" if scene.app.findings.is_empty() => &["[4 Findings]"],
+            "finding-detail" => &["┌ Finding ", "Evidence", "What to do"],
+            other => panic!("no expectation for scene {other}"),
+        };
+        for want in expected {
+            assert!(
+                screen.contains(want),
+                "{}: no {want:?} in\n{screen}",
+                scene.name
+            );
+        }
+    }
+}
+
+#[test]
+fn the_demo_picture_is_taken_at_full_load() {
+    let demo = Source::demo();
+    let at = end_of_longest_full_load(&demo.ticks);
+    let util = demo.ticks[at].samples[0].gpu_util_pct.unwrap();
+    assert!(util >= 90.0, "tick {at}: {util}%");
+    assert!(at + 1 < demo.ticks.len(), "the demo ends at full load");
+}
+
+#[test]
+fn cells_become_rectangles_and_stretched_text() {
+    use ratatui::style::Style;
+    let mut buf = Buffer::empty(ratatui::layout::Rect::new(0, 0, 8, 2));
+    buf.set_string(0, 0, "ok <&>", Style::default().fg(Color::Green));
+    buf.set_string(
+        1,
+        1,
+        "██ x",
+        Style::default().add_modifier(Modifier::REVERSED | Modifier::BOLD),
+    );
+    let out = svg(&buf, "a \"test\" & <title>");
+    assert!(
+        out.contains("<title>a \"test\" &amp; &lt;title&gt;</title>"),
+        "{out}"
+    );
+    // Green text, its three characters escaped, stretched to six cells.
+    assert!(
+        out.contains(r#"<text x="0" y="14" textLength="54" class="c0">ok &lt;&amp;&gt;</text>"#),
+        "{out}"
+    );
+    assert!(out.contains(".c0{fill:#0dbc79}"), "{out}");
+    // Reverse video: the default foreground becomes the background of all four cells, the
+    // blocks (placed cell by cell) and the x are separate elements in the default background
+    // colour, bold.
+    assert!(
+        out.contains(r##"<rect x="9" y="18" width="36" height="18" fill="#d4d4d4"/>"##),
+        "{out}"
+    );
+    assert!(
+        out.contains(r#"<text x="9 18" y="32" class="c1 b">██</text>"#),
+        "{out}"
+    );
+    assert!(
+        out.contains(r#"<text x="36" y="32" textLength="9" class="c1 b">x</text>"#),
+        "{out}"
+    );
+    assert!(out.contains(".c1{fill:#1e1e1e}"), "{out}");
+    assert!(out.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+    assert!(out.ends_with("</svg>\n"));
+}
+
+#[test]
+fn colours_follow_xterm_numbering() {
+    assert_eq!(hex(Color::Reset), None);
+    assert_eq!(hex(Color::Rgb(1, 2, 255)).as_deref(), Some("#0102ff"));
+    assert_eq!(hex(Color::Indexed(1)), hex(Color::Red));
+    assert_eq!(hex(Color::Indexed(16)).as_deref(), Some("#000000"));
+    assert_eq!(hex(Color::Indexed(231)).as_deref(), Some("#ffffff"));
+    assert_eq!(hex(Color::Indexed(232)).as_deref(), Some("#080808"));
+    assert_eq!(hex(Color::Indexed(255)).as_deref(), Some("#eeeeee"));
+}
