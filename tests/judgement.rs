@@ -16,9 +16,9 @@ use gpudiag::config::Config;
 use gpudiag::rules::{Finding, FindingState};
 use gpudiag::session::{DEMO_RECORDING, Origin, SourceSpec, open_source};
 use gpudiag::telemetry::replay::{Pace, ReplayBackend};
+use gpudiag::telemetry::sampler::SamplerMsg;
 use gpudiag::telemetry::{Backend, Tick};
 use gpudiag::tui::app::{App, AppInit, SourceKind};
-use gpudiag::telemetry::sampler::SamplerMsg;
 use gpudiag::tui::theme::Theme;
 use serde_json::Value;
 

@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use gpudiag::session::{DEMO_NAME, DEMO_RECORDING};
+use gpudiag::telemetry::ReplayPosition;
 use gpudiag::telemetry::replay::{Pace, ReplayBackend};
+use gpudiag::telemetry::sampler::SamplerMsg;
 use gpudiag::telemetry::{Backend, Tick};
 use gpudiag::tui::app::{App, AppInit, Panel, SourceKind};
-use gpudiag::tui::messages::{FeedMsg, ReplayPosition, tick_time};
 use gpudiag::tui::theme::Theme;
 use gpudiag::tui::ui;
 use ratatui::Terminal;
@@ -156,10 +157,9 @@ impl Source {
             current_ms: tick_time(&self.ticks[last]).unwrap_or_default(),
             start_ms: times.iter().copied().min().unwrap_or_default(),
             end_ms: times.iter().copied().max().unwrap_or_default(),
-            speed: 1.0,
         };
         app.on_feed(
-            FeedMsg::Ticks {
+            SamplerMsg::Ticks {
                 ticks: self.ticks[..=last].to_vec(),
                 reset: false,
                 position: Some(position),
@@ -167,7 +167,7 @@ impl Source {
             Instant::now(),
         );
         if last + 1 == self.ticks.len() {
-            app.on_feed(FeedMsg::Ended(None), Instant::now());
+            app.on_feed(SamplerMsg::Ended(None), Instant::now());
         }
         app.refresh_findings();
         app
@@ -601,4 +601,13 @@ fn colours_follow_xterm_numbering() {
     assert_eq!(hex(Color::Indexed(231)).as_deref(), Some("#ffffff"));
     assert_eq!(hex(Color::Indexed(232)).as_deref(), Some("#080808"));
     assert_eq!(hex(Color::Indexed(255)).as_deref(), Some("#eeeeee"));
+}
+
+/// A tick's time: its newest sample, or its newest event when it carries no sample.
+fn tick_time(t: &Tick) -> Option<u64> {
+    t.samples
+        .iter()
+        .map(|s| s.time_ms)
+        .max()
+        .or_else(|| t.events.iter().map(|e| e.time_ms).max())
 }

@@ -20,9 +20,9 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::commands::host_facts::XidRead;
 use app::{App, AppInit, SourceKind};
 use gpudiag_core::config::Config;
+use gpudiag_core::host_facts::XidRead;
 use gpudiag_core::session::{Origin, Source, SourceSpec, open_source};
 use gpudiag_model::cuda_libraries::LibraryInfo;
 use gpudiag_model::error::{Error, exit};
