@@ -26,6 +26,10 @@ rm -rf "$out" "$CARGO_TARGET_DIR/bin"
 mkdir -p "$out" "$CARGO_TARGET_DIR/bin/base" "$CARGO_TARGET_DIR/bin/new"
 build() {
   local dir=$1 side=$2
+  # The binary too, in the same profile, for comparing what each side concludes
+  # (benches/findings_ab.py).
+  (cd "$dir" && cargo build --locked --profile bench --bin gpudiag \
+    && cp "$CARGO_TARGET_DIR/release/gpudiag" "$CARGO_TARGET_DIR/bin/$side/gpudiag")
   (cd "$dir" && cargo bench --locked --no-run "${benches[@]/#/--bench=}" --message-format=json) \
     | python3 -c '
 import json, shutil, sys
