@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use gpudiag::config::RulesConfig;
 use gpudiag::history::History;
-use gpudiag::rules::{self, ProcessMemory, RuleEngine, RuleInput};
+use gpudiag::rules::engine::RuleEngine;
+use gpudiag::rules::{self, ProcessMemory, RuleInput};
 use gpudiag::telemetry::{DeviceInfo, ProcessSample, Sample, Tick};
 
 const DEVICES: u32 = 8;
@@ -204,7 +205,7 @@ fn per_family(history: &History, devices: &[DeviceInfo]) {
         ("pcie", rules::pcie::evaluate),
         ("memory (nearly full + leaks)", rules::memory::evaluate),
         ("thermal", rules::thermal::evaluate),
-        ("all windowed families", rules::windowed),
+        ("all windowed families", rules::families::windowed),
     ];
     println!();
     println!("| one evaluation of {DEVICES} GPUs, by family | µs (median of 200) |");

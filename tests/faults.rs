@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
 use gpudiag::config::RulesConfig;
-use gpudiag::rules::{Finding, RuleEngine, Severity};
+use gpudiag::rules::engine::RuleEngine;
+use gpudiag::rules::{Finding, Severity};
 use gpudiag::session::{DEMO_RECORDING, Pipeline, Sink};
 use gpudiag::telemetry::fault::{self, FAULTS_ENV, FaultBackend};
 use gpudiag::telemetry::poll_deadline::PollDeadline;

@@ -6,7 +6,8 @@
 use gpudiag::config::{Config, RulesConfig};
 use gpudiag::cuda_libraries::LibraryInfo;
 use gpudiag::history::History;
-use gpudiag::rules::{Finding, FindingState, RuleEngine, Severity};
+use gpudiag::rules::engine::RuleEngine;
+use gpudiag::rules::{Finding, FindingState, Severity};
 use gpudiag::telemetry::{
     Absent, ComputeCapability, DeviceInfo, Event, EventKind, HostInfo, ProcessSample, Sample, Tick,
 };

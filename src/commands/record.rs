@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use crate::cli::RecordArgs;
 use gpudiag_core::config::Config;
-use gpudiag_core::rules::{Finding, RuleEngine};
+use gpudiag_core::rules::Finding;
+use gpudiag_core::rules::engine::RuleEngine;
 use gpudiag_core::session::{self, Limit, Pipeline, RunOptions, Sink, open_source};
 use gpudiag_model::cuda_libraries;
 use gpudiag_model::error::Error;

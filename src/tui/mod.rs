@@ -138,7 +138,7 @@ fn run(
         interval,
         theme: Theme::from_env(),
         // A recording's PIDs belong to another machine or another time.
-        can_signal: source.recording.is_none(),
+        can_signal: source.is_this_host(),
         topology: source.topology(),
     });
     let (kernel_xids, libraries) = host_facts.unzip();

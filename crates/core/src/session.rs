@@ -25,7 +25,7 @@ use gpudiag_telemetry::{
 
 use crate::config::Config;
 use crate::history::History;
-use crate::rules::RuleEngine;
+use crate::rules::engine::RuleEngine;
 
 /// The demo recording shipped inside the binary: a real GPU going from idle to load and back.
 pub const DEMO_RECORDING: &[u8] = include_bytes!("../../../assets/demo/demo.ndjson.gz");

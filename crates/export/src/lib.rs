@@ -4,10 +4,12 @@
 //! command line, no terminal UI, no HTTP server. The binary drives the pipeline, builds the
 //! options here from its flags and hands the results to these writers.
 
+mod atomic;
 pub mod bundle_writer;
 pub mod chrome_trace;
 mod output;
 pub mod profiler_merge;
 pub mod prometheus;
 
-pub use output::{TraceOptions, refuse_existing, write_atomic, write_json_atomic, write_trace};
+pub use atomic::{refuse_existing, write_atomic, write_json_atomic};
+pub use output::{TraceOptions, write_trace};

@@ -51,8 +51,8 @@ use serde::de::{self, DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAcc
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::atomic::write_atomic;
 use crate::chrome_trace::{HOST_PID, Phase, Trace, TraceEvent, TraceInfo};
-use crate::write_atomic;
 use gpudiag_model::error::Error;
 use gpudiag_model::printable;
 

@@ -19,6 +19,7 @@ pub mod nvml;
 pub mod poll_deadline;
 pub mod procfs;
 pub mod recording;
+pub mod recording_error;
 pub mod replay;
 pub mod sampler;
 pub mod sanity;
@@ -62,7 +63,7 @@ pub enum BackendError {
     #[error("end of recording")]
     EndOfRecording,
     #[error(transparent)]
-    Recording(#[from] recording::RecordingError),
+    Recording(#[from] recording_error::RecordingError),
 }
 
 /// How a backend is paced.
@@ -113,6 +114,15 @@ pub trait Backend: Send {
     }
 }
 
+/// How fast a replay plays.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pace {
+    /// At the recorded spacing divided by `speed` (1.0 = real time, 10.0 = ten times faster).
+    Recorded { speed: f64 },
+    /// Every tick at once, for checks and tests.
+    AsFastAsPossible,
+}
+
 /// Where a source playing recorded time stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplayPosition {
@@ -127,10 +137,10 @@ pub struct ReplayPosition {
 /// (fault injection, the poll deadline) pass it through to the source they wrap.
 pub trait Playback {
     fn position(&self) -> ReplayPosition;
-    fn pace(&self) -> replay::Pace;
+    fn pace(&self) -> Pace;
     /// Changes pace; timing restarts from the next tick, so setting the same pace again
     /// re-anchors the clock (after a pause, the ticks due meanwhile do not all come at once).
-    fn set_pace(&mut self, pace: replay::Pace) -> Result<(), BackendError>;
+    fn set_pace(&mut self, pace: Pace) -> Result<(), BackendError>;
     /// Moves so that the next poll returns the first tick at or after `time_ms` (past the end,
     /// the next poll ends the recording). An error leaves the position as it was: a recording
     /// read from a pipe cannot go back.
@@ -149,8 +159,8 @@ pub trait Playback {
 }
 
 /// A recording that cannot be read is the user's input at fault (exit code 2).
-impl From<recording::RecordingError> for gpudiag_model::error::Error {
-    fn from(e: recording::RecordingError) -> Self {
+impl From<recording_error::RecordingError> for gpudiag_model::error::Error {
+    fn from(e: recording_error::RecordingError) -> Self {
         gpudiag_model::error::Error::Usage(e.to_string())
     }
 }

@@ -36,14 +36,7 @@ const MAX_WAIT: Duration = Duration::from_secs(10);
 /// Sleep granularity: the longest an interrupt waits to be noticed.
 const SLEEP_SLICE: Duration = Duration::from_millis(50);
 
-/// How fast a replay plays.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Pace {
-    /// At the recorded spacing divided by `speed` (1.0 = real time, 10.0 = ten times faster).
-    Recorded { speed: f64 },
-    /// Every tick at once, for checks and tests.
-    AsFastAsPossible,
-}
+pub use crate::Pace;
 
 type Built = Grouped<Sample, Event>;
 

@@ -8,11 +8,11 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::cli::ReportArgs;
-use crate::commands;
 use crate::export;
-use gpudiag_core::check::CheckRequest;
+use gpudiag_core::check::{CheckRequest, NoProbes};
 use gpudiag_core::config::RulesConfig;
-use gpudiag_core::rules::{Finding, RuleEngine};
+use gpudiag_core::rules::Finding;
+use gpudiag_core::rules::engine::RuleEngine;
 use gpudiag_core::session::{
     self, Limit, Origin, Pipeline, RunOptions, Sink, Source, SourceSpec, open_source,
 };
@@ -41,7 +41,7 @@ pub struct ReportOptions {
 pub fn capture(args: &ReportArgs, stop: &AtomicBool) -> Result<Captured, Error> {
     let source = open_source(&args.source.spec()?, Pace::AsFastAsPossible, false)?;
     let recorded = source.recorded.clone();
-    let live = source.recording.is_none();
+    let live = source.is_this_host();
     let devices = source.devices();
     let header = Header::new(
         source.backend.name(),
@@ -164,7 +164,8 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &ReportOptions) -> Result<
             ..SourceSpec::new(Origin::File(tmp.clone()))
         })
     };
-    let check = commands::check_request(&request, &opts.config);
+    // A bundle never runs probes: it judges what was recorded.
+    let check = gpudiag_core::check::run(&request, &opts.config, &NoProbes);
     let _ = std::fs::remove_file(&tmp);
     let check = check?;
 

@@ -8,7 +8,8 @@ use super::{CHECK_SCHEMA_VERSION, CheckReport, DeviceReport, SourceInfo, ToolInf
 use crate::config::Config;
 use crate::host_facts::HostFacts;
 use crate::judgement::{self, KernelLog, Moment, Seen, Span};
-use crate::rules::{Finding, RuleEngine, Severity};
+use crate::rules::engine::RuleEngine;
+use crate::rules::{Finding, Severity};
 use crate::session::{self, Limit, Pipeline, RunOptions, Sink, SourceSpec, open_source};
 use gpudiag_model::error::Error;
 use gpudiag_model::stats;

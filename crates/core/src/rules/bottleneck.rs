@@ -20,15 +20,15 @@
 //! Without profiling counters, steps 4 and 5 fall back to utilisation, PCIe and power, and the
 //! verdict says it is weaker.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::{RuleInput, round2};
+use super::{ProcessCpu, RuleInput, round2};
 use crate::history::Window;
 use gpudiag_model::decode::pcie_link_rate;
 use gpudiag_model::verdict::{Basis, Bottleneck, Confidence, Verdict, VerdictProcess};
-use gpudiag_telemetry::{DeviceInfo, Metric, Sample, TimeMs};
+use gpudiag_telemetry::{DeviceInfo, Metric, TimeMs};
 
 const MIB: f64 = 1024.0 * 1024.0;
 const GB: f64 = 1e9;
@@ -43,103 +43,6 @@ const HARMFUL_THROTTLE: u64 = 0x8 | 0x20 | 0x40 | 0x80;
 const FULL_COVERAGE: f64 = 0.9;
 
 pub use gpudiag_model::verdict::NotJudged;
-
-/// Per-process CPU time as /proc reported it and SM use as the driver reported it, at most one
-/// point a second each, for the shares over any window the history still covers. A process that
-/// left the GPU keeps its series for a while: `run` judges after its command exited, and the
-/// processes it judges have left every list by then.
-#[derive(Debug, Default, Clone)]
-pub struct ProcessCpu {
-    series: HashMap<(u32, u32), ProcessActivity>,
-}
-
-#[derive(Debug, Default, Clone)]
-struct ProcessActivity {
-    cpu_time: VecDeque<(TimeMs, f64)>,
-    sm_util: VecDeque<(TimeMs, f64)>,
-    /// When the process was last in its device's list.
-    last_seen_ms: TimeMs,
-}
-
-/// An hour of 1 Hz points per process.
-const MAX_CPU_POINTS: usize = 3600;
-/// How long a process that left its GPU's list keeps its series.
-const KEEP_GONE_MS: u64 = 10 * 60 * 1000;
-/// Processes kept at most, gone ones dropped first (oldest first): a host that starts many
-/// short processes must not grow this without bound.
-const MAX_PROCESSES: usize = 1024;
-
-fn push_point(series: &mut VecDeque<(TimeMs, f64)>, t: TimeMs, v: f64) {
-    if series
-        .back()
-        .is_some_and(|&(last, _)| t < last.saturating_add(1000))
-    {
-        return;
-    }
-    if series.len() == MAX_CPU_POINTS {
-        series.pop_front();
-    }
-    series.push_back((t, v));
-}
-
-impl ProcessCpu {
-    pub fn observe(&mut self, s: &Sample) {
-        let Some(procs) = &s.processes else { return };
-        for p in procs {
-            let entry = self.series.entry((s.device, p.pid)).or_default();
-            entry.last_seen_ms = entry.last_seen_ms.max(s.time_ms);
-            if let Some(cpu) = p.cpu_time_s {
-                push_point(&mut entry.cpu_time, s.time_ms, cpu);
-            }
-            if let Some(sm) = p.sm_util_pct {
-                push_point(&mut entry.sm_util, s.time_ms, sm);
-            }
-        }
-        let cutoff = s.time_ms.saturating_sub(KEEP_GONE_MS);
-        self.series
-            .retain(|&(device, _), a| device != s.device || a.last_seen_ms >= cutoff);
-        if self.series.len() > MAX_PROCESSES {
-            let mut by_age: Vec<((u32, u32), TimeMs)> = self
-                .series
-                .iter()
-                .map(|(&k, a)| (k, a.last_seen_ms))
-                .collect();
-            by_age.sort_by_key(|&(_, t)| t);
-            let excess = self.series.len() - MAX_PROCESSES;
-            for (key, _) in by_age.into_iter().take(excess) {
-                self.series.remove(&key);
-            }
-        }
-    }
-
-    /// CPU use of `pid` in `[start, end]`, in % of one core.
-    pub fn cpu_pct(&self, device: u32, pid: u32, start: TimeMs, end: TimeMs) -> Option<f64> {
-        let series = &self.series.get(&(device, pid))?.cpu_time;
-        let mut inside = series.iter().filter(|(t, _)| (start..=end).contains(t));
-        let (t0, c0) = inside.next()?;
-        let (t1, c1) = inside.next_back()?;
-        let dt = t1.saturating_sub(*t0) as f64 / 1000.0;
-        (dt >= 1.0).then(|| ((c1 - c0) / dt * 100.0).max(0.0))
-    }
-
-    /// Mean SM use of `pid` on `device` in `[start, end]` as the driver reported it, in %.
-    pub fn sm_util_pct(&self, device: u32, pid: u32, start: TimeMs, end: TimeMs) -> Option<f64> {
-        let series = &self.series.get(&(device, pid))?.sm_util;
-        let (n, sum) = series
-            .iter()
-            .filter(|(t, _)| (start..=end).contains(t))
-            .fold((0usize, 0.0), |(n, sum), &(_, v)| (n + 1, sum + v));
-        (n > 0).then(|| sum / n as f64)
-    }
-
-    pub fn len(&self) -> usize {
-        self.series.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.series.is_empty()
-    }
-}
 
 /// The window's figures a verdict is judged from.
 struct Figures {

@@ -7,8 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use super::bottleneck::{self, CurrentPhase, NotJudged, ProcessCpu};
-use super::{Cadence, Finding, FindingState, ProcessMemory, RuleInput, is_workload, sort};
+use super::bottleneck::{self, CurrentPhase, NotJudged};
+use super::families::{self, Cadence};
+use super::{Finding, FindingState, ProcessCpu, ProcessMemory, RuleInput, is_workload, sort};
 use crate::config::RulesConfig;
 use crate::history::History;
 use gpudiag_model::cuda_libraries::LibraryInfo;
@@ -98,19 +99,20 @@ impl RuleEngine {
             .max();
         if !tick.events.is_empty() {
             let found =
-                super::run_cadence(Cadence::Events, &self.input(history, &tick.events, now));
+                families::run_cadence(Cadence::Events, &self.input(history, &tick.events, now));
             for f in found {
                 self.raise(f);
             }
         }
         // Telemetry health is judged on every tick: a stall or a bad value lasts one tick.
-        let found = super::run_cadence(Cadence::EveryTick, &self.input(history, &tick.events, now));
+        let found =
+            families::run_cadence(Cadence::EveryTick, &self.input(history, &tick.events, now));
         for f in found {
             self.raise(f);
         }
         if !self.environment_done {
             self.environment_done = true;
-            let found = super::run_cadence(Cadence::Once, &self.input(history, &[], now));
+            let found = families::run_cadence(Cadence::Once, &self.input(history, &[], now));
             for f in found {
                 self.raise(f);
             }
@@ -264,7 +266,7 @@ impl RuleEngine {
         let (verdicts, mut not_judged) =
             bottleneck::judge_all(&input, Some(&self.process_cpu), start, now);
         let current = self.current_phases(&input, &verdicts, start, now);
-        let found = super::windowed(&input);
+        let found = families::windowed(&input);
         not_judged.extend(input.not_judged.take());
         not_judged.sort_by_key(|n| n.device);
         self.verdicts = verdicts;

@@ -8,101 +8,14 @@
 //! fast leak while a model warming up (a few large steps, then flat) is not one. A process with
 //! too little history is reported as not judged.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use serde_json::json;
 
 use super::{Evidence, Finding, RuleInput, Severity, mean_over, round2, secs, shown, values};
-use gpudiag_telemetry::{Metric, Sample, TimeMs};
+use gpudiag_telemetry::{Metric, TimeMs};
 
 const MIB: f64 = 1024.0 * 1024.0;
-
-/// Per-(device, pid) memory series, bounded by the leak window.
-#[derive(Debug, Default, Clone)]
-pub struct ProcessMemory {
-    series: BTreeMap<(u32, u32), ProcessSeries>,
-}
-
-#[derive(Debug, Default, Clone)]
-struct ProcessSeries {
-    name: Option<String>,
-    points: VecDeque<(TimeMs, f64)>,
-}
-
-impl ProcessMemory {
-    /// Takes the process list of a sample. Process lists refresh on the slow cadence while
-    /// samples repeat them every tick, so a point is kept only when the value changed or a
-    /// second has passed: the series stays small and its fit is not weighted by the tick rate.
-    pub fn observe(&mut self, s: &Sample, window_ms: u64) {
-        let Some(processes) = &s.processes else {
-            return;
-        };
-        for p in processes {
-            let Some(bytes) = p.used_memory_bytes else {
-                continue;
-            };
-            let series = self.series.entry((s.device, p.pid)).or_default();
-            series.name.clone_from(&p.name);
-            let v = bytes as f64;
-            let keep = series
-                .points
-                .back()
-                .is_none_or(|&(t, last)| last != v || s.time_ms >= t.saturating_add(1000));
-            if keep {
-                series.points.push_back((s.time_ms, v));
-            }
-        }
-        // Forget processes not seen for a whole window, and points older than the window.
-        let cutoff = s.time_ms.saturating_sub(window_ms);
-        self.series.retain(|&(device, _), series| {
-            if device == s.device {
-                while series.points.front().is_some_and(|&(t, _)| t < cutoff) {
-                    series.points.pop_front();
-                }
-            }
-            !series.points.is_empty()
-        });
-    }
-
-    /// Processes that held at least `min_bytes` on `device` at some point of `[start, end]`:
-    /// pid, name and the most they held.
-    pub fn holders_in(
-        &self,
-        device: u32,
-        start: TimeMs,
-        end: TimeMs,
-        min_bytes: f64,
-    ) -> Vec<(u32, Option<String>, f64)> {
-        self.series
-            .range((device, 0)..=(device, u32::MAX))
-            .filter_map(|(&(_, pid), series)| {
-                let most = series
-                    .points
-                    .iter()
-                    .filter(|(t, _)| (start..=end).contains(t))
-                    .map(|&(_, b)| b)
-                    .reduce(f64::max)?;
-                (most >= min_bytes).then(|| (pid, series.name.clone(), most))
-            })
-            .collect()
-    }
-
-    /// When `pid` was first seen on `device` within the retained window.
-    pub fn first_seen(&self, device: u32, pid: u32) -> Option<TimeMs> {
-        self.series
-            .get(&(device, pid))
-            .and_then(|s| s.points.front())
-            .map(|&(t, _)| t)
-    }
-
-    pub fn len(&self) -> usize {
-        self.series.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.series.is_empty()
-    }
-}
 
 /// Least-squares fit of a series: slope per second and R².
 pub fn fit(points: &[(TimeMs, f64)]) -> Option<(f64, f64)> {

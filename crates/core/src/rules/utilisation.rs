@@ -6,7 +6,8 @@
 
 use serde_json::json;
 
-use super::bottleneck::{self, ProcessCpu};
+use super::ProcessCpu;
+use super::bottleneck;
 use super::{Evidence, Finding, RuleInput, Severity, secs};
 use gpudiag_model::verdict::{Basis, Bottleneck};
 

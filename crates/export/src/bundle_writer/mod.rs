@@ -20,8 +20,8 @@ use flate2::Compression;
 use flate2::write::GzEncoder;
 use serde_json::Value;
 
+use crate::atomic::write_atomic;
 use crate::chrome_trace::Trace;
-use crate::write_atomic;
 use gpudiag_core::check::CheckReport;
 use gpudiag_model::error::Error;
 use gpudiag_telemetry::recording::{Header, Record};
