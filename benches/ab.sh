@@ -38,7 +38,8 @@ for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
     if m.get("reason") == "compiler-artifact" and "bench" in m["target"]["kind"] and m.get("executable"):
-        shutil.copy2(m["executable"], f"{dest}/{m[\"target\"][\"name\"]}")
+        name = m["target"]["name"]
+        shutil.copy2(m["executable"], f"{dest}/{name}")
 ' "$CARGO_TARGET_DIR/bin/$side"
 }
 build "$wt" base

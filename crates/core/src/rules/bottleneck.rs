@@ -775,6 +775,7 @@ pub fn judge_all(
 mod tests {
     use super::*;
     use crate::config::UtilisationConfig;
+    use gpudiag_telemetry::Sample;
 
     #[test]
     fn shares_never_round_up_onto_a_threshold() {

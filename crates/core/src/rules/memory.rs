@@ -319,6 +319,8 @@ fn is_listed(input: &RuleInput<'_>, device: u32, pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::ProcessMemory;
+    use gpudiag_telemetry::Sample;
 
     #[test]
     fn fit_recovers_a_line_and_rejects_a_step() {
