@@ -85,17 +85,8 @@ fn playing_from(mut b: ReplayBackend, name: &str) -> App {
     app
 }
 
-fn loaded_from(mut b: ReplayBackend, name: &str) -> App {
-    let mut app = new_app(&b, name, false);
-    let ticks = all_ticks(&mut b);
-    app.on_feed(
-        SamplerMsg::Ticks {
-            ticks,
-            reset: false,
-            position: position(&b),
-        },
-        Instant::now(),
-    );
+fn loaded_from(b: ReplayBackend, name: &str) -> App {
+    let mut app = playing_from(b, name);
     app.on_feed(SamplerMsg::Ended(None), Instant::now());
     app
 }

@@ -533,24 +533,8 @@ impl TraceBuilder {
                 continue;
             }
             state.verdict = Some(v.bottleneck);
-            let pid = pid_of(Some(v.device));
-            let args = match serde_json::to_value(v) {
-                Ok(Value::Object(map)) => {
-                    map.into_iter().map(|(k, v)| (Cow::Owned(k), v)).collect()
-                }
-                _ => Args::new(),
-            };
-            self.thread(pid, TID_VERDICT, "verdict".into());
-            self.events.push(Pending {
-                name: Cow::Owned(format!("verdict: {}", v.bottleneck)),
-                cat: Some("verdict".into()),
-                ph: Phase::Instant,
-                time_ms: v.end_ms,
-                dur_ms: None,
-                pid,
-                tid: TID_VERDICT,
-                args,
-            });
+            let name = format!("verdict: {}", v.bottleneck);
+            self.push_verdict(v, name, "verdict", v.end_ms, None);
         }
     }
 
@@ -558,25 +542,42 @@ impl TraceBuilder {
     /// the span it judged, beside the instants that mark each change of the rolling verdict.
     pub fn push_overall_verdicts<'a>(&mut self, verdicts: impl IntoIterator<Item = &'a Verdict>) {
         for v in verdicts {
-            let pid = pid_of(Some(v.device));
-            let args = match serde_json::to_value(v) {
-                Ok(Value::Object(map)) => {
-                    map.into_iter().map(|(k, v)| (Cow::Owned(k), v)).collect()
-                }
-                _ => Args::new(),
-            };
-            self.thread(pid, TID_VERDICT, "verdict".into());
-            self.events.push(Pending {
-                name: Cow::Owned(format!("verdict over the capture: {}", v.bottleneck)),
-                cat: Some("verdict,overall".into()),
-                ph: Phase::Complete,
-                time_ms: v.start_ms,
-                dur_ms: Some(v.end_ms.saturating_sub(v.start_ms)),
-                pid,
-                tid: TID_VERDICT,
-                args,
-            });
+            let name = format!("verdict over the capture: {}", v.bottleneck);
+            let span = v.end_ms.saturating_sub(v.start_ms);
+            self.push_verdict(v, name, "verdict,overall", v.start_ms, Some(span));
         }
+    }
+
+    /// One verdict on its GPU's verdict track, its args the whole verdict: an instant without
+    /// `dur_ms`, a complete event with it.
+    fn push_verdict(
+        &mut self,
+        v: &Verdict,
+        name: String,
+        cat: &'static str,
+        time_ms: TimeMs,
+        dur_ms: Option<TimeMs>,
+    ) {
+        let pid = pid_of(Some(v.device));
+        let args = match serde_json::to_value(v) {
+            Ok(Value::Object(map)) => map.into_iter().map(|(k, v)| (Cow::Owned(k), v)).collect(),
+            _ => Args::new(),
+        };
+        self.thread(pid, TID_VERDICT, "verdict".into());
+        self.events.push(Pending {
+            name: Cow::Owned(name),
+            cat: Some(cat.into()),
+            ph: if dur_ms.is_some() {
+                Phase::Complete
+            } else {
+                Phase::Instant
+            },
+            time_ms,
+            dur_ms,
+            pid,
+            tid: TID_VERDICT,
+            args,
+        });
     }
 
     /// A probe phase as a complete event with its results in `args`.
