@@ -11,6 +11,8 @@ import statistics
 import sys
 
 NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+# A measure on a line of its own: "stats 60 s (raw)   5105 ns/call", "ingest 81.3 µs".
+TIMING = re.compile(r"([A-Za-z_][^:,]*?)\s+(\d+(?:\.\d+)?) ?(ns/call|µs|ms)\b")
 
 
 def tables(text):
@@ -32,13 +34,25 @@ def tables(text):
                 yield cells[0], column, float(cell)
 
 
+def timings(text):
+    """(measure, unit, value) for each timing written outside a table."""
+    for line in text.splitlines():
+        if line.strip().startswith("|"):
+            continue
+        for m in TIMING.finditer(line):
+            yield m.group(1).strip(), m.group(3), float(m.group(2))
+
+
 def main():
     out = pathlib.Path(sys.argv[1])
     values = collections.defaultdict(list)
     for path in sorted(out.glob("*.txt")):
         side, bench, _round, _ = path.name.split(".")
-        for row, column, value in tables(path.read_text()):
+        text = path.read_text()
+        for row, column, value in tables(text):
             values[(bench, row, column, side)].append(value)
+        for measure, unit, value in timings(text):
+            values[(bench, measure, unit, side)].append(value)
     keys = sorted({k[:3] for k in values})
     print("| bench | measure | column | base (median) | new (median) | new / base | runs |")
     print("|---|---|---|---|---|---|---|")
