@@ -212,6 +212,7 @@ fn snapshot_with_processes(per_gpu: u32) -> Snapshot {
                         container_pid: None,
                         cpu_time_s: Some(12.5),
                         attribution: Some(attribution),
+                        launch: None,
                     }
                 })
                 .collect(),

@@ -80,6 +80,7 @@ fn sample(device: u32, time_ms: u64, i: u64) -> Sample {
                 container_pid: None,
                 cpu_time_s: None,
                 attribution: None,
+                launch: None,
             })
             .collect(),
     );

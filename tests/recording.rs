@@ -73,6 +73,7 @@ fn every_record() -> Vec<Record> {
         container_pid: Some(57),
         cpu_time_s: Some(1234.5),
         attribution: None,
+        launch: None,
     }]);
     s.absent.insert("fan_pct".into(), Absent::NotSupported);
     s.absent.insert(

@@ -52,6 +52,7 @@ fn process(pid: u32, bytes: u64) -> ProcessSample {
         container_pid: None,
         cpu_time_s: None,
         attribution: None,
+        launch: None,
     }
 }
 

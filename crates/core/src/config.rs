@@ -28,6 +28,51 @@ pub struct RulesConfig {
     pub thermal: ThermalConfig,
     pub power: PowerConfig,
     pub peers: PeersConfig,
+    pub job: JobConfig,
+}
+
+/// How a job's GPUs are compared. The defaults come from measured runs: see `docs/jobs.md`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JobConfig {
+    /// Shortest window (s) a job is judged over: a training step can last seconds, and a
+    /// shorter window may catch every GPU in a different part of it.
+    pub min_window_s: f64,
+    /// A GPU whose SM active (else power) is at least this multiple of its peers' median leads.
+    pub lead_ratio: f64,
+    /// A GPU whose utilisation is at least this many points below its peers' median, while
+    /// they read busy, lags.
+    pub lag_util_points: f64,
+    /// Peers' median utilisation (%) at or above which they count as busy (spinning in a
+    /// collective reads busy).
+    pub peers_busy_util_pct: f64,
+    /// The job's processes hold memory spread this much (largest / smallest) or more, and by
+    /// at least `memory_spread_min_gib`: the GPUs are not replicas.
+    pub memory_spread_ratio: f64,
+    pub memory_spread_min_gib: f64,
+    /// Every GPU moves at least this much over NVLink and PCIe (GB/s, rx + tx)...
+    pub communication_min_gb_per_s: f64,
+    /// ...while its tensor pipes are active below this (%): communication-bound.
+    pub communication_max_tensor_pct: f64,
+    /// A straggler's peers wait at least this share (0..1) of the time before their own
+    /// verdicts say they wait for it.
+    pub waiting_min_share: f64,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        JobConfig {
+            min_window_s: 10.0,
+            lead_ratio: 1.15,
+            lag_util_points: 20.0,
+            peers_busy_util_pct: 80.0,
+            memory_spread_ratio: 1.25,
+            memory_spread_min_gib: 1.0,
+            communication_min_gb_per_s: 50.0,
+            communication_max_tensor_pct: 10.0,
+            waiting_min_share: 0.15,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -303,6 +348,30 @@ min_share_of_default = 0.95
 # host's other GPUs of the same model are flagged; likewise a GPU pair's link against the other
 # links of the same kind (NV18, PIX, ...).
 margin = 0.10
+
+[rules.job]
+# The GPUs of one job (a Slurm job, a torchrun run, one pod, one launcher's children) are
+# compared with each other. Shortest window (s) a job is judged over.
+min_window_s = 10.0
+# A GPU whose SM active (else power) is at least this multiple of its peers' median leads: the
+# others wait for it.
+lead_ratio = 1.15
+# A GPU whose utilisation is this many points below its peers' median, while they read busy,
+# lags: they wait for it in a collective.
+lag_util_points = 20.0
+# Peers' median utilisation (%) at or above which they count as busy.
+peers_busy_util_pct = 80.0
+# Memory the job's processes hold spread by this ratio (largest / smallest) and this much (GiB):
+# the GPUs are not replicas (pipeline stages), so a gap in work is imbalance, not a straggler.
+memory_spread_ratio = 1.25
+# The spread's least size (GiB).
+memory_spread_min_gib = 1.0
+# Every GPU moving at least this much between GPUs (GB/s, NVLink and PCIe, rx + tx) while its
+# tensor pipes are active below the share (%) after it: communication-bound.
+communication_min_gb_per_s = 50.0
+communication_max_tensor_pct = 10.0
+# A straggler's peers wait at least this share (0..1) of the time before their verdicts say so.
+waiting_min_share = 0.15
 "#;
 
 #[derive(Debug, thiserror::Error)]
@@ -358,7 +427,7 @@ impl Config {
     /// Range checks serde cannot express; each error names the key.
     fn validate(&self, origin: &str) -> Result<(), ConfigError> {
         let r = &self.rules;
-        let checks: [(&str, f64, f64, f64); 30] = [
+        let checks: [(&str, f64, f64, f64); 39] = [
             (
                 "rules.engine.eval_interval_s",
                 r.engine.eval_interval_s,
@@ -503,6 +572,50 @@ impl Config {
                 r.thermal.slowdown_margin_c,
                 0.0,
                 100.0,
+            ),
+            ("rules.job.min_window_s", r.job.min_window_s, 1.0, 86400.0),
+            ("rules.job.lead_ratio", r.job.lead_ratio, 1.0, 100.0),
+            (
+                "rules.job.lag_util_points",
+                r.job.lag_util_points,
+                0.0,
+                100.0,
+            ),
+            (
+                "rules.job.peers_busy_util_pct",
+                r.job.peers_busy_util_pct,
+                0.0,
+                100.0,
+            ),
+            (
+                "rules.job.memory_spread_ratio",
+                r.job.memory_spread_ratio,
+                1.0,
+                1e6,
+            ),
+            (
+                "rules.job.memory_spread_min_gib",
+                r.job.memory_spread_min_gib,
+                0.0,
+                1e6,
+            ),
+            (
+                "rules.job.communication_min_gb_per_s",
+                r.job.communication_min_gb_per_s,
+                0.0,
+                1e6,
+            ),
+            (
+                "rules.job.communication_max_tensor_pct",
+                r.job.communication_max_tensor_pct,
+                0.0,
+                100.0,
+            ),
+            (
+                "rules.job.waiting_min_share",
+                r.job.waiting_min_share,
+                0.0,
+                1.0,
             ),
         ];
         for (key, value, lo, hi) in checks {

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 
 use crate::rules::{self, Finding, is_workload};
 use crate::session::Pipeline;
+use gpudiag_model::job::{JobId, JobVerdict};
 use gpudiag_model::verdict::{NotJudged, Verdict};
 use gpudiag_probes::runner::ProbeReport;
 use gpudiag_telemetry::kernel_log::XidLog;
@@ -92,6 +93,12 @@ pub struct Judgement {
     pub verdicts: BTreeMap<u32, Verdict>,
     /// How each device's verdict changed over the span: only at [`Moment::End`].
     pub phases: BTreeMap<u32, Vec<Verdict>>,
+    /// The verdict on each job of two or more GPUs, judged by comparing its GPUs (at
+    /// [`Moment::Now`], over the rolling window). A job of one GPU has none: its GPU's verdict
+    /// says it all.
+    pub jobs: Vec<JobVerdict>,
+    /// How each job's verdict changed over the span: only at [`Moment::End`].
+    pub job_phases: BTreeMap<JobId, Vec<JobVerdict>>,
     /// What could not be judged, and why.
     pub not_judged: Vec<NotJudged>,
     /// The span judged, `[start, end]` in source time, when the pipeline holds samples.
@@ -136,7 +143,13 @@ pub fn judge(pipeline: &mut Pipeline, moment: Moment, seen: &Seen<'_>) -> Judgem
             })
             .collect()
     });
-    gather(pipeline, span, findings, phases, seen)
+    let job_phases = span.map_or_else(BTreeMap::new, |(start, end)| {
+        pipeline.engine.job_phases(&pipeline.history, start, end)
+    });
+    Judgement {
+        job_phases,
+        ..gather(pipeline, span, findings, phases, seen)
+    }
 }
 
 /// [`judge`] at [`Moment::Now`], which changes nothing in the pipeline: a sink can ask it on
@@ -195,6 +208,8 @@ fn gather(
         findings,
         verdicts: pipeline.engine.verdicts().clone(),
         phases,
+        jobs: pipeline.engine.jobs().to_vec(),
+        job_phases: BTreeMap::new(),
         not_judged,
         span,
     }

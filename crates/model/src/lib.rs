@@ -13,6 +13,7 @@ pub mod decode;
 pub mod error;
 pub mod finding;
 pub mod gpu_state;
+pub mod job;
 pub mod metric_table;
 pub mod printable;
 pub mod sample;

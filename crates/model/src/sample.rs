@@ -384,7 +384,8 @@ impl DeviceInfo {
     deny_unknown_fields,
     transform = crate::schema::added_later("container_pid"),
     transform = crate::schema::added_later("cpu_time_s"),
-    transform = crate::schema::added_later("attribution")
+    transform = crate::schema::added_later("attribution"),
+    transform = crate::schema::added_later("launch")
 )]
 pub struct ProcessSample {
     pub pid: u32,
@@ -412,6 +413,17 @@ pub struct ProcessSample {
     /// before gpudiag did).
     #[serde(default)]
     pub attribution: Option<crate::attribution::Attribution>,
+    /// How it was started: its parent and the launcher's variables, which tie the ranks of one
+    /// job together; `None` from sources that do not look (recordings made before gpudiag did).
+    #[serde(default)]
+    pub launch: Option<crate::job::Launch>,
+}
+
+/// The parent's pid from a `/proc/<pid>/stat` line (field 4).
+pub fn stat_parent_pid(stat: &str) -> Option<u32> {
+    // Fields resume after the command name's last ')': state, then the parent's pid.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_ascii_whitespace().nth(1)?.parse().ok()
 }
 
 /// CPU seconds (user + system) from a `/proc/<pid>/stat` line. The kernel reports them in
@@ -932,14 +944,14 @@ metric_table! {
             "The rate of data transmitted over the PCIe bus - including both protocol headers \
              and data payloads - in bytes per second.",
         )),
-    nvlink_rx_bytes_per_s: PROFILED_RATE
+    nvlink_rx_bytes_per_s => NvlinkRxBytesPerS: PROFILED_RATE
         .trace("NVLink MB/s", "rx", Scale::Per(1e6), Round::Tenth)
         .prometheus(Prometheus::new(
             "DCGM_FI_PROF_NVLINK_RX_BYTES",
             "The rate of data received over NVLink, not including protocol headers, in bytes \
              per second.",
         )),
-    nvlink_tx_bytes_per_s: PROFILED_RATE
+    nvlink_tx_bytes_per_s => NvlinkTxBytesPerS: PROFILED_RATE
         .trace("NVLink MB/s", "tx", Scale::Per(1e6), Round::Tenth)
         .prometheus(Prometheus::new(
             "DCGM_FI_PROF_NVLINK_TX_BYTES",

@@ -30,10 +30,13 @@ pub enum Bottleneck {
     Throttled,
     /// Nothing runs and nothing is held.
     Idle,
+    /// One GPU of a job that waits for another (the job's straggler) much of the time, spinning
+    /// in a collective: its own counters read busy, but the job runs at its peer's pace.
+    WaitingForPeer,
 }
 
 impl Bottleneck {
-    pub const ALL: [Bottleneck; 10] = [
+    pub const ALL: [Bottleneck; 11] = [
         Bottleneck::ComputeBound,
         Bottleneck::MemoryBound,
         Bottleneck::Underfilled,
@@ -44,6 +47,7 @@ impl Bottleneck {
         Bottleneck::IdleHoldingMemory,
         Bottleneck::Throttled,
         Bottleneck::Idle,
+        Bottleneck::WaitingForPeer,
     ];
 
     /// The JSON name.
@@ -59,6 +63,7 @@ impl Bottleneck {
             Bottleneck::IdleHoldingMemory => "idle_holding_memory",
             Bottleneck::Throttled => "throttled",
             Bottleneck::Idle => "idle",
+            Bottleneck::WaitingForPeer => "waiting_for_peer",
         }
     }
 

@@ -27,7 +27,9 @@ pub const CHECK_SCHEMA_VERSION: u32 = 2;
     deny_unknown_fields,
     transform = gpudiag_model::schema::added_later("topology"),
     transform = gpudiag_model::schema::added_later("not_judged"),
-    transform = gpudiag_model::schema::added_later("could_not_run")
+    transform = gpudiag_model::schema::added_later("could_not_run"),
+    transform = gpudiag_model::schema::added_later("jobs"),
+    transform = gpudiag_model::schema::added_later("job_phases")
 )]
 pub struct CheckReport {
     #[schemars(extend("const" = CHECK_SCHEMA_VERSION))]
@@ -52,6 +54,13 @@ pub struct CheckReport {
     pub host_probes: Option<Vec<gpudiag_probes::ProbeResult>>,
     /// Findings that belong to no single device.
     pub host_findings: Vec<Finding>,
+    /// The verdict on each job of two or more GPUs, from comparing its GPUs over the window:
+    /// a straggler named, communication-bound, imbalanced or balanced.
+    #[serde(default)]
+    pub jobs: Vec<gpudiag_model::job::JobVerdict>,
+    /// How each job's verdict changed over the window.
+    #[serde(default)]
+    pub job_phases: Vec<JobPhases>,
     /// Rules that could not judge in the window, with the reason: silence is not health.
     #[serde(default)]
     pub not_judged: Vec<gpudiag_model::verdict::NotJudged>,
@@ -97,6 +106,8 @@ impl CheckReport {
             topology: None,
             host_probes: None,
             host_findings: Vec::new(),
+            jobs: Vec::new(),
+            job_phases: Vec::new(),
             not_judged: Vec::new(),
             status: Status::CouldNotRun,
             could_not_run: Some(why),
@@ -131,6 +142,14 @@ impl CheckReport {
             }
         }
     }
+}
+
+/// How one job's verdict changed over the window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct JobPhases {
+    pub job: gpudiag_model::job::JobId,
+    pub phases: Vec<gpudiag_model::job::JobVerdict>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

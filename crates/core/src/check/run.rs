@@ -227,6 +227,12 @@ pub fn run(
         topology,
         host_probes: probed.as_ref().map(|p| p.host.clone()),
         host_findings,
+        jobs: judged.jobs,
+        job_phases: judged
+            .job_phases
+            .into_iter()
+            .map(|(job, phases)| super::JobPhases { job, phases })
+            .collect(),
         not_judged: judged.not_judged,
         status,
         could_not_run: None,

@@ -502,6 +502,9 @@ fn title(
             opt_pct(f.harmful_throttle_share.map(|s| s * 100.0))
         ),
         Bottleneck::Idle => format!("idle {over}"),
+        // Decided by the job's rule, which writes its own title; this one stands only where a
+        // GPU verdict is built from figures alone.
+        Bottleneck::WaitingForPeer => format!("waiting for a peer GPU {over} ({counters})"),
     };
     format!("GPU {device} {what}{who}")
 }
@@ -612,6 +615,9 @@ fn advice(b: Bottleneck, f: &Figures, link_bytes_per_s: Option<f64>, basis: Basi
                                   board's power; see the throttle findings for the reason."
             .to_owned(),
         Bottleneck::Idle => "Nothing runs on this GPU.".to_owned(),
+        Bottleneck::WaitingForPeer => "This GPU waits for another GPU of its job: speed up \
+                                       that GPU (see the job's verdict), not this one."
+            .to_owned(),
     };
     if basis == Basis::Utilisation && !matches!(b, Bottleneck::Idle) {
         text.push_str(
@@ -623,7 +629,7 @@ fn advice(b: Bottleneck, f: &Figures, link_bytes_per_s: Option<f64>, basis: Basi
 }
 
 /// The length of a phase slice over a window of `span_ms`: at least 10 s, at most 20 slices.
-fn slice_ms(span_ms: u64) -> u64 {
+pub(crate) fn slice_ms(span_ms: u64) -> u64 {
     (span_ms / 20).max(10_000)
 }
 
@@ -913,6 +919,7 @@ mod tests {
                 container_pid: None,
                 cpu_time_s: Some(i as f64 * 0.5),
                 attribution: None,
+                launch: None,
             }]);
             cpu.observe(&s);
         }

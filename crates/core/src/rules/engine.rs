@@ -9,10 +9,14 @@ use std::collections::BTreeMap;
 
 use super::bottleneck::{self, CurrentPhase, NotJudged};
 use super::families::{self, Cadence};
-use super::{Finding, FindingState, ProcessCpu, ProcessMemory, RuleInput, is_workload, sort};
+use super::job;
+use super::{
+    Finding, FindingState, ProcessCpu, ProcessLaunch, ProcessMemory, RuleInput, is_workload, sort,
+};
 use crate::config::RulesConfig;
 use crate::history::History;
 use gpudiag_model::cuda_libraries::LibraryInfo;
+use gpudiag_model::job::{JobId, JobVerdict};
 use gpudiag_model::verdict::Verdict;
 use gpudiag_telemetry::{DeviceInfo, Event, HostInfo, Sample, Tick, TimeMs};
 
@@ -29,6 +33,12 @@ pub struct RuleEngine {
     process_cpu: ProcessCpu,
     /// The latest verdict per device over the rolling window.
     verdicts: BTreeMap<u32, Verdict>,
+    /// Who started each GPU process, to group GPUs into jobs.
+    process_launch: ProcessLaunch,
+    /// The latest verdict per job of two or more GPUs over the rolling window.
+    jobs: Vec<JobVerdict>,
+    /// The pid of the command `gpudiag run` started: it and its children are one job.
+    command: Option<u32>,
     /// What the latest evaluation could not judge: the verdict's devices, then the rules'.
     not_judged: Vec<NotJudged>,
     /// Whether each evaluation also finds the phase its window ends in (a few more verdicts
@@ -63,6 +73,9 @@ impl RuleEngine {
             process_memory: ProcessMemory::default(),
             process_cpu: ProcessCpu::default(),
             verdicts: BTreeMap::new(),
+            process_launch: ProcessLaunch::default(),
+            jobs: Vec::new(),
+            command: None,
             not_judged: Vec::new(),
             track_current_phase: false,
             current_phases: BTreeMap::new(),
@@ -89,6 +102,7 @@ impl RuleEngine {
         for s in &tick.samples {
             self.process_memory.observe(s, leak_window);
             self.process_cpu.observe(s);
+            self.process_launch.observe(s);
             self.latest.insert(s.device, s.clone());
         }
         let now = tick
@@ -154,9 +168,13 @@ impl RuleEngine {
         let now = end_ms;
         self.evaluate_windowed(history, now);
         let input = self.input(history, &[], Some(now));
-        let (verdicts, mut not_judged) =
+        let (mut verdicts, mut not_judged) =
             bottleneck::judge_all(&input, Some(&self.process_cpu), start_ms, now);
         let current = self.current_phases(&input, &verdicts, start_ms, now);
+        let (jobs, unjudged) =
+            job::judge_all(&input, &self.process_launch, self.command, start_ms, now);
+        job::mark_waiting(&mut verdicts, &jobs, &self.config.job);
+        not_judged.extend(unjudged);
         let workload: Vec<Finding> = self
             .devices
             .iter()
@@ -166,7 +184,8 @@ impl RuleEngine {
             .collect();
         // The verdict and the workload rules now speak for the whole window; the other rules'
         // reasons stay those of the evaluation just made.
-        let workload_rule = |rule: &str| rule == "verdict" || rule.starts_with("utilisation.");
+        let workload_rule =
+            |rule: &str| rule == "verdict" || rule == "job" || rule.starts_with("utilisation.");
         not_judged.extend(input.not_judged.take());
         not_judged.extend(
             self.not_judged
@@ -175,6 +194,7 @@ impl RuleEngine {
         );
         not_judged.sort_by_key(|n| n.device);
         self.verdicts = verdicts;
+        self.jobs = jobs;
         self.current_phases = current;
         self.not_judged = not_judged;
         self.active.retain(|_, f| !is_workload(f));
@@ -235,6 +255,28 @@ impl RuleEngine {
         &self.verdicts
     }
 
+    /// The latest verdict per job of two or more GPUs (over the rolling window, or the window
+    /// `finish_over` was given).
+    pub fn jobs(&self) -> &[JobVerdict] {
+        &self.jobs
+    }
+
+    /// How each job's verdict changed over `[start_ms, end_ms]`.
+    pub fn job_phases(
+        &self,
+        history: &History,
+        start_ms: TimeMs,
+        end_ms: TimeMs,
+    ) -> BTreeMap<JobId, Vec<JobVerdict>> {
+        let input = self.input(history, &[], Some(end_ms));
+        job::phases(&input, &self.process_launch, self.command, start_ms, end_ms)
+    }
+
+    /// Names the command `gpudiag run` started: its processes and its children's are one job.
+    pub fn set_command(&mut self, pid: u32) {
+        self.command = Some(pid);
+    }
+
     /// What the latest evaluation could not judge, with the reason, by device: for each, the
     /// verdict's entry first (rule `verdict`), then each rule that lacked data (one entry per
     /// rule and device).
@@ -263,13 +305,18 @@ impl RuleEngine {
         let window = (self.config.utilisation.window_s * 1000.0) as u64;
         let input = self.input(history, &[], Some(now));
         let start = now.saturating_sub(window);
-        let (verdicts, mut not_judged) =
+        let (mut verdicts, mut not_judged) =
             bottleneck::judge_all(&input, Some(&self.process_cpu), start, now);
         let current = self.current_phases(&input, &verdicts, start, now);
+        let (jobs, unjudged) =
+            job::judge_all(&input, &self.process_launch, self.command, start, now);
+        job::mark_waiting(&mut verdicts, &jobs, &self.config.job);
+        not_judged.extend(unjudged);
         let found = families::windowed(&input);
         not_judged.extend(input.not_judged.take());
         not_judged.sort_by_key(|n| n.device);
         self.verdicts = verdicts;
+        self.jobs = jobs;
         self.current_phases = current;
         self.not_judged = not_judged;
         // Windowed findings are current state: replace the previous evaluation's, keep events.

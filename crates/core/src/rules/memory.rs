@@ -362,6 +362,7 @@ mod tests {
                 container_pid: None,
                 cpu_time_s: None,
                 attribution: None,
+                launch: None,
             }]);
             pm.observe(&s, 600_000);
         }

@@ -15,6 +15,7 @@ pub mod environment;
 pub mod errors;
 pub mod families;
 pub mod health;
+pub mod job;
 pub mod memory;
 pub mod pcie;
 pub mod peers;
@@ -35,7 +36,7 @@ use gpudiag_model::cuda_libraries::LibraryInfo;
 use gpudiag_model::verdict::NotJudged;
 use gpudiag_telemetry::{DeviceInfo, Event, HostInfo, Metric, Sample, TimeMs};
 
-pub use process_state::{ProcessCpu, ProcessMemory};
+pub use process_state::{ProcessCpu, ProcessLaunch, ProcessMemory};
 
 /// Everything a rule may look at. Rules are pure: the same input gives the same findings.
 pub struct RuleInput<'a> {

@@ -189,3 +189,88 @@ impl ProcessCpu {
         self.series.is_empty()
     }
 }
+
+/// Who each GPU process is and who started it, as last read, for grouping GPUs into jobs. A
+/// process that left its GPU's list is kept as long as [`ProcessCpu`] keeps its series, so a
+/// job is still whole when `run` judges it after its command exited.
+#[derive(Debug, Default, Clone)]
+pub struct ProcessLaunch {
+    pub(crate) seen: BTreeMap<(u32, u32), SeenProcess>,
+}
+
+/// A process as last read on one GPU.
+#[derive(Debug, Clone)]
+pub(crate) struct SeenProcess {
+    pub(crate) name: Option<String>,
+    pub(crate) launch: Option<gpudiag_model::job::Launch>,
+    pub(crate) slurm_job: Option<String>,
+    /// `namespace/name`, else the pod's uid.
+    pub(crate) pod: Option<String>,
+    pub(crate) first_seen_ms: TimeMs,
+    pub(crate) last_seen_ms: TimeMs,
+}
+
+impl ProcessLaunch {
+    pub fn observe(&mut self, s: &Sample) {
+        let Some(procs) = &s.processes else { return };
+        for p in procs {
+            let attribution = p.attribution.as_ref();
+            let pod = attribution.and_then(|a| a.pod.as_ref()).and_then(|pod| {
+                match (&pod.namespace, &pod.name) {
+                    (Some(ns), Some(name)) => Some(format!("{ns}/{name}")),
+                    _ => pod.uid.clone(),
+                }
+            });
+            let entry = self
+                .seen
+                .entry((s.device, p.pid))
+                .or_insert_with(|| SeenProcess {
+                    name: None,
+                    launch: None,
+                    slurm_job: None,
+                    pod: None,
+                    first_seen_ms: s.time_ms,
+                    last_seen_ms: s.time_ms,
+                });
+            entry.name.clone_from(&p.name);
+            // A later read that could not look keeps what an earlier one saw.
+            if p.launch.is_some() {
+                entry.launch.clone_from(&p.launch);
+            }
+            if let Some(job) = attribution.and_then(|a| a.job.as_ref()) {
+                entry.slurm_job = Some(job.id.clone());
+            }
+            if pod.is_some() {
+                entry.pod = pod;
+            }
+            entry.first_seen_ms = entry.first_seen_ms.min(s.time_ms);
+            entry.last_seen_ms = entry.last_seen_ms.max(s.time_ms);
+        }
+        let cutoff = s.time_ms.saturating_sub(KEEP_GONE_MS);
+        self.seen
+            .retain(|&(device, _), p| device != s.device || p.last_seen_ms >= cutoff);
+        if self.seen.len() > MAX_PROCESSES {
+            let mut by_age: Vec<((u32, u32), TimeMs)> = self
+                .seen
+                .iter()
+                .map(|(&k, p)| (k, p.last_seen_ms))
+                .collect();
+            by_age.sort_by_key(|&(_, t)| t);
+            let excess = self.seen.len() - MAX_PROCESSES;
+            for (key, _) in by_age.into_iter().take(excess) {
+                self.seen.remove(&key);
+            }
+        }
+    }
+
+    /// The processes seen on any GPU within `[start, end]`, by (device, pid).
+    pub(crate) fn within(
+        &self,
+        start: TimeMs,
+        end: TimeMs,
+    ) -> impl Iterator<Item = (&(u32, u32), &SeenProcess)> + '_ {
+        self.seen
+            .iter()
+            .filter(move |(_, p)| p.last_seen_ms >= start && p.first_seen_ms <= end)
+    }
+}

@@ -179,6 +179,7 @@ mod tests {
             container_pid: None,
             cpu_time_s: None,
             attribution: Some(attribution),
+            launch: None,
         }
     }
 

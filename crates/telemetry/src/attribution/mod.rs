@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use gpudiag_model::attribution::{
     Attribution, FoundIn, PodAllocation, PodIdentity, PodName, SlurmJob,
 };
+use gpudiag_model::job::Launch;
 
 use crate::procfs::{container_id_from_cgroup, passwd_name, status_inner_pid, status_uid};
 use crate::{Absent, ProcessSample};
@@ -108,6 +109,8 @@ impl Attributor {
         let user = uid.map(|uid| passwd_name(passwd, uid).unwrap_or_else(|| uid.to_string()));
         let cgroup = read("cgroup").map_err(|e| format!("cannot read /proc/{pid}/cgroup: {e}"));
         let environ = read_environ(&dir.join("environ"));
+        let stat = read("stat").ok();
+        let launch = launch_of(&self.root, pid, stat.as_deref(), environ.as_ref());
         let attribution = attribute(
             cgroup.as_deref().map_err(String::clone),
             environ.as_ref(),
@@ -127,10 +130,11 @@ impl Attributor {
             sm_util_pct: None,
             container_id: cgroup.as_deref().ok().and_then(container_id_from_cgroup),
             container_pid: status.as_deref().and_then(status_inner_pid),
-            cpu_time_s: read("stat")
-                .ok()
-                .and_then(|st| gpudiag_model::sample::stat_cpu_time_s(&st)),
+            cpu_time_s: stat
+                .as_deref()
+                .and_then(gpudiag_model::sample::stat_cpu_time_s),
             attribution: Some(attribution),
+            launch: Some(launch),
         }
     }
 }
@@ -143,6 +147,71 @@ pub struct Environ {
     pub slurm_job_user: Option<String>,
     /// The container runtime sets it to the pod's hostname, its name unless the spec sets one.
     pub hostname: Option<String>,
+    pub run_id: Option<String>,
+    pub master_addr: Option<String>,
+    pub master_port: Option<String>,
+    pub rank: Option<u32>,
+    pub local_rank: Option<u32>,
+    pub world_size: Option<u32>,
+}
+
+/// A process's parent, executable and launcher variables. The executables are read as links
+/// under `root`; a process that exited between the driver's list and this read leaves them
+/// unknown with the reason.
+pub fn launch_of(
+    root: &Path,
+    pid: u32,
+    stat: Option<&str>,
+    environ: Result<&Environ, &String>,
+) -> Launch {
+    let mut launch = Launch {
+        parent_pid: stat.and_then(gpudiag_model::sample::stat_parent_pid),
+        ..Launch::default()
+    };
+    if launch.parent_pid.is_none() {
+        launch
+            .absent
+            .insert("parent".into(), format!("/proc/{pid}/stat is not readable"));
+    }
+    let exe_of = |pid: u32| {
+        std::fs::read_link(root.join("proc").join(pid.to_string()).join("exe"))
+            .map(|p| p.to_string_lossy().into_owned())
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::PermissionDenied => {
+                    format!("/proc/{pid}/exe is not readable (another user's process)")
+                }
+                _ => format!("/proc/{pid}/exe is not readable: {e}"),
+            })
+    };
+    match exe_of(pid) {
+        Ok(exe) => launch.exe = Some(exe),
+        Err(why) => {
+            launch.absent.insert("exe".into(), why);
+        }
+    }
+    // The init of the host or of a container is nobody's job.
+    if let Some(parent) = launch.parent_pid.filter(|&p| p > 1) {
+        match exe_of(parent) {
+            Ok(exe) => launch.parent_exe = Some(exe),
+            Err(why) => {
+                launch.absent.insert("parent_exe".into(), why);
+            }
+        }
+    }
+    match environ {
+        Ok(env) => {
+            launch.run_id = env.run_id.clone();
+            launch.master_addr = env.master_addr.clone();
+            launch.master_port = env.master_port.clone();
+            launch.rank = env.rank;
+            launch.local_rank = env.local_rank;
+            launch.world_size = env.world_size;
+        }
+        Err(why) => {
+            launch.absent.insert("environ".into(), why.clone());
+        }
+    }
+    launch
 }
 
 /// An environment larger than this is read only this far (Linux allows a few MiB).
@@ -165,6 +234,14 @@ fn read_environ(path: &Path) -> Result<Environ, String> {
 /// The NUL-separated `KEY=value` pairs of an environ file.
 pub fn parse_environ(bytes: &[u8]) -> Environ {
     let mut env = Environ::default();
+    #[derive(Default)]
+    struct Fallbacks {
+        slurm_procid: Option<u32>,
+        ompi_rank: Option<u32>,
+        slurm_localid: Option<u32>,
+        slurm_ntasks: Option<u32>,
+    }
+    let mut launcher = Fallbacks::default();
     for entry in bytes.split(|b| *b == 0) {
         let Ok(entry) = std::str::from_utf8(entry) else {
             continue;
@@ -172,15 +249,30 @@ pub fn parse_environ(bytes: &[u8]) -> Environ {
         let Some((key, value)) = entry.split_once('=') else {
             continue;
         };
+        let number = value.trim().parse::<u32>().ok();
         let value = (!value.is_empty()).then(|| value.to_owned());
         match key {
             "SLURM_JOB_ID" => env.slurm_job_id = value,
             "SLURM_STEP_ID" => env.slurm_step_id = value,
             "SLURM_JOB_USER" => env.slurm_job_user = value,
             "HOSTNAME" => env.hostname = value,
+            "TORCHELASTIC_RUN_ID" => env.run_id = value,
+            "MASTER_ADDR" => env.master_addr = value,
+            "MASTER_PORT" => env.master_port = value,
+            "RANK" => env.rank = number,
+            "SLURM_PROCID" => launcher.slurm_procid = number,
+            "OMPI_COMM_WORLD_RANK" => launcher.ompi_rank = number,
+            "LOCAL_RANK" => env.local_rank = number,
+            "SLURM_LOCALID" => launcher.slurm_localid = number,
+            "WORLD_SIZE" => env.world_size = number,
+            "SLURM_NTASKS" => launcher.slurm_ntasks = number,
             _ => {}
         }
     }
+    // torchrun's variables first: under `srun torchrun` Slurm's name the launcher's task.
+    env.rank = env.rank.or(launcher.slurm_procid).or(launcher.ompi_rank);
+    env.local_rank = env.local_rank.or(launcher.slurm_localid);
+    env.world_size = env.world_size.or(launcher.slurm_ntasks);
     env
 }
 
@@ -373,9 +465,62 @@ mod tests {
                 slurm_step_id: Some("0".into()),
                 slurm_job_user: Some("alice".into()),
                 hostname: Some("train-0".into()),
+                ..Environ::default()
             }
         );
         assert_eq!(parse_environ(b""), Environ::default());
+    }
+
+    #[test]
+    fn launcher_variables_name_the_rank_torchrun_first() {
+        let env = parse_environ(
+            b"TORCHELASTIC_RUN_ID=7f3c\0MASTER_ADDR=node-0\0MASTER_PORT=29500\0RANK=5\0\
+              LOCAL_RANK=1\0WORLD_SIZE=8\0SLURM_PROCID=0\0SLURM_LOCALID=0\0SLURM_NTASKS=2\0",
+        );
+        assert_eq!(env.run_id.as_deref(), Some("7f3c"));
+        assert_eq!(env.master_addr.as_deref(), Some("node-0"));
+        assert_eq!(env.master_port.as_deref(), Some("29500"));
+        assert_eq!(
+            (env.rank, env.local_rank, env.world_size),
+            (Some(5), Some(1), Some(8))
+        );
+        let srun = parse_environ(b"SLURM_PROCID=3\0SLURM_LOCALID=1\0SLURM_NTASKS=4\0RANK=x\0");
+        assert_eq!(
+            (srun.rank, srun.local_rank, srun.world_size),
+            (Some(3), Some(1), Some(4))
+        );
+    }
+
+    #[test]
+    fn launch_reads_the_parent_and_both_executables_under_the_root() {
+        let root = tempfile::tempdir().unwrap();
+        let proc_dir = |pid: &str| root.path().join("proc").join(pid);
+        std::fs::create_dir_all(proc_dir("10")).unwrap();
+        std::fs::create_dir_all(proc_dir("20")).unwrap();
+        std::os::unix::fs::symlink("/usr/bin/python3.12", proc_dir("10").join("exe")).unwrap();
+        std::os::unix::fs::symlink("/usr/bin/python3.12", proc_dir("20").join("exe")).unwrap();
+        let stat = "20 (pt_main thread) S 10 20 10 0 -1 4194560 0 0 0 0 12 3 0 0";
+        let env = Environ::default();
+        let l = launch_of(root.path(), 20, Some(stat), Ok(&env));
+        assert_eq!(l.parent_pid, Some(10));
+        assert_eq!(l.exe.as_deref(), Some("/usr/bin/python3.12"));
+        assert_eq!(l.parent_exe.as_deref(), Some("/usr/bin/python3.12"));
+        assert!(l.absent.is_empty(), "{:?}", l.absent);
+        // Its parent gone, another user's environ: each part says why it is unknown.
+        let orphan = "21 (python) S 1 21 1 0";
+        let l = launch_of(
+            root.path(),
+            21,
+            Some(orphan),
+            Err(&"not readable".to_owned()),
+        );
+        assert_eq!(l.parent_pid, Some(1));
+        assert_eq!(l.parent_exe, None);
+        assert!(l.absent.contains_key("exe"));
+        assert_eq!(
+            l.absent.get("environ").map(String::as_str),
+            Some("not readable")
+        );
     }
 
     #[test]

@@ -1,0 +1,285 @@
+//! A job: the GPUs whose processes work together (the ranks of one training run), and the
+//! verdict on it, judged by comparing the job's GPUs with each other. Judged by
+//! `gpudiag_core::rules::job`.
+//!
+//! A data-parallel job runs as fast as its slowest rank: the others wait for it inside a
+//! collective, where NCCL keeps a few SMs spinning, so each GPU alone reads busy. Only side by
+//! side does the GPU the others wait for stand out.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::sample::TimeMs;
+use crate::verdict::Confidence;
+
+/// How a process was started: its parent, its executable and the launcher's variables. Read
+/// from `/proc/<pid>/stat`, `/proc/<pid>/exe` and `/proc/<pid>/environ`; each part is `None`
+/// when unreadable, with the reason in `absent` under the part's name (`parent`, `exe`,
+/// `environ`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct Launch {
+    /// The parent's pid (`/proc/<pid>/stat`, field 4).
+    pub parent_pid: Option<u32>,
+    /// The executable's path (redactable).
+    pub exe: Option<String>,
+    /// The parent's executable's path (redactable): a parent running the same executable as
+    /// its children (torchrun, `torch.multiprocessing.spawn`) ties them into one job; a shell
+    /// or an init does not.
+    pub parent_exe: Option<String>,
+    /// `TORCHELASTIC_RUN_ID`: torchrun's rendezvous id, the same on every node of a job.
+    pub run_id: Option<String>,
+    /// `MASTER_ADDR` and `MASTER_PORT`: where the ranks of a `torch.distributed` job meet.
+    pub master_addr: Option<String>,
+    pub master_port: Option<String>,
+    /// The process's global rank: `RANK`, else `SLURM_PROCID`, else `OMPI_COMM_WORLD_RANK`.
+    pub rank: Option<u32>,
+    /// `LOCAL_RANK`, else `SLURM_LOCALID`.
+    pub local_rank: Option<u32>,
+    /// `WORLD_SIZE`, else `SLURM_NTASKS`.
+    pub world_size: Option<u32>,
+    /// Why a part is unknown, keyed by its name; left out when nothing is.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub absent: BTreeMap<String, String>,
+}
+
+/// What ties a job's processes together, strongest first.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum JoinedBy {
+    /// One Slurm job id (cgroup or `SLURM_JOB_ID`).
+    SlurmJob,
+    /// One `TORCHELASTIC_RUN_ID` (torchrun).
+    RunId,
+    /// One `MASTER_ADDR:MASTER_PORT`.
+    MasterAddress,
+    /// One Kubernetes pod.
+    Pod,
+    /// The command `gpudiag run` started, and its children.
+    Command,
+    /// One parent, not an init or a shell, running the same executable as its children.
+    Parent,
+    /// One process using several GPUs.
+    Process,
+    /// Nothing could be read but the processes run one executable on one host: a presumed job.
+    SameExecutable,
+}
+
+impl JoinedBy {
+    /// The JSON name, also a Prometheus label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            JoinedBy::SlurmJob => "slurm_job",
+            JoinedBy::RunId => "run_id",
+            JoinedBy::MasterAddress => "master_address",
+            JoinedBy::Pod => "pod",
+            JoinedBy::Command => "command",
+            JoinedBy::Parent => "parent",
+            JoinedBy::Process => "process",
+            JoinedBy::SameExecutable => "same_executable",
+        }
+    }
+
+    /// Whether the grouping is a guess: no key tied the processes, only their executable.
+    pub fn presumed(self) -> bool {
+        self == JoinedBy::SameExecutable
+    }
+}
+
+/// A job's identity on a host: what joined it and the key's value.
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[schemars(deny_unknown_fields)]
+pub struct JobId {
+    pub joined_by: JoinedBy,
+    /// The Slurm job id, the run id, `addr:port`, `namespace/pod`, the parent's pid, or the
+    /// executable's path (redactable).
+    pub key: String,
+}
+
+impl JobId {
+    /// In words: "Slurm job 42", "torchrun run 7f3c", "presumed: processes of /usr/bin/python3".
+    pub fn label(&self) -> String {
+        match self.joined_by {
+            JoinedBy::SlurmJob => format!("Slurm job {}", self.key),
+            JoinedBy::RunId => format!("torchrun run {}", self.key),
+            JoinedBy::MasterAddress => format!("job at {}", self.key),
+            JoinedBy::Pod => format!("pod {}", self.key),
+            JoinedBy::Command => "the command".to_owned(),
+            JoinedBy::Parent => format!("children of pid {}", self.key),
+            JoinedBy::Process => format!("pid {}", self.key),
+            JoinedBy::SameExecutable => format!("presumed job: processes of {}", self.key),
+        }
+    }
+}
+
+/// One GPU of a job and the job's process on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct JobMember {
+    pub device: u32,
+    pub uuid: Option<String>,
+    pub pid: u32,
+    /// Command name (redactable).
+    pub name: Option<String>,
+    pub rank: Option<u32>,
+    pub local_rank: Option<u32>,
+}
+
+/// What the comparison of a job's GPUs found. Stable names: JSON values and Prometheus labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobPattern {
+    /// One GPU sets the pace and the others wait for it.
+    Straggler,
+    /// Every GPU moves many bytes between GPUs while computing little.
+    CommunicationBound,
+    /// Work or memory spread unevenly across the GPUs, with no single GPU behind (pipeline
+    /// stages of unequal size).
+    Imbalanced,
+    /// The GPUs keep pace with each other: each GPU's own verdict stands.
+    Balanced,
+}
+
+impl JobPattern {
+    pub const ALL: [JobPattern; 4] = [
+        JobPattern::Straggler,
+        JobPattern::CommunicationBound,
+        JobPattern::Imbalanced,
+        JobPattern::Balanced,
+    ];
+
+    /// The JSON name, also a Prometheus label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            JobPattern::Straggler => "straggler",
+            JobPattern::CommunicationBound => "communication_bound",
+            JobPattern::Imbalanced => "imbalanced",
+            JobPattern::Balanced => "balanced",
+        }
+    }
+}
+
+impl std::fmt::Display for JobPattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Whether the straggler does more than its peers or less.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Pace {
+    /// Busier than its peers (more work, or the same work on a slower or shared GPU): the
+    /// others finish first and wait.
+    Leads,
+    /// Idler than its peers, who sit in collectives waiting for it (a rank short of CPU, a
+    /// stalled input pipeline).
+    Lags,
+}
+
+/// The GPU the others wait for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct Straggler {
+    pub device: u32,
+    pub rank: Option<u32>,
+    pub pace: Pace,
+    /// The figure that set it apart (`sm_active_pct`, `gpu_util_pct`, ...), its value and the
+    /// median of its peers'.
+    pub metric: String,
+    pub value: f64,
+    pub peers_median: f64,
+    /// The estimated share of the time its peers wait for it, 0 to 1, and how it was estimated.
+    #[schemars(range(min = 0, max = 1))]
+    pub peers_wait_share: Option<f64>,
+    pub wait_estimate: String,
+    /// What else differs on it from its peers, in words ("another process, pid 812, holds
+    /// 4.1 GiB on it").
+    pub differs: Vec<String>,
+}
+
+/// One GPU's window figures beside its peers'. `None` where not read.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct PeerFigures {
+    pub device: u32,
+    pub rank: Option<u32>,
+    pub gpu_util_pct: Option<f64>,
+    pub sm_active_pct: Option<f64>,
+    pub tensor_active_pct: Option<f64>,
+    pub power_w: Option<f64>,
+    pub sm_clock_mhz: Option<f64>,
+    /// NVLink receive plus transmit.
+    pub nvlink_bytes_per_s: Option<f64>,
+    /// PCIe receive plus transmit.
+    pub pcie_bytes_per_s: Option<f64>,
+    /// The most GPU memory the job's process held in the window.
+    pub job_memory_bytes: Option<u64>,
+    /// The job's process's CPU use, % of one core.
+    pub process_cpu_pct: Option<f64>,
+    /// Processes on the GPU that are not the job's.
+    pub other_processes: u32,
+}
+
+/// The verdict on one job over one window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct JobVerdict {
+    pub job: JobId,
+    /// Whether the job itself is a guess (see [`JoinedBy::SameExecutable`]).
+    pub presumed: bool,
+    pub members: Vec<JobMember>,
+    pub verdict: JobPattern,
+    pub confidence: Confidence,
+    /// The window judged, ms since the Unix epoch, both ends inclusive.
+    pub start_ms: TimeMs,
+    pub end_ms: TimeMs,
+    /// One line, naming the GPUs and the numbers that decided.
+    pub title: String,
+    /// What to do, in order of likely payoff.
+    pub advice: String,
+    pub straggler: Option<Straggler>,
+    /// Each GPU's figures, by device.
+    pub peers: Vec<PeerFigures>,
+    /// The figures compared and the thresholds they were compared with.
+    pub evidence: serde_json::Map<String, serde_json::Value>,
+}
+
+impl JobVerdict {
+    /// The devices of the job.
+    pub fn devices(&self) -> impl Iterator<Item = u32> + '_ {
+        self.members.iter().map(|m| m.device)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Prometheus labels and JSON use the same names.
+    #[test]
+    fn names_are_the_json_values() {
+        for p in JobPattern::ALL {
+            assert_eq!(serde_json::json!(p).as_str(), Some(p.name()));
+        }
+        for j in [
+            JoinedBy::SlurmJob,
+            JoinedBy::RunId,
+            JoinedBy::MasterAddress,
+            JoinedBy::Pod,
+            JoinedBy::Command,
+            JoinedBy::Parent,
+            JoinedBy::Process,
+            JoinedBy::SameExecutable,
+        ] {
+            assert_eq!(serde_json::json!(j).as_str(), Some(j.name()));
+            assert_eq!(j.presumed(), j == JoinedBy::SameExecutable);
+        }
+    }
+}
