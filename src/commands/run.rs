@@ -68,6 +68,13 @@ pub struct RunReport {
     /// Per GPU the command's processes used (every watched GPU when none could be seen): the
     /// verdict over the run and its phases.
     pub devices: Vec<RunDevice>,
+    /// The verdict on each job of two or more GPUs, from comparing its GPUs over the run (the
+    /// command's ranks: a straggler named, communication-bound, imbalanced or balanced).
+    #[serde(default)]
+    pub jobs: Vec<gpudiag_model::job::JobVerdict>,
+    /// How each job's verdict changed over the run.
+    #[serde(default)]
+    pub job_phases: Vec<gpudiag_core::check::JobPhases>,
     /// Findings raised while the command ran (faults stay; workload findings cover the run).
     pub findings: Vec<Finding>,
     pub not_judged: Vec<NotJudged>,
@@ -249,6 +256,8 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
         signal,
         not_watched,
         devices: Vec::new(),
+        jobs: Vec::new(),
+        job_phases: Vec::new(),
         findings: Vec::new(),
         not_judged: Vec::new(),
         gpu_processes: Vec::new(),
@@ -653,6 +662,8 @@ impl Watched {
             recorded: &self.recorded,
             ..Seen::default()
         };
+        let command: BTreeSet<u32> = self.tree.seen.keys().map(|&(_, pid)| pid).collect();
+        self.pipeline.engine.set_command_processes(command);
         let mut judged = judgement::judge(&mut self.pipeline, Moment::End(span), &seen);
         let used: BTreeSet<u32> = self.tree.seen.values().map(|p| p.device).collect();
         for d in &self.devices {
@@ -666,6 +677,12 @@ impl Watched {
                 phases: judged.phases.remove(&d.index).unwrap_or_default(),
             });
         }
+        report.jobs = judged.jobs;
+        report.job_phases = judged
+            .job_phases
+            .into_iter()
+            .map(|(job, phases)| gpudiag_core::check::JobPhases { job, phases })
+            .collect();
         report.findings = judged.findings;
         report.not_judged = judged.not_judged;
         report.gpu_processes = self.tree.seen.values().cloned().collect();
@@ -706,6 +723,8 @@ pub fn conclusion_of(source: Source, config: &Config) -> RunConclusion {
         signal: None,
         not_watched: None,
         devices: Vec::new(),
+        jobs: Vec::new(),
+        job_phases: Vec::new(),
         findings: Vec::new(),
         not_judged: Vec::new(),
         gpu_processes: Vec::new(),
@@ -745,6 +764,29 @@ fn summary(r: &RunReport) -> String {
     if let Some(why) = &r.not_watched {
         let _ = writeln!(out, "gpudiag: the GPUs were not watched: {why}");
         return out;
+    }
+    // The job first: its GPUs' own verdicts read busy while they wait for a straggler.
+    for j in &r.jobs {
+        for line in crate::report::text::job_lines(j) {
+            let _ = writeln!(out, "gpudiag: {line}");
+        }
+        let phases = r
+            .job_phases
+            .iter()
+            .find(|p| p.job == j.job)
+            .map(|p| p.phases.as_slice())
+            .unwrap_or_default();
+        if phases.len() > 1 {
+            let _ = writeln!(
+                out,
+                "  phases of the job (its verdict changed {}):",
+                crate::report::text::times(phases.len() - 1)
+            );
+            for p in phases {
+                let phase = crate::report::text::job_phase_line(p, r.start_ms);
+                let _ = writeln!(out, "    {}", printable::line(&phase));
+            }
+        }
     }
     for d in &r.devices {
         match &d.verdict {

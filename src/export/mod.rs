@@ -91,6 +91,9 @@ pub fn capture_trace(
     };
     let judged = judgement::judge(&mut pipeline, Moment::End(Span::whole()), &seen);
     builder.push_overall_verdicts(judged.verdicts.values());
+    // A job's phases are worth a track only where its verdict changed.
+    let job_phases = judged.job_phases.values().filter(|p| p.len() > 1).flatten();
+    builder.push_job_verdicts(&judged.jobs, job_phases);
     let findings = judged.findings;
     for f in &findings {
         builder.push_finding(f);

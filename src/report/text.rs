@@ -240,6 +240,29 @@ fn render_device(out: &mut String, d: &DeviceReport) {
 
 /// What held each GPU back, first: the answer most readers came for.
 fn render_verdicts(out: &mut String, report: &CheckReport) {
+    // The job first: a GPU waiting for a straggler reads busy on its own.
+    for j in &report.jobs {
+        for line in job_lines(j) {
+            let _ = writeln!(out, "{line}");
+        }
+        let phases = report
+            .job_phases
+            .iter()
+            .find(|p| p.job == j.job)
+            .map(|p| p.phases.as_slice())
+            .unwrap_or_default();
+        if phases.len() > 1 {
+            let _ = writeln!(
+                out,
+                "phases of the job (its verdict changed {}):",
+                times(phases.len() - 1)
+            );
+            let t0 = phases[0].start_ms;
+            for p in phases {
+                let _ = writeln!(out, "    {}", esc(&job_phase_line(p, t0)));
+            }
+        }
+    }
     for d in &report.devices {
         let Some(v) = &d.verdict else { continue };
         let _ = writeln!(
@@ -280,6 +303,76 @@ fn render_verdicts(out: &mut String, report: &CheckReport) {
             esc(&n.reason)
         );
     }
+}
+
+/// A job's verdict in lines: the verdict, the GPUs side by side, how the wait was estimated,
+/// what to do. Escaped: titles quote process names.
+pub fn job_lines(j: &gpudiag_model::job::JobVerdict) -> Vec<String> {
+    let mut lines = vec![format!(
+        "job verdict: {} ({} confidence{}) — {}",
+        j.verdict,
+        j.confidence,
+        if j.presumed {
+            ", presumed job: no launcher key was readable"
+        } else {
+            ""
+        },
+        esc(&j.title)
+    )];
+    let straggler = j.straggler.as_ref().map(|s| s.device);
+    let pct = |v: Option<f64>| v.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.0}%"));
+    for p in &j.peers {
+        lines.push(format!(
+            "    GPU {}{}  util {}  SM {}  tensor {}  power {}  NVLink {}  held {}  CPU {}{}{}",
+            p.device,
+            p.rank.map(|r| format!(" rank {r}")).unwrap_or_default(),
+            pct(p.gpu_util_pct),
+            pct(p.sm_active_pct),
+            pct(p.tensor_active_pct),
+            p.power_w
+                .map_or_else(|| "n/a".to_owned(), |w| format!("{w:.0} W")),
+            p.nvlink_bytes_per_s.map_or_else(|| "n/a".to_owned(), rate),
+            p.job_memory_bytes.map_or_else(
+                || "n/a".to_owned(),
+                |b| format!("{:.1} GiB", b as f64 / GIB)
+            ),
+            pct(p.process_cpu_pct),
+            if p.other_processes > 0 {
+                format!("  +{} other process(es)", p.other_processes)
+            } else {
+                String::new()
+            },
+            if straggler == Some(p.device) {
+                "  ◀ straggler"
+            } else {
+                ""
+            }
+        ));
+    }
+    if let Some(s) = &j.straggler {
+        lines.push(format!(
+            "    peers' wait estimated as {}",
+            esc(&s.wait_estimate)
+        ));
+    }
+    lines.push(format!("    what to do: {}", esc(&j.advice)));
+    lines
+}
+
+/// One phase of a job: "12–58 s  straggler  GPU 2 (rank 2) is the straggler: ...".
+pub fn job_phase_line(p: &gpudiag_model::job::JobVerdict, t0: u64) -> String {
+    let secs = |t: u64| t.saturating_sub(t0) as f64 / 1000.0;
+    let detail = p
+        .title
+        .find(": ")
+        .map_or(p.title.as_str(), |i| &p.title[i + 2..]);
+    format!(
+        "{:>6.0}–{:<6.0} s  {:<20} {}",
+        secs(p.start_ms),
+        secs(p.end_ms),
+        p.verdict.name(),
+        detail
+    )
 }
 
 /// "once" or "N times".

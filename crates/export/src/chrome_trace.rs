@@ -48,6 +48,8 @@ pub const TID_TELEMETRY: u32 = 1;
 pub const TID_EVENTS: u32 = 2;
 pub const TID_PROBES: u32 = 3;
 pub const TID_VERDICT: u32 = 4;
+/// The job verdicts' track, in the host process: a job spans GPUs.
+pub const TID_JOB: u32 = 5;
 /// Throttle reason with bit `b` (0..64) is on thread `TID_THROTTLE_BASE + b`.
 pub const TID_THROTTLE_BASE: u32 = 100;
 /// NVML's idle reason: not a slowdown, so it gets no track.
@@ -545,6 +547,47 @@ impl TraceBuilder {
             let name = format!("verdict over the capture: {}", v.bottleneck);
             let span = v.end_ms.saturating_sub(v.start_ms);
             self.push_verdict(v, name, "verdict,overall", v.start_ms, Some(span));
+        }
+    }
+
+    /// Each job's verdict over the capture and its phases, on the host's job track, their args
+    /// the whole verdict (the straggler, every GPU's figures).
+    pub fn push_job_verdicts<'a>(
+        &mut self,
+        jobs: impl IntoIterator<Item = &'a gpudiag_model::job::JobVerdict>,
+        phases: impl IntoIterator<Item = &'a gpudiag_model::job::JobVerdict>,
+    ) {
+        let overall = jobs
+            .into_iter()
+            .map(|j| (j, "job,overall", "over the capture"));
+        let phased = phases.into_iter().map(|j| (j, "job,phase", "phase"));
+        for (j, cat, what) in overall.chain(phased) {
+            let straggler = j
+                .straggler
+                .as_ref()
+                .map(|s| format!(", straggler GPU {}", s.device))
+                .unwrap_or_default();
+            let args = match serde_json::to_value(j) {
+                Ok(Value::Object(map)) => {
+                    map.into_iter().map(|(k, v)| (Cow::Owned(k), v)).collect()
+                }
+                _ => Args::new(),
+            };
+            self.thread(HOST_PID, TID_JOB, "job verdict".into());
+            self.events.push(Pending {
+                name: Cow::Owned(format!(
+                    "job {what}: {}{straggler} ({})",
+                    j.verdict,
+                    j.job.label()
+                )),
+                cat: Some(cat.into()),
+                ph: Phase::Complete,
+                time_ms: j.start_ms,
+                dur_ms: Some(j.end_ms.saturating_sub(j.start_ms)),
+                pid: HOST_PID,
+                tid: TID_JOB,
+                args,
+            });
         }
     }
 

@@ -107,10 +107,15 @@ impl JobId {
     pub fn label(&self) -> String {
         match self.joined_by {
             JoinedBy::SlurmJob => format!("Slurm job {}", self.key),
+            // torchrun's ids are UUIDs: eight characters tell runs of one host apart.
+            JoinedBy::RunId if self.key.chars().count() > 12 => {
+                let short: String = self.key.chars().take(8).collect();
+                format!("torchrun run {short}…")
+            }
             JoinedBy::RunId => format!("torchrun run {}", self.key),
             JoinedBy::MasterAddress => format!("job at {}", self.key),
             JoinedBy::Pod => format!("pod {}", self.key),
-            JoinedBy::Command => "the command".to_owned(),
+            JoinedBy::Command => "the command's job".to_owned(),
             JoinedBy::Parent => format!("children of pid {}", self.key),
             JoinedBy::Process => format!("pid {}", self.key),
             JoinedBy::SameExecutable => format!("presumed job: processes of {}", self.key),

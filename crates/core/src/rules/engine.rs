@@ -37,8 +37,8 @@ pub struct RuleEngine {
     process_launch: ProcessLaunch,
     /// The latest verdict per job of two or more GPUs over the rolling window.
     jobs: Vec<JobVerdict>,
-    /// The pid of the command `gpudiag run` started: it and its children are one job.
-    command: Option<u32>,
+    /// The GPU processes of the command `gpudiag run` started: one job.
+    command: std::collections::BTreeSet<u32>,
     /// What the latest evaluation could not judge: the verdict's devices, then the rules'.
     not_judged: Vec<NotJudged>,
     /// Whether each evaluation also finds the phase its window ends in (a few more verdicts
@@ -75,7 +75,7 @@ impl RuleEngine {
             verdicts: BTreeMap::new(),
             process_launch: ProcessLaunch::default(),
             jobs: Vec::new(),
-            command: None,
+            command: Default::default(),
             not_judged: Vec::new(),
             track_current_phase: false,
             current_phases: BTreeMap::new(),
@@ -172,7 +172,7 @@ impl RuleEngine {
             bottleneck::judge_all(&input, Some(&self.process_cpu), start_ms, now);
         let current = self.current_phases(&input, &verdicts, start_ms, now);
         let (jobs, unjudged) =
-            job::judge_all(&input, &self.process_launch, self.command, start_ms, now);
+            job::judge_all(&input, &self.process_launch, &self.command, start_ms, now);
         job::mark_waiting(&mut verdicts, &jobs, &self.config.job);
         not_judged.extend(unjudged);
         let workload: Vec<Finding> = self
@@ -269,12 +269,19 @@ impl RuleEngine {
         end_ms: TimeMs,
     ) -> BTreeMap<JobId, Vec<JobVerdict>> {
         let input = self.input(history, &[], Some(end_ms));
-        job::phases(&input, &self.process_launch, self.command, start_ms, end_ms)
+        job::phases(
+            &input,
+            &self.process_launch,
+            &self.command,
+            start_ms,
+            end_ms,
+        )
     }
 
-    /// Names the command `gpudiag run` started: its processes and its children's are one job.
-    pub fn set_command(&mut self, pid: u32) {
-        self.command = Some(pid);
+    /// Names the GPU processes of the command `gpudiag run` started (it and its descendants):
+    /// one job, where no launcher key says otherwise.
+    pub fn set_command_processes(&mut self, pids: std::collections::BTreeSet<u32>) {
+        self.command = pids;
     }
 
     /// What the latest evaluation could not judge, with the reason, by device: for each, the
@@ -309,7 +316,7 @@ impl RuleEngine {
             bottleneck::judge_all(&input, Some(&self.process_cpu), start, now);
         let current = self.current_phases(&input, &verdicts, start, now);
         let (jobs, unjudged) =
-            job::judge_all(&input, &self.process_launch, self.command, start, now);
+            job::judge_all(&input, &self.process_launch, &self.command, start, now);
         job::mark_waiting(&mut verdicts, &jobs, &self.config.job);
         not_judged.extend(unjudged);
         let found = families::windowed(&input);

@@ -50,7 +50,7 @@ const HARMFUL_THROTTLE: u64 = 0x8 | 0x20 | 0x40 | 0x80;
 
 /// The job a process belongs to, by the strongest key it has; `None` where nothing could be
 /// read, so only its executable can place it.
-fn key_of(pid: u32, p: &SeenProcess, command: Option<u32>) -> Option<JobId> {
+fn key_of(pid: u32, p: &SeenProcess, command: &BTreeSet<u32>) -> Option<JobId> {
     let id = |joined_by, key: String| Some(JobId { joined_by, key });
     if let Some(job) = &p.slurm_job {
         return id(JoinedBy::SlurmJob, job.clone());
@@ -71,11 +71,8 @@ fn key_of(pid: u32, p: &SeenProcess, command: Option<u32>) -> Option<JobId> {
     if let Some(pod) = &p.pod {
         return id(JoinedBy::Pod, pod.clone());
     }
-    let parent = launch.and_then(|l| l.parent_pid);
-    if let Some(command) = command
-        && (pid == command || parent == Some(command))
-    {
-        return id(JoinedBy::Command, command.to_string());
+    if command.contains(&pid) {
+        return id(JoinedBy::Command, "run".to_owned());
     }
     if let Some(l) = launch
         && let Some(parent) = l.parent_pid.filter(|&p| p > 1)
@@ -99,7 +96,7 @@ pub(crate) fn group(
     memory: Option<&super::ProcessMemory>,
     start: TimeMs,
     end: TimeMs,
-    command: Option<u32>,
+    command: &BTreeSet<u32>,
 ) -> BTreeMap<JobId, Vec<JobMember>> {
     let held = |device: u32, pid: u32| {
         memory
@@ -282,8 +279,16 @@ fn differences(s: &Gpu, peers: &[&Gpu]) -> Vec<String> {
     }
     let peer_median =
         |f: fn(&PeerFigures) -> Option<f64>| median(peers.iter().filter_map(|g| f(&g.figures)));
+    // A GPU doing more work draws more power and, at its power limit, clocks lower: that is a
+    // consequence (measured: a rank with twice the work ran at 1465 MHz against its peers'
+    // 1775 MHz, at 691 W against 486 W). Lower clocks point at the GPU only at no more power.
+    let more_power = match (s.figures.power_w, peer_median(|f| f.power_w)) {
+        (Some(own), Some(peer)) => own > peer * 1.05,
+        _ => false,
+    };
     if let (Some(clock), Some(peer)) = (s.figures.sm_clock_mhz, peer_median(|f| f.sm_clock_mhz))
         && clock < peer * 0.95
+        && !more_power
     {
         out.push(format!(
             "its SM clock averages {clock:.0} MHz against its peers' {peer:.0} MHz"
@@ -589,24 +594,30 @@ fn judge_job(
             pct(s.peers_wait_share.unwrap_or(0.0) * 100.0),
             because(&s.differs)
         );
-        let mut advice =
-            format!("Every rank waits for {who}, which does more each step than its peers.");
-        if s.differs.iter().any(|d| d.starts_with("another process")) {
+        let mut advice = format!("Every rank waits for {who}, the busiest GPU of the job.");
+        let shared = s.differs.iter().any(|d| d.starts_with("another process"));
+        let slower = s.differs.iter().any(|d| d.contains("clock"));
+        if shared {
             advice.push_str(
-                " Another process shares its GPU: move it to a GPU of its own (or restrict the \
-                 job to GPUs nobody else uses: CUDA_VISIBLE_DEVICES, Slurm's --exclusive).",
-            );
-        } else if s.differs.iter().any(|d| d.contains("clock")) {
-            advice.push_str(
-                " Its clocks run lower than its peers': check its cooling and power (see its \
-                 throttle findings) and compare it with `gpudiag probe matmul`.",
+                " Another process shares its GPU: move it to a GPU of its own (or keep the \
+                 job on GPUs nobody else uses: CUDA_VISIBLE_DEVICES, Slurm's --exclusive).",
             );
         }
-        advice.push_str(
-            " Otherwise its rank has more work: uneven batches or sequence lengths (bucket by \
-             length, pad to equal work), or extra duties on one rank (logging, evaluation, \
-             checkpointing) inside the step.",
-        );
+        if slower {
+            advice.push_str(
+                " Its clocks run lower than its peers' at no more power: check its cooling and \
+                 power (see its throttle findings) and compare it with `gpudiag probe matmul`.",
+            );
+        }
+        advice.push_str(if shared || slower {
+            " If neither explains the gap, its rank has more work each step: uneven batches or \
+             sequence lengths (bucket by length), or extra duties on one rank (logging, \
+             evaluation, checkpointing) inside the step."
+        } else {
+            " Its rank has more work each step: uneven batches or sequence lengths (bucket by \
+             length), or extra duties on one rank (logging, evaluation, checkpointing) inside \
+             the step; move them off the step or spread them over every rank."
+        });
         let confidence =
             if w / peers >= 1.0 + 2.0 * (config.lead_ratio - 1.0) && work_key == "sm_active_pct" {
                 Confidence::High
@@ -727,7 +738,7 @@ fn because(differs: &[String]) -> String {
 pub fn judge_all(
     input: &RuleInput<'_>,
     launches: &ProcessLaunch,
-    command: Option<u32>,
+    command: &BTreeSet<u32>,
     start: TimeMs,
     end: TimeMs,
 ) -> (Vec<JobVerdict>, Vec<NotJudged>) {
@@ -792,8 +803,7 @@ pub fn mark_waiting(
                 super::bottleneck::brief(v)
             );
             v.advice = format!(
-                "Speed up {straggler}, not this GPU: {} {}",
-                job.title, job.advice
+                "Speed up {straggler}, the job's straggler, not this GPU: see the job's verdict."
             );
             v.bottleneck = Bottleneck::WaitingForPeer;
             v.confidence = v.confidence.min(job.confidence);
@@ -806,7 +816,7 @@ pub fn mark_waiting(
 pub fn phases(
     input: &RuleInput<'_>,
     launches: &ProcessLaunch,
-    command: Option<u32>,
+    command: &BTreeSet<u32>,
     start: TimeMs,
     end: TimeMs,
 ) -> BTreeMap<JobId, Vec<JobVerdict>> {
@@ -850,4 +860,154 @@ pub fn phases(
 fn same_phase(a: &JobVerdict, b: &JobVerdict) -> bool {
     a.verdict == b.verdict
         && a.straggler.as_ref().map(|s| s.device) == b.straggler.as_ref().map(|s| s.device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpudiag_model::attribution::{Attribution, FoundIn, SlurmJob};
+    use gpudiag_model::job::Launch;
+    use gpudiag_telemetry::{ProcessSample, Sample};
+
+    const PYTHON: &str = "/usr/bin/python3.12";
+
+    fn launch(parent: u32, parent_exe: &str, exe: &str) -> Launch {
+        Launch {
+            parent_pid: Some(parent),
+            exe: Some(exe.into()),
+            parent_exe: Some(parent_exe.into()),
+            ..Launch::default()
+        }
+    }
+
+    fn process(pid: u32, launch: Option<Launch>) -> ProcessSample {
+        ProcessSample {
+            pid,
+            name: Some("python3".into()),
+            user: None,
+            kind: Some("compute".into()),
+            used_memory_bytes: Some(1 << 30),
+            sm_util_pct: None,
+            container_id: None,
+            container_pid: None,
+            cpu_time_s: None,
+            attribution: None,
+            launch,
+        }
+    }
+
+    /// Groups processes, one a GPU in order, as seen in one sample each.
+    fn jobs_of(processes: Vec<ProcessSample>) -> BTreeMap<JobId, Vec<JobMember>> {
+        let mut launches = ProcessLaunch::default();
+        for (device, p) in processes.into_iter().enumerate() {
+            launches.observe(&Sample {
+                processes: Some(vec![p]),
+                ..Sample::new(device as u32, 1_000)
+            });
+        }
+        group(&launches, None, 0, 2_000, &BTreeSet::new())
+    }
+
+    fn joined(jobs: &BTreeMap<JobId, Vec<JobMember>>) -> Vec<(JoinedBy, Vec<u32>)> {
+        jobs.iter()
+            .map(|(id, m)| (id.joined_by, m.iter().map(|m| m.device).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn torchrun_ranks_are_one_job_by_run_id_and_a_default_id_falls_to_the_master() {
+        let rank = |pid, run: &str| {
+            let mut l = launch(100, PYTHON, PYTHON);
+            l.run_id = Some(run.into());
+            l.master_addr = Some("node-0".into());
+            l.master_port = Some("29500".into());
+            process(pid, Some(l))
+        };
+        let jobs = jobs_of(vec![rank(101, "7f3c"), rank(102, "7f3c")]);
+        assert_eq!(joined(&jobs), vec![(JoinedBy::RunId, vec![0, 1])]);
+        let jobs = jobs_of(vec![rank(101, "none"), rank(102, "none")]);
+        assert_eq!(joined(&jobs), vec![(JoinedBy::MasterAddress, vec![0, 1])]);
+        assert_eq!(jobs.keys().next().unwrap().key, "node-0:29500");
+    }
+
+    #[test]
+    fn a_shared_shell_or_init_never_joins_jobs() {
+        // Two trainings started from one shell, and two under init: four jobs of one GPU.
+        let jobs = jobs_of(vec![
+            process(11, Some(launch(10, "/usr/bin/bash", PYTHON))),
+            process(12, Some(launch(10, "/usr/bin/bash", PYTHON))),
+            process(21, Some(launch(1, "/sbin/init", PYTHON))),
+            process(22, Some(launch(1, "/sbin/init", PYTHON))),
+        ]);
+        assert!(jobs.is_empty(), "{jobs:?}");
+        // tmux runs a shell too; its server is not python either.
+        let jobs = jobs_of(vec![
+            process(31, Some(launch(30, "/usr/bin/tmux", PYTHON))),
+            process(32, Some(launch(30, "/usr/bin/tmux", PYTHON))),
+        ]);
+        assert!(jobs.is_empty(), "{jobs:?}");
+    }
+
+    #[test]
+    fn children_of_one_launcher_running_its_executable_are_one_job() {
+        // torch.multiprocessing.spawn: the parent is python, like its children.
+        let jobs = jobs_of(vec![
+            process(41, Some(launch(40, PYTHON, PYTHON))),
+            process(42, Some(launch(40, PYTHON, PYTHON))),
+        ]);
+        assert_eq!(joined(&jobs), vec![(JoinedBy::Parent, vec![0, 1])]);
+    }
+
+    #[test]
+    fn a_slurm_job_joins_its_processes_whatever_else_they_carry() {
+        let in_job = |pid, parent| {
+            let mut p = process(pid, Some(launch(parent, "/usr/bin/bash", PYTHON)));
+            p.attribution = Some(Attribution {
+                job: Some(SlurmJob {
+                    id: "42".into(),
+                    step: Some("0".into()),
+                    user: None,
+                    found_in: FoundIn::Cgroup,
+                }),
+                ..Attribution::default()
+            });
+            p
+        };
+        let jobs = jobs_of(vec![in_job(51, 50), in_job(61, 60)]);
+        assert_eq!(joined(&jobs), vec![(JoinedBy::SlurmJob, vec![0, 1])]);
+    }
+
+    #[test]
+    fn where_nothing_was_readable_one_executable_is_a_presumed_job() {
+        let mut unreadable = Launch {
+            exe: Some(PYTHON.into()),
+            ..Launch::default()
+        };
+        unreadable
+            .absent
+            .insert("environ".into(), "another user's process".into());
+        // A recording made before gpudiag looked carries no launch at all.
+        let jobs = jobs_of(vec![process(71, Some(unreadable)), process(72, None)]);
+        // The second is known by its name only, so it is not the same executable.
+        assert!(jobs.is_empty(), "{jobs:?}");
+        let jobs = jobs_of(vec![process(71, None), process(72, None)]);
+        assert_eq!(joined(&jobs), vec![(JoinedBy::SameExecutable, vec![0, 1])]);
+        assert!(jobs.keys().next().unwrap().joined_by.presumed());
+    }
+
+    #[test]
+    fn the_command_gpudiag_runs_is_one_job() {
+        let mut launches = ProcessLaunch::default();
+        for (device, pid) in [(0u32, 81u32), (1, 82)] {
+            launches.observe(&Sample {
+                processes: Some(vec![process(
+                    pid,
+                    Some(launch(80, "/usr/bin/bash", PYTHON)),
+                )]),
+                ..Sample::new(device, 1_000)
+            });
+        }
+        let jobs = group(&launches, None, 0, 2_000, &BTreeSet::from([81, 82]));
+        assert_eq!(joined(&jobs), vec![(JoinedBy::Command, vec![0, 1])]);
+    }
 }
