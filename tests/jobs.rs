@@ -32,8 +32,11 @@ fn check(path: &Path, extra: &[&str]) -> CheckReport {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// (fixture, verdict, the straggler's device and pace).
-const EXPECTED: &[(&str, JobPattern, Option<(u32, Pace)>)] = &[
+/// The straggler's device and pace.
+type Named = Option<(u32, Pace)>;
+
+/// (fixture, verdict, the straggler).
+const EXPECTED: &[(&str, JobPattern, Named)] = &[
     ("2gpu-balanced", JobPattern::Balanced, None),
     ("2gpu-slow13", JobPattern::Straggler, Some((1, Pace::Leads))),
     ("2gpu-slow2", JobPattern::Straggler, Some((1, Pace::Leads))),
