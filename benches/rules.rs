@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use gpudiag::config::RulesConfig;
 use gpudiag::history::History;
 use gpudiag::rules::engine::RuleEngine;
-use gpudiag::rules::{self, ProcessMemory, RuleInput};
+use gpudiag::rules::{self, ProcessLaunch, ProcessMemory, RuleInput};
 use gpudiag::telemetry::{DeviceInfo, ProcessSample, Sample, Tick};
+use gpudiag_model::job::Launch;
 
 const DEVICES: u32 = 8;
 const STEP_MS: u64 = 100;
@@ -80,7 +81,16 @@ fn sample(device: u32, time_ms: u64, i: u64) -> Sample {
                 container_pid: None,
                 cpu_time_s: None,
                 attribution: None,
-                launch: None,
+                // The first process of every GPU is a rank of one torchrun job of 8 GPUs,
+                // so the job verdict judges every evaluation.
+                launch: (p == 0).then(|| Launch {
+                    parent_pid: Some(999),
+                    exe: Some("/usr/bin/python3".into()),
+                    parent_exe: Some("/usr/bin/python3".into()),
+                    run_id: Some("bench-run".into()),
+                    rank: Some(device),
+                    ..Launch::default()
+                }),
             })
             .collect(),
     );
@@ -162,9 +172,12 @@ fn per_family(history: &History, devices: &[DeviceInfo]) {
         .map(|d| (d, sample(d, end, HOUR_TICKS - 1)))
         .collect();
     let mut pm = ProcessMemory::default();
+    let mut launches = ProcessLaunch::default();
     for i in (HOUR_TICKS - 6000..HOUR_TICKS).step_by(10) {
         for d in 0..DEVICES {
-            pm.observe(&sample(d, 1_767_225_600_000 + i * STEP_MS, i), 600_000);
+            let s = sample(d, 1_767_225_600_000 + i * STEP_MS, i);
+            pm.observe(&s, 600_000);
+            launches.observe(&s);
         }
     }
     let input = RuleInput {
@@ -208,6 +221,27 @@ fn per_family(history: &History, devices: &[DeviceInfo]) {
         ("thermal", rules::thermal::evaluate),
         ("all windowed families", rules::families::windowed),
     ];
+    let command = std::collections::BTreeSet::new();
+    let mut job_times: Vec<Duration> = (0..200)
+        .map(|_| {
+            let t = Instant::now();
+            black_box(rules::job::judge_all(
+                &input,
+                &launches,
+                &command,
+                input.now_ms - 30_000,
+                input.now_ms,
+            ));
+            t.elapsed()
+        })
+        .collect();
+    job_times.sort();
+    println!();
+    println!(
+        "job verdict, one job of {DEVICES} GPUs over a 30 s window (judged once a second, so \
+         this is its CPU per second): {:.1} µs (median of 200)",
+        job_times[100].as_secs_f64() * 1e6
+    );
     println!();
     println!("| one evaluation of {DEVICES} GPUs, by family | µs (median of 200) |");
     println!("|---|---|");
