@@ -369,6 +369,7 @@ memory_spread_min_gib = 1.0
 # Every GPU moving at least this much between GPUs (GB/s, NVLink and PCIe, rx + tx) while its
 # tensor pipes are active below the share (%) after it: communication-bound.
 communication_min_gb_per_s = 50.0
+# The tensor-pipe share (%) below which such a GPU computes little.
 communication_max_tensor_pct = 10.0
 # A straggler's peers wait at least this share (0..1) of the time before their verdicts say so.
 waiting_min_share = 0.15
@@ -705,7 +706,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(keys, 30);
+        assert_eq!(keys, 39);
     }
 
     #[test]

@@ -89,6 +89,25 @@ fn key_of(pid: u32, p: &SeenProcess, command: &BTreeSet<u32>) -> Option<JobId> {
     })
 }
 
+/// A presumed job's key where no launcher key could be read. The parent's pid is readable in
+/// another user's `/proc/PID/stat` where the environment is not: processes of one parent are
+/// likely one job's ranks, and processes of different parents likely not (two users' runs of
+/// one python). Without a parent (a recording made before gpudiag looked), the executable.
+fn presumed_key(p: &SeenProcess) -> JobId {
+    let launch = p.launch.as_ref();
+    let key = match launch.and_then(|l| l.parent_pid).filter(|&pid| pid > 1) {
+        Some(parent) => format!("children of pid {parent}"),
+        None => launch
+            .and_then(|l| l.exe.clone())
+            .or_else(|| p.name.clone())
+            .unwrap_or_else(|| "an unknown executable".to_owned()),
+    };
+    JobId {
+        joined_by: JoinedBy::SameExecutable,
+        key,
+    }
+}
+
 /// The jobs of two or more GPUs among the processes seen in `[start, end]`: each job's GPUs,
 /// with the job's process on each (the one holding the most memory, where several do).
 pub(crate) fn group(
@@ -106,15 +125,7 @@ pub(crate) fn group(
     };
     let mut jobs: BTreeMap<JobId, BTreeMap<u32, (f64, JobMember)>> = BTreeMap::new();
     for (&(device, pid), p) in launches.within(start, end) {
-        let key = key_of(pid, p, command).unwrap_or_else(|| JobId {
-            joined_by: JoinedBy::SameExecutable,
-            key: p
-                .launch
-                .as_ref()
-                .and_then(|l| l.exe.clone())
-                .or_else(|| p.name.clone())
-                .unwrap_or_else(|| "an unknown executable".to_owned()),
-        });
+        let key = key_of(pid, p, command).unwrap_or_else(|| presumed_key(p));
         let member = JobMember {
             device,
             uuid: None,
@@ -771,7 +782,8 @@ pub fn mark_waiting(
     jobs: &[JobVerdict],
     config: &JobConfig,
 ) {
-    for job in jobs {
+    // A presumed job may join strangers: its GPUs keep their own verdicts.
+    for job in jobs.iter().filter(|j| !j.presumed) {
         let Some(s) = &job.straggler else { continue };
         let Some(share) = s
             .peers_wait_share
@@ -993,6 +1005,23 @@ mod tests {
         let jobs = jobs_of(vec![process(71, None), process(72, None)]);
         assert_eq!(joined(&jobs), vec![(JoinedBy::SameExecutable, vec![0, 1])]);
         assert!(jobs.keys().next().unwrap().joined_by.presumed());
+        // Another user's processes: the environment hidden, the parent readable. One parent
+        // presumes one job; two parents, two jobs.
+        let hidden = |parent| {
+            let mut l = Launch {
+                parent_pid: Some(parent),
+                ..Launch::default()
+            };
+            l.absent
+                .insert("environ".into(), "another user's process".into());
+            l.absent
+                .insert("exe".into(), "another user's process".into());
+            Some(l)
+        };
+        let jobs = jobs_of(vec![process(81, hidden(80)), process(82, hidden(80))]);
+        assert_eq!(joined(&jobs), vec![(JoinedBy::SameExecutable, vec![0, 1])]);
+        let jobs = jobs_of(vec![process(91, hidden(90)), process(93, hidden(92))]);
+        assert!(jobs.is_empty(), "{jobs:?}");
     }
 
     #[test]

@@ -261,6 +261,14 @@ impl Redactor {
                             self.learn_user(u);
                         }
                         self.learn_owners(p);
+                        // The node a job's ranks meet at is another host of the site;
+                        // loopback names nothing.
+                        if let Some(Value::String(addr)) =
+                            p.get("launch").and_then(|l| l.get("master_addr"))
+                            && !matches!(addr.as_str(), "localhost" | "127.0.0.1" | "::1")
+                        {
+                            self.learn_host(addr);
+                        }
                     }
                 }
                 if let Some(Value::Array(pods)) = m.get("gpu_pods") {
@@ -478,6 +486,15 @@ mod tests {
         assert_eq!(doc["log"], "NVRM: host-1 Xid 79 by /home/user-1/bin/train");
         assert_eq!(doc["processes"][0]["name"], "python [args-1]");
         assert_eq!(doc["processes"][0]["user"], "user-1");
+        let mut launched = serde_json::json!({"processes": [{"pid": 9, "launch": {
+            "master_addr": "gpu-node-17.cluster", "master_port": "29500",
+            "exe": "/home/carol/venv/bin/python3"}}]});
+        let mut r = Redactor::new(true);
+        r.learn_value(&launched);
+        r.redact_value(&mut launched);
+        let launch = &launched["processes"][0]["launch"];
+        assert_eq!(launch["master_addr"], "host-1");
+        assert_eq!(launch["exe"], "/home/user-1/venv/bin/python3");
         assert_eq!(doc["home"], "/home/user-2/.cache");
     }
 
