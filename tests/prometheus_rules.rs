@@ -216,6 +216,15 @@ fn query(prom: &str, q: &str) -> Vec<Value> {
     v["data"]["result"].as_array().cloned().unwrap_or_default()
 }
 
+/// The result of an instant query that must be valid PromQL (an empty result is an answer).
+fn query_ok(prom: &str, q: &str) -> Vec<Value> {
+    let body = http_get(prom, &format!("/api/v1/query?query={}", encode(q)))
+        .unwrap_or_else(|| panic!("{q}: no answer (invalid PromQL?)"));
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["status"], "success", "{q}: {v}");
+    v["data"]["result"].as_array().cloned().unwrap_or_default()
+}
+
 /// Every alert Prometheus holds now, pending or firing.
 fn alerts(prom: &str) -> Vec<Value> {
     let Some(body) = http_get(prom, "/api/v1/alerts") else {
@@ -356,6 +365,56 @@ fn a_real_prometheus_fires_the_straggler_alert_for_the_gpu_that_leads_across_nod
             assert!(m.get("straggler_gpu").is_none(), "{m}");
         }
     }
+
+    // The dashboard's "Job peers" row, for this job: each GPU's figures with its rank, each
+    // node's verdict, and the alert.
+    let path = root().join("assets/grafana/gpudiag.json");
+    let dash: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let variable = dash["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "slurm_job")
+        .expect("a slurm_job variable");
+    assert_eq!(
+        variable["definition"],
+        "label_values(gpudiag_gpu_job_info, slurm_job)"
+    );
+    let panels = dash["panels"].as_array().unwrap();
+    let row = panels
+        .iter()
+        .position(|p| p["title"] == "Job peers")
+        .expect("the dashboard has a Job peers row");
+    let mut shown = 0;
+    for panel in panels[row + 1..].iter().take_while(|p| p["type"] != "row") {
+        let title = panel["title"].as_str().unwrap();
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$slurm_job", "77001");
+            let got = query_ok(&prom, &expr);
+            match panel["type"].as_str() {
+                Some("timeseries") => {
+                    assert_eq!(got.len(), 6, "{title}: {expr}: {got:?}");
+                    assert!(
+                        got.iter().all(|s| s["metric"]["rank"].is_string()),
+                        "{got:?}"
+                    );
+                }
+                _ if title.starts_with("Job verdict") => assert_eq!(got.len(), 3, "{title}"),
+                _ if title.contains("alerts") => assert!(
+                    got.iter()
+                        .any(|s| s["metric"]["alertname"] == "GpuJobStraggler"),
+                    "{title}: {got:?}"
+                ),
+                // The waiting share is node-c's estimate, when it could make one.
+                _ => assert!(got.len() <= 1, "{title}: {got:?}"),
+            }
+            shown += 1;
+        }
+    }
+    assert!(shown >= 6, "{shown} queries in the Job peers row");
 
     // A few evaluations later, still no other GPU alerts, nor anything about the job as a whole.
     std::thread::sleep(Duration::from_secs(3));
