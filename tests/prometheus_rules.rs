@@ -287,7 +287,7 @@ fn a_real_prometheus_fires_the_straggler_alert_for_the_gpu_that_leads_across_nod
     )
     .unwrap();
     let prom = format!("127.0.0.1:{}", free_port());
-    let mut child = Command::new(prometheus)
+    let child = Command::new(prometheus)
         .arg(format!("--config.file={}", config.display()))
         .arg(format!(
             "--storage.tsdb.path={}",

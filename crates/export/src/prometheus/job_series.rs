@@ -26,9 +26,16 @@ struct GpuJob<'a> {
     process: &'a ProcessSample,
 }
 
-/// The one job whose processes run on this GPU; `Err(())` when processes of several jobs do,
-/// `Ok(None)` when none names a job.
-fn job_of(s: &Sample) -> Result<Option<GpuJob<'_>>, ()> {
+/// Whose processes run on a GPU.
+enum Owner<'a> {
+    /// No process names a job.
+    Nobody,
+    One(GpuJob<'a>),
+    /// Processes of two jobs or more.
+    Shared,
+}
+
+fn owner_of(s: &Sample) -> Owner<'_> {
     let mut found: Option<GpuJob<'_>> = None;
     for p in s.processes.iter().flatten() {
         let Some(job) = cluster_key(p.attribution.as_ref(), p.launch.as_ref()) else {
@@ -36,7 +43,7 @@ fn job_of(s: &Sample) -> Result<Option<GpuJob<'_>>, ()> {
         };
         match &mut found {
             None => found = Some(GpuJob { job, process: p }),
-            Some(g) if g.job != job => return Err(()),
+            Some(g) if g.job != job => return Owner::Shared,
             Some(g) => {
                 if p.used_memory_bytes > g.process.used_memory_bytes {
                     g.process = p;
@@ -44,7 +51,7 @@ fn job_of(s: &Sample) -> Result<Option<GpuJob<'_>>, ()> {
             }
         }
     }
-    Ok(found)
+    found.map_or(Owner::Nobody, Owner::One)
 }
 
 /// The labels every job series starts with: the host, then the job's key and what it is.
@@ -68,10 +75,10 @@ pub(super) fn render(
     let mut info: Vec<(Labels, f64)> = Vec::new();
     let mut shared = 0usize;
     for (d, s, _) in devices {
-        let g = match job_of(s) {
-            Ok(Some(g)) => g,
-            Ok(None) => continue,
-            Err(()) => {
+        let g = match owner_of(s) {
+            Owner::One(g) => g,
+            Owner::Nobody => continue,
+            Owner::Shared => {
                 shared += 1;
                 continue;
             }
