@@ -84,6 +84,40 @@ fn the_shipped_rules_pass_promtool_check_and_their_unit_tests() {
     }
 }
 
+/// The rules compare a job's GPUs with the single-host rule's default thresholds
+/// (`[rules.job]`), so Prometheus and `gpudiag run` call the same GPU a straggler. Needs no
+/// promtool.
+#[test]
+fn the_rules_use_the_single_host_job_rule_defaults() {
+    let rules = std::fs::read_to_string(root().join(RULES)).unwrap();
+    let job = gpudiag::config::Config::default().rules.job;
+    for expected in [
+        format!(
+            "({} * (gpudiag_job:sm_active:lead_reference > 0))",
+            job.lead_ratio
+        ),
+        // The core's LEAD_MIN_SM_POINTS, 10 points of SM active, as a ratio.
+        "(gpudiag_job:sm_active:lead_reference + 0.10)".to_owned(),
+        format!(
+            "(gpudiag_job:gpu_util_percent:lag_reference >= {}) - {}",
+            job.peers_busy_util_pct, job.lag_util_points
+        ),
+        format!(
+            "(gpudiag_job_gpu:interconnect_bytes_per_second:avg) >= {}e9",
+            job.communication_min_gb_per_s
+        ),
+        format!(
+            "(gpudiag_job_gpu:tensor_active:avg) < {})",
+            job.communication_max_tensor_pct / 100.0
+        ),
+    ] {
+        assert!(
+            rules.contains(&expected),
+            "{RULES} does not compare with [rules.job]'s default: {expected}"
+        );
+    }
+}
+
 /// The shipped rules with every window and hold shortened for a test that lasts seconds: the
 /// file writes them `[5m]`, `for: 5m` and `for: 1m` for exactly this substitution.
 fn shortened_rules() -> String {
