@@ -1330,6 +1330,7 @@ fn exported_metric_names() -> BTreeSet<String> {
         last_xid: [(0, 13)].into_iter().collect(),
         findings: Vec::new(),
         verdicts: [(0, verdict(0))].into_iter().collect(),
+        jobs: Vec::new(),
         source_ended: false,
         process_cap: Default::default(),
     };
@@ -1337,7 +1338,14 @@ fn exported_metric_names() -> BTreeSet<String> {
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .map(|l| l.split(' ').next().unwrap().to_string())
-        .chain(["gpudiag_finding".to_string()])
+        .chain(
+            [
+                "gpudiag_finding",
+                "gpudiag_job_verdict",
+                "gpudiag_job_peers_wait_ratio",
+            ]
+            .map(String::from),
+        )
         .collect()
 }
 

@@ -506,3 +506,54 @@ fn a_real_prometheus_scrapes_per_process_series_with_their_owners() {
     }
     assert!(checked >= 6, "{checked} queries");
 }
+
+/// A recording whose processes carry their Slurm job and launcher variables: `serve` names the
+/// job of every GPU (`gpudiag_gpu_job_info`, with ranks) and gives the job its verdict, as a
+/// scrape reads them once the replay played out. No Prometheus needed: the exposition itself.
+#[test]
+fn serve_names_the_job_of_every_gpu_and_judges_it() {
+    use gpudiag::config::Config;
+    use gpudiag::session::{Origin, SourceSpec, open_source};
+    use gpudiag::telemetry::replay::Pace;
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recordings/job_ranks.ndjson");
+    let source = open_source(
+        &SourceSpec::new(Origin::File(fixture)),
+        Pace::AsFastAsPossible,
+        false,
+    )
+    .unwrap();
+    let snapshot = gpudiag::export::prometheus::snapshot_at_end(source, &Config::default());
+    let text = gpudiag_export::prometheus::render(&snapshot, Instant::now());
+    let lines = |name: &str| -> Vec<&str> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .collect()
+    };
+    assert_eq!(
+        lines("gpudiag_gpu_job_info"),
+        [
+            "gpudiag_gpu_job_info{UUID=\"GPU-3f8a2c71-9b4e-5d06-a1c2-7e9f0b4d2a11\",gpu=\"0\",\
+             Hostname=\"gpu-node-11\",job_key=\"9001\",joined_by=\"slurm_job\",\
+             slurm_job=\"9001\",rank=\"0\"} 1",
+            "gpudiag_gpu_job_info{UUID=\"GPU-8c41d0e5-2f7a-4b93-86de-15ab3c9e7f42\",gpu=\"1\",\
+             Hostname=\"gpu-node-11\",job_key=\"9001\",joined_by=\"slurm_job\",\
+             slurm_job=\"9001\",rank=\"1\"} 1",
+        ]
+    );
+    assert_eq!(
+        lines("gpudiag_gpus_shared_by_jobs"),
+        ["gpudiag_gpus_shared_by_jobs{Hostname=\"gpu-node-11\"} 0"]
+    );
+    // The two ranks keep pace: balanced, with no straggler and no waiting share.
+    assert_eq!(
+        lines("gpudiag_job_verdict"),
+        [
+            "gpudiag_job_verdict{Hostname=\"gpu-node-11\",job_key=\"9001\",joined_by=\"slurm_job\",\
+          verdict=\"balanced\",confidence=\"medium\"} 1"
+        ],
+        "{:?}",
+        snapshot.jobs
+    );
+    assert!(lines("gpudiag_job_peers_wait_ratio").is_empty());
+}

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::attribution::Attribution;
 use crate::sample::TimeMs;
 use crate::verdict::Confidence;
 
@@ -263,6 +264,35 @@ impl JobVerdict {
     }
 }
 
+/// The key that ties a process to the other ranks of its job on any node, or `None` when the
+/// process names none: the Slurm job id, else torchrun's run id, else `MASTER_ADDR:MASTER_PORT`,
+/// else the pod (`namespace/name`, else its uid). Only keys every node of a job reads alike
+/// count here; a parent's pid or an executable tie processes on one host only.
+pub fn cluster_key(attribution: Option<&Attribution>, launch: Option<&Launch>) -> Option<JobId> {
+    let id = |joined_by, key: String| Some(JobId { joined_by, key });
+    if let Some(job) = attribution.and_then(|a| a.job.as_ref()) {
+        return id(JoinedBy::SlurmJob, job.id.clone());
+    }
+    // torchrun's run id defaults to "none" outside a rendezvous: shared by unrelated jobs.
+    if let Some(run) = launch
+        .and_then(|l| l.run_id.as_ref())
+        .filter(|r| !r.is_empty() && r.as_str() != "none")
+    {
+        return id(JoinedBy::RunId, run.clone());
+    }
+    if let Some((addr, port)) =
+        launch.and_then(|l| l.master_addr.as_ref().zip(l.master_port.as_ref()))
+    {
+        return id(JoinedBy::MasterAddress, format!("{addr}:{port}"));
+    }
+    let pod = attribution.and_then(|a| a.pod.as_ref())?;
+    let key = match (&pod.namespace, &pod.name) {
+        (Some(ns), Some(name)) => format!("{ns}/{name}"),
+        _ => pod.uid.clone()?,
+    };
+    id(JoinedBy::Pod, key)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,5 +316,79 @@ mod tests {
             assert_eq!(serde_json::json!(j).as_str(), Some(j.name()));
             assert_eq!(j.presumed(), j == JoinedBy::SameExecutable);
         }
+    }
+
+    #[test]
+    fn cluster_key_takes_the_strongest_key_every_node_reads_alike() {
+        use crate::attribution::{FoundIn, PodIdentity, SlurmJob};
+        let launch = Launch {
+            run_id: Some("none".into()),
+            master_addr: Some("node-a".into()),
+            master_port: Some("29500".into()),
+            parent_pid: Some(7),
+            exe: Some("/usr/bin/python3".into()),
+            parent_exe: Some("/usr/bin/python3".into()),
+            ..Launch::default()
+        };
+        let pod = Attribution {
+            pod: Some(PodIdentity {
+                uid: Some("u-1".into()),
+                name: Some("train-0".into()),
+                namespace: Some("ml".into()),
+                ..PodIdentity::default()
+            }),
+            ..Attribution::default()
+        };
+        let slurm = Attribution {
+            job: Some(SlurmJob {
+                id: "42".into(),
+                step: None,
+                user: None,
+                found_in: FoundIn::Cgroup,
+            }),
+            ..pod.clone()
+        };
+        let key = |a: Option<&Attribution>, l: Option<&Launch>| {
+            cluster_key(a, l).map(|j| (j.joined_by, j.key))
+        };
+        assert_eq!(
+            key(Some(&slurm), Some(&launch)),
+            Some((JoinedBy::SlurmJob, "42".into()))
+        );
+        // "none" is torchrun's default, not a rendezvous: the master address decides.
+        assert_eq!(
+            key(Some(&pod), Some(&launch)),
+            Some((JoinedBy::MasterAddress, "node-a:29500".into()))
+        );
+        let run = Launch {
+            run_id: Some("rdzv-7".into()),
+            ..launch.clone()
+        };
+        assert_eq!(
+            key(None, Some(&run)),
+            Some((JoinedBy::RunId, "rdzv-7".into()))
+        );
+        assert_eq!(
+            key(Some(&pod), None),
+            Some((JoinedBy::Pod, "ml/train-0".into()))
+        );
+        let unnamed = Attribution {
+            pod: Some(PodIdentity {
+                uid: Some("u-1".into()),
+                ..PodIdentity::default()
+            }),
+            ..Attribution::default()
+        };
+        assert_eq!(
+            key(Some(&unnamed), None),
+            Some((JoinedBy::Pod, "u-1".into()))
+        );
+        // A parent running the same executable ties ranks on one host only.
+        let local = Launch {
+            master_addr: None,
+            ..launch
+        };
+        assert_eq!(key(None, Some(&local)), None);
+        assert_eq!(key(Some(&Attribution::default()), None), None);
     }
 }

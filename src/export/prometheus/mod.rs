@@ -68,6 +68,7 @@ impl SnapshotSink {
         let mut s = self.shared.write().unwrap_or_else(|p| p.into_inner());
         s.findings = findings;
         s.verdicts = judged.verdicts;
+        s.jobs = judged.jobs;
     }
 }
 

@@ -3,13 +3,15 @@
 //!
 //! Names follow dcgm-exporter's default counters where one exists (same name, unit and type), so
 //! dashboards built for it work; labels are dcgm-exporter's `gpu`, `UUID`, `pci_bus_id`,
-//! `modelName` and `Hostname`. gpudiag's own series start with `gpudiag_`. A value the GPU did
+//! `modelName` and `Hostname`. gpudiag's own series start with `gpudiag_`; the job series
+//! (`job_series.rs`) let Prometheus compare the GPUs of a job across nodes. A value the GPU did
 //! not report is left out, never written as 0.
 //!
 //! A scrape only renders a snapshot that sampling published (`exposition.rs` writes the
 //! format); sampling and serving are the binary's.
 
 mod exposition;
+mod job_series;
 pub mod process_series;
 
 pub use exposition::{
@@ -21,6 +23,7 @@ use std::time::Instant;
 
 use gpudiag_core::rules::{Finding, Severity};
 use gpudiag_model::decode::THROTTLE_REASONS;
+use gpudiag_model::job::JobVerdict;
 use gpudiag_model::metric_table::Prometheus;
 use gpudiag_model::sample::MetricDef;
 use gpudiag_model::verdict::Verdict;
@@ -40,6 +43,8 @@ pub struct Snapshot {
     /// The latest bottleneck verdict per device over the rolling window; a device without one
     /// could not be judged yet.
     pub verdicts: BTreeMap<u32, Verdict>,
+    /// The verdicts on the jobs of two or more GPUs judged on this host, over the same window.
+    pub jobs: Vec<JobVerdict>,
     /// The source ended (a replay played out, or live sampling failed); values are the last ones.
     pub source_ended: bool,
     /// The most processes that get per-process series in one scrape.
@@ -231,6 +236,7 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
     );
 
     process_series::render(&mut x, snap, &devices);
+    job_series::render(&mut x, snap, &devices);
 
     let mut active: Vec<(Labels, f64)> = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
@@ -375,6 +381,7 @@ mod tests {
             verdicts: [(0, verdict(0, Bottleneck::LaunchBound))]
                 .into_iter()
                 .collect(),
+            jobs: Vec::new(),
             source_ended: false,
             process_cap: Default::default(),
         }

@@ -1,0 +1,417 @@
+//! Job series: which job each GPU works for, and the verdict on each job judged on this host.
+//!
+//! A job that spans nodes is judged whole only in Prometheus: each node's gpudiag sees its own
+//! GPUs, so `gpudiag_gpu_job_info` names every GPU's job with a key all nodes read alike (the
+//! Slurm job, torchrun's run id, the master address or the pod; `cluster_key`), and the shipped
+//! rules (`assets/prometheus/gpudiag-rules.yml`) join the device series on it. A multi-node job
+//! may hold one GPU per node, so the info series is written for a job of one GPU here too, and
+//! it is not cut by `--max-process-series`: it is one series per GPU at most.
+//!
+//! A GPU running processes of two different jobs (time-slicing, MPS) belongs to neither: joined
+//! to one, its counters would be read as that job's alone. It gets no info series and is
+//! counted in `gpudiag_gpus_shared_by_jobs`.
+
+use std::collections::BTreeMap;
+
+use gpudiag_model::job::{JobId, cluster_key};
+
+use super::Snapshot;
+use super::exposition::{Exposition, Kind, Labels};
+use gpudiag_telemetry::{DeviceInfo, ProcessSample, Sample};
+
+/// The job's process on one GPU, where the GPU runs one job's processes only.
+struct GpuJob<'a> {
+    job: JobId,
+    /// The job's process holding the most memory on the GPU: its rank and owners name the GPU.
+    process: &'a ProcessSample,
+}
+
+/// Whose processes run on a GPU.
+enum Owner<'a> {
+    /// No process names a job.
+    Nobody,
+    One(GpuJob<'a>),
+    /// Processes of two jobs or more.
+    Shared,
+}
+
+fn owner_of(s: &Sample) -> Owner<'_> {
+    let mut found: Option<GpuJob<'_>> = None;
+    for p in s.processes.iter().flatten() {
+        let Some(job) = cluster_key(p.attribution.as_ref(), p.launch.as_ref()) else {
+            continue;
+        };
+        match &mut found {
+            None => found = Some(GpuJob { job, process: p }),
+            Some(g) if g.job != job => return Owner::Shared,
+            Some(g) => {
+                if p.used_memory_bytes > g.process.used_memory_bytes {
+                    g.process = p;
+                }
+            }
+        }
+    }
+    found.map_or(Owner::Nobody, Owner::One)
+}
+
+/// The labels every job series starts with: the host, then the job's key and what it is.
+fn job_labels(host: Option<&String>, job: &JobId) -> Labels {
+    let mut l: Labels = Vec::new();
+    if let Some(h) = host {
+        l.push(("Hostname", h.clone()));
+    }
+    l.push(("job_key", job.key.clone()));
+    l.push(("joined_by", job.joined_by.name().to_owned()));
+    l
+}
+
+/// Writes the job families. `devices` are the devices with a latest sample, with their labels.
+pub(super) fn render(
+    x: &mut Exposition,
+    snap: &Snapshot,
+    devices: &[(&DeviceInfo, &Sample, Labels)],
+) {
+    let host = snap.host.hostname.as_ref();
+    let mut info: Vec<(Labels, f64)> = Vec::new();
+    let mut shared = 0usize;
+    for (d, s, _) in devices {
+        let g = match owner_of(s) {
+            Owner::One(g) => g,
+            Owner::Nobody => continue,
+            Owner::Shared => {
+                shared += 1;
+                continue;
+            }
+        };
+        // The rules join on `UUID`; `gpu` and `Hostname` say where the GPU is.
+        let mut l: Labels = Vec::new();
+        if let Some(u) = &d.uuid {
+            l.push(("UUID", u.clone()));
+        }
+        l.push(("gpu", d.index.to_string()));
+        if let Some(h) = host {
+            l.push(("Hostname", h.clone()));
+        }
+        l.push(("job_key", g.job.key.clone()));
+        l.push(("joined_by", g.job.joined_by.name().to_owned()));
+        let a = g.process.attribution.as_ref();
+        if let Some(job) = a.and_then(|a| a.job.as_ref()) {
+            l.push(("slurm_job", job.id.clone()));
+        }
+        if let Some(pod) = a.and_then(|a| a.pod.as_ref()) {
+            if let Some(name) = &pod.name {
+                l.push(("pod", name.clone()));
+            }
+            if let Some(ns) = &pod.namespace {
+                l.push(("namespace", ns.clone()));
+            }
+        }
+        if let Some(rank) = g.process.launch.as_ref().and_then(|l| l.rank) {
+            l.push(("rank", rank.to_string()));
+        }
+        info.push((l, 1.0));
+    }
+    x.family(
+        "gpudiag_gpu_job_info",
+        Kind::Gauge,
+        "Always 1: the job this GPU's processes belong to, by a key every node of the job reads \
+         alike (job_key; joined_by says which: slurm_job, run_id, master_address or pod), with \
+         the Slurm job, pod, namespace and the process's global rank where known. Join device \
+         series to it on UUID.",
+        &info,
+    );
+    let mut cut: Labels = Vec::new();
+    if let Some(h) = host {
+        cut.push(("Hostname", h.clone()));
+    }
+    x.family(
+        "gpudiag_gpus_shared_by_jobs",
+        Kind::Gauge,
+        "GPUs running processes of more than one job (time-slicing, MPS): they have no \
+         gpudiag_gpu_job_info series, since their counters are no one job's; 0 when none.",
+        &[(cut, shared as f64)],
+    );
+
+    // One series per job judged here, its state in bounded labels: four verdicts, three
+    // confidences, and a straggler among this host's GPUs. Free text (title, advice) never
+    // becomes a label.
+    let mut verdicts: Vec<(Labels, f64)> = Vec::new();
+    let mut waits: Vec<(Labels, f64)> = Vec::new();
+    // Two jobs may not give one series twice: Prometheus would reject the whole scrape.
+    let mut seen = std::collections::BTreeSet::new();
+    let uuids: BTreeMap<u32, &String> = snap
+        .devices
+        .iter()
+        .filter_map(|d| Some((d.index, d.uuid.as_ref()?)))
+        .collect();
+    for j in &snap.jobs {
+        if !seen.insert(&j.job) {
+            continue;
+        }
+        let base = job_labels(host, &j.job);
+        let mut l = base.clone();
+        l.push(("verdict", j.verdict.name().to_owned()));
+        if let Some(st) = &j.straggler {
+            l.push(("straggler_gpu", st.device.to_string()));
+            if let Some(u) = uuids.get(&st.device) {
+                l.push(("straggler_UUID", (*u).clone()));
+            }
+        }
+        l.push(("confidence", j.confidence.to_string()));
+        verdicts.push((l, 1.0));
+        if let Some(share) = j.straggler.as_ref().and_then(|s| s.peers_wait_share) {
+            waits.push((base, share));
+        }
+    }
+    x.family(
+        "gpudiag_job_verdict",
+        Kind::Gauge,
+        "1 for the verdict on each job of two or more GPUs on this host, judged by comparing its \
+         GPUs (straggler, communication_bound, imbalanced, balanced), with the GPU the others \
+         wait for (straggler_gpu, straggler_UUID) when there is one, and the confidence.",
+        &verdicts,
+    );
+    x.family(
+        "gpudiag_job_peers_wait_ratio",
+        Kind::Gauge,
+        "The estimated share of the time (0 to 1) this job's other GPUs on this host wait for its \
+         straggler; absent when no straggler is named or the share could not be estimated.",
+        &waits,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prometheus::render;
+    use gpudiag_model::attribution::{Attribution, FoundIn, PodIdentity, SlurmJob};
+    use gpudiag_model::job::{
+        JobMember, JobPattern, JobVerdict, JoinedBy, Launch, Pace, Straggler,
+    };
+    use gpudiag_model::verdict::Confidence;
+    use gpudiag_telemetry::HostInfo;
+    use std::time::Instant;
+
+    fn process(
+        pid: u32,
+        bytes: u64,
+        attribution: Option<Attribution>,
+        launch: Option<Launch>,
+    ) -> ProcessSample {
+        ProcessSample {
+            pid,
+            name: Some("python3".into()),
+            user: Some("carol".into()),
+            kind: Some("compute".into()),
+            used_memory_bytes: Some(bytes),
+            sm_util_pct: Some(40.0),
+            container_id: None,
+            container_pid: None,
+            cpu_time_s: None,
+            attribution,
+            launch,
+        }
+    }
+
+    fn slurm(id: &str) -> Option<Attribution> {
+        Some(Attribution {
+            job: Some(SlurmJob {
+                id: id.into(),
+                step: Some("0".into()),
+                user: Some("carol".into()),
+                found_in: FoundIn::Cgroup,
+            }),
+            ..Attribution::default()
+        })
+    }
+
+    fn ranked(rank: u32) -> Option<Launch> {
+        Some(Launch {
+            run_id: Some("rdzv-1".into()),
+            rank: Some(rank),
+            local_rank: Some(rank % 2),
+            ..Launch::default()
+        })
+    }
+
+    /// GPU 0 and 1: ranks of Slurm job 9001; GPU 2: a pod's one-GPU job; GPU 3: two jobs
+    /// time-sliced; GPU 4: a process naming no job; GPU 5: a torchrun job outside Slurm.
+    fn snapshot() -> Snapshot {
+        let devices: Vec<DeviceInfo> = (0..6)
+            .map(|index| DeviceInfo {
+                index,
+                uuid: Some(format!("GPU-{index}")),
+                ..DeviceInfo::default()
+            })
+            .collect();
+        let pod = Attribution {
+            pod: Some(PodIdentity {
+                name: Some("train-\"0\"".into()),
+                namespace: Some("ml".into()),
+                ..PodIdentity::default()
+            }),
+            ..Attribution::default()
+        };
+        let procs: [Vec<ProcessSample>; 6] = [
+            vec![
+                process(10, 1 << 30, slurm("9001"), ranked(8)),
+                // A helper of the same job holding less: the rank stays the trainer's.
+                process(11, 1 << 20, slurm("9001"), ranked(99)),
+            ],
+            vec![process(12, 1 << 30, slurm("9001"), ranked(9))],
+            vec![process(20, 1 << 30, Some(pod), None)],
+            vec![
+                process(30, 1 << 30, slurm("1"), None),
+                process(31, 1 << 30, slurm("2"), None),
+            ],
+            vec![process(40, 1 << 30, Some(Attribution::default()), None)],
+            vec![process(50, 1 << 30, None, ranked(3))],
+        ];
+        let latest = procs
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let mut s = Sample::new(i as u32, 1000);
+                s.gpu_util_pct = Some(90.0);
+                s.processes = Some(p);
+                (i as u32, s)
+            })
+            .collect();
+        Snapshot {
+            host: HostInfo {
+                hostname: Some("node-a".into()),
+                ..HostInfo::default()
+            },
+            devices,
+            latest,
+            // A cap of one process must not cut the job series.
+            process_cap: crate::prometheus::process_series::ProcessCap(1),
+            jobs: vec![verdict()],
+            ..Snapshot::default()
+        }
+    }
+
+    fn verdict() -> JobVerdict {
+        JobVerdict {
+            job: JobId {
+                joined_by: JoinedBy::SlurmJob,
+                key: "9001".into(),
+            },
+            presumed: false,
+            members: [0u32, 1]
+                .iter()
+                .map(|&device| JobMember {
+                    device,
+                    uuid: Some(format!("GPU-{device}")),
+                    pid: 10 + device,
+                    name: None,
+                    rank: Some(8 + device),
+                    local_rank: None,
+                })
+                .collect(),
+            verdict: JobPattern::Straggler,
+            confidence: Confidence::High,
+            start_ms: 0,
+            end_ms: 1000,
+            title: "GPU 1 leads".into(),
+            advice: "a".into(),
+            straggler: Some(Straggler {
+                device: 1,
+                rank: Some(9),
+                pace: Pace::Leads,
+                metric: "sm_active_pct".into(),
+                value: 90.0,
+                peers_median: 45.0,
+                peers_wait_share: Some(0.5),
+                wait_estimate: "e".into(),
+                differs: Vec::new(),
+            }),
+            peers: Vec::new(),
+            evidence: serde_json::Map::new(),
+        }
+    }
+
+    fn lines<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .collect()
+    }
+
+    #[test]
+    fn every_gpu_of_a_job_names_it_and_shared_gpus_are_counted() {
+        let text = render(&snapshot(), Instant::now());
+        assert_eq!(
+            lines(&text, "gpudiag_gpu_job_info"),
+            [
+                "gpudiag_gpu_job_info{UUID=\"GPU-0\",gpu=\"0\",Hostname=\"node-a\",\
+                 job_key=\"9001\",joined_by=\"slurm_job\",slurm_job=\"9001\",rank=\"8\"} 1",
+                "gpudiag_gpu_job_info{UUID=\"GPU-1\",gpu=\"1\",Hostname=\"node-a\",\
+                 job_key=\"9001\",joined_by=\"slurm_job\",slurm_job=\"9001\",rank=\"9\"} 1",
+                // A job of one GPU here may be one rank of a job across nodes; label values
+                // are escaped.
+                "gpudiag_gpu_job_info{UUID=\"GPU-2\",gpu=\"2\",Hostname=\"node-a\",\
+                 job_key=\"ml/train-\\\"0\\\"\",joined_by=\"pod\",pod=\"train-\\\"0\\\"\",\
+                 namespace=\"ml\"} 1",
+                "gpudiag_gpu_job_info{UUID=\"GPU-5\",gpu=\"5\",Hostname=\"node-a\",\
+                 job_key=\"rdzv-1\",joined_by=\"run_id\",rank=\"3\"} 1",
+            ]
+        );
+        assert_eq!(
+            lines(&text, "gpudiag_gpus_shared_by_jobs"),
+            ["gpudiag_gpus_shared_by_jobs{Hostname=\"node-a\"} 1"]
+        );
+        assert!(text.contains("# TYPE gpudiag_gpu_job_info gauge"));
+    }
+
+    #[test]
+    fn the_job_verdict_names_its_straggler() {
+        let text = render(&snapshot(), Instant::now());
+        assert_eq!(
+            lines(&text, "gpudiag_job_verdict"),
+            ["gpudiag_job_verdict{Hostname=\"node-a\",job_key=\"9001\",\
+                 joined_by=\"slurm_job\",verdict=\"straggler\",straggler_gpu=\"1\",\
+                 straggler_UUID=\"GPU-1\",confidence=\"high\"} 1"]
+        );
+        assert_eq!(
+            lines(&text, "gpudiag_job_peers_wait_ratio"),
+            [
+                "gpudiag_job_peers_wait_ratio{Hostname=\"node-a\",job_key=\"9001\",\
+                 joined_by=\"slurm_job\"} 0.5"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_balanced_job_has_no_straggler_labels_nor_wait_ratio() {
+        let mut snap = snapshot();
+        snap.jobs[0].verdict = JobPattern::Balanced;
+        snap.jobs[0].straggler = None;
+        // The same job twice must not write a series twice.
+        snap.jobs.push(snap.jobs[0].clone());
+        let text = render(&snap, Instant::now());
+        assert_eq!(
+            lines(&text, "gpudiag_job_verdict"),
+            ["gpudiag_job_verdict{Hostname=\"node-a\",job_key=\"9001\",\
+                 joined_by=\"slurm_job\",verdict=\"balanced\",confidence=\"high\"} 1"]
+        );
+        assert!(!text.contains("# TYPE gpudiag_job_peers_wait_ratio"));
+    }
+
+    #[test]
+    fn nothing_shared_reads_zero_and_no_job_writes_no_info() {
+        let snap = Snapshot {
+            host: HostInfo {
+                hostname: Some("node-b".into()),
+                ..HostInfo::default()
+            },
+            ..Snapshot::default()
+        };
+        let text = render(&snap, Instant::now());
+        assert!(lines(&text, "gpudiag_gpu_job_info").is_empty());
+        assert!(!text.contains("# TYPE gpudiag_job_verdict"));
+        assert_eq!(
+            lines(&text, "gpudiag_gpus_shared_by_jobs"),
+            ["gpudiag_gpus_shared_by_jobs{Hostname=\"node-b\"} 0"]
+        );
+    }
+}

@@ -1,0 +1,475 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The shipped Prometheus rules (`assets/prometheus/gpudiag-rules.yml`): `promtool check rules`
+//! and `promtool test rules` on the unit tests in `tests/prometheus/`, then end to end: a real
+//! Prometheus scrapes three `gpudiag serve --replay` standing in for three nodes of one Slurm
+//! job, evaluates a copy of the rules with shorter windows, and must fire `GpuJobStraggler` for
+//! the one GPU that leads and for no other.
+//!
+//! Needs `promtool` and `prometheus` (Debian's `prometheus` package); where they are missing the
+//! tests say so and return, unless `GPUDIAG_REQUIRE_PROMTOOL=1` (set by `.ci/run`), where they
+//! fail.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+#[path = "support/serve.rs"]
+mod serve_support;
+use serve_support::serve;
+
+const RULES: &str = "assets/prometheus/gpudiag-rules.yml";
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The tool's path, or `None` after saying why the test is skipped; panics instead when CI
+/// requires the tool.
+fn tool(name: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var("GPUDIAG_REQUIRE_PROMTOOL").as_deref() != Ok("1"),
+            "{name} is not installed and GPUDIAG_REQUIRE_PROMTOOL=1 (apt-get install prometheus)"
+        );
+        eprintln!(
+            "SKIPPED: {name} is not installed here (apt-get install prometheus; .ci/run installs \
+             it in CI)"
+        );
+    }
+    found
+}
+
+fn promtool(args: &[&str]) -> Option<String> {
+    let promtool = tool("promtool")?;
+    let out = Command::new(promtool)
+        .args(args)
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool {}:\n{said}", args.join(" "));
+    Some(said)
+}
+
+#[test]
+fn the_shipped_rules_pass_promtool_check_and_their_unit_tests() {
+    let Some(said) = promtool(&["check", "rules", RULES]) else {
+        return;
+    };
+    assert!(said.contains("SUCCESS"), "{said}");
+    let mut tests: Vec<PathBuf> = std::fs::read_dir(root().join("tests/prometheus"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".test.yml"))
+        .collect();
+    tests.sort();
+    assert!(!tests.is_empty(), "no tests/prometheus/*.test.yml");
+    for t in tests {
+        let rel = t.strip_prefix(root()).unwrap().to_str().unwrap().to_owned();
+        let said = promtool(&["test", "rules", &rel]).unwrap();
+        assert!(said.contains("SUCCESS"), "{rel}: {said}");
+    }
+}
+
+/// The rules compare a job's GPUs with the single-host rule's default thresholds
+/// (`[rules.job]`), so Prometheus and `gpudiag run` call the same GPU a straggler. Needs no
+/// promtool.
+#[test]
+fn the_rules_use_the_single_host_job_rule_defaults() {
+    let rules = std::fs::read_to_string(root().join(RULES)).unwrap();
+    let job = gpudiag::config::Config::default().rules.job;
+    for expected in [
+        format!(
+            "({} * (gpudiag_job:sm_active:lead_reference > 0))",
+            job.lead_ratio
+        ),
+        // The core's LEAD_MIN_SM_POINTS, 10 points of SM active, as a ratio.
+        "(gpudiag_job:sm_active:lead_reference + 0.10)".to_owned(),
+        format!(
+            "(gpudiag_job:gpu_util_percent:lag_reference >= {}) - {}",
+            job.peers_busy_util_pct, job.lag_util_points
+        ),
+        format!(
+            "(gpudiag_job_gpu:interconnect_bytes_per_second:avg) >= {}e9",
+            job.communication_min_gb_per_s
+        ),
+        format!(
+            "(gpudiag_job_gpu:tensor_active:avg) < {})",
+            job.communication_max_tensor_pct / 100.0
+        ),
+    ] {
+        assert!(
+            rules.contains(&expected),
+            "{RULES} does not compare with [rules.job]'s default: {expected}"
+        );
+    }
+}
+
+/// The shipped rules with every window and hold shortened for a test that lasts seconds: the
+/// file writes them `[5m]`, `for: 5m` and `for: 1m` for exactly this substitution.
+fn shortened_rules() -> String {
+    let shipped = std::fs::read_to_string(root().join(RULES)).unwrap();
+    for written in ["[5m]", "for: 5m", "for: 1m"] {
+        assert!(
+            shipped.contains(written),
+            "the rules no longer write {written}"
+        );
+    }
+    let short = shipped
+        .replace("[5m]", "[10s]")
+        .replace("for: 5m", "for: 4s")
+        .replace("for: 1m", "for: 4s");
+    // Nothing is left that would keep the test waiting minutes.
+    for line in short.lines().filter(|l| !l.trim_start().starts_with('#')) {
+        assert!(
+            !(line.contains("m]") || line.trim_start().starts_with("for:") && line.ends_with('m')),
+            "a window the test does not shorten: {line}"
+        );
+    }
+    short
+}
+
+/// Reads a recording, plain or gzip.
+fn read_recording(path: &Path) -> String {
+    let bytes = std::fs::read(path).unwrap();
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(bytes.as_slice())
+            .read_to_string(&mut text)
+            .unwrap();
+        text
+    } else {
+        String::from_utf8(bytes).unwrap()
+    }
+}
+
+/// A copy of a recording as another node of the same job would record it: its own host name
+/// and GPU UUIDs, the job's Slurm id, and global ranks after those of the nodes before it.
+/// `scale_sm` multiplies one GPU's SM activity (a rank given more work than its peers).
+fn as_node(
+    recording: &str,
+    host: &str,
+    node: u32,
+    slurm_job: &str,
+    scale_sm: Option<(u64, f64)>,
+) -> String {
+    let mut out = String::new();
+    for line in recording.lines().filter(|l| !l.trim().is_empty()) {
+        let mut v: Value = serde_json::from_str(line).unwrap();
+        match v["kind"].as_str() {
+            Some("header") => {
+                v["host"]["hostname"] = host.into();
+                for d in v["devices"].as_array_mut().unwrap() {
+                    let index = d["index"].as_u64().unwrap();
+                    d["uuid"] = format!("GPU-{host}-{index}").into();
+                }
+            }
+            Some("sample") => {
+                let device = v["device"].as_u64().unwrap();
+                if let Some((gpu, by)) = scale_sm
+                    && gpu == device
+                    && let Some(sm) = v["sm_active_pct"].as_f64()
+                {
+                    v["sm_active_pct"] = (sm * by).min(100.0).into();
+                }
+                for p in v["processes"].as_array_mut().into_iter().flatten() {
+                    p["attribution"]["job"]["id"] = slurm_job.into();
+                    let local = p["launch"]["local_rank"].as_u64().unwrap();
+                    p["launch"]["rank"] = (u64::from(node) * 2 + local).into();
+                    p["launch"]["world_size"] = 6.into();
+                    p["launch"]["master_addr"] = "node-a".into();
+                }
+            }
+            _ => {}
+        }
+        out.push_str(&serde_json::to_string(&v).unwrap());
+        out.push('\n');
+    }
+    out
+}
+
+/// A child process killed on drop, so a failing test leaves nothing running.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    let mut c = TcpStream::connect(addr).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    c.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut out = String::new();
+    c.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.contains(" 200 ").then(|| body.to_owned())
+}
+
+/// Percent-encodes a query parameter.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn query(prom: &str, q: &str) -> Vec<Value> {
+    let Some(body) = http_get(prom, &format!("/api/v1/query?query={}", encode(q))) else {
+        return Vec::new();
+    };
+    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    v["data"]["result"].as_array().cloned().unwrap_or_default()
+}
+
+/// The result of an instant query that must be valid PromQL (an empty result is an answer).
+fn query_ok(prom: &str, q: &str) -> Vec<Value> {
+    let body = http_get(prom, &format!("/api/v1/query?query={}", encode(q)))
+        .unwrap_or_else(|| panic!("{q}: no answer (invalid PromQL?)"));
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["status"], "success", "{q}: {v}");
+    v["data"]["result"].as_array().cloned().unwrap_or_default()
+}
+
+/// Every alert Prometheus holds now, pending or firing.
+fn alerts(prom: &str) -> Vec<Value> {
+    let Some(body) = http_get(prom, "/api/v1/alerts") else {
+        return Vec::new();
+    };
+    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    v["data"]["alerts"].as_array().cloned().unwrap_or_default()
+}
+
+/// Polls `f` every half second until it returns something or `within` passes.
+fn wait_until<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(t) = f() {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "gave up waiting for {what}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Three nodes of Slurm job 77001, two GPUs each; node-c's GPU 0 does twice its peers' SM work.
+/// Prometheus must fire `GpuJobStraggler` for that GPU alone, and each node's gpudiag must say
+/// the same of its own GPUs (`gpudiag_job_verdict`). Takes 15 to 30 s: the replay plays 14 s
+/// (serve then holds the last values), and the shortened rules alert within it.
+#[test]
+fn a_real_prometheus_fires_the_straggler_alert_for_the_gpu_that_leads_across_nodes() {
+    let (Some(prometheus), Some(_)) = (tool("prometheus"), tool("promtool")) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let recording = read_recording(&root().join("tests/fixtures/recordings/job_ranks.ndjson"));
+    let nodes = ["node-a", "node-b", "node-c"];
+    let mut served = Vec::new();
+    for (i, host) in nodes.iter().enumerate() {
+        let straggler = (*host == "node-c").then_some((0, 2.0));
+        let copy = dir.path().join(format!("{host}.ndjson"));
+        std::fs::write(
+            &copy,
+            as_node(&recording, host, i as u32, "77001", straggler),
+        )
+        .unwrap();
+        served.push(serve(&["--replay", copy.to_str().expect("a UTF-8 path")]));
+    }
+
+    let rules = dir.path().join("gpudiag-rules.yml");
+    std::fs::write(&rules, shortened_rules()).unwrap();
+    let targets: Vec<String> = served.iter().map(|s| format!("'{}'", s.addr)).collect();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             rule_files:\n  - {}\n\
+             scrape_configs:\n  - job_name: gpudiag\n    scrape_timeout: 1s\n    \
+             static_configs:\n      - targets: [{}]\n",
+            rules.display(),
+            targets.join(", ")
+        ),
+    )
+    .unwrap();
+    let prom = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(prometheus)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address={prom}"))
+        .arg("--log.level=warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _prometheus = Killed(child);
+
+    // Every GPU of the job is seen, with its global rank.
+    let info = wait_until(Duration::from_secs(60), "the six GPUs' job info", || {
+        let r = query(&prom, "gpudiag_gpu_job_info{job_key=\"77001\"}");
+        (r.len() == 6).then_some(r)
+    });
+    let mut ranks: Vec<u64> = info
+        .iter()
+        .map(|s| s["metric"]["rank"].as_str().unwrap().parse().unwrap())
+        .collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, [0, 1, 2, 3, 4, 5]);
+    assert!(
+        info.iter()
+            .all(|s| s["metric"]["slurm_job"] == "77001" && s["metric"]["joined_by"] == "slurm_job"),
+        "{info:?}"
+    );
+
+    let firing = wait_until(Duration::from_secs(90), "GpuJobStraggler to fire", || {
+        let all = alerts(&prom);
+        let straggling: Vec<Value> = all
+            .into_iter()
+            .filter(|a| a["labels"]["alertname"] == "GpuJobStraggler")
+            .collect();
+        straggling
+            .iter()
+            .any(|a| a["state"] == "firing")
+            .then_some(straggling)
+    });
+    assert_eq!(firing.len(), 1, "one GPU straggles: {firing:?}");
+    let labels = &firing[0]["labels"];
+    assert_eq!(labels["Hostname"], "node-c", "{labels}");
+    assert_eq!(labels["gpu"], "0");
+    assert_eq!(labels["UUID"], "GPU-node-c-0");
+    assert_eq!(labels["job_key"], "77001");
+    assert_eq!(labels["rank"], "4");
+    assert_eq!(labels["pace"], "leads");
+
+    // The job's figures across nodes: the median is the balanced GPUs', the spread about 2.
+    let median = query(&prom, "gpudiag_job:sm_active:median{job_key=\"77001\"}");
+    let median = median[0]["value"][1]
+        .as_str()
+        .unwrap()
+        .parse::<f64>()
+        .unwrap();
+    assert!((0.40..0.50).contains(&median), "{median}");
+    let count = query(&prom, "gpudiag_job:gpus:count{job_key=\"77001\"}");
+    assert_eq!(count[0]["value"][1], "6");
+
+    // Each node's gpudiag judged its own two GPUs: node-c names GPU 0, the others are balanced.
+    let verdicts = wait_until(Duration::from_secs(30), "three job verdicts", || {
+        let r = query(&prom, "gpudiag_job_verdict{job_key=\"77001\"}");
+        (r.len() == 3).then_some(r)
+    });
+    for v in &verdicts {
+        let m = &v["metric"];
+        if m["Hostname"] == "node-c" {
+            assert_eq!(m["verdict"], "straggler", "{m}");
+            assert_eq!(m["straggler_gpu"], "0", "{m}");
+            assert_eq!(m["straggler_UUID"], "GPU-node-c-0", "{m}");
+        } else {
+            assert_eq!(m["verdict"], "balanced", "{m}");
+            assert!(m.get("straggler_gpu").is_none(), "{m}");
+        }
+    }
+
+    // The dashboard's "Job peers" row, for this job: each GPU's figures with its rank, each
+    // node's verdict, and the alert.
+    let path = root().join("assets/grafana/gpudiag.json");
+    let dash: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let variable = dash["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "slurm_job")
+        .expect("a slurm_job variable");
+    assert_eq!(
+        variable["definition"],
+        "label_values(gpudiag_gpu_job_info, slurm_job)"
+    );
+    let panels = dash["panels"].as_array().unwrap();
+    let row = panels
+        .iter()
+        .position(|p| p["title"] == "Job peers")
+        .expect("the dashboard has a Job peers row");
+    let mut shown = 0;
+    for panel in panels[row + 1..].iter().take_while(|p| p["type"] != "row") {
+        let title = panel["title"].as_str().unwrap();
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$slurm_job", "77001");
+            let got = query_ok(&prom, &expr);
+            match panel["type"].as_str() {
+                Some("timeseries") => {
+                    assert_eq!(got.len(), 6, "{title}: {expr}: {got:?}");
+                    assert!(
+                        got.iter().all(|s| s["metric"]["rank"].is_string()),
+                        "{got:?}"
+                    );
+                }
+                _ if title.starts_with("Job verdict") => assert_eq!(got.len(), 3, "{title}"),
+                _ if title.contains("alerts") => assert!(
+                    got.iter()
+                        .any(|s| s["metric"]["alertname"] == "GpuJobStraggler"),
+                    "{title}: {got:?}"
+                ),
+                // The waiting share is node-c's estimate, when it could make one.
+                _ => assert!(got.len() <= 1, "{title}: {got:?}"),
+            }
+            shown += 1;
+        }
+    }
+    assert!(shown >= 6, "{shown} queries in the Job peers row");
+
+    // A few evaluations later, still no other GPU alerts, nor anything about the job as a whole.
+    std::thread::sleep(Duration::from_secs(3));
+    let others: Vec<Value> = alerts(&prom)
+        .into_iter()
+        .filter(|a| {
+            a["labels"]["alertname"] != "GpuJobStraggler" || a["labels"]["Hostname"] != "node-c"
+        })
+        .collect();
+    assert!(others.is_empty(), "{others:?}");
+
+    // Every rule evaluated: one Prometheus could not (a join that matched twice, a union of
+    // series that collide) would only leave its alert silent.
+    let body = http_get(&prom, "/api/v1/rules").unwrap();
+    let groups: Value = serde_json::from_str(&body).unwrap();
+    let mut rules = 0;
+    for group in groups["data"]["groups"].as_array().unwrap() {
+        for rule in group["rules"].as_array().unwrap() {
+            assert_eq!(rule["health"], "ok", "{rule}");
+            rules += 1;
+        }
+    }
+    assert!(rules >= 20, "{rules} rules loaded");
+}
