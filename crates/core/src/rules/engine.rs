@@ -208,6 +208,9 @@ impl RuleEngine {
         for f in workload {
             self.raise(f);
         }
+        for f in job::findings(&self.jobs, &self.config.job) {
+            self.raise(f);
+        }
     }
 
     /// The phase the window of `device`'s latest verdict ends in, where that window holds
@@ -328,7 +331,8 @@ impl RuleEngine {
         self.not_judged = not_judged;
         // Windowed findings are current state: replace the previous evaluation's, keep events.
         self.active.retain(|_, f| is_sticky(f));
-        for f in found {
+        let job_findings = job::findings(&self.jobs, &self.config.job);
+        for f in found.into_iter().chain(job_findings) {
             self.raise(f);
         }
     }

@@ -51,26 +51,11 @@ const HARMFUL_THROTTLE: u64 = 0x8 | 0x20 | 0x40 | 0x80;
 /// The job a process belongs to, by the strongest key it has; `None` where nothing could be
 /// read, so only its executable can place it.
 fn key_of(pid: u32, p: &SeenProcess, command: &BTreeSet<u32>) -> Option<JobId> {
-    let id = |joined_by, key: String| Some(JobId { joined_by, key });
-    if let Some(job) = &p.slurm_job {
-        return id(JoinedBy::SlurmJob, job.clone());
+    if let Some(key) = &p.cluster {
+        return Some(key.clone());
     }
     let launch = p.launch.as_ref();
-    // torchrun's run id defaults to "none" outside a rendezvous: shared by unrelated jobs.
-    if let Some(run) = launch
-        .and_then(|l| l.run_id.as_ref())
-        .filter(|r| !r.is_empty() && r.as_str() != "none")
-    {
-        return id(JoinedBy::RunId, run.clone());
-    }
-    if let Some((addr, port)) =
-        launch.and_then(|l| l.master_addr.as_ref().zip(l.master_port.as_ref()))
-    {
-        return id(JoinedBy::MasterAddress, format!("{addr}:{port}"));
-    }
-    if let Some(pod) = &p.pod {
-        return id(JoinedBy::Pod, pod.clone());
-    }
+    let id = |joined_by, key: String| Some(JobId { joined_by, key });
     if command.contains(&pid) {
         return id(JoinedBy::Command, "run".to_owned());
     }
@@ -773,6 +758,79 @@ pub fn judge_all(
         }
     }
     (verdicts, not_judged)
+}
+
+/// The findings the job verdicts raise, so `check --fail-on`, the findings views and `serve`'s
+/// finding series carry them: a straggler is a warning on its GPU (its peers' time is lost),
+/// a communication-bound or imbalanced job information on the host. A presumed job's straggler
+/// is information: the job may join strangers.
+pub fn findings(jobs: &[JobVerdict], config: &JobConfig) -> Vec<super::Finding> {
+    use super::{Evidence, Finding, FindingState, Severity};
+    jobs.iter()
+        .filter_map(|j| {
+            let (id, severity, device, threshold) = match (&j.verdict, &j.straggler) {
+                (JobPattern::Straggler, Some(s)) => (
+                    "job.straggler",
+                    if j.presumed {
+                        Severity::Info
+                    } else {
+                        Severity::Warn
+                    },
+                    Some(s.device),
+                    format!(
+                        "SM active ≥ {}× its peers' median (leads), or utilisation ≥ {} points \
+                         below it while they read ≥ {}% (lags)",
+                        config.lead_ratio, config.lag_util_points, config.peers_busy_util_pct
+                    ),
+                ),
+                (JobPattern::CommunicationBound, _) => (
+                    "job.communication_bound",
+                    Severity::Info,
+                    None,
+                    format!(
+                        "every GPU ≥ {} GB/s between GPUs with tensor active < {}%",
+                        config.communication_min_gb_per_s, config.communication_max_tensor_pct
+                    ),
+                ),
+                (JobPattern::Imbalanced, _) => (
+                    "job.imbalanced",
+                    Severity::Info,
+                    None,
+                    format!(
+                        "memory held spread ≥ {}× and ≥ {} GiB, or work graded across the GPUs",
+                        config.memory_spread_ratio, config.memory_spread_min_gib
+                    ),
+                ),
+                _ => return None,
+            };
+            let mut values = serde_json::Map::new();
+            values.insert("job".into(), json!(j.job.label()));
+            values.insert("joined_by".into(), json!(j.job.joined_by.name()));
+            values.insert("gpus".into(), json!(j.members.len()));
+            if let Some(s) = &j.straggler {
+                values.insert("pace".into(), json!(s.pace));
+                values.insert(s.metric.clone(), json!(s.value));
+                values.insert("peers_median".into(), json!(s.peers_median));
+                values.insert("peers_wait_share".into(), json!(s.peers_wait_share));
+            }
+            Some(Finding {
+                id: id.to_owned(),
+                severity,
+                device,
+                time_ms: j.end_ms,
+                last_seen_ms: None,
+                state: FindingState::Active,
+                title: j.title.clone(),
+                evidence: Evidence {
+                    values,
+                    window_s: round2(j.end_ms.saturating_sub(j.start_ms) as f64 / 1000.0),
+                    threshold,
+                },
+                advice: j.advice.clone(),
+                recorded: false,
+            })
+        })
+        .collect()
 }
 
 /// Rewrites the verdict of each GPU that waits for its job's straggler much of the time: it is

@@ -203,9 +203,8 @@ pub struct ProcessLaunch {
 pub(crate) struct SeenProcess {
     pub(crate) name: Option<String>,
     pub(crate) launch: Option<gpudiag_model::job::Launch>,
-    pub(crate) slurm_job: Option<String>,
-    /// `namespace/name`, else the pod's uid.
-    pub(crate) pod: Option<String>,
+    /// The key that ties it to its job's other ranks on any node, as last read.
+    pub(crate) cluster: Option<gpudiag_model::job::JobId>,
     pub(crate) first_seen_ms: TimeMs,
     pub(crate) last_seen_ms: TimeMs,
 }
@@ -214,21 +213,13 @@ impl ProcessLaunch {
     pub fn observe(&mut self, s: &Sample) {
         let Some(procs) = &s.processes else { return };
         for p in procs {
-            let attribution = p.attribution.as_ref();
-            let pod = attribution.and_then(|a| a.pod.as_ref()).and_then(|pod| {
-                match (&pod.namespace, &pod.name) {
-                    (Some(ns), Some(name)) => Some(format!("{ns}/{name}")),
-                    _ => pod.uid.clone(),
-                }
-            });
             let entry = self
                 .seen
                 .entry((s.device, p.pid))
                 .or_insert_with(|| SeenProcess {
                     name: None,
                     launch: None,
-                    slurm_job: None,
-                    pod: None,
+                    cluster: None,
                     first_seen_ms: s.time_ms,
                     last_seen_ms: s.time_ms,
                 });
@@ -237,11 +228,10 @@ impl ProcessLaunch {
             if p.launch.is_some() {
                 entry.launch.clone_from(&p.launch);
             }
-            if let Some(job) = attribution.and_then(|a| a.job.as_ref()) {
-                entry.slurm_job = Some(job.id.clone());
-            }
-            if pod.is_some() {
-                entry.pod = pod;
+            let cluster =
+                gpudiag_model::job::cluster_key(p.attribution.as_ref(), entry.launch.as_ref());
+            if cluster.is_some() {
+                entry.cluster = cluster;
             }
             entry.first_seen_ms = entry.first_seen_ms.min(s.time_ms);
             entry.last_seen_ms = entry.last_seen_ms.max(s.time_ms);
