@@ -166,7 +166,7 @@ pub fn detail_lines(
 }
 
 /// At most `max` of `lines`; when some are dropped, the last one kept ends in "…".
-fn capped(mut lines: Vec<String>, max: usize, width: usize) -> Vec<String> {
+pub(crate) fn capped(mut lines: Vec<String>, max: usize, width: usize) -> Vec<String> {
     if lines.len() <= max {
         return lines;
     }
