@@ -247,7 +247,10 @@ fn header_verdict_follows_the_selected_gpu_and_marks_waste() {
     app.theme = Theme { color: true };
     // Its two GPUs run one executable: a presumed job, too short to judge, has the line above.
     let (line, _) = row_and_style(&app, 2, 0);
-    assert!(line.starts_with("job: not judged yet — Presumed job"), "{line}");
+    assert!(
+        line.starts_with("job: not judged yet — Presumed job"),
+        "{line}"
+    );
     let (line, style) = row_and_style(&app, 3, 16);
     assert!(
         line.starts_with("verdict GPU 0: compute_bound (high) — over 9 s (tensor 72%"),
