@@ -693,6 +693,33 @@ fn the_header_names_the_worst_job_and_counts_the_others() {
             .all(|r| gpudiag::tui::format::width_of(r.trim_end()) <= 80),
         "{rows:#?}"
     );
+    // The Job panel shows the straggler's job first; ↓ picks the other.
+    app.panel = Panel::Job;
+    let screen = rows_at(&app).join("\n");
+    assert!(
+        screen.contains("┌ Job · torchrun run synthetic-run · straggler (high) · 29 s · 1/2 ↑↓"),
+        "{screen}"
+    );
+    app.on_key(KeyEvent::new(KeyCode::Down, KeyModifiers::NONE));
+    let screen = rows_at(&app).join("\n");
+    assert!(
+        screen.contains("┌ Job · torchrun run another-run · balanced (high) · 29 s · 2/2 ↑↓"),
+        "{screen}"
+    );
+    assert!(!screen.contains("◀ straggler"), "{screen}");
+    // A job only the executable ties together says so, in the header and the panel.
+    app.jobs.retain(|j| j.job.key == "another-run");
+    app.jobs[0].presumed = true;
+    let rows = rows_at(&app);
+    assert!(
+        rows[2].starts_with("job (presumed): balanced (8 GPUs)"),
+        "{rows:#?}"
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r.contains("presumed: only their executable ties")),
+        "{rows:#?}"
+    );
 }
 
 /// Two GPUs of the job alone: a straggler between two is still named; two that keep pace are

@@ -83,7 +83,8 @@ pub fn header_line(app: &App, width: usize) -> Line<'static> {
                     job.confidence,
                     job.job.label()
                 ))),
-                jobs.len() - 1,
+                // A job found and not judged is one too.
+                jobs.len() - 1 + app.jobs_not_judged.len(),
             )
         }
         None => {
@@ -92,7 +93,10 @@ pub fn header_line(app: &App, width: usize) -> Line<'static> {
             };
             (
                 Span::styled("job: not judged yet", t.dim()),
-                Span::styled(format::text(&format!(" — {why}")), t.dim()),
+                Span::styled(
+                    format::text(&format!(" — {}", super::verdict::without_flags(why))),
+                    t.dim(),
+                ),
                 app.jobs_not_judged.len() - 1,
             )
         }
@@ -396,6 +400,7 @@ fn render_none(f: &mut Frame, area: Rect, app: &App) {
             t.title(),
         )));
         for why in &app.jobs_not_judged {
+            let why = super::verdict::without_flags(why);
             lines.extend(
                 format::wrap(&format::text(why), width, "  ")
                     .into_iter()
@@ -410,10 +415,7 @@ fn render_none(f: &mut Frame, area: Rect, app: &App) {
             .map(Line::from),
     );
     let block = Block::bordered().title(Span::styled(" Job ", t.title()));
-    f.render_widget(
-        Paragraph::new(lines).style(Style::default()).block(block),
-        area,
-    );
+    f.render_widget(Paragraph::new(lines).block(block), area);
 }
 
 #[cfg(test)]

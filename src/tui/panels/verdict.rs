@@ -60,7 +60,7 @@ fn why_not(state: &State<'_>) -> String {
 
 /// The reason without a closing note that names a command-line flag ("(… use --window)"): the
 /// engine words its reasons for `check`, and the TUI has no flag to pass.
-fn without_flags(reason: &str) -> &str {
+pub(crate) fn without_flags(reason: &str) -> &str {
     match reason.find(" (") {
         Some(i) if reason.ends_with(')') && reason[i..].contains("--") => &reason[..i],
         _ => reason,
