@@ -664,6 +664,26 @@ fn the_job_panel_shows_every_gpu_and_marks_the_straggler() {
     }
 }
 
+/// On the smallest terminal the UI draws, the GPUs that do not fit are counted, and the
+/// straggler's row is never the one left out.
+#[test]
+fn a_short_terminal_counts_the_gpus_it_leaves_out_but_keeps_the_straggler() {
+    let mut app = Source::job8().app_at_end();
+    app.panel = Panel::Job;
+    for rotate in [0, 6] {
+        // Rotated, the straggler comes last among the job's members.
+        app.jobs[0].members.rotate_left(rotate);
+        let rows = rows(&render(&app, ui::MIN_WIDTH, ui::MIN_HEIGHT));
+        let table = job_table(&rows);
+        assert_eq!(table.len(), 6, "{rows:#?}");
+        assert!(rows[table[&5]].trim_end().ends_with("◀│"), "{rows:#?}");
+        assert!(
+            rows.iter().any(|r| r.contains("… 2 more GPUs of the job")),
+            "{rows:#?}"
+        );
+    }
+}
+
 /// The header's job line stays within 80 columns, the worst job first and the others
 /// counted; a GPU waiting for the straggler says so under it.
 #[test]

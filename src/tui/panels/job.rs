@@ -146,7 +146,25 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         t.title(),
     ))];
     let straggler = job.straggler.as_ref().map(|s| s.device);
-    for m in &job.members {
+    // More GPUs than rows (a large job, a short terminal): the straggler's row stays, the last
+    // line says how many are not shown rather than leaving them out silently.
+    let rows = inner_height.saturating_sub(1);
+    let mut shown: Vec<&gpudiag_model::job::JobMember> = job.members.iter().collect();
+    let mut hidden = 0;
+    if shown.len() > rows {
+        let keep = rows.saturating_sub(1);
+        let marked = shown
+            .iter()
+            .position(|m| Some(m.device) == straggler)
+            .filter(|&i| i >= keep);
+        hidden = shown.len() - keep;
+        let last = marked.map(|i| shown[i]);
+        shown.truncate(keep);
+        if let (Some(m), Some(slot)) = (last, shown.last_mut()) {
+            *slot = m;
+        }
+    }
+    for m in shown {
         let figures = job.peers.iter().find(|p| p.device == m.device);
         let cells = Cells::of(m, figures);
         let row = columns(&cells, wide);
@@ -167,6 +185,15 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         } else {
             Line::from(row)
         });
+    }
+    if hidden > 0 {
+        lines.push(Line::from(Span::styled(
+            format::fit(
+                &format!("… {hidden} more GPUs of the job: a taller terminal shows them"),
+                inner_width,
+            ),
+            t.warn(),
+        )));
     }
     // The GPUs come first and whole: what follows gets the lines they leave.
     let mut notes = Vec::new();
