@@ -329,7 +329,7 @@ pub struct App {
     pub jobs_not_judged: Vec<String>,
     findings_at: Option<Instant>,
     /// The judgement of the whole recording at its end, and when it was made.
-    ended_findings: Option<(JudgedAt, Judged)>,
+    ended_judgement: Option<(JudgedAt, Judged)>,
     /// Memory readings per (device, pid) within the growth window.
     proc_memory: BTreeMap<(u32, u32), VecDeque<(TimeMs, u64)>>,
     /// Ticks seen this session, oldest first, for saving a recording.
@@ -389,7 +389,7 @@ impl App {
             pipeline: Pipeline::new(engine).retaining(LOOKBACK),
             recorded: Vec::new(),
             kernel_xids: None,
-            ended_findings: None,
+            ended_judgement: None,
             rules: RulesConfig::default(),
             libraries: None,
             host: init.host,
@@ -443,14 +443,14 @@ impl App {
     /// Shows the findings a replayed recording carries beside the rules' own.
     pub fn set_recorded(&mut self, findings: Vec<Finding>) {
         self.recorded = findings;
-        self.ended_findings = None;
+        self.ended_judgement = None;
     }
 
     /// Judges the XIDs the kernel logged before the session beside the rules' findings, against
     /// each GPU's present state as it arrives (a GPU lost now makes its past XIDs live again).
     /// A log that could not be read is said in the footer until the next key, not left silent.
     pub fn set_kernel_xids(&mut self, log: Result<XidLog, String>) {
-        self.ended_findings = None;
+        self.ended_judgement = None;
         if let Err(why) = &log
             && self.status.is_none()
         {
@@ -603,7 +603,7 @@ impl App {
         let judged = match self.ended {
             Some(_) => {
                 let at = (self.pipeline.last_ms(), self.pipeline.tick_count());
-                match &self.ended_findings {
+                match &self.ended_judgement {
                     Some((judged_at, judged)) if *judged_at == at => judged.clone(),
                     _ => {
                         let judged = Judged::from(judgement::judge(
@@ -611,7 +611,7 @@ impl App {
                             Moment::End(Span::whole()),
                             &seen,
                         ));
-                        self.ended_findings = Some((at, judged.clone()));
+                        self.ended_judgement = Some((at, judged.clone()));
                         judged
                     }
                 }
@@ -763,7 +763,7 @@ impl App {
 
     /// A probe run finished (or could not start).
     pub fn on_probes(&mut self, mut result: Result<ProbeReport, String>) {
-        self.ended_findings = None;
+        self.ended_judgement = None;
         if let Ok(report) = &mut result {
             report.findings = gpudiag_core::rules::peers::compare(
                 &report.devices,
