@@ -26,6 +26,27 @@ use serde_json::Value;
 type Key = (String, Option<u32>, String);
 /// A verdict as every view can name it: (bottleneck, confidence, basis).
 type VerdictKey = (String, String, String);
+/// The job verdicts as the views that carry them name them: by (joined_by, key), the pattern
+/// and the straggler's device.
+type Jobs = BTreeMap<(String, String), (String, Option<u32>)>;
+
+/// The jobs of a serialised list of job verdicts (`check --json`'s `jobs`).
+fn jobs_of(list: &Value) -> Jobs {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|j| {
+            let s = |v: &Value| v.as_str().unwrap().to_owned();
+            (
+                (s(&j["job"]["joined_by"]), s(&j["job"]["key"])),
+                (
+                    s(&j["verdict"]),
+                    j["straggler"]["device"].as_u64().map(|d| d as u32),
+                ),
+            )
+        })
+        .collect()
+}
 
 #[derive(Debug, Default, PartialEq)]
 struct View {
@@ -82,10 +103,13 @@ fn gpudiag(args: &[&str]) -> std::process::Output {
 
 /// `check --json` over the whole recording.
 fn check_view(replay: &[&str]) -> View {
+    view_of_check_report(&check_report(replay))
+}
+
+fn check_report(replay: &[&str]) -> Value {
     let out = gpudiag(&[&["check", "--json"], replay].concat());
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
-    view_of_check_report(&report)
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)))
 }
 
 fn view_of_check_report(report: &Value) -> View {
@@ -219,8 +243,9 @@ fn serve_view(path: Option<&Path>) -> View {
     view
 }
 
-/// The terminal UI once it has played the whole recording.
-fn tui_view(path: Option<&Path>) -> View {
+/// The terminal UI once it has played the whole recording: its findings and verdicts, and its
+/// jobs.
+fn tui_view(path: Option<&Path>) -> (View, Jobs) {
     let mut backend = match path {
         Some(p) => ReplayBackend::open(p, Pace::AsFastAsPossible).unwrap(),
         None => ReplayBackend::from_reader(DEMO_RECORDING, Pace::AsFastAsPossible).unwrap(),
@@ -267,7 +292,7 @@ fn tui_view(path: Option<&Path>) -> View {
         .iter()
         .map(|(d, v)| (*d, verdict_key(v)))
         .collect();
-    view
+    (view, jobs_of(&serde_json::to_value(&app.jobs).unwrap()))
 }
 
 fn assert_views_agree(name: &str, path: Option<&Path>, with_bundle: bool) {
@@ -276,10 +301,28 @@ fn assert_views_agree(name: &str, path: Option<&Path>, with_bundle: bool) {
         Some(p) => vec!["--replay", p],
         None => vec!["--demo"],
     };
-    let check = check_view(&replay);
-    let views = [("the terminal UI", tui_view(path)), ("run", run_view(path))];
+    let report = check_report(&replay);
+    let check = view_of_check_report(&report);
+    let (tui, tui_jobs) = tui_view(path);
+    let views = [("the terminal UI", tui), ("run", run_view(path))];
     for (view, got) in &views {
         assert_eq!(&check, got, "{name}: check and {view} disagree");
+    }
+    let check_jobs = jobs_of(&report["jobs"]);
+    assert_eq!(
+        check_jobs, tui_jobs,
+        "{name}: check's and the terminal UI's jobs disagree"
+    );
+    if name == "job8_straggler.ndjson" {
+        let straggler = (
+            ("run_id".to_owned(), "synthetic-run".to_owned()),
+            ("straggler".to_owned(), Some(5)),
+        );
+        assert_eq!(
+            check_jobs.into_iter().collect::<Vec<_>>(),
+            [straggler],
+            "{name}"
+        );
     }
     let serve = serve_view(path);
     assert_eq!(

@@ -210,12 +210,13 @@ fn profiled_detail_shows_the_verdict_above_the_charts() {
     let screen = render(&app, 160, 48);
     let rows: Vec<&str> = screen.lines().collect();
     // Border, then the title, then the advice, then the first chart.
+    let top = rows.iter().position(|r| r.starts_with("\"┌")).unwrap();
     assert!(
-        rows[5].contains("compute-bound on tensor cores over 9 s (tensor 72%"),
+        rows[top + 1].contains("compute-bound on tensor cores over 9 s (tensor 72%"),
         "{screen}"
     );
     assert!(
-        rows[6].contains("what to do: The GPU does useful work"),
+        rows[top + 2].contains("what to do: The GPU does useful work"),
         "{screen}"
     );
     let chart = rows.iter().position(|r| r.contains("┌util")).unwrap();
@@ -244,7 +245,13 @@ fn header_verdict_follows_the_selected_gpu_and_marks_waste() {
     use ratatui::style::{Color, Modifier};
     let mut app = loaded("profiled");
     app.theme = Theme { color: true };
-    let (line, style) = row_and_style(&app, 2, 16);
+    // Its two GPUs run one executable: a presumed job, too short to judge, has the line above.
+    let (line, _) = row_and_style(&app, 2, 0);
+    assert!(
+        line.starts_with("job: not judged yet — Presumed job"),
+        "{line}"
+    );
+    let (line, style) = row_and_style(&app, 3, 16);
     assert!(
         line.starts_with("verdict GPU 0: compute_bound (high) — over 9 s (tensor 72%"),
         "{line}"
@@ -252,7 +259,7 @@ fn header_verdict_follows_the_selected_gpu_and_marks_waste() {
     assert!(line.ends_with('…'), "cut to 80 columns: {line}");
     assert_eq!(style.fg, Some(Color::Green));
     press(&mut app, &[KeyCode::Down]);
-    let (line, style) = row_and_style(&app, 2, 16);
+    let (line, style) = row_and_style(&app, 3, 16);
     assert!(
         line.starts_with(
             "verdict GPU 1: underfilled (high) — over 9 s (utilisation 98%, SM active 11%"
@@ -262,7 +269,7 @@ fn header_verdict_follows_the_selected_gpu_and_marks_waste() {
     assert_eq!(style.fg, Some(Color::Yellow));
     assert!(style.add_modifier.contains(Modifier::BOLD));
     // Past the name the line is plain.
-    let (_, rest) = row_and_style(&app, 2, 40);
+    let (_, rest) = row_and_style(&app, 3, 40);
     assert_eq!(rest.fg, Some(Color::Reset));
 }
 
@@ -558,11 +565,17 @@ fn tab_and_number_keys_switch_panels() {
         &mut app,
         &[KeyCode::BackTab, KeyCode::BackTab, KeyCode::BackTab],
     );
-    assert_eq!(app.panel, Panel::Topology);
-    press(&mut app, &[KeyCode::BackTab]);
+    assert_eq!(app.panel, Panel::Job);
+    press(&mut app, &[KeyCode::BackTab, KeyCode::BackTab]);
     assert_eq!(app.panel, Panel::Probes);
     press(&mut app, &[KeyCode::Char('6')]);
     assert_eq!(app.panel, Panel::Topology);
+    press(&mut app, &[KeyCode::Char('1'), KeyCode::Char('j')]);
+    assert_eq!(app.panel, Panel::Job);
+    press(&mut app, &[KeyCode::Char('1'), KeyCode::Char('7')]);
+    assert_eq!(app.panel, Panel::Job);
+    press(&mut app, &[KeyCode::Tab]);
+    assert_eq!(app.panel, Panel::Devices);
     press(&mut app, &[KeyCode::Char('4')]);
     assert_eq!(app.panel, Panel::Findings);
     press(&mut app, &[KeyCode::Char('1'), KeyCode::Enter]);
@@ -774,9 +787,9 @@ fn mouse_clicks_tabs_and_scrolls_the_selection() {
         modifiers: KeyModifiers::NONE,
     };
     // " 1 Devices │ 2 Detail │ 3 Processes ..."
-    app.on_mouse(click(25), |c, r| ui::tab_at(80, c, r));
+    app.on_mouse(click(25), |c, r| ui::tab_at(80, ui::HEADER_ROWS, c, r));
     assert_eq!(app.panel, Panel::Processes);
-    app.on_mouse(click(14), |c, r| ui::tab_at(80, c, r));
+    app.on_mouse(click(14), |c, r| ui::tab_at(80, ui::HEADER_ROWS, c, r));
     assert_eq!(app.panel, Panel::Detail);
     let wheel = MouseEvent {
         kind: MouseEventKind::ScrollDown,
@@ -784,7 +797,7 @@ fn mouse_clicks_tabs_and_scrolls_the_selection() {
         row: 10,
         modifiers: KeyModifiers::NONE,
     };
-    app.on_mouse(wheel, |c, r| ui::tab_at(80, c, r));
+    app.on_mouse(wheel, |c, r| ui::tab_at(80, ui::HEADER_ROWS, c, r));
     assert_eq!(app.selected_device, 1);
 }
 

@@ -101,6 +101,20 @@ fn scenes() -> Vec<Scene> {
         height: h,
         app,
     });
+
+    // A job's GPUs side by side, at the smallest terminal the UI is made for and a large one.
+    for (width, height, name) in [(80, 24, "job-80x24"), (200, 60, "job-200x60")] {
+        let mut app = Source::job8().app_at_end();
+        app.panel = Panel::Job;
+        scenes.push(Scene {
+            name,
+            title: "gpudiag: the Job panel, eight H100s of one torchrun job side by side, \
+                    GPU 5 the straggler (synthetic recording)",
+            width,
+            height,
+            app,
+        });
+    }
     scenes
 }
 
@@ -109,12 +123,39 @@ struct Source {
     backend: ReplayBackend,
     name: String,
     ticks: Vec<Tick>,
+    /// The header with fewer devices than the recording's (`only`).
+    subset: Option<gpudiag::telemetry::recording::Header>,
 }
 
 impl Source {
     fn demo() -> Source {
         let backend = ReplayBackend::from_reader(DEMO_RECORDING, Pace::AsFastAsPossible).unwrap();
         Source::read(backend, DEMO_NAME.to_owned())
+    }
+
+    /// A fixture recording from tests/fixtures/recordings.
+    fn fixture(file: &str) -> Source {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/recordings")
+            .join(file);
+        let backend = ReplayBackend::open(&path, Pace::AsFastAsPossible).unwrap();
+        Source::read(backend, file.to_owned())
+    }
+
+    /// Eight H100s of one torchrun job, GPU 5 the straggler (tests/fixtures/make_job_recording.py).
+    fn job8() -> Source {
+        Source::fixture("job8_straggler.ndjson")
+    }
+
+    /// The recording with only the samples of `devices`, as if the host had no other GPU.
+    fn only(mut self, devices: &[u32]) -> Source {
+        let mut header = self.backend.header().clone();
+        header.devices.retain(|d| devices.contains(&d.index));
+        for t in &mut self.ticks {
+            t.samples.retain(|s| devices.contains(&s.device));
+        }
+        self.subset = Some(header);
+        self
     }
 
     fn read(mut backend: ReplayBackend, name: String) -> Source {
@@ -127,15 +168,17 @@ impl Source {
             backend,
             name,
             ticks,
+            subset: None,
         }
     }
 
     /// The UI as `gpudiag replay` builds it, in colour.
     fn new_app(&self) -> App {
         let b = &self.backend;
+        let header = self.subset.as_ref().unwrap_or(b.header());
         let mut app = App::new(AppInit {
-            host: b.header().host.clone(),
-            devices: b.header().devices.clone(),
+            host: header.host.clone(),
+            devices: header.devices.clone(),
             source: SourceKind::Replay {
                 name: self.name.clone(),
             },
@@ -529,6 +572,7 @@ fn the_scenes_show_what_they_are_named_for() {
             "findings" => &["[4 Findings]"],
             "finding-detail" if scene.app.findings.is_empty() => &["[4 Findings]"],
             "finding-detail" => &["┌ Finding ", "Evidence", "What to do"],
+            "job-80x24" | "job-200x60" => &["[7 Job]", "job: straggler GPU 5", "◀ straggler"],
             other => panic!("no expectation for scene {other}"),
         };
         for want in expected {
@@ -539,6 +583,228 @@ fn the_scenes_show_what_they_are_named_for() {
             );
         }
     }
+}
+
+/// The screen's rows as text.
+fn rows(buf: &Buffer) -> Vec<String> {
+    let area = buf.area;
+    (0..area.height)
+        .map(|y| {
+            (0..area.width)
+                .map(|x| buf[(x, y)].symbol().to_owned())
+                .collect::<String>()
+        })
+        .collect()
+}
+
+/// The Job panel's table: the screen row of each GPU's row ("│  5    5  100%    90% …").
+fn job_table(rows: &[String]) -> BTreeMap<u32, usize> {
+    let mut table = BTreeMap::new();
+    for (y, row) in rows.iter().enumerate() {
+        let Some(inner) = row.strip_prefix('│') else {
+            continue;
+        };
+        let cells: Vec<&str> = inner.split_whitespace().collect();
+        if let [gpu, rank, util, ..] = cells.as_slice()
+            && rank.parse::<u32>().is_ok()
+            && (util.ends_with('%') || *util == "n/a")
+            && let Ok(gpu) = gpu.parse::<u32>()
+        {
+            assert!(
+                table.insert(gpu, y).is_none(),
+                "GPU {gpu} twice:\n{rows:#?}"
+            );
+        }
+    }
+    table
+}
+
+/// Every GPU of the job has its row, whole, at the smallest size the UI is made for and a
+/// large one; the straggler's row alone is marked, in words and in reverse video; the header
+/// names the job's verdict.
+#[test]
+fn the_job_panel_shows_every_gpu_and_marks_the_straggler() {
+    let source = Source::job8();
+    let mut app = source.app_at_end();
+    let job = &app.jobs[0];
+    assert_eq!(job.verdict.name(), "straggler", "{job:?}");
+    assert_eq!(job.straggler.as_ref().map(|s| s.device), Some(5), "{job:?}");
+    app.panel = Panel::Job;
+    for (w, h) in [(80, 24), (200, 60)] {
+        let buf = render(&app, w, h);
+        let rows = rows(&buf);
+        let screen = rows.join("\n");
+        assert!(
+            rows[2].starts_with("job: straggler GPU 5 (rank 5), peers wait ~50% (high)"),
+            "{w}x{h}:\n{screen}"
+        );
+        assert!(rows[4].contains("[7 Job]"), "{w}x{h}:\n{screen}");
+        let table = job_table(&rows);
+        assert_eq!(
+            table.keys().copied().collect::<Vec<_>>(),
+            (0..8).collect::<Vec<u32>>(),
+            "{w}x{h}:\n{screen}"
+        );
+        for (&gpu, &y) in &table {
+            let row = &rows[y];
+            // Whole: nothing in the row was cut to fit.
+            assert!(!row.contains('…'), "GPU {gpu} cut at {w}x{h}:\n{screen}");
+            assert_eq!(
+                row.contains("◀ straggler"),
+                gpu == 5,
+                "GPU {gpu} at {w}x{h}:\n{screen}"
+            );
+            let reversed = buf[(2, y as u16)].modifier.contains(Modifier::REVERSED);
+            assert_eq!(reversed, gpu == 5, "GPU {gpu} at {w}x{h}:\n{screen}");
+        }
+        assert!(
+            screen.contains("what to do:"),
+            "no advice at {w}x{h}:\n{screen}"
+        );
+    }
+}
+
+/// On the smallest terminal the UI draws, the GPUs that do not fit are counted, and the
+/// straggler's row is never the one left out.
+#[test]
+fn a_short_terminal_counts_the_gpus_it_leaves_out_but_keeps_the_straggler() {
+    let mut app = Source::job8().app_at_end();
+    app.panel = Panel::Job;
+    for rotate in [0, 6] {
+        // Rotated, the straggler comes last among the job's members.
+        app.jobs[0].members.rotate_left(rotate);
+        let rows = rows(&render(&app, ui::MIN_WIDTH, ui::MIN_HEIGHT));
+        let table = job_table(&rows);
+        assert_eq!(table.len(), 6, "{rows:#?}");
+        assert!(rows[table[&5]].trim_end().ends_with("◀│"), "{rows:#?}");
+        assert!(
+            rows.iter().any(|r| r.contains("… 2 more GPUs of the job")),
+            "{rows:#?}"
+        );
+    }
+}
+
+/// The header's job line stays within 80 columns, the worst job first and the others
+/// counted; a GPU waiting for the straggler says so under it.
+#[test]
+fn the_header_names_the_worst_job_and_counts_the_others() {
+    let mut app = Source::job8().app_at_end();
+    let rows_at = |app: &App| rows(&render(app, 80, 24));
+    let rows = rows_at(&app);
+    assert!(
+        rows[2].starts_with("job: straggler GPU 5 (rank 5), peers wait ~50%"),
+        "{rows:#?}"
+    );
+    assert!(
+        rows[3].starts_with("verdict GPU 0: waiting_for_peer"),
+        "{rows:#?}"
+    );
+    // A second job, balanced: listed first, yet the straggler leads and the other is counted.
+    let mut balanced = app.jobs[0].clone();
+    balanced.job.key = "another-run".into();
+    balanced.verdict = gpudiag_model::job::JobPattern::Balanced;
+    balanced.straggler = None;
+    app.jobs.insert(0, balanced);
+    let rows = rows_at(&app);
+    assert!(rows[2].starts_with("job: straggler GPU 5"), "{rows:#?}");
+    assert!(rows[2].trim_end().ends_with(" · +1 job"), "{rows:#?}");
+    assert!(
+        rows.iter()
+            .all(|r| gpudiag::tui::format::width_of(r.trim_end()) <= 80),
+        "{rows:#?}"
+    );
+    // The Job panel shows the straggler's job first; ↓ picks the other.
+    app.panel = Panel::Job;
+    let screen = rows_at(&app).join("\n");
+    assert!(
+        screen.contains("┌ Job · torchrun run synthetic-run · straggler (high) · 29 s · 1/2 ↑↓"),
+        "{screen}"
+    );
+    app.on_key(KeyEvent::new(KeyCode::Down, KeyModifiers::NONE));
+    let screen = rows_at(&app).join("\n");
+    assert!(
+        screen.contains("┌ Job · torchrun run another-run · balanced (high) · 29 s · 2/2 ↑↓"),
+        "{screen}"
+    );
+    assert!(!screen.contains("◀ straggler"), "{screen}");
+    // A job only the executable ties together says so, in the header and the panel.
+    app.jobs.retain(|j| j.job.key == "another-run");
+    app.jobs[0].presumed = true;
+    let rows = rows_at(&app);
+    assert!(
+        rows[2].starts_with("job (presumed): balanced (8 GPUs)"),
+        "{rows:#?}"
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r.contains("presumed: only their executable ties")),
+        "{rows:#?}"
+    );
+}
+
+/// Two GPUs of the job alone: a straggler between two is still named; two that keep pace are
+/// a balanced job. One GPU, or a job too short to judge, says why there is nothing to compare.
+#[test]
+fn the_job_panel_with_two_gpus_and_with_none() {
+    let text = |app: &App| rows(&render(app, 80, 24));
+
+    let mut app = Source::job8().only(&[4, 5]).app_at_end();
+    app.panel = Panel::Job;
+    let rows = text(&app);
+    let table = job_table(&rows);
+    assert_eq!(
+        table.keys().copied().collect::<Vec<_>>(),
+        [4, 5],
+        "{rows:#?}"
+    );
+    assert!(rows[table[&5]].contains("◀ straggler"), "{rows:#?}");
+    assert!(
+        rows[2].starts_with("job: straggler GPU 5 (rank 5)"),
+        "{rows:#?}"
+    );
+
+    let mut app = Source::job8().only(&[0, 1]).app_at_end();
+    app.panel = Panel::Job;
+    let rows = text(&app);
+    let table = job_table(&rows);
+    assert_eq!(
+        table.keys().copied().collect::<Vec<_>>(),
+        [0, 1],
+        "{rows:#?}"
+    );
+    assert!(!rows.join("\n").contains("straggler"), "{rows:#?}");
+    assert!(rows[2].starts_with("job: balanced (2 GPUs)"), "{rows:#?}");
+
+    let mut app = Source::fixture("healthy.ndjson").app_at_end();
+    app.panel = Panel::Job;
+    let rows = text(&app);
+    let screen = rows.join("\n");
+    assert!(
+        screen.contains("No job of two or more GPUs: this source has one GPU."),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("How jobs are found: one Slurm job"),
+        "{screen}"
+    );
+    // No job, no header line for one: the GPU's verdict keeps its place.
+    assert!(rows[2].starts_with("verdict GPU 0"), "{screen}");
+    assert!(rows[3].contains("[7 Job]"), "{screen}");
+
+    // Two GPUs running python3, nothing but the executable to tie them, over 9 s: too short.
+    let mut app = Source::fixture("profiled.ndjson").app_at_end();
+    app.panel = Panel::Job;
+    let rows = text(&app);
+    let screen = rows.join("\n");
+    assert!(
+        rows[2].starts_with("job: not judged yet — Presumed job: processes of python3"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("A job was found but not judged yet:"),
+        "{screen}"
+    );
+    assert!(screen.contains("too short"), "{screen}");
 }
 
 #[test]

@@ -20,6 +20,7 @@ use gpudiag_core::rules::engine::RuleEngine;
 use gpudiag_core::rules::{Finding, Severity};
 use gpudiag_core::session::Pipeline;
 use gpudiag_model::cuda_libraries::LibraryInfo;
+use gpudiag_model::job::{JobPattern, JobVerdict};
 use gpudiag_model::stats::{self, Counter};
 use gpudiag_probes::runner::ProbeReport;
 use gpudiag_telemetry::kernel_log::XidLog;
@@ -52,16 +53,19 @@ pub enum Panel {
     Findings,
     Probes,
     Topology,
+    /// The job's GPUs side by side and the verdict on the job (j).
+    Job,
 }
 
 impl Panel {
-    pub const ALL: [Panel; 6] = [
+    pub const ALL: [Panel; 7] = [
         Panel::Devices,
         Panel::Detail,
         Panel::Processes,
         Panel::Findings,
         Panel::Probes,
         Panel::Topology,
+        Panel::Job,
     ];
 
     pub fn title(self) -> &'static str {
@@ -72,6 +76,15 @@ impl Panel {
             Panel::Findings => "Findings",
             Panel::Probes => "Probes",
             Panel::Topology => "Topology",
+            Panel::Job => "Job",
+        }
+    }
+
+    /// The title where the tab bar is too narrow for every full title (80 columns).
+    pub fn short_title(self) -> &'static str {
+        match self {
+            Panel::Topology => "Topo",
+            other => other.title(),
         }
     }
 
@@ -280,6 +293,14 @@ pub struct AppInit {
 /// arrives.
 type JudgedAt = (Option<TimeMs>, u64);
 
+/// What the UI keeps of a judgement: its findings and its jobs.
+#[derive(Clone, Default)]
+struct Judged {
+    findings: Vec<Finding>,
+    jobs: Vec<JobVerdict>,
+    jobs_not_judged: Vec<String>,
+}
+
 pub struct App {
     pub host: HostInfo,
     pub devices: Vec<DeviceInfo>,
@@ -301,9 +322,14 @@ pub struct App {
     libraries: Option<Vec<LibraryInfo>>,
     /// Everything the rules raised this session, worst first, newest first within a severity.
     pub findings: Vec<Finding>,
+    /// The verdict on each job of two or more GPUs, from the same judgement as the findings
+    /// (over the rolling window while playing, the whole recording at its end).
+    pub jobs: Vec<JobVerdict>,
+    /// Why a job the rules found could not be judged ("Torchrun run 7f3c: 4 s of data; …").
+    pub jobs_not_judged: Vec<String>,
     findings_at: Option<Instant>,
-    /// The findings of the whole recording judged at its end, and when they were judged.
-    ended_findings: Option<(JudgedAt, Vec<Finding>)>,
+    /// The judgement of the whole recording at its end, and when it was made.
+    ended_judgement: Option<(JudgedAt, Judged)>,
     /// Memory readings per (device, pid) within the growth window.
     proc_memory: BTreeMap<(u32, u32), VecDeque<(TimeMs, u64)>>,
     /// Ticks seen this session, oldest first, for saving a recording.
@@ -315,6 +341,8 @@ pub struct App {
     pub selected_device: usize,
     pub selected_process: usize,
     pub selected_finding: usize,
+    /// The job the Job panel shows, by its place in `jobs_by_concern`.
+    pub selected_job: usize,
     pub zoom: Zoom,
     pub sort: ProcSort,
     pub paused: bool,
@@ -329,6 +357,21 @@ pub struct App {
     pub status: Option<String>,
     pub probes: ProbesState,
     pub quit: bool,
+}
+
+impl From<judgement::Judgement> for Judged {
+    fn from(j: judgement::Judgement) -> Self {
+        Judged {
+            findings: j.findings,
+            jobs: j.jobs,
+            jobs_not_judged: j
+                .not_judged
+                .into_iter()
+                .filter(|n| n.rule == "job")
+                .map(|n| n.reason)
+                .collect(),
+        }
+    }
 }
 
 impl App {
@@ -346,7 +389,7 @@ impl App {
             pipeline: Pipeline::new(engine).retaining(LOOKBACK),
             recorded: Vec::new(),
             kernel_xids: None,
-            ended_findings: None,
+            ended_judgement: None,
             rules: RulesConfig::default(),
             libraries: None,
             host: init.host,
@@ -358,6 +401,8 @@ impl App {
             can_signal: init.can_signal,
             topology: init.topology,
             findings: Vec::new(),
+            jobs: Vec::new(),
+            jobs_not_judged: Vec::new(),
             findings_at: None,
             proc_memory: BTreeMap::new(),
             session: SessionLog::new(MAX_SESSION_TICKS),
@@ -366,6 +411,7 @@ impl App {
             selected_device: 0,
             selected_process: 0,
             selected_finding: 0,
+            selected_job: 0,
             zoom: Zoom::M1,
             sort: ProcSort::Memory,
             paused: false,
@@ -397,14 +443,14 @@ impl App {
     /// Shows the findings a replayed recording carries beside the rules' own.
     pub fn set_recorded(&mut self, findings: Vec<Finding>) {
         self.recorded = findings;
-        self.ended_findings = None;
+        self.ended_judgement = None;
     }
 
     /// Judges the XIDs the kernel logged before the session beside the rules' findings, against
     /// each GPU's present state as it arrives (a GPU lost now makes its past XIDs live again).
     /// A log that could not be read is said in the footer until the next key, not left silent.
     pub fn set_kernel_xids(&mut self, log: Result<XidLog, String>) {
-        self.ended_findings = None;
+        self.ended_judgement = None;
         if let Err(why) = &log
             && self.status.is_none()
         {
@@ -469,6 +515,8 @@ impl App {
 
     fn clear_data(&mut self) {
         self.findings.clear();
+        self.jobs.clear();
+        self.jobs_not_judged.clear();
         self.reset_engine();
         self.proc_memory.clear();
         self.session.clear();
@@ -530,6 +578,8 @@ impl App {
         let _timed = stats::Timed::start(Counter::FindingsRefreshes, Counter::FindingsNs);
         if self.now_ms().is_none() {
             self.findings.clear();
+            self.jobs.clear();
+            self.jobs_not_judged.clear();
             return;
         }
         let last_probes = match &self.probes {
@@ -550,21 +600,32 @@ impl App {
         };
         // At the end of a recording the whole of it is judged, as `check` judges it; once, until
         // more ticks arrive (a seek back).
-        let mut findings = match self.ended {
+        let judged = match self.ended {
             Some(_) => {
                 let at = (self.pipeline.last_ms(), self.pipeline.tick_count());
-                match &self.ended_findings {
-                    Some((judged_at, findings)) if *judged_at == at => findings.clone(),
+                match &self.ended_judgement {
+                    Some((judged_at, judged)) if *judged_at == at => judged.clone(),
                     _ => {
-                        let judged =
-                            judgement::judge(&mut self.pipeline, Moment::End(Span::whole()), &seen);
-                        self.ended_findings = Some((at, judged.findings.clone()));
-                        judged.findings
+                        let judged = Judged::from(judgement::judge(
+                            &mut self.pipeline,
+                            Moment::End(Span::whole()),
+                            &seen,
+                        ));
+                        self.ended_judgement = Some((at, judged.clone()));
+                        judged
                     }
                 }
             }
-            None => judgement::judge_now(&self.pipeline, &seen).findings,
+            None => Judged::from(judgement::judge_now(&self.pipeline, &seen)),
         };
+        let Judged {
+            mut findings,
+            jobs,
+            jobs_not_judged,
+        } = judged;
+        self.jobs = jobs;
+        self.jobs_not_judged = jobs_not_judged;
+        self.selected_job = self.selected_job.min(self.jobs.len().saturating_sub(1));
         findings.sort_by_key(|f| std::cmp::Reverse((f.severity, f.time_ms)));
         let key = |f: &Finding| (f.id.clone(), f.device, f.time_ms);
         let was = self.findings.get(self.selected_finding).map(key);
@@ -586,6 +647,21 @@ impl App {
         }
         self.findings_at = Some(now);
         self.refresh_findings();
+    }
+
+    /// The jobs, the most concerning first: a straggler, then communication-bound, imbalanced,
+    /// balanced; within a verdict the surer, then the larger job first.
+    pub fn jobs_by_concern(&self) -> Vec<&JobVerdict> {
+        let mut jobs: Vec<&JobVerdict> = self.jobs.iter().collect();
+        let rank = |p: JobPattern| JobPattern::ALL.iter().position(|&q| q == p);
+        jobs.sort_by_key(|j| {
+            (
+                rank(j.verdict),
+                std::cmp::Reverse(j.confidence),
+                std::cmp::Reverse(j.members.len()),
+            )
+        });
+        jobs
     }
 
     pub fn count(&self, severity: Severity) -> usize {
@@ -681,12 +757,13 @@ impl App {
                 }
             }
             Panel::Topology => {}
+            Panel::Job => self.selected_job = moved(self.selected_job, self.jobs.len()),
         }
     }
 
     /// A probe run finished (or could not start).
     pub fn on_probes(&mut self, mut result: Result<ProbeReport, String>) {
-        self.ended_findings = None;
+        self.ended_judgement = None;
         if let Ok(report) = &mut result {
             report.findings = gpudiag_core::rules::peers::compare(
                 &report.devices,
@@ -883,7 +960,7 @@ impl App {
             KeyCode::Char('?') | KeyCode::F(1) => self.overlay = Some(Overlay::Help),
             KeyCode::Tab => self.panel = self.panel.step(1),
             KeyCode::BackTab => self.panel = self.panel.step(-1),
-            KeyCode::Char(c @ '1'..='6') => {
+            KeyCode::Char(c @ '1'..='7') => {
                 let i = (c as usize).saturating_sub('1' as usize);
                 if let Some(&p) = Panel::ALL.get(i) {
                     self.panel = p;
@@ -928,6 +1005,7 @@ impl App {
                 self.sort = self.sort.next();
                 self.status = Some(format!("processes sorted by {}", self.sort.label()));
             }
+            KeyCode::Char('j') => self.panel = Panel::Job,
             KeyCode::Char('k') => return self.ask_kill(),
             KeyCode::Char('w') => return Some(Effect::SaveRecording),
             KeyCode::Char('+') | KeyCode::Char('=') => return self.change_speed(1),

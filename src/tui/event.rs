@@ -133,7 +133,8 @@ fn handle(
                 return false;
             }
             let width = size.map_or(80, |s| s.width);
-            app.on_mouse(m, |col, row| ui::tab_at(width, col, row));
+            let rows = ui::header_rows(app);
+            app.on_mouse(m, |col, row| ui::tab_at(width, rows, col, row));
         }
         // A resize needs only the redraw that follows.
         AppEvent::Input(InputEvent::Resize(..)) => {}

@@ -8,11 +8,17 @@ use ratatui::widgets::Paragraph;
 use super::app::{App, Overlay, Panel, SourceKind};
 use super::panels;
 
-/// Rows above the tab bar (the header), so a mouse click can be matched to a tab.
+/// Rows above the tab bar (the header) without a job; a job adds one (`header_rows`).
 pub const HEADER_ROWS: u16 = 3;
 /// Below this the layout cannot hold a device row and a chart; the UI says so instead.
 pub const MIN_WIDTH: u16 = 60;
 pub const MIN_HEIGHT: u16 = 16;
+
+/// Rows above the tab bar now, so a mouse click can be matched to a tab: one more where the
+/// header has a line for jobs.
+pub fn header_rows(app: &App) -> u16 {
+    HEADER_ROWS + u16::from(panels::job::has_header_line(app))
+}
 
 pub fn draw(f: &mut Frame, app: &App) {
     let area = f.area();
@@ -28,7 +34,7 @@ pub fn draw(f: &mut Frame, app: &App) {
         return;
     }
     let [header, tabs, body, footer] = Layout::vertical([
-        Constraint::Length(HEADER_ROWS),
+        Constraint::Length(header_rows(app)),
         Constraint::Length(1),
         Constraint::Min(0),
         Constraint::Length(1),
@@ -36,7 +42,7 @@ pub fn draw(f: &mut Frame, app: &App) {
     .areas(area);
     panels::header::render(f, header, app);
     f.render_widget(
-        super::format::fit_line(tab_line(app), tabs.width as usize),
+        super::format::fit_line(tab_line(app, tabs.width), tabs.width as usize),
         tabs,
     );
     match app.panel {
@@ -46,6 +52,7 @@ pub fn draw(f: &mut Frame, app: &App) {
         Panel::Findings => panels::findings::render(f, body, app),
         Panel::Probes => panels::probes::render(f, body, app),
         Panel::Topology => panels::topology::render(f, body, app),
+        Panel::Job => panels::job::render(f, body, app),
     }
     f.render_widget(footer_line(app, footer.width), footer);
     match &app.overlay {
@@ -66,16 +73,29 @@ pub fn draw(f: &mut Frame, app: &App) {
 
 /// A tab's text; the current one is bracketed so it shows without colour or reverse video
 /// (NO_COLOR, text captures). Both forms have the same width, which `tab_at` relies on.
-fn tab_label(i: usize, p: Panel, current: bool) -> String {
+fn tab_label(i: usize, p: Panel, current: bool, short: bool) -> String {
+    let title = if short { p.short_title() } else { p.title() };
     if current {
-        format!("[{} {}]", i + 1, p.title())
+        format!("[{} {title}]", i + 1)
     } else {
-        format!(" {} {} ", i + 1, p.title())
+        format!(" {} {title} ", i + 1)
     }
 }
 
-fn tab_line(app: &App) -> Line<'static> {
+/// Whether the tabs take their short titles: every full one does not fit `width`.
+fn short_tabs(width: u16) -> bool {
+    let full: usize = Panel::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, p)| tab_label(i, *p, false, false).chars().count() + 1)
+        .sum::<usize>()
+        .saturating_sub(1);
+    full > usize::from(width)
+}
+
+fn tab_line(app: &App, width: u16) -> Line<'static> {
     let t = app.theme;
+    let short = short_tabs(width);
     let mut spans = Vec::new();
     for (i, p) in Panel::ALL.iter().enumerate() {
         if i > 0 {
@@ -86,19 +106,23 @@ fn tab_line(app: &App) -> Line<'static> {
         } else {
             ratatui::style::Style::default()
         };
-        spans.push(Span::styled(tab_label(i, *p, *p == app.panel), style));
+        spans.push(Span::styled(
+            tab_label(i, *p, *p == app.panel, short),
+            style,
+        ));
     }
     Line::from(spans)
 }
 
-/// The panel whose tab is at (`col`, `row`), for mouse clicks.
-pub fn tab_at(width: u16, col: u16, row: u16) -> Option<Panel> {
-    if row != HEADER_ROWS || width < MIN_WIDTH {
+/// The panel whose tab is at (`col`, `row`) under a header of `header_rows`, for mouse clicks.
+pub fn tab_at(width: u16, header_rows: u16, col: u16, row: u16) -> Option<Panel> {
+    if row != header_rows || width < MIN_WIDTH {
         return None;
     }
+    let short = short_tabs(width);
     let mut x = 0u16;
     for (i, p) in Panel::ALL.iter().enumerate() {
-        let len = tab_label(i, *p, false).chars().count() as u16;
+        let len = tab_label(i, *p, false, short).chars().count() as u16;
         if col >= x && col < x + len {
             return Some(*p);
         }
@@ -115,13 +139,42 @@ fn footer_line(app: &App, width: u16) -> Line<'static> {
             t.warn(),
         ));
     }
-    let mut hints = String::from("?:help q:quit Tab:panel ↑↓:select space:pause z:zoom");
-    if matches!(app.source, SourceKind::Replay { .. }) {
-        hints.push_str(" ←→:seek +-:speed");
+    let replay = matches!(app.source, SourceKind::Replay { .. });
+    let job = !app.jobs.is_empty() || !app.jobs_not_judged.is_empty();
+    // (hint, shown, priority: the first to go where they do not all fit).
+    let hints = [
+        ("?:help", true, 9),
+        ("q:quit", true, 9),
+        ("Tab:panel", true, 8),
+        ("↑↓:select", true, 3),
+        ("space:pause", true, 5),
+        ("z:zoom", true, 1),
+        ("j:job", job, 6),
+        ("←→:seek", replay, 4),
+        ("+-:speed", replay, 2),
+        ("w:save", true, 2),
+    ];
+    let mut shown: Vec<(&str, u8)> = hints
+        .iter()
+        .filter(|(_, on, _)| *on)
+        .map(|(h, _, p)| (*h, *p))
+        .collect();
+    let text = |shown: &[(&str, u8)]| shown.iter().map(|(h, _)| *h).collect::<Vec<_>>().join(" ");
+    // Whole hints go, the least needed first, rather than the last one cut in half.
+    while shown.len() > 2 && super::format::width_of(&text(&shown)) > usize::from(width) {
+        let Some(least) = shown
+            .iter()
+            .enumerate()
+            .rev()
+            .min_by_key(|(_, (_, p))| *p)
+            .map(|(i, _)| i)
+        else {
+            break;
+        };
+        shown.remove(least);
     }
-    hints.push_str(" w:save");
     Line::from(Span::styled(
-        super::format::fit(&hints, width as usize),
+        super::format::fit(&text(&shown), width as usize),
         t.dim(),
     ))
 }

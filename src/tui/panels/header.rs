@@ -1,5 +1,6 @@
 //! The header: host, driver and CUDA version, the mode (LIVE, REPLAY with position, PAUSED),
-//! the finding counts, and the bottleneck verdict on the selected GPU (or why there is none).
+//! the finding counts, the bottleneck verdict on the selected GPU (or why there is none), and
+//! where GPUs work as one job, the verdict on the job.
 
 use ratatui::Frame;
 use ratatui::layout::Rect;
@@ -77,10 +78,14 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         None => Line::from(Span::styled("verdict: no GPU", t.dim())),
     };
     let width = area.width as usize;
-    let lines = vec![
+    let mut lines = vec![
         format::fit_line(line1, width),
         format::fit_line(Line::from(spans), width),
-        line3,
     ];
+    // The job's line goes above the GPU's: a GPU that waits for a straggler is explained by it.
+    if super::job::has_header_line(app) {
+        lines.push(super::job::header_line(app, width));
+    }
+    lines.push(line3);
     f.render_widget(Paragraph::new(lines), area);
 }

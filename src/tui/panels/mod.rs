@@ -6,6 +6,7 @@ pub mod devices;
 pub mod finding_detail;
 pub mod findings;
 pub mod header;
+pub mod job;
 pub mod overlay;
 pub mod probes;
 pub mod processes;

@@ -10,13 +10,19 @@ use crate::tui::app::{App, KillSignal};
 
 /// Key, what it does. Each line fits the box on an 80x24 terminal (`tests/tui.rs` renders it
 /// there and checks every line whole).
-pub const KEYS: [(&str, &str); 18] = [
+pub const KEYS: [(&str, &str); 19] = [
     ("q  Ctrl-C", "quit"),
     ("?  F1", "this help (any key closes it)"),
     ("Tab  Shift-Tab", "next / previous panel"),
-    ("1-6", "Devices Detail Processes Findings Probes Topology"),
+    (
+        "1-7",
+        "Devices Detail Processes Findings Probes Topology Job",
+    ),
     ("mouse", "click a tab; wheel moves the selection"),
-    ("↑ ↓  PgUp PgDn", "select device, process, finding or suite"),
+    (
+        "↑ ↓  PgUp PgDn",
+        "select device, process, finding, suite, job",
+    ),
     ("Enter", "device detail; a finding's evidence and advice"),
     ("Enter", "in Probes: run the picked suite"),
     ("f", "in Probes: probe a busy GPU anyway (asks first)"),
@@ -24,6 +30,7 @@ pub const KEYS: [(&str, &str); 18] = [
     ("space  p", "pause / resume"),
     ("z  Z", "zoom charts: 1m 5m 15m 1h"),
     ("s", "sort processes: memory, growth, SM, PID"),
+    ("j", "job: its GPUs side by side, the straggler marked"),
     ("k", "kill the selected process (asks first)"),
     ("w", "save this session as a recording (.ndjson.gz)"),
     ("← →", "replay: seek 10 s (Shift: 60 s)"),

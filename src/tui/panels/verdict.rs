@@ -60,7 +60,7 @@ fn why_not(state: &State<'_>) -> String {
 
 /// The reason without a closing note that names a command-line flag ("(… use --window)"): the
 /// engine words its reasons for `check`, and the TUI has no flag to pass.
-fn without_flags(reason: &str) -> &str {
+pub(crate) fn without_flags(reason: &str) -> &str {
     match reason.find(" (") {
         Some(i) if reason.ends_with(')') && reason[i..].contains("--") => &reason[..i],
         _ => reason,
@@ -166,7 +166,7 @@ pub fn detail_lines(
 }
 
 /// At most `max` of `lines`; when some are dropped, the last one kept ends in "…".
-fn capped(mut lines: Vec<String>, max: usize, width: usize) -> Vec<String> {
+pub(crate) fn capped(mut lines: Vec<String>, max: usize, width: usize) -> Vec<String> {
     if lines.len() <= max {
         return lines;
     }
