@@ -109,7 +109,7 @@ impl JobId {
         match self.joined_by {
             JoinedBy::SlurmJob => format!("Slurm job {}", self.key),
             // torchrun's ids are UUIDs: eight characters tell runs of one host apart.
-            JoinedBy::RunId if self.key.chars().count() > 12 => {
+            JoinedBy::RunId if self.key.chars().count() > 16 => {
                 let short: String = self.key.chars().take(8).collect();
                 format!("torchrun run {short}…")
             }
