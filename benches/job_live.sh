@@ -28,11 +28,15 @@ for ((i = 0; i < n; i++)); do devices+=(--device "$i"); done
   --nproc-per-node "$n" "$here/workloads/job.py" cpu_starved --seconds 25 >"$out/run.txt" 2>&1
 echo "run: $(grep -m1 'job verdict' "$out/run.txt")"
 
-start_job slow13 30
-"$bin" check "${devices[@]}" --window 20s --json >"$out/check.json" 2>"$out/check.err"
+start_job slow13 32
+"$bin" check "${devices[@]}" >"$out/check-default-window.txt" 2>&1
+"$bin" check "${devices[@]}" --window 20s --json >"$out/check.json" 2>"$out/check.err" &
+checking=$!
 "$bin" check "${devices[@]}" --window 20s >"$out/check.txt" 2>&1
+wait "$checking"
 wait "$job"
 echo "check: $(grep -m1 'job verdict' "$out/check.txt")"
+echo "check, default window: $(grep -m1 'not judged: job' "$out/check-default-window.txt")"
 
 start_job shared 40
 "$bin" serve "${devices[@]}" --listen 127.0.0.1:9477 >"$out/serve.log" 2>&1 &
@@ -43,7 +47,7 @@ kill "$serve"
 wait "$serve" "$job"
 echo "serve: $(grep -E '^gpudiag_job_verdict|^gpudiag_verdict\{' "$out/metrics.txt" | tr '\n' ' ' | cut -c1-600)"
 
-start_job slow2 60
+start_job slow2 130
 "$bin" trace "${devices[@]}" --duration 20s --output "$out/trace.json" >"$out/trace.log" 2>&1
 echo "trace: $(python3 -c "
 import json,sys

@@ -48,7 +48,7 @@ JOB_ORDER = ["balanced", "straggler", "communication_bound", "imbalanced", "none
 SINGLE_ORDER = ["compute_bound", "memory_bound", "underfilled", "launch_bound", "sync_bound",
                 "host_bound", "copy_bound", "idle_holding_memory", "throttled", "idle",
                 "waiting_for_peer", "none"]
-THRESHOLDS = {"lead_ratio": 1.15, "lag_util_points": 20.0, "peers_busy_util_pct": 60.0,
+THRESHOLDS = {"lead_ratio": 1.15, "lag_util_points": 20.0, "peers_busy_util_pct": 50.0,
               "memory_spread_ratio": 1.25, "communication_min_gb_per_s": 50.0,
               "communication_max_tensor_pct": 10.0}
 

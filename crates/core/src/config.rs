@@ -65,7 +65,7 @@ impl Default for JobConfig {
             min_window_s: 10.0,
             lead_ratio: 1.15,
             lag_util_points: 20.0,
-            peers_busy_util_pct: 60.0,
+            peers_busy_util_pct: 50.0,
             memory_spread_ratio: 1.25,
             memory_spread_min_gib: 1.0,
             communication_min_gb_per_s: 50.0,
@@ -360,7 +360,7 @@ lead_ratio = 1.15
 # lags: they wait for it in a collective.
 lag_util_points = 20.0
 # Peers' median utilisation (%) at or above which they count as busy.
-peers_busy_util_pct = 60.0
+peers_busy_util_pct = 50.0
 # Memory the job's processes hold spread by this ratio (largest / smallest) and this much (GiB):
 # the GPUs are not replicas (pipeline stages), so a gap in work is imbalance, not a straggler.
 memory_spread_ratio = 1.25
