@@ -767,25 +767,8 @@ fn summary(r: &RunReport) -> String {
     }
     // The job first: its GPUs' own verdicts read busy while they wait for a straggler.
     for j in &r.jobs {
-        for line in crate::report::text::job_lines(j) {
+        for line in crate::report::text::job_block(j, &r.job_phases, Some(r.start_ms)) {
             let _ = writeln!(out, "gpudiag: {line}");
-        }
-        let phases = r
-            .job_phases
-            .iter()
-            .find(|p| p.job == j.job)
-            .map(|p| p.phases.as_slice())
-            .unwrap_or_default();
-        if phases.len() > 1 {
-            let _ = writeln!(
-                out,
-                "  phases of the job (its verdict changed {}):",
-                crate::report::text::times(phases.len() - 1)
-            );
-            for p in phases {
-                let phase = crate::report::text::job_phase_line(p, r.start_ms);
-                let _ = writeln!(out, "    {}", printable::line(&phase));
-            }
         }
     }
     for d in &r.devices {

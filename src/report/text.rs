@@ -242,25 +242,8 @@ fn render_device(out: &mut String, d: &DeviceReport) {
 fn render_verdicts(out: &mut String, report: &CheckReport) {
     // The job first: a GPU waiting for a straggler reads busy on its own.
     for j in &report.jobs {
-        for line in job_lines(j) {
+        for line in job_block(j, &report.job_phases, None) {
             let _ = writeln!(out, "{line}");
-        }
-        let phases = report
-            .job_phases
-            .iter()
-            .find(|p| p.job == j.job)
-            .map(|p| p.phases.as_slice())
-            .unwrap_or_default();
-        if phases.len() > 1 {
-            let _ = writeln!(
-                out,
-                "phases of the job (its verdict changed {}):",
-                times(phases.len() - 1)
-            );
-            let t0 = phases[0].start_ms;
-            for p in phases {
-                let _ = writeln!(out, "    {}", esc(&job_phase_line(p, t0)));
-            }
         }
     }
     for d in &report.devices {
@@ -356,6 +339,34 @@ pub fn job_lines(j: &gpudiag_model::job::JobVerdict) -> Vec<String> {
         ));
     }
     lines.push(format!("    what to do: {}", esc(&j.advice)));
+    lines
+}
+
+/// A job's lines ([`job_lines`]), then its phases where its verdict changed, timed from `t0`
+/// (else from the first phase). Escaped.
+pub fn job_block(
+    j: &gpudiag_model::job::JobVerdict,
+    all_phases: &[gpudiag_core::check::JobPhases],
+    t0: Option<u64>,
+) -> Vec<String> {
+    let mut lines = job_lines(j);
+    let phases = all_phases
+        .iter()
+        .find(|p| p.job == j.job)
+        .map(|p| p.phases.as_slice())
+        .unwrap_or_default();
+    if phases.len() > 1 {
+        lines.push(format!(
+            "phases of the job (its verdict changed {}):",
+            times(phases.len() - 1)
+        ));
+        let t0 = t0.unwrap_or(phases[0].start_ms);
+        lines.extend(
+            phases
+                .iter()
+                .map(|p| format!("    {}", esc(&job_phase_line(p, t0)))),
+        );
+    }
     lines
 }
 

@@ -2,7 +2,7 @@
 //! process's memory (for the leak rule) and its CPU time and SM use (for the verdict's host-side
 //! evidence). Below every rule: the engine feeds it, the rules read it.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use gpudiag_telemetry::{Sample, TimeMs};
 
@@ -99,7 +99,7 @@ impl ProcessMemory {
 /// processes it judges have left every list by then.
 #[derive(Debug, Default, Clone)]
 pub struct ProcessCpu {
-    series: HashMap<(u32, u32), ProcessActivity>,
+    series: BTreeMap<(u32, u32), ProcessActivity>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -117,6 +117,26 @@ const KEEP_GONE_MS: u64 = 10 * 60 * 1000;
 /// Processes kept at most, gone ones dropped first (oldest first): a host that starts many
 /// short processes must not grow this without bound.
 const MAX_PROCESSES: usize = 1024;
+
+/// Forgets the processes of `s`'s device not listed for [`KEEP_GONE_MS`], then the longest
+/// gone beyond [`MAX_PROCESSES`].
+fn forget_gone<V>(
+    processes: &mut BTreeMap<(u32, u32), V>,
+    s: &Sample,
+    last_seen: impl Fn(&V) -> TimeMs,
+) {
+    let cutoff = s.time_ms.saturating_sub(KEEP_GONE_MS);
+    processes.retain(|&(device, _), v| device != s.device || last_seen(v) >= cutoff);
+    if processes.len() > MAX_PROCESSES {
+        let mut by_age: Vec<((u32, u32), TimeMs)> =
+            processes.iter().map(|(&k, v)| (k, last_seen(v))).collect();
+        by_age.sort_by_key(|&(_, t)| t);
+        let excess = processes.len() - MAX_PROCESSES;
+        for (key, _) in by_age.into_iter().take(excess) {
+            processes.remove(&key);
+        }
+    }
+}
 
 fn push_point(series: &mut VecDeque<(TimeMs, f64)>, t: TimeMs, v: f64) {
     if series
@@ -144,21 +164,7 @@ impl ProcessCpu {
                 push_point(&mut entry.sm_util, s.time_ms, sm);
             }
         }
-        let cutoff = s.time_ms.saturating_sub(KEEP_GONE_MS);
-        self.series
-            .retain(|&(device, _), a| device != s.device || a.last_seen_ms >= cutoff);
-        if self.series.len() > MAX_PROCESSES {
-            let mut by_age: Vec<((u32, u32), TimeMs)> = self
-                .series
-                .iter()
-                .map(|(&k, a)| (k, a.last_seen_ms))
-                .collect();
-            by_age.sort_by_key(|&(_, t)| t);
-            let excess = self.series.len() - MAX_PROCESSES;
-            for (key, _) in by_age.into_iter().take(excess) {
-                self.series.remove(&key);
-            }
-        }
+        forget_gone(&mut self.series, s, |a| a.last_seen_ms);
     }
 
     /// CPU use of `pid` in `[start, end]`, in % of one core.
@@ -236,21 +242,7 @@ impl ProcessLaunch {
             entry.first_seen_ms = entry.first_seen_ms.min(s.time_ms);
             entry.last_seen_ms = entry.last_seen_ms.max(s.time_ms);
         }
-        let cutoff = s.time_ms.saturating_sub(KEEP_GONE_MS);
-        self.seen
-            .retain(|&(device, _), p| device != s.device || p.last_seen_ms >= cutoff);
-        if self.seen.len() > MAX_PROCESSES {
-            let mut by_age: Vec<((u32, u32), TimeMs)> = self
-                .seen
-                .iter()
-                .map(|(&k, p)| (k, p.last_seen_ms))
-                .collect();
-            by_age.sort_by_key(|&(_, t)| t);
-            let excess = self.seen.len() - MAX_PROCESSES;
-            for (key, _) in by_age.into_iter().take(excess) {
-                self.seen.remove(&key);
-            }
-        }
+        forget_gone(&mut self.seen, s, |p| p.last_seen_ms);
     }
 
     /// The processes seen on any GPU within `[start, end]`, by (device, pid).
