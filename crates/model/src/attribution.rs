@@ -111,3 +111,34 @@ impl PodAllocation {
         }
     }
 }
+
+/// How a process was started: its parent, its executable and the launcher's variables. Read
+/// from `/proc/<pid>/stat`, `/proc/<pid>/exe` and `/proc/<pid>/environ`; each part is `None`
+/// when unreadable, with the reason in `absent` under the part's name (`parent`, `exe`,
+/// `environ`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct Launch {
+    /// The parent's pid (`/proc/<pid>/stat`, field 4).
+    pub parent_pid: Option<u32>,
+    /// The executable's path (redactable).
+    pub exe: Option<String>,
+    /// The parent's executable's path (redactable): a parent running the same executable as
+    /// its children (torchrun, `torch.multiprocessing.spawn`) ties them into one job; a shell
+    /// or an init does not.
+    pub parent_exe: Option<String>,
+    /// `TORCHELASTIC_RUN_ID`: torchrun's rendezvous id, the same on every node of a job.
+    pub run_id: Option<String>,
+    /// `MASTER_ADDR` and `MASTER_PORT`: where the ranks of a `torch.distributed` job meet.
+    pub master_addr: Option<String>,
+    pub master_port: Option<String>,
+    /// The process's global rank: `RANK`, else `SLURM_PROCID`, else `OMPI_COMM_WORLD_RANK`.
+    pub rank: Option<u32>,
+    /// `LOCAL_RANK`, else `SLURM_LOCALID`.
+    pub local_rank: Option<u32>,
+    /// `WORLD_SIZE`, else `SLURM_NTASKS`.
+    pub world_size: Option<u32>,
+    /// Why a part is unknown, keyed by its name; left out when nothing is.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub absent: BTreeMap<String, String>,
+}

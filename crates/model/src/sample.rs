@@ -416,7 +416,7 @@ pub struct ProcessSample {
     /// How it was started: its parent and the launcher's variables, which tie the ranks of one
     /// job together; `None` from sources that do not look (recordings made before gpudiag did).
     #[serde(default)]
-    pub launch: Option<crate::job::Launch>,
+    pub launch: Option<crate::attribution::Launch>,
 }
 
 /// The parent's pid from a `/proc/<pid>/stat` line (field 4).
