@@ -174,6 +174,46 @@ fn without_launch(from: &Path, to: &Path) {
     }
 }
 
+/// Writes `from` with every process's launcher keys and name set to what a hostile recording
+/// might carry: terminal escapes and a long id.
+fn with_hostile_launch(from: &Path, to: &Path) {
+    let reader = std::io::BufReader::new(flate2::read::GzDecoder::new(
+        std::fs::File::open(from).unwrap(),
+    ));
+    let mut out = std::fs::File::create(to).unwrap();
+    let run_id = format!("\u{1b}]0;owned\u{7}\u{1b}[2J{}", "r".repeat(4000));
+    for line in reader.lines() {
+        let mut v: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if let Some(procs) = v.get_mut("processes").and_then(|p| p.as_array_mut()) {
+            for p in procs {
+                p["name"] = serde_json::json!("py\u{1b}[31mthon");
+                if p["launch"].is_object() {
+                    p["launch"]["run_id"] = serde_json::json!(run_id);
+                    p["launch"]["master_addr"] = serde_json::json!("\u{1b}[1mnode");
+                }
+            }
+        }
+        writeln!(out, "{v}").unwrap();
+    }
+}
+
+#[test]
+fn launcher_keys_from_a_recording_never_reach_the_terminal_raw() {
+    let dir = tempfile::tempdir().unwrap();
+    let hostile = dir.path().join("hostile.ndjson");
+    with_hostile_launch(&fixture("2gpu-slow2"), &hostile);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpudiag"))
+        .args(["--config", "/dev/null", "check", "--replay"])
+        .arg(&hostile)
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("job verdict: straggler"), "{text}");
+    assert!(!text.contains('\u{1b}') && !text.contains('\u{7}'), "{text:?}");
+    // The id is still told apart, shortened in the title.
+    assert!(text.contains("torchrun run \\x1b]0;owne…"), "{text}");
+}
+
 #[test]
 fn without_launcher_keys_the_job_is_presumed_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
