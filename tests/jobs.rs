@@ -209,7 +209,10 @@ fn launcher_keys_from_a_recording_never_reach_the_terminal_raw() {
         .unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("job verdict: straggler"), "{text}");
-    assert!(!text.contains('\u{1b}') && !text.contains('\u{7}'), "{text:?}");
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{7}'),
+        "{text:?}"
+    );
     // The id is still told apart, shortened in the title.
     assert!(text.contains("torchrun run \\x1b]0;owne…"), "{text}");
 }
