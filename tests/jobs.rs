@@ -141,6 +141,21 @@ fn the_straggler_says_what_differs_on_it_and_how_long_its_peers_wait() {
 }
 
 #[test]
+fn a_communication_bound_jobs_gpus_point_at_the_job_not_at_their_grids() {
+    let r = check(&fixture("4gpu-comm"), &[]);
+    for d in &r.devices {
+        let v = d.verdict.as_ref().unwrap();
+        assert!(
+            v.title.contains("which is communication-bound"),
+            "GPU {}: {}",
+            d.info.index,
+            v.title
+        );
+        assert!(v.advice.contains("Overlap communication"), "{}", v.advice);
+    }
+}
+
+#[test]
 fn check_text_puts_the_job_first_with_its_gpus_side_by_side() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpudiag"))
         .args(["--config", "/dev/null", "check", "--replay"])

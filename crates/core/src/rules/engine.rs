@@ -173,7 +173,7 @@ impl RuleEngine {
         let current = self.current_phases(&input, &verdicts, start_ms, now);
         let (jobs, unjudged) =
             job::judge_all(&input, &self.process_launch, &self.command, start_ms, now);
-        job::mark_waiting(&mut verdicts, &jobs, &self.config.job);
+        job::explain_by_job(&mut verdicts, &jobs, &self.config.job);
         not_judged.extend(unjudged);
         let workload: Vec<Finding> = self
             .devices
@@ -320,7 +320,7 @@ impl RuleEngine {
         let current = self.current_phases(&input, &verdicts, start, now);
         let (jobs, unjudged) =
             job::judge_all(&input, &self.process_launch, &self.command, start, now);
-        job::mark_waiting(&mut verdicts, &jobs, &self.config.job);
+        job::explain_by_job(&mut verdicts, &jobs, &self.config.job);
         not_judged.extend(unjudged);
         let found = families::windowed(&input);
         not_judged.extend(input.not_judged.take());

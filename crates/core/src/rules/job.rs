@@ -867,13 +867,42 @@ pub fn findings(jobs: &[JobVerdict], config: &JobConfig) -> Vec<super::Finding> 
         .collect()
 }
 
-/// Rewrites the verdict of each GPU that waits for its job's straggler much of the time: it is
-/// not "the good case" however busy its counters read. Its own verdict stays in the evidence.
-pub fn mark_waiting(
+/// Rewrites the verdicts of GPUs that their job explains. A GPU that waits for its job's
+/// straggler much of the time is not "the good case" however busy its counters read: it gets
+/// `waiting_for_peer`, its own verdict kept in the evidence. A communication-bound job's GPUs
+/// keep their verdict with the job's reason and advice.
+pub fn explain_by_job(
     verdicts: &mut BTreeMap<u32, Verdict>,
     jobs: &[JobVerdict],
     config: &JobConfig,
 ) {
+    // A communication-bound job's GPUs run mostly NCCL's kernels, which keep few SMs busy: alone
+    // each reads underfilled (or launch- or sync-bound), and that verdict's advice (bigger
+    // grids, fewer launches) is not what helps. The verdict stays; its advice becomes the job's.
+    for job in jobs
+        .iter()
+        .filter(|j| j.verdict == JobPattern::CommunicationBound && !j.presumed)
+    {
+        for m in &job.members {
+            let Some(v) = verdicts.get_mut(&m.device) else {
+                continue;
+            };
+            if !matches!(
+                v.bottleneck,
+                Bottleneck::Underfilled | Bottleneck::LaunchBound | Bottleneck::SyncBound
+            ) {
+                continue;
+            }
+            v.evidence
+                .insert("job_verdict".into(), json!(job.verdict.name()));
+            v.title = format!(
+                "{}; its kernels are mostly the collectives of {}, which is communication-bound",
+                v.title,
+                job.job.label()
+            );
+            v.advice = format!("See the job's verdict: {}", job.advice);
+        }
+    }
     // A presumed job may join strangers: its GPUs keep their own verdicts.
     for job in jobs.iter().filter(|j| !j.presumed) {
         let Some(s) = &job.straggler else { continue };
