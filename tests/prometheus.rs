@@ -4,27 +4,18 @@
 //! values and dcgm-exporter's labels. Needs the `prometheus` binary (Debian's package;
 //! `.ci/run` installs it); skipped with a message where it is absent.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+#[path = "support/prometheus_api.rs"]
+mod prometheus_api;
 #[path = "support/serve.rs"]
 mod serve_support;
+use prometheus_api::{Killed, free_port, query};
 use serve_support::serve;
-
-/// A child process killed on drop, so a failing test leaves nothing running.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn prometheus_binary() -> Option<String> {
     let out = Command::new("sh")
@@ -33,48 +24,6 @@ fn prometheus_binary() -> Option<String> {
         .ok()?;
     let path = String::from_utf8(out.stdout).ok()?.trim().to_string();
     (out.status.success() && !path.is_empty()).then_some(path)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Percent-encodes a query parameter.
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    let mut c = TcpStream::connect(addr).ok()?;
-    c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    c.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut out = String::new();
-    c.read_to_string(&mut out).ok()?;
-    let (head, body) = out.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200")
-        .then(|| body.to_string())
-        .or_else(|| head.starts_with("HTTP/1.0 200").then(|| body.to_string()))
-}
-
-/// The result vector of an instant query, empty while Prometheus has nothing.
-fn query(prom: &str, q: &str) -> Vec<Value> {
-    let Some(body) = http_get(prom, &format!("/api/v1/query?query={}", encode(q))) else {
-        return Vec::new();
-    };
-    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-    v["data"]["result"].as_array().cloned().unwrap_or_default()
 }
 
 fn value_of(result: &Value) -> f64 {

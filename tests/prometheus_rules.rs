@@ -9,16 +9,18 @@
 //! tests say so and return, unless `GPUDIAG_REQUIRE_PROMTOOL=1` (set by `.ci/run`), where they
 //! fail.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+#[path = "support/prometheus_api.rs"]
+mod prometheus_api;
 #[path = "support/serve.rs"]
 mod serve_support;
+use prometheus_api::{Killed, encode, free_port, http_get, query};
 use serve_support::serve;
 
 const RULES: &str = "assets/prometheus/gpudiag-rules.yml";
@@ -199,55 +201,6 @@ fn as_node(
         out.push('\n');
     }
     out
-}
-
-/// A child process killed on drop, so a failing test leaves nothing running.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    let mut c = TcpStream::connect(addr).ok()?;
-    c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    c.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut out = String::new();
-    c.read_to_string(&mut out).ok()?;
-    let (head, body) = out.split_once("\r\n\r\n")?;
-    head.contains(" 200 ").then(|| body.to_owned())
-}
-
-/// Percent-encodes a query parameter.
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-fn query(prom: &str, q: &str) -> Vec<Value> {
-    let Some(body) = http_get(prom, &format!("/api/v1/query?query={}", encode(q))) else {
-        return Vec::new();
-    };
-    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-    v["data"]["result"].as_array().cloned().unwrap_or_default()
 }
 
 /// The result of an instant query that must be valid PromQL (an empty result is an answer).

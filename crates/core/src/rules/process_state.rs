@@ -211,6 +211,8 @@ pub(crate) struct SeenProcess {
     pub(crate) launch: Option<gpudiag_model::job::Launch>,
     /// The key that ties it to its job's other ranks on any node, as last read.
     pub(crate) cluster: Option<gpudiag_model::job::JobId>,
+    /// Its owners as last read, to tell when the key needs reading again.
+    pub(crate) attribution: Option<gpudiag_model::attribution::Attribution>,
     pub(crate) first_seen_ms: TimeMs,
     pub(crate) last_seen_ms: TimeMs,
 }
@@ -226,18 +228,27 @@ impl ProcessLaunch {
                     name: None,
                     launch: None,
                     cluster: None,
+                    attribution: None,
                     first_seen_ms: s.time_ms,
                     last_seen_ms: s.time_ms,
                 });
-            entry.name.clone_from(&p.name);
+            // Samples repeat the slow-cadence process list on every tick: only a list that
+            // says something new is copied and keyed again.
+            if entry.name != p.name {
+                entry.name.clone_from(&p.name);
+            }
             // A later read that could not look keeps what an earlier one saw.
-            if p.launch.is_some() {
+            let new_launch = p.launch.is_some() && entry.launch != p.launch;
+            if new_launch {
                 entry.launch.clone_from(&p.launch);
             }
-            let cluster =
-                gpudiag_model::job::cluster_key(p.attribution.as_ref(), entry.launch.as_ref());
-            if cluster.is_some() {
-                entry.cluster = cluster;
+            if new_launch || entry.attribution != p.attribution {
+                entry.attribution.clone_from(&p.attribution);
+                let cluster =
+                    gpudiag_model::job::cluster_key(p.attribution.as_ref(), entry.launch.as_ref());
+                if cluster.is_some() {
+                    entry.cluster = cluster;
+                }
             }
             entry.first_seen_ms = entry.first_seen_ms.min(s.time_ms);
             entry.last_seen_ms = entry.last_seen_ms.max(s.time_ms);
