@@ -73,6 +73,25 @@ Exit codes:
   3  could not run: no NVIDIA driver or NVML, no GPU, NVML initialisation hung, or the
      address cannot be listened on";
 
+pub const FLEET_EXIT_CODES_HELP: &str = "\
+Examples:
+  gpudiag fleet --prometheus http://prometheus:9090
+  gpudiag fleet --prometheus http://prometheus:9090 --selector '{slurm_job=\"4242\"}'
+  gpudiag fleet --prometheus https://mimir/prometheus --header 'X-Scope-OrgID: gpu' \\
+                --bearer-token-file /run/secrets/token --ca-file ca.pem
+  gpudiag fleet --prometheus http://prometheus:9090 --json --fail-on warn
+
+Keys: / filters, g groups by node or by job, Enter opens a node or a job, Esc goes back,
+a lists the firing alerts, q quits.
+
+Exit codes:
+  0  the terminal UI closed; with --json: no finding or alert at or above --fail-on
+  1  with --json: a finding or firing alert at or above --fail-on (default: fail)
+  2  usage error: a bad flag, selector or time, or a file named by a flag that cannot be read
+  3  could not run: Prometheus cannot be reached, times out, refuses the queries or answers
+     something else than its API, or holds no GPU series under the selector; --json still
+     prints a document saying why";
+
 /// `replay` has no --fail-on: without a terminal its summary fails only on a `fail` finding.
 pub const REPLAY_EXIT_CODES_HELP: &str = "\
 Keys: space pauses, <- and -> seek 10 s (with Shift 60 s), + and - change the speed, ? lists
@@ -147,6 +166,10 @@ pub enum Command {
     /// the GPUs back and how that changed over the run. Exits with the command's own code.
     #[command(after_help = RUN_EXIT_CODES_HELP)]
     Run(RunArgs),
+    /// The fleet in one terminal: every node's GPUs, verdicts, jobs and alerts read from the
+    /// Prometheus that scrapes `gpudiag serve` (or dcgm-exporter); --json prints it once.
+    #[command(after_help = FLEET_EXIT_CODES_HELP)]
+    Fleet(FleetArgs),
     // The probe list comes from the probe registry, so help cannot fall behind a new probe.
     #[command(about = probe_about(), after_help = PROBE_EXIT_CODES_HELP)]
     Probe(ProbeArgs),
@@ -583,6 +606,111 @@ pub struct ServeArgs {
     pub interval: Duration,
     #[command(flatten)]
     pub source: SourceArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct FleetArgs {
+    /// The Prometheus (or Mimir, Thanos, Cortex) base URL: http(s)://HOST:PORT[/PATH], the
+    /// part before /api/v1. user:password@ in it is basic auth.
+    #[arg(long, value_name = "URL", env = "GPUDIAG_PROMETHEUS_URL")]
+    pub prometheus: String,
+    /// Label matchers every GPU series must meet, e.g. '{cluster="a"}'; matchers on job labels
+    /// (slurm_job, job_key, joined_by, rank) pick GPUs through gpudiag_gpu_job_info.
+    #[arg(long, value_name = "'{LABEL=\"VALUE\",…}'", default_value = "{}")]
+    pub selector: String,
+    /// The label naming a node; series without it are named by their instance's host.
+    #[arg(long, value_name = "LABEL", default_value = "Hostname")]
+    pub node_label: String,
+    /// Time between refreshes of the terminal UI (1s or more).
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_fleet_interval)]
+    pub interval: Duration,
+    /// Evaluate at this instant instead of now: RFC 3339 (2026-11-26T10:00:00Z) or Unix
+    /// seconds. Alerts are only known for now.
+    #[arg(long, value_name = "TIME", value_parser = parse_instant)]
+    pub at: Option<i64>,
+    /// Print the fleet once as JSON (assets/schema/fleet-report.schema.json) and exit.
+    #[arg(long)]
+    pub json: bool,
+    /// With --json: exit 1 when a finding or firing alert at or above this severity is present.
+    #[arg(long, value_enum, default_value = "fail")]
+    pub fail_on: FailOn,
+    /// The deadline of each request to Prometheus, connection included.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_query_timeout)]
+    pub query_timeout: Duration,
+    /// Basic auth user; the password comes from --basic-auth-password-file or
+    /// GPUDIAG_PROMETHEUS_PASSWORD.
+    #[arg(long, value_name = "USER", help_heading = ACCESS_HEADING)]
+    pub basic_auth_user: Option<String>,
+    /// A file holding the basic auth password (its first line).
+    #[arg(long, value_name = "PATH", requires = "basic_auth_user", help_heading = ACCESS_HEADING)]
+    pub basic_auth_password_file: Option<PathBuf>,
+    /// A file holding a bearer token (sent as Authorization: Bearer).
+    #[arg(long, value_name = "PATH", conflicts_with = "basic_auth_user", help_heading = ACCESS_HEADING)]
+    pub bearer_token_file: Option<PathBuf>,
+    /// PEM certificates to trust for https (instead of the bundled public roots).
+    #[arg(long, value_name = "PATH", help_heading = ACCESS_HEADING)]
+    pub ca_file: Option<PathBuf>,
+    /// A PEM client certificate (chain) for mutual TLS; needs --client-key.
+    #[arg(long, value_name = "PATH", requires = "client_key", help_heading = ACCESS_HEADING)]
+    pub client_cert: Option<PathBuf>,
+    /// The PEM private key of --client-cert.
+    #[arg(long, value_name = "PATH", requires = "client_cert", help_heading = ACCESS_HEADING)]
+    pub client_key: Option<PathBuf>,
+    /// An extra request header, 'NAME: VALUE' (repeatable), e.g. 'X-Scope-OrgID: tenant-a'.
+    #[arg(long = "header", value_name = "'NAME: VALUE'", value_parser = parse_header, help_heading = ACCESS_HEADING)]
+    pub headers: Vec<(String, String)>,
+}
+
+const ACCESS_HEADING: &str = "Access to Prometheus";
+
+fn parse_fleet_interval(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 15s, 1m)"))?;
+    if d < Duration::from_secs(1) {
+        return Err("the fleet refreshes at most once a second: give 1s or more".to_owned());
+    }
+    Ok(d)
+}
+
+fn parse_query_timeout(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 10s)"))?;
+    if d < Duration::from_millis(100) || d > Duration::from_secs(600) {
+        return Err("give a timeout from 100ms to 10m".to_owned());
+    }
+    Ok(d)
+}
+
+/// An instant as ms since the epoch: RFC 3339 or Unix seconds (with a fraction).
+pub fn parse_instant(s: &str) -> Result<i64, String> {
+    let text = s.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        if secs.is_finite() && (0.0..1e11).contains(&secs) {
+            return Ok((secs * 1000.0).round() as i64);
+        }
+        return Err(format!("{text}: not a Unix time in seconds"));
+    }
+    let t = humantime::parse_rfc3339_weak(text).map_err(|e| {
+        format!("{text}: {e} (write RFC 3339, 2026-11-26T10:00:00Z, or Unix seconds)")
+    })?;
+    let ms = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|_| format!("{text}: before 1970"))?
+        .as_millis();
+    i64::try_from(ms).map_err(|_| format!("{text}: too far in the future"))
+}
+
+fn parse_header(s: &str) -> Result<(String, String), String> {
+    let Some((name, value)) = s.split_once(':') else {
+        return Err(format!("{s:?}: write a header as 'NAME: VALUE'"));
+    };
+    let name = name.trim();
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!("{name:?}: not a header name"));
+    }
+    let value = value.trim();
+    if value.bytes().any(|b| b.is_ascii_control() && b != b'\t') {
+        return Err(format!("the value of {name} holds control characters"));
+    }
+    Ok((name.to_owned(), value.to_owned()))
 }
 
 #[derive(Debug, Clone, Args)]

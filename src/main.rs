@@ -139,6 +139,7 @@ fn run(cli: Cli) -> Result<i32, Error> {
         }
         Some(Command::Replay(ref args)) => replay(args, cli.interval, &config()?),
         Some(Command::Run(ref args)) => commands::run(args, &config()?),
+        Some(Command::Fleet(ref args)) => fleet(args),
         // Neither reads the config: a broken one must not stop a shell from installing these.
         Some(Command::Completions(ref args)) => {
             commands::print(&commands::completions(args.shell))?;
@@ -150,6 +151,16 @@ fn run(cli: Cli) -> Result<i32, Error> {
         }
         None => default_view(cli.demo, cli.interval, &config()?),
     }
+}
+
+/// `gpudiag fleet`: the terminal UI on a terminal; otherwise (or with --json) one read.
+fn fleet(args: &gpudiag::cli::FleetArgs) -> Result<i32, Error> {
+    if args.json || !std::io::stdout().is_terminal() {
+        return commands::fleet::fleet_once(args);
+    }
+    let request = args.request()?;
+    let client = args.client()?;
+    tui::fleet::run(client, request, args.interval)
 }
 
 /// A flag Ctrl-C (or SIGTERM) sets, so long captures and servers end cleanly.

@@ -4,6 +4,7 @@
 
 mod check;
 mod completions;
+pub mod fleet;
 mod man;
 mod probe;
 mod record;

@@ -8,6 +8,7 @@
 
 pub mod app;
 pub mod event;
+pub mod fleet;
 pub mod format;
 pub mod messages;
 pub mod panels;

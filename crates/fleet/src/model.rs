@@ -1,0 +1,421 @@
+//! What one look at the fleet holds: its nodes and their GPUs, the jobs spread over them, the
+//! firing alerts, and what the looking cost. `gpudiag fleet --json` prints it as it is, and the
+//! terminal UI draws it; both get it from [`crate::read::read_fleet`].
+//!
+//! Every figure is an `Option`: a GPU seen only through dcgm-exporter has no verdict, a GPU
+//! without profiling counters no SM activity, and neither is ever written as 0.
+
+use std::collections::BTreeMap;
+
+use gpudiag_core::check::Status;
+use gpudiag_model::finding::Severity;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The version of the fleet report; bumped when a field is removed or changes meaning.
+pub const FLEET_SCHEMA_VERSION: u32 = 1;
+
+/// The fleet at one instant, as Prometheus knows it.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct Fleet {
+    pub schema_version: u32,
+    pub tool: Tool,
+    /// The Prometheus read, without credentials.
+    pub prometheus: String,
+    /// The selector every device series was read with (`{}` for all).
+    pub selector: String,
+    /// The label that names a node (falling back to `instance` where a series lacks it).
+    pub node_label: String,
+    /// The instant the queries were evaluated at, ms since the Unix epoch.
+    pub evaluated_at_ms: i64,
+    /// The same instant in RFC 3339 (UTC).
+    pub evaluated_at: String,
+    /// `healthy`, `warn` or `fail` from the worst finding or alert; `not_judged` when no GPU has
+    /// gpudiag's own series (dcgm-exporter only); `could_not_run` when Prometheus could not be
+    /// read or holds no GPU series under the selector.
+    pub status: Status,
+    /// Why the fleet could not be read; null when it was.
+    pub could_not_run: Option<String>,
+    pub counts: Counts,
+    /// Nodes, worst first.
+    pub nodes: Vec<Node>,
+    /// Jobs of two or more GPUs, worst first.
+    pub jobs: Vec<Job>,
+    /// Whether the shipped rules (assets/prometheus/gpudiag-rules.yml) are loaded: they judge a
+    /// job across nodes.
+    pub rules: RulesState,
+    /// Firing alerts that name no node of the fleet (the others sit under their node or GPU).
+    pub unplaced_alerts: Vec<Alert>,
+    /// Every finding and alert of the fleet at or above info, worst first: what `status` and
+    /// the exit code are computed from.
+    pub findings: Vec<FleetFinding>,
+    /// Reads that failed without sinking the whole look (the alerts API, the rules API): what
+    /// is missing and why.
+    pub degraded: Vec<String>,
+    pub queries: QueryCost,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct Tool {
+    pub name: String,
+    pub version: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct Counts {
+    pub nodes: u32,
+    /// Nodes with no scrape target up.
+    pub nodes_down: u32,
+    pub gpus: u32,
+    /// GPUs with a gpudiag verdict.
+    pub gpus_judged: u32,
+    /// GPUs seen only through dcgm-exporter.
+    pub gpus_dcgm_exporter_only: u32,
+    pub alerts_firing: u32,
+}
+
+/// What reading the fleet cost, so its load on Prometheus can be judged.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct QueryCost {
+    /// HTTP requests made.
+    pub count: u32,
+    /// Their summed wall time.
+    pub seconds: f64,
+    /// Bytes of the answers as received (compressed when Prometheus compressed them).
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeState {
+    /// Every scrape target of the node is up.
+    Up,
+    /// Some targets are up, some down.
+    Partial,
+    /// No target is up: its figures are gone (Prometheus marks them stale).
+    Down,
+}
+
+/// Which exporter a figure or a GPU was seen through.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Exporter {
+    Gpudiag,
+    DcgmExporter,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct Node {
+    pub name: String,
+    pub state: NodeState,
+    pub targets: Vec<Target>,
+    /// The exporters its GPUs were seen through.
+    pub exporters: Vec<Exporter>,
+    /// GPUs by index.
+    pub gpus: Vec<Gpu>,
+    /// Findings without a GPU (the node's own, e.g. a kernel-log XID with no device).
+    pub findings: Vec<FindingRef>,
+    /// Firing alerts on the node that name no GPU of it.
+    pub alerts: Vec<Alert>,
+    /// The worst of its GPUs, findings, alerts and targets: what the fleet table sorts by.
+    pub worst: Rank,
+}
+
+/// One scrape target (`up`) of a node.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct Target {
+    pub instance: String,
+    /// Prometheus's scrape `job` label (not a compute job).
+    pub scrape_job: String,
+    pub up: bool,
+    pub exporter: Option<Exporter>,
+    /// Seconds from the last scrape to the evaluated instant; null when unknown.
+    pub last_scrape_age_s: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct Gpu {
+    /// The `gpu` label (the index on its node).
+    pub gpu: Option<String>,
+    #[serde(rename = "UUID")]
+    pub uuid: Option<String>,
+    pub model: Option<String>,
+    pub exporters: Vec<Exporter>,
+    pub util_pct: Option<f64>,
+    pub sm_active_pct: Option<f64>,
+    pub tensor_active_pct: Option<f64>,
+    pub memory_used_mib: Option<f64>,
+    pub memory_total_mib: Option<f64>,
+    pub power_w: Option<f64>,
+    pub temperature_c: Option<f64>,
+    pub verdict: GpuVerdict,
+    /// Active findings, worst first.
+    pub findings: Vec<FindingRef>,
+    /// The job(s) its processes belong to, from gpudiag's job info.
+    pub jobs: Vec<JobRef>,
+    /// The Kubernetes pod holding it, from the exporters' pod labels.
+    pub pod: Option<PodRef>,
+    /// Firing alerts naming this GPU.
+    pub alerts: Vec<Alert>,
+    /// Seconds since its freshest target was scraped.
+    pub last_scrape_age_s: Option<f64>,
+    pub rank: Rank,
+}
+
+/// The bottleneck verdict of a GPU, or why there is none.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum GpuVerdict {
+    Judged {
+        /// `compute_bound`, `memory_bound`, … as gpudiag names it (docs/verdicts.md).
+        bottleneck: String,
+        confidence: Option<String>,
+        basis: Option<String>,
+    },
+    /// gpudiag serves the GPU but has not judged it yet (too little data, no utilisation).
+    NotJudgedYet,
+    /// Only dcgm-exporter reports the GPU: gpudiag's verdicts, findings and processes are n/a.
+    DcgmExporterOnly,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord)]
+#[schemars(deny_unknown_fields)]
+pub struct FindingRef {
+    pub severity: Severity,
+    pub id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord)]
+#[schemars(deny_unknown_fields)]
+pub struct JobRef {
+    pub job_key: String,
+    /// What the key is: slurm_job, run_id, master_address or pod.
+    pub joined_by: String,
+    pub slurm_job: Option<String>,
+    pub pod: Option<String>,
+    pub namespace: Option<String>,
+    pub rank: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord)]
+#[schemars(deny_unknown_fields)]
+pub struct PodRef {
+    pub namespace: Option<String>,
+    pub pod: String,
+    pub container: Option<String>,
+}
+
+/// A firing (or pending) alert from Prometheus's `/api/v1/alerts`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct Alert {
+    pub name: String,
+    /// `firing` or `pending`.
+    pub state: String,
+    /// The alert's `severity` label read as gpudiag's; null when it has none gpudiag knows.
+    pub severity: Option<Severity>,
+    pub summary: Option<String>,
+    pub node: Option<String>,
+    pub gpu: Option<String>,
+    #[serde(rename = "UUID")]
+    pub uuid: Option<String>,
+    pub job_key: Option<String>,
+    /// The straggler alert's `pace` label: leads or lags.
+    pub pace: Option<String>,
+    /// RFC 3339, as Prometheus gives it.
+    pub active_since: Option<String>,
+}
+
+/// Whether the shipped rules are loaded in the Prometheus read.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum RulesState {
+    Loaded,
+    NotLoaded,
+    /// The rules API could not be read and no recorded series says either way.
+    Unknown {
+        reason: String,
+    },
+}
+
+impl RulesState {
+    pub fn loaded(&self) -> bool {
+        matches!(self, RulesState::Loaded)
+    }
+}
+
+/// A job of two or more GPUs, across nodes.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct Job {
+    pub job_key: String,
+    pub joined_by: String,
+    pub slurm_job: Option<String>,
+    pub namespace: Option<String>,
+    pub nodes: Vec<String>,
+    pub gpus: Vec<JobGpu>,
+    /// The judgement across all its GPUs, by the shipped rules; null when they are not loaded.
+    pub across_nodes: Option<JobJudgement>,
+    /// What each node's gpudiag said of the job's GPUs on that node.
+    pub per_node: Vec<NodeJobVerdict>,
+    pub rank: Rank,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct JobGpu {
+    pub node: String,
+    pub gpu: Option<String>,
+    #[serde(rename = "UUID")]
+    pub uuid: String,
+    pub rank: Option<String>,
+    /// The window averages the rules recorded (`gpudiag_job_gpu:*:avg`), in % .
+    pub sm_active_pct: Option<f64>,
+    pub util_pct: Option<f64>,
+    /// Named by a straggler alert, or by its node's own job verdict.
+    pub straggler: bool,
+}
+
+/// The shipped rules' judgement of a job.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct JobJudgement {
+    /// `straggler`, `communication_bound` or `balanced` (no alert firing on it).
+    pub pattern: String,
+    /// `firing`, or `pending` while the alert waits out its `for:`.
+    pub state: Option<String>,
+    pub straggler: Option<Straggler>,
+    /// The job's median SM activity over the rules' window (%).
+    pub sm_active_median_pct: Option<f64>,
+    /// Largest over smallest SM activity among its GPUs.
+    pub sm_active_spread: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct Straggler {
+    pub node: Option<String>,
+    pub gpu: Option<String>,
+    #[serde(rename = "UUID")]
+    pub uuid: Option<String>,
+    /// leads (busier than its peers) or lags (idle while they are busy).
+    pub pace: Option<String>,
+}
+
+/// One node's own verdict on its GPUs of a job (`gpudiag_job_verdict`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct NodeJobVerdict {
+    pub node: String,
+    /// straggler, communication_bound, imbalanced or balanced.
+    pub verdict: String,
+    pub confidence: Option<String>,
+    pub straggler_gpu: Option<String>,
+    #[serde(rename = "straggler_UUID")]
+    pub straggler_uuid: Option<String>,
+}
+
+/// One finding or alert of the fleet, placed.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct FleetFinding {
+    pub severity: Severity,
+    /// A gpudiag finding id (docs/findings.md), `alert:NAME` for a firing alert, or
+    /// `fleet.target_down` for a scrape target that is down.
+    pub id: String,
+    pub node: Option<String>,
+    pub gpu: Option<String>,
+    pub job_key: Option<String>,
+}
+
+/// How bad something is, for sorting worst first: larger is worse. The variants in order.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Rank {
+    /// Nothing to judge by (no verdict yet, dcgm-exporter only and quiet).
+    #[default]
+    Unknown,
+    /// Idle, nothing held.
+    Idle,
+    /// Working well (compute- or memory-bound) or balanced.
+    Good,
+    /// A verdict that says it is held back, or an info finding.
+    Held,
+    /// A warn finding or alert.
+    Warn,
+    /// A fail finding or alert.
+    Fail,
+    /// Its node is down: nothing is known now.
+    Down,
+}
+
+impl Fleet {
+    /// Every node's GPUs with their node, in table order.
+    pub fn gpus(&self) -> impl Iterator<Item = (&Node, &Gpu)> {
+        self.nodes
+            .iter()
+            .flat_map(|n| n.gpus.iter().map(move |g| (n, g)))
+    }
+
+    /// The node a name belongs to.
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// The worst severity among the findings, if any.
+    pub fn worst_severity(&self) -> Option<Severity> {
+        self.findings.iter().map(|f| f.severity).max()
+    }
+
+    /// Whether a finding at or above `fail_on` is present (exit code 1).
+    pub fn fails(&self, fail_on: Severity) -> bool {
+        self.worst_severity().is_some_and(|s| s >= fail_on)
+    }
+}
+
+/// A node's charts and processes, read when its view opens.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct NodeDetail {
+    pub node: String,
+    /// From, to and step of the range queries, in ms and s.
+    pub start_ms: i64,
+    pub end_ms: i64,
+    pub step_s: f64,
+    /// Per GPU (by UUID, else `gpu` label), per chart (`util_pct`, `sm_active_pct`, `power_w`,
+    /// `memory_used_mib`, `temperature_c`): points (ms, value) in time order.
+    pub charts: BTreeMap<String, BTreeMap<String, Vec<(i64, f64)>>>,
+    pub processes: Vec<Process>,
+    /// Why processes are not shown (dcgm-exporter only, none running); null when they are.
+    pub processes_absent: Option<String>,
+    pub degraded: Vec<String>,
+    pub queries: QueryCost,
+}
+
+/// One GPU process, from gpudiag's per-process series.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct Process {
+    pub gpu: Option<String>,
+    #[serde(rename = "UUID")]
+    pub uuid: Option<String>,
+    pub pid: String,
+    pub name: Option<String>,
+    pub user: Option<String>,
+    pub slurm_job: Option<String>,
+    pub pod: Option<String>,
+    pub memory_used_bytes: Option<f64>,
+    pub sm_util_pct: Option<f64>,
+    pub verdict: Option<String>,
+}
