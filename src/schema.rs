@@ -22,6 +22,15 @@ pub const CHECK_REPORT_FILE: &str = "check-report.schema.json";
 pub const RECORDING_FILE: &str = "recording.schema.json";
 pub const CHROME_TRACE_FILE: &str = "chrome-trace.schema.json";
 pub const RUN_REPORT_FILE: &str = "run-report.schema.json";
+pub const FLEET_REPORT_FILE: &str = "fleet-report.schema.json";
+
+const FLEET_REPORT_ID: &str = "urn:gpudiag:schema:fleet-report:1";
+const FLEET_REPORT_TITLE: &str = "gpudiag fleet report";
+const FLEET_REPORT_DESCRIPTION: &str = "The JSON document `gpudiag fleet --json` prints: one \
+    look at the nodes, GPUs, jobs and alerts a Prometheus holds (read from `gpudiag serve` and \
+    dcgm-exporter series and the shipped rules), schema_version 1. Absent values are null, never \
+    0; a GPU seen only through dcgm-exporter has the verdict state `dcgm_exporter_only`. \
+    Generated from gpudiag's types (src/schema.rs): change those, not this file.";
 
 const RUN_REPORT_ID: &str = "urn:gpudiag:schema:run-report:1";
 const RUN_REPORT_TITLE: &str = "gpudiag run report";
@@ -56,13 +65,25 @@ const CHROME_TRACE_DESCRIPTION: &str = "A Chrome trace written by `gpudiag trace
     types (src/schema.rs): change those, not this file.";
 
 /// Every schema as its file name in `assets/schema/` and its text.
-pub fn all() -> [(&'static str, String); 4] {
+pub fn all() -> [(&'static str, String); 5] {
     [
         (CHECK_REPORT_FILE, check_report()),
         (RECORDING_FILE, recording()),
         (CHROME_TRACE_FILE, chrome_trace()),
         (RUN_REPORT_FILE, run_report()),
+        (FLEET_REPORT_FILE, fleet_report()),
     ]
+}
+
+/// `fleet-report.schema.json`: what `gpudiag fleet --json` prints.
+pub fn fleet_report() -> String {
+    let schema = generator().root_schema_for::<gpudiag_fleet::model::Fleet>();
+    finish(
+        schema.to_value(),
+        FLEET_REPORT_ID,
+        FLEET_REPORT_TITLE,
+        FLEET_REPORT_DESCRIPTION,
+    )
 }
 
 /// `run-report.schema.json`: what `gpudiag run --json` prints and `--report-file FILE` writes.

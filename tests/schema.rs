@@ -1224,3 +1224,31 @@ fn recording_line_drift_is_caught() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The fleet report
+
+#[test]
+fn fleet_reports_validate_and_read_back_into_the_type() {
+    let v = validator("fleet-report.schema.json");
+    let text = std::fs::read_to_string(root().join("tests/fixtures/fleet/three-nodes.json")).unwrap();
+    let read: Value = serde_json::from_str(&text).unwrap();
+    assert_valid(&v, &read, "tests/fixtures/fleet/three-nodes.json");
+    let typed: gpudiag_fleet::model::Fleet = serde_json::from_value(read.clone()).unwrap();
+    assert_eq!(serde_json::to_value(&typed).unwrap(), read);
+
+    // What `fleet --json` prints when Prometheus cannot be reached.
+    let out = gpudiag()
+        .args(["fleet", "--json", "--prometheus", "http://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_valid(&v, &doc, "fleet --json against a closed port");
+    assert_eq!(doc["status"], "could_not_run");
+
+    let bad = mutated(&read, |r| {
+        set(r, "/nodes/1/gpus/0", "util_pct", json!("high"));
+    });
+    assert_rejected(&v, &bad, "/nodes/1/gpus/0/util_pct", "");
+}
