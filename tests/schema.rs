@@ -1231,7 +1231,8 @@ fn recording_line_drift_is_caught() {
 #[test]
 fn fleet_reports_validate_and_read_back_into_the_type() {
     let v = validator("fleet-report.schema.json");
-    let text = std::fs::read_to_string(root().join("tests/fixtures/fleet/three-nodes.json")).unwrap();
+    let text =
+        std::fs::read_to_string(root().join("tests/fixtures/fleet/three-nodes.json")).unwrap();
     let read: Value = serde_json::from_str(&text).unwrap();
     assert_valid(&v, &read, "tests/fixtures/fleet/three-nodes.json");
     let typed: gpudiag_fleet::model::Fleet = serde_json::from_value(read.clone()).unwrap();

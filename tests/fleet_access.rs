@@ -1,0 +1,438 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! `gpudiag fleet` reaching Prometheus: what it sends (basic auth, a bearer token, a tenant
+//! header), and what it does when the other end is down, silent, refuses or answers garbage:
+//! one line on stderr and exit code 3, with `--json` still printing a document that says why;
+//! never a hang. Then a real Prometheus behind TLS with client certificates and basic auth.
+
+#[path = "support/fake_http.rs"]
+mod fake_http;
+#[path = "support/prometheus_api.rs"]
+mod prometheus_api;
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use fake_http::{Answer, response};
+use prometheus_api::{Killed, free_port};
+use serde_json::Value;
+
+fn fleet(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpudiag"))
+        .arg("fleet")
+        .args(args)
+        .env_remove("GPUDIAG_PROMETHEUS_URL")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `fleet --json` against `url`: the exit code, the document and stderr.
+fn fleet_json(url: &str, extra: &[&str]) -> (i32, Value, String) {
+    let mut args = vec!["--json", "--prometheus", url];
+    if !extra.contains(&"--query-timeout") {
+        args.extend(["--query-timeout", "2s"]);
+    }
+    args.extend_from_slice(extra);
+    let out = fleet(&args);
+    let doc: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
+    (out.status.code().unwrap_or(-1), doc, stderr(&out))
+}
+
+fn assert_one_clear_line(err: &str, needle: &str) {
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "one line on stderr: {err:?}");
+    assert!(lines[0].contains(needle), "{needle:?} in {err:?}");
+    assert!(!err.contains('\x1b'), "no terminal escapes: {err:?}");
+}
+
+/// An empty but valid answer: the fleet has no GPU series.
+const EMPTY_VECTOR: &str = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+
+#[test]
+fn a_prometheus_that_cannot_be_read_is_one_line_and_exit_code_3() {
+    let closed = format!("http://127.0.0.1:{}", free_port());
+    let garbage = fake_http::start(|_| response("200 OK", "text/plain", "hello, world"));
+    let proxy = fake_http::start(|_| {
+        response(
+            "502 Bad Gateway",
+            "text/html",
+            "<html><body>\x1b[31mBad gateway</body></html>",
+        )
+    });
+    let not_http = fake_http::start(|_| Answer::Bytes(b"SSH-2.0-OpenSSH_9.2\r\n".to_vec()));
+    let wrong_shape = fake_http::start(|_| {
+        response(
+            "200 OK",
+            "application/json",
+            r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#,
+        )
+    });
+    let bad_query = fake_http::start(|_| {
+        response(
+            "400 Bad Request",
+            "application/json",
+            r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#,
+        )
+    });
+    let cases: [(&str, String, &str); 6] = [
+        ("down", closed, "cannot reach Prometheus"),
+        (
+            "garbage",
+            format!("http://{}", garbage.addr),
+            "not the Prometheus API",
+        ),
+        (
+            "a proxy's error page",
+            format!("http://{}", proxy.addr),
+            "HTTP 502",
+        ),
+        (
+            "not HTTP",
+            format!("http://{}", not_http.addr),
+            "Prometheus",
+        ),
+        (
+            "a matrix for an instant query",
+            format!("http://{}", wrong_shape.addr),
+            "a matrix result",
+        ),
+        (
+            "a refused query",
+            format!("http://{}", bad_query.addr),
+            "bad_data: parse error",
+        ),
+    ];
+    for (what, url, needle) in cases {
+        let (code, doc, err) = fleet_json(&url, &[]);
+        assert_eq!(code, 3, "{what}: {err}");
+        assert_eq!(doc["status"], "could_not_run", "{what}");
+        let why = doc["could_not_run"].as_str().unwrap();
+        assert!(why.contains(needle), "{what}: {why}");
+        assert!(
+            !why.contains('\x1b') && !why.contains('\n'),
+            "{what}: {why:?}"
+        );
+        assert_one_clear_line(&err, needle);
+        // Without --json (a pipe): the same line, the same code.
+        let out = fleet(&["--prometheus", &url, "--query-timeout", "2s"]);
+        assert_eq!(out.status.code(), Some(3), "{what}");
+        assert!(stderr(&out).contains(needle), "{what}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn a_silent_prometheus_times_out_within_the_query_timeout() {
+    let silent = fake_http::start(|_| Answer::Silence(Duration::from_secs(30)));
+    let started = Instant::now();
+    let (code, doc, err) = fleet_json(
+        &format!("http://{}", silent.addr),
+        &["--query-timeout", "1s"],
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(code, 3);
+    assert!(
+        doc["could_not_run"]
+            .as_str()
+            .unwrap()
+            .contains("did not answer within 1 s"),
+        "{doc}"
+    );
+    assert_one_clear_line(&err, "--query-timeout");
+}
+
+#[test]
+fn credentials_and_tenant_headers_are_sent_and_never_shown() {
+    let server = fake_http::start(|_| response("200 OK", "application/json", EMPTY_VECTOR));
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret-token\n").unwrap();
+    let url = format!("http://{}/prefix/", server.addr);
+    let (code, doc, _) = fleet_json(
+        &url,
+        &[
+            "--bearer-token-file",
+            token.to_str().unwrap(),
+            "--header",
+            "X-Scope-OrgID: tenant-a",
+        ],
+    );
+    // Nothing under the selector: could not run, but everything was asked properly.
+    assert_eq!(code, 3);
+    assert!(
+        doc["could_not_run"]
+            .as_str()
+            .unwrap()
+            .contains("holds no GPU series"),
+        "{doc}"
+    );
+    let requests = server.requests.lock().unwrap().clone();
+    assert!(!requests.is_empty());
+    for r in &requests {
+        assert!(r.starts_with("GET /prefix/api/v1/"), "{r}");
+        let lower = r.to_ascii_lowercase();
+        assert!(
+            lower.contains("\r\nauthorization: bearer s3cret-token\r\n"),
+            "{r}"
+        );
+        assert!(lower.contains("\r\nx-scope-orgid: tenant-a\r\n"), "{r}");
+    }
+
+    // user:password in the URL is basic auth, and the URL is shown without it.
+    let url = format!("http://al%40ce:pa%3Ass@{}", server.addr);
+    let (_, doc, err) = fleet_json(&url, &[]);
+    assert!(
+        !doc.to_string().contains("pa:ss") && !doc.to_string().contains("pa%3Ass"),
+        "{doc}"
+    );
+    assert!(!err.contains("pa%3Ass"), "{err}");
+    let last = server.requests.lock().unwrap().last().cloned().unwrap();
+    // base64("al@ce:pa:ss")
+    assert!(
+        last.to_ascii_lowercase().contains("authorization: basic ")
+            && last.contains("YWxAY2U6cGE6c3M="),
+        "{last}"
+    );
+}
+
+#[test]
+fn bad_access_flags_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_pem = dir.path().join("ca.pem");
+    std::fs::write(&not_pem, "not a certificate").unwrap();
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "").unwrap();
+    let cases: [(Vec<&str>, &str); 6] = [
+        (vec!["--prometheus", "prom:9090"], "http:// or https://"),
+        (
+            vec![
+                "--prometheus",
+                "http://x",
+                "--ca-file",
+                not_pem.to_str().unwrap(),
+            ],
+            "--ca-file",
+        ),
+        (
+            vec![
+                "--prometheus",
+                "http://x",
+                "--bearer-token-file",
+                empty.to_str().unwrap(),
+            ],
+            "empty",
+        ),
+        (
+            vec![
+                "--prometheus",
+                "http://x",
+                "--bearer-token-file",
+                "/nonexistent/token",
+            ],
+            "--bearer-token-file",
+        ),
+        (
+            vec!["--prometheus", "http://x", "--selector", "{a=b}"],
+            "bad selector",
+        ),
+        (
+            vec!["--prometheus", "http://x", "--header", "no colon"],
+            "NAME: VALUE",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = fleet(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+    }
+    for bad in [
+        vec!["--prometheus", "http://x", "--at", "yesterday"],
+        vec!["--prometheus", "http://x", "--interval", "10ms"],
+        vec![
+            "--prometheus",
+            "http://x",
+            "--basic-auth-password-file",
+            "p",
+        ],
+    ] {
+        assert_eq!(fleet(&bad).status.code(), Some(2), "{bad:?}");
+    }
+}
+
+/// `prometheus` on PATH, or `None` after saying the test is skipped (CI requires it).
+fn prometheus_binary() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("prometheus"))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var("GPUDIAG_REQUIRE_PROMTOOL").as_deref() != Ok("1"),
+            "prometheus is not installed and GPUDIAG_REQUIRE_PROMTOOL=1"
+        );
+        eprintln!("SKIPPED: prometheus is not installed here (apt-get install prometheus)");
+    }
+    found
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files.
+fn pki(dir: &std::path::Path) -> [PathBuf; 5] {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "fleet test CA");
+    ca.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let leaf = |names: Vec<String>, usage| {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(names).unwrap();
+        p.extended_key_usages = vec![usage];
+        (p.signed_by(&key, &issuer).unwrap(), key)
+    };
+    let (server, server_key) = leaf(
+        vec!["localhost".into(), "127.0.0.1".into()],
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let (client, client_key) = leaf(
+        vec!["gpudiag".into()],
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    let files = [
+        ("ca.pem", ca_cert.pem()),
+        ("server.pem", server.pem()),
+        ("server.key", server_key.serialize_pem()),
+        ("client.pem", client.pem()),
+        ("client.key", client_key.serialize_pem()),
+    ];
+    files.map(|(name, text)| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    })
+}
+
+/// A real Prometheus that wants TLS, a client certificate signed by its CA, and a password:
+/// without any of them the fleet cannot read it; with all of them it reads it (an empty one:
+/// no targets, so "holds no GPU series").
+#[test]
+fn a_real_prometheus_behind_tls_client_certificates_and_basic_auth() {
+    let Some(prometheus) = prometheus_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let [ca, server, server_key, client, client_key] = pki(dir.path());
+    let hash = bcrypt::hash("fleet-pass", 4).unwrap();
+    let web = dir.path().join("web.yml");
+    std::fs::write(
+        &web,
+        format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {}\nbasic_auth_users:\n  admin: {hash}\n",
+            server.display(),
+            server_key.display(),
+            ca.display()
+        ),
+    )
+    .unwrap();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(&config, "global:\n  scrape_interval: 15s\n").unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _prometheus = Killed(
+        Command::new(prometheus)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg(format!("--web.config.file={}", web.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let password = dir.path().join("password");
+    std::fs::write(&password, "fleet-pass\n").unwrap();
+    let url = format!("https://{addr}");
+    let (ca, client, client_key, password) = (
+        ca.to_str().unwrap(),
+        client.to_str().unwrap(),
+        client_key.to_str().unwrap(),
+        password.to_str().unwrap(),
+    );
+    let all = [
+        "--ca-file",
+        ca,
+        "--client-cert",
+        client,
+        "--client-key",
+        client_key,
+        "--basic-auth-user",
+        "admin",
+        "--basic-auth-password-file",
+        password,
+    ];
+    // Prometheus takes a moment to listen.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (code, doc, _) = loop {
+        let got = fleet_json(&url, &all);
+        let why = got.1["could_not_run"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if why.contains("holds no GPU series") || Instant::now() > deadline {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(code, 3);
+    assert!(
+        doc["could_not_run"]
+            .as_str()
+            .unwrap()
+            .contains("holds no GPU series"),
+        "with every credential the fleet is read: {doc}"
+    );
+    // Without the CA: the bundled public roots do not know it.
+    let (code, doc, _) = fleet_json(&url, &all[2..]);
+    assert_eq!(code, 3);
+    assert!(
+        doc["could_not_run"]
+            .as_str()
+            .unwrap()
+            .contains("cannot reach"),
+        "{doc}"
+    );
+    // Without the client certificate: the handshake is refused.
+    let mut no_cert = all[..2].to_vec();
+    no_cert.extend_from_slice(&all[6..]);
+    let (_, doc, _) = fleet_json(&url, &no_cert);
+    assert!(
+        doc["could_not_run"]
+            .as_str()
+            .unwrap()
+            .contains("cannot reach"),
+        "{doc}"
+    );
+    // Without the password: 401, with a hint.
+    let (_, doc, _) = fleet_json(&url, &all[..6]);
+    let why = doc["could_not_run"].as_str().unwrap();
+    assert!(
+        why.contains("HTTP 401") && why.contains("--basic-auth-user"),
+        "{why}"
+    );
+}
