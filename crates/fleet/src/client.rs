@@ -159,7 +159,8 @@ struct Envelope<T> {
 struct QueryData {
     #[serde(rename = "resultType")]
     result_type: String,
-    result: serde_json::Value,
+    /// Parsed once its type is known: a large answer is not built as a generic tree first.
+    result: Box<serde_json::value::RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -337,7 +338,7 @@ impl Client {
             return Err(self.garbage(query, format!("a {} result", data.result_type)));
         }
         let items: Vec<VectorItem> =
-            serde_json::from_value(data.result).map_err(|e| self.garbage(query, e.to_string()))?;
+            serde_json::from_str(data.result.get()).map_err(|e| self.garbage(query, e.to_string()))?;
         Ok(items
             .into_iter()
             .filter_map(|i| {
@@ -368,7 +369,7 @@ impl Client {
             return Err(self.garbage(query, format!("a {} result", data.result_type)));
         }
         let items: Vec<MatrixItem> =
-            serde_json::from_value(data.result).map_err(|e| self.garbage(query, e.to_string()))?;
+            serde_json::from_str(data.result.get()).map_err(|e| self.garbage(query, e.to_string()))?;
         Ok(items
             .into_iter()
             .map(|i| RangeSeries {

@@ -776,6 +776,16 @@ fn jobs(
     job_alerts: &[Alert],
     rule_series: &[Series],
 ) -> Vec<Job> {
+    // The rules' per-GPU averages by (series, UUID, job): looked up once per GPU of a job.
+    let per_gpu: std::collections::HashMap<(&str, &str, &str), f64> = rule_series
+        .iter()
+        .filter_map(|s| {
+            Some((
+                (s.label("__name__")?, s.label("UUID")?, s.label("job_key")?),
+                s.value,
+            ))
+        })
+        .collect();
     let mut jobs: BTreeMap<(String, String), Job> = BTreeMap::new();
     for (node, gpu) in fleet.gpus() {
         let refs: Vec<JobRef> = if gpu.jobs.is_empty() {
@@ -816,14 +826,9 @@ fn jobs(
                 job.nodes.push(node.name.clone());
             }
             let rule = |name: &str| {
-                rule_series
-                    .iter()
-                    .find(|s| {
-                        s.label("__name__") == Some(name)
-                            && s.label("UUID") == Some(uuid.as_str())
-                            && s.label("job_key") == Some(r.job_key.as_str())
-                    })
-                    .map(|s| s.value)
+                per_gpu
+                    .get(&(name, uuid.as_str(), r.job_key.as_str()))
+                    .copied()
             };
             job.gpus.push(JobGpu {
                 node: node.name.clone(),
