@@ -9,46 +9,21 @@
 //! tests say so and return, unless `GPUDIAG_REQUIRE_PROMTOOL=1` (set by `.ci/run`), where they
 //! fail.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
+#[path = "support/cluster.rs"]
+mod cluster;
 #[path = "support/prometheus_api.rs"]
 mod prometheus_api;
 #[path = "support/serve.rs"]
 mod serve_support;
+use cluster::{RULES, as_node, read_recording, root, shortened_rules, tool, wait_until};
 use prometheus_api::{Killed, encode, free_port, http_get, query};
 use serve_support::serve;
-
-const RULES: &str = "assets/prometheus/gpudiag-rules.yml";
-
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The tool's path, or `None` after saying why the test is skipped; panics instead when CI
-/// requires the tool.
-fn tool(name: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var("GPUDIAG_REQUIRE_PROMTOOL").as_deref() != Ok("1"),
-            "{name} is not installed and GPUDIAG_REQUIRE_PROMTOOL=1 (apt-get install prometheus)"
-        );
-        eprintln!(
-            "SKIPPED: {name} is not installed here (apt-get install prometheus; .ci/run installs \
-             it in CI)"
-        );
-    }
-    found
-}
 
 fn promtool(args: &[&str]) -> Option<String> {
     let promtool = tool("promtool")?;
@@ -120,89 +95,6 @@ fn the_rules_use_the_single_host_job_rule_defaults() {
     }
 }
 
-/// The shipped rules with every window and hold shortened for a test that lasts seconds: the
-/// file writes them `[5m]`, `for: 5m` and `for: 1m` for exactly this substitution.
-fn shortened_rules() -> String {
-    let shipped = std::fs::read_to_string(root().join(RULES)).unwrap();
-    for written in ["[5m]", "for: 5m", "for: 1m"] {
-        assert!(
-            shipped.contains(written),
-            "the rules no longer write {written}"
-        );
-    }
-    let short = shipped
-        .replace("[5m]", "[10s]")
-        .replace("for: 5m", "for: 4s")
-        .replace("for: 1m", "for: 4s");
-    // Nothing is left that would keep the test waiting minutes.
-    for line in short.lines().filter(|l| !l.trim_start().starts_with('#')) {
-        assert!(
-            !(line.contains("m]") || line.trim_start().starts_with("for:") && line.ends_with('m')),
-            "a window the test does not shorten: {line}"
-        );
-    }
-    short
-}
-
-/// Reads a recording, plain or gzip.
-fn read_recording(path: &Path) -> String {
-    let bytes = std::fs::read(path).unwrap();
-    if bytes.starts_with(&[0x1f, 0x8b]) {
-        let mut text = String::new();
-        flate2::read::GzDecoder::new(bytes.as_slice())
-            .read_to_string(&mut text)
-            .unwrap();
-        text
-    } else {
-        String::from_utf8(bytes).unwrap()
-    }
-}
-
-/// A copy of a recording as another node of the same job would record it: its own host name
-/// and GPU UUIDs, the job's Slurm id, and global ranks after those of the nodes before it.
-/// `scale_sm` multiplies one GPU's SM activity (a rank given more work than its peers).
-fn as_node(
-    recording: &str,
-    host: &str,
-    node: u32,
-    slurm_job: &str,
-    scale_sm: Option<(u64, f64)>,
-) -> String {
-    let mut out = String::new();
-    for line in recording.lines().filter(|l| !l.trim().is_empty()) {
-        let mut v: Value = serde_json::from_str(line).unwrap();
-        match v["kind"].as_str() {
-            Some("header") => {
-                v["host"]["hostname"] = host.into();
-                for d in v["devices"].as_array_mut().unwrap() {
-                    let index = d["index"].as_u64().unwrap();
-                    d["uuid"] = format!("GPU-{host}-{index}").into();
-                }
-            }
-            Some("sample") => {
-                let device = v["device"].as_u64().unwrap();
-                if let Some((gpu, by)) = scale_sm
-                    && gpu == device
-                    && let Some(sm) = v["sm_active_pct"].as_f64()
-                {
-                    v["sm_active_pct"] = (sm * by).min(100.0).into();
-                }
-                for p in v["processes"].as_array_mut().into_iter().flatten() {
-                    p["attribution"]["job"]["id"] = slurm_job.into();
-                    let local = p["launch"]["local_rank"].as_u64().unwrap();
-                    p["launch"]["rank"] = (u64::from(node) * 2 + local).into();
-                    p["launch"]["world_size"] = 6.into();
-                    p["launch"]["master_addr"] = "node-a".into();
-                }
-            }
-            _ => {}
-        }
-        out.push_str(&serde_json::to_string(&v).unwrap());
-        out.push('\n');
-    }
-    out
-}
-
 /// The result of an instant query that must be valid PromQL (an empty result is an answer).
 fn query_ok(prom: &str, q: &str) -> Vec<Value> {
     let body = http_get(prom, &format!("/api/v1/query?query={}", encode(q)))
@@ -219,18 +111,6 @@ fn alerts(prom: &str) -> Vec<Value> {
     };
     let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
     v["data"]["alerts"].as_array().cloned().unwrap_or_default()
-}
-
-/// Polls `f` every half second until it returns something or `within` passes.
-fn wait_until<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(t) = f() {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "gave up waiting for {what}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
 }
 
 /// Three nodes of Slurm job 77001, two GPUs each; node-c's GPU 0 does twice its peers' SM work.

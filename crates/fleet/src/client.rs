@@ -337,8 +337,8 @@ impl Client {
         if data.result_type != "vector" {
             return Err(self.garbage(query, format!("a {} result", data.result_type)));
         }
-        let items: Vec<VectorItem> =
-            serde_json::from_str(data.result.get()).map_err(|e| self.garbage(query, e.to_string()))?;
+        let items: Vec<VectorItem> = serde_json::from_str(data.result.get())
+            .map_err(|e| self.garbage(query, e.to_string()))?;
         Ok(items
             .into_iter()
             .filter_map(|i| {
@@ -368,8 +368,8 @@ impl Client {
         if data.result_type != "matrix" {
             return Err(self.garbage(query, format!("a {} result", data.result_type)));
         }
-        let items: Vec<MatrixItem> =
-            serde_json::from_str(data.result.get()).map_err(|e| self.garbage(query, e.to_string()))?;
+        let items: Vec<MatrixItem> = serde_json::from_str(data.result.get())
+            .map_err(|e| self.garbage(query, e.to_string()))?;
         Ok(items
             .into_iter()
             .map(|i| RangeSeries {
