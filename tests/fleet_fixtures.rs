@@ -1,0 +1,195 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The dcgm-exporter exposition the fleet tests serve beside `gpudiag serve`
+//! (`tests/fixtures/prometheus/dcgm-exporter.prom`): it parses as the text format, and a real
+//! Prometheus scraping it keeps its four GPUs and their labels.
+//!
+//! Needs `promtool` and `prometheus` (Debian's `prometheus` package); where they are missing the
+//! tests say so and return, unless `GPUDIAG_REQUIRE_PROMTOOL=1` (set by `.ci/run`), where they
+//! fail.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+#[path = "support/prometheus_api.rs"]
+mod prometheus_api;
+#[path = "support/static_http.rs"]
+mod static_http;
+use prometheus_api::{Killed, free_port, query};
+use static_http::serve_text;
+
+const FIXTURE: &str = "tests/fixtures/prometheus/dcgm-exporter.prom";
+const HOSTNAME: &str = "gpu-a100-07";
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The tool's path, or `None` after saying why the test is skipped; panics instead when CI
+/// requires the tool.
+fn tool(name: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var("GPUDIAG_REQUIRE_PROMTOOL").as_deref() != Ok("1"),
+            "{name} is not installed and GPUDIAG_REQUIRE_PROMTOOL=1 (apt-get install prometheus)"
+        );
+        eprintln!(
+            "SKIPPED: {name} is not installed here (apt-get install prometheus; .ci/run installs \
+             it in CI)"
+        );
+    }
+    found
+}
+
+fn fixture() -> String {
+    std::fs::read_to_string(root().join(FIXTURE)).unwrap()
+}
+
+/// dcgm-exporter's names break Prometheus's naming conventions (upper case, counters without
+/// `_total`, `modelName`), so `promtool check metrics` reports lint problems (exit 3) on the real
+/// thing too; what must hold is that it parses (a parse error exits 1).
+#[test]
+fn the_dcgm_exporter_fixture_parses_as_the_text_format() {
+    let Some(promtool) = tool("promtool") else {
+        return;
+    };
+    let mut child = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(fixture().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        matches!(out.status.code(), Some(0 | 3)) && !said.contains("error while linting"),
+        "promtool check metrics {FIXTURE}: {:?}\n{said}",
+        out.status
+    );
+}
+
+/// Every family of the fixture has its HELP and TYPE lines and one sample per GPU, each GPU with
+/// the same labels throughout. Needs no promtool.
+#[test]
+fn the_dcgm_exporter_fixture_has_four_gpus_in_every_family() {
+    let text = fixture();
+    let mut families = 0;
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix("# TYPE ") {
+            families += 1;
+            let name = name.split(' ').next().unwrap();
+            let samples: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with(&format!("{name}{{")))
+                .collect();
+            assert_eq!(samples.len(), 4, "{name}");
+            for (gpu, s) in samples.iter().enumerate() {
+                assert!(
+                    s.contains(&format!("gpu=\"{gpu}\",UUID=\"GPU-"))
+                        && s.contains(&format!("device=\"nvidia{gpu}\""))
+                        && s.contains(&format!("Hostname=\"{HOSTNAME}\"")),
+                    "{s}"
+                );
+                assert_eq!(s.contains("pod=\""), gpu < 2, "{s}");
+            }
+            assert!(
+                text.contains(&format!("# HELP {name} ")),
+                "{name} has no HELP"
+            );
+        }
+    }
+    assert_eq!(families, 27);
+}
+
+/// A real Prometheus scrapes the fixture from a loopback server and keeps its four GPUs with
+/// their host name, and the pod mapping on the two GPUs a pod holds. Takes a few seconds.
+#[test]
+fn a_real_prometheus_scrapes_the_dcgm_exporter_fixture() {
+    let Some(prometheus) = tool("prometheus") else {
+        return;
+    };
+    let exporter = serve_text(fixture());
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n\
+             scrape_configs:\n  - job_name: dcgm-exporter\n    scrape_timeout: 1s\n    \
+             static_configs:\n      - targets: ['{}']\n",
+            exporter.addr
+        ),
+    )
+    .unwrap();
+    let prom = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(prometheus)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address={prom}"))
+        .arg("--log.level=warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _prometheus = Killed(child);
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let util: Vec<Value> = loop {
+        let r = query(&prom, "DCGM_FI_DEV_GPU_UTIL");
+        if r.len() == 4 {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus has {} GPU_UTIL series after 20 s",
+            r.len()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let mut gpus: Vec<&str> = util
+        .iter()
+        .map(|s| s["metric"]["gpu"].as_str().unwrap())
+        .collect();
+    gpus.sort_unstable();
+    assert_eq!(gpus, ["0", "1", "2", "3"]);
+    for s in &util {
+        let m = &s["metric"];
+        assert_eq!(m["Hostname"], HOSTNAME, "{m}");
+        assert_eq!(m["job"], "dcgm-exporter", "{m}");
+        assert_eq!(m["instance"], exporter.addr.as_str(), "{m}");
+        assert_eq!(m["modelName"], "NVIDIA A100-SXM4-80GB", "{m}");
+        let in_pod = m["gpu"] == "0" || m["gpu"] == "1";
+        assert_eq!(m["pod"].is_string(), in_pod, "{m}");
+    }
+    let busy = query(&prom, "DCGM_FI_DEV_GPU_UTIL > 50");
+    assert_eq!(busy.len(), 2, "{busy:?}");
+    assert!(
+        busy.iter()
+            .all(|s| s["metric"]["pod"] == "llama-ft-worker-0")
+    );
+    let up = query(&prom, "up{job=\"dcgm-exporter\"}");
+    assert_eq!(up.len(), 1);
+    assert_eq!(up[0]["value"][1], "1");
+}
