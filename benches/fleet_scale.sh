@@ -216,35 +216,41 @@ t0=$(now)
 tmux -L "$tmux_sock" respawn-pane -k -t fleet \
   "exec '$bin' fleet --prometheus '$url' --at '$end' --interval 15s 2>'$work/tui.err'"
 ui_pid=$(tmux -L "$tmux_sock" list-panes -t fleet -F '#{pane_pid}')
+# Whether gpudiag still runs: tmux marks the pane dead when it exits, and may leave it a zombie
+# for a while, which kill -0 would count as running.
+alive() {
+  [[ $(tmux -L "$tmux_sock" display-message -p -t fleet '#{pane_dead}' 2>/dev/null) == 0 ]] &&
+    [[ $(awk '{ print $3 }' "/proc/$ui_pid/stat" 2>/dev/null) != Z ]]
+}
 shown=""
 while [[ $(since "$t0" | cut -d. -f1) -lt 30 ]]; do
   if tmux -L "$tmux_sock" capture-pane -p -t fleet 2>/dev/null | grep -qF "$want"; then
     shown=$(since "$t0")
     break
   fi
-  kill -0 "$ui_pid" 2>/dev/null || break
+  alive || break
   sleep 0.05
 done
 tmux -L "$tmux_sock" capture-pane -p -t fleet >"$work/tui-first.txt" 2>/dev/null || true
 if [[ -z $shown ]]; then
-  kill -0 "$ui_pid" 2>/dev/null && shown="not shown within 30 s" || shown="gpudiag exited first"
+  alive && shown="not shown within 30 s" || shown="gpudiag exited first"
 else
   shown="$shown s"
 fi
 row "TUI: launch to \"$want\"" "$shown"
-if kill -0 "$ui_pid" 2>/dev/null; then
+if alive; then
   u0=$(cpu_s "$ui_pid")
   uc0=$(cpu_s "$prom_pid")
   s0=$(now)
   peak_rss=0
   end_at=$(($(date +%s) + sample_s))
-  while [[ $(date +%s) -lt $end_at ]] && kill -0 "$ui_pid" 2>/dev/null; do
+  while [[ $(date +%s) -lt $end_at ]] && alive; do
     rss=$(kib "$ui_pid" VmRSS || true)
     rss=${rss:-0}
     ((rss > peak_rss)) && peak_rss=$rss
     sleep 1
   done
-  if kill -0 "$ui_pid" 2>/dev/null; then
+  if alive; then
     hwm=$(kib "$ui_pid" VmHWM)
     span=$(since "$s0")
     ui_cpu=$(delta "$u0" "$(cpu_s "$ui_pid")")
