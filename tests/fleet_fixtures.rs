@@ -3,51 +3,36 @@
 //! (`tests/fixtures/prometheus/dcgm-exporter.prom`): it parses as the text format, and a real
 //! Prometheus scraping it keeps its four GPUs and their labels.
 //!
+//! The fixture is dcgm-exporter 3.x/4.x's exposition for one node of four A100-SXM4-80GB: the
+//! families of its default counters file (`etc/default-counters.csv`) plus the DCP profiling
+//! fields, with their HELP and TYPE lines, the exporter's label order (`gpu`, `UUID`,
+//! `pci_bus_id`, `device`, `modelName`, `Hostname`, `DCGM_FI_DRIVER_VERSION`, then the pod
+//! mapping's `container`, `namespace`, `pod` on the two GPUs a pod holds) and its value formats
+//! (`%d` for integer fields, `%f` for floating-point ones). `DCGM_FI_DEV_XID_ERRORS` carries
+//! 4.x's `err_code` and `err_msg`. UUIDs and figures are made up.
+//!
 //! Needs `promtool` and `prometheus` (Debian's `prometheus` package); where they are missing the
 //! tests say so and return, unless `GPUDIAG_REQUIRE_PROMTOOL=1` (set by `.ci/run`), where they
 //! fail.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+#[path = "support/cluster.rs"]
+mod cluster;
+#[path = "support/fake_http.rs"]
+mod fake_http;
 #[path = "support/prometheus_api.rs"]
 mod prometheus_api;
-#[path = "support/static_http.rs"]
-mod static_http;
+use cluster::{root, tool};
+use fake_http::serve_text;
 use prometheus_api::{Killed, free_port, query};
-use static_http::serve_text;
 
 const FIXTURE: &str = "tests/fixtures/prometheus/dcgm-exporter.prom";
 const HOSTNAME: &str = "gpu-a100-07";
-
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The tool's path, or `None` after saying why the test is skipped; panics instead when CI
-/// requires the tool.
-fn tool(name: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var("GPUDIAG_REQUIRE_PROMTOOL").as_deref() != Ok("1"),
-            "{name} is not installed and GPUDIAG_REQUIRE_PROMTOOL=1 (apt-get install prometheus)"
-        );
-        eprintln!(
-            "SKIPPED: {name} is not installed here (apt-get install prometheus; .ci/run installs \
-             it in CI)"
-        );
-    }
-    found
-}
 
 fn fixture() -> String {
     std::fs::read_to_string(root().join(FIXTURE)).unwrap()

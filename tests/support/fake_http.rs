@@ -46,6 +46,12 @@ pub fn response(status: &str, content_type: &str, body: &str) -> Answer {
     )
 }
 
+/// Serves `body` as a Prometheus text exposition to every request: an exporter the tests
+/// cannot run (dcgm-exporter needs DCGM and a GPU).
+pub fn serve_text(body: String) -> FakeHttp {
+    start(move |_| response("200 OK", "text/plain; version=0.0.4", &body))
+}
+
 /// Every request gets `answer(head)`.
 pub fn start(answer: impl Fn(&str) -> Answer + Send + 'static) -> FakeHttp {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
