@@ -290,7 +290,9 @@ impl<'a> Reader<'a> {
             let Some(node) = self.node_of(s) else {
                 continue;
             };
-            if let Some(i) = s.label("instance") {
+            if let Some(i) = s.label("instance")
+                && (chosen.is_none() || keep(s))
+            {
                 instance_node.entry(i.to_owned()).or_insert(node.clone());
             }
             let name = s.label("__name__").unwrap_or_default();
@@ -485,6 +487,7 @@ impl<'a> Reader<'a> {
             rule_series,
             &gpudiag_instances,
             self.at,
+            sel.device.is_empty() && sel.job.is_empty(),
         );
         Ok(())
     }
@@ -587,6 +590,7 @@ fn assemble(
     rule_series: Vec<Series>,
     gpudiag_instances: &BTreeSet<String>,
     at: i64,
+    everything: bool,
 ) {
     let mut nodes: BTreeMap<String, Node> = BTreeMap::new();
     let empty_node = |name: &str| Node {
@@ -630,7 +634,8 @@ fn assemble(
         .filter_map(|t| Some((t.instance.clone(), t.last_scrape_age_s?)))
         .collect();
 
-    // Alerts: placed on a GPU by UUID, else on a node, else kept aside when they are gpudiag's.
+    // Alerts: placed on a GPU by UUID, else on a node, else kept aside when they are gpudiag's
+    // and no selector narrows the fleet (they may be about what it leaves out).
     let uuids: BTreeSet<String> = drafts.values().filter_map(|d| d.uuid.clone()).collect();
     let mut gpu_alerts: BTreeMap<String, Vec<Alert>> = BTreeMap::new();
     let mut node_alerts: BTreeMap<String, Vec<Alert>> = BTreeMap::new();
@@ -653,7 +658,7 @@ fn assemble(
             gpu_alerts.entry(u.clone()).or_default().push(alert);
         } else if let Some(n) = alert.node.as_ref().filter(|n| node_names.contains(*n)) {
             node_alerts.entry(n.clone()).or_default().push(alert);
-        } else if ours {
+        } else if ours && everything {
             fleet.unplaced_alerts.push(alert);
         }
     }
@@ -787,7 +792,13 @@ fn jobs(
         })
         .collect();
     let mut jobs: BTreeMap<(String, String), Job> = BTreeMap::new();
+    // Jobs known from gpudiag's job info; the others are dcgm-exporter pods, which the rules
+    // (joined on that info) cannot judge.
+    let mut judged_by_rules: BTreeSet<(String, String)> = BTreeSet::new();
     for (node, gpu) in fleet.gpus() {
+        for r in &gpu.jobs {
+            judged_by_rules.insert((r.job_key.clone(), r.joined_by.clone()));
+        }
         let refs: Vec<JobRef> = if gpu.jobs.is_empty() {
             // A GPU seen only through dcgm-exporter's pod labels belongs to its pod.
             gpu.pod
@@ -887,7 +898,7 @@ fn jobs(
                 })
                 .map(|s| s.value)
         };
-        if loaded && job.gpus.len() >= 2 {
+        if loaded && job.gpus.len() >= 2 && judged_by_rules.contains(&(key.clone(), by.clone())) {
             let straggler = pick("GpuJobStraggler");
             let comm = pick("GpuJobCommunicationBound");
             let (pattern, state) = match (straggler, comm) {
