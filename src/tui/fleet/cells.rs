@@ -25,6 +25,19 @@ pub fn age(seconds: Option<f64>) -> String {
     }
 }
 
+/// Bytes received, in the unit that keeps the number short: "50 KiB", "3.2 MiB".
+pub fn size(bytes: u64) -> String {
+    const KIB: f64 = 1024.0;
+    let b = bytes as f64;
+    if b < KIB {
+        format!("{bytes} B")
+    } else if b < KIB * KIB {
+        format!("{:.0} KiB", b / KIB)
+    } else {
+        format!("{:.1} MiB", b / KIB / KIB)
+    }
+}
+
 /// Used over total memory in GiB ("62.6/79.6"); either part may be n/a.
 pub fn memory(used_mib: Option<f64>, total_mib: Option<f64>) -> String {
     let gib = |mib: f64| {
@@ -67,7 +80,21 @@ pub fn model(name: Option<&str>) -> String {
         .strip_prefix("NVIDIA ")
         .or_else(|| name.strip_prefix("Tesla "))
         .unwrap_or(name);
-    format::text(short)
+    // The memory type and form factor rarely tell two GPUs of a fleet apart, and the table's
+    // column is narrow: "H100 80GB HBM3" reads as "H100 80GB".
+    let kept: Vec<&str> = short
+        .split_whitespace()
+        .filter(|w| {
+            let w = w.to_ascii_uppercase();
+            !(w.starts_with("HBM") || w.starts_with("SXM") || w == "PCIE" || w == "NVL")
+        })
+        .collect();
+    let short = if kept.is_empty() {
+        short.to_owned()
+    } else {
+        kept.join(" ")
+    };
+    format::text(&short)
 }
 
 /// The verdict's words and how they are drawn: waste stands out, the n/a cases are dim.
@@ -175,6 +202,9 @@ mod tests {
         assert_eq!(age(Some(0.898)), "0.9s");
         assert_eq!(age(Some(125.0)), "2m");
         assert_eq!(age(None), "n/a");
-        assert_eq!(model(Some("NVIDIA H100 80GB HBM3")), "H100 80GB HBM3");
+        assert_eq!(model(Some("NVIDIA H100 80GB HBM3")), "H100 80GB");
+        assert_eq!(model(Some("NVIDIA A100-SXM4-80GB")), "A100-SXM4-80GB");
+        assert_eq!(model(Some("Tesla T4")), "T4");
+        assert_eq!(size(50945), "50 KiB");
     }
 }

@@ -38,10 +38,14 @@ fn first_line(state: &State, theme: &Theme) -> Line<'static> {
         Span::styled("gpudiag fleet", theme.title()),
         Span::raw(format!(" · {}", format::text(&state.prometheus))),
     ];
-    let Some(fleet) = state.fleet.as_ref().filter(|f| f.could_not_run.is_none()) else {
+    let Some(fleet) = &state.fleet else {
         spans.push(Span::styled(" · reading Prometheus…", theme.dim()));
         return Line::from(spans);
     };
+    if fleet.could_not_run.is_some() {
+        spans.push(Span::styled(" · no good read yet", theme.warn()));
+        return Line::from(spans);
+    }
     let c = &fleet.counts;
     let down = if c.nodes_down > 0 {
         format!(" ({} down)", c.nodes_down)
@@ -98,14 +102,27 @@ fn second_line(state: &State, theme: &Theme) -> Line<'static> {
         RulesState::NotLoaded => "rules not loaded".to_owned(),
         RulesState::Unknown { .. } => "rules unknown".to_owned(),
     };
+    // While reads fail the table is the last good one: its age says how stale.
+    let what = if fleet.could_not_run.is_some() {
+        "tried"
+    } else if state.error.is_some() {
+        "last good read"
+    } else {
+        "evaluated"
+    };
+    let rules = if fleet.could_not_run.is_some() {
+        "rules unknown"
+    } else {
+        &rules
+    };
     let mut text = format!(
-        "evaluated {} UTC, {} ago · {} quer{} in {:.2} s, {} · {rules} · every {}",
+        "{what} {} UTC, {} ago · {} quer{} in {:.2} s, {} · {rules} · every {}",
         crate::format::clock(fleet.evaluated_at_ms.max(0) as u64),
         cells::age(age),
         q.count,
         if q.count == 1 { "y" } else { "ies" },
         q.seconds,
-        format::bytes(Some(q.bytes)),
+        cells::size(q.bytes),
         humantime::format_duration(state.interval),
     );
     if let Some(since) = state.reading_since_ms {
@@ -120,16 +137,8 @@ fn second_line(state: &State, theme: &Theme) -> Line<'static> {
 
 fn third_line(state: &State, theme: &Theme) -> Line<'static> {
     if let Some(why) = &state.error {
-        let kept = match (&state.fleet, state.fleet_received_ms) {
-            (Some(f), Some(at)) if f.could_not_run.is_none() => format!(
-                " (showing the read of {} UTC, {} old)",
-                crate::format::clock(f.evaluated_at_ms.max(0) as u64),
-                cells::age(Some((state.now_ms - at) as f64 / 1000.0)),
-            ),
-            _ => String::new(),
-        };
         return Line::styled(
-            format!("⚠ {}{kept}", format::text(why)),
+            format!("⚠ {}", format::text(why)),
             theme.severity(Severity::Warn),
         );
     }

@@ -106,7 +106,11 @@ fn job_lines(fleet: &Fleet, job: &Job, width: usize, theme: &Theme) -> Vec<Line<
              (their window is still filling); each node's own verdict follows",
             theme.dim(),
         )),
-        (RulesState::NotLoaded, _) => lines.push(Line::styled(RULES_NOT_LOADED, theme.warn())),
+        (RulesState::NotLoaded, _) => lines.extend(
+            format::wrap(RULES_NOT_LOADED, width, "")
+                .into_iter()
+                .map(|l| Line::styled(l, theme.warn())),
+        ),
         (RulesState::Unknown { reason }, _) => lines.push(Line::styled(
             format!(
                 "cross-node verdict: unknown, the rules could not be read ({}); each node's \

@@ -150,9 +150,8 @@ fn gpu_lines(
             cells::celsius(gpu.temperature_c),
         )),
         Span::styled(verdict, verdict_style),
-        Span::raw(" · "),
+        Span::raw(format!(" · {} · ", cells::job_or_pod(gpu))),
         Span::styled(finding, finding_style),
-        Span::raw(format!(" · {}", cells::job_or_pod(gpu))),
     ]));
     if let Some(d) = detail {
         let key = gpu

@@ -15,7 +15,9 @@ use super::state::{Grouping, Row, State};
 use crate::tui::format::{self, NA};
 use crate::tui::theme::Theme;
 
-const NAME_WIDTH: usize = 18;
+const NAME_WIDTH: usize = 16;
+/// Under a job a GPU's line names its node too.
+const JOB_NAME_WIDTH: usize = 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Col {
@@ -54,13 +56,15 @@ impl Col {
     }
 
     /// Fixed width, or `None` for the columns that share what is left.
-    fn width(self) -> Option<usize> {
+    fn width(self, grouping: Grouping) -> Option<usize> {
         match self {
+            Col::Name if grouping == Grouping::Job => Some(JOB_NAME_WIDTH),
             Col::Name => Some(NAME_WIDTH),
             Col::Model => Some(12),
             Col::Util | Col::Sm | Col::Tensor | Col::Temp => Some(4),
             Col::Memory => Some(9),
-            Col::Power | Col::Age => Some(5),
+            Col::Power => Some(5),
+            Col::Age => Some(4),
             Col::Verdict | Col::Finding | Col::Job => None,
         }
     }
@@ -102,10 +106,14 @@ const DROP_ORDER: [Col; 6] = [
 const MIN_TEXT: [(Col, usize); 3] = [(Col::Verdict, 16), (Col::Finding, 12), (Col::Job, 10)];
 
 /// The columns that fit `width`, with their widths.
-fn layout(width: usize) -> Vec<(Col, usize)> {
-    let mut cols: Vec<Col> = ALL.to_vec();
+fn layout(width: usize, grouping: Grouping) -> Vec<(Col, usize)> {
+    // A job's GPUs are nearly always of one model; the room goes to the rank and straggler.
+    let mut cols: Vec<Col> = ALL
+        .into_iter()
+        .filter(|c| !(grouping == Grouping::Job && *c == Col::Model))
+        .collect();
     let fixed = |cols: &[Col]| -> usize {
-        cols.iter().filter_map(|c| c.width()).sum::<usize>() + cols.len().saturating_sub(1)
+        cols.iter().filter_map(|c| c.width(grouping)).sum::<usize>() + cols.len().saturating_sub(1)
     };
     let min_text: usize = MIN_TEXT.iter().map(|(_, w)| w).sum();
     for drop in DROP_ORDER {
@@ -117,7 +125,7 @@ fn layout(width: usize) -> Vec<(Col, usize)> {
     let spare = width.saturating_sub(fixed(&cols));
     // The verdict and finding matter most; the job gets the rest.
     let verdict = (spare * 2 / 5).max(1);
-    let finding = (spare * 3 / 10).max(1);
+    let finding = (spare / 3).max(1);
     let job = spare.saturating_sub(verdict + finding).max(1);
     cols.into_iter()
         .map(|c| {
@@ -125,7 +133,7 @@ fn layout(width: usize) -> Vec<(Col, usize)> {
                 Col::Verdict => verdict,
                 Col::Finding => finding,
                 Col::Job => job,
-                _ => c.width().unwrap_or(1),
+                _ => c.width(grouping).unwrap_or(1),
             };
             (c, w)
         })
@@ -139,11 +147,25 @@ fn plain(s: String) -> Cell {
     (s, Style::default())
 }
 
-fn join(cells: &[(Col, usize)], mut cell_of: impl FnMut(Col) -> Cell) -> Line<'static> {
+/// A line of cells in the columns' widths. With `one_verdict_cell` the verdict takes the
+/// finding's column too: a GPU seen only through dcgm-exporter has neither, and
+/// "n/a: dcgm-exporter only" says so whole where two cut cells would not.
+fn join(
+    cells: &[(Col, usize)],
+    one_verdict_cell: bool,
+    mut cell_of: impl FnMut(Col) -> Cell,
+) -> Line<'static> {
     let mut spans = Vec::with_capacity(cells.len() * 2);
-    for (i, &(col, width)) in cells.iter().enumerate() {
+    let mut iter = cells.iter().enumerate().peekable();
+    while let Some((i, &(col, mut width))) = iter.next() {
         if i > 0 {
             spans.push(Span::raw(" "));
+        }
+        if one_verdict_cell && col == Col::Verdict {
+            if let Some(&(_, &(Col::Finding, w))) = iter.peek() {
+                width += 1 + w;
+                iter.next();
+            }
         }
         let (text, style) = cell_of(col);
         let fitted = format::fit(&text, width);
@@ -165,17 +187,19 @@ pub fn render(f: &mut Frame, area: Rect, state: &State, theme: &Theme) {
     let Some(fleet) = &state.fleet else {
         return;
     };
-    let cols = layout(usize::from(area.width));
+    let cols = layout(usize::from(area.width), state.grouping);
     let mut lines = Vec::with_capacity(usize::from(area.height));
     lines.push(
-        join(&cols, |c| {
+        join(&cols, false, |c| {
             (c.title(state.grouping).to_owned(), theme.title())
         })
         .style(Style::default().add_modifier(Modifier::BOLD)),
     );
     let rows = state.rows();
     if rows.is_empty() {
-        let why = if fleet.nodes.is_empty() {
+        let why = if fleet.could_not_run.is_some() {
+            "nothing read yet: the line above says why; the next read is under way".to_owned()
+        } else if fleet.nodes.is_empty() {
             "no node to show".to_owned()
         } else {
             format!(
@@ -209,13 +233,20 @@ fn row_line(
         Row::Node { node } => {
             let node = &fleet.nodes[node];
             let open = state.expanded.contains(&node.name);
-            join(cols, |c| node_cell(node, c, open, theme))
+            let dcgm_only = !node.gpus.is_empty()
+                && node
+                    .gpus
+                    .iter()
+                    .all(|g| g.verdict == GpuVerdict::DcgmExporterOnly)
+                && node.alerts.is_empty();
+            join(cols, dcgm_only, |c| node_cell(node, c, open, theme))
         }
         Row::Gpu { node, gpu, job } => {
             let n = &fleet.nodes[node];
             let g = &n.gpus[gpu];
             let job = job.map(|j| &fleet.jobs[j]);
-            join(cols, |c| gpu_cell(n, g, job, c, theme))
+            let dcgm_only = g.verdict == GpuVerdict::DcgmExporterOnly && g.alerts.is_empty();
+            join(cols, dcgm_only, |c| gpu_cell(n, g, job, c, theme))
         }
         Row::Alert { node, gpu, alert } => {
             let n = &fleet.nodes[node];
@@ -240,7 +271,7 @@ fn row_line(
         Row::JobGpuOnly { job, index } => {
             let j = &fleet.jobs[job];
             let jg = &j.gpus[index];
-            join(cols, |c| job_gpu_only_cell(jg, c, theme))
+            join(cols, false, |c| job_gpu_only_cell(jg, c, theme))
         }
         Row::NoJob { gpus } => Line::styled(
             format!("▾ no job of two or more GPUs · {gpus} GPU{}", plural(gpus)),
@@ -318,10 +349,7 @@ fn node_cell(node: &Node, col: Col, open: bool, theme: &Theme) -> Cell {
                     theme.warn(),
                 )
             }
-            NodeState::Up => match gpus.iter().max_by_key(|g| g.rank) {
-                Some(g) => cells::verdict(&g.verdict, theme),
-                None => (NA.to_owned(), theme.dim()),
-            },
+            NodeState::Up => most_common_verdict(gpus, theme),
         },
         Col::Finding => {
             let worst = node
@@ -337,15 +365,15 @@ fn node_cell(node: &Node, col: Col, open: bool, theme: &Theme) -> Cell {
                 parts.push(format!("{downs} target{} down", plural(downs)));
                 style = theme.severity(Severity::Fail);
             }
+            if alerts > 0 {
+                parts.push(format!("⚠{alerts}"));
+                if !down {
+                    style = theme.warn();
+                }
+            }
             if let Some(f) = worst {
                 parts.push(format::text(&f.id));
                 style = theme.severity(f.severity);
-            }
-            if alerts > 0 {
-                parts.push(format!("⚠ {alerts} alert{}", plural(alerts)));
-                if worst.is_none() && !down {
-                    style = theme.warn();
-                }
             }
             if parts.is_empty() {
                 parts.push(
@@ -363,22 +391,16 @@ fn node_cell(node: &Node, col: Col, open: bool, theme: &Theme) -> Cell {
             (parts.join(" "), style)
         }
         Col::Job => {
-            let mut keys: Vec<&str> = gpus
+            let mut keys: Vec<String> = gpus
                 .iter()
-                .flat_map(|g| {
-                    g.jobs.iter().map(|j| j.job_key.as_str()).chain(
-                        g.pod
-                            .as_ref()
-                            .filter(|_| g.jobs.is_empty())
-                            .map(|p| p.pod.as_str()),
-                    )
-                })
+                .map(cells::job_or_pod)
+                .filter(|k| k != "-")
                 .collect();
             keys.sort_unstable();
             keys.dedup();
             plain(match keys.as_slice() {
                 [] => "-".to_owned(),
-                [one] => format::text(one),
+                [one] => one.clone(),
                 many => format!("{} jobs", many.len()),
             })
         }
@@ -396,6 +418,27 @@ fn node_cell(node: &Node, col: Col, open: bool, theme: &Theme) -> Cell {
     }
 }
 
+/// The verdict most of a node's GPUs share, with how many when they differ: a node of seven
+/// GPUs waiting for the eighth reads "waiting_for_peer 7/8", not the odd one out.
+fn most_common_verdict(gpus: &[Gpu], theme: &Theme) -> Cell {
+    let mut counts: Vec<(&GpuVerdict, usize)> = Vec::new();
+    for g in gpus {
+        match counts.iter_mut().find(|(v, _)| **v == g.verdict) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((&g.verdict, 1)),
+        }
+    }
+    let Some(&(verdict, n)) = counts.iter().max_by_key(|(_, n)| *n) else {
+        return (NA.to_owned(), theme.dim());
+    };
+    let (text, style) = cells::verdict(verdict, theme);
+    if n == gpus.len() {
+        (text, style)
+    } else {
+        (format!("{n}/{} {text}", gpus.len()), style)
+    }
+}
+
 fn gpu_cell(node: &Node, gpu: &Gpu, job: Option<&Job>, col: Col, theme: &Theme) -> Cell {
     match col {
         Col::Name => {
@@ -405,7 +448,7 @@ fn gpu_cell(node: &Node, gpu: &Gpu, job: Option<&Job>, col: Col, theme: &Theme) 
                 .map_or_else(|| NA.to_owned(), format::text);
             if job.is_some() {
                 // Under a job the node is what tells GPUs apart.
-                let room = NAME_WIDTH.saturating_sub(3 + format::width_of(&index));
+                let room = JOB_NAME_WIDTH.saturating_sub(3 + format::width_of(&index));
                 plain(format!("  {} {index}", format::fit(&node.name, room)))
             } else {
                 plain(format!("    GPU {index}"))
@@ -435,11 +478,9 @@ fn job_rank_cell(job: &Job, gpu: &Gpu, theme: &Theme) -> Cell {
         .iter()
         .find(|jg| gpu.uuid.as_deref() == Some(jg.uuid.as_str()));
     let rank = jg.and_then(|jg| jg.rank.as_deref()).unwrap_or(NA);
-    let mut text = format!("rank {}", format::text(rank));
+    let text = format::text(rank);
     if jg.is_some_and(|jg| jg.straggler) {
-        text.push_str(" ◀ ");
-        text.push_str(&straggler_words(job));
-        return (text, theme.warn());
+        return (format!("{text} ◀ straggler"), theme.warn());
     }
     plain(text)
 }
@@ -461,7 +502,7 @@ fn job_gpu_only_cell(jg: &JobGpu, col: Col, theme: &Theme) -> Cell {
     match col {
         Col::Name => {
             let index = jg.gpu.as_deref().unwrap_or(NA);
-            let room = NAME_WIDTH.saturating_sub(3 + format::width_of(index));
+            let room = JOB_NAME_WIDTH.saturating_sub(3 + format::width_of(index));
             plain(format!(
                 "  {} {}",
                 format::fit(&jg.node, room),
@@ -472,7 +513,7 @@ fn job_gpu_only_cell(jg: &JobGpu, col: Col, theme: &Theme) -> Cell {
         Col::Sm => plain(cells::pct(jg.sm_active_pct)),
         Col::Verdict => ("not in this read".to_owned(), theme.dim()),
         Col::Job => {
-            let rank = format!("rank {}", format::text(jg.rank.as_deref().unwrap_or(NA)));
+            let rank = format::text(jg.rank.as_deref().unwrap_or(NA));
             if jg.straggler {
                 (format!("{rank} ◀ straggler"), theme.warn())
             } else {
