@@ -85,9 +85,18 @@ fn first_line(state: &State, theme: &Theme) -> Line<'static> {
 
 fn second_line(state: &State, theme: &Theme) -> Line<'static> {
     let Some(fleet) = &state.fleet else {
+        let took = state
+            .reading_since_ms
+            .map(|since| {
+                format!(
+                    " for {}",
+                    cells::age(Some((state.now_ms - since) as f64 / 1000.0))
+                )
+            })
+            .unwrap_or_default();
         return Line::styled(
             format!(
-                "every {} · first read under way",
+                "every {} · first read under way{took}",
                 humantime::format_duration(state.interval)
             ),
             theme.dim(),

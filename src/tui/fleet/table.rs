@@ -161,11 +161,12 @@ fn join(
         if i > 0 {
             spans.push(Span::raw(" "));
         }
-        if one_verdict_cell && col == Col::Verdict {
-            if let Some(&(_, &(Col::Finding, w))) = iter.peek() {
-                width += 1 + w;
-                iter.next();
-            }
+        if one_verdict_cell
+            && col == Col::Verdict
+            && let Some(&(_, &(Col::Finding, w))) = iter.peek()
+        {
+            width += 1 + w;
+            iter.next();
         }
         let (text, style) = cell_of(col);
         let fitted = format::fit(&text, width);
