@@ -245,6 +245,8 @@ fn scenes() -> Vec<Scene> {
 
     let mut s = State::new("http://127.0.0.1:19090".into(), Duration::from_secs(5));
     s.on_report(Report::ReadStarted);
+    // A slow Prometheus: the first read has run for 12 s and the UI says so.
+    s.now_ms += 12_000;
     add("fleet-reading-120x24", 120, 24, s);
 
     let mut s = state_of(fixture());
