@@ -81,8 +81,9 @@ Examples:
                 --bearer-token-file /run/secrets/token --ca-file ca.pem
   gpudiag fleet --prometheus http://prometheus:9090 --json --fail-on warn
 
-Keys: / filters, g groups by node or by job, Enter opens a node or a job, Esc goes back,
-a lists the firing alerts, q quits.
+Keys: / filters, g groups by node or by job, -> shows a node's GPUs, Enter opens a node or a
+job (J the selected GPU's job), Esc goes back, a lists the firing alerts, ? lists the rest,
+q quits.
 
 Exit codes:
   0  the terminal UI closed; with --json: no finding or alert at or above --fail-on

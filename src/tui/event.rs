@@ -22,16 +22,27 @@ use gpudiag_telemetry::sampler::{Sampler, SamplerMsg, SamplerOptions};
 
 /// Reads terminal input on its own thread, so waiting for a key never blocks drawing.
 pub fn spawn_input(tx: Sender<AppEvent>) -> std::io::Result<()> {
+    spawn_input_into(move |read| {
+        tx.send(match read {
+            Ok(ev) => AppEvent::Input(ev),
+            Err(why) => AppEvent::InputClosed(why),
+        })
+        .is_ok()
+    })
+}
+
+/// Reads terminal input on its own thread into `sink`, which returns false once nobody
+/// listens; a read error is passed on once and ends the thread.
+pub fn spawn_input_into(
+    mut sink: impl FnMut(Result<InputEvent, String>) -> bool + Send + 'static,
+) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("gpudiag-input".into())
         .spawn(move || {
             loop {
-                let ev = match crossterm::event::read() {
-                    Ok(ev) => AppEvent::Input(ev),
-                    Err(e) => AppEvent::InputClosed(e.to_string()),
-                };
-                let closed = matches!(ev, AppEvent::InputClosed(_));
-                if tx.send(ev).is_err() || closed {
+                let read = crossterm::event::read().map_err(|e| e.to_string());
+                let closed = read.is_err();
+                if !sink(read) || closed {
                     return;
                 }
             }
