@@ -626,7 +626,7 @@ pub struct FleetArgs {
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_fleet_interval)]
     pub interval: Duration,
     /// Evaluate at this instant instead of now: RFC 3339 (2026-11-26T10:00:00Z) or Unix
-    /// seconds. Alerts are only known for now.
+    /// seconds. Alerts are only known for now [default: now].
     #[arg(long, value_name = "TIME", value_parser = parse_instant)]
     pub at: Option<i64>,
     /// Print the fleet once as JSON (assets/schema/fleet-report.schema.json) and exit.
@@ -639,25 +639,27 @@ pub struct FleetArgs {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_query_timeout)]
     pub query_timeout: Duration,
     /// Basic auth user; the password comes from --basic-auth-password-file or
-    /// GPUDIAG_PROMETHEUS_PASSWORD.
+    /// GPUDIAG_PROMETHEUS_PASSWORD [default: none].
     #[arg(long, value_name = "USER", help_heading = ACCESS_HEADING)]
     pub basic_auth_user: Option<String>,
-    /// A file holding the basic auth password (its first line).
+    /// A file holding the basic auth password (its first line) [default:
+    /// GPUDIAG_PROMETHEUS_PASSWORD].
     #[arg(long, value_name = "PATH", requires = "basic_auth_user", help_heading = ACCESS_HEADING)]
     pub basic_auth_password_file: Option<PathBuf>,
-    /// A file holding a bearer token (sent as Authorization: Bearer).
+    /// A file holding a bearer token (sent as Authorization: Bearer) [default: none].
     #[arg(long, value_name = "PATH", conflicts_with = "basic_auth_user", help_heading = ACCESS_HEADING)]
     pub bearer_token_file: Option<PathBuf>,
-    /// PEM certificates to trust for https (instead of the bundled public roots).
+    /// PEM certificates to trust for https [default: the bundled public roots (Mozilla's)].
     #[arg(long, value_name = "PATH", help_heading = ACCESS_HEADING)]
     pub ca_file: Option<PathBuf>,
-    /// A PEM client certificate (chain) for mutual TLS; needs --client-key.
+    /// A PEM client certificate (chain) for mutual TLS; needs --client-key [default: none].
     #[arg(long, value_name = "PATH", requires = "client_key", help_heading = ACCESS_HEADING)]
     pub client_cert: Option<PathBuf>,
-    /// The PEM private key of --client-cert.
+    /// The PEM private key of --client-cert [default: none].
     #[arg(long, value_name = "PATH", requires = "client_cert", help_heading = ACCESS_HEADING)]
     pub client_key: Option<PathBuf>,
-    /// An extra request header, 'NAME: VALUE' (repeatable), e.g. 'X-Scope-OrgID: tenant-a'.
+    /// An extra request header, 'NAME: VALUE' (repeatable), e.g. 'X-Scope-OrgID: tenant-a'
+    /// [default: none].
     #[arg(long = "header", value_name = "'NAME: VALUE'", value_parser = parse_header, help_heading = ACCESS_HEADING)]
     pub headers: Vec<(String, String)>,
 }

@@ -1108,7 +1108,8 @@ fn check_help_puts_the_flags_people_use_first() {
 
 /// Every option that takes a value shows its default, in clap's `[default: ...]` or in its
 /// text where the default is not a value (`--window`: the whole recording with --replay).
-/// The exceptions are the files a command reads or writes only when asked to.
+/// The exceptions are the files a command reads or writes only when asked to, and options that
+/// must be given.
 #[test]
 fn every_option_shows_its_default() {
     use clap::CommandFactory;
@@ -1129,7 +1130,11 @@ fn every_option_shows_its_default() {
         for arg in command.get_arguments() {
             let Some(long) = arg.get_long() else { continue };
             let takes_value = arg.get_num_args().is_some_and(|n| n.takes_values());
-            if !takes_value || arg.is_hide_set() || ONLY_WHEN_ASKED.contains(&long) {
+            if !takes_value
+                || arg.is_hide_set()
+                || arg.is_required_set()
+                || ONLY_WHEN_ASKED.contains(&long)
+            {
                 continue;
             }
             let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
