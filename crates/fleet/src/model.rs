@@ -89,6 +89,23 @@ pub struct QueryCost {
     pub bytes: u64,
 }
 
+impl QueryCost {
+    pub fn add(&mut self, other: &QueryCost) {
+        self.count += other.count;
+        self.seconds += other.seconds;
+        self.bytes += other.bytes;
+    }
+
+    /// What was spent since `earlier`, a copy of this counter taken before.
+    pub fn since(&self, earlier: &QueryCost) -> QueryCost {
+        QueryCost {
+            count: self.count - earlier.count,
+            seconds: self.seconds - earlier.seconds,
+            bytes: self.bytes - earlier.bytes,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NodeState {

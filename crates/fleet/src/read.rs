@@ -162,11 +162,7 @@ pub fn read_fleet(client: &mut Client, req: &ReadRequest) -> Fleet {
             fleet.status = Status::CouldNotRun;
         }
     }
-    fleet.queries = QueryCost {
-        count: client.cost.count - started.count,
-        seconds: client.cost.seconds - started.seconds,
-        bytes: client.cost.bytes - started.bytes,
-    };
+    fleet.queries = client.cost.since(&started);
     fleet
 }
 
@@ -235,8 +231,27 @@ impl<'a> Reader<'a> {
             Some(set) => s.label("UUID").is_some_and(|u| set.contains(u)),
         };
 
-        let gpudiag = self.instant(&sel.series("", &[names_matcher(&GPUDIAG_SERIES)]))?;
-        let device = self.instant(&sel.series("", &[names_matcher(&DEVICE_SERIES)]))?;
+        // The four core reads at once: the first look at a large fleet waits for the slowest.
+        // `up` is read for every target the selector allows and kept below for the scrape jobs
+        // that serve GPU series, so a node that went down (its series stale) still shows.
+        let ups_query = sel.series("up", &[]);
+        let mut core = self
+            .client
+            .instant_all(
+                &[
+                    sel.series("", &[names_matcher(&GPUDIAG_SERIES)]),
+                    sel.series("", &[names_matcher(&DEVICE_SERIES)]),
+                    ups_query.clone(),
+                    format!("timestamp({ups_query})"),
+                ],
+                Some(self.at),
+            )
+            .into_iter();
+        let mut next = || {
+            core.next()
+                .unwrap_or_else(|| Err(ApiError::Setup("a query went missing".to_owned())))
+        };
+        let (gpudiag, device, all_ups, all_stamps) = (next()?, next()?, next()?, next()?);
         let gpudiag_instances: BTreeSet<String> = gpudiag
             .iter()
             .filter(|s| s.label("__name__") == Some("gpudiag_info"))
@@ -357,16 +372,10 @@ impl<'a> Reader<'a> {
             .collect();
         let mut targets: Vec<(Series, Option<f64>)> = Vec::new();
         if !gpu_scrape_jobs.is_empty() {
-            let jobs = Matcher {
-                label: "job".to_owned(),
-                op: Op::Re,
-                value: exact_alternatives(gpu_scrape_jobs.iter().map(String::as_str)),
-            };
-            let ups = self.instant(&sel.series("up", std::slice::from_ref(&jobs)))?;
-            let stamps = self.instant(&format!(
-                "timestamp({})",
-                sel.series("up", std::slice::from_ref(&jobs))
-            ))?;
+            let of_gpu_job =
+                |s: &Series| s.label("job").is_some_and(|j| gpu_scrape_jobs.contains(j));
+            let ups: Vec<Series> = all_ups.into_iter().filter(|s| of_gpu_job(s)).collect();
+            let stamps: Vec<Series> = all_stamps.into_iter().filter(|s| of_gpu_job(s)).collect();
             let stamp_of = |s: &Series| {
                 stamps
                     .iter()
@@ -436,36 +445,59 @@ impl<'a> Reader<'a> {
             }
         }
 
-        // Alerts (now only: Prometheus keeps no history of them over its API).
-        let mut alerts: Vec<ApiAlert> = Vec::new();
-        if (self.at - now_ms()).abs() > 5 * 60 * 1000 {
-            fleet.degraded.push(
-                "alerts: Prometheus gives only the present ones, and --at is more than 5 minutes away"
-                    .to_owned(),
-            );
-        } else {
-            match self.client.alerts() {
-                Ok(a) => alerts = a,
-                Err(e) => fleet.degraded.push(format!("alerts: {e}")),
-            }
+        // Alerts (now only: Prometheus keeps no history of them over its API), the rules and
+        // the rules' job figures, asked at once.
+        let alerts_now = (self.at - now_ms()).abs() <= 5 * 60 * 1000;
+        let rule_query = format!("{{__name__=~{}}}", quote(&exact_alternatives(RULE_SERIES)));
+        let at = self.at;
+        let (mut for_alerts, mut for_rules, mut for_series) = (
+            self.client.clone(),
+            self.client.clone(),
+            self.client.clone(),
+        );
+        for c in [&mut for_alerts, &mut for_rules, &mut for_series] {
+            c.cost = QueryCost::default();
         }
-
-        // The shipped rules: loaded, and their job figures.
-        let rule_names = self.client.rule_names();
-        let mut rule_series: Vec<Series> = Vec::new();
+        let (alerts_read, rule_names, series_read) = std::thread::scope(|scope| {
+            let alerts = scope.spawn(|| alerts_now.then(|| for_alerts.alerts()));
+            let names = scope.spawn(|| for_rules.rule_names());
+            let series = scope.spawn(|| for_series.instant(&rule_query, Some(at)));
+            let failed = || ApiError::Setup("a query's thread failed".to_owned());
+            (
+                alerts.join().unwrap_or_else(|_| Some(Err(failed()))),
+                names.join().unwrap_or_else(|_| Err(failed())),
+                series.join().unwrap_or_else(|_| Err(failed())),
+            )
+        });
+        for c in [&for_alerts, &for_rules, &for_series] {
+            self.client.cost.add(&c.cost);
+        }
+        let alerts: Vec<ApiAlert> = match alerts_read {
+            None => {
+                fleet.degraded.push(
+                    "alerts: Prometheus gives only the present ones, and --at is more than 5 minutes away"
+                        .to_owned(),
+                );
+                Vec::new()
+            }
+            Some(Ok(a)) => a,
+            Some(Err(e)) => {
+                fleet.degraded.push(format!("alerts: {e}"));
+                Vec::new()
+            }
+        };
         let rules_listed = match &rule_names {
             Ok(names) => Some(names.iter().any(|n| n == RULES_MARKER)),
             Err(_) => None,
         };
-        if rules_listed != Some(false) {
-            match self.instant(&format!(
-                "{{__name__=~{}}}",
-                quote(&exact_alternatives(RULE_SERIES))
-            )) {
-                Ok(s) => rule_series = s,
-                Err(e) => fleet.degraded.push(format!("the rules' job figures: {e}")),
+        let rule_series: Vec<Series> = match series_read {
+            _ if rules_listed == Some(false) => Vec::new(),
+            Ok(s) => s,
+            Err(e) => {
+                fleet.degraded.push(format!("the rules' job figures: {e}"));
+                Vec::new()
             }
-        }
+        };
         fleet.rules = match (rules_listed, &rule_names) {
             (Some(true), _) => RulesState::Loaded,
             (Some(false), _) => RulesState::NotLoaded,
@@ -1174,11 +1206,7 @@ pub fn read_node(client: &mut Client, node: &Node, at_ms: i64, span: Duration) -
             Err(e) => detail.degraded.push(format!("processes: {e}")),
         }
     }
-    detail.queries = QueryCost {
-        count: client.cost.count - started.count,
-        seconds: client.cost.seconds - started.seconds,
-        bytes: client.cost.bytes - started.bytes,
-    };
+    detail.queries = client.cost.since(&started);
     detail
 }
 
