@@ -6,13 +6,16 @@
 //! (refused, timed out, a 4xx/5xx, an answer that is not Prometheus's JSON) is one
 //! [`ApiError`] whose text is the one line a user sees.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
+use serde::de::{
+    DeserializeOwned, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor,
+};
 
 use crate::model::QueryCost;
 
@@ -145,6 +148,8 @@ pub struct Client {
     headers: Vec<(String, String)>,
     timeout: Duration,
     max_answer_bytes: u64,
+    /// The labels instant queries keep; all when `None`.
+    keep_labels: Option<Arc<BTreeSet<String>>>,
     pub cost: QueryCost,
 }
 
@@ -165,11 +170,111 @@ struct QueryData {
     result: Box<serde_json::value::RawValue>,
 }
 
-#[derive(Deserialize)]
-struct VectorItem {
-    #[serde(default)]
-    metric: BTreeMap<String, String>,
-    value: (f64, String),
+/// An instant vector, parsed keeping only the labels `keep` names (all when `None`): on a large
+/// fleet the labels nobody reads (`pci_bus_id`, `device`, the driver version, …) are most of the
+/// answer's allocations.
+struct VectorSeed<'k>(Option<&'k BTreeSet<String>>);
+
+impl<'de> DeserializeSeed<'de> for VectorSeed<'_> {
+    type Value = Vec<Series>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for VectorSeed<'_> {
+    type Value = Vec<Series>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of series")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+        while let Some(item) = seq.next_element_seed(ItemSeed(self.0))? {
+            out.extend(item);
+        }
+        Ok(out)
+    }
+}
+
+/// One `{"metric": {…}, "value": [t, "v"]}`; a NaN value makes no series.
+struct ItemSeed<'k>(Option<&'k BTreeSet<String>>);
+
+impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
+    type Value = Option<Series>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ItemSeed<'_> {
+    type Value = Option<Series>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a series with its metric and value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut labels = BTreeMap::new();
+        let mut value: Option<(f64, String)> = None;
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            match key.0.as_ref() {
+                "metric" => labels = map.next_value_seed(LabelsSeed(self.0))?,
+                "value" => value = Some(map.next_value()?),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        let (_, v) = value.ok_or_else(|| serde::de::Error::missing_field("value"))?;
+        Ok(parse_value(&v).map(|value| Series { labels, value }))
+    }
+}
+
+struct LabelsSeed<'k>(Option<&'k BTreeSet<String>>);
+
+impl<'de> DeserializeSeed<'de> for LabelsSeed<'_> {
+    type Value = BTreeMap<String, String>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for LabelsSeed<'_> {
+    type Value = BTreeMap<String, String>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("labels")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = BTreeMap::new();
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            if self.0.is_none_or(|keep| keep.contains(key.0.as_ref())) {
+                out.insert(key.0.into_owned(), map.next_value::<String>()?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A map key, borrowed from the answer where it has no escapes.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_str(V)
+    }
 }
 
 #[derive(Deserialize)]
@@ -320,8 +425,15 @@ impl Client {
             headers: access.headers.clone(),
             timeout: access.timeout,
             max_answer_bytes: access.max_answer_bytes,
+            keep_labels: None,
             cost: QueryCost::default(),
         })
+    }
+
+    /// From now on instant queries keep only these labels (and drop the rest as they are
+    /// parsed); `None` keeps all.
+    pub fn keep_labels(&mut self, labels: Option<BTreeSet<String>>) {
+        self.keep_labels = labels.map(Arc::new);
     }
 
     /// The base URL, without credentials.
@@ -339,17 +451,10 @@ impl Client {
         if data.result_type != "vector" {
             return Err(self.garbage(query, format!("a {} result", data.result_type)));
         }
-        let items: Vec<VectorItem> = serde_json::from_str(data.result.get())
-            .map_err(|e| self.garbage(query, e.to_string()))?;
-        Ok(items
-            .into_iter()
-            .filter_map(|i| {
-                Some(Series {
-                    labels: i.metric,
-                    value: parse_value(&i.value.1)?,
-                })
-            })
-            .collect())
+        let mut parser = serde_json::Deserializer::from_str(data.result.get());
+        VectorSeed(self.keep_labels.as_deref())
+            .deserialize(&mut parser)
+            .map_err(|e| self.garbage(query, e.to_string()))
     }
 
     /// Instant queries at one instant, asked at once (one connection each) rather than one

@@ -124,8 +124,43 @@ fn instance_host(instance: &str) -> &str {
     }
 }
 
+/// Every label the fleet reads from a series; the others are dropped as answers are parsed.
+const LABELS_READ: [&str; 24] = [
+    "__name__",
+    "instance",
+    "job",
+    "UUID",
+    "gpu",
+    "modelName",
+    "Hostname",
+    "pod",
+    "namespace",
+    "container",
+    "verdict",
+    "confidence",
+    "basis",
+    "id",
+    "severity",
+    "job_key",
+    "joined_by",
+    "slurm_job",
+    "rank",
+    "straggler_gpu",
+    "straggler_UUID",
+    "pid",
+    "process",
+    "user",
+];
+
+fn keep_labels_read(client: &mut Client, node_label: &str) {
+    let mut keep: BTreeSet<String> = LABELS_READ.iter().map(|l| (*l).to_owned()).collect();
+    keep.insert(node_label.to_owned());
+    client.keep_labels(Some(keep));
+}
+
 /// Reads the fleet. Never fails: what went wrong is in the result.
 pub fn read_fleet(client: &mut Client, req: &ReadRequest) -> Fleet {
+    keep_labels_read(client, &req.node_label);
     let at = req.at_ms.unwrap_or_else(now_ms);
     let mut fleet = Fleet {
         schema_version: FLEET_SCHEMA_VERSION,
@@ -1096,7 +1131,14 @@ const PROCESS_SERIES: [&str; 3] = [
 ];
 
 /// Reads one node's charts (range queries over `span` before `at_ms`) and its processes.
-pub fn read_node(client: &mut Client, node: &Node, at_ms: i64, span: Duration) -> NodeDetail {
+pub fn read_node(
+    client: &mut Client,
+    node_label: &str,
+    node: &Node,
+    at_ms: i64,
+    span: Duration,
+) -> NodeDetail {
+    keep_labels_read(client, node_label);
     let started = client.cost.clone();
     // About 120 points per chart, never finer than 15 s (a typical scrape interval).
     let step = Duration::from_secs_f64((span.as_secs_f64() / 120.0).max(15.0));

@@ -24,10 +24,7 @@ use gpudiag_fleet::read::{ReadRequest, now_ms};
 use gpudiag_model::error::{Error, exit};
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout};
-use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Clear, Padding, Paragraph};
 
-use super::panels::centered;
 use super::terminal::TerminalGuard;
 use super::theme::Theme;
 pub use state::{State, View};
@@ -159,7 +156,7 @@ pub fn draw(f: &mut Frame, state: &State, theme: &Theme) {
     }
     header::footer(f, foot, state, theme);
     if state.show_help {
-        help(f, theme);
+        super::panels::overlay::key_help(f, f.area(), &KEYS, *theme);
     }
 }
 
@@ -180,32 +177,3 @@ pub const KEYS: [(&str, &str); 14] = [
     ("Esc", "back; clear the filter"),
     ("", "absent values show n/a, never 0"),
 ];
-
-fn help(f: &mut Frame, theme: &Theme) {
-    const KEY_WIDTH: usize = 14;
-    let lines: Vec<Line> = KEYS
-        .iter()
-        .map(|(k, what)| {
-            Line::from(vec![
-                Span::styled(format!("{k:>KEY_WIDTH$}  "), theme.title()),
-                Span::raw(*what),
-            ])
-        })
-        .collect();
-    let widest = KEYS
-        .iter()
-        .map(|(_, what)| KEY_WIDTH + 2 + what.chars().count())
-        .max()
-        .unwrap_or(0);
-    let width = u16::try_from(widest + 4).unwrap_or(u16::MAX);
-    let rect = centered(f.area(), width, KEYS.len() as u16 + 2);
-    f.render_widget(Clear, rect);
-    f.render_widget(
-        Paragraph::new(lines).block(
-            Block::bordered()
-                .title(" Keys ")
-                .padding(Padding::horizontal(1)),
-        ),
-        rect,
-    );
-}

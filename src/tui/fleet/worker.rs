@@ -93,7 +93,7 @@ fn serve(
                         Request::RefreshNow => refresh = true,
                     }
                 }
-                let detail = read_node(client, &node, at_ms, CHART_SPAN);
+                let detail = read_node(client, &request.node_label, &node, at_ms, CHART_SPAN);
                 if !report(Report::Node(Box::new(detail))) {
                     return;
                 }

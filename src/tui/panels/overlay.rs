@@ -7,6 +7,7 @@ use ratatui::widgets::{Block, Clear, Padding, Paragraph, Wrap};
 
 use super::centered;
 use crate::tui::app::{App, KillSignal};
+use crate::tui::theme::Theme;
 
 /// Key, what it does. Each line fits the box on an 80x24 terminal (`tests/tui.rs` renders it
 /// there and checks every line whole).
@@ -42,8 +43,12 @@ pub const KEYS: [(&str, &str); 19] = [
 const KEY_WIDTH: usize = 14;
 
 pub fn help(f: &mut Frame, area: Rect, app: &App) {
-    let t = app.theme;
-    let lines: Vec<Line> = KEYS
+    key_help(f, area, &KEYS, app.theme);
+}
+
+/// A box of keys and what each does, centred over `area`; the fleet's UI shows its own list.
+pub fn key_help(f: &mut Frame, area: Rect, keys: &[(&str, &str)], t: Theme) {
+    let lines: Vec<Line> = keys
         .iter()
         .map(|(k, what)| {
             Line::from(vec![
@@ -53,13 +58,13 @@ pub fn help(f: &mut Frame, area: Rect, app: &App) {
         })
         .collect();
     // As wide as the longest line, its margins and borders, so nothing is cut at 80 columns.
-    let widest = KEYS
+    let widest = keys
         .iter()
         .map(|(_, what)| KEY_WIDTH + 2 + what.chars().count())
         .max()
         .unwrap_or(0);
     let width = u16::try_from(widest + 4).unwrap_or(u16::MAX);
-    let rect = centered(area, width, KEYS.len() as u16 + 2);
+    let rect = centered(area, width, keys.len() as u16 + 2);
     f.render_widget(Clear, rect);
     f.render_widget(
         Paragraph::new(lines).block(
