@@ -153,9 +153,9 @@ fn run(cli: Cli) -> Result<i32, Error> {
     }
 }
 
-/// `gpudiag fleet`: the terminal UI on a terminal; otherwise (or with --json) one read.
+/// `gpudiag fleet`: the terminal UI on a terminal; otherwise (or with --json) one read, printed.
 fn fleet(args: &gpudiag::cli::FleetArgs) -> Result<i32, Error> {
-    if args.json || !std::io::stdout().is_terminal() {
+    if args.json || !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         return commands::fleet::fleet_once(args);
     }
     let request = args.request()?;

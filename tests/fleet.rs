@@ -323,6 +323,25 @@ fn the_fleet_over_a_real_prometheus_names_every_node_the_straggler_and_the_alert
     assert_eq!(ranks, ["0", "1", "2", "3"]);
     assert_eq!(slurm["across_nodes"]["pattern"], "balanced", "{slurm}");
 
+    // Piped, without --json: the same look as a text table.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpudiag"))
+        .args(["fleet", "--prometheus", &c.url])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "5 node(s), 1 down",
+        "16 GPU(s)",
+        "dgx-synthetic  up  8 GPU(s)",
+        "127.0.0.1  DOWN",
+        "n/a: dcgm-exporter only",
+        "warn job.straggler",
+    ] {
+        assert!(text.contains(needle), "{needle:?} in:\n{text}");
+    }
+
     // A selector on a job label keeps that job's GPUs and nodes only.
     let (_, only) = fleet_json(&c.url, &["--selector", "{slurm_job=\"77001\"}"]);
     let mut kept = names(&only);
