@@ -179,12 +179,13 @@ fn many_concurrent_scrapes_are_all_answered() {
     assert_eq!(ok + busy, CLIENTS * EACH);
     // Scrapes take well under a millisecond: the limit is only ever touched, not held.
     assert!(ok >= CLIENTS * EACH * 9 / 10, "{ok} of {}", CLIENTS * EACH);
-    // At most one thread per answer being written beside the idle set, and a few that have
-    // answered and not yet left /proc on a loaded machine (89 seen against an idle set of about
-    // 20 while other tests ran): the count must not grow with the clients.
+    // At most one thread per answer being written beside the idle set, and threads that have
+    // answered and are still leaving: with 1,600 answers in about a second, /proc counts some
+    // of those (peaks of 72 to 92 seen with 4 idle threads, on an idle machine). A thread that
+    // never left, one per scrape, would pass 1,000.
     let peak = peak_threads.load(Ordering::Relaxed);
     assert!(
-        peak <= idle_threads + MAX_CONNECTIONS + 12,
+        peak <= idle_threads + MAX_CONNECTIONS + 40,
         "peak {peak} threads, {idle_threads} idle"
     );
 }
