@@ -177,4 +177,38 @@ fn a_real_prometheus_scrapes_the_dcgm_exporter_fixture() {
     let up = query(&prom, "up{job=\"dcgm-exporter\"}");
     assert_eq!(up.len(), 1);
     assert_eq!(up[0]["value"][1], "1");
+
+    // The fleet over plain dcgm-exporter: the figures, no verdict, "not judged", exit 0.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpudiag"))
+        .args(["fleet", "--json", "--prometheus", &format!("http://{prom}")])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["status"], "not_judged", "{doc}");
+    assert_eq!(doc["counts"]["gpus"], 4);
+    assert_eq!(doc["counts"]["gpus_dcgm_exporter_only"], 4);
+    assert_eq!(doc["rules"]["state"], "not_loaded");
+    let node = &doc["nodes"][0];
+    assert_eq!(node["name"], HOSTNAME);
+    assert_eq!(node["exporters"], serde_json::json!(["dcgm_exporter"]));
+    for g in node["gpus"].as_array().unwrap() {
+        assert_eq!(g["verdict"]["state"], "dcgm_exporter_only", "{g}");
+        assert!(g["findings"].as_array().unwrap().is_empty(), "{g}");
+        assert!(
+            g["util_pct"].is_number() && g["memory_total_mib"].is_number(),
+            "{g}"
+        );
+    }
+    // Its two pod GPUs are one job, which no rule judges.
+    assert_eq!(doc["jobs"][0]["job_key"], "ml-training/llama-ft-worker-0");
+    assert!(doc["jobs"][0]["across_nodes"].is_null());
+    // Piped, the text says why a verdict is missing.
+    let text = Command::new(env!("CARGO_BIN_EXE_gpudiag"))
+        .args(["fleet", "--prometheus", &format!("http://{prom}")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.contains("n/a: dcgm-exporter only"), "{text}");
+    assert!(text.contains("status not_judged"), "{text}");
 }

@@ -121,6 +121,15 @@ fn detail_of(fleet: &Fleet, node: &str) -> NodeDetail {
         let mut per = BTreeMap::new();
         per.insert("util_pct".to_owned(), points(100.0));
         per.insert("sm_active_pct".to_owned(), points(busy + i as f64 * 0.1));
+        per.insert("power_w".to_owned(), points(gpu.power_w.unwrap()));
+        per.insert(
+            "temperature_c".to_owned(),
+            points(gpu.temperature_c.unwrap()),
+        );
+        per.insert(
+            "memory_used_mib".to_owned(),
+            points(gpu.memory_used_mib.unwrap()),
+        );
         charts.insert(gpu.uuid.clone().unwrap(), per);
     }
     let processes = node

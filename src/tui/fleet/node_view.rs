@@ -161,25 +161,42 @@ fn gpu_lines(
             .unwrap_or_default();
         let charts = d.charts.get(key);
         let chart = |name: &str| charts.and_then(|c| c.get(name)).map(Vec::as_slice);
-        // Two charts side by side, each with its label and latest value.
-        let room = width.saturating_sub(4 + 2 * 12) / 2;
-        let mut spans = vec![Span::raw("  ")];
-        for (i, (label, name)) in [("util", "util_pct"), ("SM", "sm_active_pct")]
-            .into_iter()
-            .enumerate()
-        {
-            let points = chart(name).unwrap_or_default();
-            spans.push(Span::styled(format!("{label:>4} "), theme.dim()));
-            spans.push(Span::styled(
-                sparkline(points, d.start_ms, d.end_ms, room, 100.0),
-                theme.series(i),
-            ));
-            spans.push(Span::raw(format!(
-                " {:>4}  ",
-                cells::pct(points.last().map(|p| p.1))
-            )));
+        // Charts in rows of two or three, each with its label and latest value. Utilisation and
+        // SM active read against 100 %, memory against the GPU's total, temperature against
+        // 100 °C; power against the highest draw in the window (no limit is read here).
+        let highest = |points: &[(i64, f64)]| points.iter().map(|p| p.1).fold(1.0_f64, f64::max);
+        let total = gpu.memory_total_mib;
+        type Figure = fn(Option<f64>) -> String;
+        let gib: Figure = |v| format::num(v.map(|mib| mib / 1024.0), 1, "");
+        let rows: [&[(&str, &str, Option<f64>, Figure)]; 2] = [
+            &[
+                ("util", "util_pct", Some(100.0), cells::pct),
+                ("SM", "sm_active_pct", Some(100.0), cells::pct),
+            ],
+            &[
+                ("W", "power_w", None, cells::watts),
+                ("°C", "temperature_c", Some(100.0), cells::celsius),
+                ("GiB", "memory_used_mib", total, gib),
+            ],
+        ];
+        for (row_index, row) in rows.iter().enumerate() {
+            let room = width.saturating_sub(4 + row.len() * 12) / row.len();
+            let mut spans = vec![Span::raw("  ")];
+            for (i, (label, name, top, figure)) in row.iter().enumerate() {
+                let points = chart(name).unwrap_or_default();
+                let top = top.unwrap_or_else(|| highest(points));
+                spans.push(Span::styled(format!("{label:>4} "), theme.dim()));
+                spans.push(Span::styled(
+                    sparkline(points, d.start_ms, d.end_ms, room, top),
+                    theme.series(row_index * 2 + i),
+                ));
+                spans.push(Span::raw(format!(
+                    " {:>6} ",
+                    figure(points.last().map(|p| p.1))
+                )));
+            }
+            lines.push(Line::from(spans));
         }
-        lines.push(Line::from(spans));
     }
     for alert in &gpu.alerts {
         lines.push(Line::styled(
