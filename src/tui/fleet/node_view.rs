@@ -166,9 +166,8 @@ fn gpu_lines(
         // 100 °C; power against the highest draw in the window (no limit is read here).
         let highest = |points: &[(i64, f64)]| points.iter().map(|p| p.1).fold(1.0_f64, f64::max);
         let total = gpu.memory_total_mib;
-        type Figure = fn(Option<f64>) -> String;
         let gib: Figure = |v| format::num(v.map(|mib| mib / 1024.0), 1, "");
-        let rows: [&[(&str, &str, Option<f64>, Figure)]; 2] = [
+        let rows: [&[Chart]; 2] = [
             &[
                 ("util", "util_pct", Some(100.0), cells::pct),
                 ("SM", "sm_active_pct", Some(100.0), cells::pct),
@@ -205,6 +204,13 @@ fn gpu_lines(
         ));
     }
 }
+
+/// How a chart's latest value is written.
+type Figure = fn(Option<f64>) -> String;
+
+/// A chart of the node view: its label, its series in the NodeDetail, the value its top stands
+/// for (the window's highest when `None`), and how its latest value is written.
+type Chart = (&'static str, &'static str, Option<f64>, Figure);
 
 const LEVELS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
 
