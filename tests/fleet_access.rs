@@ -436,3 +436,44 @@ fn a_real_prometheus_behind_tls_client_certificates_and_basic_auth() {
         "{why}"
     );
 }
+
+/// Labels and alert text are whatever the scraped exporters wrote: terminal escapes, newlines
+/// and long strings in a node name or a summary reach neither the terminal nor a second line.
+#[test]
+fn hostile_labels_and_alerts_are_printed_harmlessly() {
+    let evil = "\\u001b]0;pwned\\u0007node\\u001b[2J\\nx";
+    let series = format!(
+        r#"{{"status":"success","data":{{"resultType":"vector","result":[{{"metric":{{"__name__":"DCGM_FI_DEV_GPU_UTIL","Hostname":"{evil}","UUID":"GPU-{long}","gpu":"0","modelName":"{evil}","instance":"i:1","job":"j"}},"value":[1,"50"]}}]}}}}"#,
+        long = "x".repeat(5000)
+    );
+    let alerts = format!(
+        r#"{{"status":"success","data":{{"alerts":[{{"labels":{{"alertname":"GpuLost","Hostname":"{evil}","severity":"fail"}},"annotations":{{"summary":"{evil}"}},"state":"firing","activeAt":"2026-11-26T10:00:00Z"}}]}}}}"#
+    );
+    let server = fake_http::start(move |head| {
+        let body = if head.starts_with("GET /api/v1/alerts") {
+            alerts.clone()
+        } else if head.contains("DCGM_FI_DEV_GPU_UTIL") {
+            series.clone()
+        } else if head.starts_with("GET /api/v1/rules") {
+            r#"{"status":"success","data":{"groups":[]}}"#.to_owned()
+        } else {
+            EMPTY_VECTOR.to_owned()
+        };
+        response("200 OK", "application/json", &body)
+    });
+    let url = format!("http://{}", server.addr);
+    let (code, doc, _) = fleet_json(&url, &["--fail-on", "fail"]);
+    assert_eq!(code, 1, "the GpuLost alert fails: {doc}");
+    assert_eq!(doc["counts"]["gpus"], 1);
+    assert_eq!(doc["nodes"][0]["alerts"][0]["name"], "GpuLost");
+    let out = fleet(&["--prometheus", &url]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !text.contains('\x1b') && !text.contains('\x07'),
+        "escapes reached the terminal: {text:?}"
+    );
+    assert!(
+        text.lines().all(|l| !l.starts_with('x')),
+        "a newline in a label started a line: {text}"
+    );
+}
