@@ -22,12 +22,11 @@ mod serve_support;
 #[path = "support/tmux.rs"]
 mod tmux;
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use cluster::{as_node, read_recording, root, shortened_rules, tool, wait_until};
-use prometheus_api::{Killed, free_port, query};
+use prometheus_api::{Killed, free_port, query, start_prometheus};
 use serde_json::Value;
 use serve_support::{Served, serve};
 
@@ -79,22 +78,6 @@ struct Cluster {
     _dir: tempfile::TempDir,
 }
 
-fn start_prometheus(prometheus: &Path, dir: &Path, config: &str, name: &str) -> (Killed, String) {
-    let file = dir.join(format!("{name}.yml"));
-    std::fs::write(&file, config).unwrap();
-    let addr = format!("127.0.0.1:{}", free_port());
-    let child = Command::new(prometheus)
-        .arg(format!("--config.file={}", file.display()))
-        .arg(format!("--storage.tsdb.path={}", dir.join(name).display()))
-        .arg(format!("--web.listen-address={addr}"))
-        .arg("--log.level=warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    (Killed(child), addr)
-}
-
 /// The cluster, once its straggler alert fires (`with_rules`), or once every target is scraped.
 fn cluster(with_rules: bool) -> Option<Cluster> {
     let prometheus = tool("prometheus")?;
@@ -140,7 +123,7 @@ fn cluster(with_rules: bool) -> Option<Cluster> {
         gpudiag.join(", "),
         dcgm_targets.join(", ")
     );
-    let (prom, addr) = start_prometheus(&prometheus, dir.path(), &config, "prometheus");
+    let (prom, addr) = start_prometheus(&prometheus, dir.path(), &config, "prometheus", &[]);
     if with_rules {
         wait_until(Duration::from_secs(90), "GpuJobStraggler to fire", || {
             let body = prometheus_api::http_get(&addr, "/api/v1/alerts")?;

@@ -14,7 +14,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use fake_http::{Answer, response};
-use prometheus_api::{Killed, free_port};
+use prometheus_api::{free_port, start_prometheus};
 use serde_json::Value;
 
 fn fleet(args: &[&str]) -> Output {
@@ -348,22 +348,12 @@ fn a_real_prometheus_behind_tls_client_certificates_and_basic_auth() {
         ),
     )
     .unwrap();
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(&config, "global:\n  scrape_interval: 15s\n").unwrap();
-    let addr = format!("127.0.0.1:{}", free_port());
-    let _prometheus = Killed(
-        Command::new(prometheus)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address={addr}"))
-            .arg(format!("--web.config.file={}", web.display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let (_prometheus, addr) = start_prometheus(
+        &prometheus,
+        dir.path(),
+        "global:\n  scrape_interval: 15s\n",
+        "data",
+        &[format!("--web.config.file={}", web.display())],
     );
     let password = dir.path().join("password");
     std::fs::write(&password, "fleet-pass\n").unwrap();

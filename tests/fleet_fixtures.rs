@@ -29,7 +29,7 @@ mod fake_http;
 mod prometheus_api;
 use cluster::{root, tool};
 use fake_http::serve_text;
-use prometheus_api::{Killed, free_port, query};
+use prometheus_api::{query, start_prometheus};
 
 const FIXTURE: &str = "tests/fixtures/prometheus/dcgm-exporter.prom";
 const HOSTNAME: &str = "gpu-a100-07";
@@ -114,31 +114,13 @@ fn a_real_prometheus_scrapes_the_dcgm_exporter_fixture() {
     };
     let exporter = serve_text(fixture());
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n\
-             scrape_configs:\n  - job_name: dcgm-exporter\n    scrape_timeout: 1s\n    \
-             static_configs:\n      - targets: ['{}']\n",
-            exporter.addr
-        ),
-    )
-    .unwrap();
-    let prom = format!("127.0.0.1:{}", free_port());
-    let child = Command::new(prometheus)
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.path().join("data").display()
-        ))
-        .arg(format!("--web.listen-address={prom}"))
-        .arg("--log.level=warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _prometheus = Killed(child);
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n\
+         scrape_configs:\n  - job_name: dcgm-exporter\n    scrape_timeout: 1s\n    \
+         static_configs:\n      - targets: ['{}']\n",
+        exporter.addr
+    );
+    let (_prometheus, prom) = start_prometheus(&prometheus, dir.path(), &config, "data", &[]);
 
     let deadline = Instant::now() + Duration::from_secs(20);
     let util: Vec<Value> = loop {

@@ -10,7 +10,7 @@
 //! fail.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -22,7 +22,7 @@ mod prometheus_api;
 #[path = "support/serve.rs"]
 mod serve_support;
 use cluster::{RULES, as_node, read_recording, root, shortened_rules, tool, wait_until};
-use prometheus_api::{Killed, encode, free_port, http_get, query};
+use prometheus_api::{encode, http_get, query, start_prometheus};
 use serve_support::serve;
 
 fn promtool(args: &[&str]) -> Option<String> {
@@ -140,33 +140,15 @@ fn a_real_prometheus_fires_the_straggler_alert_for_the_gpu_that_leads_across_nod
     let rules = dir.path().join("gpudiag-rules.yml");
     std::fs::write(&rules, shortened_rules()).unwrap();
     let targets: Vec<String> = served.iter().map(|s| format!("'{}'", s.addr)).collect();
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-             rule_files:\n  - {}\n\
-             scrape_configs:\n  - job_name: gpudiag\n    scrape_timeout: 1s\n    \
-             static_configs:\n      - targets: [{}]\n",
-            rules.display(),
-            targets.join(", ")
-        ),
-    )
-    .unwrap();
-    let prom = format!("127.0.0.1:{}", free_port());
-    let child = Command::new(prometheus)
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.path().join("data").display()
-        ))
-        .arg(format!("--web.listen-address={prom}"))
-        .arg("--log.level=warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _prometheus = Killed(child);
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+         rule_files:\n  - {}\n\
+         scrape_configs:\n  - job_name: gpudiag\n    scrape_timeout: 1s\n    \
+         static_configs:\n      - targets: [{}]\n",
+        rules.display(),
+        targets.join(", ")
+    );
+    let (_prometheus, prom) = start_prometheus(&prometheus, dir.path(), &config, "data", &[]);
 
     // Every GPU of the job is seen, with its global rank.
     let info = wait_until(Duration::from_secs(60), "the six GPUs' job info", || {

@@ -1,10 +1,12 @@
 //! What the tests that run a real Prometheus share: children killed on drop, a free loopback
-//! port, and instant queries over its HTTP API (plain HTTP/1.0 on loopback: no client crate).
+//! port, starting Prometheus, and instant queries over its HTTP API (plain HTTP/1.0 on
+//! loopback: no client crate).
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::Child;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -25,6 +27,31 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// Starts `prometheus` on a free loopback port with `config` written as `DIR/NAME.yml` and its
+/// TSDB in `DIR/NAME`, plus `extra` flags; returns it (killed on drop) and its address.
+pub fn start_prometheus(
+    prometheus: &Path,
+    dir: &Path,
+    config: &str,
+    name: &str,
+    extra: &[String],
+) -> (Killed, String) {
+    let file = dir.join(format!("{name}.yml"));
+    std::fs::write(&file, config).unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(prometheus)
+        .arg(format!("--config.file={}", file.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.join(name).display()))
+        .arg(format!("--web.listen-address={addr}"))
+        .arg("--log.level=warn")
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    (Killed(child), addr)
 }
 
 /// Percent-encodes a query parameter.

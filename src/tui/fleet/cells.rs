@@ -3,7 +3,11 @@
 
 use gpudiag_fleet::model::{Alert, Gpu, GpuVerdict, Rank};
 use gpudiag_model::finding::Severity;
+use ratatui::Frame;
+use ratatui::layout::Rect;
 use ratatui::style::Style;
+use ratatui::text::Line;
+use ratatui::widgets::Paragraph;
 
 use crate::tui::format::{self, NA};
 use crate::tui::theme::Theme;
@@ -207,4 +211,15 @@ mod tests {
         assert_eq!(model(Some("Tesla T4")), "T4");
         assert_eq!(size(50945), "50 KiB");
     }
+}
+
+/// Draws a view's lines from `scroll` on, each fitted to the width (the node and job views).
+pub fn draw_scrolled(f: &mut Frame, area: Rect, lines: Vec<Line<'static>>, scroll: usize) {
+    let width = usize::from(area.width);
+    let lines: Vec<Line> = lines
+        .into_iter()
+        .skip(scroll)
+        .map(|l| format::fit_line(l, width))
+        .collect();
+    f.render_widget(Paragraph::new(lines), area);
 }

@@ -8,7 +8,6 @@ use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::style::Style;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::Paragraph;
 
 use super::cells;
 use super::state::State;
@@ -35,12 +34,7 @@ pub fn render(f: &mut Frame, area: Rect, state: &State, key: &str, theme: &Theme
             )],
         },
     };
-    let lines: Vec<Line> = lines
-        .into_iter()
-        .skip(state.scroll)
-        .map(|l| format::fit_line(l, width))
-        .collect();
-    f.render_widget(Paragraph::new(lines), area);
+    cells::draw_scrolled(f, area, lines, state.scroll);
 }
 
 /// The live GPU a job GPU is, when its node still reports it.

@@ -6,7 +6,6 @@ use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::style::Style;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::Paragraph;
 
 use super::cells;
 use super::state::State;
@@ -23,12 +22,7 @@ pub fn render(f: &mut Frame, area: Rect, state: &State, name: &str, theme: &Them
             theme.warn(),
         )],
     };
-    let lines: Vec<Line> = lines
-        .into_iter()
-        .skip(state.scroll)
-        .map(|l| format::fit_line(l, width))
-        .collect();
-    f.render_widget(Paragraph::new(lines), area);
+    cells::draw_scrolled(f, area, lines, state.scroll);
 }
 
 fn node_lines(
