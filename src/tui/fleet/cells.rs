@@ -191,6 +191,17 @@ pub fn rank_style(rank: Rank, theme: &Theme) -> Style {
     }
 }
 
+/// Draws a view's lines from `scroll` on, each fitted to the width (the node and job views).
+pub fn draw_scrolled(f: &mut Frame, area: Rect, lines: Vec<Line<'static>>, scroll: usize) {
+    let width = usize::from(area.width);
+    let lines: Vec<Line> = lines
+        .into_iter()
+        .skip(scroll)
+        .map(|l| format::fit_line(l, width))
+        .collect();
+    f.render_widget(Paragraph::new(lines), area);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,15 +222,4 @@ mod tests {
         assert_eq!(model(Some("Tesla T4")), "T4");
         assert_eq!(size(50945), "50 KiB");
     }
-}
-
-/// Draws a view's lines from `scroll` on, each fitted to the width (the node and job views).
-pub fn draw_scrolled(f: &mut Frame, area: Rect, lines: Vec<Line<'static>>, scroll: usize) {
-    let width = usize::from(area.width);
-    let lines: Vec<Line> = lines
-        .into_iter()
-        .skip(scroll)
-        .map(|l| format::fit_line(l, width))
-        .collect();
-    f.render_widget(Paragraph::new(lines), area);
 }
