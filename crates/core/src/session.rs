@@ -26,6 +26,7 @@ use gpudiag_telemetry::{
 use crate::config::Config;
 use crate::history::History;
 use crate::rules::engine::RuleEngine;
+use crate::rules::families::{self, Lifetime};
 
 /// The demo recording shipped inside the binary: a real GPU going from idle to load and back.
 pub const DEMO_RECORDING: &[u8] = include_bytes!("../../../assets/demo/demo.ndjson.gz");
@@ -432,9 +433,8 @@ impl Pipeline {
             .active()
             .into_iter()
             .filter(|f| {
-                let event_like =
-                    f.id.starts_with("errors.xid_") || crate::rules::health::is_health(&f.id);
-                f.last_seen() >= start || !event_like
+                let event = families::lifetime(&f.id) == Lifetime::Event;
+                f.last_seen() >= start || !event
             })
             .collect();
         for f in self.engine.raised() {

@@ -92,6 +92,32 @@ pub struct Finding {
 }
 
 impl Finding {
+    /// A finding raised at `time_ms`: active, not yet re-judged (the engine stamps
+    /// `last_seen_ms` when it holds again), raised by today's rules rather than carried by a
+    /// recording.
+    pub fn new(
+        id: String,
+        severity: Severity,
+        device: Option<u32>,
+        time_ms: TimeMs,
+        title: String,
+        evidence: Evidence,
+        advice: String,
+    ) -> Self {
+        Finding {
+            id,
+            severity,
+            device,
+            time_ms,
+            last_seen_ms: None,
+            state: FindingState::Active,
+            title,
+            evidence,
+            advice,
+            recorded: false,
+        }
+    }
+
     /// " (recorded)" for a finding a recording carried, so text views can tell it apart from
     /// one today's rules raised; empty otherwise.
     pub fn recorded_tag(&self) -> &'static str {

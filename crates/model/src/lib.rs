@@ -4,6 +4,10 @@
 //! GPUs' state (`gpu_state`, implemented by telemetry), and the exit codes every command maps
 //! its errors to. It knows no backend, rule or view (the table says how views show
 //! a field, as data), so nothing here can reach up the data flow.
+//!
+//! It is not free of I/O: `cuda_libraries` reads the loader's directories and
+//! `/proc/self/maps` to find the CUDA libraries, and `deadline` runs a call that may hang on a
+//! worker thread of its own. Both are facts every layer asks for, and neither needs a backend.
 
 pub mod attribution;
 pub mod build_info;

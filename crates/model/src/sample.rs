@@ -15,7 +15,7 @@ use crate::metric_table::{
 };
 
 // The table's own types: each names `Sample`, so they live beside it, and the vocabulary they are
-// built from (`metrics`) names nothing here.
+// built from (`metric_table`) names nothing here.
 
 /// The top of a chart's y axis, in the unit of its fields.
 #[derive(Debug, Clone, Copy)]

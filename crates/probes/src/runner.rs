@@ -371,22 +371,19 @@ pub fn findings(devices: &[DeviceProbes], now_ms: u64) -> Vec<Finding> {
     let mut out = Vec::new();
     for d in devices {
         if let Some(why) = &d.refused {
-            out.push(Finding {
-                id: "probes.not_run".into(),
-                severity: Severity::Warn,
-                device: Some(d.index),
-                time_ms: now_ms,
-                title: "Probes did not run on this GPU".into(),
-                evidence: Evidence {
+            out.push(Finding::new(
+                "probes.not_run".into(),
+                Severity::Warn,
+                Some(d.index),
+                now_ms,
+                "Probes did not run on this GPU".into(),
+                Evidence {
                     values: gpudiag_model::finding::values([("reason", serde_json::json!(why))]),
                     window_s: 0.0,
                     threshold: "probes requested".into(),
                 },
-                advice: "Run when the GPU is idle, or pass --force to probe a busy GPU.".into(),
-                last_seen_ms: None,
-                state: Default::default(),
-                recorded: false,
-            });
+                "Run when the GPU is idle, or pass --force to probe a busy GPU.".into(),
+            ));
         }
         out.extend(
             d.results
@@ -433,26 +430,23 @@ fn result_finding(r: &ProbeResult, device: Option<u32>, now_ms: u64) -> Option<F
         Verdict::Error => (Severity::Warn, "The probe could not finish: see its note."),
         _ => return None,
     };
-    Some(Finding {
-        id: format!("probes.{}", r.probe),
+    Some(Finding::new(
+        format!("probes.{}", r.probe),
         severity,
         device,
-        time_ms: now_ms,
-        title: format!(
+        now_ms,
+        format!(
             "{} probe: {}",
             r.probe,
             r.note.as_deref().unwrap_or("did not pass")
         ),
-        evidence: Evidence {
+        Evidence {
             values: gpudiag_model::finding::values([("verdict", serde_json::json!(r.verdict))]),
             window_s: r.duration_ms / 1e3,
             threshold: "verdict pass".into(),
         },
-        advice: advice.into(),
-        last_seen_ms: None,
-        state: Default::default(),
-        recorded: false,
-    })
+        advice.into(),
+    ))
 }
 
 #[cfg(test)]

@@ -627,22 +627,19 @@ mod tests {
     }
 
     fn finding() -> Record {
-        Record::Finding(Finding {
-            id: "errors.xid".into(),
-            severity: Severity::Fail,
-            device: Some(0),
-            time_ms: 1150,
-            title: "XID 48".into(),
-            evidence: Evidence {
+        Record::Finding(Finding::new(
+            "errors.xid".into(),
+            Severity::Fail,
+            Some(0),
+            1150,
+            "XID 48".into(),
+            Evidence {
                 values: serde_json::Map::new(),
                 window_s: 0.0,
                 threshold: "any".into(),
             },
-            advice: "drain".into(),
-            last_seen_ms: None,
-            state: Default::default(),
-            recorded: false,
-        })
+            "drain".into(),
+        ))
     }
 
     /// Three ticks of two devices, an XID before the second tick and one among its samples, a

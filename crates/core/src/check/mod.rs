@@ -335,22 +335,19 @@ mod tests {
     use gpudiag_model::finding::FindingState;
 
     fn finding(severity: Severity) -> Finding {
-        Finding {
-            id: "errors.x".into(),
+        Finding::new(
+            "errors.x".into(),
             severity,
-            device: Some(0),
-            time_ms: 0,
-            title: "t".into(),
-            evidence: Evidence {
+            Some(0),
+            0,
+            "t".into(),
+            Evidence {
                 values: Default::default(),
                 window_s: 0.0,
                 threshold: "".into(),
             },
-            advice: "a".into(),
-            last_seen_ms: None,
-            state: Default::default(),
-            recorded: false,
-        }
+            "a".into(),
+        )
     }
 
     #[test]

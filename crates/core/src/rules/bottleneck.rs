@@ -102,6 +102,9 @@ impl Figures {
     }
 }
 
+/// The rule name a verdict that could not be reached is listed under among the not-judged.
+pub const VERDICT_RULE: &str = "verdict";
+
 /// The verdict on `device` over `[start_ms, end_ms]`.
 pub fn judge(
     input: &RuleInput<'_>,
@@ -113,7 +116,7 @@ pub fn judge(
     let cfg = &input.config.utilisation;
     let d = device.index;
     let not_judged = |reason: String| NotJudged {
-        rule: "verdict".into(),
+        rule: VERDICT_RULE.into(),
         device: Some(d),
         reason,
     };

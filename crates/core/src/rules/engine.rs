@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use super::bottleneck::{self, CurrentPhase, NotJudged};
-use super::families::{self, Cadence};
+use super::families::{self, Cadence, Lifetime};
 use super::job;
 use super::{
     Finding, FindingState, ProcessCpu, ProcessLaunch, ProcessMemory, RuleInput, is_workload, sort,
@@ -168,13 +168,7 @@ impl RuleEngine {
         let now = end_ms;
         self.evaluate_windowed(history, now);
         let input = self.input(history, &[], Some(now));
-        let (mut verdicts, mut not_judged) =
-            bottleneck::judge_all(&input, Some(&self.process_cpu), start_ms, now);
-        let current = self.current_phases(&input, &verdicts, start_ms, now);
-        let (jobs, unjudged) =
-            job::judge_all(&input, &self.process_launch, &self.command, start_ms, now);
-        job::explain_by_job(&mut verdicts, &jobs, &self.config.job);
-        not_judged.extend(unjudged);
+        let mut judged = self.judge_span(&input, start_ms, now);
         let workload: Vec<Finding> = self
             .devices
             .iter()
@@ -184,19 +178,16 @@ impl RuleEngine {
             .collect();
         // The verdict and the workload rules now speak for the whole window; the other rules'
         // reasons stay those of the evaluation just made.
-        let workload_rule =
-            |rule: &str| rule == "verdict" || rule == "job" || rule.starts_with("utilisation.");
-        not_judged.extend(input.not_judged.take());
-        not_judged.extend(
+        let workload_rule = |rule: &str| {
+            rule == bottleneck::VERDICT_RULE || families::lifetime(rule) == Lifetime::Workload
+        };
+        judged.not_judged.extend(input.not_judged.take());
+        judged.not_judged.extend(
             self.not_judged
                 .drain(..)
                 .filter(|n| !workload_rule(&n.rule)),
         );
-        not_judged.sort_by_key(|n| n.device);
-        self.verdicts = verdicts;
-        self.jobs = jobs;
-        self.current_phases = current;
-        self.not_judged = not_judged;
+        self.adopt(judged);
         self.active.retain(|_, f| !is_workload(f));
         self.raised.retain(|f| !is_workload(f));
         self.raised_index = self
@@ -211,6 +202,39 @@ impl RuleEngine {
         for f in job::findings(&self.jobs, &self.config.job) {
             self.raise(f);
         }
+    }
+
+    /// The device verdicts (with the phase each window ends in, when asked for) and the job
+    /// verdicts over `[start_ms, end_ms]`, and what could not be judged: the one judgement
+    /// both the rolling evaluation and a report's whole span make.
+    fn judge_span(&self, input: &RuleInput<'_>, start_ms: TimeMs, end_ms: TimeMs) -> Judged {
+        let (mut verdicts, mut not_judged) =
+            bottleneck::judge_all(input, Some(&self.process_cpu), start_ms, end_ms);
+        let current_phases = self.current_phases(input, &verdicts, start_ms, end_ms);
+        let (jobs, unjudged) = job::judge_all(
+            input,
+            &self.process_launch,
+            &self.command,
+            start_ms,
+            end_ms,
+        );
+        job::explain_by_job(&mut verdicts, &jobs, &self.config.job);
+        not_judged.extend(unjudged);
+        Judged {
+            verdicts,
+            jobs,
+            current_phases,
+            not_judged,
+        }
+    }
+
+    /// Makes `judged` the latest judgement, its not-judged entries ordered by device.
+    fn adopt(&mut self, mut judged: Judged) {
+        judged.not_judged.sort_by_key(|n| n.device);
+        self.verdicts = judged.verdicts;
+        self.jobs = judged.jobs;
+        self.current_phases = judged.current_phases;
+        self.not_judged = judged.not_judged;
     }
 
     /// The phase the window of `device`'s latest verdict ends in, where that window holds
@@ -314,21 +338,10 @@ impl RuleEngine {
         self.last_eval_ms = Some(now);
         let window = (self.config.utilisation.window_s * 1000.0) as u64;
         let input = self.input(history, &[], Some(now));
-        let start = now.saturating_sub(window);
-        let (mut verdicts, mut not_judged) =
-            bottleneck::judge_all(&input, Some(&self.process_cpu), start, now);
-        let current = self.current_phases(&input, &verdicts, start, now);
-        let (jobs, unjudged) =
-            job::judge_all(&input, &self.process_launch, &self.command, start, now);
-        job::explain_by_job(&mut verdicts, &jobs, &self.config.job);
-        not_judged.extend(unjudged);
+        let mut judged = self.judge_span(&input, now.saturating_sub(window), now);
         let found = families::windowed(&input);
-        not_judged.extend(input.not_judged.take());
-        not_judged.sort_by_key(|n| n.device);
-        self.verdicts = verdicts;
-        self.jobs = jobs;
-        self.current_phases = current;
-        self.not_judged = not_judged;
+        judged.not_judged.extend(input.not_judged.take());
+        self.adopt(judged);
         // Windowed findings are current state: replace the previous evaluation's, keep events.
         self.active.retain(|_, f| is_sticky(f));
         let job_findings = job::findings(&self.jobs, &self.config.job);
@@ -442,9 +455,15 @@ impl RuleEngine {
     }
 }
 
+/// What one judgement of a span concluded, before the engine adopts it.
+struct Judged {
+    verdicts: BTreeMap<u32, Verdict>,
+    jobs: Vec<JobVerdict>,
+    current_phases: BTreeMap<u32, CurrentPhase>,
+    not_judged: Vec<NotJudged>,
+}
+
 /// Event and environment findings stay until the session ends; windowed ones are re-judged.
 fn is_sticky(f: &Finding) -> bool {
-    f.id.starts_with("errors.xid_")
-        || f.id.starts_with("environment.")
-        || super::health::is_health(&f.id)
+    families::lifetime(&f.id).is_sticky()
 }

@@ -15,47 +15,41 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
     out.extend(cuda_mismatch(input));
     for d in input.devices {
         if d.persistence_mode == Some(false) {
-            out.push(Finding {
-                id: "environment.persistence_off".into(),
-                severity: Severity::Info,
-                device: Some(d.index),
-                time_ms: input.now_ms,
-                title: format!("GPU {} has persistence mode off", d.index),
-                evidence: Evidence {
+            out.push(Finding::new(
+                "environment.persistence_off".into(),
+                Severity::Info,
+                Some(d.index),
+                input.now_ms,
+                format!("GPU {} has persistence mode off", d.index),
+                Evidence {
                     values: values([("persistence_mode", json!(false))]),
                     window_s: 0.0,
                     threshold: "off".into(),
                 },
-                advice: "Without persistence the driver tears the GPU state down whenever no \
+                "Without persistence the driver tears the GPU state down whenever no \
                          process uses it, adding seconds to every job start and losing ECC/XID \
                          state between jobs. Enable the nvidia-persistenced service."
                     .into(),
-                last_seen_ms: None,
-                state: Default::default(),
-                recorded: false,
-            });
+            ));
         }
         if d.mig_enabled == Some(true) {
-            out.push(Finding {
-                id: "environment.mig_enabled".into(),
-                severity: Severity::Info,
-                device: Some(d.index),
-                time_ms: input.now_ms,
-                title: format!("GPU {} is in MIG mode", d.index),
-                evidence: Evidence {
+            out.push(Finding::new(
+                "environment.mig_enabled".into(),
+                Severity::Info,
+                Some(d.index),
+                input.now_ms,
+                format!("GPU {} is in MIG mode", d.index),
+                Evidence {
                     values: values([("mig_enabled", json!(true))]),
                     window_s: 0.0,
                     threshold: "on".into(),
                 },
-                advice: "The GPU is split into MIG instances: each job sees only its slice, \
+                "The GPU is split into MIG instances: each job sees only its slice, \
                          whole-GPU utilisation and some counters are not available per process, \
                          and probes measure one instance. Expected if the node is partitioned on \
                          purpose."
                     .into(),
-                last_seen_ms: None,
-                state: Default::default(),
-                recorded: false,
-            });
+            ));
         }
     }
     out
@@ -107,13 +101,13 @@ fn cuda_mismatch(input: &RuleInput<'_>) -> Option<Finding> {
     } else {
         return None;
     };
-    Some(Finding {
-        id: "environment.cuda_driver_too_old".into(),
+    Some(Finding::new(
+        "environment.cuda_driver_too_old".into(),
         severity,
-        device: None,
-        time_ms: input.now_ms,
+        None,
+        input.now_ms,
         title,
-        evidence: Evidence {
+        Evidence {
             values: values([
                 ("driver_cuda_version", json!(driver)),
                 ("runtime_cuda_version", json!(runtime)),
@@ -124,8 +118,5 @@ fn cuda_mismatch(input: &RuleInput<'_>) -> Option<Finding> {
             threshold: "runtime CUDA version <= driver CUDA version".into(),
         },
         advice,
-        last_seen_ms: None,
-        state: Default::default(),
-        recorded: false,
-    })
+    ))
 }

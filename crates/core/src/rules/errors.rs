@@ -122,55 +122,49 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
             );
         }
         if let Some(n) = s.ecc_uncorrected_volatile.filter(|&n| n > 0) {
-            out.push(Finding {
-                id: "errors.ecc_uncorrectable".into(),
-                severity: Severity::Fail,
-                device: Some(device),
-                time_ms: input.now_ms,
-                title: format!("{n} uncorrectable ECC error(s) since the driver loaded"),
-                evidence: Evidence {
+            out.push(Finding::new(
+                "errors.ecc_uncorrectable".into(),
+                Severity::Fail,
+                Some(device),
+                input.now_ms,
+                format!("{n} uncorrectable ECC error(s) since the driver loaded"),
+                Evidence {
                     values: values([("ecc_uncorrected_volatile", json!(n))]),
                     window_s: 0.0,
                     threshold: "> 0".into(),
                 },
-                advice: "Data on this GPU may be corrupt: stop jobs, reset the GPU so the bad \
+                "Data on this GPU may be corrupt: stop jobs, reset the GPU so the bad \
                          rows are remapped, and run the memory probe; repeated errors mean RMA."
                     .into(),
-                last_seen_ms: None,
-                state: Default::default(),
-                recorded: false,
-            });
+            ));
         }
         if s.remapped_rows_failure == Some(true) {
-            out.push(Finding {
-                id: "errors.row_remap_failure".into(),
-                severity: Severity::Fail,
-                device: Some(device),
-                time_ms: input.now_ms,
-                title: "row remapping failed: the memory has no spare rows left".into(),
-                evidence: Evidence {
+            out.push(Finding::new(
+                "errors.row_remap_failure".into(),
+                Severity::Fail,
+                Some(device),
+                input.now_ms,
+                "row remapping failed: the memory has no spare rows left".into(),
+                Evidence {
                     values: values([("remapped_rows_failure", json!(true))]),
                     window_s: 0.0,
                     threshold: "true".into(),
                 },
-                advice: "The GPU cannot repair its memory any more; take it out of service \
+                "The GPU cannot repair its memory any more; take it out of service \
                          and request an RMA."
                     .into(),
-                last_seen_ms: None,
-                state: Default::default(),
-                recorded: false,
-            });
+            ));
         }
         let remap_pending = s.remapped_rows_pending == Some(true);
         let retire_pending = s.retired_pages_pending == Some(true);
         if remap_pending || retire_pending {
-            out.push(Finding {
-                id: "errors.reset_pending".into(),
-                severity: Severity::Warn,
-                device: Some(device),
-                time_ms: input.now_ms,
-                title: "memory repair pending: the GPU needs a reset to apply it".into(),
-                evidence: Evidence {
+            out.push(Finding::new(
+                "errors.reset_pending".into(),
+                Severity::Warn,
+                Some(device),
+                input.now_ms,
+                "memory repair pending: the GPU needs a reset to apply it".into(),
+                Evidence {
                     values: values([
                         ("remapped_rows_pending", json!(s.remapped_rows_pending)),
                         ("retired_pages_pending", json!(s.retired_pages_pending)),
@@ -178,13 +172,10 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                     window_s: 0.0,
                     threshold: "true".into(),
                 },
-                advice: "Reset the GPU (or reboot) when it is idle so the pending row remap or \
+                "Reset the GPU (or reboot) when it is idle so the pending row remap or \
                          page retirement takes effect."
                     .into(),
-                last_seen_ms: None,
-                state: Default::default(),
-                recorded: false,
-            });
+            ));
         }
     }
     out
@@ -198,22 +189,19 @@ pub fn evaluate_events(input: &RuleInput<'_>) -> Vec<Finding> {
             continue;
         };
         let (severity, meaning) = xid_grade(xid);
-        out.push(Finding {
-            id: format!("errors.xid_{xid}"),
+        out.push(Finding::new(
+            format!("errors.xid_{xid}"),
             severity,
-            device: e.device,
-            time_ms: e.time_ms,
-            title: format!("XID {xid}: {meaning}"),
-            evidence: Evidence {
+            e.device,
+            e.time_ms,
+            format!("XID {xid}: {meaning}"),
+            Evidence {
                 values: values([("xid", json!(xid))]),
                 window_s: 0.0,
                 threshold: "event".into(),
             },
-            advice: xid_advice(severity).into(),
-            last_seen_ms: None,
-            state: Default::default(),
-            recorded: false,
-        });
+            xid_advice(severity).into(),
+        ));
     }
     out
 }
@@ -368,13 +356,13 @@ pub fn past_xids(
                  an RMA."
             ),
         };
-        out.push(Finding {
-            id: format!("errors.past_xid_{xid}"),
+        out.push(Finding::new(
+            format!("errors.past_xid_{xid}"),
             severity,
             device,
-            time_ms: logged_at(last).unwrap_or(now_ms),
+            logged_at(last).unwrap_or(now_ms),
             title,
-            evidence: Evidence {
+            Evidence {
                 values: values([
                     ("xid", json!(xid)),
                     ("pci_bus_id", json!(pci.to_string())),
@@ -399,10 +387,7 @@ pub fn past_xids(
                     .into(),
             },
             advice,
-            recorded: false,
-            last_seen_ms: None,
-            state: Default::default(),
-        });
+        ));
     }
     super::sort(&mut out);
     (out, not_judged)

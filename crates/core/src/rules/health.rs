@@ -19,11 +19,6 @@ pub const MISSING: &str = "device.missing";
 pub const STALLED: &str = "telemetry.stalled";
 pub const IMPLAUSIBLE: &str = "telemetry.implausible";
 
-/// Whether `id` belongs to this family (its findings describe events: they stay once raised).
-pub fn is_health(id: &str) -> bool {
-    [LOST, MISSING, STALLED, IMPLAUSIBLE].contains(&id)
-}
-
 /// The XID the driver logs when a GPU falls off the bus.
 pub const XID_FELL_OFF_THE_BUS: u64 = 79;
 
@@ -105,72 +100,63 @@ fn lost_from_events(events: &[gpudiag_telemetry::Event]) -> Vec<Finding> {
 }
 
 fn lost(device: u32, time_ms: u64, reason: &str) -> Finding {
-    Finding {
-        id: LOST.into(),
-        severity: Severity::Fail,
-        device: Some(device),
+    Finding::new(
+        LOST.into(),
+        Severity::Fail,
+        Some(device),
         time_ms,
-        title: format!("GPU {device} is lost: it stopped answering the driver"),
-        evidence: Evidence {
+        format!("GPU {device} is lost: it stopped answering the driver"),
+        Evidence {
             values: super::values([("reason", json!(reason))]),
             window_s: 0.0,
             threshold: "the driver reports the GPU lost".into(),
         },
-        advice: "Its telemetry stops here; nothing on this GPU can be trusted until it is reset. \
+        "Its telemetry stops here; nothing on this GPU can be trusted until it is reset. \
                  Look for an XID 79 finding and NVRM lines in the kernel log, drain the node, \
                  collect `gpudiag report`, then reset the GPU or reboot. If it recurs, reseat the \
                  card and check power and cooling before an RMA."
             .into(),
-        last_seen_ms: None,
-        state: Default::default(),
-        recorded: false,
-    }
+    )
 }
 
 fn missing(device: u32, time_ms: u64) -> Finding {
-    Finding {
-        id: MISSING.into(),
-        severity: Severity::Warn,
-        device: Some(device),
+    Finding::new(
+        MISSING.into(),
+        Severity::Warn,
+        Some(device),
         time_ms,
-        title: format!("GPU {device} dropped out of the driver's device list"),
-        evidence: Evidence {
+        format!("GPU {device} dropped out of the driver's device list"),
+        Evidence {
             values: super::values([("reason", json!(sanity::MISSING))]),
             window_s: 0.0,
             threshold: "a GPU listed at start is absent from a poll".into(),
         },
-        advice: "A GPU that disappears and comes back is usually a PCIe link that retrained or \
+        "A GPU that disappears and comes back is usually a PCIe link that retrained or \
                  a device that was reset or unbound under a running workload. Check the kernel \
                  log for PCIe AER and NVRM messages, and whether anyone reset or re-bound the \
                  device; if nobody did, reseat the card or its riser."
             .into(),
-        last_seen_ms: None,
-        state: Default::default(),
-        recorded: false,
-    }
+    )
 }
 
 fn stalled(device: u32, time_ms: u64, why: &str) -> Finding {
-    Finding {
-        id: STALLED.into(),
-        severity: Severity::Warn,
-        device: Some(device),
+    Finding::new(
+        STALLED.into(),
+        Severity::Warn,
+        Some(device),
         time_ms,
-        title: format!("GPU {device} telemetry stalled: a {why}"),
-        evidence: Evidence {
+        format!("GPU {device} telemetry stalled: a {why}"),
+        Evidence {
             values: super::values([("reason", json!(why))]),
             window_s: 0.0,
             threshold: "a poll longer than --poll-timeout".into(),
         },
-        advice: "The driver is slow or wedged; gpudiag kept sampling and marks the GPU until \
+        "The driver is slow or wedged; gpudiag kept sampling and marks the GPU until \
                  the call returns. Check whether `nvidia-smi` answers, look for XIDs and NVRM \
                  errors in the kernel log, and if calls keep hanging, drain the node and reset \
                  the GPU."
             .into(),
-        last_seen_ms: None,
-        state: Default::default(),
-        recorded: false,
-    }
+    )
 }
 
 fn implausible(device: u32, time_ms: u64, bad: serde_json::Map<String, Value>) -> Finding {
@@ -184,26 +170,23 @@ fn implausible(device: u32, time_ms: u64, bad: serde_json::Map<String, Value>) -
     } else {
         String::new()
     };
-    Finding {
-        id: IMPLAUSIBLE.into(),
-        severity: Severity::Warn,
-        device: Some(device),
+    Finding::new(
+        IMPLAUSIBLE.into(),
+        Severity::Warn,
+        Some(device),
         time_ms,
-        title: format!("GPU {device} reported values no working GPU produces ({first}{more})"),
-        evidence: Evidence {
+        format!("GPU {device} reported values no working GPU produces ({first}{more})"),
+        Evidence {
             values: bad,
             window_s: 0.0,
             threshold: "outside the physical range, not a number, or a counter going backwards"
                 .into(),
         },
-        advice: "Those values were dropped, not stored or exported. Once is a driver glitch; \
+        "Those values were dropped, not stored or exported. Once is a driver glitch; \
                  if it repeats, a sensor, the firmware or the driver is failing: update the \
                  driver, check the kernel log, and attach `gpudiag report` to a bug report."
             .into(),
-        last_seen_ms: None,
-        state: Default::default(),
-        recorded: false,
-    }
+    )
 }
 
 #[cfg(test)]

@@ -799,7 +799,7 @@ pub fn judge_all(
 /// a communication-bound or imbalanced job information on the host. A presumed job's straggler
 /// is information: the job may join strangers.
 pub fn findings(jobs: &[JobVerdict], config: &JobConfig) -> Vec<super::Finding> {
-    use super::{Evidence, Finding, FindingState, Severity};
+    use super::{Evidence, Finding, Severity};
     jobs.iter()
         .filter_map(|j| {
             let (id, severity, device, threshold) = match (&j.verdict, &j.straggler) {
@@ -847,22 +847,19 @@ pub fn findings(jobs: &[JobVerdict], config: &JobConfig) -> Vec<super::Finding> 
                 values.insert("peers_median".into(), json!(s.peers_median));
                 values.insert("peers_wait_share".into(), json!(s.peers_wait_share));
             }
-            Some(Finding {
-                id: id.to_owned(),
+            Some(Finding::new(
+                id.to_owned(),
                 severity,
                 device,
-                time_ms: j.end_ms,
-                last_seen_ms: None,
-                state: FindingState::Active,
-                title: j.title.clone(),
-                evidence: Evidence {
+                j.end_ms,
+                j.title.clone(),
+                Evidence {
                     values,
                     window_s: round2(j.end_ms.saturating_sub(j.start_ms) as f64 / 1000.0),
                     threshold,
                 },
-                advice: j.advice.clone(),
-                recorded: false,
-            })
+                j.advice.clone(),
+            ))
         })
         .collect()
 }

@@ -87,12 +87,12 @@ fn nearly_full(input: &RuleInput<'_>) -> Vec<Finding> {
         if pct <= cfg.nearly_full_pct {
             continue;
         }
-        out.push(Finding {
-            id: ID.into(),
-            severity: Severity::Warn,
-            device: Some(d.index),
-            time_ms: input.now_ms,
-            title: format!(
+        out.push(Finding::new(
+            ID.into(),
+            Severity::Warn,
+            Some(d.index),
+            input.now_ms,
+            format!(
                 "GPU {} memory {}% full ({})",
                 d.index,
                 shown(pct, 1, f64::gt, cfg.nearly_full_pct),
@@ -103,7 +103,7 @@ fn nearly_full(input: &RuleInput<'_>) -> Vec<Finding> {
                     secs(cfg.nearly_full_window_s)
                 )
             ),
-            evidence: Evidence {
+            Evidence {
                 values: values([
                     ("used_mean_mib", json!(round2(mean / MIB))),
                     ("total_mib", json!(round2(total as f64 / MIB))),
@@ -112,14 +112,11 @@ fn nearly_full(input: &RuleInput<'_>) -> Vec<Finding> {
                 window_s: cfg.nearly_full_window_s,
                 threshold: format!("> {}% of total", cfg.nearly_full_pct),
             },
-            advice: "Out-of-memory errors are close: reduce the batch size or activation memory \
+            "Out-of-memory errors are close: reduce the batch size or activation memory \
                      (mixed precision, gradient checkpointing), release cached blocks, or find the \
                      process holding the most memory in the process list."
                 .into(),
-            last_seen_ms: None,
-            state: Default::default(),
-            recorded: false,
-        });
+        ));
     }
     out
 }
@@ -219,12 +216,12 @@ fn leaks(input: &RuleInput<'_>) -> Vec<Finding> {
             continue;
         }
         let name = series.name.as_deref().unwrap_or("unknown");
-        out.push(Finding {
-            id: LEAK.into(),
-            severity: Severity::Warn,
-            device: Some(device),
-            time_ms: input.now_ms,
-            title: format!(
+        out.push(Finding::new(
+            LEAK.into(),
+            Severity::Warn,
+            Some(device),
+            input.now_ms,
+            format!(
                 "{name} (pid {pid}) on GPU {device} grows steadily: +{rate_mib_min:.0} MiB/min, \
                  {growth_mib:.0} MiB in {}",
                 if span_s < 120.0 {
@@ -233,7 +230,7 @@ fn leaks(input: &RuleInput<'_>) -> Vec<Finding> {
                     format!("{:.0} min", span_s / 60.0)
                 }
             ),
-            evidence: Evidence {
+            Evidence {
                 values: values([
                     ("pid", json!(pid)),
                     ("name", json!(series.name)),
@@ -257,16 +254,13 @@ fn leaks(input: &RuleInput<'_>) -> Vec<Finding> {
                     cfg.leak_fast_min_steps
                 ),
             },
-            advice: "A possible leak: tensors kept alive across iterations (a running loss kept \
+            "A possible leak: tensors kept alive across iterations (a running loss kept \
                      with its graph instead of .item(), growing lists or caches of GPU tensors), \
                      or an allocator that never reuses blocks. Compare \
                      torch.cuda.memory_summary() or a memory snapshot between iterations; at this \
                      rate the process runs out of memory eventually."
                 .into(),
-            last_seen_ms: None,
-            state: Default::default(),
-            recorded: false,
-        });
+        ));
     }
     for (device, s) in short {
         input.not_judged(

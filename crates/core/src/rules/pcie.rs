@@ -92,12 +92,12 @@ fn downtrained(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Opti
     let &&(link_gen, width) = low.last()?;
     let now = pcie_link_rate(link_gen, width).map(|r| round2(r.bytes_per_s / 1e9));
     let full = pcie_link_rate(gen_max, width_max).map(|r| round2(r.bytes_per_s / 1e9));
-    Some(Finding {
-        id: ID.into(),
-        severity: Severity::Warn,
-        device: Some(d.index),
-        time_ms: input.now_ms,
-        title: format!(
+    Some(Finding::new(
+        ID.into(),
+        Severity::Warn,
+        Some(d.index),
+        input.now_ms,
+        format!(
             "GPU {} PCIe link runs at Gen{link_gen} x{width} while busy ({}% of {} busy samples \
              over {:.0} s); it can do Gen{gen_max} x{width_max}",
             d.index,
@@ -105,7 +105,7 @@ fn downtrained(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Opti
             active.len(),
             span_s
         ),
-        evidence: Evidence {
+        Evidence {
             values: values([
                 ("pcie_gen", json!(link_gen)),
                 ("pcie_width", json!(width)),
@@ -123,7 +123,7 @@ fn downtrained(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Opti
                 cfg.moving_mb_per_s
             ),
         },
-        advice: format!(
+        format!(
             "The link trained below what the GPU and slot support, so host transfers top out near \
              {} GB/s instead of {} GB/s. Reseat the card, check the riser or cable and that the \
              slot is x{width_max} electrically, look for forced-lower PCIe settings in the BIOS, \
@@ -131,10 +131,7 @@ fn downtrained(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Opti
             now.map_or("n/a".into(), |v| v.to_string()),
             full.map_or("n/a".into(), |v| v.to_string()),
         ),
-        last_seen_ms: None,
-        state: Default::default(),
-        recorded: false,
-    })
+    ))
 }
 
 /// Replays allowed per minute: a link at bit error rate `ber` sees `ber × lane rate × lanes`
@@ -186,18 +183,18 @@ fn replays(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Option<F
         return None;
     }
     let (rate_text, budget_text) = shown_pair(rate, budget, 0, f64::gt);
-    Some(Finding {
-        id: ID.into(),
-        severity: Severity::Warn,
-        device: Some(d.index),
-        time_ms: input.now_ms,
-        title: format!(
+    Some(Finding::new(
+        ID.into(),
+        Severity::Warn,
+        Some(d.index),
+        input.now_ms,
+        format!(
             "GPU {} PCIe replays rising at {rate_text}/min over {:.0} s, above the \
              {budget_text}/min a healthy Gen{link_gen} x{width} link allows",
             d.index,
             span_min * 60.0
         ),
-        evidence: Evidence {
+        Evidence {
             values: values([
                 ("replays_per_min", json!(round2(rate))),
                 ("budget_per_min", json!(round2(budget))),
@@ -209,15 +206,12 @@ fn replays(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Option<F
             window_s: round2(span_min * 60.0),
             threshold: format!("> BER {} x lane rate x lanes per minute", cfg.replay_ber),
         },
-        advice: "The link corrects many transmission errors: signal integrity is poor. Reseat \
+        "The link corrects many transmission errors: signal integrity is poor. Reseat \
                  the card and any riser or cable, check for damaged pins, try another slot, and \
                  check the kernel log for AER corrected errors; replays cost bandwidth and can \
                  precede a link failure (XID 79)."
             .into(),
-        last_seen_ms: None,
-        state: Default::default(),
-        recorded: false,
-    })
+    ))
 }
 
 #[cfg(test)]
@@ -275,18 +269,18 @@ pub fn probe_bandwidth(
         } else {
             (Severity::Warn, WARN_SHARE)
         };
-        out.push(Finding {
-            id: format!("pcie.probe_{name}"),
+        out.push(Finding::new(
+            format!("pcie.probe_{name}"),
             severity,
-            device: Some(d.index),
-            time_ms: now_ms,
-            title: format!(
+            Some(d.index),
+            now_ms,
+            format!(
                 "GPU {} pinned {what} copies reach {gbps:.1} GB/s, {}% of what its \
                  Gen{gen_max} x{width_max} link carries ({link_gbps:.1} GB/s)",
                 d.index,
                 shown(share * 100.0, 0, f64::lt, below * 100.0)
             ),
-            evidence: Evidence {
+            Evidence {
                 values: values([
                     ("measured_gb_per_s", json!(round2(gbps))),
                     ("link_gb_per_s", json!(round2(link_gbps))),
@@ -301,25 +295,22 @@ pub fn probe_bandwidth(
                     FAIL_SHARE * 100.0
                 ),
             },
-            advice: "Host transfers are slower than the slot allows: check the link's current \
+            "Host transfers are slower than the slot allows: check the link's current \
                      generation and width (a downtrained or shared link), the CPU socket the GPU \
                      hangs off (NUMA: run on the GPU's local socket), and IOMMU or PCIe switch \
                      settings; copies from other processes share the link too."
                 .into(),
-            last_seen_ms: None,
-            state: Default::default(),
-            recorded: false,
-        });
+        ));
     }
     if let (Some(pinned), Some(pageable)) = (get("h2d_pinned"), get("h2d_pageable"))
         && pageable < PAGEABLE_HINT_SHARE * pinned
     {
-        out.push(Finding {
-            id: "pcie.pageable_copies_slow".into(),
-            severity: Severity::Info,
-            device: Some(d.index),
-            time_ms: now_ms,
-            title: format!(
+        out.push(Finding::new(
+            "pcie.pageable_copies_slow".into(),
+            Severity::Info,
+            Some(d.index),
+            now_ms,
+            format!(
                 "GPU {} copies from pageable memory run at {pageable:.1} GB/s, {}% of pinned \
                  ({pinned:.1} GB/s)",
                 d.index,
@@ -330,7 +321,7 @@ pub fn probe_bandwidth(
                     PAGEABLE_HINT_SHARE * 100.0
                 )
             ),
-            evidence: Evidence {
+            Evidence {
                 values: values([
                     ("h2d_pageable_gb_per_s", json!(round2(pageable))),
                     ("h2d_pinned_gb_per_s", json!(round2(pinned))),
@@ -338,14 +329,11 @@ pub fn probe_bandwidth(
                 window_s: 0.0,
                 threshold: format!("pageable < {:.0}% of pinned", PAGEABLE_HINT_SHARE * 100.0),
             },
-            advice: "Expected: the driver stages pageable memory through a pinned buffer. \
+            "Expected: the driver stages pageable memory through a pinned buffer. \
                      Applications that copy a lot should use pinned host memory \
                      (pin_memory=True, cudaHostAlloc)."
                 .into(),
-            last_seen_ms: None,
-            state: Default::default(),
-            recorded: false,
-        });
+        ));
     }
     out
 }

@@ -134,12 +134,12 @@ fn slow_gpus(probed: &[DeviceProbes], margin: f64, now_ms: TimeMs) -> Vec<Findin
                            "behind_pct": round2(b.shortfall * 100.0)})
                 })
                 .collect();
-            Some(Finding {
-                id: "peers.slow_gpu".into(),
-                severity: Severity::Warn,
-                device: Some(device),
-                time_ms: now_ms,
-                title: format!(
+            Some(Finding::new(
+                "peers.slow_gpu".into(),
+                Severity::Warn,
+                Some(device),
+                now_ms,
+                format!(
                     "GPU {device} is {}% behind its peers on {probe} {metric} ({value:.1} vs a \
                      median of {med:.1} over {peers} other GPU(s) of the same model){}",
                     shown(short * 100.0, 0, f64::gt, margin * 100.0),
@@ -149,7 +149,7 @@ fn slow_gpus(probed: &[DeviceProbes], margin: f64, now_ms: TimeMs) -> Vec<Findin
                         String::new()
                     }
                 ),
-                evidence: Evidence {
+                Evidence {
                     values: values([
                         ("probe", json!(probe)),
                         ("metric", json!(metric)),
@@ -164,14 +164,11 @@ fn slow_gpus(probed: &[DeviceProbes], margin: f64, now_ms: TimeMs) -> Vec<Findin
                         margin * 100.0
                     ),
                 },
-                advice: "Compare this GPU's clocks, power limit, temperature and PCIe link with \
+                "Compare this GPU's clocks, power limit, temperature and PCIe link with \
                          its peers (gpudiag check); if they match, rerun the probes, then have \
                          the GPU serviced."
                     .into(),
-                last_seen_ms: None,
-                state: Default::default(),
-                recorded: false,
-            })
+            ))
         })
         .collect()
 }
@@ -193,12 +190,12 @@ fn slow_links(links: &[PeerLink], margin: f64, now_ms: TimeMs) -> Vec<Finding> {
             continue;
         }
         let k = kind(l);
-        out.push(Finding {
-            id: "peers.slow_link".into(),
-            severity: Severity::Warn,
-            device: Some(l.src),
-            time_ms: now_ms,
-            title: format!(
+        out.push(Finding::new(
+            "peers.slow_link".into(),
+            Severity::Warn,
+            Some(l.src),
+            now_ms,
+            format!(
                 "Link GPU {} -> GPU {} ({k}) is {}% behind the other {k} links ({v:.1} vs a \
                  median of {med:.1} GB/s over {} link(s))",
                 l.src,
@@ -206,7 +203,7 @@ fn slow_links(links: &[PeerLink], margin: f64, now_ms: TimeMs) -> Vec<Finding> {
                 shown((1.0 - v / med) * 100.0, 0, f64::gt, margin * 100.0),
                 peers.len()
             ),
-            evidence: Evidence {
+            Evidence {
                 values: values([
                     ("src", json!(l.src)),
                     ("dst", json!(l.dst)),
@@ -221,14 +218,11 @@ fn slow_links(links: &[PeerLink], margin: f64, now_ms: TimeMs) -> Vec<Finding> {
                     margin * 100.0
                 ),
             },
-            advice: "Check the NVLink state and error counters of both GPUs (gpudiag check, \
+            "Check the NVLink state and error counters of both GPUs (gpudiag check, \
                      nvidia-smi nvlink -s -e) and the PCIe path between them; a link running \
                      below its siblings needs the board or cabling looked at."
                 .into(),
-            last_seen_ms: None,
-            state: Default::default(),
-            recorded: false,
-        });
+        ));
     }
     out
 }

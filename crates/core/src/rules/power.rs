@@ -35,18 +35,18 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
         if share >= min_share {
             continue;
         }
-        out.push(Finding {
-            id: BELOW_DEFAULT.into(),
-            severity: Severity::Warn,
-            device: Some(d.index),
-            time_ms: input.now_ms,
-            title: format!(
+        out.push(Finding::new(
+            BELOW_DEFAULT.into(),
+            Severity::Warn,
+            Some(d.index),
+            input.now_ms,
+            format!(
                 "GPU {} power limit {limit:.0} W is {}% of its default {default:.0} W: under \
                  load it runs at lower clocks than it can",
                 d.index,
                 shown(share * 100.0, 0, f64::lt, min_share * 100.0)
             ),
-            evidence: Evidence {
+            Evidence {
                 values: values([
                     ("power_limit_w", json!(round2(limit))),
                     ("power_limit_default_w", json!(round2(default))),
@@ -57,16 +57,13 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 window_s: 0.0,
                 threshold: format!("enforced limit < {:.0}% of the default", min_share * 100.0),
             },
-            advice: "The limit was lowered: by `nvidia-smi -pl`, a DCGM power policy, or a \
+            "The limit was lowered: by `nvidia-smi -pl`, a DCGM power policy, or a \
                      power-capping agent. `nvidia-smi -q -d POWER` shows the default and enforced \
                      limits; an administrator restores the default with `nvidia-smi -pl` (it also \
                      resets at reboot unless a service sets it again). If the cap is deliberate \
                      (a power budget), expect less throughput than uncapped peers."
                 .into(),
-            last_seen_ms: None,
-            state: Default::default(),
-            recorded: false,
-        });
+        ));
     }
     out
 }

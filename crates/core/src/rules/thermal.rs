@@ -56,18 +56,18 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
             let mean_text = shown(mean, 0, f64::ge, near);
             let decimals = mean_text.split_once('.').map_or(0, |(_, f)| f.len());
             let distance = (limit - mean_text.parse().unwrap_or(mean)).max(0.0);
-            out.push(Finding {
-                id: id.into(),
-                severity: Severity::Warn,
-                device: Some(d.index),
-                time_ms: input.now_ms,
-                title: format!(
+            out.push(Finding::new(
+                id.into(),
+                Severity::Warn,
+                Some(d.index),
+                input.now_ms,
+                format!(
                     "GPU {} {what} temperature {mean_text} °C ({}), within \
                      {distance:.decimals$} °C of its {limit:.0} °C limit",
                     d.index,
                     mean_over(input.history, d.index, metric, window)
                 ),
-                evidence: Evidence {
+                Evidence {
                     values: values([
                         ("temp_mean_c", json!(round2(mean))),
                         ("limit_c", json!(limit)),
@@ -75,14 +75,11 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                     window_s: cfg.window_s,
                     threshold: format!(">= limit - {} °C", cfg.slowdown_margin_c),
                 },
-                advice: "The GPU is about to lower its clocks to cool down. Improve airflow \
+                "The GPU is about to lower its clocks to cool down. Improve airflow \
                          (inlet temperature, fan curves, blocked or dusty intakes); if one GPU \
                          runs hotter than its peers, check its heatsink mounting and placement."
                     .into(),
-                last_seen_ms: None,
-                state: Default::default(),
-                recorded: false,
-            });
+            ));
         }
     }
     out

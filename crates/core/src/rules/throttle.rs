@@ -101,18 +101,12 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 let v: Vec<f64> = hit.iter().filter_map(|h| h.2[i]).collect();
                 (!v.is_empty()).then(|| round2(v.iter().sum::<f64>() / v.len() as f64))
             };
-            out.push(Finding {
-                id: id.into(),
-                severity: Severity::Fail,
-                device: Some(d.index),
-                time_ms: input.now_ms,
-                title: format!(
+            out.push(Finding::new(id.into(), Severity::Fail, Some(d.index), input.now_ms, format!(
                     "GPU {}: {what} for {}% of {:.0} s",
                     d.index,
                     shown(fraction * 100.0, 0, f64::ge, cfg.min_fraction * 100.0),
                     span_s
-                ),
-                evidence: Evidence {
+                ), Evidence {
                     values: values([
                         ("fraction_under_load", json!(round2(fraction))),
                         ("samples", json!(judged.len())),
@@ -128,12 +122,7 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                         cfg.load_util_pct,
                         cfg.min_fraction * 100.0
                     ),
-                },
-                advice: advice.into(),
-                last_seen_ms: None,
-                state: Default::default(),
-                recorded: false,
-            });
+                }, advice.into()));
         }
         let capped: Vec<_> = judged
             .iter()
@@ -150,12 +139,12 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 .get(&d.index)
                 .and_then(|s| s.power_limit_w)
                 .or(d.power_limit_default_w);
-            out.push(Finding {
-                id: "throttle.sw_power_cap".into(),
-                severity: Severity::Info,
-                device: Some(d.index),
-                time_ms: input.now_ms,
-                title: format!(
+            out.push(Finding::new(
+                "throttle.sw_power_cap".into(),
+                Severity::Info,
+                Some(d.index),
+                input.now_ms,
+                format!(
                     "GPU {} runs at its power limit ({} W of {} W) for {}% of {:.0} s",
                     d.index,
                     mean(3).map_or("n/a".into(), |p| format!("{p:.0}")),
@@ -168,7 +157,7 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                     ),
                     span_s
                 ),
-                evidence: Evidence {
+                Evidence {
                     values: values([
                         ("fraction", json!(round2(fraction))),
                         ("power_mean_w", json!(mean(3))),
@@ -183,14 +172,11 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                         cfg.power_cap_min_fraction * 100.0
                     ),
                 },
-                advice: "Expected at full load: the GPU trades clock speed for staying within \
+                "Expected at full load: the GPU trades clock speed for staying within \
                          its power limit. Nothing to fix unless the limit is below the default \
                          (`nvidia-smi -q -d POWER`) or the GPU should be faster than its peers."
                     .into(),
-                last_seen_ms: None,
-                state: Default::default(),
-                recorded: false,
-            });
+            ));
         }
     }
     out

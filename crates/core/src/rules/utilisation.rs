@@ -107,17 +107,17 @@ pub fn over(
         json!(v.processes.iter().map(|p| p.pid).collect::<Vec<_>>()),
     );
     values.insert("processes".into(), json!(v.processes));
-    Some(Finding {
-        id: ID.into(),
-        severity: Severity::Warn,
-        device: Some(device),
-        time_ms: input.now_ms,
-        title: format!(
+    Some(Finding::new(
+        ID.into(),
+        Severity::Warn,
+        Some(device),
+        input.now_ms,
+        format!(
             "{} while {} holds memory",
             v.title.split(" · ").next().unwrap_or(&v.title),
             names.join(", ")
         ),
-        evidence: Evidence {
+        Evidence {
             values,
             window_s: super::round2(v.window_s()),
             threshold: format!(
@@ -126,13 +126,10 @@ pub fn over(
                 cfg.min_mean_util_pct
             ),
         },
-        advice: format!(
+        format!(
             "{} If the process is merely parked (a notebook, a server between requests), release \
              the GPU for others.",
             v.advice
         ),
-        last_seen_ms: None,
-        state: Default::default(),
-        recorded: false,
-    })
+    ))
 }

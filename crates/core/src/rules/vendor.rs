@@ -52,27 +52,24 @@ pub fn nvidia_only_signals_missing(
             })
             .map(|(_, what)| *what),
     );
-    Some(Finding {
-        id: ID.into(),
-        severity: Severity::Info,
-        device: Some(info.index),
-        time_ms: now_ms,
-        title: format!(
+    Some(Finding::new(
+        ID.into(),
+        Severity::Info,
+        Some(info.index),
+        now_ms,
+        format!(
             "{vendor} GPU: checks that need NVIDIA-only signals do not run here: {}",
             missing.join(", ")
         ),
-        evidence: Evidence {
+        Evidence {
             values: values([("vendor", json!(vendor)), ("not_checked", json!(missing))]),
             window_s: 0.0,
             threshold: "vendor is not NVIDIA".into(),
         },
-        advice: "Nothing to fix: the other checks ran. For driver errors on AMD GPUs, look at \
+        "Nothing to fix: the other checks ran. For driver errors on AMD GPUs, look at \
                  `dmesg | grep amdgpu` (GPU resets, RAS events)."
             .into(),
-        last_seen_ms: None,
-        state: Default::default(),
-        recorded: false,
-    })
+    ))
 }
 
 #[cfg(test)]

@@ -276,22 +276,19 @@ mod test_fixtures {
         };
         let mut values = serde_json::Map::new();
         values.insert("ecc_uncorrected_volatile".into(), 2.into());
-        let f = Finding {
-            id: "errors.ecc_uncorrectable".into(),
-            severity: Severity::Fail,
-            device: Some(0),
-            time_ms: 1_767_225_601_000,
-            title: "uncorrectable ECC errors".into(),
-            evidence: Evidence {
+        let f = Finding::new(
+            "errors.ecc_uncorrectable".into(),
+            Severity::Fail,
+            Some(0),
+            1_767_225_601_000,
+            "uncorrectable ECC errors".into(),
+            Evidence {
                 values,
                 window_s: 0.0,
                 threshold: "> 0".into(),
             },
-            advice: "drain the node".into(),
-            last_seen_ms: None,
-            state: Default::default(),
-            recorded: false,
-        };
+            "drain the node".into(),
+        );
         vec![Record::Sample(s), Record::Event(e), Record::Finding(f)]
     }
 
