@@ -211,13 +211,8 @@ impl RuleEngine {
         let (mut verdicts, mut not_judged) =
             bottleneck::judge_all(input, Some(&self.process_cpu), start_ms, end_ms);
         let current_phases = self.current_phases(input, &verdicts, start_ms, end_ms);
-        let (jobs, unjudged) = job::judge_all(
-            input,
-            &self.process_launch,
-            &self.command,
-            start_ms,
-            end_ms,
-        );
+        let (jobs, unjudged) =
+            job::judge_all(input, &self.process_launch, &self.command, start_ms, end_ms);
         job::explain_by_job(&mut verdicts, &jobs, &self.config.job);
         not_judged.extend(unjudged);
         Judged {

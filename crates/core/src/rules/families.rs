@@ -126,7 +126,12 @@ pub const FAMILIES: &[Family] = &[
     },
     Family {
         name: "health",
-        ids: &[health::LOST, health::MISSING, health::STALLED, health::IMPLAUSIBLE],
+        ids: &[
+            health::LOST,
+            health::MISSING,
+            health::STALLED,
+            health::IMPLAUSIBLE,
+        ],
         lifetime: Lifetime::Event,
         cadence: Cadence::EveryTick,
         evaluate: health::evaluate,
@@ -156,7 +161,12 @@ pub fn family_of(id: &str) -> Option<&'static Family> {
     FAMILIES
         .iter()
         .filter_map(|f| {
-            let longest = f.ids.iter().filter(|p| id.starts_with(*p)).map(|p| p.len()).max();
+            let longest = f
+                .ids
+                .iter()
+                .filter(|p| id.starts_with(*p))
+                .map(|p| p.len())
+                .max();
             longest.map(|len| (len, f))
         })
         .max_by_key(|(len, _)| *len)

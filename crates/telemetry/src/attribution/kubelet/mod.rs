@@ -9,6 +9,10 @@
 //! does not read (CPU ids, memory, topology, dynamic resources) are left out and skipped on
 //! decode. The client and its current-thread runtime exist only once the socket does, and
 //! every call runs under a deadline: a hung kubelet costs one deadline per cache period.
+//!
+//! The gRPC client (`grpc.rs`: tonic, hyper, tokio) is built only with the `kubernetes`
+//! feature; without it the socket is still looked for, and a node that has one is told that
+//! this build cannot ask it.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, TryLockError};
@@ -18,38 +22,48 @@ use gpudiag_model::attribution::PodAllocation;
 
 /// The messages of `api.proto` gpudiag reads.
 pub mod proto {
-    #[derive(Clone, PartialEq, ::prost::Message)]
+    #[derive(Clone, PartialEq)]
+    #[cfg_attr(feature = "kubernetes", derive(::prost::Message))]
+    #[cfg_attr(not(feature = "kubernetes"), derive(Debug, Default))]
     pub struct ListPodResourcesRequest {}
 
-    #[derive(Clone, PartialEq, ::prost::Message)]
+    #[derive(Clone, PartialEq)]
+    #[cfg_attr(feature = "kubernetes", derive(::prost::Message))]
+    #[cfg_attr(not(feature = "kubernetes"), derive(Debug, Default))]
     pub struct ListPodResourcesResponse {
-        #[prost(message, repeated, tag = "1")]
+        #[cfg_attr(feature = "kubernetes", prost(message, repeated, tag = "1"))]
         pub pod_resources: Vec<PodResources>,
     }
 
-    #[derive(Clone, PartialEq, ::prost::Message)]
+    #[derive(Clone, PartialEq)]
+    #[cfg_attr(feature = "kubernetes", derive(::prost::Message))]
+    #[cfg_attr(not(feature = "kubernetes"), derive(Debug, Default))]
     pub struct PodResources {
-        #[prost(string, tag = "1")]
+        #[cfg_attr(feature = "kubernetes", prost(string, tag = "1"))]
         pub name: String,
-        #[prost(string, tag = "2")]
+        #[cfg_attr(feature = "kubernetes", prost(string, tag = "2"))]
         pub namespace: String,
-        #[prost(message, repeated, tag = "3")]
+        #[cfg_attr(feature = "kubernetes", prost(message, repeated, tag = "3"))]
         pub containers: Vec<ContainerResources>,
     }
 
-    #[derive(Clone, PartialEq, ::prost::Message)]
+    #[derive(Clone, PartialEq)]
+    #[cfg_attr(feature = "kubernetes", derive(::prost::Message))]
+    #[cfg_attr(not(feature = "kubernetes"), derive(Debug, Default))]
     pub struct ContainerResources {
-        #[prost(string, tag = "1")]
+        #[cfg_attr(feature = "kubernetes", prost(string, tag = "1"))]
         pub name: String,
-        #[prost(message, repeated, tag = "2")]
+        #[cfg_attr(feature = "kubernetes", prost(message, repeated, tag = "2"))]
         pub devices: Vec<ContainerDevices>,
     }
 
-    #[derive(Clone, PartialEq, ::prost::Message)]
+    #[derive(Clone, PartialEq)]
+    #[cfg_attr(feature = "kubernetes", derive(::prost::Message))]
+    #[cfg_attr(not(feature = "kubernetes"), derive(Debug, Default))]
     pub struct ContainerDevices {
-        #[prost(string, tag = "1")]
+        #[cfg_attr(feature = "kubernetes", prost(string, tag = "1"))]
         pub resource_name: String,
-        #[prost(string, repeated, tag = "2")]
+        #[cfg_attr(feature = "kubernetes", prost(string, repeated, tag = "2"))]
         pub device_ids: Vec<String>,
     }
 
@@ -57,128 +71,31 @@ pub mod proto {
     pub const LIST_PATH: &str = "/v1.PodResourcesLister/List";
 }
 
-use proto::{ListPodResourcesRequest, ListPodResourcesResponse, PodResources};
+use proto::PodResources;
 
-/// The kubelet's answer is bounded: a node runs at most a few hundred pods.
-const MAX_ANSWER_BYTES: usize = 16 << 20;
+#[cfg(feature = "kubernetes")]
+mod grpc;
+#[cfg(feature = "kubernetes")]
+use grpc::PodResourcesClient;
 
-/// One HTTP/2 connection to the socket, as the tower service tonic's client sends through.
-#[derive(Clone)]
-struct Connection(hyper::client::conn::http2::SendRequest<tonic::body::Body>);
+/// Without the gRPC client (built without the `kubernetes` feature) there is nothing to ask;
+/// processes go without pod names, and this says why.
+#[cfg(not(feature = "kubernetes"))]
+struct PodResourcesClient;
 
-type Answered = http::Response<hyper::body::Incoming>;
-
-impl tower_service::Service<http::Request<tonic::body::Body>> for Connection {
-    type Response = Answered;
-    type Error = hyper::Error;
-    type Future =
-        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Answered, hyper::Error>> + Send>>;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), hyper::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
-        Box::pin(self.0.send_request(request))
-    }
-}
-
-/// A gRPC client of the pod-resources socket with its own current-thread runtime. The HTTP/2
-/// connection is driven by a task on that runtime, which runs only inside `list`: between
-/// calls nothing of it is scheduled.
-pub struct PodResourcesClient {
-    runtime: tokio::runtime::Runtime,
-    socket: PathBuf,
-    /// Kept between calls; dropped after a failure so the next call reconnects.
-    connection: Option<Connection>,
-    deadline: Duration,
-}
-
+#[cfg(not(feature = "kubernetes"))]
 impl PodResourcesClient {
-    pub fn new(socket: &Path, deadline: Duration) -> Result<Self, String> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(|e| format!("cannot start the kubelet client: {e}"))?;
-        Ok(PodResourcesClient {
-            runtime,
-            socket: socket.to_path_buf(),
-            connection: None,
-            deadline,
-        })
-    }
-
-    /// `List`, within the deadline.
-    pub fn list(&mut self) -> Result<Vec<PodResources>, String> {
-        let (socket, cached) = (self.socket.clone(), self.connection.clone());
-        let call = async move {
-            let connection = match cached {
-                Some(c) => c,
-                None => connect(&socket).await?,
-            };
-            // The authority is a placeholder: HTTP/2 wants one, the socket names the peer.
-            let origin = http::Uri::from_static("http://localhost");
-            let mut grpc = tonic::client::Grpc::with_origin(connection.clone(), origin)
-                .max_decoding_message_size(MAX_ANSWER_BYTES);
-            grpc.ready()
-                .await
-                .map_err(|e| format!("kubelet pod-resources not ready: {e}"))?;
-            let codec =
-                tonic_prost::ProstCodec::<ListPodResourcesRequest, ListPodResourcesResponse>::new();
-            let answer = grpc
-                .unary(
-                    tonic::Request::new(ListPodResourcesRequest {}),
-                    http::uri::PathAndQuery::from_static(proto::LIST_PATH),
-                    codec,
-                )
-                .await
-                .map_err(|s| format!("kubelet pod-resources List failed: {}", s.message()))?;
-            Ok::<_, String>((connection, answer.into_inner().pod_resources))
-        };
-        let outcome = self
-            .runtime
-            .block_on(async { tokio::time::timeout(self.deadline, call).await });
-        match outcome {
-            Ok(Ok((connection, pods))) => {
-                self.connection = Some(connection);
-                Ok(pods)
-            }
-            Ok(Err(why)) => {
-                self.connection = None;
-                Err(why)
-            }
-            Err(_) => {
-                self.connection = None;
-                Err(format!(
-                    "kubelet pod-resources did not answer within {} ms",
-                    self.deadline.as_millis()
-                ))
-            }
-        }
-    }
-}
-
-/// Connects to the socket and starts the HTTP/2 connection's task on the current runtime.
-async fn connect(socket: &Path) -> Result<Connection, String> {
-    let stream = tokio::net::UnixStream::connect(socket).await.map_err(|e| {
-        format!(
-            "cannot connect to the kubelet pod-resources socket {}: {e}",
-            socket.display()
+    fn new(_socket: &Path, _deadline: Duration) -> Result<Self, String> {
+        Err(
+            "this gpudiag was built without Kubernetes support (the `kubernetes` feature), \
+             so it cannot ask the kubelet which pods hold each GPU"
+                .into(),
         )
-    })?;
-    let (send, connection) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .map_err(|e| format!("kubelet pod-resources HTTP/2 handshake failed: {e}"))?;
-    // Ends with the connection (the peer closes, or the client is dropped with its runtime).
-    tokio::spawn(connection);
-    Ok(Connection(send))
+    }
+
+    fn list(&mut self) -> Result<Vec<PodResources>, String> {
+        Err("built without Kubernetes support".into())
+    }
 }
 
 /// The identities a device plugin may give a GPU as a device id.
