@@ -1,6 +1,15 @@
 //! cuBLASLt, loaded at run time from wherever `check` finds it (CUDA 12 or 13), for the matmul
 //! probe's vendor-library ceiling. Only the dozen entry points the probe needs are bound; a
 //! missing library or `GPUDIAG_DRIVER_ONLY` leaves the built-in kernel to do the work.
+//!
+//! Bound by hand with libloading rather than through cudarc's `cublaslt` module (checked
+//! against cudarc 0.19.10): cudarc's loader tries fixed bare names on the loader's path, built
+//! from the CUDA version chosen at compile time (no `libcublasLt.so.13` under our `cuda-12000`),
+//! takes no path and no loaded library, so it cannot open the file `cuda_libraries` found (in a
+//! PyTorch wheel's `site-packages/nvidia/*/lib`, say); and it panics on first use when nothing
+//! opens or a symbol is missing, where a missing library must become a note and the built-in
+//! kernel. Its safe `Matmul<f32>` is also fixed to TF32 compute, so it has no plain-fp32
+//! ceiling. Revisit when cudarc loads from a given path without panicking.
 
 use std::ffi::c_void;
 
