@@ -56,9 +56,12 @@ pub fn replay_everything(data: &[u8], config: &Config) {
             probes: None,
             force: false,
         };
-        match gpudiag::commands::check(&args, config) {
+        let report = args
+            .request()
+            .and_then(|request| gpudiag::commands::check::check_request(&request, config));
+        match report {
             Ok(report) => {
-                let _ = gpudiag::report::text::render(&report);
+                let _ = gpudiag::check_text::render(&report);
                 serde_json::to_string(&report).expect("a report serialises");
             }
             Err(e) => {
@@ -80,7 +83,7 @@ pub fn replay_everything(data: &[u8], config: &Config) {
     )
     .expect("opened once already");
     let stop = AtomicBool::new(false);
-    match gpudiag::export::capture_trace(
+    match gpudiag::commands::trace::capture_trace(
         source,
         Duration::from_millis(100),
         None,

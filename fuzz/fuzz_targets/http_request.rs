@@ -6,7 +6,7 @@ use std::sync::{OnceLock, RwLock};
 
 use libfuzzer_sys::fuzz_target;
 
-use gpudiag::export::prometheus::{answer, response_bytes};
+use gpudiag::commands::serve::http::{answer, response_bytes};
 use gpudiag::telemetry::Backend;
 use gpudiag::telemetry::replay::{Pace, ReplayBackend};
 use gpudiag_export::prometheus::Snapshot;

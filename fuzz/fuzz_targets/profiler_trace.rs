@@ -30,7 +30,7 @@ fn ours() -> &'static Trace {
         )
         .expect("the fixture recording opens");
         let stop = AtomicBool::new(false);
-        gpudiag::export::capture_trace(
+        gpudiag::commands::trace::capture_trace(
             source,
             Duration::from_millis(100),
             None,

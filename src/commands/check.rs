@@ -1,22 +1,70 @@
-//! `gpudiag check`: the request built from the flags, the check core runs, the report.
+//! `gpudiag check`: the request built from the flags, the check core runs, the report printed
+//! as text or JSON. `replay` and the default view print theirs through [`print_check`] too.
 
-use crate::cli::CheckArgs;
+use crate::check_text;
+use crate::cli::{CheckArgs, SuiteName};
+use crate::tick_stats;
 use gpudiag_core::check::{self, CheckReport, CheckRequest, ProbeAsk, ProbeRunner};
 use gpudiag_core::config::Config;
 use gpudiag_model::error::Error;
+use gpudiag_model::printable;
 use gpudiag_probes::runner::ProbeReport;
 
 use super::probe::run_probes;
-use crate::cli::SuiteName;
+use super::{print, print_text};
 
-/// `gpudiag check`.
-pub fn check(args: &CheckArgs, config: &Config) -> Result<CheckReport, Error> {
-    check_request(&args.request()?, config)
+/// `gpudiag check`: prints the report; returns the exit code it gives.
+pub fn check(args: &CheckArgs, config: &Config) -> Result<i32, Error> {
+    print_check(
+        &args.request()?,
+        args.json,
+        args.source.backend.name(),
+        config,
+    )
 }
 
 /// The check `request` asks for, probes run in this process.
 pub fn check_request(request: &CheckRequest, config: &Config) -> Result<CheckReport, Error> {
     check::run(request, config, &CliProbes)
+}
+
+/// Runs the check `request` asks for and prints its report: JSON or text.
+pub fn print_check(
+    request: &CheckRequest,
+    json: bool,
+    backend_name: &str,
+    config: &Config,
+) -> Result<i32, Error> {
+    let report = match check_request(request, config) {
+        // A script reading `--json` always gets a document; the reason goes to stderr as well,
+        // for the person watching.
+        Err(Error::CannotRun(why)) if json => {
+            eprint!("{}", printable::error_lines(&why));
+            let mut report = CheckReport::could_not_run(why, backend_name, request.fail_on);
+            report.host.hostname = gethostname::gethostname().into_string().ok();
+            report
+        }
+        other => other?,
+    };
+    if json {
+        let json = serde_json::to_string_pretty(&report)
+            .map_err(|e| Error::CannotRun(format!("could not serialise the report: {e}")))?;
+        print(&format!("{json}\n"))?;
+        tick_stats::mark("printed");
+    } else {
+        print_text(&check_text::render(&report))?;
+        if let Some(ask) = &request.probes {
+            let devices = report.devices.iter().filter_map(|d| d.probes.clone());
+            let probed = ProbeReport {
+                suite: ask.suite.clone(),
+                devices: devices.collect(),
+                host: report.host_probes.clone().unwrap_or_default(),
+                findings: Vec::new(),
+            };
+            print_text(&gpudiag_probes::text::render(&probed))?;
+        }
+    }
+    Ok(report.exit_code)
 }
 
 impl CheckArgs {

@@ -10,13 +10,23 @@ use gpudiag_core::rules::Finding;
 use gpudiag_core::rules::engine::RuleEngine;
 use gpudiag_core::session::{self, Limit, Pipeline, RunOptions, Sink, open_source};
 use gpudiag_model::cuda_libraries;
-use gpudiag_model::error::Error;
+use gpudiag_model::error::{Error, exit};
 use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::recording::{Header, Record, RecordingError, RecordingWriter};
 use gpudiag_telemetry::replay::Pace;
 
-/// `gpudiag record`. Returns the number of ticks written.
-pub fn record(args: &RecordArgs, stop: Arc<AtomicBool>, config: &Config) -> Result<u64, Error> {
+/// `gpudiag record`: says how many ticks it wrote.
+pub fn record(args: &RecordArgs, stop: Arc<AtomicBool>, config: &Config) -> Result<i32, Error> {
+    let ticks = record_ticks(args, stop, config)?;
+    eprintln!(
+        "gpudiag: recorded {ticks} tick(s) to {}",
+        args.output.display()
+    );
+    Ok(exit::OK)
+}
+
+/// Records what `args` asks for; returns the number of ticks written.
+fn record_ticks(args: &RecordArgs, stop: Arc<AtomicBool>, config: &Config) -> Result<u64, Error> {
     let source = open_source(&args.source.spec()?, Pace::AsFastAsPossible, false)?;
     let libraries = source.is_this_host().then(cuda_libraries::detect_libraries);
     // A replay plays at its own recorded spacing, so --interval says nothing about it.

@@ -767,7 +767,7 @@ fn summary(r: &RunReport) -> String {
     }
     // The job first: its GPUs' own verdicts read busy while they wait for a straggler.
     for j in &r.jobs {
-        for line in crate::report::text::job_block(j, &r.job_phases, Some(r.start_ms)) {
+        for line in crate::check_text::job_block(j, &r.job_phases, Some(r.start_ms)) {
             let _ = writeln!(out, "gpudiag: {line}");
         }
     }
@@ -802,11 +802,11 @@ fn summary(r: &RunReport) -> String {
             let _ = writeln!(
                 out,
                 "  phases (the bottleneck changed {}; the verdict above is their blend):",
-                crate::report::text::times(d.phases.len() - 1)
+                crate::check_text::times(d.phases.len() - 1)
             );
             let t0 = r.start_ms;
             for p in &d.phases {
-                let phase = crate::report::text::phase_line(p, t0);
+                let phase = crate::check_text::phase_line(p, t0);
                 let _ = writeln!(out, "    {}", printable::line(&phase));
             }
         }

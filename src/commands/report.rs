@@ -8,7 +8,6 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::cli::ReportArgs;
-use crate::export;
 use gpudiag_core::check::{CheckRequest, NoProbes};
 use gpudiag_core::config::RulesConfig;
 use gpudiag_core::rules::Finding;
@@ -17,7 +16,7 @@ use gpudiag_core::session::{
     self, Limit, Origin, Pipeline, RunOptions, Sink, Source, SourceSpec, open_source,
 };
 use gpudiag_export::bundle_writer::{self, BundleOptions, Captured, host};
-use gpudiag_model::error::Error;
+use gpudiag_model::error::{Error, exit};
 use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::recording::{Header, Record};
 use gpudiag_telemetry::replay::{Pace, ReplayBackend};
@@ -105,8 +104,19 @@ impl Sink for CaptureSink {
     }
 }
 
-/// `gpudiag report`: writes the bundle and returns its path.
+/// `gpudiag report`: writes the bundle and says where.
 pub fn report(
+    args: &ReportArgs,
+    stop: &AtomicBool,
+    config: &gpudiag_core::config::Config,
+) -> Result<i32, Error> {
+    let path = write_report(args, stop, config)?;
+    eprintln!("gpudiag: wrote the bug-report bundle {}", path.display());
+    Ok(exit::OK)
+}
+
+/// Writes the bundle `args` asks for; returns its path.
+fn write_report(
     args: &ReportArgs,
     stop: &AtomicBool,
     config: &gpudiag_core::config::Config,
@@ -171,6 +181,6 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &ReportOptions) -> Result<
 
     let replay = ReplayBackend::from_reader(Cursor::new(recording_gz), Pace::AsFastAsPossible)?;
     let source = Source::from_backend(Box::new(replay), recording_name.clone())?;
-    let trace = export::capture_trace(source, opts.interval, None, None, &opts.config)?.trace;
+    let trace = super::trace::capture_trace(source, opts.interval, None, None, &opts.config)?.trace;
     prepared.write(out, check, trace)
 }
