@@ -12,6 +12,7 @@ pub mod cli;
 pub mod commands;
 pub mod format;
 pub mod schema;
+pub mod stop;
 pub mod tick_stats;
 pub mod tui;
 

@@ -1,13 +1,12 @@
 //! The gpudiag binary: parse the command line, run, map errors to the documented exit codes.
 
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 
 use gpudiag::cli::{Cli, Command};
 use gpudiag::commands;
+use gpudiag::stop::Stop;
 use gpudiag::tick_stats;
 use gpudiag_core::config::Config;
 use gpudiag_model::error::Error;
@@ -62,46 +61,24 @@ fn keep_nvlink_multicast_off() {
 
 fn run(cli: Cli) -> Result<i32, Error> {
     let config = || Config::load(cli.config.as_deref()).map_err(|e| Error::Usage(e.to_string()));
+    let stop = Stop::new();
     match cli.command {
-        Some(Command::Check(ref args)) => commands::check::check(args, &config()?),
+        Some(Command::Check(ref args)) => commands::check::check(args, &stop, &config()?),
         Some(Command::Config(ref args)) => commands::config::config(args, config),
-        Some(Command::Probe(ref args)) => {
-            let stop = Arc::new(AtomicBool::new(false));
-            let flag = stop.clone();
-            // Ctrl-C stops the probes between steps; buffers and contexts are freed on the way out.
-            let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
-            commands::probe::probe(args, stop, &config()?)
+        Some(Command::Probe(ref args)) => commands::probe::probe(args, &stop, &config()?),
+        Some(Command::Record(ref args)) => commands::record::record(args, &stop, &config()?),
+        Some(Command::Trace(ref args)) => commands::trace::trace(args, &stop, &config()?),
+        Some(Command::Report(ref args)) => commands::report::report(args, &stop, &config()?),
+        Some(Command::Serve(ref args)) => commands::serve::serve(args, &stop, &config()?),
+        Some(Command::Replay(ref args)) => {
+            commands::replay::replay(args, cli.interval, &stop, &config()?)
         }
-        Some(Command::Record(ref args)) => {
-            let stop = Arc::new(AtomicBool::new(false));
-            let flag = stop.clone();
-            // Ctrl-C ends the recording cleanly: the sampler stops and the file is finished.
-            let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
-            commands::record::record(args, stop, &config()?)
-        }
-        Some(Command::Trace(ref args)) => {
-            commands::trace::trace(args, &stop_on_ctrl_c(), &config()?)
-        }
-        Some(Command::Report(ref args)) => {
-            commands::report::report(args, &stop_on_ctrl_c(), &config()?)
-        }
-        Some(Command::Serve(ref args)) => {
-            commands::serve::serve(args, stop_on_ctrl_c(), &config()?)
-        }
-        Some(Command::Replay(ref args)) => commands::replay::replay(args, cli.interval, &config()?),
+        // `run` handles its signals itself: it forwards them to its command.
         Some(Command::Run(ref args)) => commands::run::run(args, &config()?),
-        Some(Command::Fleet(ref args)) => commands::fleet::fleet(args),
+        Some(Command::Fleet(ref args)) => commands::fleet::fleet(args, &stop),
         // Neither reads the config: a broken one must not stop a shell from installing these.
         Some(Command::Completions(ref args)) => commands::completions::completions(args.shell),
         Some(Command::Man) => commands::man::man(),
-        None => commands::default_view::default_view(cli.demo, cli.interval, &config()?),
+        None => commands::default_view::default_view(cli.demo, cli.interval, &stop, &config()?),
     }
-}
-
-/// A flag Ctrl-C (or SIGTERM) sets, so long captures and servers end cleanly.
-fn stop_on_ctrl_c() -> Arc<AtomicBool> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
-    stop
 }

@@ -58,7 +58,9 @@ pub fn replay_everything(data: &[u8], config: &Config) {
         };
         let report = args
             .request()
-            .and_then(|request| gpudiag::commands::check::check_request(&request, config));
+            .and_then(|request| {
+                gpudiag::commands::check::check_request(&request, &gpudiag::stop::Stop::new(), config)
+            });
         match report {
             Ok(report) => {
                 let _ = gpudiag::check_text::render(&report);

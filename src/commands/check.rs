@@ -3,6 +3,7 @@
 
 use crate::check_text;
 use crate::cli::{CheckArgs, SuiteName};
+use crate::stop::Stop;
 use crate::tick_stats;
 use gpudiag_core::check::{self, CheckReport, CheckRequest, ProbeAsk, ProbeRunner};
 use gpudiag_core::config::Config;
@@ -14,18 +15,23 @@ use super::probe::run_probes;
 use super::{print, print_text};
 
 /// `gpudiag check`: prints the report; returns the exit code it gives.
-pub fn check(args: &CheckArgs, config: &Config) -> Result<i32, Error> {
+pub fn check(args: &CheckArgs, stop: &Stop, config: &Config) -> Result<i32, Error> {
     print_check(
         &args.request()?,
         args.json,
         args.source.backend.name(),
+        stop,
         config,
     )
 }
 
-/// The check `request` asks for, probes run in this process.
-pub fn check_request(request: &CheckRequest, config: &Config) -> Result<CheckReport, Error> {
-    check::run(request, config, &CliProbes)
+/// The check `request` asks for, probes run in this process (`stop` ends them).
+pub fn check_request(
+    request: &CheckRequest,
+    stop: &Stop,
+    config: &Config,
+) -> Result<CheckReport, Error> {
+    check::run(request, config, &CliProbes { stop })
 }
 
 /// Runs the check `request` asks for and prints its report: JSON or text.
@@ -33,9 +39,10 @@ pub fn print_check(
     request: &CheckRequest,
     json: bool,
     backend_name: &str,
+    stop: &Stop,
     config: &Config,
 ) -> Result<i32, Error> {
-    let report = match check_request(request, config) {
+    let report = match check_request(request, stop, config) {
         // A script reading `--json` always gets a document; the reason goes to stderr as well,
         // for the person watching.
         Err(Error::CannotRun(why)) if json => {
@@ -83,13 +90,16 @@ impl CheckArgs {
     }
 }
 
-/// Probes run in this process, under Ctrl-C and the hang watchdog.
-struct CliProbes;
+/// Probes run in this process, under Ctrl-C and the hang watchdog. Ctrl-C is listened for only
+/// once the probes start: the sampling before them has nothing to finish.
+struct CliProbes<'a> {
+    stop: &'a Stop,
+}
 
-impl ProbeRunner for CliProbes {
+impl ProbeRunner for CliProbes<'_> {
     fn run(&self, ask: &ProbeAsk, devices: &[String]) -> Result<ProbeReport, Error> {
         let suite = <SuiteName as clap::ValueEnum>::from_str(&ask.suite, false)
             .map_err(|_| Error::Usage(format!("no probe suite named {}", ask.suite)))?;
-        run_probes(suite, devices, ask.force, None)
+        run_probes(suite, devices, ask.force, None, self.stop)
     }
 }

@@ -10,14 +10,20 @@ use gpudiag_telemetry::amd::sysfs::SYSFS_ROOT_ENV;
 use gpudiag_telemetry::live::LiveBackend;
 
 use crate::cli::BackendChoice;
+use crate::stop::Stop;
 use crate::tui;
 
 /// `gpudiag`. With no GPU the UI says so in one line and shows the bundled demo recording
 /// instead; the summary for scripts says why and exits 3, since a demo's healthy report would
 /// fool them (`--demo` asks for it).
-pub fn default_view(demo: bool, interval: Duration, config: &Config) -> Result<i32, Error> {
+pub fn default_view(
+    demo: bool,
+    interval: Duration,
+    stop: &Stop,
+    config: &Config,
+) -> Result<i32, Error> {
     if super::interactive() {
-        return tui::run_default(demo, interval, config);
+        return tui::run_default(demo, interval, stop, config);
     }
     let origin = if demo {
         Origin::Demo
@@ -29,12 +35,12 @@ pub fn default_view(demo: bool, interval: Duration, config: &Config) -> Result<i
         ..SourceSpec::new(origin)
     };
     let request = CheckRequest::new(source);
-    super::check::print_check(&request, false, BackendChoice::Auto.name(), config).map_err(|e| {
-        match e {
+    super::check::print_check(&request, false, BackendChoice::Auto.name(), stop, config).map_err(
+        |e| match e {
             Error::CannotRun(why) => Error::CannotRun(format!(
                 "no live GPU here ({why}); `gpudiag --demo` shows the bundled demo recording"
             )),
             other => other,
-        }
-    })
+        },
+    )
 }

@@ -14,6 +14,7 @@ use gpudiag_model::finding::Severity;
 use gpudiag_model::printable;
 
 use crate::cli::FleetArgs;
+use crate::stop::Stop;
 use crate::tui;
 
 /// The most a file named by an access flag may hold (a token, a PEM bundle).
@@ -111,13 +112,13 @@ impl FleetArgs {
 }
 
 /// `gpudiag fleet`: the terminal UI on a terminal; otherwise (or with --json) one read, printed.
-pub fn fleet(args: &FleetArgs) -> Result<i32, Error> {
+pub fn fleet(args: &FleetArgs, stop: &Stop) -> Result<i32, Error> {
     if args.json || !super::interactive() {
         return fleet_once(args);
     }
     let request = args.request()?;
     let client = args.client()?;
-    tui::fleet::run(client, request, args.interval)
+    tui::fleet::run(client, request, args.interval, stop)
 }
 
 /// `gpudiag fleet --json`, or the text table: one read, printed, and the exit code.

@@ -5,6 +5,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::cli::RecordArgs;
+use crate::stop::Stop;
 use gpudiag_core::config::Config;
 use gpudiag_core::rules::Finding;
 use gpudiag_core::rules::engine::RuleEngine;
@@ -15,9 +16,10 @@ use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::recording::{Header, Record, RecordingError, RecordingWriter};
 use gpudiag_telemetry::replay::Pace;
 
-/// `gpudiag record`: says how many ticks it wrote.
-pub fn record(args: &RecordArgs, stop: Arc<AtomicBool>, config: &Config) -> Result<i32, Error> {
-    let ticks = record_ticks(args, stop, config)?;
+/// `gpudiag record`: says how many ticks it wrote. Ctrl-C ends the recording cleanly: the
+/// sampler stops and the file is finished.
+pub fn record(args: &RecordArgs, stop: &Stop, config: &Config) -> Result<i32, Error> {
+    let ticks = record_ticks(args, stop.flag(), config)?;
     eprintln!(
         "gpudiag: recorded {ticks} tick(s) to {}",
         args.output.display()

@@ -9,16 +9,23 @@ use gpudiag_model::error::Error;
 use gpudiag_telemetry::replay::ReplayOptions;
 
 use crate::cli::{BackendChoice, ReplayArgs};
+use crate::stop::Stop;
 use crate::tui;
 
 /// `gpudiag replay FILE`, at the UI's refresh `interval`.
-pub fn replay(args: &ReplayArgs, interval: Duration, config: &Config) -> Result<i32, Error> {
+pub fn replay(
+    args: &ReplayArgs,
+    interval: Duration,
+    stop: &Stop,
+    config: &Config,
+) -> Result<i32, Error> {
     if super::interactive() {
         return tui::run_replay(
             &args.file,
             args.speed,
             interval,
             args.max_inflated_size,
+            stop,
             config,
         );
     }
@@ -32,6 +39,7 @@ pub fn replay(args: &ReplayArgs, interval: Duration, config: &Config) -> Result<
         &CheckRequest::new(source),
         false,
         BackendChoice::Replay.name(),
+        stop,
         config,
     )
 }

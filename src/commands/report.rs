@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::cli::ReportArgs;
+use crate::stop::Stop;
 use gpudiag_core::check::{CheckRequest, NoProbes};
 use gpudiag_core::config::RulesConfig;
 use gpudiag_core::rules::Finding;
@@ -104,13 +105,14 @@ impl Sink for CaptureSink {
     }
 }
 
-/// `gpudiag report`: writes the bundle and says where.
+/// `gpudiag report`: writes the bundle and says where. Ctrl-C ends a live capture early; the
+/// bundle is still written, whole.
 pub fn report(
     args: &ReportArgs,
-    stop: &AtomicBool,
+    stop: &Stop,
     config: &gpudiag_core::config::Config,
 ) -> Result<i32, Error> {
-    let path = write_report(args, stop, config)?;
+    let path = write_report(args, &stop.flag(), config)?;
     eprintln!("gpudiag: wrote the bug-report bundle {}", path.display());
     Ok(exit::OK)
 }

@@ -501,6 +501,11 @@ fn wait_and_forward(
 
 /// Catches [`FORWARDED`] so they no longer end gpudiag: gpudiag keeps watching until the
 /// command has handled them and exited, then exits with its code.
+///
+/// A handler of its own rather than the process's one `Stop` (ctrlc): forwarding takes seven
+/// signals, not three, and each one's `si_code`, to tell a terminal's Ctrl-C (which reached the
+/// command already) from a `kill` aimed at gpudiag alone. `main` gives `run` no `Stop`, so no
+/// other handler is installed in this process.
 fn catch_forwarded_signals() {
     for signal in FORWARDED {
         // SAFETY: a zeroed sigaction is a valid start; `catch` only touches lock-free atomics

@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::cli::TraceArgs;
+use crate::stop::Stop;
 use gpudiag_core::config::Config;
 use gpudiag_core::judgement::{self, KernelLog, Moment, Seen, Span};
 use gpudiag_core::rules::Finding;
@@ -118,8 +119,8 @@ impl Sink for TraceSink<'_> {
 
 /// `gpudiag trace`: writes the file and says what it holds.
 /// `stop` (Ctrl-C) ends a live capture early; what was sampled is still written.
-pub fn trace(args: &TraceArgs, stop: &AtomicBool, config: &Config) -> Result<i32, Error> {
-    let capture = capture_to_file(args, stop, config)?;
+pub fn trace(args: &TraceArgs, stop: &Stop, config: &Config) -> Result<i32, Error> {
+    let capture = capture_to_file(args, &stop.flag(), config)?;
     if let Some(m) = &capture.merged {
         if let Some(w) = m.warning() {
             eprintln!("gpudiag: warning: {w}");

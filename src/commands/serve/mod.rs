@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use http::{Guard, serve_connections};
 
 use crate::cli::ServeArgs;
+use crate::stop::Stop;
 use gpudiag_core::config::Config;
 use gpudiag_core::host_facts::XidRead;
 use gpudiag_core::judgement::{self, Judgement, KernelLog, Moment, Seen, Span};
@@ -163,8 +164,9 @@ fn stopped(why: &str) {
     );
 }
 
-/// `gpudiag serve`: runs until `stop` is set.
-pub fn serve(args: &ServeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result<i32, Error> {
+/// `gpudiag serve`: runs until `stop` (Ctrl-C or SIGTERM).
+pub fn serve(args: &ServeArgs, stop: &Stop, config: &Config) -> Result<i32, Error> {
+    let stop = stop.flag();
     // Before anything else: a bad web config must fail at once, not after the GPUs are opened.
     let guard = match &args.web_config_file {
         None => Guard::default(),
