@@ -4,8 +4,9 @@
 //! below it lives in the workspace's crates (`crates/`): model ← telemetry, probes ← core ←
 //! export ← this binary; fleet reads Prometheus.
 //!
-//! The layers below core are re-exported under their old names so integration tests and
-//! benches can reach them through one crate; the writers are used from `gpudiag_export` itself.
+//! The binary, benches and fuzz targets import each type from the crate that defines it. The
+//! re-exports below remain only for the integration tests that still reach the crates through
+//! this one, until they import from the crates too.
 
 pub mod check_text;
 pub mod cli;

@@ -10,8 +10,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use gpudiag::cli::{BackendChoice, CheckArgs, FailOn, SourceArgs};
-use gpudiag::config::Config;
-use gpudiag::error::exit;
+use gpudiag_core::config::Config;
+use gpudiag_model::error::exit;
 
 /// One file per fuzzing process, rewritten for every input: the commands take a path.
 pub fn scratch(data: &[u8]) -> PathBuf {
@@ -38,7 +38,7 @@ pub fn source(path: PathBuf) -> SourceArgs {
         poll_timeout: Duration::from_secs(2),
         backend: BackendChoice::Replay,
         sysfs_root: None,
-        max_inflated_size: gpudiag::telemetry::bundle_reader::DEFAULT_MAX_INFLATED,
+        max_inflated_size: gpudiag_telemetry::bundle_reader::DEFAULT_MAX_INFLATED,
         kubelet: gpudiag::cli::KubeletArgs::default(),
     }
 }
@@ -78,9 +78,9 @@ pub fn replay_everything(data: &[u8], config: &Config) {
         }
     }
     let spec = source(path).spec().expect("a replay spec");
-    let source = gpudiag::session::open_source(
+    let source = gpudiag_core::session::open_source(
         &spec,
-        gpudiag::telemetry::replay::Pace::AsFastAsPossible,
+        gpudiag_telemetry::replay::Pace::AsFastAsPossible,
         false,
     )
     .expect("opened once already");

@@ -12,7 +12,8 @@ use gpudiag_core::config::Config;
 use gpudiag_core::rules;
 use gpudiag_model::error::Error;
 use gpudiag_model::printable;
-use gpudiag_telemetry::{Backend, now_ms};
+use gpudiag_model::sample::now_ms;
+use gpudiag_telemetry::Backend;
 
 use super::{print, print_text};
 

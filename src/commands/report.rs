@@ -11,13 +11,13 @@ use crate::cli::ReportArgs;
 use crate::stop::Stop;
 use gpudiag_core::check::{CheckRequest, NoProbes};
 use gpudiag_core::config::RulesConfig;
-use gpudiag_core::rules::Finding;
 use gpudiag_core::rules::engine::RuleEngine;
 use gpudiag_core::session::{
     self, Limit, Origin, Pipeline, RunOptions, Sink, Source, SourceSpec, open_source,
 };
 use gpudiag_export::bundle_writer::{self, BundleOptions, Captured, host};
 use gpudiag_model::error::{Error, exit};
+use gpudiag_model::finding::Finding;
 use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::recording::{Header, Record};
 use gpudiag_telemetry::replay::{Pace, ReplayBackend};
@@ -161,7 +161,7 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &ReportOptions) -> Result<
     let tmp = std::env::temp_dir().join(format!(
         "gpudiag-report-{}-{}.ndjson.gz",
         std::process::id(),
-        gpudiag_telemetry::now_ms()
+        gpudiag_model::sample::now_ms()
     ));
     std::fs::OpenOptions::new()
         .write(true)

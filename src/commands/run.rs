@@ -26,7 +26,7 @@ use crate::cli::RunArgs;
 use gpudiag_core::check::ToolInfo;
 use gpudiag_core::config::Config;
 use gpudiag_core::judgement::{self, Moment, Seen, Span};
-use gpudiag_core::rules::{Finding, is_workload};
+use gpudiag_core::rules::is_workload;
 use gpudiag_core::session::{
     self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source,
 };
@@ -34,11 +34,13 @@ use gpudiag_export::chrome_trace::{Trace, TraceBuilder};
 use gpudiag_export::profiler_merge;
 use gpudiag_export::{refuse_existing, write_json_atomic};
 use gpudiag_model::error::Error;
+use gpudiag_model::finding::Finding;
 use gpudiag_model::printable;
+use gpudiag_model::sample::{TimeMs, now_ms};
 use gpudiag_model::verdict::{NotJudged, Verdict};
+use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::recording::{Header, Record, RecordingWriter};
 use gpudiag_telemetry::replay::Pace;
-use gpudiag_telemetry::{Tick, TimeMs, now_ms};
 
 /// Bumped on any change that removes or retypes a field of `RunReport`.
 pub const RUN_SCHEMA_VERSION: u32 = 1;
@@ -552,7 +554,7 @@ fn exit_parts(status: ExitStatus) -> (Option<i32>, Option<i32>) {
 /// What watching produced, kept for the summary at the end.
 struct Watched {
     pipeline: Pipeline,
-    devices: Vec<gpudiag_telemetry::DeviceInfo>,
+    devices: Vec<gpudiag_model::sample::DeviceInfo>,
     /// Findings the source carried (a recording's; live sources carry none).
     recorded: Vec<Finding>,
     tree: ProcessTree,
@@ -820,7 +822,7 @@ fn summary(r: &RunReport) -> String {
         .findings
         .iter()
         // Workload findings repeat the verdict above; faults and the rest are news.
-        .filter(|f| f.severity > gpudiag_core::rules::Severity::Info && !is_workload(f))
+        .filter(|f| f.severity > gpudiag_model::finding::Severity::Info && !is_workload(f))
     {
         let _ = writeln!(
             out,

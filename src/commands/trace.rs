@@ -9,7 +9,6 @@ use crate::cli::TraceArgs;
 use crate::stop::Stop;
 use gpudiag_core::config::Config;
 use gpudiag_core::judgement::{self, KernelLog, Moment, Seen, Span};
-use gpudiag_core::rules::Finding;
 use gpudiag_core::session::{
     self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source,
 };
@@ -17,6 +16,7 @@ use gpudiag_export::chrome_trace::{Trace, TraceBuilder};
 use gpudiag_export::profiler_merge::MergeSummary;
 use gpudiag_export::{TraceOptions, write_trace};
 use gpudiag_model::error::{Error, exit};
+use gpudiag_model::finding::Finding;
 use gpudiag_model::printable;
 use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::replay::Pace;

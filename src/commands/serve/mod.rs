@@ -20,15 +20,16 @@ use crate::stop::Stop;
 use gpudiag_core::config::Config;
 use gpudiag_core::host_facts::XidRead;
 use gpudiag_core::judgement::{self, Judgement, KernelLog, Moment, Seen, Span};
-use gpudiag_core::rules::Finding;
 use gpudiag_core::session::{
     self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source,
 };
 use gpudiag_export::prometheus::Snapshot;
 use gpudiag_export::prometheus::process_series::ProcessCap;
 use gpudiag_model::error::{Error, exit};
+use gpudiag_model::finding::Finding;
+use gpudiag_model::sample::{DeviceInfo, EventKind};
+use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::replay::Pace;
-use gpudiag_telemetry::{DeviceInfo, EventKind, Tick};
 
 /// Names the node for the `Hostname` label where the host name is a pod's (Kubernetes' downward
 /// API: `fieldRef: spec.nodeName`).
@@ -237,7 +238,7 @@ mod tests {
     use super::http::{answer_bytes, respond_to, response_bytes};
     use super::*;
     use gpudiag_export::prometheus::CONTENT_TYPE;
-    use gpudiag_telemetry::{DeviceInfo, Sample};
+    use gpudiag_model::sample::{DeviceInfo, Sample};
 
     fn snapshot() -> Snapshot {
         let sample = Sample {
