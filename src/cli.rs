@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use gpudiag_core::rules::Severity;
 use gpudiag_core::session::{Origin, SourceSpec};
 use gpudiag_export::prometheus::process_series::DEFAULT_PROCESS_CAP;
 use gpudiag_model::error::Error;
+use gpudiag_model::finding::Severity;
 use gpudiag_model::units::parse_duration;
 use gpudiag_telemetry::attribution::{
     AttributionOptions, DEFAULT_KUBELET_SOCKET, KUBELET_SOCKET_ENV, KubeletOptions,

@@ -1,6 +1,6 @@
 //! Times as the views print them, in text reports and in the terminal UI alike.
 
-use gpudiag_telemetry::TimeMs;
+use gpudiag_model::sample::TimeMs;
 
 /// Wall-clock time of day in UTC ("14:03:07"); recordings travel between time zones, so the
 /// views say UTC rather than guessing the viewer's zone.

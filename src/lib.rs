@@ -1,18 +1,19 @@
-//! gpudiag's top layer: the command line, one module per subcommand, the terminal UI, the text
-//! report, and the adapters that drive the pipeline into the writers of `gpudiag-export`
-//! (Chrome trace, Prometheus, bug-report bundles) and serve `/metrics`. Everything below it
-//! lives in the workspace's crates (`crates/`): model ← telemetry, probes ← core ← export ←
-//! this binary.
+//! gpudiag's top layer: the command line (`cli`), one module per subcommand (`commands`: each
+//! drives core's pipeline into a view, such as the writers of `gpudiag-export`, the `/metrics`
+//! server or the check report's text, `check_text`), and the terminal UI (`tui`). Everything
+//! below it lives in the workspace's crates (`crates/`): model ← telemetry, probes ← core ←
+//! export ← this binary; fleet reads Prometheus.
 //!
-//! The layers below core are re-exported under their old names so integration tests and
-//! benches can reach them through one crate; the writers are used from `gpudiag_export` itself.
+//! The binary, benches and fuzz targets import each type from the crate that defines it. The
+//! re-exports below remain only for the integration tests that still reach the crates through
+//! this one, until they import from the crates too.
 
+pub mod check_text;
 pub mod cli;
 pub mod commands;
-pub mod export;
 pub mod format;
-pub mod report;
 pub mod schema;
+pub mod stop;
 pub mod tick_stats;
 pub mod tui;
 

@@ -900,7 +900,7 @@ fn planted_credentials_never_reach_a_bundle() {
 /// Kernel log lines (here from a saved log) go through the same redaction as the rest.
 #[test]
 fn kernel_log_credentials_are_redacted() {
-    use gpudiag::report::bundle::{self, ReportOptions};
+    use gpudiag::commands::report::{self as bundle, ReportOptions};
     use gpudiag_export::bundle_writer::host;
     let dir = tempfile::tempdir().unwrap();
     let rec = credential_recording(dir.path());

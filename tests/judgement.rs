@@ -212,7 +212,7 @@ fn run_view(path: Option<&Path>) -> View {
 /// What `serve` publishes once the replay played out.
 fn serve_view(path: Option<&Path>) -> View {
     let source = open_source(&spec(path), Pace::AsFastAsPossible, false).unwrap();
-    let snapshot = gpudiag::export::prometheus::snapshot_at_end(source, &Config::default());
+    let snapshot = gpudiag::commands::serve::snapshot_at_end(source, &Config::default());
     assert!(snapshot.source_ended);
     // What a scrape reads: the exposition's finding series.
     let text = gpudiag_export::prometheus::render(&snapshot, Instant::now());

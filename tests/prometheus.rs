@@ -472,7 +472,7 @@ fn serve_names_the_job_of_every_gpu_and_judges_it() {
         false,
     )
     .unwrap();
-    let snapshot = gpudiag::export::prometheus::snapshot_at_end(source, &Config::default());
+    let snapshot = gpudiag::commands::serve::snapshot_at_end(source, &Config::default());
     let text = gpudiag_export::prometheus::render(&snapshot, Instant::now());
     let lines = |name: &str| -> Vec<&str> {
         text.lines()

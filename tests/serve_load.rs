@@ -15,7 +15,7 @@ mod serve_support;
 use serve_support::{Served, serve};
 
 /// `MAX_CONNECTIONS` (answers being written) and `MAX_PENDING` (request heads coming in) in
-/// src/export/prometheus.rs.
+/// src/commands/serve/http.rs.
 const MAX_CONNECTIONS: usize = 64;
 const MAX_PENDING: usize = 256;
 /// Generous: what a scrape may take on a loaded 2-core CI machine before the test calls it a hang.

@@ -7,5 +7,5 @@ use libfuzzer_sys::fuzz_target;
 mod common;
 
 fuzz_target!(|data: &[u8]| {
-    common::replay_everything(&common::gzip(data), &gpudiag::config::Config::default());
+    common::replay_everything(&common::gzip(data), &gpudiag_core::config::Config::default());
 });

@@ -10,8 +10,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use gpudiag::cli::{BackendChoice, CheckArgs, FailOn, SourceArgs};
-use gpudiag::config::Config;
-use gpudiag::error::exit;
+use gpudiag_core::config::Config;
+use gpudiag_model::error::exit;
 
 /// One file per fuzzing process, rewritten for every input: the commands take a path.
 pub fn scratch(data: &[u8]) -> PathBuf {
@@ -38,7 +38,7 @@ pub fn source(path: PathBuf) -> SourceArgs {
         poll_timeout: Duration::from_secs(2),
         backend: BackendChoice::Replay,
         sysfs_root: None,
-        max_inflated_size: gpudiag::telemetry::bundle_reader::DEFAULT_MAX_INFLATED,
+        max_inflated_size: gpudiag_telemetry::bundle_reader::DEFAULT_MAX_INFLATED,
         kubelet: gpudiag::cli::KubeletArgs::default(),
     }
 }
@@ -56,9 +56,14 @@ pub fn replay_everything(data: &[u8], config: &Config) {
             probes: None,
             force: false,
         };
-        match gpudiag::commands::check(&args, config) {
+        let report = args
+            .request()
+            .and_then(|request| {
+                gpudiag::commands::check::check_request(&request, &gpudiag::stop::Stop::new(), config)
+            });
+        match report {
             Ok(report) => {
-                let _ = gpudiag::report::text::render(&report);
+                let _ = gpudiag::check_text::render(&report);
                 serde_json::to_string(&report).expect("a report serialises");
             }
             Err(e) => {
@@ -73,14 +78,14 @@ pub fn replay_everything(data: &[u8], config: &Config) {
         }
     }
     let spec = source(path).spec().expect("a replay spec");
-    let source = gpudiag::session::open_source(
+    let source = gpudiag_core::session::open_source(
         &spec,
-        gpudiag::telemetry::replay::Pace::AsFastAsPossible,
+        gpudiag_telemetry::replay::Pace::AsFastAsPossible,
         false,
     )
     .expect("opened once already");
     let stop = AtomicBool::new(false);
-    match gpudiag::export::capture_trace(
+    match gpudiag::commands::trace::capture_trace(
         source,
         Duration::from_millis(100),
         None,

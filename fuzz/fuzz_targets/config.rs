@@ -9,7 +9,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-use gpudiag::config::Config;
+use gpudiag_core::config::Config;
 
 mod common;
 

@@ -6,9 +6,9 @@ use std::sync::{OnceLock, RwLock};
 
 use libfuzzer_sys::fuzz_target;
 
-use gpudiag::export::prometheus::{answer, response_bytes};
-use gpudiag::telemetry::Backend;
-use gpudiag::telemetry::replay::{Pace, ReplayBackend};
+use gpudiag::commands::serve::http::{answer, response_bytes};
+use gpudiag_telemetry::Backend;
+use gpudiag_telemetry::replay::{Pace, ReplayBackend};
 use gpudiag_export::prometheus::Snapshot;
 
 /// The demo recording's last state, as a scrape would see it.
@@ -16,7 +16,7 @@ fn snapshot() -> &'static RwLock<Snapshot> {
     static SNAP: OnceLock<RwLock<Snapshot>> = OnceLock::new();
     SNAP.get_or_init(|| {
         let mut replay =
-            ReplayBackend::from_reader(gpudiag::session::DEMO_RECORDING, Pace::AsFastAsPossible)
+            ReplayBackend::from_reader(gpudiag_core::session::DEMO_RECORDING, Pace::AsFastAsPossible)
                 .expect("the demo recording reads");
         let mut snap = Snapshot {
             host: replay.host().clone(),

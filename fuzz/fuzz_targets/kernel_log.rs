@@ -8,9 +8,10 @@ use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
 
-use gpudiag::rules::errors::past_xids;
-use gpudiag::telemetry::kernel_log::{PciAddress, parse_line, parse_xid, xids_in};
-use gpudiag::telemetry::{Absent, DeviceInfo, Sample, sanity};
+use gpudiag_core::rules::errors::past_xids;
+use gpudiag_telemetry::kernel_log::{PciAddress, parse_line, parse_xid, xids_in};
+use gpudiag_telemetry::sanity;
+use gpudiag_model::sample::{Absent, DeviceInfo, Sample};
 
 fn gpu(index: u32, bus: &str) -> DeviceInfo {
     DeviceInfo {
@@ -42,7 +43,7 @@ fuzz_target!(|data: &[u8]| {
             sanity::all_absent(1, 1_767_229_200_000, &Absent::GpuLost),
         ),
     ]);
-    let log = Ok(gpudiag::telemetry::kernel_log::XidLog {
+    let log = Ok(gpudiag_telemetry::kernel_log::XidLog {
         source: "fuzz".into(),
         xids,
         boot_ms: Some(1_767_225_600_000),

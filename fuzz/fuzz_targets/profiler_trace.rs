@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 
-use gpudiag::config::Config;
-use gpudiag::error::exit;
+use gpudiag_core::config::Config;
+use gpudiag_model::error::exit;
 use gpudiag_export::chrome_trace::Trace;
 
 mod common;
@@ -23,14 +23,14 @@ fn ours() -> &'static Trace {
         let recording = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../tests/fixtures/profiler/h200_torch2.11/recording.ndjson.gz");
         let spec = common::source(recording).spec().expect("a replay spec");
-        let source = gpudiag::session::open_source(
+        let source = gpudiag_core::session::open_source(
             &spec,
-            gpudiag::telemetry::replay::Pace::AsFastAsPossible,
+            gpudiag_telemetry::replay::Pace::AsFastAsPossible,
             false,
         )
         .expect("the fixture recording opens");
         let stop = AtomicBool::new(false);
-        gpudiag::export::capture_trace(
+        gpudiag::commands::trace::capture_trace(
             source,
             Duration::from_millis(100),
             None,

@@ -15,5 +15,5 @@ fuzz_target!(|data: &[u8]| {
     } else {
         rest.to_vec()
     };
-    common::replay_everything(&file, &gpudiag::config::Config::default());
+    common::replay_everything(&file, &gpudiag_core::config::Config::default());
 });

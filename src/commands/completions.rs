@@ -3,10 +3,18 @@
 
 use clap::CommandFactory;
 
+use gpudiag_model::error::{Error, exit};
+
 use crate::cli::Cli;
 
-/// The completion script for `shell` (the tests read it; `main` prints it).
-pub fn completions(shell: clap_complete::Shell) -> String {
+/// `gpudiag completions SHELL`: prints the script.
+pub fn completions(shell: clap_complete::Shell) -> Result<i32, Error> {
+    super::print(&script(shell))?;
+    Ok(exit::OK)
+}
+
+/// The completion script for `shell`.
+pub fn script(shell: clap_complete::Shell) -> String {
     let mut cmd = Cli::command();
     let mut out = Vec::new();
     clap_complete::generate(shell, &mut cmd, "gpudiag", &mut out);

@@ -14,6 +14,8 @@ use gpudiag_model::finding::Severity;
 use gpudiag_model::printable;
 
 use crate::cli::FleetArgs;
+use crate::stop::Stop;
+use crate::tui;
 
 /// The most a file named by an access flag may hold (a token, a PEM bundle).
 const MAX_SECRET_FILE: u64 = 1 << 20;
@@ -109,8 +111,18 @@ impl FleetArgs {
     }
 }
 
+/// `gpudiag fleet`: the terminal UI on a terminal; otherwise (or with --json) one read, printed.
+pub fn fleet(args: &FleetArgs, stop: &Stop) -> Result<i32, Error> {
+    if args.json || !super::interactive() {
+        return fleet_once(args);
+    }
+    let request = args.request()?;
+    let client = args.client()?;
+    tui::fleet::run(client, request, args.interval, stop)
+}
+
 /// `gpudiag fleet --json`, or the text table: one read, printed, and the exit code.
-pub fn fleet_once(args: &FleetArgs) -> Result<i32, Error> {
+fn fleet_once(args: &FleetArgs) -> Result<i32, Error> {
     let request = args.request()?;
     let mut client = args.client()?;
     let fleet = read_fleet(&mut client, &request);

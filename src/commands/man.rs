@@ -3,9 +3,15 @@
 
 use clap::CommandFactory;
 
-use gpudiag_model::error::Error;
+use gpudiag_model::error::{Error, exit};
 
 use crate::cli::Cli;
+
+/// `gpudiag man`: prints the page.
+pub fn man() -> Result<i32, Error> {
+    super::print(&man_page()?)?;
+    Ok(exit::OK)
+}
 
 /// The roff page: name, synopsis, the global options, each subcommand with its summary, the
 /// exit codes and the version with its commit. One page, the one `man gpudiag` finds; each

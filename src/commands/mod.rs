@@ -1,25 +1,26 @@
-//! One module per subcommand that is more than a call into a writer: `check`, `probe`,
-//! `record`, `run`, `completions` and `man`; `trace`, `serve` and `report` are adapters in
-//! `export` and `report` over the writers of `gpudiag-export`.
+//! One module per subcommand, each the whole of it: what it reads from the flags, what it asks
+//! core for, and what it prints. `check`, `config`, `probe`, `record`, `trace`, `serve` (with
+//! its HTTP server), `report` (the bug-report bundle), `replay`, `run`, `fleet`, `completions`,
+//! `man`, and `default_view` (`gpudiag` with no subcommand). `main` only parses the command
+//! line and calls one of them.
 
-mod check;
-mod completions;
+pub mod check;
+pub mod completions;
+pub mod config;
+pub mod default_view;
 pub mod fleet;
-mod man;
-mod probe;
-mod record;
+pub mod man;
+pub mod probe;
+pub mod record;
+pub mod replay;
+pub mod report;
 pub mod run;
+pub mod serve;
+pub mod trace;
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
 use gpudiag_model::error::Error;
-
-pub use check::{check, check_request};
-pub use completions::completions;
-pub use man::man_page;
-pub use probe::{probe, run_probes_in_child, run_probes_in_ui};
-pub use record::record;
-pub use run::run;
 
 /// Writes human-readable `text` to stdout with every control character but the newlines made
 /// visible: the renderers escape each value from a driver or a recording, and this catches any
@@ -35,4 +36,10 @@ pub fn print(text: &str) -> Result<(), Error> {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         r => r.map_err(|e| Error::io("writing to stdout", e)),
     }
+}
+
+/// The terminal UIs need a terminal on both ends; piped or redirected, gpudiag prints text so
+/// scripts keep working.
+fn interactive() -> bool {
+    std::io::stdout().is_terminal() && std::io::stdin().is_terminal()
 }

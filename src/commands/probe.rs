@@ -3,15 +3,17 @@
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::cli::{ProbeArgs, SuiteName};
+use crate::stop::Stop;
 use gpudiag_core::config::Config;
 use gpudiag_core::rules;
 use gpudiag_model::error::Error;
 use gpudiag_model::printable;
-use gpudiag_telemetry::{Backend, now_ms};
+use gpudiag_model::sample::now_ms;
+use gpudiag_telemetry::Backend;
 
 use super::{print, print_text};
 
@@ -21,12 +23,9 @@ pub(super) fn run_probes(
     devices: &[String],
     force: bool,
     only: Option<&[String]>,
+    stop: &Stop,
 ) -> Result<gpudiag_probes::runner::ProbeReport, Error> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    // A handler may already be installed (the `probe` command installs its own); then that
-    // one's flag is not ours, and Ctrl-C ends the process, whose exit frees the GPU memory.
-    let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
+    let stop = stop.flag();
     let init_timeout = Duration::from_secs(20);
     let _watchdog = hang_watchdog(suite, devices.len(), init_timeout);
     run_probes_with(suite, devices, force, only, stop, init_timeout)
@@ -226,7 +225,9 @@ fn amd_gpus_here() -> Option<String> {
 }
 
 /// `gpudiag probe`: prints the results; returns the exit code.
-pub fn probe(args: &ProbeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result<i32, Error> {
+/// Ctrl-C stops the probes between steps; buffers and contexts are freed on the way out.
+pub fn probe(args: &ProbeArgs, stop: &Stop, config: &Config) -> Result<i32, Error> {
+    let stop = stop.flag();
     gpudiag_probes::runner::check_names(&args.names)?;
     let _watchdog = hang_watchdog(args.suite, args.devices.len(), args.init_timeout);
     let mut report = run_probes_with(

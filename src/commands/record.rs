@@ -5,18 +5,30 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::cli::RecordArgs;
+use crate::stop::Stop;
 use gpudiag_core::config::Config;
-use gpudiag_core::rules::Finding;
 use gpudiag_core::rules::engine::RuleEngine;
 use gpudiag_core::session::{self, Limit, Pipeline, RunOptions, Sink, open_source};
 use gpudiag_model::cuda_libraries;
-use gpudiag_model::error::Error;
+use gpudiag_model::error::{Error, exit};
+use gpudiag_model::finding::Finding;
 use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::recording::{Header, Record, RecordingError, RecordingWriter};
 use gpudiag_telemetry::replay::Pace;
 
-/// `gpudiag record`. Returns the number of ticks written.
-pub fn record(args: &RecordArgs, stop: Arc<AtomicBool>, config: &Config) -> Result<u64, Error> {
+/// `gpudiag record`: says how many ticks it wrote. Ctrl-C ends the recording cleanly: the
+/// sampler stops and the file is finished.
+pub fn record(args: &RecordArgs, stop: &Stop, config: &Config) -> Result<i32, Error> {
+    let ticks = record_ticks(args, stop.flag(), config)?;
+    eprintln!(
+        "gpudiag: recorded {ticks} tick(s) to {}",
+        args.output.display()
+    );
+    Ok(exit::OK)
+}
+
+/// Records what `args` asks for; returns the number of ticks written.
+fn record_ticks(args: &RecordArgs, stop: Arc<AtomicBool>, config: &Config) -> Result<u64, Error> {
     let source = open_source(&args.source.spec()?, Pace::AsFastAsPossible, false)?;
     let libraries = source.is_this_host().then(cuda_libraries::detect_libraries);
     // A replay plays at its own recorded spacing, so --interval says nothing about it.

@@ -26,7 +26,7 @@ use crate::cli::RunArgs;
 use gpudiag_core::check::ToolInfo;
 use gpudiag_core::config::Config;
 use gpudiag_core::judgement::{self, Moment, Seen, Span};
-use gpudiag_core::rules::{Finding, is_workload};
+use gpudiag_core::rules::is_workload;
 use gpudiag_core::session::{
     self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source,
 };
@@ -34,11 +34,13 @@ use gpudiag_export::chrome_trace::{Trace, TraceBuilder};
 use gpudiag_export::profiler_merge;
 use gpudiag_export::{refuse_existing, write_json_atomic};
 use gpudiag_model::error::Error;
+use gpudiag_model::finding::Finding;
 use gpudiag_model::printable;
+use gpudiag_model::sample::{TimeMs, now_ms};
 use gpudiag_model::verdict::{NotJudged, Verdict};
+use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::recording::{Header, Record, RecordingWriter};
 use gpudiag_telemetry::replay::Pace;
-use gpudiag_telemetry::{Tick, TimeMs, now_ms};
 
 /// Bumped on any change that removes or retypes a field of `RunReport`.
 pub const RUN_SCHEMA_VERSION: u32 = 1;
@@ -501,6 +503,11 @@ fn wait_and_forward(
 
 /// Catches [`FORWARDED`] so they no longer end gpudiag: gpudiag keeps watching until the
 /// command has handled them and exited, then exits with its code.
+///
+/// A handler of its own rather than the process's one `Stop` (ctrlc): forwarding takes seven
+/// signals, not three, and each one's `si_code`, to tell a terminal's Ctrl-C (which reached the
+/// command already) from a `kill` aimed at gpudiag alone. `main` gives `run` no `Stop`, so no
+/// other handler is installed in this process.
 fn catch_forwarded_signals() {
     for signal in FORWARDED {
         // SAFETY: a zeroed sigaction is a valid start; `catch` only touches lock-free atomics
@@ -547,7 +554,7 @@ fn exit_parts(status: ExitStatus) -> (Option<i32>, Option<i32>) {
 /// What watching produced, kept for the summary at the end.
 struct Watched {
     pipeline: Pipeline,
-    devices: Vec<gpudiag_telemetry::DeviceInfo>,
+    devices: Vec<gpudiag_model::sample::DeviceInfo>,
     /// Findings the source carried (a recording's; live sources carry none).
     recorded: Vec<Finding>,
     tree: ProcessTree,
@@ -767,7 +774,7 @@ fn summary(r: &RunReport) -> String {
     }
     // The job first: its GPUs' own verdicts read busy while they wait for a straggler.
     for j in &r.jobs {
-        for line in crate::report::text::job_block(j, &r.job_phases, Some(r.start_ms)) {
+        for line in crate::check_text::job_block(j, &r.job_phases, Some(r.start_ms)) {
             let _ = writeln!(out, "gpudiag: {line}");
         }
     }
@@ -802,11 +809,11 @@ fn summary(r: &RunReport) -> String {
             let _ = writeln!(
                 out,
                 "  phases (the bottleneck changed {}; the verdict above is their blend):",
-                crate::report::text::times(d.phases.len() - 1)
+                crate::check_text::times(d.phases.len() - 1)
             );
             let t0 = r.start_ms;
             for p in &d.phases {
-                let phase = crate::report::text::phase_line(p, t0);
+                let phase = crate::check_text::phase_line(p, t0);
                 let _ = writeln!(out, "    {}", printable::line(&phase));
             }
         }
@@ -815,7 +822,7 @@ fn summary(r: &RunReport) -> String {
         .findings
         .iter()
         // Workload findings repeat the verdict above; faults and the rest are news.
-        .filter(|f| f.severity > gpudiag_core::rules::Severity::Info && !is_workload(f))
+        .filter(|f| f.severity > gpudiag_model::finding::Severity::Info && !is_workload(f))
     {
         let _ = writeln!(
             out,

@@ -17,15 +17,16 @@ use crate::cli::SuiteName;
 use gpudiag_core::config::RulesConfig;
 use gpudiag_core::judgement::{self, KernelLog, Moment, Seen, Span};
 use gpudiag_core::rules::engine::RuleEngine;
-use gpudiag_core::rules::{Finding, Severity};
 use gpudiag_core::session::Pipeline;
 use gpudiag_model::cuda_libraries::LibraryInfo;
+use gpudiag_model::finding::{Finding, Severity};
 use gpudiag_model::job::{JobPattern, JobVerdict};
+use gpudiag_model::sample::{DeviceInfo, HostInfo, Sample, TimeMs};
 use gpudiag_model::stats::{self, Counter};
 use gpudiag_probes::runner::ProbeReport;
 use gpudiag_telemetry::kernel_log::XidLog;
 use gpudiag_telemetry::sampler::{SamplerControl, SamplerMsg};
-use gpudiag_telemetry::{DeviceInfo, HostInfo, ReplayPosition, Sample, Tick, TimeMs};
+use gpudiag_telemetry::{ReplayPosition, Tick};
 
 /// How the UI's titles place an XID the kernel logged before it started.
 pub const BEFORE_SESSION: &str = "before this session";
@@ -768,7 +769,7 @@ impl App {
             report.findings = gpudiag_core::rules::peers::compare(
                 &report.devices,
                 self.rules.peers.margin,
-                gpudiag_telemetry::now_ms(),
+                gpudiag_model::sample::now_ms(),
             );
         }
         let suite = match &self.probes {

@@ -21,6 +21,7 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use crate::stop::Stop;
 use app::{App, AppInit, SourceKind};
 use gpudiag_core::config::Config;
 use gpudiag_core::host_facts::XidRead;
@@ -37,9 +38,14 @@ use theme::Theme;
 const INIT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `gpudiag` in a terminal: live GPUs, or with none, one line saying so and then the demo.
-pub fn run_default(demo: bool, interval: Duration, config: &Config) -> Result<i32, Error> {
+pub fn run_default(
+    demo: bool,
+    interval: Duration,
+    stop: &Stop,
+    config: &Config,
+) -> Result<i32, Error> {
     if demo {
-        return run(open_demo()?, interval, 1.0, None, config, None);
+        return run(open_demo()?, interval, 1.0, None, stop, config, None);
     }
     // NVML reports only XIDs that happen while it listens; earlier ones are in the log, read
     // meanwhile with the CUDA libraries.
@@ -49,7 +55,7 @@ pub fn run_default(demo: bool, interval: Duration, config: &Config) -> Result<i3
             crate::tick_stats::mark("source_opened");
             let facts = host_facts.join();
             crate::tick_stats::mark("host_facts_read");
-            run(source, interval, 1.0, None, config, Some(facts))
+            run(source, interval, 1.0, None, stop, config, Some(facts))
         }
         Err(Error::CannotRun(why)) => {
             let line = format!(
@@ -58,7 +64,7 @@ pub fn run_default(demo: bool, interval: Duration, config: &Config) -> Result<i3
             );
             // Printed before the alternate screen, so it is still there after the UI closes.
             eprintln!("gpudiag: {}", gpudiag_model::printable::line(&line));
-            run(open_demo()?, interval, 1.0, Some(line), config, None)
+            run(open_demo()?, interval, 1.0, Some(line), stop, config, None)
         }
         Err(e) => Err(e),
     }
@@ -70,6 +76,7 @@ pub fn run_replay(
     speed: f64,
     interval: Duration,
     max_inflated_bytes: u64,
+    stop: &Stop,
     config: &Config,
 ) -> Result<i32, Error> {
     // A report bundle replays its recording.
@@ -78,7 +85,7 @@ pub fn run_replay(
         ReplayOptions { max_inflated_bytes },
     );
     let source = open_source(&spec, Pace::Recorded { speed }, false)?;
-    run(source, interval, speed, None, config, None)
+    run(source, interval, speed, None, stop, config, None)
 }
 
 /// What the UI opens: `origin`, every device, a recording read under `replay`'s limits.
@@ -115,6 +122,7 @@ fn run(
     interval: Duration,
     speed: f64,
     notice: Option<String>,
+    stop: &Stop,
     config: &Config,
     // What the rules judge live GPUs with besides their telemetry: the kernel log's XIDs from
     // before the session and this host's CUDA libraries.
@@ -155,7 +163,7 @@ fn run(
         .map_err(io("starting the telemetry thread"))?;
     // SIGTERM (and SIGINT, SIGHUP) end the loop like `q`, so the guard restores the terminal.
     let signal_tx = tx.clone();
-    let _ = ctrlc::set_handler(move || {
+    stop.on_signal(move || {
         let _ = signal_tx.send(AppEvent::Terminate);
     });
     event::spawn_input(tx.clone()).map_err(io("starting the input thread"))?;

@@ -12,7 +12,8 @@ use flate2::read::DeflateDecoder;
 use flate2::write::DeflateEncoder;
 use serde::{Deserialize, Serialize};
 
-use gpudiag_telemetry::{Event, Sample, Tick};
+use gpudiag_model::sample::{Event, Sample};
+use gpudiag_telemetry::Tick;
 
 /// Ticks compressed together: large enough to compress well (neighbouring samples repeat most
 /// of their text), small enough that dropping the oldest chunk loses little.
@@ -190,7 +191,7 @@ impl SessionLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpudiag_telemetry::{Absent, EventKind, ProcessSample};
+    use gpudiag_model::sample::{Absent, EventKind, ProcessSample};
 
     fn tick(i: u64) -> Tick {
         let mut s = Sample::new(0, 1_000_000 + i * 100);

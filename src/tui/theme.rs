@@ -3,7 +3,7 @@
 
 use ratatui::style::{Color, Modifier, Style};
 
-use gpudiag_core::rules::Severity;
+use gpudiag_model::finding::Severity;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Theme {

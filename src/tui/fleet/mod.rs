@@ -27,6 +27,7 @@ use ratatui::layout::{Constraint, Layout};
 
 use super::terminal::TerminalGuard;
 use super::theme::Theme;
+use crate::stop::Stop;
 pub use state::{State, View};
 use worker::Report;
 
@@ -40,7 +41,12 @@ enum Event {
 /// How often the header's ages are redrawn while nothing else happens.
 const AGE_TICK: Duration = Duration::from_secs(1);
 
-pub fn run(client: Client, request: ReadRequest, interval: Duration) -> Result<i32, Error> {
+pub fn run(
+    client: Client,
+    request: ReadRequest,
+    interval: Duration,
+    stop: &Stop,
+) -> Result<i32, Error> {
     let io = |what: &'static str| move |e: std::io::Error| Error::io(what, e);
     let theme = Theme::from_env();
     let mut state = State::new(client.url().to_owned(), interval);
@@ -54,7 +60,7 @@ pub fn run(client: Client, request: ReadRequest, interval: Duration) -> Result<i
     .map_err(io("starting the Prometheus reader thread"))?;
     // SIGTERM, SIGINT and SIGHUP end the loop like `q`, so the guard restores the terminal.
     let signal_tx = tx.clone();
-    let _ = ctrlc::set_handler(move || {
+    stop.on_signal(move || {
         let _ = signal_tx.send(Event::Terminate);
     });
     let input_tx = tx;

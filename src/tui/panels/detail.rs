@@ -14,8 +14,8 @@ use crate::tui::app::App;
 use crate::tui::format::{self, NA};
 use gpudiag_core::history::Window;
 use gpudiag_model::metric_table;
+use gpudiag_model::sample::{Absent, DeviceInfo, Metric, Sample, TimeMs};
 use gpudiag_model::sample::{Ceiling, MetricDef};
-use gpudiag_telemetry::{Absent, DeviceInfo, Metric, Sample, TimeMs};
 
 /// One chart: its title, the fields it plots, and the top of its y axis.
 struct ChartSpec {

@@ -11,9 +11,9 @@ use ratatui::widgets::{Block, Paragraph};
 use crate::tui::app::App;
 use crate::tui::format::{self, NA};
 use crate::tui::theme::Theme;
-use gpudiag_core::rules::Severity;
+use gpudiag_model::finding::Severity;
+use gpudiag_model::sample::{Absent, DeviceInfo, Sample};
 use gpudiag_telemetry::sanity::{self, Health};
-use gpudiag_telemetry::{Absent, DeviceInfo, Sample};
 
 /// Rows each device takes.
 const ROWS_PER_DEVICE: u16 = 2;

@@ -11,8 +11,8 @@ use ratatui::widgets::{Block, Clear, Paragraph};
 use super::centered;
 use crate::tui::format;
 use crate::tui::theme::Theme;
-use gpudiag_core::rules::Finding;
-use gpudiag_telemetry::DeviceInfo;
+use gpudiag_model::finding::Finding;
+use gpudiag_model::sample::DeviceInfo;
 
 /// What the box needs of the app: its colours and the GPUs' names.
 #[derive(Clone, Copy)]

@@ -9,7 +9,7 @@ use ratatui::widgets::{Block, Paragraph, Wrap};
 
 use crate::tui::app::{App, FINDINGS_EVERY};
 use crate::tui::format;
-use gpudiag_core::rules::{Evidence, Finding};
+use gpudiag_model::finding::{Evidence, Finding};
 
 /// Lines each finding takes: headline, evidence, advice.
 const LINES_PER_FINDING: usize = 3;

@@ -9,7 +9,7 @@ use ratatui::widgets::Paragraph;
 
 use crate::tui::app::{App, SourceKind};
 use crate::tui::format::{self, NA};
-use gpudiag_core::rules::Severity;
+use gpudiag_model::finding::Severity;
 
 pub fn render(f: &mut Frame, area: Rect, app: &App) {
     let t = app.theme;

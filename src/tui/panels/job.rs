@@ -394,7 +394,7 @@ fn render_none(f: &mut Frame, area: Rect, app: &App) {
         } else if app.pipeline.latest.is_empty() {
             "no telemetry has arrived yet".to_owned()
         } else {
-            let read: Vec<&gpudiag_telemetry::Sample> = app
+            let read: Vec<&gpudiag_model::sample::Sample> = app
                 .pipeline
                 .latest
                 .values()

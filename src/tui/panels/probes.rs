@@ -145,7 +145,7 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
                     .map(|l| {
                         Line::from(Span::styled(
                             l,
-                            t.severity(gpudiag_core::rules::Severity::Fail),
+                            t.severity(gpudiag_model::finding::Severity::Fail),
                         ))
                     }),
                 ),
@@ -177,7 +177,7 @@ fn report_lines(app: &App, report: &ProbeReport, width: usize) -> Vec<Line<'stat
             continue;
         }
         let style = if l.contains(" fail") || l.contains(" error") {
-            t.severity(gpudiag_core::rules::Severity::Fail)
+            t.severity(gpudiag_model::finding::Severity::Fail)
         } else if l.contains(" warn") {
             t.warn()
         } else {

@@ -8,8 +8,8 @@ use ratatui::text::{Line, Span};
 use crate::tui::app::App;
 use crate::tui::format;
 use gpudiag_core::rules::bottleneck;
+use gpudiag_model::sample::DeviceInfo;
 use gpudiag_model::verdict::{Basis, Verdict};
-use gpudiag_telemetry::DeviceInfo;
 
 /// What the engine holds for one GPU.
 pub enum State<'a> {

@@ -8,16 +8,16 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::cli::ReportArgs;
-use crate::export;
+use crate::stop::Stop;
 use gpudiag_core::check::{CheckRequest, NoProbes};
 use gpudiag_core::config::RulesConfig;
-use gpudiag_core::rules::Finding;
 use gpudiag_core::rules::engine::RuleEngine;
 use gpudiag_core::session::{
     self, Limit, Origin, Pipeline, RunOptions, Sink, Source, SourceSpec, open_source,
 };
 use gpudiag_export::bundle_writer::{self, BundleOptions, Captured, host};
-use gpudiag_model::error::Error;
+use gpudiag_model::error::{Error, exit};
+use gpudiag_model::finding::Finding;
 use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::recording::{Header, Record};
 use gpudiag_telemetry::replay::{Pace, ReplayBackend};
@@ -105,8 +105,20 @@ impl Sink for CaptureSink {
     }
 }
 
-/// `gpudiag report`: writes the bundle and returns its path.
+/// `gpudiag report`: writes the bundle and says where. Ctrl-C ends a live capture early; the
+/// bundle is still written, whole.
 pub fn report(
+    args: &ReportArgs,
+    stop: &Stop,
+    config: &gpudiag_core::config::Config,
+) -> Result<i32, Error> {
+    let path = write_report(args, &stop.flag(), config)?;
+    eprintln!("gpudiag: wrote the bug-report bundle {}", path.display());
+    Ok(exit::OK)
+}
+
+/// Writes the bundle `args` asks for; returns its path.
+fn write_report(
     args: &ReportArgs,
     stop: &AtomicBool,
     config: &gpudiag_core::config::Config,
@@ -149,7 +161,7 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &ReportOptions) -> Result<
     let tmp = std::env::temp_dir().join(format!(
         "gpudiag-report-{}-{}.ndjson.gz",
         std::process::id(),
-        gpudiag_telemetry::now_ms()
+        gpudiag_model::sample::now_ms()
     ));
     std::fs::OpenOptions::new()
         .write(true)
@@ -171,6 +183,6 @@ pub fn write_bundle(out: &Path, cap: &Captured, opts: &ReportOptions) -> Result<
 
     let replay = ReplayBackend::from_reader(Cursor::new(recording_gz), Pace::AsFastAsPossible)?;
     let source = Source::from_backend(Box::new(replay), recording_name.clone())?;
-    let trace = export::capture_trace(source, opts.interval, None, None, &opts.config)?.trace;
+    let trace = super::trace::capture_trace(source, opts.interval, None, None, &opts.config)?.trace;
     prepared.write(out, check, trace)
 }

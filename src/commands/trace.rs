@@ -1,24 +1,23 @@
-//! The exports' adapters over the writers in `gpudiag-export`: `gpudiag trace` (a pass over a
-//! source into a Chrome trace, with the findings a recording carries) and `gpudiag serve`
-//! (`prometheus`: the sampling thread and the HTTP server). The bug-report bundle's traces come
-//! from [`capture_trace`] too.
-
-pub mod prometheus;
+//! `gpudiag trace`: a pass over a source into a Chrome trace (written by `gpudiag-export`),
+//! with the findings a recording carries. The bug-report bundle's traces come from
+//! [`capture_trace`] too.
 
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::cli::TraceArgs;
+use crate::stop::Stop;
 use gpudiag_core::config::Config;
 use gpudiag_core::judgement::{self, KernelLog, Moment, Seen, Span};
-use gpudiag_core::rules::Finding;
 use gpudiag_core::session::{
     self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source,
 };
 use gpudiag_export::chrome_trace::{Trace, TraceBuilder};
 use gpudiag_export::profiler_merge::MergeSummary;
 use gpudiag_export::{TraceOptions, write_trace};
-use gpudiag_model::error::Error;
+use gpudiag_model::error::{Error, exit};
+use gpudiag_model::finding::Finding;
+use gpudiag_model::printable;
 use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::replay::Pace;
 
@@ -118,9 +117,35 @@ impl Sink for TraceSink<'_> {
     }
 }
 
-/// `gpudiag trace`: returns the capture (the file is written).
+/// `gpudiag trace`: writes the file and says what it holds.
 /// `stop` (Ctrl-C) ends a live capture early; what was sampled is still written.
-pub fn trace(args: &TraceArgs, stop: &AtomicBool, config: &Config) -> Result<Capture, Error> {
+pub fn trace(args: &TraceArgs, stop: &Stop, config: &Config) -> Result<i32, Error> {
+    let capture = capture_to_file(args, &stop.flag(), config)?;
+    if let Some(m) = &capture.merged {
+        if let Some(w) = m.warning() {
+            eprintln!("gpudiag: warning: {w}");
+        }
+        eprintln!(
+            "gpudiag: merged {} event(s) into the {} of {}, {:.3} s of overlap, to {}",
+            m.added_events,
+            m.profiler_events,
+            printable::line(&m.info.profiler_trace),
+            (m.info.window_end_ms - m.info.window_start_ms) / 1000.0,
+            args.output.display()
+        );
+        return Ok(exit::OK);
+    }
+    eprintln!(
+        "gpudiag: traced {} tick(s), {} finding(s) to {}",
+        capture.ticks,
+        capture.findings.len(),
+        args.output.display()
+    );
+    Ok(exit::OK)
+}
+
+/// The capture `args` asks for, written to its file.
+fn capture_to_file(args: &TraceArgs, stop: &AtomicBool, config: &Config) -> Result<Capture, Error> {
     let opts = TraceOptions {
         output: args.output.clone(),
         force: args.force,

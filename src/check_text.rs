@@ -12,8 +12,8 @@ use gpudiag_model::finding::Finding;
 use gpudiag_model::metric_table;
 use gpudiag_model::printable::line as esc;
 use gpudiag_model::sample::MetricDef;
+use gpudiag_model::sample::{Absent, METRIC_TABLE, Sample};
 use gpudiag_model::verdict::Basis;
-use gpudiag_telemetry::{Absent, METRIC_TABLE, Sample};
 
 use crate::format::clock;
 
@@ -109,7 +109,7 @@ pub fn render(report: &CheckReport) -> String {
             .filter(|f| f.severity == sev)
             .count()
     };
-    use gpudiag_core::rules::Severity::*;
+    use gpudiag_model::finding::Severity::*;
     let _ = writeln!(
         out,
         "\nstatus: {} ({} fail, {} warn, {} info) · exit code {}",

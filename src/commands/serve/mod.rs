@@ -1,36 +1,35 @@
-//! Prometheus export (`gpudiag serve`): the latest telemetry, findings and bottleneck verdicts
-//! in the text exposition format on `/metrics`.
+//! `gpudiag serve`: the latest telemetry, findings and bottleneck verdicts in Prometheus' text
+//! exposition format on `/metrics`.
 //!
 //! Sampling runs in its own thread and publishes a [`Snapshot`]; a scrape only renders it
-//! (`gpudiag_export::prometheus` writes the exposition, `http.rs` serves it).
+//! (`gpudiag_export::prometheus` writes the exposition, `http` serves it, `web_config` reads
+//! its TLS and basic-auth settings).
 
-mod http;
+pub mod http;
 pub mod web_config;
-
-pub use http::{
-    Answer, Guard, Request, answer, answer_bytes, parse_head, respond, respond_to, response_bytes,
-};
 
 use std::net::TcpListener;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use http::serve_connections;
+use http::{Guard, serve_connections};
 
 use crate::cli::ServeArgs;
+use crate::stop::Stop;
 use gpudiag_core::config::Config;
 use gpudiag_core::host_facts::XidRead;
 use gpudiag_core::judgement::{self, Judgement, KernelLog, Moment, Seen, Span};
-use gpudiag_core::rules::Finding;
 use gpudiag_core::session::{
     self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source,
 };
 use gpudiag_export::prometheus::Snapshot;
 use gpudiag_export::prometheus::process_series::ProcessCap;
-use gpudiag_model::error::Error;
+use gpudiag_model::error::{Error, exit};
+use gpudiag_model::finding::Finding;
+use gpudiag_model::sample::{DeviceInfo, EventKind};
+use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::replay::Pace;
-use gpudiag_telemetry::{DeviceInfo, EventKind, Tick};
 
 /// Names the node for the `Hostname` label where the host name is a pod's (Kubernetes' downward
 /// API: `fieldRef: spec.nodeName`).
@@ -166,8 +165,9 @@ fn stopped(why: &str) {
     );
 }
 
-/// `gpudiag serve`: runs until `stop` is set.
-pub fn serve(args: &ServeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result<(), Error> {
+/// `gpudiag serve`: runs until `stop` (Ctrl-C or SIGTERM).
+pub fn serve(args: &ServeArgs, stop: &Stop, config: &Config) -> Result<i32, Error> {
+    let stop = stop.flag();
     // Before anything else: a bad web config must fail at once, not after the GPUs are opened.
     let guard = match &args.web_config_file {
         None => Guard::default(),
@@ -230,14 +230,15 @@ pub fn serve(args: &ServeArgs, stop: Arc<AtomicBool>, config: &Config) -> Result
     }
     serve_connections(&listener, &shared, &stop, &guard);
     let _ = sampling.join();
-    Ok(())
+    Ok(exit::OK)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::http::{answer_bytes, respond_to, response_bytes};
     use super::*;
     use gpudiag_export::prometheus::CONTENT_TYPE;
-    use gpudiag_telemetry::{DeviceInfo, Sample};
+    use gpudiag_model::sample::{DeviceInfo, Sample};
 
     fn snapshot() -> Snapshot {
         let sample = Sample {
