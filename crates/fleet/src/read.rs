@@ -13,6 +13,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use gpudiag_core::check::Status;
 use gpudiag_model::finding::Severity;
 
+use gpudiag_model::prometheus_names::{label, rules, series};
+
 use crate::client::{ApiAlert, ApiError, Client, Series};
 use crate::model::*;
 use crate::selector::{Matcher, Op, Selector, quote};
@@ -28,48 +30,40 @@ pub struct ReadRequest {
 
 /// The device series read for the table, and what each becomes.
 const DEVICE_SERIES: [&str; 8] = [
-    "DCGM_FI_DEV_GPU_UTIL",
-    "DCGM_FI_PROF_SM_ACTIVE",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-    "DCGM_FI_DEV_FB_USED",
-    "DCGM_FI_DEV_FB_FREE",
-    "DCGM_FI_DEV_FB_RESERVED",
-    "DCGM_FI_DEV_POWER_USAGE",
-    "DCGM_FI_DEV_GPU_TEMP",
+    series::DCGM_FI_DEV_GPU_UTIL,
+    series::DCGM_FI_PROF_SM_ACTIVE,
+    series::DCGM_FI_PROF_PIPE_TENSOR_ACTIVE,
+    series::DCGM_FI_DEV_FB_USED,
+    series::DCGM_FI_DEV_FB_FREE,
+    series::DCGM_FI_DEV_FB_RESERVED,
+    series::DCGM_FI_DEV_POWER_USAGE,
+    series::DCGM_FI_DEV_GPU_TEMP,
 ];
 
 /// gpudiag's own series read for the table.
 const GPUDIAG_SERIES: [&str; 6] = [
-    "gpudiag_info",
-    "gpudiag_verdict",
-    "gpudiag_verdict_judged",
-    "gpudiag_finding",
-    "gpudiag_gpu_job_info",
-    "gpudiag_job_verdict",
+    series::GPUDIAG_INFO,
+    series::GPUDIAG_VERDICT,
+    series::GPUDIAG_VERDICT_JUDGED,
+    series::GPUDIAG_FINDING,
+    series::GPUDIAG_GPU_JOB_INFO,
+    series::GPUDIAG_JOB_VERDICT,
 ];
 
 /// The shipped rules' series the job view reads.
 const RULE_SERIES: [&str; 4] = [
-    "gpudiag_job_gpu:sm_active:avg",
-    "gpudiag_job_gpu:gpu_util_percent:avg",
-    "gpudiag_job:sm_active:median",
-    "gpudiag_job:sm_active:spread",
+    rules::JOB_GPU_SM_ACTIVE_AVG,
+    rules::JOB_GPU_GPU_UTIL_PERCENT_AVG,
+    rules::JOB_SM_ACTIVE_MEDIAN,
+    rules::JOB_SM_ACTIVE_SPREAD,
 ];
 
 /// The alerts the shipped rules raise; others are shown only when they name a node or GPU of
 /// the fleet.
-pub const GPUDIAG_ALERTS: [&str; 7] = [
-    "GpuJobStraggler",
-    "GpuJobCommunicationBound",
-    "GpuXidError",
-    "GpuLost",
-    "GpuHarmfulThrottling",
-    "GpuPcieLinkDowntrained",
-    "GpuUncorrectableMemoryError",
-];
+pub const GPUDIAG_ALERTS: [&str; 7] = rules::ALERTS;
 
 /// A rule whose presence means the shipped rules are loaded.
-const RULES_MARKER: &str = "gpudiag_job:gpus:count";
+const RULES_MARKER: &str = rules::JOB_GPUS_COUNT;
 
 /// How far back a down target's node name is looked up.
 const DOWN_NAME_LOOKBACK: &str = "1h";
@@ -105,10 +99,20 @@ pub fn exact_alternatives<'a>(values: impl IntoIterator<Item = &'a str>) -> Stri
 
 fn names_matcher(names: &[&str]) -> Matcher {
     Matcher {
-        label: "__name__".to_owned(),
+        label: label::NAME.to_owned(),
         op: Op::Re,
         value: exact_alternatives(names.iter().copied()),
     }
+}
+
+/// `{__name__=~"a|b",instance=~INSTANCES}`: these series of these scrape targets.
+fn series_on_instances<'a>(names: impl IntoIterator<Item = &'a str>, instances: &str) -> String {
+    format!(
+        "{{{}=~{},{}=~{instances}}}",
+        label::NAME,
+        quote(&exact_alternatives(names)),
+        label::INSTANCE
+    )
 }
 
 /// The host part of an `instance` (`host:port`, `[v6]:port`).
@@ -126,30 +130,30 @@ fn instance_host(instance: &str) -> &str {
 
 /// Every label the fleet reads from a series; the others are dropped as answers are parsed.
 const LABELS_READ: [&str; 24] = [
-    "__name__",
-    "instance",
-    "job",
-    "UUID",
-    "gpu",
-    "modelName",
-    "Hostname",
-    "pod",
-    "namespace",
-    "container",
-    "verdict",
-    "confidence",
-    "basis",
-    "id",
-    "severity",
-    "job_key",
-    "joined_by",
-    "slurm_job",
-    "rank",
-    "straggler_gpu",
-    "straggler_UUID",
-    "pid",
-    "process",
-    "user",
+    label::NAME,
+    label::INSTANCE,
+    label::SCRAPE_JOB,
+    label::UUID,
+    label::GPU,
+    label::MODEL_NAME,
+    label::HOSTNAME,
+    label::POD,
+    label::NAMESPACE,
+    label::CONTAINER,
+    label::VERDICT,
+    label::CONFIDENCE,
+    label::BASIS,
+    label::ID,
+    label::SEVERITY,
+    label::JOB_KEY,
+    label::JOINED_BY,
+    label::SLURM_JOB,
+    label::RANK,
+    label::STRAGGLER_GPU,
+    label::STRAGGLER_UUID,
+    label::PID,
+    label::PROCESS,
+    label::USER,
 ];
 
 fn keep_labels_read(client: &mut Client, node_label: &str) {
@@ -237,7 +241,7 @@ impl<'a> Reader<'a> {
 
     fn node_of(&self, s: &Series) -> Option<String> {
         s.label(&self.req.node_label)
-            .or_else(|| s.label("instance").map(instance_host))
+            .or_else(|| s.label(label::INSTANCE).map(instance_host))
             .map(str::to_owned)
     }
 
@@ -253,23 +257,23 @@ impl<'a> Reader<'a> {
                 device: all,
                 job: Vec::new(),
             }
-            .series("gpudiag_gpu_job_info", &[]);
+            .series(series::GPUDIAG_GPU_JOB_INFO, &[]);
             Some(
                 self.instant(&q)?
                     .iter()
-                    .filter_map(|s| s.label("UUID").map(str::to_owned))
+                    .filter_map(|s| s.label(label::UUID).map(str::to_owned))
                     .collect(),
             )
         };
         let keep = |s: &Series| match &chosen {
             None => true,
-            Some(set) => s.label("UUID").is_some_and(|u| set.contains(u)),
+            Some(set) => s.label(label::UUID).is_some_and(|u| set.contains(u)),
         };
 
         // The four core reads at once: the first look at a large fleet waits for the slowest.
         // `up` is read for every target the selector allows and kept below for the scrape jobs
         // that serve GPU series, so a node that went down (its series stale) still shows.
-        let ups_query = sel.series("up", &[]);
+        let ups_query = sel.series(series::UP, &[]);
         let mut core = self
             .client
             .instant_all(
@@ -289,8 +293,8 @@ impl<'a> Reader<'a> {
         let (gpudiag, device, all_ups, all_stamps) = (next()?, next()?, next()?, next()?);
         let gpudiag_instances: BTreeSet<String> = gpudiag
             .iter()
-            .filter(|s| s.label("__name__") == Some("gpudiag_info"))
-            .filter_map(|s| s.label("instance").map(str::to_owned))
+            .filter(|s| s.label(label::NAME) == Some(series::GPUDIAG_INFO))
+            .filter_map(|s| s.label(label::INSTANCE).map(str::to_owned))
             .collect();
         let exporter_of = |instance: Option<&str>| match instance {
             Some(i) if gpudiag_instances.contains(i) => Exporter::Gpudiag,
@@ -307,27 +311,27 @@ impl<'a> Reader<'a> {
             };
             let Some(name) = DEVICE_SERIES
                 .iter()
-                .find(|n| s.label("__name__") == Some(**n))
+                .find(|n| s.label(label::NAME) == Some(**n))
             else {
                 continue;
             };
-            let exporter = exporter_of(s.label("instance"));
+            let exporter = exporter_of(s.label(label::INSTANCE));
             let d = draft(&mut drafts, &node, s);
-            if let Some(i) = s.label("instance") {
+            if let Some(i) = s.label(label::INSTANCE) {
                 d.instances.insert(i.to_owned());
                 instance_node.entry(i.to_owned()).or_insert(node.clone());
             }
             d.exporters.insert(exporter);
             if d.model.is_none() {
-                d.model = s.label("modelName").map(str::to_owned);
+                d.model = s.label(label::MODEL_NAME).map(str::to_owned);
             }
             if d.pod.is_none()
-                && let Some(pod) = s.label("pod")
+                && let Some(pod) = s.label(label::POD)
             {
                 d.pod = Some(PodRef {
-                    namespace: s.label("namespace").map(str::to_owned),
+                    namespace: s.label(label::NAMESPACE).map(str::to_owned),
                     pod: pod.to_owned(),
-                    container: s.label("container").map(str::to_owned),
+                    container: s.label(label::CONTAINER).map(str::to_owned),
                 });
             }
             let from_gpudiag = exporter == Exporter::Gpudiag;
@@ -340,18 +344,18 @@ impl<'a> Reader<'a> {
             let Some(node) = self.node_of(s) else {
                 continue;
             };
-            if let Some(i) = s.label("instance")
+            if let Some(i) = s.label(label::INSTANCE)
                 && (chosen.is_none() || keep(s))
             {
                 instance_node.entry(i.to_owned()).or_insert(node.clone());
             }
-            let name = s.label("__name__").unwrap_or_default();
-            if name == "gpudiag_job_verdict" {
+            let name = s.label(label::NAME).unwrap_or_default();
+            if name == series::GPUDIAG_JOB_VERDICT {
                 node_jobs.push((node, s.clone()));
                 continue;
             }
-            let on_gpu = s.label("UUID").is_some() || s.label("gpu").is_some();
-            if name == "gpudiag_finding" && !on_gpu {
+            let on_gpu = s.label(label::UUID).is_some() || s.label(label::GPU).is_some();
+            if name == series::GPUDIAG_FINDING && !on_gpu {
                 if chosen.is_none() {
                     node_findings
                         .entry(node)
@@ -360,37 +364,37 @@ impl<'a> Reader<'a> {
                 }
                 continue;
             }
-            if !on_gpu || !keep(s) || name == "gpudiag_info" {
+            if !on_gpu || !keep(s) || name == series::GPUDIAG_INFO {
                 continue;
             }
             // A gpudiag series for a GPU the device query did not return (it reports no
             // utilisation, say) still makes the GPU.
             let d = draft(&mut drafts, &node, s);
             d.exporters.insert(Exporter::Gpudiag);
-            if let Some(i) = s.label("instance") {
+            if let Some(i) = s.label(label::INSTANCE) {
                 d.instances.insert(i.to_owned());
             }
             match name {
-                "gpudiag_verdict" => {
+                series::GPUDIAG_VERDICT => {
                     d.verdict = Some(GpuVerdict::Judged {
-                        bottleneck: s.label("verdict").unwrap_or("unknown").to_owned(),
-                        confidence: s.label("confidence").map(str::to_owned),
-                        basis: s.label("basis").map(str::to_owned),
+                        bottleneck: s.label(label::VERDICT).unwrap_or("unknown").to_owned(),
+                        confidence: s.label(label::CONFIDENCE).map(str::to_owned),
+                        basis: s.label(label::BASIS).map(str::to_owned),
                     });
                 }
-                "gpudiag_verdict_judged" => d.judged = Some(s.value >= 1.0),
-                "gpudiag_finding" if s.value >= 1.0 => {
+                series::GPUDIAG_VERDICT_JUDGED => d.judged = Some(s.value >= 1.0),
+                series::GPUDIAG_FINDING if s.value >= 1.0 => {
                     d.findings.insert(finding_ref(s));
                 }
-                "gpudiag_gpu_job_info" => {
-                    if let Some(key) = s.label("job_key") {
+                series::GPUDIAG_GPU_JOB_INFO => {
+                    if let Some(key) = s.label(label::JOB_KEY) {
                         d.jobs.insert(JobRef {
                             job_key: key.to_owned(),
-                            joined_by: s.label("joined_by").unwrap_or("unknown").to_owned(),
-                            slurm_job: s.label("slurm_job").map(str::to_owned),
-                            pod: s.label("pod").map(str::to_owned),
-                            namespace: s.label("namespace").map(str::to_owned),
-                            rank: s.label("rank").map(str::to_owned),
+                            joined_by: s.label(label::JOINED_BY).unwrap_or("unknown").to_owned(),
+                            slurm_job: s.label(label::SLURM_JOB).map(str::to_owned),
+                            pod: s.label(label::POD).map(str::to_owned),
+                            namespace: s.label(label::NAMESPACE).map(str::to_owned),
+                            rank: s.label(label::RANK).map(str::to_owned),
                         });
                     }
                 }
@@ -403,27 +407,32 @@ impl<'a> Reader<'a> {
         let gpu_scrape_jobs: BTreeSet<String> = device
             .iter()
             .chain(gpudiag.iter())
-            .filter_map(|s| s.label("job").map(str::to_owned))
+            .filter_map(|s| s.label(label::SCRAPE_JOB).map(str::to_owned))
             .collect();
         let mut targets: Vec<(Series, Option<f64>)> = Vec::new();
         if !gpu_scrape_jobs.is_empty() {
-            let of_gpu_job =
-                |s: &Series| s.label("job").is_some_and(|j| gpu_scrape_jobs.contains(j));
+            let of_gpu_job = |s: &Series| {
+                s.label(label::SCRAPE_JOB)
+                    .is_some_and(|j| gpu_scrape_jobs.contains(j))
+            };
             let ups: Vec<Series> = all_ups.into_iter().filter(|s| of_gpu_job(s)).collect();
             let stamps: Vec<Series> = all_stamps.into_iter().filter(|s| of_gpu_job(s)).collect();
             let stamp_of = |s: &Series| {
                 stamps
                     .iter()
                     .find(|t| {
-                        t.label("instance") == s.label("instance")
-                            && t.label("job") == s.label("job")
+                        t.label(label::INSTANCE) == s.label(label::INSTANCE)
+                            && t.label(label::SCRAPE_JOB) == s.label(label::SCRAPE_JOB)
                     })
                     .map(|t| t.value)
             };
             // A matcher on a label `up` lacks (Hostname) leaves it empty: the targets of the
             // instances seen are read by instance then.
             let mut ups = ups;
-            let seen: BTreeSet<&str> = ups.iter().filter_map(|s| s.label("instance")).collect();
+            let seen: BTreeSet<&str> = ups
+                .iter()
+                .filter_map(|s| s.label(label::INSTANCE))
+                .collect();
             let missing: Vec<&str> = instance_node
                 .keys()
                 .map(String::as_str)
@@ -432,7 +441,9 @@ impl<'a> Reader<'a> {
             let mut stamps_missing = Vec::new();
             if !missing.is_empty() {
                 let by_instance = format!(
-                    "up{{instance=~{}}}",
+                    "{}{{{}=~{}}}",
+                    series::UP,
+                    label::INSTANCE,
                     quote(&exact_alternatives(missing.iter().copied()))
                 );
                 ups.extend(self.instant(&by_instance)?);
@@ -442,7 +453,7 @@ impl<'a> Reader<'a> {
                 let stamp = stamp_of(&s).or_else(|| {
                     stamps_missing
                         .iter()
-                        .find(|t| t.label("instance") == s.label("instance"))
+                        .find(|t| t.label(label::INSTANCE) == s.label(label::INSTANCE))
                         .map(|t| t.value)
                 });
                 targets.push((s, stamp));
@@ -450,26 +461,30 @@ impl<'a> Reader<'a> {
         }
         if chosen.is_some() {
             targets.retain(|(s, _)| {
-                s.label("instance")
+                s.label(label::INSTANCE)
                     .is_some_and(|i| instance_node.contains_key(i))
             });
         }
         // Down targets' series are stale now: their node is named from the last hour.
         let unnamed: Vec<&str> = targets
             .iter()
-            .filter_map(|(s, _)| s.label("instance"))
+            .filter_map(|(s, _)| s.label(label::INSTANCE))
             .filter(|i| !instance_node.contains_key(*i))
             .collect();
         if !unnamed.is_empty() {
             let q = format!(
-                "group by (instance, {label}) (last_over_time({{__name__=~\"gpudiag_info|DCGM_FI_DEV_GPU_TEMP\",instance=~{inst}}}[{DOWN_NAME_LOOKBACK}]))",
+                "group by ({instance}, {label}) (last_over_time({{{name}=~\"{info}|{temp}\",{instance}=~{inst}}}[{DOWN_NAME_LOOKBACK}]))",
+                instance = label::INSTANCE,
+                name = label::NAME,
+                info = series::GPUDIAG_INFO,
+                temp = series::DCGM_FI_DEV_GPU_TEMP,
                 label = self.req.node_label,
                 inst = quote(&exact_alternatives(unnamed.iter().copied())),
             );
             match self.instant(&q) {
                 Ok(found) => {
                     for s in &found {
-                        if let (Some(i), Some(n)) = (s.label("instance"), self.node_of(s)) {
+                        if let (Some(i), Some(n)) = (s.label(label::INSTANCE), self.node_of(s)) {
                             instance_node.entry(i.to_owned()).or_insert(n);
                         }
                     }
@@ -483,7 +498,11 @@ impl<'a> Reader<'a> {
         // Alerts (now only: Prometheus keeps no history of them over its API), the rules and
         // the rules' job figures, asked at once.
         let alerts_now = (self.at - now_ms()).abs() <= 5 * 60 * 1000;
-        let rule_query = format!("{{__name__=~{}}}", quote(&exact_alternatives(RULE_SERIES)));
+        let rule_query = format!(
+            "{{{}=~{}}}",
+            label::NAME,
+            quote(&exact_alternatives(RULE_SERIES))
+        );
         let at = self.at;
         let (mut for_alerts, mut for_rules, mut for_series) = (
             self.client.clone(),
@@ -562,8 +581,8 @@ impl<'a> Reader<'a> {
 
 fn finding_ref(s: &Series) -> FindingRef {
     FindingRef {
-        severity: severity_of(s.label("severity")).unwrap_or(Severity::Info),
-        id: s.label("id").unwrap_or("unknown").to_owned(),
+        severity: severity_of(s.label(label::SEVERITY)).unwrap_or(Severity::Info),
+        id: s.label(label::ID).unwrap_or("unknown").to_owned(),
     }
 }
 
@@ -582,19 +601,19 @@ fn draft<'d>(
     node: &str,
     s: &Series,
 ) -> &'d mut GpuDraft {
-    let key = match s.label("UUID") {
+    let key = match s.label(label::UUID) {
         Some(u) => format!("uuid:{u}"),
-        None => format!("node:{node}:{}", s.label("gpu").unwrap_or("?")),
+        None => format!("node:{node}:{}", s.label(label::GPU).unwrap_or("?")),
     };
     let d = drafts.entry(key).or_default();
     if d.node.is_empty() {
         d.node = node.to_owned();
     }
     if d.gpu.is_none() {
-        d.gpu = s.label("gpu").map(str::to_owned);
+        d.gpu = s.label(label::GPU).map(str::to_owned);
     }
     if d.uuid.is_none() {
-        d.uuid = s.label("UUID").map(str::to_owned);
+        d.uuid = s.label(label::UUID).map(str::to_owned);
     }
     d
 }
@@ -602,20 +621,20 @@ fn draft<'d>(
 fn alert_of(a: &ApiAlert, node_label: &str) -> Alert {
     let l = |k: &str| a.labels.get(k).filter(|v| !v.is_empty()).cloned();
     Alert {
-        name: l("alertname").unwrap_or_else(|| "unnamed".to_owned()),
+        name: l(label::ALERT_NAME).unwrap_or_else(|| "unnamed".to_owned()),
         state: a.state.clone(),
-        severity: severity_of(a.labels.get("severity").map(String::as_str)),
+        severity: severity_of(a.labels.get(label::SEVERITY).map(String::as_str)),
         summary: a
             .annotations
-            .get("summary")
+            .get(label::SUMMARY)
             .map(|s| s.chars().filter(|c| !c.is_control()).take(300).collect()),
         node: l(node_label)
-            .or_else(|| l("Hostname"))
-            .or_else(|| l("instance").map(|i| instance_host(&i).to_owned())),
-        gpu: l("gpu"),
-        uuid: l("UUID"),
-        job_key: l("job_key"),
-        pace: l("pace"),
+            .or_else(|| l(label::HOSTNAME))
+            .or_else(|| l(label::INSTANCE).map(|i| instance_host(&i).to_owned())),
+        gpu: l(label::GPU),
+        uuid: l(label::UUID),
+        job_key: l(label::JOB_KEY),
+        pace: l(label::PACE),
         active_since: a.active_at.clone(),
     }
 }
@@ -671,7 +690,7 @@ fn assemble(
         worst: Rank::Unknown,
     };
     for (s, stamp) in &targets {
-        let Some(instance) = s.label("instance") else {
+        let Some(instance) = s.label(label::INSTANCE) else {
             continue;
         };
         let name = instance_node
@@ -683,7 +702,7 @@ fn assemble(
             .or_insert_with(|| empty_node(&name));
         node.targets.push(Target {
             instance: instance.to_owned(),
-            scrape_job: s.label("job").unwrap_or_default().to_owned(),
+            scrape_job: s.label(label::SCRAPE_JOB).unwrap_or_default().to_owned(),
             up: s.value >= 1.0,
             exporter: if gpudiag_instances.contains(instance) {
                 Some(Exporter::Gpudiag)
@@ -735,9 +754,11 @@ fn assemble(
             .entry(d.node.clone())
             .or_insert_with(|| empty_node(&d.node));
         let value = |n: &str| d.values.get(n).map(|(_, v)| *v);
-        let used = value("DCGM_FI_DEV_FB_USED");
-        let total = match (used, value("DCGM_FI_DEV_FB_FREE")) {
-            (Some(u), Some(f)) => Some(u + f + value("DCGM_FI_DEV_FB_RESERVED").unwrap_or(0.0)),
+        let used = value(series::DCGM_FI_DEV_FB_USED);
+        let total = match (used, value(series::DCGM_FI_DEV_FB_FREE)) {
+            (Some(u), Some(f)) => {
+                Some(u + f + value(series::DCGM_FI_DEV_FB_RESERVED).unwrap_or(0.0))
+            }
             _ => None,
         };
         let has_gpudiag = d.exporters.contains(&Exporter::Gpudiag);
@@ -776,13 +797,13 @@ fn assemble(
             uuid: d.uuid,
             model: d.model,
             exporters: d.exporters.into_iter().collect(),
-            util_pct: value("DCGM_FI_DEV_GPU_UTIL"),
-            sm_active_pct: value("DCGM_FI_PROF_SM_ACTIVE").map(|r| r * 100.0),
-            tensor_active_pct: value("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE").map(|r| r * 100.0),
+            util_pct: value(series::DCGM_FI_DEV_GPU_UTIL),
+            sm_active_pct: value(series::DCGM_FI_PROF_SM_ACTIVE).map(|r| r * 100.0),
+            tensor_active_pct: value(series::DCGM_FI_PROF_PIPE_TENSOR_ACTIVE).map(|r| r * 100.0),
             memory_used_mib: used,
             memory_total_mib: total,
-            power_w: value("DCGM_FI_DEV_POWER_USAGE"),
-            temperature_c: value("DCGM_FI_DEV_GPU_TEMP"),
+            power_w: value(series::DCGM_FI_DEV_POWER_USAGE),
+            temperature_c: value(series::DCGM_FI_DEV_GPU_TEMP),
             verdict,
             findings,
             jobs: d.jobs.into_iter().collect(),
@@ -853,7 +874,11 @@ fn jobs(
         .iter()
         .filter_map(|s| {
             Some((
-                (s.label("__name__")?, s.label("UUID")?, s.label("job_key")?),
+                (
+                    s.label(label::NAME)?,
+                    s.label(label::UUID)?,
+                    s.label(label::JOB_KEY)?,
+                ),
                 s.value,
             ))
         })
@@ -913,24 +938,24 @@ fn jobs(
                 gpu: gpu.gpu.clone(),
                 uuid: uuid.clone(),
                 rank: r.rank.clone(),
-                sm_active_pct: rule("gpudiag_job_gpu:sm_active:avg").map(|v| v * 100.0),
-                util_pct: rule("gpudiag_job_gpu:gpu_util_percent:avg"),
+                sm_active_pct: rule(rules::JOB_GPU_SM_ACTIVE_AVG).map(|v| v * 100.0),
+                util_pct: rule(rules::JOB_GPU_GPU_UTIL_PERCENT_AVG),
                 straggler: false,
             });
             job.rank = job.rank.max(gpu.rank);
         }
     }
     for (node, s) in node_jobs {
-        let (Some(key), Some(by)) = (s.label("job_key"), s.label("joined_by")) else {
+        let (Some(key), Some(by)) = (s.label(label::JOB_KEY), s.label(label::JOINED_BY)) else {
             continue;
         };
         if let Some(job) = jobs.get_mut(&(key.to_owned(), by.to_owned())) {
             job.per_node.push(NodeJobVerdict {
                 node,
-                verdict: s.label("verdict").unwrap_or("unknown").to_owned(),
-                confidence: s.label("confidence").map(str::to_owned),
-                straggler_gpu: s.label("straggler_gpu").map(str::to_owned),
-                straggler_uuid: s.label("straggler_UUID").map(str::to_owned),
+                verdict: s.label(label::VERDICT).unwrap_or("unknown").to_owned(),
+                confidence: s.label(label::CONFIDENCE).map(str::to_owned),
+                straggler_gpu: s.label(label::STRAGGLER_GPU).map(str::to_owned),
+                straggler_uuid: s.label(label::STRAGGLER_UUID).map(str::to_owned),
             });
         }
     }
@@ -959,15 +984,15 @@ fn jobs(
             rule_series
                 .iter()
                 .find(|s| {
-                    s.label("__name__") == Some(name)
-                        && s.label("job_key") == Some(key.as_str())
-                        && s.label("joined_by") == Some(by.as_str())
+                    s.label(label::NAME) == Some(name)
+                        && s.label(label::JOB_KEY) == Some(key.as_str())
+                        && s.label(label::JOINED_BY) == Some(by.as_str())
                 })
                 .map(|s| s.value)
         };
         if loaded && job.gpus.len() >= 2 && judged_by_rules.contains(&(key.clone(), by.clone())) {
-            let straggler = pick("GpuJobStraggler");
-            let comm = pick("GpuJobCommunicationBound");
+            let straggler = pick(rules::ALERT_JOB_STRAGGLER);
+            let comm = pick(rules::ALERT_JOB_COMMUNICATION_BOUND);
             let (pattern, state) = match (straggler, comm) {
                 (Some(a), _) => ("straggler", Some(a.state.clone())),
                 (None, Some(a)) => ("communication_bound", Some(a.state.clone())),
@@ -982,8 +1007,8 @@ fn jobs(
                     uuid: a.uuid.clone(),
                     pace: a.pace.clone(),
                 }),
-                sm_active_median_pct: job_rule("gpudiag_job:sm_active:median").map(|v| v * 100.0),
-                sm_active_spread: job_rule("gpudiag_job:sm_active:spread"),
+                sm_active_median_pct: job_rule(rules::JOB_SM_ACTIVE_MEDIAN).map(|v| v * 100.0),
+                sm_active_spread: job_rule(rules::JOB_SM_ACTIVE_SPREAD),
             });
             let firing = |a: Option<&Alert>| a.is_some_and(|a| a.state == "firing");
             if firing(straggler) || firing(comm) {
@@ -1117,17 +1142,17 @@ fn alert_finding(a: &Alert, node: Option<&str>) -> Option<FleetFinding> {
 
 /// The charts of a node's view: the last `span` before the fleet's instant.
 pub const CHART_SERIES: [(&str, &str, f64); 5] = [
-    ("util_pct", "DCGM_FI_DEV_GPU_UTIL", 1.0),
-    ("sm_active_pct", "DCGM_FI_PROF_SM_ACTIVE", 100.0),
-    ("power_w", "DCGM_FI_DEV_POWER_USAGE", 1.0),
-    ("memory_used_mib", "DCGM_FI_DEV_FB_USED", 1.0),
-    ("temperature_c", "DCGM_FI_DEV_GPU_TEMP", 1.0),
+    ("util_pct", series::DCGM_FI_DEV_GPU_UTIL, 1.0),
+    ("sm_active_pct", series::DCGM_FI_PROF_SM_ACTIVE, 100.0),
+    ("power_w", series::DCGM_FI_DEV_POWER_USAGE, 1.0),
+    ("memory_used_mib", series::DCGM_FI_DEV_FB_USED, 1.0),
+    ("temperature_c", series::DCGM_FI_DEV_GPU_TEMP, 1.0),
 ];
 
 const PROCESS_SERIES: [&str; 3] = [
-    "gpudiag_process_memory_used_bytes",
-    "gpudiag_process_sm_util_percent",
-    "gpudiag_process_verdict",
+    series::GPUDIAG_PROCESS_MEMORY_USED_BYTES,
+    series::GPUDIAG_PROCESS_SM_UTIL_PERCENT,
+    series::GPUDIAG_PROCESS_VERDICT,
 ];
 
 /// Reads one node's charts (range queries over `span` before `at_ms`) and its processes.
@@ -1158,23 +1183,20 @@ pub fn read_node(
     }
     let inst = quote(&exact_alternatives(instances.iter().copied()));
     let names: Vec<&str> = CHART_SERIES.iter().map(|(_, n, _)| *n).collect();
-    let q = format!(
-        "{{__name__=~{},instance=~{inst}}}",
-        quote(&exact_alternatives(names))
-    );
+    let q = series_on_instances(names, &inst);
     match client.range(&q, detail.start_ms, at_ms, step) {
         Ok(series) => {
             for s in series {
                 let Some((chart, _, scale)) = CHART_SERIES
                     .iter()
-                    .find(|(_, n, _)| s.labels.get("__name__").map(String::as_str) == Some(*n))
+                    .find(|(_, n, _)| s.labels.get(label::NAME).map(String::as_str) == Some(*n))
                 else {
                     continue;
                 };
                 let key = s
                     .labels
-                    .get("UUID")
-                    .or_else(|| s.labels.get("gpu"))
+                    .get(label::UUID)
+                    .or_else(|| s.labels.get(label::GPU))
                     .cloned()
                     .unwrap_or_default();
                 let points: Vec<(i64, f64)> =
@@ -1196,37 +1218,38 @@ pub fn read_node(
     if !node.exporters.contains(&Exporter::Gpudiag) {
         detail.processes_absent = Some("n/a: dcgm-exporter only".to_owned());
     } else {
-        let q = format!(
-            "{{__name__=~{},instance=~{inst}}}",
-            quote(&exact_alternatives(PROCESS_SERIES))
-        );
+        let q = series_on_instances(PROCESS_SERIES, &inst);
         match client.instant(&q, Some(at_ms)) {
             Ok(series) => {
                 let mut by_pid: BTreeMap<(String, String), Process> = BTreeMap::new();
                 for s in series {
-                    let Some(pid) = s.label("pid") else { continue };
-                    let uuid = s.label("UUID").map(str::to_owned);
+                    let Some(pid) = s.label(label::PID) else {
+                        continue;
+                    };
+                    let uuid = s.label(label::UUID).map(str::to_owned);
                     let p = by_pid
                         .entry((uuid.clone().unwrap_or_default(), pid.to_owned()))
                         .or_insert_with(|| Process {
-                            gpu: s.label("gpu").map(str::to_owned),
+                            gpu: s.label(label::GPU).map(str::to_owned),
                             uuid,
                             pid: pid.to_owned(),
-                            name: s.label("process").map(str::to_owned),
-                            user: s.label("user").map(str::to_owned),
-                            slurm_job: s.label("slurm_job").map(str::to_owned),
-                            pod: s.label("pod").map(str::to_owned),
+                            name: s.label(label::PROCESS).map(str::to_owned),
+                            user: s.label(label::USER).map(str::to_owned),
+                            slurm_job: s.label(label::SLURM_JOB).map(str::to_owned),
+                            pod: s.label(label::POD).map(str::to_owned),
                             memory_used_bytes: None,
                             sm_util_pct: None,
                             verdict: None,
                         });
-                    match s.label("__name__") {
-                        Some("gpudiag_process_memory_used_bytes") => {
+                    match s.label(label::NAME) {
+                        Some(series::GPUDIAG_PROCESS_MEMORY_USED_BYTES) => {
                             p.memory_used_bytes = Some(s.value)
                         }
-                        Some("gpudiag_process_sm_util_percent") => p.sm_util_pct = Some(s.value),
-                        Some("gpudiag_process_verdict") => {
-                            p.verdict = s.label("verdict").map(str::to_owned)
+                        Some(series::GPUDIAG_PROCESS_SM_UTIL_PERCENT) => {
+                            p.sm_util_pct = Some(s.value)
+                        }
+                        Some(series::GPUDIAG_PROCESS_VERDICT) => {
+                            p.verdict = s.label(label::VERDICT).map(str::to_owned)
                         }
                         _ => {}
                     }

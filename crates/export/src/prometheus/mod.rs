@@ -25,6 +25,7 @@ use gpudiag_core::rules::{Finding, Severity};
 use gpudiag_model::decode::THROTTLE_REASONS;
 use gpudiag_model::job::JobVerdict;
 use gpudiag_model::metric_table::Prometheus;
+use gpudiag_model::prometheus_names::{label, series};
 use gpudiag_model::sample::MetricDef;
 use gpudiag_model::verdict::Verdict;
 use gpudiag_telemetry::{DeviceInfo, HostInfo, METRIC_TABLE, Sample};
@@ -53,18 +54,18 @@ pub struct Snapshot {
 
 /// dcgm-exporter's label set for a device; unknown values are left out.
 fn device_labels(d: &DeviceInfo, host: &HostInfo) -> Labels {
-    let mut l: Labels = vec![("gpu", d.index.to_string())];
+    let mut l: Labels = vec![(label::GPU, d.index.to_string())];
     if let Some(u) = &d.uuid {
-        l.push(("UUID", u.clone()));
+        l.push((label::UUID, u.clone()));
     }
     if let Some(b) = &d.pci_bus_id {
-        l.push(("pci_bus_id", b.clone()));
+        l.push((label::PCI_BUS_ID, b.clone()));
     }
     if let Some(n) = &d.name {
-        l.push(("modelName", n.clone()));
+        l.push((label::MODEL_NAME, n.clone()));
     }
     if let Some(h) = &host.hostname {
-        l.push(("Hostname", h.clone()));
+        l.push((label::HOSTNAME, h.clone()));
     }
     l
 }
@@ -72,38 +73,38 @@ fn device_labels(d: &DeviceInfo, host: &HostInfo) -> Labels {
 /// The order the families had before the metric table, so /metrics reads the same from one
 /// version to the next; families added since follow in table order.
 const FAMILY_ORDER: [&str; 32] = [
-    "DCGM_FI_DEV_GPU_UTIL",
-    "DCGM_FI_DEV_MEM_COPY_UTIL",
-    "DCGM_FI_DEV_ENC_UTIL",
-    "DCGM_FI_DEV_DEC_UTIL",
-    "DCGM_FI_DEV_FB_USED",
-    "DCGM_FI_DEV_FB_FREE",
-    "DCGM_FI_DEV_POWER_USAGE",
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-    "DCGM_FI_DEV_GPU_TEMP",
-    "DCGM_FI_DEV_MEMORY_TEMP",
-    "DCGM_FI_DEV_SM_CLOCK",
-    "DCGM_FI_DEV_MEM_CLOCK",
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
-    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
-    "DCGM_FI_DEV_RETIRED_SBE",
-    "DCGM_FI_DEV_RETIRED_DBE",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-    "gpudiag_pcie_rx_bytes_per_second",
-    "gpudiag_pcie_tx_bytes_per_second",
-    "gpudiag_pcie_link_generation",
-    "gpudiag_pcie_link_generation_max",
-    "gpudiag_pcie_link_width",
-    "gpudiag_pcie_link_width_max",
-    "gpudiag_power_limit_watts",
-    "gpudiag_performance_state",
-    "gpudiag_fan_speed_percent",
-    "gpudiag_temperature_slowdown_celsius",
+    series::DCGM_FI_DEV_GPU_UTIL,
+    series::DCGM_FI_DEV_MEM_COPY_UTIL,
+    series::DCGM_FI_DEV_ENC_UTIL,
+    series::DCGM_FI_DEV_DEC_UTIL,
+    series::DCGM_FI_DEV_FB_USED,
+    series::DCGM_FI_DEV_FB_FREE,
+    series::DCGM_FI_DEV_POWER_USAGE,
+    series::DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
+    series::DCGM_FI_DEV_GPU_TEMP,
+    series::DCGM_FI_DEV_MEMORY_TEMP,
+    series::DCGM_FI_DEV_SM_CLOCK,
+    series::DCGM_FI_DEV_MEM_CLOCK,
+    series::DCGM_FI_DEV_PCIE_REPLAY_COUNTER,
+    series::DCGM_FI_DEV_ECC_SBE_VOL_TOTAL,
+    series::DCGM_FI_DEV_ECC_DBE_VOL_TOTAL,
+    series::DCGM_FI_DEV_ECC_SBE_AGG_TOTAL,
+    series::DCGM_FI_DEV_ECC_DBE_AGG_TOTAL,
+    series::DCGM_FI_DEV_RETIRED_SBE,
+    series::DCGM_FI_DEV_RETIRED_DBE,
+    series::DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS,
+    series::DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS,
+    series::DCGM_FI_DEV_ROW_REMAP_FAILURE,
+    series::GPUDIAG_PCIE_RX_BYTES_PER_SECOND,
+    series::GPUDIAG_PCIE_TX_BYTES_PER_SECOND,
+    series::GPUDIAG_PCIE_LINK_GENERATION,
+    series::GPUDIAG_PCIE_LINK_GENERATION_MAX,
+    series::GPUDIAG_PCIE_LINK_WIDTH,
+    series::GPUDIAG_PCIE_LINK_WIDTH_MAX,
+    series::GPUDIAG_POWER_LIMIT_WATTS,
+    series::GPUDIAG_PERFORMANCE_STATE,
+    series::GPUDIAG_FAN_SPEED_PERCENT,
+    series::GPUDIAG_TEMPERATURE_SLOWDOWN_CELSIUS,
 ];
 
 /// The per-sample families: the table's fields with a Prometheus series, grouped by series
@@ -153,7 +154,7 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         .filter_map(|(d, _, l)| Some((l.clone(), *snap.last_xid.get(&d.index)? as f64)))
         .collect();
     x.family(
-        "DCGM_FI_DEV_XID_ERRORS",
+        series::DCGM_FI_DEV_XID_ERRORS,
         Kind::Gauge,
         "Value of the last XID error encountered.",
         &xids,
@@ -178,12 +179,12 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         }
         for (bit, name) in names {
             let mut labels = l.clone();
-            labels.push(("reason", name));
+            labels.push((label::REASON, name));
             throttle.push((labels, f64::from(u8::from(bits & bit != 0))));
         }
     }
     x.family(
-        "gpudiag_throttle_reason",
+        series::GPUDIAG_THROTTLE_REASON,
         Kind::Gauge,
         "1 while this clock-event (throttle) reason is active, else 0.",
         &throttle,
@@ -197,7 +198,7 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         })
         .collect();
     x.family(
-        "gpudiag_sample_age_seconds",
+        series::GPUDIAG_SAMPLE_AGE_SECONDS,
         Kind::Gauge,
         "Seconds since gpudiag last read this GPU.",
         &ages,
@@ -214,21 +215,21 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         judged.push((l.clone(), f64::from(u8::from(v.is_some()))));
         if let Some(v) = v {
             let mut labels = l.clone();
-            labels.push(("verdict", v.bottleneck.name().to_owned()));
-            labels.push(("confidence", v.confidence.to_string()));
-            labels.push(("basis", v.basis.name().to_owned()));
+            labels.push((label::VERDICT, v.bottleneck.name().to_owned()));
+            labels.push((label::CONFIDENCE, v.confidence.to_string()));
+            labels.push((label::BASIS, v.basis.name().to_owned()));
             verdicts.push((labels, 1.0));
         }
     }
     x.family(
-        "gpudiag_verdict",
+        series::GPUDIAG_VERDICT,
         Kind::Gauge,
         "1 for the bottleneck verdict on this GPU over the rules' utilisation window, labelled by \
          the bottleneck (verdict), its confidence and what it was judged from (basis).",
         &verdicts,
     );
     x.family(
-        "gpudiag_verdict_judged",
+        series::GPUDIAG_VERDICT_JUDGED,
         Kind::Gauge,
         "1 when this GPU has a bottleneck verdict, 0 while it cannot be judged (too little data so \
          far, or no utilisation reading).",
@@ -252,20 +253,20 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
             None => {
                 let mut l: Labels = Vec::new();
                 if let Some(i) = f.device {
-                    l.push(("gpu", i.to_string()));
+                    l.push((label::GPU, i.to_string()));
                 }
                 if let Some(h) = &snap.host.hostname {
-                    l.push(("Hostname", h.clone()));
+                    l.push((label::HOSTNAME, h.clone()));
                 }
                 l
             }
         };
-        labels.push(("id", f.id.clone()));
-        labels.push(("severity", f.severity.to_string()));
+        labels.push((label::ID, f.id.clone()));
+        labels.push((label::SEVERITY, f.severity.to_string()));
         active.push((labels, 1.0));
     }
     x.family(
-        "gpudiag_finding",
+        series::GPUDIAG_FINDING,
         Kind::Gauge,
         "1 for each active finding, labelled by its id and severity.",
         &active,
@@ -275,15 +276,15 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         .map(|sev| {
             let mut l: Labels = Vec::new();
             if let Some(h) = &snap.host.hostname {
-                l.push(("Hostname", h.clone()));
+                l.push((label::HOSTNAME, h.clone()));
             }
-            l.push(("severity", sev.to_string()));
+            l.push((label::SEVERITY, sev.to_string()));
             let n = snap.findings.iter().filter(|f| f.severity == sev).count();
             (l, n as f64)
         })
         .collect();
     x.family(
-        "gpudiag_findings",
+        series::GPUDIAG_FINDINGS,
         Kind::Gauge,
         "Number of active findings of each severity.",
         &counts,
@@ -292,23 +293,26 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
     // tell two builds of one version apart.
     let revision = gpudiag_model::build_info::COMMIT.unwrap_or("unknown");
     let mut info: Labels = vec![
-        ("version", gpudiag_model::build_info::VERSION.to_string()),
-        ("revision", revision.to_string()),
+        (
+            label::VERSION,
+            gpudiag_model::build_info::VERSION.to_string(),
+        ),
+        (label::REVISION, revision.to_string()),
     ];
     if let Some(h) = &snap.host.hostname {
-        info.push(("Hostname", h.clone()));
+        info.push((label::HOSTNAME, h.clone()));
     }
     if let Some(v) = &snap.host.driver_version {
-        info.push(("driver_version", v.clone()));
+        info.push((label::DRIVER_VERSION, v.clone()));
     }
     x.family(
-        "gpudiag_info",
+        series::GPUDIAG_INFO,
         Kind::Gauge,
         "Always 1; the labels say which gpudiag and driver serve these metrics.",
         &[(info, 1.0)],
     );
     x.family(
-        "gpudiag_source_ended",
+        series::GPUDIAG_SOURCE_ENDED,
         Kind::Gauge,
         "1 when the telemetry source ended (a replay played out or sampling failed).",
         &[(Vec::new(), f64::from(u8::from(snap.source_ended)))],
@@ -435,7 +439,7 @@ mod tests {
     #[test]
     fn label_sets_units_and_absent_values() {
         let text = render(&snapshot(), Instant::now());
-        let util = lines_of(&text, "DCGM_FI_DEV_GPU_UTIL");
+        let util = lines_of(&text, series::DCGM_FI_DEV_GPU_UTIL);
         assert_eq!(
             util,
             [
@@ -444,27 +448,29 @@ mod tests {
             ]
         );
         // MiB and mJ as dcgm-exporter has them.
-        assert!(lines_of(&text, "DCGM_FI_DEV_FB_USED")[0].ends_with(" 3072"));
-        assert!(lines_of(&text, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")[0].ends_with(" 1500"));
-        assert!(lines_of(&text, "DCGM_FI_DEV_POWER_USAGE")[0].ends_with(" 689.125"));
-        // A real 0 is exported; an absent value is not.
-        assert!(lines_of(&text, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER")[0].ends_with(" 0"));
+        assert!(lines_of(&text, series::DCGM_FI_DEV_FB_USED)[0].ends_with(" 3072"));
         assert!(
-            lines_of(&text, "DCGM_FI_DEV_GPU_UTIL")
+            lines_of(&text, series::DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION)[0].ends_with(" 1500")
+        );
+        assert!(lines_of(&text, series::DCGM_FI_DEV_POWER_USAGE)[0].ends_with(" 689.125"));
+        // A real 0 is exported; an absent value is not.
+        assert!(lines_of(&text, series::DCGM_FI_DEV_PCIE_REPLAY_COUNTER)[0].ends_with(" 0"));
+        assert!(
+            lines_of(&text, series::DCGM_FI_DEV_GPU_UTIL)
                 .iter()
                 .all(|l| !l.contains("gpu=\"1\""))
         );
-        assert!(!text.contains("DCGM_FI_DEV_MEMORY_TEMP"));
-        let temp = lines_of(&text, "DCGM_FI_DEV_GPU_TEMP");
+        assert!(!text.contains(series::DCGM_FI_DEV_MEMORY_TEMP));
+        let temp = lines_of(&text, series::DCGM_FI_DEV_GPU_TEMP);
         assert_eq!(temp.len(), 1);
         assert!(
             temp[0].starts_with("DCGM_FI_DEV_GPU_TEMP{gpu=\"1\",Hostname="),
             "{}",
             temp[0]
         );
-        assert!(lines_of(&text, "DCGM_FI_DEV_XID_ERRORS")[0].ends_with(" 48"));
+        assert!(lines_of(&text, series::DCGM_FI_DEV_XID_ERRORS)[0].ends_with(" 48"));
         // Throttle: one series per reason for GPU 0 only (GPU 1 did not say).
-        let throttle = lines_of(&text, "gpudiag_throttle_reason");
+        let throttle = lines_of(&text, series::GPUDIAG_THROTTLE_REASON);
         assert_eq!(throttle.len(), THROTTLE_REASONS.len());
         assert!(
             throttle
@@ -476,14 +482,14 @@ mod tests {
                 .iter()
                 .any(|l| l.contains("reason=\"gpu_idle\"") && l.ends_with(" 0"))
         );
-        let finding = lines_of(&text, "gpudiag_finding");
+        let finding = lines_of(&text, series::GPUDIAG_FINDING);
         assert_eq!(finding.len(), 1);
         assert!(
             finding[0].contains("id=\"errors.xid_48\",severity=\"fail\"} 1"),
             "{}",
             finding[0]
         );
-        let counts = lines_of(&text, "gpudiag_findings");
+        let counts = lines_of(&text, series::GPUDIAG_FINDINGS);
         assert_eq!(counts.len(), 3);
         assert!(
             counts
@@ -498,23 +504,23 @@ mod tests {
         // The verdict: one series for the judged GPU, its state in bounded labels only; the
         // other GPU is reported as not judged rather than left out.
         assert_eq!(
-            lines_of(&text, "gpudiag_verdict"),
+            lines_of(&text, series::GPUDIAG_VERDICT),
             [
                 "gpudiag_verdict{gpu=\"0\",UUID=\"GPU-0\",pci_bus_id=\"00000000:19:00.0\",\
                  modelName=\"NVIDIA H200\",Hostname=\"node \\\"7\\\"\\\\a\\nb\",\
                  verdict=\"launch_bound\",confidence=\"low\",basis=\"utilisation\"} 1"
             ]
         );
-        let judged = lines_of(&text, "gpudiag_verdict_judged");
+        let judged = lines_of(&text, series::GPUDIAG_VERDICT_JUDGED);
         assert_eq!(judged.len(), 2);
         assert!(judged[0].starts_with("gpudiag_verdict_judged{gpu=\"0\""));
         assert!(judged[0].ends_with("} 1"), "{}", judged[0]);
         assert!(judged[1].starts_with("gpudiag_verdict_judged{gpu=\"1\""));
         assert!(judged[1].ends_with("} 0"), "{}", judged[1]);
-        let age = lines_of(&text, "gpudiag_sample_age_seconds");
+        let age = lines_of(&text, series::GPUDIAG_SAMPLE_AGE_SECONDS);
         assert_eq!(age.len(), 2);
         assert_eq!(
-            lines_of(&text, "gpudiag_source_ended"),
+            lines_of(&text, series::GPUDIAG_SOURCE_ENDED),
             ["gpudiag_source_ended 0"]
         );
     }
@@ -527,7 +533,7 @@ mod tests {
             s.throttle_hw_thermal_slowdown_s = Some(0.0);
         }
         let text = render(&snap, Instant::now());
-        let name = "gpudiag_throttle_seconds_total";
+        let name = series::GPUDIAG_THROTTLE_SECONDS_TOTAL;
         assert_eq!(text.matches(&format!("# TYPE {name} counter")).count(), 1);
         let lines = lines_of(&text, name);
         assert_eq!(lines.len(), 2, "{lines:?}");
