@@ -72,45 +72,21 @@ pub(super) fn render(
     snap: &Snapshot,
     devices: &[(&DeviceInfo, &Sample, Labels)],
 ) {
+    gpu_job_series(x, snap, devices);
+    job_verdict_series(x, snap);
+}
+
+/// Which job each GPU's processes belong to, and how many GPUs several jobs share.
+fn gpu_job_series(x: &mut Exposition, snap: &Snapshot, devices: &[(&DeviceInfo, &Sample, Labels)]) {
     let host = snap.host.hostname.as_ref();
     let mut info: Vec<(Labels, f64)> = Vec::new();
     let mut shared = 0usize;
     for (d, s, _) in devices {
-        let g = match owner_of(s) {
-            Owner::One(g) => g,
-            Owner::Nobody => continue,
-            Owner::Shared => {
-                shared += 1;
-                continue;
-            }
-        };
-        // The rules join on `UUID`; `gpu` and `Hostname` say where the GPU is.
-        let mut l: Labels = Vec::new();
-        if let Some(u) = &d.uuid {
-            l.push((label::UUID, u.clone()));
+        match owner_of(s) {
+            Owner::One(g) => info.push((gpu_job_labels(d, &g, host), 1.0)),
+            Owner::Nobody => {}
+            Owner::Shared => shared += 1,
         }
-        l.push((label::GPU, d.index.to_string()));
-        if let Some(h) = host {
-            l.push((label::HOSTNAME, h.clone()));
-        }
-        l.push((label::JOB_KEY, g.job.key.clone()));
-        l.push((label::JOINED_BY, g.job.joined_by.name().to_owned()));
-        let a = g.process.attribution.as_ref();
-        if let Some(job) = a.and_then(|a| a.job.as_ref()) {
-            l.push((label::SLURM_JOB, job.id.clone()));
-        }
-        if let Some(pod) = a.and_then(|a| a.pod.as_ref()) {
-            if let Some(name) = &pod.name {
-                l.push((label::POD, name.clone()));
-            }
-            if let Some(ns) = &pod.namespace {
-                l.push((label::NAMESPACE, ns.clone()));
-            }
-        }
-        if let Some(rank) = g.process.launch.as_ref().and_then(|l| l.rank) {
-            l.push((label::RANK, rank.to_string()));
-        }
-        info.push((l, 1.0));
     }
     x.family(
         series::GPUDIAG_GPU_JOB_INFO,
@@ -132,10 +108,43 @@ pub(super) fn render(
          gpudiag_gpu_job_info series, since their counters are no one job's; 0 when none.",
         &[(cut, shared as f64)],
     );
+}
 
-    // One series per job judged here, its state in bounded labels: four verdicts, three
-    // confidences, and a straggler among this host's GPUs. Free text (title, advice) never
-    // becomes a label.
+/// The rules join on `UUID`; `gpu` and `Hostname` say where the GPU is.
+fn gpu_job_labels(d: &DeviceInfo, g: &GpuJob<'_>, host: Option<&String>) -> Labels {
+    let mut l: Labels = Vec::new();
+    if let Some(u) = &d.uuid {
+        l.push((label::UUID, u.clone()));
+    }
+    l.push((label::GPU, d.index.to_string()));
+    if let Some(h) = host {
+        l.push((label::HOSTNAME, h.clone()));
+    }
+    l.push((label::JOB_KEY, g.job.key.clone()));
+    l.push((label::JOINED_BY, g.job.joined_by.name().to_owned()));
+    let a = g.process.attribution.as_ref();
+    if let Some(job) = a.and_then(|a| a.job.as_ref()) {
+        l.push((label::SLURM_JOB, job.id.clone()));
+    }
+    if let Some(pod) = a.and_then(|a| a.pod.as_ref()) {
+        if let Some(name) = &pod.name {
+            l.push((label::POD, name.clone()));
+        }
+        if let Some(ns) = &pod.namespace {
+            l.push((label::NAMESPACE, ns.clone()));
+        }
+    }
+    if let Some(rank) = g.process.launch.as_ref().and_then(|l| l.rank) {
+        l.push((label::RANK, rank.to_string()));
+    }
+    l
+}
+
+/// One series per job judged here, its state in bounded labels: four verdicts, three
+/// confidences, and a straggler among this host's GPUs. Free text (title, advice) never
+/// becomes a label.
+fn job_verdict_series(x: &mut Exposition, snap: &Snapshot) {
+    let host = snap.host.hostname.as_ref();
     let mut verdicts: Vec<(Labels, f64)> = Vec::new();
     let mut waits: Vec<(Labels, f64)> = Vec::new();
     // Two jobs may not give one series twice: Prometheus would reject the whole scrape.

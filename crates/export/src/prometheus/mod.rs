@@ -123,11 +123,35 @@ fn table_families() -> Vec<(&'static Prometheus, Kind, Vec<&'static MetricDef>)>
     families
 }
 
+/// A device with a latest sample, and its labels.
+type DeviceRow<'a> = (&'a DeviceInfo, &'a Sample, Labels);
+
 /// Renders a snapshot; `now` dates the sample ages.
 pub fn render(snap: &Snapshot, now: Instant) -> String {
     let mut x = Exposition::default();
-    let devices: Vec<(&DeviceInfo, &Sample, Labels)> = snap
-        .devices
+    let devices = device_rows(snap);
+    table_series(&mut x, &devices);
+    xid_series(&mut x, snap, &devices);
+    throttle_reason_series(&mut x, &devices);
+    sample_age_series(&mut x, snap, &devices, now);
+    verdict_series(&mut x, snap, &devices);
+    process_series::render(&mut x, snap, &devices);
+    job_series::render(&mut x, snap, &devices);
+    finding_series(&mut x, snap);
+    finding_count_series(&mut x, snap);
+    info_series(&mut x, snap);
+    x.family(
+        series::GPUDIAG_SOURCE_ENDED,
+        Kind::Gauge,
+        "1 when the telemetry source ended (a replay played out or sampling failed).",
+        &[(Vec::new(), f64::from(u8::from(snap.source_ended)))],
+    );
+    x.finish()
+}
+
+/// The devices with a latest sample, each with dcgm-exporter's labels and its pod's.
+fn device_rows(snap: &Snapshot) -> Vec<DeviceRow<'_>> {
+    snap.devices
         .iter()
         .filter_map(|d| {
             let s = snap.latest.get(&d.index)?;
@@ -135,12 +159,17 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
             labels.extend(process_series::device_pod_labels(s));
             Some((d, s, labels))
         })
-        .collect();
+        .collect()
+}
+
+/// The metric table's families, one series per device (and per label value, for fields that
+/// share a family).
+fn table_series(x: &mut Exposition, devices: &[DeviceRow<'_>]) {
     for (family, kind, fields) in table_families() {
         let mut samples: Vec<(Labels, f64)> = Vec::new();
         for m in fields {
             let Some(p) = &m.prometheus else { continue };
-            for (_, s, l) in &devices {
+            for (_, s, l) in devices {
                 let Some(v) = m.get(s) else { continue };
                 let mut labels = l.clone();
                 labels.extend(p.label.map(|(k, v)| (k, v.to_owned())));
@@ -149,6 +178,9 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         }
         x.family(family.name, kind, family.help, &samples);
     }
+}
+
+fn xid_series(x: &mut Exposition, snap: &Snapshot, devices: &[DeviceRow<'_>]) {
     let xids: Vec<(Labels, f64)> = devices
         .iter()
         .filter_map(|(d, _, l)| Some((l.clone(), *snap.last_xid.get(&d.index)? as f64)))
@@ -159,25 +191,17 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         "Value of the last XID error encountered.",
         &xids,
     );
+}
 
-    // The table holds throttle reasons as one bit mask, which no dashboard can use as a
-    // number: each reason is its own 0/1 series here.
+/// The table holds throttle reasons as one bit mask, which no dashboard can use as a number:
+/// each reason is its own 0/1 series here.
+fn throttle_reason_series(x: &mut Exposition, devices: &[DeviceRow<'_>]) {
     let mut throttle = Vec::new();
-    for (_, s, l) in &devices {
+    for (_, s, l) in devices {
         let Some(bits) = s.throttle_reasons else {
             continue;
         };
-        let mut names: Vec<(u64, String)> = THROTTLE_REASONS
-            .iter()
-            .map(|(b, n)| (*b, (*n).to_string()))
-            .collect();
-        // Bits NVML defines but this build does not name still get a series while set.
-        for bit in (0..64).map(|i| 1u64 << i) {
-            if bits & bit != 0 && !names.iter().any(|(b, _)| *b == bit) {
-                names.push((bit, format!("unknown_{bit:#x}")));
-            }
-        }
-        for (bit, name) in names {
+        for (bit, name) in throttle_reason_names(bits) {
             let mut labels = l.clone();
             labels.push((label::REASON, name));
             throttle.push((labels, f64::from(u8::from(bits & bit != 0))));
@@ -189,7 +213,24 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         "1 while this clock-event (throttle) reason is active, else 0.",
         &throttle,
     );
+}
 
+/// Every named reason, then the bits NVML defines but this build does not name, which still
+/// get a series while set.
+fn throttle_reason_names(bits: u64) -> Vec<(u64, String)> {
+    let mut names: Vec<(u64, String)> = THROTTLE_REASONS
+        .iter()
+        .map(|(b, n)| (*b, (*n).to_string()))
+        .collect();
+    for bit in (0..64).map(|i| 1u64 << i) {
+        if bits & bit != 0 && !names.iter().any(|(b, _)| *b == bit) {
+            names.push((bit, format!("unknown_{bit:#x}")));
+        }
+    }
+    names
+}
+
+fn sample_age_series(x: &mut Exposition, snap: &Snapshot, devices: &[DeviceRow<'_>], now: Instant) {
     let ages: Vec<(Labels, f64)> = devices
         .iter()
         .filter_map(|(d, _, l)| {
@@ -203,14 +244,16 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         "Seconds since gpudiag last read this GPU.",
         &ages,
     );
+}
 
-    // One series per judged GPU, its state in the labels (a fixed set: ten bottlenecks, three
-    // confidences, two bases); when the verdict changes the old series goes stale at once.
-    // Whether a GPU has a verdict at all is its own 0/1 series, so "not judged yet" is not
-    // confused with a missing scrape.
+/// One series per judged GPU, its state in the labels (a fixed set: ten bottlenecks, three
+/// confidences, two bases); when the verdict changes the old series goes stale at once.
+/// Whether a GPU has a verdict at all is its own 0/1 series, so "not judged yet" is not
+/// confused with a missing scrape.
+fn verdict_series(x: &mut Exposition, snap: &Snapshot, devices: &[DeviceRow<'_>]) {
     let mut verdicts: Vec<(Labels, f64)> = Vec::new();
     let mut judged: Vec<(Labels, f64)> = Vec::new();
-    for (d, _, l) in &devices {
+    for (d, _, l) in devices {
         let v = snap.verdicts.get(&d.index);
         judged.push((l.clone(), f64::from(u8::from(v.is_some()))));
         if let Some(v) = v {
@@ -235,32 +278,17 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
          far, or no utilisation reading).",
         &judged,
     );
+}
 
-    process_series::render(&mut x, snap, &devices);
-    job_series::render(&mut x, snap, &devices);
-
+/// One series per active finding (the first of each id and device).
+fn finding_series(x: &mut Exposition, snap: &Snapshot) {
     let mut active: Vec<(Labels, f64)> = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     for f in &snap.findings {
         if !seen.insert((f.id.clone(), f.device)) {
             continue;
         }
-        let mut labels = match f
-            .device
-            .and_then(|i| snap.devices.iter().find(|d| d.index == i))
-        {
-            Some(d) => device_labels(d, &snap.host),
-            None => {
-                let mut l: Labels = Vec::new();
-                if let Some(i) = f.device {
-                    l.push((label::GPU, i.to_string()));
-                }
-                if let Some(h) = &snap.host.hostname {
-                    l.push((label::HOSTNAME, h.clone()));
-                }
-                l
-            }
-        };
+        let mut labels = finding_labels(f, snap);
         labels.push((label::ID, f.id.clone()));
         labels.push((label::SEVERITY, f.severity.to_string()));
         active.push((labels, 1.0));
@@ -271,6 +299,28 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         "1 for each active finding, labelled by its id and severity.",
         &active,
     );
+}
+
+/// A finding's device labels; those of a device no longer listed, or of the host, as far as
+/// they are known.
+fn finding_labels(f: &Finding, snap: &Snapshot) -> Labels {
+    if let Some(d) = f
+        .device
+        .and_then(|i| snap.devices.iter().find(|d| d.index == i))
+    {
+        return device_labels(d, &snap.host);
+    }
+    let mut l: Labels = Vec::new();
+    if let Some(i) = f.device {
+        l.push((label::GPU, i.to_string()));
+    }
+    if let Some(h) = &snap.host.hostname {
+        l.push((label::HOSTNAME, h.clone()));
+    }
+    l
+}
+
+fn finding_count_series(x: &mut Exposition, snap: &Snapshot) {
     let counts: Vec<(Labels, f64)> = [Severity::Info, Severity::Warn, Severity::Fail]
         .into_iter()
         .map(|sev| {
@@ -289,8 +339,11 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         "Number of active findings of each severity.",
         &counts,
     );
-    // `revision` as Prometheus's own `*_build_info` names the commit, so a fleet dashboard can
-    // tell two builds of one version apart.
+}
+
+/// `revision` as Prometheus's own `*_build_info` names the commit, so a fleet dashboard can
+/// tell two builds of one version apart.
+fn info_series(x: &mut Exposition, snap: &Snapshot) {
     let revision = gpudiag_model::build_info::COMMIT.unwrap_or("unknown");
     let mut info: Labels = vec![
         (
@@ -311,13 +364,6 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         "Always 1; the labels say which gpudiag and driver serve these metrics.",
         &[(info, 1.0)],
     );
-    x.family(
-        series::GPUDIAG_SOURCE_ENDED,
-        Kind::Gauge,
-        "1 when the telemetry source ended (a replay played out or sampling failed).",
-        &[(Vec::new(), f64::from(u8::from(snap.source_ended)))],
-    );
-    x.finish()
 }
 
 #[cfg(test)]
