@@ -75,26 +75,34 @@ fn owner_labels(p: &ProcessSample) -> Labels {
     l
 }
 
+/// The `cap` processes holding the most memory, with their device and its labels, and how
+/// many were left out. Those whose memory is unknown sort after every known amount (`None` is
+/// the least), so a cut leaves them out first.
+fn heaviest<'a>(
+    devices: &'a [(&DeviceInfo, &Sample, Labels)],
+    cap: usize,
+) -> (Vec<(&'a DeviceInfo, &'a ProcessSample, &'a Labels)>, usize) {
+    let mut all: Vec<(&DeviceInfo, &ProcessSample, &Labels)> = devices
+        .iter()
+        .flat_map(|(d, s, l)| s.processes.iter().flatten().map(move |p| (*d, p, l)))
+        .collect();
+    all.sort_by_key(|(d, p, _)| (std::cmp::Reverse(p.used_memory_bytes), d.index, p.pid));
+    let dropped = all.len().saturating_sub(cap);
+    all.truncate(cap);
+    (all, dropped)
+}
+
 /// Writes the per-process families. `devices` are the judged devices with their labels.
 pub(super) fn render(
     x: &mut Exposition,
     snap: &Snapshot,
     devices: &[(&DeviceInfo, &Sample, Labels)],
 ) {
-    let mut all: Vec<(&DeviceInfo, &ProcessSample, &Labels)> = devices
-        .iter()
-        .flat_map(|(d, s, l)| s.processes.iter().flatten().map(move |p| (*d, p, l)))
-        .collect();
     let counts: Vec<(Labels, f64)> = devices
         .iter()
         .filter_map(|(_, s, l)| Some((l.clone(), s.processes.as_ref()?.len() as f64)))
         .collect();
-    // The heaviest processes first, so a cut leaves out the ones holding the least memory;
-    // those whose memory is unknown sort after every known amount (`None` is the least).
-    all.sort_by_key(|(d, p, _)| (std::cmp::Reverse(p.used_memory_bytes), d.index, p.pid));
-    let dropped = all.len().saturating_sub(snap.process_cap.0);
-    all.truncate(snap.process_cap.0);
-
+    let (all, dropped) = heaviest(devices, snap.process_cap.0);
     let mut memory = Vec::new();
     let mut sm = Vec::new();
     let mut verdicts = Vec::new();
