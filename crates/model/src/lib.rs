@@ -20,6 +20,7 @@ pub mod gpu_state;
 pub mod job;
 pub mod metric_table;
 pub mod printable;
+pub mod prometheus_names;
 pub mod sample;
 pub mod schema;
 pub mod stats;

@@ -13,6 +13,7 @@ use crate::metric_table::{
     Chart, FieldValue, Format, GIB, Kind, MIB, Plausible, Plot, Prometheus, Repr, Round, Scale,
     Text, Trace, Unit, Unrepresentable, Vendor, Vendors,
 };
+use crate::prometheus_names::{label, series};
 
 // The table's own types: each names `Sample`, so they live beside it, and the vocabulary they are
 // built from (`metric_table`) names nothing here.
@@ -603,27 +604,27 @@ metric_table! {
         .text(1, "util {|%} (mean {mean|%}, max {max|%})")
         .chart(Chart::Util, Scale::One)
         .trace("util %", "gpu", Scale::One, Round::Tenth)
-        .prometheus(Prometheus::new("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).")),
+        .prometheus(Prometheus::new(series::DCGM_FI_DEV_GPU_UTIL, "GPU utilization (in %).")),
     mem_util_pct => MemUtilPct: MetricDef::gauge(Unit::Percent, Vendors::ALL)
         .plausible(0.0, 100.0)
         .text(1, "mem util {|%}")
         .chart(Chart::Util, Scale::One)
         .trace("util %", "memory", Scale::One, Round::Tenth)
-        .prometheus(Prometheus::new("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).")),
+        .prometheus(Prometheus::new(series::DCGM_FI_DEV_MEM_COPY_UTIL, "Memory utilization (in %).")),
     mem_used_bytes => MemUsedBytes: MetricDef::gauge(Unit::Bytes, Vendors::ALL)
         .format(IN_GIB)
         .text(1, "memory {} / {mem_total_bytes| GiB}")
         .chart(Chart::Memory, Scale::Per(GIB))
         .trace("memory MiB", "used", Scale::Per(MIB), Round::Whole)
         .prometheus(
-            Prometheus::new("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).")
+            Prometheus::new(series::DCGM_FI_DEV_FB_USED, "Framebuffer memory used (in MiB).")
                 .scaled(Scale::Per(MIB), Round::Whole),
         ),
     mem_free_bytes => MemFreeBytes: MetricDef::gauge(Unit::Bytes, Vendors::ALL)
         .format(IN_GIB)
         .trace("memory MiB", "free", Scale::Per(MIB), Round::Whole)
         .prometheus(
-            Prometheus::new("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).")
+            Prometheus::new(series::DCGM_FI_DEV_FB_FREE, "Framebuffer memory free (in MiB).")
                 .scaled(Scale::Per(MIB), Round::Whole),
         ),
     mem_total_bytes => MemTotalBytes: MetricDef::gauge(Unit::Bytes, Vendors::ALL)
@@ -635,16 +636,16 @@ metric_table! {
         .text(2, "power {} / {power_limit_w| W} (mean {mean| W})")
         .chart(Chart::Power, Scale::One)
         .trace("power W", "draw", Scale::One, Round::Tenth)
-        .prometheus(Prometheus::new("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).")),
+        .prometheus(Prometheus::new(series::DCGM_FI_DEV_POWER_USAGE, "Power draw (in W).")),
     power_limit_w => PowerLimitW: MetricDef::gauge(Unit::Watts, Vendors::ALL)
         .plausible(0.0, 5000.0)
         .trace("power W", "limit", Scale::One, Round::Tenth)
-        .prometheus(Prometheus::new("gpudiag_power_limit_watts", "Enforced power limit (W).")),
+        .prometheus(Prometheus::new(series::GPUDIAG_POWER_LIMIT_WATTS, "Enforced power limit (W).")),
     energy_j => EnergyJ: MetricDef::counter(Unit::Joules, Vendors::ALL)
         .plausible(0.0, f64::INFINITY)
         .prometheus(
             Prometheus::new(
-                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                series::DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
                 "Total energy consumption since boot (in mJ).",
             )
             .scaled(Scale::Times(1000.0), Round::Whole),
@@ -655,17 +656,17 @@ metric_table! {
         .text(2, "temp {| °C} (slowdown {temp_slowdown_c| °C})")
         .chart(Chart::Temperature, Scale::One)
         .trace("temp C", "gpu", Scale::One, Round::Tenth)
-        .prometheus(Prometheus::new("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).")),
+        .prometheus(Prometheus::new(series::DCGM_FI_DEV_GPU_TEMP, "GPU temperature (in C).")),
     temp_mem_c => TempMemC: MetricDef::gauge(Unit::Celsius, Vendors::ALL)
         .plausible(-40.0, 200.0)
         .chart(Chart::Temperature, Scale::One)
         .trace("temp C", "memory", Scale::One, Round::Tenth)
-        .prometheus(Prometheus::new("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).")),
+        .prometheus(Prometheus::new(series::DCGM_FI_DEV_MEMORY_TEMP, "Memory temperature (in C).")),
     temp_slowdown_c: MetricDef::gauge(Unit::Celsius, Vendors::ALL)
         .plausible(-40.0, 200.0)
         .device(|d| d.temp_slowdown_c)
         .prometheus(Prometheus::new(
-            "gpudiag_temperature_slowdown_celsius",
+            series::GPUDIAG_TEMPERATURE_SLOWDOWN_CELSIUS,
             "Temperature at which the GPU slows down (in C).",
         )),
     temp_shutdown_c: MetricDef::gauge(Unit::Celsius, Vendors::ALL)
@@ -677,14 +678,14 @@ metric_table! {
         .text(3, "SM clock {} / {sm_clock_max_mhz| MHz}")
         .chart(Chart::Clocks, Scale::One)
         .trace("clocks MHz", "sm", Scale::One, Round::Exact)
-        .prometheus(Prometheus::new("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).")),
+        .prometheus(Prometheus::new(series::DCGM_FI_DEV_SM_CLOCK, "SM clock frequency (in MHz).")),
     mem_clock_mhz => MemClockMhz: MetricDef::gauge(Unit::Megahertz, Vendors::ALL)
         .plausible(0.0, 100_000.0)
         .text(3, "memory clock {} / {mem_clock_max_mhz| MHz}")
         .chart(Chart::Clocks, Scale::One)
         .trace("clocks MHz", "memory", Scale::One, Round::Exact)
         .prometheus(Prometheus::new(
-            "DCGM_FI_DEV_MEM_CLOCK",
+            series::DCGM_FI_DEV_MEM_CLOCK,
             "Memory clock frequency (in MHz).",
         )),
     sm_clock_max_mhz: MetricDef::gauge(Unit::Megahertz, Vendors::ALL)
@@ -698,26 +699,26 @@ metric_table! {
         .plausible(0.0, 15.0)
         .text(3, "P-state {P<}")
         .prometheus(Prometheus::new(
-            "gpudiag_performance_state",
+            series::GPUDIAG_PERFORMANCE_STATE,
             "Performance state (0 is P0, fastest).",
         )),
     // Exported and traced per reason, decoded (`decode::THROTTLE_REASONS`), not as a number.
     throttle_reasons => ThrottleReasons: MetricDef::gauge(Unit::Count, Vendors::NVIDIA),
     throttle_sw_power_cap_s: THROTTLE_SECONDS
         .trace("throttle s", "sw_power_cap", Scale::One, Round::Tenth)
-        .prometheus(THROTTLE_SECONDS_TOTAL.labelled("reason", "sw_power_cap")),
+        .prometheus(THROTTLE_SECONDS_TOTAL.labelled(label::REASON, "sw_power_cap")),
     throttle_sync_boost_s: THROTTLE_SECONDS
         .trace("throttle s", "sync_boost", Scale::One, Round::Tenth)
-        .prometheus(THROTTLE_SECONDS_TOTAL.labelled("reason", "sync_boost")),
+        .prometheus(THROTTLE_SECONDS_TOTAL.labelled(label::REASON, "sync_boost")),
     throttle_sw_thermal_slowdown_s: THROTTLE_SECONDS
         .trace("throttle s", "sw_thermal_slowdown", Scale::One, Round::Tenth)
-        .prometheus(THROTTLE_SECONDS_TOTAL.labelled("reason", "sw_thermal_slowdown")),
+        .prometheus(THROTTLE_SECONDS_TOTAL.labelled(label::REASON, "sw_thermal_slowdown")),
     throttle_hw_thermal_slowdown_s: THROTTLE_SECONDS
         .trace("throttle s", "hw_thermal_slowdown", Scale::One, Round::Tenth)
-        .prometheus(THROTTLE_SECONDS_TOTAL.labelled("reason", "hw_thermal_slowdown")),
+        .prometheus(THROTTLE_SECONDS_TOTAL.labelled(label::REASON, "hw_thermal_slowdown")),
     throttle_hw_power_brake_slowdown_s: THROTTLE_SECONDS
         .trace("throttle s", "hw_power_brake_slowdown", Scale::One, Round::Tenth)
-        .prometheus(THROTTLE_SECONDS_TOTAL.labelled("reason", "hw_power_brake_slowdown")),
+        .prometheus(THROTTLE_SECONDS_TOTAL.labelled(label::REASON, "hw_power_brake_slowdown")),
     pcie_gen => PcieGen: MetricDef::gauge(Unit::Count, Vendors::ALL)
         .plausible(0.0, 16.0)
         .text(
@@ -725,25 +726,25 @@ metric_table! {
             "PCIe {Gen<} {x<pcie_width} (max {Gen<pcie_gen_max} {x<pcie_width_max})",
         )
         .prometheus(Prometheus::new(
-            "gpudiag_pcie_link_generation",
+            series::GPUDIAG_PCIE_LINK_GENERATION,
             "Current PCIe link generation.",
         )),
     pcie_width => PcieWidth: MetricDef::gauge(Unit::Lanes, Vendors::ALL)
         .plausible(0.0, 64.0)
         .prometheus(Prometheus::new(
-            "gpudiag_pcie_link_width",
+            series::GPUDIAG_PCIE_LINK_WIDTH,
             "Current PCIe link width (lanes).",
         )),
     pcie_gen_max: MetricDef::gauge(Unit::Count, Vendors::ALL)
         .device(|d| d.pcie_gen_max.map(f64::from))
         .prometheus(Prometheus::new(
-            "gpudiag_pcie_link_generation_max",
+            series::GPUDIAG_PCIE_LINK_GENERATION_MAX,
             "Maximum PCIe link generation.",
         )),
     pcie_width_max: MetricDef::gauge(Unit::Lanes, Vendors::ALL)
         .device(|d| d.pcie_width_max.map(f64::from))
         .prometheus(Prometheus::new(
-            "gpudiag_pcie_link_width_max",
+            series::GPUDIAG_PCIE_LINK_WIDTH_MAX,
             "Maximum PCIe link width (lanes).",
         )),
     // PCIe Gen6 x16 carries about 128 GB/s; ten times that is not a reading. NVIDIA only: on
@@ -755,7 +756,7 @@ metric_table! {
         .chart(Chart::Pcie, Scale::Times(1e-9))
         .trace("PCIe MB/s", "rx", Scale::Per(1e6), Round::Tenth)
         .prometheus(Prometheus::new(
-            "gpudiag_pcie_rx_bytes_per_second",
+            series::GPUDIAG_PCIE_RX_BYTES_PER_SECOND,
             "PCIe receive throughput (bytes/s), as NVML measures it over about 20 ms.",
         )),
     pcie_tx_bytes_per_s => PcieTxBytesPerS: MetricDef::gauge(Unit::BytesPerSecond, Vendors::NVIDIA)
@@ -765,13 +766,13 @@ metric_table! {
         .chart(Chart::Pcie, Scale::Times(1e-9))
         .trace("PCIe MB/s", "tx", Scale::Per(1e6), Round::Tenth)
         .prometheus(Prometheus::new(
-            "gpudiag_pcie_tx_bytes_per_second",
+            series::GPUDIAG_PCIE_TX_BYTES_PER_SECOND,
             "PCIe transmit throughput (bytes/s), as NVML measures it over about 20 ms.",
         )),
     pcie_replay_count => PcieReplayCount: MetricDef::counter(Unit::Count, Vendors::ALL)
         .text(4, "replays {}")
         .prometheus(Prometheus::new(
-            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+            series::DCGM_FI_DEV_PCIE_REPLAY_COUNTER,
             "Total number of PCIe retries.",
         )),
     ecc_corrected_volatile => EccCorrectedVolatile: MetricDef::counter(Unit::Count, Vendors::ALL)
@@ -780,48 +781,48 @@ metric_table! {
             "ECC volatile {| corrected} / {ecc_uncorrected_volatile| uncorrected}",
         )
         .prometheus(Prometheus::new(
-            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+            series::DCGM_FI_DEV_ECC_SBE_VOL_TOTAL,
             "Total number of single-bit volatile ECC errors.",
         )),
     ecc_uncorrected_volatile => EccUncorrectedVolatile:
         MetricDef::counter(Unit::Count, Vendors::ALL).prometheus(Prometheus::new(
-            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+            series::DCGM_FI_DEV_ECC_DBE_VOL_TOTAL,
             "Total number of double-bit volatile ECC errors.",
         )),
     ecc_corrected_aggregate: MetricDef::counter(Unit::Count, Vendors::NVIDIA).prometheus(
         Prometheus::new(
-            "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+            series::DCGM_FI_DEV_ECC_SBE_AGG_TOTAL,
             "Total number of single-bit persistent ECC errors.",
         ),
     ),
     ecc_uncorrected_aggregate: MetricDef::counter(Unit::Count, Vendors::NVIDIA).prometheus(
         Prometheus::new(
-            "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+            series::DCGM_FI_DEV_ECC_DBE_AGG_TOTAL,
             "Total number of double-bit persistent ECC errors.",
         ),
     ),
     retired_pages_sbe: MetricDef::counter(Unit::Count, Vendors::NVIDIA).prometheus(
         Prometheus::new(
-            "DCGM_FI_DEV_RETIRED_SBE",
+            series::DCGM_FI_DEV_RETIRED_SBE,
             "Total number of retired pages due to single-bit errors.",
         ),
     ),
     retired_pages_dbe: MetricDef::counter(Unit::Count, Vendors::NVIDIA).prometheus(
         Prometheus::new(
-            "DCGM_FI_DEV_RETIRED_DBE",
+            series::DCGM_FI_DEV_RETIRED_DBE,
             "Total number of retired pages due to double-bit errors.",
         ),
     ),
     retired_pages_pending: MetricDef::gauge(Unit::Flag, Vendors::ALL).format(Format::Flag),
     remapped_rows_correctable: MetricDef::counter(Unit::Count, Vendors::NVIDIA).prometheus(
         Prometheus::new(
-            "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+            series::DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS,
             "Number of remapped rows for correctable errors",
         ),
     ),
     remapped_rows_uncorrectable => RemappedRowsUncorrectable:
         MetricDef::counter(Unit::Count, Vendors::NVIDIA).prometheus(Prometheus::new(
-            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+            series::DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS,
             "Number of remapped rows for uncorrectable errors",
         )),
     remapped_rows_pending: MetricDef::gauge(Unit::Flag, Vendors::NVIDIA)
@@ -830,19 +831,19 @@ metric_table! {
     remapped_rows_failure: MetricDef::gauge(Unit::Flag, Vendors::NVIDIA)
         .format(Format::Flag)
         .prometheus(Prometheus::new(
-            "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+            series::DCGM_FI_DEV_ROW_REMAP_FAILURE,
             "Whether remapping of rows has failed",
         )),
     fan_pct => FanPct: MetricDef::gauge(Unit::Percent, Vendors::ALL)
         .plausible(0.0, 100.0)
         .text(2, "fan {|%}")
-        .prometheus(Prometheus::new("gpudiag_fan_speed_percent", "Fan speed (in %).")),
+        .prometheus(Prometheus::new(series::GPUDIAG_FAN_SPEED_PERCENT, "Fan speed (in %).")),
     encoder_util_pct => EncoderUtilPct: MetricDef::gauge(Unit::Percent, Vendors::NVIDIA)
         .plausible(0.0, 100.0)
-        .prometheus(Prometheus::new("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).")),
+        .prometheus(Prometheus::new(series::DCGM_FI_DEV_ENC_UTIL, "Encoder utilization (in %).")),
     decoder_util_pct => DecoderUtilPct: MetricDef::gauge(Unit::Percent, Vendors::NVIDIA)
         .plausible(0.0, 100.0)
-        .prometheus(Prometheus::new("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).")),
+        .prometheus(Prometheus::new(series::DCGM_FI_DEV_DEC_UTIL, "Decoder utilization (in %).")),
     // Profiling counters: percentages here, ratios 0-1 under dcgm-exporter's names.
     gr_engine_active_pct => GrEngineActivePct: MetricDef::gauge(Unit::Percent, Vendors::ALL)
         .plausible(0.0, 100.0)
@@ -850,7 +851,7 @@ metric_table! {
         .chart(Chart::Profile, Scale::One)
         .trace("profiling %", "gr_engine", Scale::One, Round::Tenth)
         .prometheus(ratio(
-            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            series::DCGM_FI_PROF_GR_ENGINE_ACTIVE,
             "Ratio of time the graphics engine is active.",
         )),
     sm_active_pct => SmActivePct: PROFILED_SHARE
@@ -858,7 +859,7 @@ metric_table! {
         .chart(Chart::Profile, Scale::One)
         .trace("profiling %", "sm_active", Scale::One, Round::Tenth)
         .prometheus(ratio(
-            "DCGM_FI_PROF_SM_ACTIVE",
+            series::DCGM_FI_PROF_SM_ACTIVE,
             "The ratio of cycles an SM has at least 1 warp assigned.",
         )),
     sm_occupancy_pct => SmOccupancyPct: PROFILED_SHARE
@@ -866,7 +867,7 @@ metric_table! {
         .chart(Chart::Profile, Scale::One)
         .trace("profiling %", "sm_occupancy", Scale::One, Round::Tenth)
         .prometheus(ratio(
-            "DCGM_FI_PROF_SM_OCCUPANCY",
+            series::DCGM_FI_PROF_SM_OCCUPANCY,
             "The ratio of number of warps resident on an SM.",
         )),
     tensor_active_pct => TensorActivePct: PROFILED_SHARE
@@ -874,25 +875,25 @@ metric_table! {
         .chart(Chart::Profile, Scale::One)
         .trace("profiling %", "tensor", Scale::One, Round::Tenth)
         .prometheus(ratio(
-            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            series::DCGM_FI_PROF_PIPE_TENSOR_ACTIVE,
             "Ratio of cycles the tensor (HMMA) pipe is active.",
         )),
     tensor_hmma_active_pct: PROFILED_SHARE
         .trace("profiling %", "tensor_hmma", Scale::One, Round::Tenth)
         .prometheus(ratio(
-            "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE",
+            series::DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE,
             "Ratio of cycles the HMMA tensor pipe is active.",
         )),
     tensor_imma_active_pct: PROFILED_SHARE
         .trace("profiling %", "tensor_imma", Scale::One, Round::Tenth)
         .prometheus(ratio(
-            "DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE",
+            series::DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE,
             "Ratio of cycles the IMMA tensor pipe is active.",
         )),
     tensor_dfma_active_pct: PROFILED_SHARE
         .trace("profiling %", "tensor_dfma", Scale::One, Round::Tenth)
         .prometheus(ratio(
-            "DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE",
+            series::DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE,
             "Ratio of cycles the FP64 tensor pipe is active.",
         )),
     dram_active_pct => DramActivePct: MetricDef::gauge(Unit::Percent, Vendors::ALL)
@@ -902,59 +903,59 @@ metric_table! {
         .chart(Chart::Profile, Scale::One)
         .trace("profiling %", "dram", Scale::One, Round::Tenth)
         .prometheus(ratio(
-            "DCGM_FI_PROF_DRAM_ACTIVE",
+            series::DCGM_FI_PROF_DRAM_ACTIVE,
             "Ratio of cycles the device memory interface is active sending or receiving data.",
         )),
     fp64_active_pct => Fp64ActivePct: PROFILED_SHARE
         .trace("profiling %", "fp64", Scale::One, Round::Tenth)
         .prometheus(ratio(
-            "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+            series::DCGM_FI_PROF_PIPE_FP64_ACTIVE,
             "Ratio of cycles the fp64 pipes are active.",
         )),
     fp32_active_pct => Fp32ActivePct: PROFILED_SHARE
         .text(6, "FP32 {|%}")
         .trace("profiling %", "fp32", Scale::One, Round::Tenth)
         .prometheus(ratio(
-            "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+            series::DCGM_FI_PROF_PIPE_FP32_ACTIVE,
             "Ratio of cycles the fp32 pipes are active.",
         )),
     fp16_active_pct => Fp16ActivePct: PROFILED_SHARE
         .trace("profiling %", "fp16", Scale::One, Round::Tenth)
         .prometheus(ratio(
-            "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+            series::DCGM_FI_PROF_PIPE_FP16_ACTIVE,
             "Ratio of cycles the fp16 pipes are active.",
         )),
     int_active_pct: PROFILED_SHARE
         .trace("profiling %", "int", Scale::One, Round::Tenth)
         .prometheus(ratio(
-            "DCGM_FI_PROF_PIPE_INT_ACTIVE",
+            series::DCGM_FI_PROF_PIPE_INT_ACTIVE,
             "Ratio of cycles the integer pipe is active.",
         )),
     prof_pcie_rx_bytes_per_s => ProfPcieRxBytesPerS: PROFILED_RATE
         .trace("profiling PCIe MB/s", "rx", Scale::Per(1e6), Round::Tenth)
         .prometheus(Prometheus::new(
-            "DCGM_FI_PROF_PCIE_RX_BYTES",
+            series::DCGM_FI_PROF_PCIE_RX_BYTES,
             "The rate of data received over the PCIe bus - including both protocol headers and \
              data payloads - in bytes per second.",
         )),
     prof_pcie_tx_bytes_per_s => ProfPcieTxBytesPerS: PROFILED_RATE
         .trace("profiling PCIe MB/s", "tx", Scale::Per(1e6), Round::Tenth)
         .prometheus(Prometheus::new(
-            "DCGM_FI_PROF_PCIE_TX_BYTES",
+            series::DCGM_FI_PROF_PCIE_TX_BYTES,
             "The rate of data transmitted over the PCIe bus - including both protocol headers \
              and data payloads - in bytes per second.",
         )),
     nvlink_rx_bytes_per_s => NvlinkRxBytesPerS: PROFILED_RATE
         .trace("NVLink MB/s", "rx", Scale::Per(1e6), Round::Tenth)
         .prometheus(Prometheus::new(
-            "DCGM_FI_PROF_NVLINK_RX_BYTES",
+            series::DCGM_FI_PROF_NVLINK_RX_BYTES,
             "The rate of data received over NVLink, not including protocol headers, in bytes \
              per second.",
         )),
     nvlink_tx_bytes_per_s => NvlinkTxBytesPerS: PROFILED_RATE
         .trace("NVLink MB/s", "tx", Scale::Per(1e6), Round::Tenth)
         .prometheus(Prometheus::new(
-            "DCGM_FI_PROF_NVLINK_TX_BYTES",
+            series::DCGM_FI_PROF_NVLINK_TX_BYTES,
             "The rate of data transmitted over NVLink, not including protocol headers, in bytes \
              per second.",
         )),
@@ -1009,7 +1010,7 @@ const THROTTLE_SECONDS: MetricDef =
 
 /// One family for all reasons, labelled like `gpudiag_throttle_reason`.
 const THROTTLE_SECONDS_TOTAL: Prometheus = Prometheus::new(
-    "gpudiag_throttle_seconds_total",
+    series::GPUDIAG_THROTTLE_SECONDS_TOTAL,
     "Seconds the clocks were held down for this clock-event (throttle) reason since the driver \
      loaded.",
 );

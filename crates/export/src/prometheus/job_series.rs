@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 
 use gpudiag_model::job::{JobId, cluster_key};
+use gpudiag_model::prometheus_names::{label, series};
 
 use super::Snapshot;
 use super::exposition::{Exposition, Kind, Labels};
@@ -58,10 +59,10 @@ fn owner_of(s: &Sample) -> Owner<'_> {
 fn job_labels(host: Option<&String>, job: &JobId) -> Labels {
     let mut l: Labels = Vec::new();
     if let Some(h) = host {
-        l.push(("Hostname", h.clone()));
+        l.push((label::HOSTNAME, h.clone()));
     }
-    l.push(("job_key", job.key.clone()));
-    l.push(("joined_by", job.joined_by.name().to_owned()));
+    l.push((label::JOB_KEY, job.key.clone()));
+    l.push((label::JOINED_BY, job.joined_by.name().to_owned()));
     l
 }
 
@@ -71,48 +72,24 @@ pub(super) fn render(
     snap: &Snapshot,
     devices: &[(&DeviceInfo, &Sample, Labels)],
 ) {
+    gpu_job_series(x, snap, devices);
+    job_verdict_series(x, snap);
+}
+
+/// Which job each GPU's processes belong to, and how many GPUs several jobs share.
+fn gpu_job_series(x: &mut Exposition, snap: &Snapshot, devices: &[(&DeviceInfo, &Sample, Labels)]) {
     let host = snap.host.hostname.as_ref();
     let mut info: Vec<(Labels, f64)> = Vec::new();
     let mut shared = 0usize;
     for (d, s, _) in devices {
-        let g = match owner_of(s) {
-            Owner::One(g) => g,
-            Owner::Nobody => continue,
-            Owner::Shared => {
-                shared += 1;
-                continue;
-            }
-        };
-        // The rules join on `UUID`; `gpu` and `Hostname` say where the GPU is.
-        let mut l: Labels = Vec::new();
-        if let Some(u) = &d.uuid {
-            l.push(("UUID", u.clone()));
+        match owner_of(s) {
+            Owner::One(g) => info.push((gpu_job_labels(d, &g, host), 1.0)),
+            Owner::Nobody => {}
+            Owner::Shared => shared += 1,
         }
-        l.push(("gpu", d.index.to_string()));
-        if let Some(h) = host {
-            l.push(("Hostname", h.clone()));
-        }
-        l.push(("job_key", g.job.key.clone()));
-        l.push(("joined_by", g.job.joined_by.name().to_owned()));
-        let a = g.process.attribution.as_ref();
-        if let Some(job) = a.and_then(|a| a.job.as_ref()) {
-            l.push(("slurm_job", job.id.clone()));
-        }
-        if let Some(pod) = a.and_then(|a| a.pod.as_ref()) {
-            if let Some(name) = &pod.name {
-                l.push(("pod", name.clone()));
-            }
-            if let Some(ns) = &pod.namespace {
-                l.push(("namespace", ns.clone()));
-            }
-        }
-        if let Some(rank) = g.process.launch.as_ref().and_then(|l| l.rank) {
-            l.push(("rank", rank.to_string()));
-        }
-        info.push((l, 1.0));
     }
     x.family(
-        "gpudiag_gpu_job_info",
+        series::GPUDIAG_GPU_JOB_INFO,
         Kind::Gauge,
         "Always 1: the job this GPU's processes belong to, by a key every node of the job reads \
          alike (job_key; joined_by says which: slurm_job, run_id, master_address or pod), with \
@@ -122,19 +99,52 @@ pub(super) fn render(
     );
     let mut cut: Labels = Vec::new();
     if let Some(h) = host {
-        cut.push(("Hostname", h.clone()));
+        cut.push((label::HOSTNAME, h.clone()));
     }
     x.family(
-        "gpudiag_gpus_shared_by_jobs",
+        series::GPUDIAG_GPUS_SHARED_BY_JOBS,
         Kind::Gauge,
         "GPUs running processes of more than one job (time-slicing, MPS): they have no \
          gpudiag_gpu_job_info series, since their counters are no one job's; 0 when none.",
         &[(cut, shared as f64)],
     );
+}
 
-    // One series per job judged here, its state in bounded labels: four verdicts, three
-    // confidences, and a straggler among this host's GPUs. Free text (title, advice) never
-    // becomes a label.
+/// The rules join on `UUID`; `gpu` and `Hostname` say where the GPU is.
+fn gpu_job_labels(d: &DeviceInfo, g: &GpuJob<'_>, host: Option<&String>) -> Labels {
+    let mut l: Labels = Vec::new();
+    if let Some(u) = &d.uuid {
+        l.push((label::UUID, u.clone()));
+    }
+    l.push((label::GPU, d.index.to_string()));
+    if let Some(h) = host {
+        l.push((label::HOSTNAME, h.clone()));
+    }
+    l.push((label::JOB_KEY, g.job.key.clone()));
+    l.push((label::JOINED_BY, g.job.joined_by.name().to_owned()));
+    let a = g.process.attribution.as_ref();
+    if let Some(job) = a.and_then(|a| a.job.as_ref()) {
+        l.push((label::SLURM_JOB, job.id.clone()));
+    }
+    if let Some(pod) = a.and_then(|a| a.pod.as_ref()) {
+        if let Some(name) = &pod.name {
+            l.push((label::POD, name.clone()));
+        }
+        if let Some(ns) = &pod.namespace {
+            l.push((label::NAMESPACE, ns.clone()));
+        }
+    }
+    if let Some(rank) = g.process.launch.as_ref().and_then(|l| l.rank) {
+        l.push((label::RANK, rank.to_string()));
+    }
+    l
+}
+
+/// One series per job judged here, its state in bounded labels: four verdicts, three
+/// confidences, and a straggler among this host's GPUs. Free text (title, advice) never
+/// becomes a label.
+fn job_verdict_series(x: &mut Exposition, snap: &Snapshot) {
+    let host = snap.host.hostname.as_ref();
     let mut verdicts: Vec<(Labels, f64)> = Vec::new();
     let mut waits: Vec<(Labels, f64)> = Vec::new();
     // Two jobs may not give one series twice: Prometheus would reject the whole scrape.
@@ -150,21 +160,21 @@ pub(super) fn render(
         }
         let base = job_labels(host, &j.job);
         let mut l = base.clone();
-        l.push(("verdict", j.verdict.name().to_owned()));
+        l.push((label::VERDICT, j.verdict.name().to_owned()));
         if let Some(st) = &j.straggler {
-            l.push(("straggler_gpu", st.device.to_string()));
+            l.push((label::STRAGGLER_GPU, st.device.to_string()));
             if let Some(u) = uuids.get(&st.device) {
-                l.push(("straggler_UUID", (*u).clone()));
+                l.push((label::STRAGGLER_UUID, (*u).clone()));
             }
         }
-        l.push(("confidence", j.confidence.to_string()));
+        l.push((label::CONFIDENCE, j.confidence.to_string()));
         verdicts.push((l, 1.0));
         if let Some(share) = j.straggler.as_ref().and_then(|s| s.peers_wait_share) {
             waits.push((base, share));
         }
     }
     x.family(
-        "gpudiag_job_verdict",
+        series::GPUDIAG_JOB_VERDICT,
         Kind::Gauge,
         "1 for the verdict on each job of two or more GPUs on this host, judged by comparing its \
          GPUs (straggler, communication_bound, imbalanced, balanced), with the GPU the others \
@@ -172,7 +182,7 @@ pub(super) fn render(
         &verdicts,
     );
     x.family(
-        "gpudiag_job_peers_wait_ratio",
+        series::GPUDIAG_JOB_PEERS_WAIT_RATIO,
         Kind::Gauge,
         "The estimated share of the time (0 to 1) this job's other GPUs on this host wait for its \
          straggler; absent when no straggler is named or the share could not be estimated.",
@@ -341,7 +351,7 @@ mod tests {
     fn every_gpu_of_a_job_names_it_and_shared_gpus_are_counted() {
         let text = render(&snapshot(), Instant::now());
         assert_eq!(
-            lines(&text, "gpudiag_gpu_job_info"),
+            lines(&text, series::GPUDIAG_GPU_JOB_INFO),
             [
                 "gpudiag_gpu_job_info{UUID=\"GPU-0\",gpu=\"0\",Hostname=\"node-a\",\
                  job_key=\"9001\",joined_by=\"slurm_job\",slurm_job=\"9001\",rank=\"8\"} 1",
@@ -357,7 +367,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            lines(&text, "gpudiag_gpus_shared_by_jobs"),
+            lines(&text, series::GPUDIAG_GPUS_SHARED_BY_JOBS),
             ["gpudiag_gpus_shared_by_jobs{Hostname=\"node-a\"} 1"]
         );
         assert!(text.contains("# TYPE gpudiag_gpu_job_info gauge"));
@@ -367,13 +377,13 @@ mod tests {
     fn the_job_verdict_names_its_straggler() {
         let text = render(&snapshot(), Instant::now());
         assert_eq!(
-            lines(&text, "gpudiag_job_verdict"),
+            lines(&text, series::GPUDIAG_JOB_VERDICT),
             ["gpudiag_job_verdict{Hostname=\"node-a\",job_key=\"9001\",\
                  joined_by=\"slurm_job\",verdict=\"straggler\",straggler_gpu=\"1\",\
                  straggler_UUID=\"GPU-1\",confidence=\"high\"} 1"]
         );
         assert_eq!(
-            lines(&text, "gpudiag_job_peers_wait_ratio"),
+            lines(&text, series::GPUDIAG_JOB_PEERS_WAIT_RATIO),
             [
                 "gpudiag_job_peers_wait_ratio{Hostname=\"node-a\",job_key=\"9001\",\
                  joined_by=\"slurm_job\"} 0.5"
@@ -390,7 +400,7 @@ mod tests {
         snap.jobs.push(snap.jobs[0].clone());
         let text = render(&snap, Instant::now());
         assert_eq!(
-            lines(&text, "gpudiag_job_verdict"),
+            lines(&text, series::GPUDIAG_JOB_VERDICT),
             ["gpudiag_job_verdict{Hostname=\"node-a\",job_key=\"9001\",\
                  joined_by=\"slurm_job\",verdict=\"balanced\",confidence=\"high\"} 1"]
         );
@@ -407,10 +417,10 @@ mod tests {
             ..Snapshot::default()
         };
         let text = render(&snap, Instant::now());
-        assert!(lines(&text, "gpudiag_gpu_job_info").is_empty());
+        assert!(lines(&text, series::GPUDIAG_GPU_JOB_INFO).is_empty());
         assert!(!text.contains("# TYPE gpudiag_job_verdict"));
         assert_eq!(
-            lines(&text, "gpudiag_gpus_shared_by_jobs"),
+            lines(&text, series::GPUDIAG_GPUS_SHARED_BY_JOBS),
             ["gpudiag_gpus_shared_by_jobs{Hostname=\"node-b\"} 0"]
         );
     }

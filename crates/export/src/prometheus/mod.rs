@@ -25,6 +25,7 @@ use gpudiag_core::rules::{Finding, Severity};
 use gpudiag_model::decode::THROTTLE_REASONS;
 use gpudiag_model::job::JobVerdict;
 use gpudiag_model::metric_table::Prometheus;
+use gpudiag_model::prometheus_names::{label, series};
 use gpudiag_model::sample::MetricDef;
 use gpudiag_model::verdict::Verdict;
 use gpudiag_telemetry::{DeviceInfo, HostInfo, METRIC_TABLE, Sample};
@@ -53,18 +54,18 @@ pub struct Snapshot {
 
 /// dcgm-exporter's label set for a device; unknown values are left out.
 fn device_labels(d: &DeviceInfo, host: &HostInfo) -> Labels {
-    let mut l: Labels = vec![("gpu", d.index.to_string())];
+    let mut l: Labels = vec![(label::GPU, d.index.to_string())];
     if let Some(u) = &d.uuid {
-        l.push(("UUID", u.clone()));
+        l.push((label::UUID, u.clone()));
     }
     if let Some(b) = &d.pci_bus_id {
-        l.push(("pci_bus_id", b.clone()));
+        l.push((label::PCI_BUS_ID, b.clone()));
     }
     if let Some(n) = &d.name {
-        l.push(("modelName", n.clone()));
+        l.push((label::MODEL_NAME, n.clone()));
     }
     if let Some(h) = &host.hostname {
-        l.push(("Hostname", h.clone()));
+        l.push((label::HOSTNAME, h.clone()));
     }
     l
 }
@@ -72,38 +73,38 @@ fn device_labels(d: &DeviceInfo, host: &HostInfo) -> Labels {
 /// The order the families had before the metric table, so /metrics reads the same from one
 /// version to the next; families added since follow in table order.
 const FAMILY_ORDER: [&str; 32] = [
-    "DCGM_FI_DEV_GPU_UTIL",
-    "DCGM_FI_DEV_MEM_COPY_UTIL",
-    "DCGM_FI_DEV_ENC_UTIL",
-    "DCGM_FI_DEV_DEC_UTIL",
-    "DCGM_FI_DEV_FB_USED",
-    "DCGM_FI_DEV_FB_FREE",
-    "DCGM_FI_DEV_POWER_USAGE",
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-    "DCGM_FI_DEV_GPU_TEMP",
-    "DCGM_FI_DEV_MEMORY_TEMP",
-    "DCGM_FI_DEV_SM_CLOCK",
-    "DCGM_FI_DEV_MEM_CLOCK",
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
-    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
-    "DCGM_FI_DEV_RETIRED_SBE",
-    "DCGM_FI_DEV_RETIRED_DBE",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-    "gpudiag_pcie_rx_bytes_per_second",
-    "gpudiag_pcie_tx_bytes_per_second",
-    "gpudiag_pcie_link_generation",
-    "gpudiag_pcie_link_generation_max",
-    "gpudiag_pcie_link_width",
-    "gpudiag_pcie_link_width_max",
-    "gpudiag_power_limit_watts",
-    "gpudiag_performance_state",
-    "gpudiag_fan_speed_percent",
-    "gpudiag_temperature_slowdown_celsius",
+    series::DCGM_FI_DEV_GPU_UTIL,
+    series::DCGM_FI_DEV_MEM_COPY_UTIL,
+    series::DCGM_FI_DEV_ENC_UTIL,
+    series::DCGM_FI_DEV_DEC_UTIL,
+    series::DCGM_FI_DEV_FB_USED,
+    series::DCGM_FI_DEV_FB_FREE,
+    series::DCGM_FI_DEV_POWER_USAGE,
+    series::DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
+    series::DCGM_FI_DEV_GPU_TEMP,
+    series::DCGM_FI_DEV_MEMORY_TEMP,
+    series::DCGM_FI_DEV_SM_CLOCK,
+    series::DCGM_FI_DEV_MEM_CLOCK,
+    series::DCGM_FI_DEV_PCIE_REPLAY_COUNTER,
+    series::DCGM_FI_DEV_ECC_SBE_VOL_TOTAL,
+    series::DCGM_FI_DEV_ECC_DBE_VOL_TOTAL,
+    series::DCGM_FI_DEV_ECC_SBE_AGG_TOTAL,
+    series::DCGM_FI_DEV_ECC_DBE_AGG_TOTAL,
+    series::DCGM_FI_DEV_RETIRED_SBE,
+    series::DCGM_FI_DEV_RETIRED_DBE,
+    series::DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS,
+    series::DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS,
+    series::DCGM_FI_DEV_ROW_REMAP_FAILURE,
+    series::GPUDIAG_PCIE_RX_BYTES_PER_SECOND,
+    series::GPUDIAG_PCIE_TX_BYTES_PER_SECOND,
+    series::GPUDIAG_PCIE_LINK_GENERATION,
+    series::GPUDIAG_PCIE_LINK_GENERATION_MAX,
+    series::GPUDIAG_PCIE_LINK_WIDTH,
+    series::GPUDIAG_PCIE_LINK_WIDTH_MAX,
+    series::GPUDIAG_POWER_LIMIT_WATTS,
+    series::GPUDIAG_PERFORMANCE_STATE,
+    series::GPUDIAG_FAN_SPEED_PERCENT,
+    series::GPUDIAG_TEMPERATURE_SLOWDOWN_CELSIUS,
 ];
 
 /// The per-sample families: the table's fields with a Prometheus series, grouped by series
@@ -122,11 +123,35 @@ fn table_families() -> Vec<(&'static Prometheus, Kind, Vec<&'static MetricDef>)>
     families
 }
 
+/// A device with a latest sample, and its labels.
+type DeviceRow<'a> = (&'a DeviceInfo, &'a Sample, Labels);
+
 /// Renders a snapshot; `now` dates the sample ages.
 pub fn render(snap: &Snapshot, now: Instant) -> String {
     let mut x = Exposition::default();
-    let devices: Vec<(&DeviceInfo, &Sample, Labels)> = snap
-        .devices
+    let devices = device_rows(snap);
+    table_series(&mut x, &devices);
+    xid_series(&mut x, snap, &devices);
+    throttle_reason_series(&mut x, &devices);
+    sample_age_series(&mut x, snap, &devices, now);
+    verdict_series(&mut x, snap, &devices);
+    process_series::render(&mut x, snap, &devices);
+    job_series::render(&mut x, snap, &devices);
+    finding_series(&mut x, snap);
+    finding_count_series(&mut x, snap);
+    info_series(&mut x, snap);
+    x.family(
+        series::GPUDIAG_SOURCE_ENDED,
+        Kind::Gauge,
+        "1 when the telemetry source ended (a replay played out or sampling failed).",
+        &[(Vec::new(), f64::from(u8::from(snap.source_ended)))],
+    );
+    x.finish()
+}
+
+/// The devices with a latest sample, each with dcgm-exporter's labels and its pod's.
+fn device_rows(snap: &Snapshot) -> Vec<DeviceRow<'_>> {
+    snap.devices
         .iter()
         .filter_map(|d| {
             let s = snap.latest.get(&d.index)?;
@@ -134,12 +159,17 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
             labels.extend(process_series::device_pod_labels(s));
             Some((d, s, labels))
         })
-        .collect();
+        .collect()
+}
+
+/// The metric table's families, one series per device (and per label value, for fields that
+/// share a family).
+fn table_series(x: &mut Exposition, devices: &[DeviceRow<'_>]) {
     for (family, kind, fields) in table_families() {
         let mut samples: Vec<(Labels, f64)> = Vec::new();
         for m in fields {
             let Some(p) = &m.prometheus else { continue };
-            for (_, s, l) in &devices {
+            for (_, s, l) in devices {
                 let Some(v) = m.get(s) else { continue };
                 let mut labels = l.clone();
                 labels.extend(p.label.map(|(k, v)| (k, v.to_owned())));
@@ -148,47 +178,59 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         }
         x.family(family.name, kind, family.help, &samples);
     }
+}
+
+fn xid_series(x: &mut Exposition, snap: &Snapshot, devices: &[DeviceRow<'_>]) {
     let xids: Vec<(Labels, f64)> = devices
         .iter()
         .filter_map(|(d, _, l)| Some((l.clone(), *snap.last_xid.get(&d.index)? as f64)))
         .collect();
     x.family(
-        "DCGM_FI_DEV_XID_ERRORS",
+        series::DCGM_FI_DEV_XID_ERRORS,
         Kind::Gauge,
         "Value of the last XID error encountered.",
         &xids,
     );
+}
 
-    // The table holds throttle reasons as one bit mask, which no dashboard can use as a
-    // number: each reason is its own 0/1 series here.
+/// The table holds throttle reasons as one bit mask, which no dashboard can use as a number:
+/// each reason is its own 0/1 series here.
+fn throttle_reason_series(x: &mut Exposition, devices: &[DeviceRow<'_>]) {
     let mut throttle = Vec::new();
-    for (_, s, l) in &devices {
+    for (_, s, l) in devices {
         let Some(bits) = s.throttle_reasons else {
             continue;
         };
-        let mut names: Vec<(u64, String)> = THROTTLE_REASONS
-            .iter()
-            .map(|(b, n)| (*b, (*n).to_string()))
-            .collect();
-        // Bits NVML defines but this build does not name still get a series while set.
-        for bit in (0..64).map(|i| 1u64 << i) {
-            if bits & bit != 0 && !names.iter().any(|(b, _)| *b == bit) {
-                names.push((bit, format!("unknown_{bit:#x}")));
-            }
-        }
-        for (bit, name) in names {
+        for (bit, name) in throttle_reason_names(bits) {
             let mut labels = l.clone();
-            labels.push(("reason", name));
+            labels.push((label::REASON, name));
             throttle.push((labels, f64::from(u8::from(bits & bit != 0))));
         }
     }
     x.family(
-        "gpudiag_throttle_reason",
+        series::GPUDIAG_THROTTLE_REASON,
         Kind::Gauge,
         "1 while this clock-event (throttle) reason is active, else 0.",
         &throttle,
     );
+}
 
+/// Every named reason, then the bits NVML defines but this build does not name, which still
+/// get a series while set.
+fn throttle_reason_names(bits: u64) -> Vec<(u64, String)> {
+    let mut names: Vec<(u64, String)> = THROTTLE_REASONS
+        .iter()
+        .map(|(b, n)| (*b, (*n).to_string()))
+        .collect();
+    for bit in (0..64).map(|i| 1u64 << i) {
+        if bits & bit != 0 && !names.iter().any(|(b, _)| *b == bit) {
+            names.push((bit, format!("unknown_{bit:#x}")));
+        }
+    }
+    names
+}
+
+fn sample_age_series(x: &mut Exposition, snap: &Snapshot, devices: &[DeviceRow<'_>], now: Instant) {
     let ages: Vec<(Labels, f64)> = devices
         .iter()
         .filter_map(|(d, _, l)| {
@@ -197,123 +239,131 @@ pub fn render(snap: &Snapshot, now: Instant) -> String {
         })
         .collect();
     x.family(
-        "gpudiag_sample_age_seconds",
+        series::GPUDIAG_SAMPLE_AGE_SECONDS,
         Kind::Gauge,
         "Seconds since gpudiag last read this GPU.",
         &ages,
     );
+}
 
-    // One series per judged GPU, its state in the labels (a fixed set: ten bottlenecks, three
-    // confidences, two bases); when the verdict changes the old series goes stale at once.
-    // Whether a GPU has a verdict at all is its own 0/1 series, so "not judged yet" is not
-    // confused with a missing scrape.
+/// One series per judged GPU, its state in the labels (a fixed set: ten bottlenecks, three
+/// confidences, two bases); when the verdict changes the old series goes stale at once.
+/// Whether a GPU has a verdict at all is its own 0/1 series, so "not judged yet" is not
+/// confused with a missing scrape.
+fn verdict_series(x: &mut Exposition, snap: &Snapshot, devices: &[DeviceRow<'_>]) {
     let mut verdicts: Vec<(Labels, f64)> = Vec::new();
     let mut judged: Vec<(Labels, f64)> = Vec::new();
-    for (d, _, l) in &devices {
+    for (d, _, l) in devices {
         let v = snap.verdicts.get(&d.index);
         judged.push((l.clone(), f64::from(u8::from(v.is_some()))));
         if let Some(v) = v {
             let mut labels = l.clone();
-            labels.push(("verdict", v.bottleneck.name().to_owned()));
-            labels.push(("confidence", v.confidence.to_string()));
-            labels.push(("basis", v.basis.name().to_owned()));
+            labels.push((label::VERDICT, v.bottleneck.name().to_owned()));
+            labels.push((label::CONFIDENCE, v.confidence.to_string()));
+            labels.push((label::BASIS, v.basis.name().to_owned()));
             verdicts.push((labels, 1.0));
         }
     }
     x.family(
-        "gpudiag_verdict",
+        series::GPUDIAG_VERDICT,
         Kind::Gauge,
         "1 for the bottleneck verdict on this GPU over the rules' utilisation window, labelled by \
          the bottleneck (verdict), its confidence and what it was judged from (basis).",
         &verdicts,
     );
     x.family(
-        "gpudiag_verdict_judged",
+        series::GPUDIAG_VERDICT_JUDGED,
         Kind::Gauge,
         "1 when this GPU has a bottleneck verdict, 0 while it cannot be judged (too little data so \
          far, or no utilisation reading).",
         &judged,
     );
+}
 
-    process_series::render(&mut x, snap, &devices);
-    job_series::render(&mut x, snap, &devices);
-
+/// One series per active finding (the first of each id and device).
+fn finding_series(x: &mut Exposition, snap: &Snapshot) {
     let mut active: Vec<(Labels, f64)> = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     for f in &snap.findings {
         if !seen.insert((f.id.clone(), f.device)) {
             continue;
         }
-        let mut labels = match f
-            .device
-            .and_then(|i| snap.devices.iter().find(|d| d.index == i))
-        {
-            Some(d) => device_labels(d, &snap.host),
-            None => {
-                let mut l: Labels = Vec::new();
-                if let Some(i) = f.device {
-                    l.push(("gpu", i.to_string()));
-                }
-                if let Some(h) = &snap.host.hostname {
-                    l.push(("Hostname", h.clone()));
-                }
-                l
-            }
-        };
-        labels.push(("id", f.id.clone()));
-        labels.push(("severity", f.severity.to_string()));
+        let mut labels = finding_labels(f, snap);
+        labels.push((label::ID, f.id.clone()));
+        labels.push((label::SEVERITY, f.severity.to_string()));
         active.push((labels, 1.0));
     }
     x.family(
-        "gpudiag_finding",
+        series::GPUDIAG_FINDING,
         Kind::Gauge,
         "1 for each active finding, labelled by its id and severity.",
         &active,
     );
+}
+
+/// A finding's device labels; those of a device no longer listed, or of the host, as far as
+/// they are known.
+fn finding_labels(f: &Finding, snap: &Snapshot) -> Labels {
+    if let Some(d) = f
+        .device
+        .and_then(|i| snap.devices.iter().find(|d| d.index == i))
+    {
+        return device_labels(d, &snap.host);
+    }
+    let mut l: Labels = Vec::new();
+    if let Some(i) = f.device {
+        l.push((label::GPU, i.to_string()));
+    }
+    if let Some(h) = &snap.host.hostname {
+        l.push((label::HOSTNAME, h.clone()));
+    }
+    l
+}
+
+fn finding_count_series(x: &mut Exposition, snap: &Snapshot) {
     let counts: Vec<(Labels, f64)> = [Severity::Info, Severity::Warn, Severity::Fail]
         .into_iter()
         .map(|sev| {
             let mut l: Labels = Vec::new();
             if let Some(h) = &snap.host.hostname {
-                l.push(("Hostname", h.clone()));
+                l.push((label::HOSTNAME, h.clone()));
             }
-            l.push(("severity", sev.to_string()));
+            l.push((label::SEVERITY, sev.to_string()));
             let n = snap.findings.iter().filter(|f| f.severity == sev).count();
             (l, n as f64)
         })
         .collect();
     x.family(
-        "gpudiag_findings",
+        series::GPUDIAG_FINDINGS,
         Kind::Gauge,
         "Number of active findings of each severity.",
         &counts,
     );
-    // `revision` as Prometheus's own `*_build_info` names the commit, so a fleet dashboard can
-    // tell two builds of one version apart.
+}
+
+/// `revision` as Prometheus's own `*_build_info` names the commit, so a fleet dashboard can
+/// tell two builds of one version apart.
+fn info_series(x: &mut Exposition, snap: &Snapshot) {
     let revision = gpudiag_model::build_info::COMMIT.unwrap_or("unknown");
     let mut info: Labels = vec![
-        ("version", gpudiag_model::build_info::VERSION.to_string()),
-        ("revision", revision.to_string()),
+        (
+            label::VERSION,
+            gpudiag_model::build_info::VERSION.to_string(),
+        ),
+        (label::REVISION, revision.to_string()),
     ];
     if let Some(h) = &snap.host.hostname {
-        info.push(("Hostname", h.clone()));
+        info.push((label::HOSTNAME, h.clone()));
     }
     if let Some(v) = &snap.host.driver_version {
-        info.push(("driver_version", v.clone()));
+        info.push((label::DRIVER_VERSION, v.clone()));
     }
     x.family(
-        "gpudiag_info",
+        series::GPUDIAG_INFO,
         Kind::Gauge,
         "Always 1; the labels say which gpudiag and driver serve these metrics.",
         &[(info, 1.0)],
     );
-    x.family(
-        "gpudiag_source_ended",
-        Kind::Gauge,
-        "1 when the telemetry source ended (a replay played out or sampling failed).",
-        &[(Vec::new(), f64::from(u8::from(snap.source_ended)))],
-    );
-    x.finish()
 }
 
 #[cfg(test)]
@@ -435,7 +485,7 @@ mod tests {
     #[test]
     fn label_sets_units_and_absent_values() {
         let text = render(&snapshot(), Instant::now());
-        let util = lines_of(&text, "DCGM_FI_DEV_GPU_UTIL");
+        let util = lines_of(&text, series::DCGM_FI_DEV_GPU_UTIL);
         assert_eq!(
             util,
             [
@@ -444,27 +494,29 @@ mod tests {
             ]
         );
         // MiB and mJ as dcgm-exporter has them.
-        assert!(lines_of(&text, "DCGM_FI_DEV_FB_USED")[0].ends_with(" 3072"));
-        assert!(lines_of(&text, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")[0].ends_with(" 1500"));
-        assert!(lines_of(&text, "DCGM_FI_DEV_POWER_USAGE")[0].ends_with(" 689.125"));
-        // A real 0 is exported; an absent value is not.
-        assert!(lines_of(&text, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER")[0].ends_with(" 0"));
+        assert!(lines_of(&text, series::DCGM_FI_DEV_FB_USED)[0].ends_with(" 3072"));
         assert!(
-            lines_of(&text, "DCGM_FI_DEV_GPU_UTIL")
+            lines_of(&text, series::DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION)[0].ends_with(" 1500")
+        );
+        assert!(lines_of(&text, series::DCGM_FI_DEV_POWER_USAGE)[0].ends_with(" 689.125"));
+        // A real 0 is exported; an absent value is not.
+        assert!(lines_of(&text, series::DCGM_FI_DEV_PCIE_REPLAY_COUNTER)[0].ends_with(" 0"));
+        assert!(
+            lines_of(&text, series::DCGM_FI_DEV_GPU_UTIL)
                 .iter()
                 .all(|l| !l.contains("gpu=\"1\""))
         );
-        assert!(!text.contains("DCGM_FI_DEV_MEMORY_TEMP"));
-        let temp = lines_of(&text, "DCGM_FI_DEV_GPU_TEMP");
+        assert!(!text.contains(series::DCGM_FI_DEV_MEMORY_TEMP));
+        let temp = lines_of(&text, series::DCGM_FI_DEV_GPU_TEMP);
         assert_eq!(temp.len(), 1);
         assert!(
             temp[0].starts_with("DCGM_FI_DEV_GPU_TEMP{gpu=\"1\",Hostname="),
             "{}",
             temp[0]
         );
-        assert!(lines_of(&text, "DCGM_FI_DEV_XID_ERRORS")[0].ends_with(" 48"));
+        assert!(lines_of(&text, series::DCGM_FI_DEV_XID_ERRORS)[0].ends_with(" 48"));
         // Throttle: one series per reason for GPU 0 only (GPU 1 did not say).
-        let throttle = lines_of(&text, "gpudiag_throttle_reason");
+        let throttle = lines_of(&text, series::GPUDIAG_THROTTLE_REASON);
         assert_eq!(throttle.len(), THROTTLE_REASONS.len());
         assert!(
             throttle
@@ -476,14 +528,14 @@ mod tests {
                 .iter()
                 .any(|l| l.contains("reason=\"gpu_idle\"") && l.ends_with(" 0"))
         );
-        let finding = lines_of(&text, "gpudiag_finding");
+        let finding = lines_of(&text, series::GPUDIAG_FINDING);
         assert_eq!(finding.len(), 1);
         assert!(
             finding[0].contains("id=\"errors.xid_48\",severity=\"fail\"} 1"),
             "{}",
             finding[0]
         );
-        let counts = lines_of(&text, "gpudiag_findings");
+        let counts = lines_of(&text, series::GPUDIAG_FINDINGS);
         assert_eq!(counts.len(), 3);
         assert!(
             counts
@@ -498,23 +550,23 @@ mod tests {
         // The verdict: one series for the judged GPU, its state in bounded labels only; the
         // other GPU is reported as not judged rather than left out.
         assert_eq!(
-            lines_of(&text, "gpudiag_verdict"),
+            lines_of(&text, series::GPUDIAG_VERDICT),
             [
                 "gpudiag_verdict{gpu=\"0\",UUID=\"GPU-0\",pci_bus_id=\"00000000:19:00.0\",\
                  modelName=\"NVIDIA H200\",Hostname=\"node \\\"7\\\"\\\\a\\nb\",\
                  verdict=\"launch_bound\",confidence=\"low\",basis=\"utilisation\"} 1"
             ]
         );
-        let judged = lines_of(&text, "gpudiag_verdict_judged");
+        let judged = lines_of(&text, series::GPUDIAG_VERDICT_JUDGED);
         assert_eq!(judged.len(), 2);
         assert!(judged[0].starts_with("gpudiag_verdict_judged{gpu=\"0\""));
         assert!(judged[0].ends_with("} 1"), "{}", judged[0]);
         assert!(judged[1].starts_with("gpudiag_verdict_judged{gpu=\"1\""));
         assert!(judged[1].ends_with("} 0"), "{}", judged[1]);
-        let age = lines_of(&text, "gpudiag_sample_age_seconds");
+        let age = lines_of(&text, series::GPUDIAG_SAMPLE_AGE_SECONDS);
         assert_eq!(age.len(), 2);
         assert_eq!(
-            lines_of(&text, "gpudiag_source_ended"),
+            lines_of(&text, series::GPUDIAG_SOURCE_ENDED),
             ["gpudiag_source_ended 0"]
         );
     }
@@ -527,7 +579,7 @@ mod tests {
             s.throttle_hw_thermal_slowdown_s = Some(0.0);
         }
         let text = render(&snap, Instant::now());
-        let name = "gpudiag_throttle_seconds_total";
+        let name = series::GPUDIAG_THROTTLE_SECONDS_TOTAL;
         assert_eq!(text.matches(&format!("# TYPE {name} counter")).count(), 1);
         let lines = lines_of(&text, name);
         assert_eq!(lines.len(), 2, "{lines:?}");

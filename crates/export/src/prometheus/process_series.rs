@@ -12,6 +12,7 @@
 //! scrape job, so a label named `job` would not reach a dashboard as the Slurm job.
 
 use gpudiag_model::attribution::Attribution;
+use gpudiag_model::prometheus_names::{label, series};
 
 use super::Snapshot;
 use super::exposition::{Exposition, Kind, Labels};
@@ -30,17 +31,17 @@ impl Default for ProcessCap {
     }
 }
 
-const POD_LABELS: [&str; 3] = ["pod", "namespace", "container"];
+const POD_LABELS: [&str; 3] = [label::POD, label::NAMESPACE, label::CONTAINER];
 
 /// The pod labels of a device series: dcgm-exporter's `pod`, `namespace` and `container`, when
 /// exactly one pod holds the GPU (and `container` when one of its containers does).
 pub fn device_pod_labels(s: &Sample) -> Labels {
     let mut l: Labels = Vec::new();
     if let Some([pod]) = s.gpu_pods.as_deref() {
-        l.push(("pod", pod.name.clone()));
-        l.push(("namespace", pod.namespace.clone()));
+        l.push((label::POD, pod.name.clone()));
+        l.push((label::NAMESPACE, pod.namespace.clone()));
         if let [container] = pod.containers.as_slice() {
-            l.push(("container", container.clone()));
+            l.push((label::CONTAINER, container.clone()));
         }
     }
     l
@@ -48,30 +49,47 @@ pub fn device_pod_labels(s: &Sample) -> Labels {
 
 /// The owner labels of one process, only those known.
 fn owner_labels(p: &ProcessSample) -> Labels {
-    let mut l: Labels = vec![("pid", p.pid.to_string())];
+    let mut l: Labels = vec![(label::PID, p.pid.to_string())];
     if let Some(name) = &p.name {
-        l.push(("process", name.clone()));
+        l.push((label::PROCESS, name.clone()));
     }
     let a: Option<&Attribution> = p.attribution.as_ref();
     let job = a.and_then(|a| a.job.as_ref());
     if let Some(job) = job {
-        l.push(("slurm_job", job.id.clone()));
+        l.push((label::SLURM_JOB, job.id.clone()));
     }
     if let Some(user) = job.and_then(|j| j.user.as_ref()).or(p.user.as_ref()) {
-        l.push(("user", user.clone()));
+        l.push((label::USER, user.clone()));
     }
     if let Some(pod) = a.and_then(|a| a.pod.as_ref()) {
         if let Some(name) = &pod.name {
-            l.push(("pod", name.clone()));
+            l.push((label::POD, name.clone()));
         }
         if let Some(ns) = &pod.namespace {
-            l.push(("namespace", ns.clone()));
+            l.push((label::NAMESPACE, ns.clone()));
         }
         if let Some(c) = &pod.container {
-            l.push(("container", c.clone()));
+            l.push((label::CONTAINER, c.clone()));
         }
     }
     l
+}
+
+/// The `cap` processes holding the most memory, with their device and its labels, and how
+/// many were left out. Those whose memory is unknown sort after every known amount (`None` is
+/// the least), so a cut leaves them out first.
+fn heaviest<'a>(
+    devices: &'a [(&DeviceInfo, &Sample, Labels)],
+    cap: usize,
+) -> (Vec<(&'a DeviceInfo, &'a ProcessSample, &'a Labels)>, usize) {
+    let mut all: Vec<(&DeviceInfo, &ProcessSample, &Labels)> = devices
+        .iter()
+        .flat_map(|(d, s, l)| s.processes.iter().flatten().map(move |p| (*d, p, l)))
+        .collect();
+    all.sort_by_key(|(d, p, _)| (std::cmp::Reverse(p.used_memory_bytes), d.index, p.pid));
+    let dropped = all.len().saturating_sub(cap);
+    all.truncate(cap);
+    (all, dropped)
 }
 
 /// Writes the per-process families. `devices` are the judged devices with their labels.
@@ -80,20 +98,11 @@ pub(super) fn render(
     snap: &Snapshot,
     devices: &[(&DeviceInfo, &Sample, Labels)],
 ) {
-    let mut all: Vec<(&DeviceInfo, &ProcessSample, &Labels)> = devices
-        .iter()
-        .flat_map(|(d, s, l)| s.processes.iter().flatten().map(move |p| (*d, p, l)))
-        .collect();
     let counts: Vec<(Labels, f64)> = devices
         .iter()
         .filter_map(|(_, s, l)| Some((l.clone(), s.processes.as_ref()?.len() as f64)))
         .collect();
-    // The heaviest processes first, so a cut leaves out the ones holding the least memory;
-    // those whose memory is unknown sort after every known amount (`None` is the least).
-    all.sort_by_key(|(d, p, _)| (std::cmp::Reverse(p.used_memory_bytes), d.index, p.pid));
-    let dropped = all.len().saturating_sub(snap.process_cap.0);
-    all.truncate(snap.process_cap.0);
-
+    let (all, dropped) = heaviest(devices, snap.process_cap.0);
     let mut memory = Vec::new();
     let mut sm = Vec::new();
     let mut verdicts = Vec::new();
@@ -112,34 +121,34 @@ pub(super) fn render(
             sm.push((labels.clone(), pct));
         }
         if let Some(v) = snap.verdicts.get(&d.index).filter(|v| v.pid == Some(p.pid)) {
-            labels.push(("verdict", v.bottleneck.name().to_owned()));
-            labels.push(("confidence", v.confidence.to_string()));
-            labels.push(("basis", v.basis.name().to_owned()));
+            labels.push((label::VERDICT, v.bottleneck.name().to_owned()));
+            labels.push((label::CONFIDENCE, v.confidence.to_string()));
+            labels.push((label::BASIS, v.basis.name().to_owned()));
             verdicts.push((labels, 1.0));
         }
     }
     x.family(
-        "gpudiag_gpu_processes",
+        series::GPUDIAG_GPU_PROCESSES,
         Kind::Gauge,
         "Processes using this GPU at the last read (all of them, whether or not they have \
          per-process series).",
         &counts,
     );
     x.family(
-        "gpudiag_process_memory_used_bytes",
+        series::GPUDIAG_PROCESS_MEMORY_USED_BYTES,
         Kind::Gauge,
         "GPU memory this process holds on this GPU (bytes), labelled with its Slurm job, user, \
          pod, namespace and container where known.",
         &memory,
     );
     x.family(
-        "gpudiag_process_sm_util_percent",
+        series::GPUDIAG_PROCESS_SM_UTIL_PERCENT,
         Kind::Gauge,
         "This process's share of the GPU's SM time as the driver reports it (%).",
         &sm,
     );
     x.family(
-        "gpudiag_process_verdict",
+        series::GPUDIAG_PROCESS_VERDICT,
         Kind::Gauge,
         "1 for the bottleneck verdict about this process (when it is the only one holding the \
          GPU), labelled by the bottleneck (verdict), its confidence and basis.",
@@ -147,10 +156,10 @@ pub(super) fn render(
     );
     let mut cut: Labels = Vec::new();
     if let Some(h) = &snap.host.hostname {
-        cut.push(("Hostname", h.clone()));
+        cut.push((label::HOSTNAME, h.clone()));
     }
     x.family(
-        "gpudiag_process_series_dropped",
+        series::GPUDIAG_PROCESS_SERIES_DROPPED,
         Kind::Gauge,
         "Processes left without per-process series in this scrape because more were running \
          than serve --max-process-series allows (those holding the least GPU memory go first); \
@@ -285,7 +294,7 @@ mod tests {
     #[test]
     fn device_series_carry_the_pod_only_when_one_pod_holds_the_gpu() {
         let text = render(&snapshot(100), Instant::now());
-        let util = lines(&text, "DCGM_FI_DEV_GPU_UTIL");
+        let util = lines(&text, series::DCGM_FI_DEV_GPU_UTIL);
         assert_eq!(util.len(), 3);
         let gpu0 = labels_of(util[0]);
         assert_eq!(label(&gpu0, "pod"), Some("train-0"));
@@ -299,7 +308,7 @@ mod tests {
     #[test]
     fn processes_are_labelled_with_their_owners() {
         let text = render(&snapshot(100), Instant::now());
-        let memory = lines(&text, "gpudiag_process_memory_used_bytes");
+        let memory = lines(&text, series::GPUDIAG_PROCESS_MEMORY_USED_BYTES);
         assert_eq!(memory.len(), 4);
         // Heaviest first.
         let first = labels_of(memory[0]);
@@ -321,29 +330,32 @@ mod tests {
         assert_eq!(label(&slurm, "slurm_job"), Some("4242"));
         assert_eq!(label(&slurm, "user"), Some("bob"));
         assert_eq!(label(&slurm, "gpu"), Some("2"));
-        assert_eq!(lines(&text, "gpudiag_process_sm_util_percent").len(), 4);
         assert_eq!(
-            lines(&text, "gpudiag_process_series_dropped"),
+            lines(&text, series::GPUDIAG_PROCESS_SM_UTIL_PERCENT).len(),
+            4
+        );
+        assert_eq!(
+            lines(&text, series::GPUDIAG_PROCESS_SERIES_DROPPED),
             ["gpudiag_process_series_dropped{Hostname=\"node\"} 0"]
         );
-        let counts = lines(&text, "gpudiag_gpu_processes");
+        let counts = lines(&text, series::GPUDIAG_GPU_PROCESSES);
         assert!(counts[1].ends_with(" 2"), "{counts:?}");
     }
 
     #[test]
     fn the_cap_keeps_the_heaviest_and_says_how_many_it_cut() {
         let text = render(&snapshot(2), Instant::now());
-        let pids: Vec<String> = lines(&text, "gpudiag_process_memory_used_bytes")
+        let pids: Vec<String> = lines(&text, series::GPUDIAG_PROCESS_MEMORY_USED_BYTES)
             .iter()
             .map(|l| label(&labels_of(l), "pid").unwrap().to_owned())
             .collect();
         assert_eq!(pids, ["10", "21"]);
         assert_eq!(
-            lines(&text, "gpudiag_process_series_dropped"),
+            lines(&text, series::GPUDIAG_PROCESS_SERIES_DROPPED),
             ["gpudiag_process_series_dropped{Hostname=\"node\"} 2"]
         );
         // Every process is still counted per GPU.
-        let counts: f64 = lines(&text, "gpudiag_gpu_processes")
+        let counts: f64 = lines(&text, series::GPUDIAG_GPU_PROCESSES)
             .iter()
             .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
             .sum();

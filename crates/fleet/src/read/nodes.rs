@@ -1,0 +1,434 @@
+//! The merge: the gathered drafts, targets and alerts become the fleet's nodes and GPUs, each
+//! ranked by the worst it shows, then its jobs and findings.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpudiag_model::finding::Severity;
+use gpudiag_model::prometheus_names::{label, series};
+
+use super::devices::{Gathered, GpuDraft};
+use super::labels::{gpu_index_key, instance_host};
+use super::optional::{GPUDIAG_ALERTS, alert_of};
+use super::targets::Target as ScrapeTarget;
+use super::{jobs, status};
+use crate::client::{ApiAlert, Series};
+use crate::model::*;
+
+/// What the reads returned beside the gathered drafts.
+pub(super) struct Reads<'a> {
+    pub targets: Vec<ScrapeTarget>,
+    pub alerts: Vec<ApiAlert>,
+    pub rule_series: Vec<Series>,
+    pub gpudiag_instances: &'a BTreeSet<String>,
+    /// The instant read (ms), which scrape ages are counted to.
+    pub at: i64,
+    /// No selector narrows the fleet: gpudiag's alerts that name no node of it are kept.
+    pub everything: bool,
+}
+
+/// Firing alerts by where they belong, and every alert of the shipped rules on a job.
+#[derive(Default)]
+struct PlacedAlerts {
+    gpu: BTreeMap<String, Vec<Alert>>,
+    node: BTreeMap<String, Vec<Alert>>,
+    unplaced: Vec<Alert>,
+    job: Vec<Alert>,
+}
+
+pub(super) fn assemble(fleet: &mut Fleet, gathered: Gathered, reads: Reads<'_>) {
+    let Gathered {
+        drafts,
+        instance_node,
+        node_findings,
+        node_jobs,
+    } = gathered;
+    let mut nodes = nodes_of_targets(
+        &reads.targets,
+        &instance_node,
+        reads.gpudiag_instances,
+        reads.at,
+    );
+    let target_age: BTreeMap<String, f64> = nodes
+        .values()
+        .flat_map(|n| n.targets.iter())
+        .filter_map(|t| Some((t.instance.clone(), t.last_scrape_age_s?)))
+        .collect();
+    let mut placed = place_alerts(
+        &reads.alerts,
+        &fleet.node_label,
+        &drafts,
+        &nodes,
+        reads.everything,
+    );
+    fleet.unplaced_alerts.append(&mut placed.unplaced);
+
+    for (_, d) in drafts {
+        let node = nodes
+            .entry(d.node.clone())
+            .or_insert_with(|| empty_node(&d.node));
+        for e in &d.exporters {
+            if !node.exporters.contains(e) {
+                node.exporters.push(*e);
+            }
+        }
+        let gpu_alerts = d
+            .uuid
+            .as_ref()
+            .and_then(|u| placed.gpu.remove(u))
+            .unwrap_or_default();
+        node.gpus.push(gpu_of(d, gpu_alerts, &target_age));
+    }
+    for (name, f) in node_findings {
+        let node = nodes
+            .entry(name.clone())
+            .or_insert_with(|| empty_node(&name));
+        let mut f: Vec<FindingRef> = f.into_iter().collect();
+        f.sort_by(|a, b| b.cmp(a));
+        node.findings = f;
+    }
+    for (name, a) in placed.node {
+        if let Some(node) = nodes.get_mut(&name) {
+            node.alerts = a;
+        }
+    }
+    nodes.values_mut().for_each(finish_node);
+    let mut nodes: Vec<Node> = nodes.into_values().collect();
+    nodes.sort_by(|a, b| b.worst.cmp(&a.worst).then_with(|| a.name.cmp(&b.name)));
+    fleet.nodes = nodes;
+
+    fleet.jobs = jobs::jobs(fleet, node_jobs, &placed.job, &reads.rule_series);
+    status::findings_and_status(fleet);
+}
+
+fn empty_node(name: &str) -> Node {
+    Node {
+        name: name.to_owned(),
+        state: NodeState::Up,
+        targets: Vec::new(),
+        exporters: Vec::new(),
+        gpus: Vec::new(),
+        findings: Vec::new(),
+        alerts: Vec::new(),
+        worst: Rank::Unknown,
+    }
+}
+
+/// The nodes the scrape targets belong to, each with its targets.
+fn nodes_of_targets(
+    targets: &[ScrapeTarget],
+    instance_node: &BTreeMap<String, String>,
+    gpudiag_instances: &BTreeSet<String>,
+    at: i64,
+) -> BTreeMap<String, Node> {
+    let mut nodes: BTreeMap<String, Node> = BTreeMap::new();
+    for t in targets {
+        let s = &t.series;
+        let Some(instance) = s.label(label::INSTANCE) else {
+            continue;
+        };
+        let name = instance_node
+            .get(instance)
+            .cloned()
+            .unwrap_or_else(|| instance_host(instance).to_owned());
+        let node = nodes
+            .entry(name.clone())
+            .or_insert_with(|| empty_node(&name));
+        node.targets.push(Target {
+            instance: instance.to_owned(),
+            scrape_job: s.label(label::SCRAPE_JOB).unwrap_or_default().to_owned(),
+            up: s.value >= 1.0,
+            exporter: if gpudiag_instances.contains(instance) {
+                Some(Exporter::Gpudiag)
+            } else if s.value >= 1.0 {
+                Some(Exporter::DcgmExporter)
+            } else {
+                None
+            },
+            last_scrape_age_s: t.stamp.map(|stamp| ((at as f64 / 1000.0) - stamp).max(0.0)),
+        });
+    }
+    nodes
+}
+
+/// Alerts: placed on a GPU by UUID, else on a node, else kept aside when they are gpudiag's
+/// and no selector narrows the fleet (they may be about what it leaves out).
+fn place_alerts(
+    alerts: &[ApiAlert],
+    node_label: &str,
+    drafts: &BTreeMap<String, GpuDraft>,
+    target_nodes: &BTreeMap<String, Node>,
+    everything: bool,
+) -> PlacedAlerts {
+    let uuids: BTreeSet<String> = drafts.values().filter_map(|d| d.uuid.clone()).collect();
+    let node_names: BTreeSet<String> = drafts
+        .values()
+        .map(|d| d.node.clone())
+        .chain(target_nodes.keys().cloned())
+        .collect();
+    let mut placed = PlacedAlerts::default();
+    for a in alerts {
+        let alert = alert_of(a, node_label);
+        let ours = GPUDIAG_ALERTS.contains(&alert.name.as_str());
+        if alert.job_key.is_some() && ours {
+            placed.job.push(alert.clone());
+        }
+        if a.state != "firing" {
+            continue;
+        }
+        if let Some(u) = alert.uuid.as_ref().filter(|u| uuids.contains(*u)) {
+            placed.gpu.entry(u.clone()).or_default().push(alert);
+        } else if let Some(n) = alert.node.as_ref().filter(|n| node_names.contains(*n)) {
+            placed.node.entry(n.clone()).or_default().push(alert);
+        } else if ours && everything {
+            placed.unplaced.push(alert);
+        }
+    }
+    placed
+}
+
+/// A GPU as the fleet shows it, from its draft and its firing alerts.
+fn gpu_of(d: GpuDraft, mut alerts: Vec<Alert>, target_age: &BTreeMap<String, f64>) -> Gpu {
+    let value = |n: &str| d.values.get(n).map(|(_, v)| *v);
+    let used = value(series::DCGM_FI_DEV_FB_USED);
+    let total = match (used, value(series::DCGM_FI_DEV_FB_FREE)) {
+        (Some(u), Some(f)) => Some(u + f + value(series::DCGM_FI_DEV_FB_RESERVED).unwrap_or(0.0)),
+        _ => None,
+    };
+    let verdict = match (d.verdict, d.exporters.contains(&Exporter::Gpudiag)) {
+        (Some(v), _) => v,
+        (None, true) => GpuVerdict::NotJudgedYet,
+        (None, false) => GpuVerdict::DcgmExporterOnly,
+    };
+    let mut findings: Vec<FindingRef> = d.findings.into_iter().collect();
+    findings.sort_by(|a, b| b.cmp(a));
+    alerts.extend(d.alerts);
+    let rank = findings
+        .iter()
+        .map(|f| severity_rank(f.severity))
+        .chain(alerts.iter().filter_map(|a| a.severity.map(severity_rank)))
+        .chain([verdict_rank(&verdict)])
+        .max()
+        .unwrap_or_default();
+    let age = d
+        .instances
+        .iter()
+        .filter_map(|i| target_age.get(i).copied())
+        .reduce(f64::min);
+    Gpu {
+        gpu: d.gpu,
+        uuid: d.uuid,
+        model: d.model,
+        exporters: d.exporters.into_iter().collect(),
+        util_pct: value(series::DCGM_FI_DEV_GPU_UTIL),
+        sm_active_pct: value(series::DCGM_FI_PROF_SM_ACTIVE).map(|r| r * 100.0),
+        tensor_active_pct: value(series::DCGM_FI_PROF_PIPE_TENSOR_ACTIVE).map(|r| r * 100.0),
+        memory_used_mib: used,
+        memory_total_mib: total,
+        power_w: value(series::DCGM_FI_DEV_POWER_USAGE),
+        temperature_c: value(series::DCGM_FI_DEV_GPU_TEMP),
+        verdict,
+        findings,
+        jobs: d.jobs.into_iter().collect(),
+        pod: d.pod,
+        alerts,
+        last_scrape_age_s: age,
+        rank,
+    }
+}
+
+/// Sorts a node's GPUs and exporters; its state from its targets, its rank the worst shown.
+fn finish_node(node: &mut Node) {
+    node.gpus.sort_by_key(|g| gpu_index_key(&g.gpu));
+    node.exporters.sort();
+    let up = node.targets.iter().filter(|t| t.up).count();
+    node.state = match (up, node.targets.len()) {
+        (_, 0) => NodeState::Up,
+        (0, _) => NodeState::Down,
+        (u, n) if u < n => NodeState::Partial,
+        _ => NodeState::Up,
+    };
+    let down_rank = match node.state {
+        NodeState::Down => Rank::Down,
+        NodeState::Partial => Rank::Warn,
+        NodeState::Up => Rank::Unknown,
+    };
+    node.worst = node
+        .gpus
+        .iter()
+        .map(|g| g.rank)
+        .chain(node.findings.iter().map(|f| severity_rank(f.severity)))
+        .chain(
+            node.alerts
+                .iter()
+                .filter_map(|a| a.severity.map(severity_rank)),
+        )
+        .chain([down_rank])
+        .max()
+        .unwrap_or_default();
+}
+
+/// The rank a verdict name gives.
+fn verdict_rank(v: &GpuVerdict) -> Rank {
+    match v {
+        GpuVerdict::Judged { bottleneck, .. } => match bottleneck.as_str() {
+            "compute_bound" | "memory_bound" => Rank::Good,
+            "idle" => Rank::Idle,
+            _ => Rank::Held,
+        },
+        GpuVerdict::NotJudgedYet | GpuVerdict::DcgmExporterOnly => Rank::Unknown,
+    }
+}
+
+pub(super) fn severity_rank(s: Severity) -> Rank {
+    match s {
+        Severity::Info => Rank::Held,
+        Severity::Warn => Rank::Warn,
+        Severity::Fail => Rank::Fail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::read::answer::{alert, series as s};
+    use crate::read::devices::draft;
+
+    fn target(instance: &str, up: f64, stamp: Option<f64>) -> ScrapeTarget {
+        ScrapeTarget {
+            series: s("up", &[("instance", instance), ("job", "gpu")], up),
+            stamp,
+        }
+    }
+
+    #[test]
+    fn targets_make_nodes_with_exporter_and_scrape_age() {
+        let targets = [
+            target("a:9835", 1.0, Some(95.0)),
+            target("a:9400", 0.0, None),
+            target("b:9400", 1.0, None),
+        ];
+        let named: BTreeMap<String, String> = [("a:9835".to_owned(), "node-a".to_owned())].into();
+        let gpudiag: BTreeSet<String> = ["a:9835".to_owned()].into();
+        let nodes = nodes_of_targets(&targets, &named, &gpudiag, 100_000);
+        let a = &nodes["node-a"];
+        assert_eq!(a.targets.len(), 1);
+        assert_eq!(a.targets[0].exporter, Some(Exporter::Gpudiag));
+        assert_eq!(a.targets[0].last_scrape_age_s, Some(5.0));
+        let host_a = &nodes["a"].targets[0];
+        assert_eq!(
+            (host_a.up, host_a.exporter),
+            (false, None),
+            "a down target's exporter is unknown"
+        );
+        assert_eq!(nodes["b"].targets[0].exporter, Some(Exporter::DcgmExporter));
+    }
+
+    #[test]
+    fn alerts_go_to_their_gpu_else_node_else_aside() {
+        let mut drafts = BTreeMap::new();
+        draft(
+            &mut drafts,
+            "n1",
+            &s("", &[("UUID", "GPU-1"), ("gpu", "0")], 0.0),
+        );
+        let alerts = [
+            alert("firing", &[("alertname", "GpuXidError"), ("UUID", "GPU-1")]),
+            alert("firing", &[("alertname", "Other"), ("Hostname", "n1")]),
+            alert(
+                "firing",
+                &[("alertname", "GpuLost"), ("Hostname", "elsewhere")],
+            ),
+            alert(
+                "firing",
+                &[("alertname", "Other"), ("Hostname", "elsewhere")],
+            ),
+            alert(
+                "pending",
+                &[
+                    ("alertname", "GpuJobStraggler"),
+                    ("job_key", "k"),
+                    ("UUID", "GPU-1"),
+                ],
+            ),
+        ];
+        let placed = place_alerts(&alerts, "Hostname", &drafts, &BTreeMap::new(), true);
+        assert_eq!(placed.gpu["GPU-1"].len(), 1);
+        assert_eq!(placed.node["n1"][0].name, "Other");
+        let aside: Vec<&str> = placed.unplaced.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(
+            aside,
+            ["GpuLost"],
+            "only gpudiag's own alerts are kept aside"
+        );
+        assert_eq!(
+            placed.job.len(),
+            1,
+            "a job's alert counts even while pending"
+        );
+        let narrowed = place_alerts(&alerts, "Hostname", &drafts, &BTreeMap::new(), false);
+        assert!(narrowed.unplaced.is_empty());
+    }
+
+    #[test]
+    fn a_gpu_reads_its_figures_and_ranks_by_its_worst() {
+        let mut drafts = BTreeMap::new();
+        let d = draft(
+            &mut drafts,
+            "n1",
+            &s("", &[("UUID", "GPU-1"), ("gpu", "0")], 0.0),
+        );
+        d.values.insert(series::DCGM_FI_DEV_FB_USED, (false, 10.0));
+        d.values.insert(series::DCGM_FI_DEV_FB_FREE, (false, 20.0));
+        d.values
+            .insert(series::DCGM_FI_DEV_FB_RESERVED, (false, 1.0));
+        d.values.insert(series::DCGM_FI_PROF_SM_ACTIVE, (true, 0.5));
+        d.instances.insert("n1:9400".to_owned());
+        d.instances.insert("n1:9835".to_owned());
+        d.findings.insert(FindingRef {
+            severity: Severity::Warn,
+            id: "w".to_owned(),
+        });
+        let d = drafts.pop_first().unwrap().1;
+        let ages: BTreeMap<String, f64> =
+            [("n1:9400".to_owned(), 7.0), ("n1:9835".to_owned(), 3.0)].into();
+        let g = gpu_of(d, Vec::new(), &ages);
+        assert_eq!(g.memory_total_mib, Some(31.0));
+        assert_eq!(g.sm_active_pct, Some(50.0));
+        assert_eq!(g.util_pct, None, "an absent figure stays absent");
+        assert_eq!(g.verdict, GpuVerdict::DcgmExporterOnly);
+        assert_eq!(g.rank, Rank::Warn);
+        assert_eq!(g.last_scrape_age_s, Some(3.0), "the freshest target counts");
+    }
+
+    #[test]
+    fn a_node_is_down_when_no_target_is_up() {
+        let mut node = empty_node("n");
+        for up in [false, true] {
+            node.targets.push(Target {
+                instance: String::new(),
+                scrape_job: String::new(),
+                up,
+                exporter: None,
+                last_scrape_age_s: None,
+            });
+        }
+        finish_node(&mut node);
+        assert_eq!((node.state, node.worst), (NodeState::Partial, Rank::Warn));
+        node.targets[1].up = false;
+        finish_node(&mut node);
+        assert_eq!((node.state, node.worst), (NodeState::Down, Rank::Down));
+    }
+
+    #[test]
+    fn verdicts_rank_by_what_they_mean() {
+        let judged = |b: &str| GpuVerdict::Judged {
+            bottleneck: b.to_owned(),
+            confidence: None,
+            basis: None,
+        };
+        assert_eq!(verdict_rank(&judged("memory_bound")), Rank::Good);
+        assert_eq!(verdict_rank(&judged("idle")), Rank::Idle);
+        assert_eq!(verdict_rank(&judged("launch_bound")), Rank::Held);
+        assert_eq!(verdict_rank(&GpuVerdict::NotJudgedYet), Rank::Unknown);
+    }
+}
