@@ -13,7 +13,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gpudiag::telemetry::attribution::{AttributionOptions, Attributor, GpuKeys, KubeletOptions};
+use gpudiag_telemetry::attribution::{AttributionOptions, Attributor, GpuKeys, KubeletOptions};
 
 #[path = "../tests/support/kubelet.rs"]
 mod kubelet;

@@ -9,10 +9,11 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpudiag::telemetry::recording::{Header, RecordingWriter};
-use gpudiag::telemetry::{DeviceInfo, HostInfo, Sample, Tick};
 use gpudiag_export::chrome_trace::TraceBuilder;
 use gpudiag_export::prometheus::{Snapshot, render};
+use gpudiag_model::sample::{DeviceInfo, HostInfo, Sample};
+use gpudiag_telemetry::Tick;
+use gpudiag_telemetry::recording::{Header, RecordingWriter};
 
 const DEVICES: u32 = 8;
 const STEP_MS: u64 = 100;
@@ -162,8 +163,9 @@ fn snapshot() -> Snapshot {
 /// `per_gpu` processes on each of the 8 GPUs, every one attributed: on even GPUs pods (one pod
 /// holds the GPU), on odd ones Slurm jobs, so every per-process series carries its owner labels.
 fn snapshot_with_processes(per_gpu: u32) -> Snapshot {
-    use gpudiag::telemetry::SlurmJob;
-    use gpudiag::telemetry::{Attribution, FoundIn, PodAllocation, PodIdentity, ProcessSample};
+    use gpudiag_model::attribution::SlurmJob;
+    use gpudiag_model::attribution::{Attribution, FoundIn, PodAllocation, PodIdentity};
+    use gpudiag_model::sample::ProcessSample;
     let mut snap = snapshot();
     for (d, s) in snap.latest.iter_mut() {
         let pod = format!("train-{d}");

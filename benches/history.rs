@@ -6,8 +6,8 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use gpudiag::history::{History, Window};
-use gpudiag::telemetry::{Metric, Sample};
+use gpudiag_core::history::{History, Window};
+use gpudiag_model::sample::{Metric, Sample};
 
 const DEVICES: u32 = 8;
 const STEP_MS: u64 = 100;

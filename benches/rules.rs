@@ -6,12 +6,13 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use gpudiag::config::RulesConfig;
-use gpudiag::history::History;
-use gpudiag::rules::engine::RuleEngine;
-use gpudiag::rules::{self, ProcessLaunch, ProcessMemory, RuleInput};
-use gpudiag::telemetry::{DeviceInfo, ProcessSample, Sample, Tick};
+use gpudiag_core::config::RulesConfig;
+use gpudiag_core::history::History;
+use gpudiag_core::rules::engine::RuleEngine;
+use gpudiag_core::rules::{self, ProcessLaunch, ProcessMemory, RuleInput};
 use gpudiag_model::job::Launch;
+use gpudiag_model::sample::{DeviceInfo, ProcessSample, Sample};
+use gpudiag_telemetry::Tick;
 
 const DEVICES: u32 = 8;
 const STEP_MS: u64 = 100;
@@ -193,7 +194,7 @@ fn per_family(history: &History, devices: &[DeviceInfo]) {
         process_cpu: None,
         not_judged: Default::default(),
     };
-    type Family = fn(&RuleInput<'_>) -> Vec<gpudiag::rules::Finding>;
+    type Family = fn(&RuleInput<'_>) -> Vec<gpudiag_model::finding::Finding>;
     let families: [(&str, Family); 9] = [
         ("verdict, 30 s window", |i| {
             black_box(rules::bottleneck::judge_all(

@@ -6,13 +6,13 @@
 //! `cargo bench --locked --bench tui_frame`
 use std::time::{Duration, Instant};
 
-use gpudiag::session::DEMO_RECORDING;
-use gpudiag::telemetry::Backend;
-use gpudiag::telemetry::replay::{Pace, ReplayBackend};
-use gpudiag::telemetry::sampler::SamplerMsg;
 use gpudiag::tui::app::{App, AppInit, SourceKind};
 use gpudiag::tui::theme::Theme;
 use gpudiag::tui::ui;
+use gpudiag_core::session::DEMO_RECORDING;
+use gpudiag_telemetry::Backend;
+use gpudiag_telemetry::replay::{Pace, ReplayBackend};
+use gpudiag_telemetry::sampler::SamplerMsg;
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 

@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Who owns each GPU process, read from fake /proc trees (`tests/fixtures/attribution`: Slurm
 //! on cgroup v1 and v2 and by environment, Kubernetes with containerd, CRI-O and Docker under
 //! the systemd and cgroupfs drivers, a host process) and from a real gRPC server on a Unix
@@ -9,14 +8,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gpudiag::telemetry::attribution::{
+use gpudiag_model::attribution::{Attribution, FoundIn};
+use gpudiag_model::sample::ProcessSample;
+use gpudiag_telemetry::attribution::{
     AttributionOptions, Attributor, GpuKeys, GpuPods, KubeletOptions,
 };
-use gpudiag::telemetry::{Attribution, FoundIn, ProcessSample};
 use serde_json::Value;
 
-#[path = "support/kubelet.rs"]
-mod kubelet;
+use crate::support::at;
+use crate::support::kubelet;
 use kubelet::{Behaviour, FakeKubelet, pod};
 
 const UID_A: &str = "7c9e6679-7425-40de-944b-e07fc1f90ae7";
@@ -25,7 +25,7 @@ const UID_C: &str = "3b241101-e2bb-4255-8caf-4136c566a962";
 const CONTAINER: &str = "9f2c1a7e5b3d4c6f8a0b2d4e6f8a0c2e4f6a8b0d2f4a6c8e0b2d4f6a8c0e2b4d";
 
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/attribution")
+    at("tests/fixtures/attribution")
 }
 
 fn attributor(socket: &Path, deadline: Duration) -> Attributor {
@@ -238,7 +238,7 @@ fn check_json_reports_the_attribution() {
     let root = dir.path().join("mi300x");
     let copied = Command::new("cp")
         .arg("-a")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/mi300x"))
+        .arg(at("tests/fixtures/sysfs/mi300x"))
         .arg(&root)
         .status()
         .unwrap();

@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The fleet UI's screens, drawn into ratatui's `TestBackend` from a real `gpudiag fleet --json`
 //! document (tests/fixtures/fleet/three-nodes.json: a down target, an 8-GPU job whose GPU 5 is
 //! the straggler, a balanced 2-GPU Slurm job) and variations of it. Each screen is kept as text
@@ -6,9 +5,10 @@
 //! `GPUDIAG_UPDATE_SCREENS=1 cargo nextest run --locked --test fleet_screens` rewrites them.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::support::at;
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use gpudiag::tui::fleet::state::{Grouping, Row};
 use gpudiag::tui::fleet::worker::Report;
@@ -21,11 +21,11 @@ use ratatui::backend::TestBackend;
 const UPDATE: &str = "GPUDIAG_UPDATE_SCREENS";
 
 fn screens_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/screens")
+    at("assets/screens")
 }
 
 fn fixture() -> Fleet {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fleet/three-nodes.json");
+    let path = at("tests/fixtures/fleet/three-nodes.json");
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 

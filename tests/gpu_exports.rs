@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 use flate2::read::GzDecoder;
-use gpudiag::check::CheckReport;
+use gpudiag_core::check::CheckReport;
 use gpudiag_export::bundle_writer::host::Environment;
 use gpudiag_export::chrome_trace::{self, Phase, Trace};
 

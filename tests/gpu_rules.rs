@@ -5,7 +5,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpudiag::check::CheckReport;
+use gpudiag_core::check::CheckReport;
 
 fn gpudiag() -> Command {
     let bin = std::env::var("GPUDIAG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpudiag").into());

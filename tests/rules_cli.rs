@@ -1,10 +1,9 @@
 //! Findings and configuration through the real binary: the demo's findings, `config --default`,
 //! and bad configuration files.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use assert_cmd::Command;
-use gpudiag::check::CheckReport;
-use gpudiag::config::{Config, DEFAULT_CONFIG_TOML};
+use gpudiag_core::check::CheckReport;
+use gpudiag_core::config::{Config, DEFAULT_CONFIG_TOML};
 use gpudiag_model::verdict::Bottleneck;
 
 fn gpudiag() -> Command {

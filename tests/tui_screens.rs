@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The pictures of the terminal UI in the README and docs/tui.md: the UI itself rendered into
 //! ratatui's `TestBackend` from the bundled demo recording, then each cell drawn as SVG with its colours and bold, so a picture is what a terminal shows,
 //! not a hand-made mock-up. The test fails when a committed picture differs from what the UI
@@ -7,18 +6,19 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::support::at;
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-use gpudiag::session::{DEMO_NAME, DEMO_RECORDING};
-use gpudiag::telemetry::ReplayPosition;
-use gpudiag::telemetry::replay::{Pace, ReplayBackend};
-use gpudiag::telemetry::sampler::SamplerMsg;
-use gpudiag::telemetry::{Backend, Tick};
 use gpudiag::tui::app::{App, AppInit, Panel, SourceKind};
 use gpudiag::tui::theme::Theme;
 use gpudiag::tui::ui;
+use gpudiag_core::session::{DEMO_NAME, DEMO_RECORDING};
+use gpudiag_telemetry::ReplayPosition;
+use gpudiag_telemetry::replay::{Pace, ReplayBackend};
+use gpudiag_telemetry::sampler::SamplerMsg;
+use gpudiag_telemetry::{Backend, Tick};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use ratatui::buffer::Buffer;
@@ -27,7 +27,7 @@ use ratatui::style::{Color, Modifier};
 const UPDATE: &str = "GPUDIAG_UPDATE_SCREENS";
 
 fn screens_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/screens")
+    at("assets/screens")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ struct Source {
     name: String,
     ticks: Vec<Tick>,
     /// The header with fewer devices than the recording's (`only`).
-    subset: Option<gpudiag::telemetry::recording::Header>,
+    subset: Option<gpudiag_telemetry::recording::Header>,
 }
 
 impl Source {
@@ -135,9 +135,7 @@ impl Source {
 
     /// A fixture recording from tests/fixtures/recordings.
     fn fixture(file: &str) -> Source {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/recordings")
-            .join(file);
+        let path = at("tests/fixtures/recordings").join(file);
         let backend = ReplayBackend::open(&path, Pace::AsFastAsPossible).unwrap();
         Source::read(backend, file.to_owned())
     }
