@@ -16,9 +16,8 @@ use gpudiag_export::chrome_trace::{self, Trace};
 use gpudiag_telemetry::recording::{self, Record};
 use serde_json::Value;
 
-use crate::support::at;
 use crate::support::serve::serve;
-use crate::support::{Run, fixture, run as gpudiag, s};
+use crate::support::{Run, at, fixture, run as gpudiag, s};
 
 fn ok(run: &Run) {
     assert_eq!(

@@ -10,20 +10,17 @@
 //! Needs `prometheus` (and tmux for the UI part): the tests are `#[ignore]`d for it, and fail
 //! where it is missing when run on purpose (`--run-ignored only`, as CI does).
 
-use crate::support::cluster;
-use crate::support::fake_http;
-use crate::support::prometheus_api;
-use crate::support::serve as serve_support;
-use crate::support::tmux;
-
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::support::{root, tool};
-use cluster::{as_node, read_recording, shortened_rules, wait_until};
-use prometheus_api::{Killed, free_port, query, start_prometheus};
 use serde_json::Value;
-use serve_support::{Served, serve};
+
+use crate::support::cluster::{as_node, read_recording, shortened_rules, wait_until};
+use crate::support::fake_http;
+use crate::support::prometheus_api::{self, Killed, free_port, query, start_prometheus};
+use crate::support::serve::{Served, serve};
+use crate::support::tmux;
+use crate::support::{root, tool};
 
 /// The dcgm-exporter scrape of one node, rewritten as dcgm-exporter on node-a: its first two
 /// GPUs become node-a's two (same UUIDs as gpudiag reports), the others are dropped.

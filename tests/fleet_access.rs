@@ -3,18 +3,15 @@
 //! one line on stderr and exit code 3, with `--json` still printing a document that says why;
 //! never a hang. Then a real Prometheus behind TLS with client certificates and basic auth.
 
-use crate::support::fake_http;
-use crate::support::prometheus_api;
-
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use fake_http::{Answer, response};
-use prometheus_api::{free_port, start_prometheus};
-
-use crate::support::tool;
 use serde_json::Value;
+
+use crate::support::fake_http::{self, Answer, response};
+use crate::support::prometheus_api::{free_port, start_prometheus};
+use crate::support::tool;
 
 fn fleet(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_gpudiag"))

@@ -20,11 +20,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::fake_http;
-use crate::support::prometheus_api;
+use crate::support::fake_http::serve_text;
+use crate::support::prometheus_api::{query, start_prometheus};
 use crate::support::{root, tool};
-use fake_http::serve_text;
-use prometheus_api::{query, start_prometheus};
 
 const FIXTURE: &str = "tests/fixtures/prometheus/dcgm-exporter.prom";
 const HOSTNAME: &str = "gpu-a100-07";

@@ -2,13 +2,12 @@
 //! document (tests/fixtures/fleet/three-nodes.json: a down target, an 8-GPU job whose GPU 5 is
 //! the straggler, a balanced 2-GPU Slurm job) and variations of it. Each screen is kept as text
 //! in assets/screens/fleet-*.txt; the test fails when the UI draws something else.
-//! `GPUDIAG_UPDATE_SCREENS=1 cargo nextest run --locked --test fleet_screens` rewrites them.
+//! `GPUDIAG_UPDATE_SCREENS=1 cargo nextest run --locked --test e2e fleet_screens::` rewrites them.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::support::at;
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use gpudiag::tui::fleet::state::{Grouping, Row};
 use gpudiag::tui::fleet::worker::Report;
@@ -17,6 +16,8 @@ use gpudiag::tui::theme::Theme;
 use gpudiag_fleet::model::{Fleet, GpuVerdict, NodeDetail, Process, RulesState};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
+
+use crate::support::at;
 
 const UPDATE: &str = "GPUDIAG_UPDATE_SCREENS";
 
@@ -297,7 +298,7 @@ fn committed_screens_match_what_the_ui_draws() {
     assert!(
         stale.is_empty(),
         "out of date with the UI: {}\nregenerate them: {UPDATE}=1 cargo nextest run --locked \
-         --test fleet_screens",
+         --test e2e fleet_screens::",
         stale.join(", ")
     );
 }

@@ -3,12 +3,13 @@
 //! must end in a result or a clear error with the documented exit code, never a panic or a hang.
 //! `fuzz/keep.sh TARGET ARTIFACT` adds a crash here.
 
-use crate::support::at;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::support::at;
 
 fn inputs(target: &str) -> Vec<PathBuf> {
     let dir = at("tests/fixtures/fuzz").join(target);

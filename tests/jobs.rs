@@ -6,10 +6,11 @@
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
-use crate::support::at;
 use gpudiag_core::check::CheckReport;
 use gpudiag_model::job::{JobPattern, JoinedBy, Pace};
 use gpudiag_model::verdict::{Bottleneck, Confidence};
+
+use crate::support::at;
 
 fn fixture(name: &str) -> PathBuf {
     at("tests/fixtures/jobs").join(format!("{name}.ndjson.gz"))

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::support::at;
 use gpudiag::tui::app::{App, AppInit, SourceKind};
 use gpudiag::tui::theme::Theme;
 use gpudiag_core::config::Config;
@@ -21,6 +20,8 @@ use gpudiag_telemetry::replay::{Pace, ReplayBackend};
 use gpudiag_telemetry::sampler::SamplerMsg;
 use gpudiag_telemetry::{Backend, Tick};
 use serde_json::Value;
+
+use crate::support::at;
 
 /// A finding as every view can name it.
 type Key = (String, Option<u32>, String);

@@ -10,13 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::prometheus_api;
-use crate::support::serve as serve_support;
-use prometheus_api::{Killed, free_port, query};
-use serve_support::serve;
-
-use crate::support::at;
-use crate::support::tool;
+use crate::support::prometheus_api::{Killed, free_port, query};
+use crate::support::serve::serve;
+use crate::support::{at, tool};
 
 fn value_of(result: &Value) -> f64 {
     result["value"][1].as_str().unwrap().parse().unwrap()

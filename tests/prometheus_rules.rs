@@ -14,13 +14,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::cluster;
-use crate::support::prometheus_api;
-use crate::support::serve as serve_support;
+use crate::support::cluster::{RULES, as_node, read_recording, shortened_rules, wait_until};
+use crate::support::prometheus_api::{encode, http_get, query, start_prometheus};
+use crate::support::serve::serve;
 use crate::support::{root, tool};
-use cluster::{RULES, as_node, read_recording, shortened_rules, wait_until};
-use prometheus_api::{encode, http_get, query, start_prometheus};
-use serve_support::serve;
 
 fn promtool(args: &[&str]) -> String {
     let promtool = tool("promtool");

@@ -2,14 +2,14 @@
 //! forwarded, output paths are checked before it starts, and gpudiag says it could not watch.
 //! Where a test needs gpudiag to watch something (a trace to merge), the fake amdgpu sysfs tree
 //! in tests/fixtures stands in for a GPU. (The verdicts themselves are checked on
-//! recordings in tests/rules.rs and on the GPU host in tests/gpu_run.rs.)
+//! recordings in crates/core/tests/rules.rs and on the GPU host in tests/gpu_run.rs.)
 
-use crate::support::tmux;
-
-use crate::support::at;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::support::at;
+use crate::support::tmux;
 
 /// A bound against hangs, not a timing.
 const HANG: Duration = Duration::from_secs(20);

@@ -3,7 +3,7 @@
 //! The schemas are generated from the Rust types (`src/schema.rs`). After changing a type that
 //! a schema covers, regenerate the files and review their diff:
 //!
-//!     GPUDIAG_BLESS=1 cargo nextest run --test schema
+//!     GPUDIAG_BLESS=1 cargo nextest run --test e2e schema::
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -210,7 +210,7 @@ fn committed_schemas_are_generated_from_the_types() {
     assert!(
         stale.is_empty(),
         "the committed schemas differ from what the types generate: {}.\n\
-         Regenerate them with `GPUDIAG_BLESS=1 cargo nextest run --test schema` and review the diff.",
+         Regenerate them with `GPUDIAG_BLESS=1 cargo nextest run --test e2e schema::` and review the diff.",
         stale.join(", ")
     );
 }

@@ -9,8 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::support::serve as serve_support;
-use serve_support::{Served, serve};
+use crate::support::serve::{Served, serve};
 
 /// `MAX_CONNECTIONS` (answers being written) and `MAX_PENDING` (request heads coming in) in
 /// src/export/prometheus.rs.

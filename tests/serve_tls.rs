@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-use crate::support::serve as serve_support;
-use serve_support::{Served, serve};
+use crate::support::serve::{Served, serve};
 
 const HANG: Duration = Duration::from_secs(20);
 

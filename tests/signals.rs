@@ -8,11 +8,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::at;
 use gpudiag_telemetry::recording::{self, Record};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
+
+use crate::support::at;
 
 const HANG: Duration = Duration::from_secs(60);
 

@@ -23,8 +23,7 @@ use gpudiag_telemetry::{Backend, ReplayPosition, Tick};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 
-use crate::support::at;
-use crate::support::fixture;
+use crate::support::{at, fixture};
 
 fn open(name: &str) -> ReplayBackend {
     if name == "demo" {
@@ -1337,7 +1336,8 @@ fn quitting_the_ui_stops_its_probe_child() {
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut ui = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
-            "quitting_the_ui_stops_its_probe_child",
+            // The name the test harness knows it by: its path inside the e2e binary.
+            "tui::quitting_the_ui_stops_its_probe_child",
             "--exact",
             "--nocapture",
         ])

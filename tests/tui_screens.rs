@@ -1,15 +1,14 @@
 //! The pictures of the terminal UI in the README and docs/tui.md: the UI itself rendered into
 //! ratatui's `TestBackend` from the bundled demo recording, then each cell drawn as SVG with its colours and bold, so a picture is what a terminal shows,
 //! not a hand-made mock-up. The test fails when a committed picture differs from what the UI
-//! draws today; `GPUDIAG_UPDATE_SCREENS=1 cargo nextest run --locked --test tui_screens`
-//! rewrites them (after a UI change, or when the demo recording is made again).
+//! draws today; `GPUDIAG_UPDATE_SCREENS=1 cargo nextest run --locked --test e2e
+//! tui_screens::` rewrites them (after a UI change, or when the demo recording is made again).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::support::at;
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use gpudiag::tui::app::{App, AppInit, Panel, SourceKind};
 use gpudiag::tui::theme::Theme;
@@ -23,6 +22,8 @@ use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use ratatui::buffer::Buffer;
 use ratatui::style::{Color, Modifier};
+
+use crate::support::at;
 
 const UPDATE: &str = "GPUDIAG_UPDATE_SCREENS";
 
@@ -528,7 +529,7 @@ fn committed_pictures_match_what_the_ui_draws() {
     assert!(
         stale.is_empty(),
         "out of date with the UI: {}\nregenerate them: {UPDATE}=1 cargo nextest run --locked \
-         --test tui_screens",
+         --test e2e tui_screens::",
         stale.join(", ")
     );
 }

@@ -5,12 +5,10 @@
 //! With `GPUDIAG_UPDATE_SCREENS=1` the captures are also written to `assets/screens/`, as the
 //! text captures docs/tui.md links to.
 
-use crate::support::tmux;
-
 use std::time::Duration;
 
 use crate::support::at;
-use tmux::Tmux;
+use crate::support::tmux::Tmux;
 
 const WAIT: Duration = Duration::from_secs(15);
 
