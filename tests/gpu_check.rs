@@ -2,14 +2,12 @@
 //! They compare `gpudiag check --json` with `nvidia-smi --query-gpu` read around the same moment.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/gpu.rs"]
+mod gpu;
+use gpu::gpudiag;
 use std::process::Command;
 
 use gpudiag_core::check::CheckReport;
-
-fn gpudiag() -> Command {
-    let bin = std::env::var("GPUDIAG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpudiag").into());
-    Command::new(bin)
-}
 
 const QUERY: &str = "index,utilization.gpu,memory.used,power.draw,temperature.gpu,clocks.sm,\
                      pcie.link.gen.current,pcie.link.width.current,memory.total";

@@ -8,7 +8,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gpudiag::tui::app::{App, AppInit, SourceKind};
@@ -21,7 +20,7 @@ use gpudiag_telemetry::sampler::SamplerMsg;
 use gpudiag_telemetry::{Backend, Tick};
 use serde_json::Value;
 
-use crate::support::at;
+use crate::support::{self, at};
 
 /// A finding as every view can name it.
 type Key = (String, Option<u32>, String);
@@ -95,7 +94,7 @@ fn recordings() -> Vec<PathBuf> {
 }
 
 fn gpudiag(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_gpudiag"))
+    support::gpudiag()
         .args(["--config", "/dev/null"])
         .args(args)
         .output()

@@ -2,12 +2,13 @@
 //! check-report schema, and survives a round trip through the typed report. No GPU needed: the
 //! probe results are built in Rust and attached to the demo recording's report.
 
-use assert_cmd::Command;
 use gpudiag_core::check::CheckReport;
 use gpudiag_probes::gpu::GpuInfo;
 use gpudiag_probes::runner::DeviceProbes;
 use gpudiag_probes::{Measurement, ProbeResult, Span, Verdict};
 use serde_json::{Value, json};
+
+use crate::support;
 
 fn probes() -> DeviceProbes {
     let mut r = ProbeResult::new("bandwidth", 0);
@@ -55,8 +56,7 @@ fn probes() -> DeviceProbes {
 
 #[test]
 fn a_report_with_probe_results_validates_and_round_trips() {
-    let out = Command::cargo_bin("gpudiag")
-        .unwrap()
+    let out = support::gpudiag()
         .args(["check", "--demo", "--json"])
         .output()
         .unwrap();
@@ -89,11 +89,7 @@ fn a_report_with_probe_results_validates_and_round_trips() {
 }
 
 fn gpudiag(args: &[&str]) -> std::process::Output {
-    Command::cargo_bin("gpudiag")
-        .unwrap()
-        .args(args)
-        .output()
-        .unwrap()
+    support::gpudiag().args(args).output().unwrap()
 }
 
 #[test]

@@ -14,7 +14,7 @@ use serde_json::Value;
 use gpudiag_export::chrome_trace::{self, Trace, TraceEvent};
 use gpudiag_export::profiler_merge::MERGE_KEY;
 
-use crate::support::{at, required_file, root};
+use crate::support::{self, at, required_file, root};
 
 const RECORDING: &str = "tests/fixtures/workloads/bf16_matmul.ndjson.gz";
 const BASE_FIRST: &str = "tests/fixtures/profiler/synthetic.pt.trace.json.gz";
@@ -26,7 +26,7 @@ const REAL_RECORDING: &str = "tests/fixtures/profiler/h200_torch2.11/recording.n
 const REAL_PAUSE: &str = "tests/fixtures/profiler/h200_torch2.11/pause.json";
 
 fn gpudiag() -> Command {
-    let mut c = Command::cargo_bin("gpudiag").unwrap();
+    let mut c = support::gpudiag();
     c.env("GPUDIAG_SYSFS_ROOT", "/nonexistent-sysfs-root");
     c
 }
