@@ -14,7 +14,7 @@ use serde_json::Value;
 use gpudiag_export::chrome_trace::{self, Trace, TraceEvent};
 use gpudiag_export::profiler_merge::MERGE_KEY;
 
-use crate::support::{self, at, required_file, root};
+use crate::support::{self, Run, at, required_file, root};
 
 const RECORDING: &str = "tests/fixtures/workloads/bf16_matmul.ndjson.gz";
 const BASE_FIRST: &str = "tests/fixtures/profiler/synthetic.pt.trace.json.gz";
@@ -31,26 +31,17 @@ fn gpudiag() -> Command {
     c
 }
 
-struct Run {
-    code: i32,
-    stderr: String,
-}
-
 fn merge(profiler: &Path, recording: &Path, output: &Path, extra: &[&str]) -> Run {
-    let out = gpudiag()
-        .args(["trace", "--merge"])
-        .arg(profiler)
-        .arg("--replay")
-        .arg(recording)
-        .arg("-o")
-        .arg(output)
-        .args(extra)
-        .output()
-        .unwrap();
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Run::of(
+        gpudiag()
+            .args(["trace", "--merge"])
+            .arg(profiler)
+            .arg("--replay")
+            .arg(recording)
+            .arg("-o")
+            .arg(output)
+            .args(extra),
+    )
 }
 
 fn read_bytes(path: &Path) -> Vec<u8> {
@@ -414,26 +405,22 @@ fn run_with_profiler(dir: &Path, profiler: &Path, trace: &Path, write: bool) -> 
         script.display(),
         target.display(),
     );
-    let out = gpudiag()
-        .env("GPUDIAG_SYSFS_ROOT", at("tests/fixtures/sysfs/mi300x"))
-        .args([
-            "run",
-            "--backend",
-            "sysfs",
-            "--interval",
-            "100ms",
-            "--profiler-trace",
-        ])
-        .arg(profiler)
-        .arg("--trace")
-        .arg(trace)
-        .args(["--", "sh", "-c", &make])
-        .output()
-        .unwrap();
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Run::of(
+        gpudiag()
+            .env("GPUDIAG_SYSFS_ROOT", at("tests/fixtures/sysfs/mi300x"))
+            .args([
+                "run",
+                "--backend",
+                "sysfs",
+                "--interval",
+                "100ms",
+                "--profiler-trace",
+            ])
+            .arg(profiler)
+            .arg("--trace")
+            .arg(trace)
+            .args(["--", "sh", "-c", &make]),
+    )
 }
 
 #[test]
