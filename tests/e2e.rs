@@ -1,7 +1,7 @@
 //! The end-to-end tests: the built `gpudiag` binary, its modules and the tools around it
-//! (Prometheus, tmux, the deployment files), in one test binary whose modules are the former
-//! test files (each crate in `crates/` tests itself). The tests that need a GPU are targets of
-//! their own (`tests/gpu_*.rs`): `scripts/gpu-tests pack` builds and ships them by name.
+//! (Prometheus, tmux, the deployment files), in one test binary with a module per area; each
+//! crate in `crates/` tests itself. The tests that need a GPU are targets of their own
+//! (`tests/gpu_*.rs`): `scripts/gpu-tests pack` builds and ships them by name.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
