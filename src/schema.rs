@@ -2,7 +2,7 @@
 //! schemars: the check report ([`CheckReport`]), one line of a recording ([`Header`] or
 //! [`Record`]) and the Chrome trace ([`Trace`]). The files in `assets/schema/` are these
 //! functions' output, committed so that users and other tools can read them; `tests/schema.rs`
-//! fails when they differ, and `GPUDIAG_BLESS=1 cargo nextest run --test schema` rewrites them.
+//! fails when they differ, and `GPUDIAG_BLESS=1 cargo nextest run --test e2e schema::` rewrites them.
 //!
 //! What a type alone does not say comes from `#[schemars(...)]` attributes on the types (closed
 //! objects, ranges, patterns, constants) and from the transforms here and in

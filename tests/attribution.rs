@@ -1,233 +1,19 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-//! Who owns each GPU process, read from fake /proc trees (`tests/fixtures/attribution`: Slurm
-//! on cgroup v1 and v2 and by environment, Kubernetes with containerd, CRI-O and Docker under
-//! the systemd and cgroupfs drivers, a host process) and from a real gRPC server on a Unix
-//! socket speaking the kubelet's pod-resources API: one pod per GPU, a time-sliced GPU shared
-//! by two pods, no kubelet, and a kubelet that never answers.
+//! `check --json` carrying who owns each GPU process, on a live (amdgpu sysfs) fake tree with
+//! the fake kubelet beside it, and the kubelet flags' usage errors. Reading the owners from fake
+//! /proc trees and the kubelet is tested in `crates/telemetry/tests/attribution.rs`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use gpudiag::telemetry::attribution::{
-    AttributionOptions, Attributor, GpuKeys, GpuPods, KubeletOptions,
-};
-use gpudiag::telemetry::{Attribution, FoundIn, ProcessSample};
 use serde_json::Value;
 
-#[path = "support/kubelet.rs"]
-mod kubelet;
-use kubelet::{Behaviour, FakeKubelet, pod};
+use crate::support::at;
+use crate::support::kubelet::{Behaviour, FakeKubelet, pod};
 
 const UID_A: &str = "7c9e6679-7425-40de-944b-e07fc1f90ae7";
-const UID_B: &str = "0f8fad5b-d9cb-469f-a165-70867728950e";
-const UID_C: &str = "3b241101-e2bb-4255-8caf-4136c566a962";
-const CONTAINER: &str = "9f2c1a7e5b3d4c6f8a0b2d4e6f8a0c2e4f6a8b0d2f4a6c8e0b2d4f6a8c0e2b4d";
 
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/attribution")
-}
-
-fn attributor(socket: &Path, deadline: Duration) -> Attributor {
-    Attributor::new(AttributionOptions {
-        root: fixture(),
-        kubelet: KubeletOptions {
-            socket: socket.to_path_buf(),
-            cache_for: Duration::from_secs(10),
-            deadline,
-        },
-    })
-}
-
-fn gpu(index: u32, uuid: &str) -> GpuKeys {
-    GpuKeys {
-        index,
-        uuid: Some(uuid.into()),
-        pci_bus_id: Some(format!("00000000:{:02x}:00.0", 0x19 + index)),
-    }
-}
-
-fn read(a: &Attributor, pid: u32, pods: &GpuPods) -> (ProcessSample, Attribution) {
-    let p = a.process(pid, &a.passwd(), pods);
-    let attribution = p
-        .attribution
-        .clone()
-        .expect("every live process is attributed");
-    (p, attribution)
-}
-
-#[test]
-fn slurm_jobs_from_cgroup_v1_v2_and_the_environment() {
-    let a = attributor(
-        Path::new("/nonexistent/kubelet.sock"),
-        Duration::from_secs(1),
-    );
-    let pods = a.gpu_pods(&gpu(0, "GPU-aaaa"));
-
-    let (p, v1) = read(&a, 1001, &pods);
-    let job = v1.job.clone().unwrap();
-    assert_eq!(
-        (job.id.as_str(), job.step.as_deref(), job.user.as_deref()),
-        ("1234", Some("0"), Some("alice"))
-    );
-    assert_eq!(job.found_in, FoundIn::Cgroup);
-    assert_eq!(p.name.as_deref(), Some("python3"));
-    assert_eq!(p.user.as_deref(), Some("alice"));
-    assert_eq!(v1.why_absent("pod"), Some("not in a Kubernetes pod cgroup"));
-
-    let (_, v2) = read(&a, 1002, &pods);
-    let job = v2.job.unwrap();
-    assert_eq!(
-        (job.id.as_str(), job.step.as_deref(), job.user.as_deref()),
-        ("5678", Some("batch"), Some("carol"))
-    );
-
-    let (_, env) = read(&a, 1003, &pods);
-    let job = env.job.unwrap();
-    assert_eq!(
-        (job.id.as_str(), job.step.as_deref(), job.user.as_deref()),
-        ("4242", Some("0"), Some("bob"))
-    );
-    assert_eq!(job.found_in, FoundIn::Environ);
-
-    let (_, host) = read(&a, 3001, &pods);
-    assert_eq!((&host.job, &host.pod), (&None, &None));
-    assert_eq!(
-        host.why_absent("job"),
-        Some("not in a Slurm job (cgroup and environment)")
-    );
-    assert_eq!(
-        host.why_absent("pod"),
-        Some("not in a Kubernetes pod cgroup")
-    );
-
-    // A process that is gone (or in another PID namespace) says so.
-    let (_, gone) = read(&a, 9999, &pods);
-    assert!(
-        gone.why_absent("job")
-            .unwrap()
-            .contains("/proc/9999/cgroup")
-    );
-}
-
-#[test]
-fn pods_from_the_cgroup_alone_when_there_is_no_kubelet() {
-    let socket = Path::new("/nonexistent/kubelet.sock");
-    let a = attributor(socket, Duration::from_secs(1));
-    let pods = a.gpu_pods(&gpu(0, "GPU-aaaa"));
-    let why = pods.clone().unwrap_err();
-    assert!(why.contains("no kubelet pod-resources socket"), "{why}");
-    assert!(!a.kubelet_client_started(), "no socket, no client");
-
-    for (pid, uid, runtime) in [
-        (2001, UID_A, Some("containerd")),
-        (2002, UID_B, Some("cri-o")),
-        (2003, UID_C, None),
-    ] {
-        let (p, attribution) = read(&a, pid, &pods);
-        let pod = attribution.pod.clone().unwrap();
-        assert_eq!(pod.uid.as_deref(), Some(uid), "{pid}");
-        assert_eq!(pod.runtime.as_deref(), runtime, "{pid}");
-        assert_eq!(pod.name, None);
-        assert_eq!(attribution.why_absent("pod.name"), Some(why.as_str()));
-        assert_eq!(p.container_id.as_deref(), Some(CONTAINER), "{pid}");
-        assert_eq!(attribution.job, None);
-    }
-}
-
-#[test]
-fn one_pod_per_gpu_names_pod_namespace_and_container() {
-    let kubelet = FakeKubelet::start(Behaviour::Answer(vec![
-        pod("ml", "train-0", &[("trainer", &["GPU-aaaa"])]),
-        pod("ml", "idle", &[("worker", &["GPU-cccc"])]),
-    ]));
-    let a = attributor(kubelet.socket(), Duration::from_secs(5));
-    let pods = a.gpu_pods(&gpu(0, "GPU-aaaa"));
-    assert!(a.kubelet_client_started());
-    let listed = pods.clone().unwrap();
-    assert_eq!(listed.len(), 1);
-    assert_eq!(
-        (listed[0].namespace.as_str(), listed[0].name.as_str()),
-        ("ml", "train-0")
-    );
-    let (_, attribution) = read(&a, 2001, &pods);
-    let pod = attribution.pod.unwrap();
-    assert_eq!(
-        (
-            pod.namespace.as_deref(),
-            pod.name.as_deref(),
-            pod.container.as_deref()
-        ),
-        (Some("ml"), Some("train-0"), Some("trainer"))
-    );
-    assert_eq!(pod.uid.as_deref(), Some(UID_A));
-    assert_eq!(pod.matched_by, Some(FoundIn::GpuAllocation));
-    // A GPU no pod holds.
-    assert_eq!(a.gpu_pods(&gpu(1, "GPU-bbbb")), Ok(vec![]));
-}
-
-#[test]
-fn a_time_sliced_gpu_shared_by_two_pods_is_said_so() {
-    // The device plugin's time-slicing replicas: one GPU, ids UUID::N.
-    let kubelet = FakeKubelet::start(Behaviour::Answer(vec![
-        pod("research", "notebook-a", &[("lab", &["GPU-bbbb::0"])]),
-        pod("research", "notebook-b", &[("lab", &["GPU-bbbb::1"])]),
-    ]));
-    let a = attributor(kubelet.socket(), Duration::from_secs(5));
-    let pods = a.gpu_pods(&gpu(1, "GPU-bbbb"));
-    assert_eq!(pods.as_ref().map(Vec::len), Ok(2));
-
-    // HOSTNAME in the process's environment picks its pod.
-    let (_, picked) = read(&a, 2002, &pods);
-    let pod = picked.pod.unwrap();
-    assert_eq!(pod.name.as_deref(), Some("notebook-b"));
-    assert_eq!(pod.matched_by, Some(FoundIn::Environ));
-    assert_eq!(pod.sharing.len(), 2);
-
-    // Without an environment to read, no pod is guessed.
-    let (_, unknown) = read(&a, 2003, &pods);
-    let pod = unknown.pod.clone().unwrap();
-    assert_eq!(pod.name, None);
-    assert_eq!(pod.uid.as_deref(), Some(UID_C));
-    let names: Vec<&str> = pod.sharing.iter().map(|p| p.name.as_str()).collect();
-    assert_eq!(names, ["notebook-a", "notebook-b"]);
-    let why = unknown.why_absent("pod.name").unwrap();
-    assert!(why.contains("shared by 2 pods"), "{why}");
-}
-
-#[test]
-fn a_hanging_kubelet_costs_one_deadline_per_cache_period() {
-    let kubelet = FakeKubelet::start(Behaviour::Hang);
-    let a = attributor(kubelet.socket(), Duration::from_millis(300));
-    let started = Instant::now();
-    let pods = a.gpu_pods(&gpu(0, "GPU-aaaa"));
-    let first = started.elapsed();
-    let why = pods.clone().unwrap_err();
-    assert_eq!(why, "kubelet pod-resources did not answer within 300 ms");
-    assert!(first >= Duration::from_millis(300), "{first:?}");
-    assert!(first < Duration::from_secs(3), "{first:?}");
-    // The failure is cached: the next reads do not wait again.
-    let again = Instant::now();
-    assert_eq!(a.gpu_pods(&gpu(1, "GPU-bbbb")), Err(why.clone()));
-    assert!(again.elapsed() < Duration::from_millis(100));
-    // The cgroup's facts stay.
-    let (_, attribution) = read(&a, 2001, &pods);
-    assert_eq!(attribution.pod.clone().unwrap().uid.as_deref(), Some(UID_A));
-    assert_eq!(attribution.why_absent("pod.name"), Some(why.as_str()));
-}
-
-#[test]
-fn a_socket_that_never_speaks_grpc_is_cut_off_at_the_deadline() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("kubelet.sock");
-    // Accepts connections and never writes a byte.
-    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
-    let a = attributor(&socket, Duration::from_millis(300));
-    let started = Instant::now();
-    let why = a.gpu_pods(&gpu(0, "GPU-aaaa")).unwrap_err();
-    assert!(started.elapsed() < Duration::from_secs(3));
-    assert!(why.contains("300 ms"), "{why}");
-    drop(listener);
+    at("tests/fixtures/attribution")
 }
 
 /// `check --json` on a live (amdgpu sysfs) fake tree whose GPU process runs in a pod, with
@@ -238,7 +24,7 @@ fn check_json_reports_the_attribution() {
     let root = dir.path().join("mi300x");
     let copied = Command::new("cp")
         .arg("-a")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/mi300x"))
+        .arg(at("tests/fixtures/sysfs/mi300x"))
         .arg(&root)
         .status()
         .unwrap();

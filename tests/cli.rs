@@ -1,96 +1,17 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The `gpudiag` binary end to end on recordings: exit codes, messages, selection, `record`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use assert_cmd::Command;
-use gpudiag::check::{CheckReport, Status};
-use gpudiag::rules::Severity;
-use gpudiag::telemetry::Metric;
-use gpudiag::telemetry::recording::MAX_LINE_BYTES;
+use gpudiag_core::check::{CheckReport, Status};
+use gpudiag_model::finding::Severity;
+use gpudiag_model::sample::Metric;
+use gpudiag_telemetry::recording::MAX_LINE_BYTES;
+
+use crate::support::{Run, fixture, hostile, run as gpudiag, s};
 
 const T0: u64 = 1_767_225_600_000;
 const UUID0: &str = "GPU-3f8a2c71-9b4e-5d06-a1c2-7e9f0b4d2a11";
 const UUID1: &str = "GPU-8c41d0e5-2f7a-4b93-86de-15ab3c9e7f42";
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/recordings")
-        .join(name)
-}
-
-fn hostile(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hostile")
-        .join(name)
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-/// What one run of the binary left behind.
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn report(&self) -> CheckReport {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
-            panic!(
-                "stdout is not a check report ({e}):\n{}\nstderr: {}",
-                self.stdout, self.stderr
-            )
-        })
-    }
-
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.stdout).unwrap()
-    }
-
-    /// Asserts the exit code and that stderr is the single line `gpudiag: ...`; returns it.
-    fn one_line_error(&self, code: i32) -> &str {
-        assert_eq!(
-            self.code, code,
-            "stdout: {}\nstderr: {}",
-            self.stdout, self.stderr
-        );
-        assert!(
-            self.stdout.is_empty(),
-            "nothing on stdout on failure: {}",
-            self.stdout
-        );
-        let line = self.stderr.strip_suffix('\n').unwrap_or(&self.stderr);
-        assert!(
-            !line.contains('\n'),
-            "stderr must be one line: {:?}",
-            self.stderr
-        );
-        assert!(line.starts_with("gpudiag: "), "{line}");
-        line
-    }
-}
-
-fn gpudiag(args: &[&str]) -> Run {
-    let out = Command::cargo_bin("gpudiag")
-        .unwrap()
-        // No user configuration may change what the tests see.
-        .env(
-            "XDG_CONFIG_HOME",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-config"),
-        )
-        .args(args)
-        .timeout(std::time::Duration::from_secs(60))
-        .output()
-        .unwrap();
-    Run {
-        code: out.status.code().expect("gpudiag was killed by a signal"),
-        stdout: String::from_utf8(out.stdout).unwrap(),
-        stderr: String::from_utf8(out.stderr).unwrap(),
-    }
-}
 
 /// `check --json --replay <path>` plus `extra`.
 fn check_replay(path: &Path, extra: &[&str]) -> Run {
@@ -99,7 +20,7 @@ fn check_replay(path: &Path, extra: &[&str]) -> Run {
     gpudiag(&args)
 }
 
-fn ids(findings: &[gpudiag::rules::Finding]) -> Vec<&str> {
+fn ids(findings: &[gpudiag_model::finding::Finding]) -> Vec<&str> {
     findings.iter().map(|f| f.id.as_str()).collect()
 }
 
@@ -702,7 +623,7 @@ fn a_finding_that_cleared_says_when_it_held_and_a_fault_still_counts() {
         .filter(|f| f.id == "thermal.near_slowdown")
         .collect();
     assert_eq!(hot.len(), 1, "{:?}", report.devices[0].findings);
-    assert_eq!(hot[0].state, gpudiag::rules::FindingState::Cleared);
+    assert_eq!(hot[0].state, gpudiag_model::finding::FindingState::Cleared);
     assert_eq!(hot[0].time_ms, T0);
     assert_eq!(hot[0].last_seen_ms, Some(T0 + 4000));
     assert_eq!(report.status, Status::Warn);
@@ -1036,7 +957,7 @@ fn help_lists_the_exit_codes() {
     assert_eq!(run.code, 0);
     assert_eq!(
         run.stdout,
-        format!("gpudiag {}\n", gpudiag::build_info::LONG_VERSION)
+        format!("gpudiag {}\n", gpudiag_model::build_info::LONG_VERSION)
     );
 }
 
@@ -1197,14 +1118,14 @@ fn probe_help_names_every_probe_of_the_registry() {
         .find(|l| l.trim_start().starts_with("[NAME]..."))
         .unwrap_or_default();
     for line in [about, names_help] {
-        for name in gpudiag::probes::PROBE_NAMES {
+        for name in gpudiag_probes::PROBE_NAMES {
             assert!(
                 line.split(|c: char| !c.is_alphanumeric())
                     .any(|w| w == name),
                 "{name} missing from {line:?} in:\n{help}"
             );
         }
-        let together = gpudiag::probes::MULTI_GPU_PROBES.join(", ");
+        let together = gpudiag_probes::MULTI_GPU_PROBES.join(", ");
         assert!(
             line.contains(&format!("{together} over all selected GPUs together")),
             "{line}"
@@ -1575,7 +1496,7 @@ fn man_page_is_roff_naming_the_subcommands() {
         );
     }
     assert!(page.contains("Exit codes:"));
-    assert!(page.contains(&format!("v{}", gpudiag::build_info::LONG_VERSION)));
+    assert!(page.contains(&format!("v{}", gpudiag_model::build_info::LONG_VERSION)));
 }
 
 /// A bad config's TOML error keeps its source line and the caret under the fault, each line

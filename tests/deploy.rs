@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The deployment files under assets/deploy/, run or loaded as shipped: the Slurm prolog and
 //! epilog against a fake `gpudiag` (printing reports the real binary made from the recordings)
 //! and a fake `scontrol` that records its arguments; the systemd unit through
@@ -6,35 +5,16 @@
 //! a real Prometheus that loads them; the Kubernetes manifests through `kubernetes-validate
 //! --strict` (offline, from the venv `.ci/run` makes), parsed for what the pod must have, and
 //! their arguments run by the real `gpudiag serve`; the Containerfile parsed against the
-//! repository. Tools a test needs are skipped with a message where absent, and fail the test
-//! where GPUDIAG_REQUIRE_DEPLOY_TOOLS is set (`.ci/run` sets it).
+//! repository. The tests that need a tool (systemd-analyze, promtool, prometheus,
+//! kubernetes-validate) are `#[ignore]`d with its name, and fail where it is missing when run on
+//! purpose (`--run-ignored only`, as CI does).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
 
-fn at(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-}
-
-/// A tool on PATH, or `None` with a message; a failure where CI requires the deploy tools.
-fn tool(name: &str) -> Option<PathBuf> {
-    let out = Command::new("sh")
-        .args(["-c", &format!("command -v {name}")])
-        .output()
-        .ok()?;
-    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if out.status.success() && !path.is_empty() {
-        return Some(PathBuf::from(path));
-    }
-    assert!(
-        std::env::var_os("GPUDIAG_REQUIRE_DEPLOY_TOOLS").is_none(),
-        "GPUDIAG_REQUIRE_DEPLOY_TOOLS is set but `{name}` is not on PATH (.ci/run installs it)"
-    );
-    eprintln!("skipped: `{name}` is not on PATH");
-    None
-}
+use crate::support::{at, required_file, tool};
 
 /// `gpudiag check --json --replay` of a recording, from the real binary.
 fn report_of(recording: &str) -> Value {
@@ -407,13 +387,15 @@ fn epilog_start_time_comes_from_the_prolog_when_slurm_gives_none() {
     assert!(ran.stderr.contains("is not a job id"), "{}", ran.stderr);
 }
 
+const SYSTEMD_UNIT: &str = "assets/deploy/systemd/gpudiag-serve.service";
+const SHIPPED_EXEC_START: &str = "ExecStart=/usr/local/bin/gpudiag serve $GPUDIAG_SERVE_ARGS";
+
 #[test]
-fn systemd_unit_verifies_with_the_binary_where_exec_start_points() {
-    let unit = std::fs::read_to_string(at("assets/deploy/systemd/gpudiag-serve.service")).unwrap();
-    let shipped = "ExecStart=/usr/local/bin/gpudiag serve $GPUDIAG_SERVE_ARGS";
+fn systemd_unit_restarts_runs_unprivileged_and_reaches_the_gpus() {
+    let unit = std::fs::read_to_string(at(SYSTEMD_UNIT)).unwrap();
     assert!(
-        unit.contains(shipped),
-        "ExecStart changed: update this test"
+        unit.contains(SHIPPED_EXEC_START),
+        "ExecStart changed: update these tests"
     );
     for line in [
         "Restart=on-failure",
@@ -424,9 +406,14 @@ fn systemd_unit_verifies_with_the_binary_where_exec_start_points() {
     }
     // No PrivateDevices: NVML must open /dev/nvidia*.
     assert!(!unit.contains("PrivateDevices=yes"));
-    let Some(analyze) = tool("systemd-analyze") else {
-        return;
-    };
+}
+
+#[test]
+#[ignore = "needs systemd-analyze (apt-get install systemd); CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
+fn systemd_unit_verifies_with_the_binary_where_exec_start_points() {
+    let unit = std::fs::read_to_string(at(SYSTEMD_UNIT)).unwrap();
+    let shipped = SHIPPED_EXEC_START;
+    let analyze = tool("systemd-analyze");
     // The unit as shipped, with only the binary's path swapped for the one just built, since
     // verify checks that ExecStart's program exists and is executable.
     let dir = tempfile::tempdir().unwrap();
@@ -491,7 +478,7 @@ impl Drop for Killed {
 
 /// Loads a shipped scrape config into a real Prometheus (and promtool) and returns the
 /// targets it discovered for the `gpudiag` job: (address, labels).
-fn prometheus_targets(config: &str) -> Option<Vec<(String, Value)>> {
+fn prometheus_targets(config: &str) -> Vec<(String, Value)> {
     // A copy keeps the file layout (targets/ beside the config) and gets a scratch TSDB.
     let dir = tempfile::tempdir().unwrap();
     let src = at("assets/deploy/prometheus");
@@ -510,9 +497,9 @@ fn prometheus_targets(config: &str) -> Option<Vec<(String, Value)>> {
 
 /// `promtool check config` of a scrape config, then a real Prometheus that loads it (its TSDB
 /// beside the file): the targets it keeps for the `gpudiag` job, (address, labels).
-fn targets_in_prometheus(cfg: &Path) -> Option<Vec<(String, Value)>> {
-    let promtool = tool("promtool")?;
-    let prometheus = tool("prometheus")?;
+fn targets_in_prometheus(cfg: &Path) -> Vec<(String, Value)> {
+    let promtool = tool("promtool");
+    let prometheus = tool("prometheus");
     let dir = cfg.parent().unwrap();
     let config = cfg.display();
     let out = Command::new(&promtool)
@@ -564,7 +551,7 @@ fn targets_in_prometheus(cfg: &Path) -> Option<Vec<(String, Value)>> {
         if !found.is_empty() {
             let cfg = http_get(&addr, "/api/v1/status/config").unwrap();
             assert!(cfg.contains("honor_labels: true"), "{cfg}");
-            return Some(found);
+            return found;
         }
         assert!(
             std::time::Instant::now() < deadline,
@@ -575,10 +562,9 @@ fn targets_in_prometheus(cfg: &Path) -> Option<Vec<(String, Value)>> {
 }
 
 #[test]
+#[ignore = "needs promtool and prometheus (apt-get install prometheus); CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
 fn prometheus_loads_the_static_scrape_config() {
-    let Some(found) = prometheus_targets("prometheus-static.yml") else {
-        return;
-    };
+    let found = prometheus_targets("prometheus-static.yml");
     let mut instances: Vec<&str> = found.iter().map(|(i, _)| i.as_str()).collect();
     instances.sort_unstable();
     assert_eq!(instances, ["gpu-node-01:9835", "gpu-node-02:9835"]);
@@ -586,10 +572,9 @@ fn prometheus_loads_the_static_scrape_config() {
 }
 
 #[test]
+#[ignore = "needs promtool and prometheus (apt-get install prometheus); CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
 fn prometheus_loads_the_file_sd_scrape_config_and_its_targets_file() {
-    let Some(found) = prometheus_targets("prometheus-file-sd.yml") else {
-        return;
-    };
+    let found = prometheus_targets("prometheus-file-sd.yml");
     let mut instances: Vec<&str> = found.iter().map(|(i, _)| i.as_str()).collect();
     instances.sort_unstable();
     assert_eq!(instances, ["gpu-node-01:9835", "gpu-node-02:9835"]);
@@ -674,25 +659,15 @@ fn env_of(container: &Value) -> Vec<(String, String)> {
 
 /// kubernetes-validate from the venv `.ci/run` makes (or GPUDIAG_KUBERNETES_VALIDATE); `None`
 /// with a message where there is none, a failure where CI requires the deploy tools.
-fn kubernetes_validate() -> Option<PathBuf> {
+fn kubernetes_validate() -> PathBuf {
     let path = std::env::var_os("GPUDIAG_KUBERNETES_VALIDATE")
         .map(PathBuf::from)
         .unwrap_or_else(|| at("target/k8s-venv/bin/kubernetes-validate"));
-    if path.exists() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("GPUDIAG_REQUIRE_DEPLOY_TOOLS").is_none(),
-        "GPUDIAG_REQUIRE_DEPLOY_TOOLS is set but {} does not exist (.ci/run makes the venv \
-         from tests/deploy/requirements.txt)",
-        path.display()
-    );
-    eprintln!(
-        "skipped: no kubernetes-validate at {} (make target/k8s-venv as .ci/run does, or set \
-         GPUDIAG_KUBERNETES_VALIDATE)",
-        path.display()
-    );
-    None
+    required_file(
+        path,
+        "`.ci/run` makes target/k8s-venv from tests/deploy/requirements.txt, or set \
+         GPUDIAG_KUBERNETES_VALIDATE",
+    )
 }
 
 /// The oldest and the newest Kubernetes the manifests are validated against; the newest is the
@@ -717,10 +692,9 @@ fn validate_manifest(validate: &Path, file: &Path) -> (i32, String) {
 }
 
 #[test]
+#[ignore = "needs kubernetes-validate from the venv .ci/run makes (target/k8s-venv); CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
 fn kubernetes_manifests_validate_strictly_against_the_api_schemas() {
-    let Some(validate) = kubernetes_validate() else {
-        return;
-    };
+    let validate = kubernetes_validate();
     let (code, out) = validate_manifest(&validate, &at(MANIFEST));
     assert_eq!(code, 0, "{out}");
     // A kind or apiVersion it has no schema for is only a warning with exit 0: every object
@@ -1335,6 +1309,7 @@ fn endpoints_discovered(service: &str, port: &str) -> Value {
 }
 
 #[test]
+#[ignore = "needs promtool and prometheus (apt-get install prometheus); CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
 fn prometheus_kubernetes_scrape_config_keeps_one_target_per_gpudiag_pod() {
     let rel = "assets/deploy/prometheus/prometheus-kubernetes.yml";
     let docs = yaml_docs(rel);
@@ -1359,8 +1334,8 @@ fn prometheus_kubernetes_scrape_config_keeps_one_target_per_gpudiag_pod() {
     // promtool checks the file as shipped where it has Kubernetes discovery; Debian's
     // Prometheus is built without it (client-go is not packaged), so there the file is
     // checked, and loaded, with the discovery replaced by the targets it would give.
-    if let Some(promtool) = tool("promtool") {
-        let out = Command::new(promtool)
+    {
+        let out = Command::new(tool("promtool"))
             .args(["check", "config"])
             .arg(at(rel))
             .output()
@@ -1382,9 +1357,7 @@ fn prometheus_kubernetes_scrape_config_keeps_one_target_per_gpudiag_pod() {
     let cfg = dir.path().join("prometheus-kubernetes.yml");
     // JSON is YAML, as Prometheus reads it.
     std::fs::write(&cfg, serde_json::to_string_pretty(&config).unwrap()).unwrap();
-    let Some(found) = targets_in_prometheus(&cfg) else {
-        return;
-    };
+    let found = targets_in_prometheus(&cfg);
     let mut kept: Vec<(&str, &str)> = found
         .iter()
         .map(|(i, l)| (i.as_str(), l["node"].as_str().unwrap_or("no node label")))

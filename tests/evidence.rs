@@ -1,14 +1,14 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Verdicts whose confidence and words match their evidence (issue: what the hostile checks
 //! found): profiling counters for part of a window, phases merged from slices, a recording in
 //! which nothing can be read, and per-process evidence after the processes left.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use assert_cmd::Command;
-use gpudiag::check::{CheckReport, Status};
+use gpudiag_core::check::{CheckReport, Status};
 use gpudiag_model::verdict::{Basis, Bottleneck, Confidence};
 use serde_json::{Value, json};
+
+use crate::support::{fixture, run as gpudiag};
 
 const T0: u64 = 1_767_225_600_000;
 const GIB: u64 = 1 << 30;
@@ -23,12 +23,6 @@ const COUNTERS: [&str; 8] = [
     "fp16_active_pct",
     "int_active_pct",
 ];
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/recordings")
-        .join(name)
-}
 
 /// The healthy recording's GPU for `secs` seconds, one sample a second, each edited by `edit`.
 fn recording_of(path: &Path, secs: u64, edit: impl Fn(u64, &mut Value)) {
@@ -79,29 +73,6 @@ fn no_absent(s: &mut Value, keys: &[&str]) {
         for k in keys {
             absent.remove(*k);
         }
-    }
-}
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn gpudiag(args: &[&str]) -> Run {
-    let out = Command::cargo_bin("gpudiag")
-        .unwrap()
-        .env(
-            "XDG_CONFIG_HOME",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-config"),
-        )
-        .args(args)
-        .output()
-        .unwrap();
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
 

@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! `gpudiag trace`, `gpudiag report` and `gpudiag serve` end to end on recordings: every trace
 //! event checked, bundles listed and parsed back, redaction of planted secrets, bundles replayed,
 //! and the HTTP server's answers to good, slow and malformed clients.
@@ -11,45 +10,14 @@ use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
 use flate2::read::GzDecoder;
-use gpudiag::check::CheckReport;
-use gpudiag::telemetry::recording::{self, Record};
+use gpudiag_core::check::CheckReport;
 use gpudiag_export::bundle_writer::host::Environment;
 use gpudiag_export::chrome_trace::{self, Trace};
+use gpudiag_telemetry::recording::{self, Record};
 use serde_json::Value;
 
-#[path = "support/serve.rs"]
-mod serve_support;
-pub use serve_support::{Served, serve};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/recordings")
-        .join(name)
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn gpudiag(args: &[&str]) -> Run {
-    let out = Command::cargo_bin("gpudiag")
-        .unwrap()
-        .args(args)
-        .timeout(Duration::from_secs(60))
-        .output()
-        .unwrap();
-    Run {
-        code: out.status.code().expect("killed by a signal"),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
+use crate::support::serve::serve;
+use crate::support::{Run, at, fixture, run as gpudiag, s};
 
 fn ok(run: &Run) {
     assert_eq!(
@@ -389,8 +357,7 @@ fn trace_refuses_to_overwrite_and_reports_bad_input() {
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "keep");
     ok(&gpudiag(&["trace", "--demo", "-o", s(&out), "--force"]));
 
-    let hostile =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hostile/not_a_recording.csv");
+    let hostile = at("tests/fixtures/hostile/not_a_recording.csv");
     let run = gpudiag(&[
         "trace",
         "--replay",
@@ -924,7 +891,7 @@ fn kernel_log_credentials_are_redacted() {
             poll_timeout: Duration::from_secs(2),
             backend: gpudiag::cli::BackendChoice::Replay,
             sysfs_root: None,
-            max_inflated_size: gpudiag::telemetry::bundle_reader::DEFAULT_MAX_INFLATED,
+            max_inflated_size: gpudiag_telemetry::bundle_reader::DEFAULT_MAX_INFLATED,
             kubelet: gpudiag::cli::KubeletArgs::default(),
         },
         output: None,
@@ -939,7 +906,7 @@ fn kernel_log_credentials_are_redacted() {
     let out = dir.path().join("bundle.tar.gz");
     let opts = ReportOptions {
         redact: true,
-        config: gpudiag::config::Config::default(),
+        config: gpudiag_core::config::Config::default(),
         interval: Duration::from_millis(250),
         init_timeout: Duration::from_secs(10),
         roots: host::Roots {
@@ -971,9 +938,7 @@ fn kernel_log_credentials_are_redacted() {
 /// their host.
 #[test]
 fn docs_list_the_variables_a_bundle_keeps() {
-    let docs =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/bundles.md"))
-            .unwrap();
+    let docs = std::fs::read_to_string(at("docs/bundles.md")).unwrap();
     let section = docs
         .split("## What a bundle keeps, and what it redacts")
         .nth(1)
@@ -1292,8 +1257,8 @@ fn serve_reports_a_busy_port_and_bad_flags() {
 
 /// Every metric name a fully populated snapshot exports.
 fn exported_metric_names() -> BTreeSet<String> {
-    use gpudiag::telemetry::{DeviceInfo, HostInfo, Sample};
     use gpudiag_export::prometheus::{Snapshot, render};
+    use gpudiag_model::sample::{DeviceInfo, HostInfo, Sample};
     let mut s = Sample::new(0, 1);
     let json = serde_json::to_value(&s).unwrap();
     // Every numeric field set, so every series appears.
@@ -1383,7 +1348,7 @@ fn exprs(v: &Value, out: &mut Vec<String>) {
 
 #[test]
 fn grafana_dashboard_uses_only_exported_metrics() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/grafana/gpudiag.json");
+    let path = at("assets/grafana/gpudiag.json");
     let dash: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     assert_eq!(dash["uid"], "gpudiag");
     let panels = dash["panels"].as_array().unwrap();
@@ -1446,7 +1411,7 @@ fn grafana_verdict_timeline_names_every_bottleneck() {
 
 /// The state timeline's query and its value mappings (number, bottleneck name).
 fn verdict_timeline() -> (String, Vec<(String, String)>) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/grafana/gpudiag.json");
+    let path = at("assets/grafana/gpudiag.json");
     let dash: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     let panel = dash["panels"]
         .as_array()
@@ -1469,7 +1434,7 @@ fn verdict_timeline() -> (String, Vec<(String, String)>) {
 // Trace schema
 
 fn trace_validator() -> jsonschema::Validator {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/schema/chrome-trace.schema.json");
+    let path = at("assets/schema/chrome-trace.schema.json");
     let schema: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     jsonschema::meta::validate(&schema).unwrap();
     jsonschema::draft202012::new(&schema).unwrap()
@@ -1524,8 +1489,8 @@ fn traces_validate_against_their_schema_and_drift_is_caught() {
 #[test]
 fn damaged_bundles_never_panic() {
     // A bundle opens as a replay: the content decides, not the name.
-    let open_bundle_recording = gpudiag::telemetry::replay::ReplayBackend::open;
-    use gpudiag::telemetry::replay::Pace;
+    let open_bundle_recording = gpudiag_telemetry::replay::ReplayBackend::open;
+    use gpudiag_telemetry::replay::Pace;
     let (path, dir) = report(&["--replay", s(&fixture("healthy.ndjson"))]);
     let bytes = std::fs::read(&path).unwrap();
     let damaged = dir.path().join("damaged.tar.gz");

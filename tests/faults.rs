@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Every fault of the fault backend through the whole pipeline, without a GPU: the sampler,
 //! history and rules (library level), the terminal UI (state and snapshots), and end to end
 //! through the binary with `GPUDIAG_TEST_FAULTS` over recordings: `check --json` (schema-valid),
@@ -6,39 +5,31 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command as StdCommand, Stdio};
 use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
-use gpudiag::config::RulesConfig;
-use gpudiag::rules::engine::RuleEngine;
-use gpudiag::rules::{Finding, Severity};
-use gpudiag::session::{DEMO_RECORDING, Pipeline, Sink};
-use gpudiag::telemetry::fault::{self, FAULTS_ENV, FaultBackend};
-use gpudiag::telemetry::poll_deadline::PollDeadline;
-use gpudiag::telemetry::replay::{Pace, ReplayBackend};
-use gpudiag::telemetry::sampler::{Sampler, SamplerMsg, SamplerOptions};
-use gpudiag::telemetry::sanity::{self, Health};
-use gpudiag::telemetry::{Absent, Backend, EventKind, Metric, Tick};
 use gpudiag::tui::app::{App, AppInit, Panel, SourceKind};
 use gpudiag::tui::theme::Theme;
 use gpudiag::tui::ui;
+use gpudiag_core::config::RulesConfig;
+use gpudiag_core::rules::engine::RuleEngine;
+use gpudiag_core::session::{DEMO_RECORDING, Pipeline, Sink};
+use gpudiag_model::finding::{Finding, Severity};
+use gpudiag_model::sample::{Absent, EventKind, Metric};
+use gpudiag_telemetry::fault::{self, FAULTS_ENV, FaultBackend};
+use gpudiag_telemetry::poll_deadline::PollDeadline;
+use gpudiag_telemetry::replay::{Pace, ReplayBackend};
+use gpudiag_telemetry::sampler::{Sampler, SamplerMsg, SamplerOptions};
+use gpudiag_telemetry::sanity::{self, Health};
+use gpudiag_telemetry::{Backend, Tick};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use serde_json::Value;
 
-#[path = "support/serve.rs"]
-mod serve_support;
-use serve_support::serve_with;
-
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn fixture(name: &str) -> PathBuf {
-    root().join("tests/fixtures/recordings").join(name)
-}
+use crate::support::serve::serve_with;
+use crate::support::{Run as Out, fixture, root, s};
 
 fn open(name: &str) -> ReplayBackend {
     if name == "demo" {
@@ -83,9 +74,9 @@ impl Sink for KeepTicks {
     fn on_tick(
         &mut self,
         tick: &Tick,
-        _: &[gpudiag::rules::Finding],
+        _: &[gpudiag_model::finding::Finding],
         _: &Pipeline,
-    ) -> Result<(), gpudiag::error::Error> {
+    ) -> Result<(), gpudiag_model::error::Error> {
         self.0.push(tick.clone());
         Ok(())
     }
@@ -438,29 +429,14 @@ fn tui_marks_stalled_and_missing_gpus() {
 // ---------------------------------------------------------------------------------------------
 // End to end: the binary with GPUDIAG_TEST_FAULTS over recordings
 
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
+/// `gpudiag ARGS` with these faults injected into its backend.
 fn gpudiag(faults: &str, args: &[&str]) -> Out {
-    let out = Command::cargo_bin("gpudiag")
-        .unwrap()
-        .env(
-            "XDG_CONFIG_HOME",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-config"),
-        )
-        .env(FAULTS_ENV, faults)
-        .args(args)
-        .timeout(Duration::from_secs(120))
-        .output()
-        .unwrap();
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Out::of(
+        crate::support::gpudiag()
+            .env(FAULTS_ENV, faults)
+            .args(args)
+            .timeout(Duration::from_secs(120)),
+    )
 }
 
 fn validator(name: &str) -> jsonschema::Validator {
@@ -561,10 +537,6 @@ fn check_text_says_what_happened() {
         "{}",
         out.stdout
     );
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 #[test]

@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! `gpudiag fleet` over a real Prometheus: three `gpudiag serve --replay` nodes (an 8-GPU job
 //! with a straggler on one, a Slurm job across the two others), dcgm-exporter on a node of its
 //! own and beside gpudiag on another, and a target that is down; the shipped rules with
@@ -8,27 +7,20 @@
 //! must say so. Then the terminal UI in tmux shows every node, the straggler in the job view and
 //! the firing alert.
 //!
-//! Needs `prometheus` (and tmux for the UI part); where missing the tests say so and return,
-//! unless `GPUDIAG_REQUIRE_PROMTOOL=1` (set by `.ci/run`), where they fail.
-
-#[path = "support/cluster.rs"]
-mod cluster;
-#[path = "support/fake_http.rs"]
-mod fake_http;
-#[path = "support/prometheus_api.rs"]
-mod prometheus_api;
-#[path = "support/serve.rs"]
-mod serve_support;
-#[path = "support/tmux.rs"]
-mod tmux;
+//! Needs `prometheus` (and tmux for the UI part): the tests are `#[ignore]`d for it, and fail
+//! where it is missing when run on purpose (`--run-ignored only`, as CI does).
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use cluster::{as_node, read_recording, root, shortened_rules, tool, wait_until};
-use prometheus_api::{Killed, free_port, query, start_prometheus};
 use serde_json::Value;
-use serve_support::{Served, serve};
+
+use crate::support::cluster::{as_node, read_recording, shortened_rules, wait_until};
+use crate::support::fake_http;
+use crate::support::prometheus_api::{self, Killed, free_port, query, start_prometheus};
+use crate::support::serve::{Served, serve};
+use crate::support::tmux;
+use crate::support::{root, tool};
 
 /// The dcgm-exporter scrape of one node, rewritten as dcgm-exporter on node-a: its first two
 /// GPUs become node-a's two (same UUIDs as gpudiag reports), the others are dropped.
@@ -79,8 +71,8 @@ struct Cluster {
 }
 
 /// The cluster, once its straggler alert fires (`with_rules`), or once every target is scraped.
-fn cluster(with_rules: bool) -> Option<Cluster> {
-    let prometheus = tool("prometheus")?;
+fn cluster(with_rules: bool) -> Cluster {
+    let prometheus = tool("prometheus");
     let dir = tempfile::tempdir().unwrap();
     let ranks = read_recording(&root().join("tests/fixtures/recordings/job_ranks.ndjson"));
     let mut nodes = vec![serve(&[
@@ -144,13 +136,13 @@ fn cluster(with_rules: bool) -> Option<Cluster> {
                 .then_some(())
         });
     }
-    Some(Cluster {
+    Cluster {
         _nodes: nodes,
         _exporters: exporters,
         _prometheus: prom,
         url: format!("http://{addr}"),
         _dir: dir,
-    })
+    }
 }
 
 fn fleet_json(url: &str, extra: &[&str]) -> (i32, Value) {
@@ -208,8 +200,9 @@ fn schema_errors(doc: &Value) -> Vec<String> {
 }
 
 #[test]
+#[ignore = "needs prometheus and tmux; CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
 fn the_fleet_over_a_real_prometheus_names_every_node_the_straggler_and_the_alert() {
-    let Some(c) = cluster(true) else { return };
+    let c = cluster(true);
     let (code, doc) = fleet_json(&c.url, &[]);
     assert_eq!(schema_errors(&doc), Vec::<String>::new());
     let mut seen = names(&doc);
@@ -341,9 +334,7 @@ fn the_fleet_over_a_real_prometheus_names_every_node_the_straggler_and_the_alert
 
 /// The terminal UI in tmux: every node, the straggler in the job view, the firing alert.
 fn fleet_in_tmux(c: &Cluster) {
-    let Some(t) = tmux::Tmux::start(200, 50, "fleet") else {
-        return;
-    };
+    let t = tmux::Tmux::start(200, 50, "fleet");
     t.type_line(&format!(
         "{} fleet --prometheus {} --interval 2s",
         env!("CARGO_BIN_EXE_gpudiag"),
@@ -382,8 +373,9 @@ fn fleet_in_tmux(c: &Cluster) {
 }
 
 #[test]
+#[ignore = "needs prometheus; CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
 fn without_the_shipped_rules_the_fleet_says_so_and_keeps_each_nodes_verdict() {
-    let Some(c) = cluster(false) else { return };
+    let c = cluster(false);
     let (_, doc) = fleet_json(&c.url, &[]);
     assert_eq!(schema_errors(&doc), Vec::<String>::new());
     assert_eq!(doc["rules"]["state"], "not_loaded");

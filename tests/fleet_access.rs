@@ -1,21 +1,17 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! `gpudiag fleet` reaching Prometheus: what it sends (basic auth, a bearer token, a tenant
 //! header), and what it does when the other end is down, silent, refuses or answers garbage:
 //! one line on stderr and exit code 3, with `--json` still printing a document that says why;
 //! never a hang. Then a real Prometheus behind TLS with client certificates and basic auth.
 
-#[path = "support/fake_http.rs"]
-mod fake_http;
-#[path = "support/prometheus_api.rs"]
-mod prometheus_api;
-
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use fake_http::{Answer, response};
-use prometheus_api::{free_port, start_prometheus};
 use serde_json::Value;
+
+use crate::support::fake_http::{self, Answer, response};
+use crate::support::prometheus_api::{free_port, start_prometheus};
+use crate::support::tool;
 
 fn fleet(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_gpudiag"))
@@ -268,23 +264,6 @@ fn bad_access_flags_are_usage_errors() {
     }
 }
 
-/// `prometheus` on PATH, or `None` after saying the test is skipped (CI requires it).
-fn prometheus_binary() -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("prometheus"))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var("GPUDIAG_REQUIRE_PROMTOOL").as_deref() != Ok("1"),
-            "prometheus is not installed and GPUDIAG_REQUIRE_PROMTOOL=1"
-        );
-        eprintln!("SKIPPED: prometheus is not installed here (apt-get install prometheus)");
-    }
-    found
-}
-
 /// A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files.
 fn pki(dir: &std::path::Path) -> [PathBuf; 5] {
     let ca_key = rcgen::KeyPair::generate().unwrap();
@@ -330,10 +309,9 @@ fn pki(dir: &std::path::Path) -> [PathBuf; 5] {
 /// without any of them the fleet cannot read it; with all of them it reads it (an empty one:
 /// no targets, so "holds no GPU series").
 #[test]
+#[ignore = "needs prometheus; CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
 fn a_real_prometheus_behind_tls_client_certificates_and_basic_auth() {
-    let Some(prometheus) = prometheus_binary() else {
-        return;
-    };
+    let prometheus = tool("prometheus");
     let dir = tempfile::tempdir().unwrap();
     let [ca, server, server_key, client, client_key] = pki(dir.path());
     let hash = bcrypt::hash("fleet-pass", 4).unwrap();

@@ -1,12 +1,11 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The fleet UI's screens, drawn into ratatui's `TestBackend` from a real `gpudiag fleet --json`
 //! document (tests/fixtures/fleet/three-nodes.json: a down target, an 8-GPU job whose GPU 5 is
 //! the straggler, a balanced 2-GPU Slurm job) and variations of it. Each screen is kept as text
 //! in assets/screens/fleet-*.txt; the test fails when the UI draws something else.
-//! `GPUDIAG_UPDATE_SCREENS=1 cargo nextest run --locked --test fleet_screens` rewrites them.
+//! `GPUDIAG_UPDATE_SCREENS=1 cargo nextest run --locked --test e2e fleet_screens::` rewrites them.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
@@ -18,14 +17,16 @@ use gpudiag_fleet::model::{Fleet, GpuVerdict, NodeDetail, Process, RulesState};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 
+use crate::support::at;
+
 const UPDATE: &str = "GPUDIAG_UPDATE_SCREENS";
 
 fn screens_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/screens")
+    at("assets/screens")
 }
 
 fn fixture() -> Fleet {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fleet/three-nodes.json");
+    let path = at("tests/fixtures/fleet/three-nodes.json");
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
@@ -297,7 +298,7 @@ fn committed_screens_match_what_the_ui_draws() {
     assert!(
         stale.is_empty(),
         "out of date with the UI: {}\nregenerate them: {UPDATE}=1 cargo nextest run --locked \
-         --test fleet_screens",
+         --test e2e fleet_screens::",
         stale.join(", ")
     );
 }

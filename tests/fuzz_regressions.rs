@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Inputs the fuzzers (fuzz/, cargo-fuzz) found or that sit on a parser's edge, kept as files a
 //! user could hand gpudiag: tests/fixtures/fuzz/TARGET/*. Each goes through the real binary and
 //! must end in a result or a clear error with the documented exit code, never a panic or a hang.
@@ -10,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::at;
+
 fn inputs(target: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/fuzz")
-        .join(target);
+    let dir = at("tests/fixtures/fuzz").join(target);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
@@ -116,8 +115,7 @@ fn bundles_end_in_a_report_or_a_usage_error() {
 #[test]
 fn configs_end_in_a_report_or_an_error_that_names_the_file() {
     // The recording the config target fuzzes with, and the demo.
-    let all_kinds =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recordings/all_kinds.ndjson");
+    let all_kinds = at("tests/fixtures/recordings/all_kinds.ndjson");
     for file in inputs("config") {
         let what = file.display().to_string();
         for source in [
@@ -141,7 +139,7 @@ fn configs_end_in_a_report_or_an_error_that_names_the_file() {
 /// the log of XIDs from before it.
 #[test]
 fn kernel_logs_end_in_a_report() {
-    let sysfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/mi300x");
+    let sysfs = at("tests/fixtures/sysfs/mi300x");
     for file in inputs("kernel_log") {
         let what = file.display().to_string();
         let out = gpudiag_with(

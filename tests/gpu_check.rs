@@ -2,14 +2,12 @@
 //! They compare `gpudiag check --json` with `nvidia-smi --query-gpu` read around the same moment.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/gpu.rs"]
+mod gpu;
+use gpu::gpudiag;
 use std::process::Command;
 
-use gpudiag::check::CheckReport;
-
-fn gpudiag() -> Command {
-    let bin = std::env::var("GPUDIAG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpudiag").into());
-    Command::new(bin)
-}
+use gpudiag_core::check::CheckReport;
 
 const QUERY: &str = "index,utilization.gpu,memory.used,power.draw,temperature.gpu,clocks.sm,\
                      pcie.link.gen.current,pcie.link.width.current,memory.total";
@@ -122,7 +120,7 @@ fn windowed_check_collects_several_ticks_and_slow_fields() {
     let report = check_json(&["--window", "2s", "--interval", "100ms"]);
     assert!(report.window.ticks >= 15, "ticks {}", report.window.ticks);
     for d in &report.devices {
-        let util = &d.summary[&gpudiag::telemetry::Metric::GpuUtilPct];
+        let util = &d.summary[&gpudiag_model::sample::Metric::GpuUtilPct];
         assert!(util.count >= 15);
         // PCIe throughput is a slow field (own cadence): after 2 s it must have been read.
         let s = d.latest.as_ref().unwrap();

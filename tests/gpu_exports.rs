@@ -2,20 +2,18 @@
 //! `.gpu-bundle/run-gpu-tests` on a GPU host, from the repository root; ignored elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/gpu.rs"]
+mod gpu;
+use gpu::gpudiag;
 use std::collections::BTreeSet;
 use std::io::Read;
 use std::path::Path;
 use std::process::Command;
 
 use flate2::read::GzDecoder;
-use gpudiag::check::CheckReport;
+use gpudiag_core::check::CheckReport;
 use gpudiag_export::bundle_writer::host::Environment;
 use gpudiag_export::chrome_trace::{self, Phase, Trace};
-
-fn gpudiag() -> Command {
-    let bin = std::env::var("GPUDIAG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpudiag").into());
-    Command::new(bin)
-}
 
 fn run_ok(cmd: &mut Command) -> String {
     let out = cmd.output().expect("gpudiag runs");

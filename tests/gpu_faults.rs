@@ -3,14 +3,11 @@
 //! deadline and the plausibility check are exercised where a vendor library is really called.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Command;
+#[path = "support/gpu.rs"]
+mod gpu;
+use gpu::gpudiag;
 
 use serde_json::Value;
-
-fn gpudiag() -> Command {
-    let bin = std::env::var("GPUDIAG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpudiag").into());
-    Command::new(bin)
-}
 
 fn findings(report: &Value) -> Vec<(String, u64)> {
     report["devices"]

@@ -9,10 +9,10 @@ mod gpu;
 use gpu::{gpu_count, gpudiag};
 use std::process::{Command, Output};
 
-use gpudiag::check::CheckReport;
-use gpudiag::probes::Verdict;
-use gpudiag::probes::p2p::links_of;
-use gpudiag::probes::runner::ProbeReport;
+use gpudiag_core::check::CheckReport;
+use gpudiag_probes::Verdict;
+use gpudiag_probes::p2p::links_of;
+use gpudiag_probes::runner::ProbeReport;
 
 fn probe(args: &[&str]) -> (ProbeReport, Output) {
     let out = gpudiag()

@@ -14,8 +14,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpudiag::probes::Verdict;
-use gpudiag::probes::runner::ProbeReport;
+use gpudiag_probes::Verdict;
+use gpudiag_probes::runner::ProbeReport;
 
 /// Killed on every path, so a failing test cannot leave the GPU busy for the next one.
 struct Holder(Child);

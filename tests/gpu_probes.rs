@@ -10,8 +10,8 @@ use gpu::gpudiag;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use gpudiag::probes::Verdict;
-use gpudiag::probes::runner::ProbeReport;
+use gpudiag_probes::Verdict;
+use gpudiag_probes::runner::ProbeReport;
 
 fn probe(args: &[&str], env: &[(&str, &str)]) -> (ProbeReport, Output) {
     let out = gpudiag()

@@ -2,15 +2,13 @@
 //! PID; XID events must be listened for. Run on the GPU host with `.gpu-bundle/run-gpu-tests`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/gpu.rs"]
+mod gpu;
+use gpu::gpudiag;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpudiag::check::CheckReport;
-
-fn gpudiag() -> Command {
-    let bin = std::env::var("GPUDIAG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpudiag").into());
-    Command::new(bin)
-}
+use gpudiag_core::check::CheckReport;
 
 /// Kills the helper process even when an assertion fails.
 struct Reaper(std::process::Child);

@@ -4,19 +4,18 @@
 //! that a probe run from the UI leaves no GPU memory with the UI.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/gpu.rs"]
+mod gpu;
 #[path = "support/tmux.rs"]
 mod tmux;
 
 use std::process::Command;
 use std::time::Duration;
 
+use gpu::gpudiag_bin;
 use tmux::Tmux;
 
 const WAIT: Duration = Duration::from_secs(20);
-
-fn gpudiag_bin() -> String {
-    std::env::var("GPUDIAG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpudiag").into())
-}
 
 fn gpu_names() -> Vec<String> {
     let out = Command::new("nvidia-smi")
@@ -50,10 +49,7 @@ fn value_before(screen: &str, unit: &str) -> Option<f64> {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn live_ui_shows_the_gpu_and_exits_cleanly() {
-    let Some(tmux) = Tmux::start(120, 36, "gpu") else {
-        eprintln!("skipped: tmux is not installed on this GPU host");
-        return;
-    };
+    let tmux = Tmux::start(120, 36, "gpu");
     let names = gpu_names();
     let first = names.first().expect("nvidia-smi lists a GPU");
     tmux.type_line(&format!(

@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The job verdict on real multi-GPU jobs: recordings `benches/job_verdicts.sh` made of each
 //! workload in benches/workloads/job.py under torchrun on two and four H200s of one host
 //! (NVLink), replayed through `check` and `trace`. Each must get its verdict, the slow GPU named,
@@ -11,10 +10,10 @@ use gpudiag_core::check::CheckReport;
 use gpudiag_model::job::{JobPattern, JoinedBy, Pace};
 use gpudiag_model::verdict::{Bottleneck, Confidence};
 
+use crate::support::at;
+
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/jobs")
-        .join(format!("{name}.ndjson.gz"))
+    at("tests/fixtures/jobs").join(format!("{name}.ndjson.gz"))
 }
 
 fn check(path: &Path, extra: &[&str]) -> CheckReport {
@@ -289,11 +288,7 @@ fn the_trace_carries_the_job_verdict_on_its_own_track() {
 
 #[test]
 fn a_single_gpu_workload_has_no_job_verdict() {
-    let r = check(
-        &Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/workloads/bf16_matmul.ndjson.gz"),
-        &[],
-    );
+    let r = check(&at("tests/fixtures/workloads/bf16_matmul.ndjson.gz"), &[]);
     assert!(r.jobs.is_empty(), "{:?}", r.jobs);
     assert!(!r.not_judged.iter().any(|n| n.rule == "job"));
 }

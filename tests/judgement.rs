@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Every view judges the same data the same way: each fixture recording and the demo go through
 //! `check --json`, `trace`, `report`'s bundle, the terminal UI at the recording's end, `serve`'s
 //! snapshot once the replay played out, and `run`'s conclusion (through the library, on a
@@ -9,18 +8,19 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gpudiag::config::Config;
-use gpudiag::rules::{Finding, FindingState};
-use gpudiag::session::{DEMO_RECORDING, Origin, SourceSpec, open_source};
-use gpudiag::telemetry::replay::{Pace, ReplayBackend};
-use gpudiag::telemetry::sampler::SamplerMsg;
-use gpudiag::telemetry::{Backend, Tick};
 use gpudiag::tui::app::{App, AppInit, SourceKind};
 use gpudiag::tui::theme::Theme;
+use gpudiag_core::config::Config;
+use gpudiag_core::session::{DEMO_RECORDING, Origin, SourceSpec, open_source};
+use gpudiag_model::finding::{Finding, FindingState};
+use gpudiag_telemetry::replay::{Pace, ReplayBackend};
+use gpudiag_telemetry::sampler::SamplerMsg;
+use gpudiag_telemetry::{Backend, Tick};
 use serde_json::Value;
+
+use crate::support::{self, at};
 
 /// A finding as every view can name it.
 type Key = (String, Option<u32>, String);
@@ -79,7 +79,7 @@ fn verdict_key(v: &impl serde::Serialize) -> VerdictKey {
 }
 
 fn recordings() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let root = at("tests/fixtures");
     let mut out: Vec<PathBuf> = ["recordings", "workloads"]
         .iter()
         .flat_map(|dir| std::fs::read_dir(root.join(dir)).unwrap())
@@ -94,7 +94,7 @@ fn recordings() -> Vec<PathBuf> {
 }
 
 fn gpudiag(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_gpudiag"))
+    support::gpudiag()
         .args(["--config", "/dev/null"])
         .args(args)
         .output()
@@ -370,7 +370,7 @@ fn every_view_gives_the_same_findings_and_verdicts_for_the_demo() {
 /// rules' family table) on a GPU capped at 400 W of its 700 W default.
 #[test]
 fn a_capped_power_limit_reaches_every_view() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recordings");
+    let root = at("tests/fixtures/recordings");
     let capped = root.join("power_capped.ndjson");
     let check = check_view(&["--replay", capped.to_str().unwrap()]);
     let finding = (

@@ -2,46 +2,26 @@
 //! (`GPUDIAG_KMSG_PATH`) of real NVRM lines. The live source is the fake amdgpu tree, the one
 //! live backend CI has: placing an XID on a GPU goes by PCI address, whatever the vendor, and
 //! the fixture's XIDs on 0000:03:00 are that card's.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
-use assert_cmd::Command;
 use serde_json::Value;
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::support::{self, Run, root};
 
 fn kmsg_fixture() -> PathBuf {
     root().join("tests/fixtures/kmsg/xids_since_boot.kmsg")
 }
 
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
+/// `gpudiag ARGS` reading this saved kernel log, with no sysfs tree unless ARGS name one.
 fn gpudiag(args: &[&str], kmsg: &Path) -> Run {
-    let out = Command::cargo_bin("gpudiag")
-        .unwrap()
-        .env(
-            "XDG_CONFIG_HOME",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-config"),
-        )
-        .env_remove("GPUDIAG_SYSFS_ROOT")
-        .env("GPUDIAG_KMSG_PATH", kmsg)
-        .args(args)
-        .timeout(Duration::from_secs(60))
-        .output()
-        .unwrap();
-    Run {
-        code: out.status.code().expect("killed by a signal"),
-        stdout: String::from_utf8(out.stdout).unwrap(),
-        stderr: String::from_utf8(out.stderr).unwrap(),
-    }
+    Run::of(
+        support::gpudiag()
+            .env_remove("GPUDIAG_SYSFS_ROOT")
+            .env("GPUDIAG_KMSG_PATH", kmsg)
+            .args(args),
+    )
 }
 
 fn live_check(sysfs: &Path, kmsg: &Path, extra: &[&str]) -> (Value, Run) {

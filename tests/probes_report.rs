@@ -1,14 +1,14 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! A check report carrying probe results (as `check --probes` writes it) validates against the
 //! check-report schema, and survives a round trip through the typed report. No GPU needed: the
 //! probe results are built in Rust and attached to the demo recording's report.
 
-use assert_cmd::Command;
-use gpudiag::check::CheckReport;
-use gpudiag::probes::gpu::GpuInfo;
-use gpudiag::probes::runner::DeviceProbes;
-use gpudiag::probes::{Measurement, ProbeResult, Span, Verdict};
+use gpudiag_core::check::CheckReport;
+use gpudiag_probes::gpu::GpuInfo;
+use gpudiag_probes::runner::DeviceProbes;
+use gpudiag_probes::{Measurement, ProbeResult, Span, Verdict};
 use serde_json::{Value, json};
+
+use crate::support;
 
 fn probes() -> DeviceProbes {
     let mut r = ProbeResult::new("bandwidth", 0);
@@ -56,8 +56,7 @@ fn probes() -> DeviceProbes {
 
 #[test]
 fn a_report_with_probe_results_validates_and_round_trips() {
-    let out = Command::cargo_bin("gpudiag")
-        .unwrap()
+    let out = support::gpudiag()
         .args(["check", "--demo", "--json"])
         .output()
         .unwrap();
@@ -90,11 +89,7 @@ fn a_report_with_probe_results_validates_and_round_trips() {
 }
 
 fn gpudiag(args: &[&str]) -> std::process::Output {
-    Command::cargo_bin("gpudiag")
-        .unwrap()
-        .args(args)
-        .output()
-        .unwrap()
+    support::gpudiag().args(args).output().unwrap()
 }
 
 #[test]
@@ -119,7 +114,7 @@ fn probe_usage_errors_exit_2() {
 #[test]
 fn probe_without_a_driver_says_so_and_exits_3() {
     // CI machines have no libcuda; on a GPU host this test has nothing to prove.
-    if gpudiag::probes::gpu::driver_present() {
+    if gpudiag_probes::gpu::driver_present() {
         return;
     }
     let out = gpudiag(&["probe", "latency"]);

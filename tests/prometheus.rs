@@ -1,8 +1,8 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! A real Prometheus server scrapes `gpudiag serve --replay` (and, over TLS with basic auth, a
 //! `serve --web.config.file`) and its HTTP API must return the series with the recording's
 //! values and dcgm-exporter's labels. Needs the `prometheus` binary (Debian's package;
-//! `.ci/run` installs it); skipped with a message where it is absent.
+//! `.ci/run` installs it): those tests are `#[ignore]`d for it, and fail where it is missing when
+//! run on purpose (`--run-ignored only`, as CI does).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -10,21 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-#[path = "support/prometheus_api.rs"]
-mod prometheus_api;
-#[path = "support/serve.rs"]
-mod serve_support;
-use prometheus_api::{Killed, free_port, query};
-use serve_support::serve;
-
-fn prometheus_binary() -> Option<String> {
-    let out = Command::new("sh")
-        .args(["-c", "command -v prometheus"])
-        .output()
-        .ok()?;
-    let path = String::from_utf8(out.stdout).ok()?.trim().to_string();
-    (out.status.success() && !path.is_empty()).then_some(path)
-}
+use crate::support::prometheus_api::{Killed, free_port, query};
+use crate::support::serve::serve;
+use crate::support::{at, tool};
 
 fn value_of(result: &Value) -> f64 {
     result["value"][1].as_str().unwrap().parse().unwrap()
@@ -45,7 +33,7 @@ fn wait_for(prom: &str, q: &str, ok: impl Fn(f64) -> bool, within: Duration) -> 
 
 /// Starts Prometheus with these scrape configs (YAML list items) on a free port; its data lives
 /// in `dir`.
-fn start_prometheus(prometheus: &str, dir: &Path, scrape_configs: &str) -> (Killed, String) {
+fn start_prometheus(prometheus: &Path, dir: &Path, scrape_configs: &str) -> (Killed, String) {
     let config = dir.join("prometheus.yml");
     std::fs::write(
         &config,
@@ -71,20 +59,12 @@ fn start_prometheus(prometheus: &str, dir: &Path, scrape_configs: &str) -> (Kill
     (Killed(child), prom)
 }
 
-fn skipped() {
-    eprintln!(
-        "SKIPPED: the prometheus binary is not installed here (apt-get install prometheus; \
-         .ci/run installs it in CI)"
-    );
-}
-
 /// The same exporter web config Prometheus's own exporters take: Prometheus scrapes over
 /// TLS with the right password, and a job with a wrong one is down.
 #[test]
+#[ignore = "needs prometheus; CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
 fn a_real_prometheus_scrapes_serve_over_tls_with_basic_auth() {
-    let Some(prometheus) = prometheus_binary() else {
-        return skipped();
-    };
+    let prometheus = tool("prometheus");
     let dir = tempfile::tempdir().unwrap();
     let key = rcgen::KeyPair::generate().unwrap();
     let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
@@ -147,12 +127,10 @@ fn a_real_prometheus_scrapes_serve_over_tls_with_basic_auth() {
 }
 
 #[test]
+#[ignore = "needs prometheus; CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
 fn a_real_prometheus_scrapes_serve() {
-    let Some(prometheus) = prometheus_binary() else {
-        return skipped();
-    };
-    let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recordings/two_gpus.ndjson");
+    let prometheus = tool("prometheus");
+    let fixture = at("tests/fixtures/recordings/two_gpus.ndjson");
     let served = serve(&["--replay", fixture.to_str().expect("a UTF-8 path")]);
     let target = served.addr.clone();
 
@@ -232,12 +210,10 @@ fn a_real_prometheus_scrapes_serve() {
 /// Profiling counters arrive as dcgm-exporter's ratios, the verdict as one series per GPU, and
 /// the dashboard's verdict timeline query gives each GPU its bottleneck's number.
 #[test]
+#[ignore = "needs prometheus; CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
 fn a_real_prometheus_scrapes_profiling_ratios_and_verdicts() {
-    let Some(prometheus) = prometheus_binary() else {
-        return skipped();
-    };
-    let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recordings/profiled.ndjson");
+    let prometheus = tool("prometheus");
+    let fixture = at("tests/fixtures/recordings/profiled.ndjson");
     let served = serve(&["--replay", fixture.to_str().expect("a UTF-8 path")]);
     let dir = tempfile::tempdir().unwrap();
     let (_prometheus, prom) = start_prometheus(
@@ -282,7 +258,7 @@ fn a_real_prometheus_scrapes_profiling_ratios_and_verdicts() {
     let judged = query(&prom, "gpudiag_verdict_judged == 1");
     assert_eq!(judged.len(), 2, "{judged:?}");
 
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/grafana/gpudiag.json");
+    let path = at("assets/grafana/gpudiag.json");
     let dash: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     let timeline = dash["panels"]
         .as_array()
@@ -322,12 +298,10 @@ fn a_real_prometheus_scrapes_profiling_ratios_and_verdicts() {
 /// Per-process series with their owners (Slurm job, user, pod, namespace, container), the pod
 /// labels on the device series of a GPU one pod holds, and the cap on per-process series.
 #[test]
+#[ignore = "needs prometheus; CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
 fn a_real_prometheus_scrapes_per_process_series_with_their_owners() {
-    let Some(prometheus) = prometheus_binary() else {
-        return skipped();
-    };
-    let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recordings/attributed.ndjson");
+    let prometheus = tool("prometheus");
+    let fixture = at("tests/fixtures/recordings/attributed.ndjson");
     let fixture = fixture.to_str().expect("a UTF-8 path");
     let served = serve(&["--replay", fixture]);
     let capped = serve(&["--replay", fixture, "--max-process-series", "2"]);
@@ -420,7 +394,7 @@ fn a_real_prometheus_scrapes_per_process_series_with_their_owners() {
     assert_eq!(value_of(&counted[0]), 4.0);
 
     // The dashboard's "by job / by pod" row: each of its queries returns the recording's owners.
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/grafana/gpudiag.json");
+    let path = at("assets/grafana/gpudiag.json");
     let dash: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     let panels = dash["panels"].as_array().unwrap();
     let row = panels
@@ -461,11 +435,10 @@ fn a_real_prometheus_scrapes_per_process_series_with_their_owners() {
 /// scrape reads them once the replay played out. No Prometheus needed: the exposition itself.
 #[test]
 fn serve_names_the_job_of_every_gpu_and_judges_it() {
-    use gpudiag::config::Config;
-    use gpudiag::session::{Origin, SourceSpec, open_source};
-    use gpudiag::telemetry::replay::Pace;
-    let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recordings/job_ranks.ndjson");
+    use gpudiag_core::config::Config;
+    use gpudiag_core::session::{Origin, SourceSpec, open_source};
+    use gpudiag_telemetry::replay::Pace;
+    let fixture = at("tests/fixtures/recordings/job_ranks.ndjson");
     let source = open_source(
         &SourceSpec::new(Origin::File(fixture)),
         Pace::AsFastAsPossible,

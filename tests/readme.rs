@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The README and the documents in docs/ render as written: no table broken by a blank line (its
 //! rows would show as raw `|` text), no relative link to a file that does not exist or to a
 //! heading a document does not have, and every document reachable from the README's contents
@@ -12,9 +11,7 @@ use std::path::{Path, PathBuf};
 
 use clap::CommandFactory;
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::support::root;
 
 fn readme() -> String {
     std::fs::read_to_string(root().join("README.md")).unwrap()

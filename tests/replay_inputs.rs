@@ -1,21 +1,20 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Where a replay's input comes from and how it is read: pipes, FIFOs and stdin (read once, never
 //! opened twice), bundles packed by hand (re-tarred, with hostile paths, with two recordings,
 //! inflating past their limit), and streaming, so that nothing holds a whole recording and seeks
 //! still land on the right tick in plain, gzip and bundled recordings.
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use assert_cmd::Command;
-use gpudiag::check::CheckReport;
-use gpudiag::telemetry::recording::{Header, Record, RecordingWriter};
-use gpudiag::telemetry::replay::{Pace, ReplayBackend, ReplayOptions};
-use gpudiag::telemetry::{
-    Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Sample, Tick,
-};
+use gpudiag_core::check::CheckReport;
+use gpudiag_model::sample::{DeviceInfo, Event, EventKind, HostInfo, Sample};
+use gpudiag_telemetry::recording::{Header, Record, RecordingWriter};
+use gpudiag_telemetry::replay::{Pace, ReplayBackend, ReplayOptions};
+use gpudiag_telemetry::{Backend, BackendError, Tick};
+
+use crate::support::{self, Run, fixture, s};
 
 const T0: u64 = 1_767_225_600_000;
 
@@ -25,65 +24,15 @@ fn span(r: &ReplayBackend) -> (u64, u64, u64) {
     (p.current_ms, p.start_ms, p.end_ms)
 }
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/recordings")
-        .join(name)
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn report(&self) -> CheckReport {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
-            panic!(
-                "not a report ({e}): {}\nstderr: {}",
-                self.stdout, self.stderr
-            )
-        })
-    }
-
-    /// The single `gpudiag: ...` line of a failed run with this exit code.
-    fn error(&self, code: i32) -> &str {
-        assert_eq!(
-            self.code, code,
-            "stdout: {}\nstderr: {}",
-            self.stdout, self.stderr
-        );
-        assert!(self.stdout.is_empty(), "{}", self.stdout);
-        let line = self.stderr.trim_end();
-        assert!(!line.contains('\n'), "{:?}", self.stderr);
-        assert!(line.starts_with("gpudiag: "), "{line}");
-        line
-    }
-}
-
+/// `gpudiag ARGS`, given two minutes, with `stdin` fed through a pipe (the case a shell's
+/// `cat rec |` makes).
 fn gpudiag(args: &[&str], stdin: Option<&[u8]>) -> Run {
-    let mut cmd = Command::cargo_bin("gpudiag").unwrap();
-    cmd.env(
-        "XDG_CONFIG_HOME",
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-config"),
-    )
-    .args(args)
-    .timeout(std::time::Duration::from_secs(120));
-    // assert_cmd feeds stdin through a pipe: the case a shell's `cat rec |` makes.
+    let mut cmd = support::gpudiag();
+    cmd.args(args).timeout(std::time::Duration::from_secs(120));
     if let Some(bytes) = stdin {
         cmd.write_stdin(bytes.to_vec());
     }
-    let out = cmd.output().unwrap();
-    Run {
-        code: out.status.code().expect("killed by a signal"),
-        stdout: String::from_utf8(out.stdout).unwrap(),
-        stderr: String::from_utf8(out.stderr).unwrap(),
-    }
+    Run::of(&mut cmd)
 }
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
@@ -253,10 +202,10 @@ fn a_piped_file_that_is_not_a_recording_is_still_exit_2() {
         &["check", "--replay", "-"],
         Some(b"time,util\n1,99\n".as_slice()),
     );
-    let line = run.error(2);
+    let line = run.one_line_error(2);
     assert!(line.contains("stdin is not a gpudiag recording"), "{line}");
     let run = gpudiag(&["check", "--replay", "-"], Some(b"".as_slice()));
-    assert!(run.error(2).contains("empty"));
+    assert!(run.one_line_error(2).contains("empty"));
 }
 
 // ---- bundles ----
@@ -356,14 +305,14 @@ fn hostile_or_ambiguous_bundles_are_refused_clearly() {
         let path = dir.path().join("bundle.tar.gz");
         std::fs::write(&path, tar_gz(members)).unwrap();
         let run = check_file(&path, &[]);
-        let line = run.error(2);
+        let line = run.one_line_error(2);
         assert!(line.contains(expected), "{members:?}: {line}");
         assert!(line.contains(s(&path)), "{line}");
     }
     // From a pipe the archive is read once, so what comes after the recording is not seen; what
     // comes before it is refused the same way.
     let run = gpudiag(&["check", "--replay", "-"], Some(&tar_gz(&cases[2].0)));
-    assert!(run.error(2).contains("\"../../etc/cron.d/x\""));
+    assert!(run.one_line_error(2).contains("\"../../etc/cron.d/x\""));
 }
 
 #[test]
@@ -387,7 +336,7 @@ fn a_bundle_inflating_past_its_limit_is_exit_2_unless_the_limit_is_raised() {
     std::fs::write(&path, &bundle).unwrap();
 
     let limit = ["--max-inflated-size", "512KiB"];
-    let line = check_file(&path, &limit).error(2).to_owned();
+    let line = check_file(&path, &limit).one_line_error(2).to_owned();
     assert!(
         line.contains("inflates to more than 524288 bytes (512 KiB)"),
         "{line}"
@@ -397,7 +346,7 @@ fn a_bundle_inflating_past_its_limit_is_exit_2_unless_the_limit_is_raised() {
         &["check", "--replay", "-", limit[0], limit[1]],
         Some(&bundle),
     );
-    assert!(piped.error(2).contains("inflates to more than"));
+    assert!(piped.one_line_error(2).contains("inflates to more than"));
 
     let run = check_file(&path, &["--max-inflated-size", "2MiB"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -444,7 +393,7 @@ fn a_recording_of_blank_lines_stops_early_in_every_form() {
         let path = dir.path().join(name);
         std::fs::write(&path, bytes).unwrap();
         let run = check_file(&path, &[]);
-        let line = run.error(2);
+        let line = run.one_line_error(2);
         assert!(line.contains(&stop), "{name}: {line}");
         assert!(
             line.contains("blank, malformed or of unknown kinds"),
@@ -452,7 +401,7 @@ fn a_recording_of_blank_lines_stops_early_in_every_form() {
         );
         assert!(line.contains(s(&path)), "{line}");
         let piped = gpudiag(&["check", "--replay", "-"], Some(bytes));
-        assert!(piped.error(2).contains(&stop), "{name} piped");
+        assert!(piped.one_line_error(2).contains(&stop), "{name} piped");
     }
 }
 
@@ -679,7 +628,7 @@ fn seeks_land_on_the_same_tick_in_plain_gzip_and_bundled_recordings() {
 #[test]
 fn the_demo_seeks_both_ways() {
     let mut r = ReplayBackend::from_seekable(
-        std::io::Cursor::new(gpudiag::session::DEMO_RECORDING),
+        std::io::Cursor::new(gpudiag_core::session::DEMO_RECORDING),
         "demo",
         Pace::AsFastAsPossible,
         &ReplayOptions::default(),

@@ -1,17 +1,17 @@
 //! Findings and configuration through the real binary: the demo's findings, `config --default`,
 //! and bad configuration files.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use assert_cmd::Command;
-use gpudiag::check::CheckReport;
-use gpudiag::config::{Config, DEFAULT_CONFIG_TOML};
+use gpudiag_core::check::CheckReport;
+use gpudiag_core::config::{Config, DEFAULT_CONFIG_TOML};
 use gpudiag_model::verdict::Bottleneck;
 
+use crate::support;
+
 fn gpudiag() -> Command {
-    let mut c = Command::cargo_bin("gpudiag").unwrap();
+    let mut c = support::gpudiag();
     // A developer's own config file must not change what the tests see.
-    c.env_remove("GPUDIAG_CONFIG")
-        .env("XDG_CONFIG_HOME", "/nonexistent");
+    c.env_remove("GPUDIAG_CONFIG");
     c
 }
 

@@ -1,22 +1,22 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The JSON Schemas in `assets/schema/` against real output, and mutations that must fail.
 //!
 //! The schemas are generated from the Rust types (`src/schema.rs`). After changing a type that
 //! a schema covers, regenerate the files and review their diff:
 //!
-//!     GPUDIAG_BLESS=1 cargo nextest run --test schema
+//!     GPUDIAG_BLESS=1 cargo nextest run --test e2e schema::
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use assert_cmd::Command;
-use gpudiag::check::{CheckReport, Status};
-use gpudiag::rules::Severity;
-use gpudiag::telemetry::{Absent, DeviceInfo, Metric, Sample};
+use gpudiag_core::check::{CheckReport, Status};
+use gpudiag_model::finding::Severity;
+use gpudiag_model::sample::{Absent, DeviceInfo, Metric, Sample};
 use jsonschema::error::ValidationErrorKind;
 use jsonschema::{ValidationError, Validator};
 use serde_json::{Value, json};
+
+use crate::support::{fixture, gpudiag, root};
 
 const T0: u64 = 1_767_225_600_000;
 const REPORT_SCHEMA: &str = "check-report.schema.json";
@@ -32,14 +32,6 @@ const SHARED_DEFS: [&str; 7] = [
     "Evidence",
     "Topology",
 ];
-
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn fixture(name: &str) -> PathBuf {
-    root().join("tests/fixtures/recordings").join(name)
-}
 
 /// Every recording fixture, sorted, so a new fixture is covered without touching this file.
 fn fixture_recordings() -> Vec<PathBuf> {
@@ -107,16 +99,6 @@ fn assert_rejected(v: &Validator, instance: &Value, pointer: &str, needle: &str)
         "expected an error at '{pointer}' mentioning {needle:?}, got:\n{}",
         errs.join("\n")
     );
-}
-
-fn gpudiag() -> Command {
-    let mut cmd = Command::cargo_bin("gpudiag").unwrap();
-    // No user configuration may change what the tests see.
-    cmd.env(
-        "XDG_CONFIG_HOME",
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-config"),
-    );
-    cmd
 }
 
 /// Runs `gpudiag check --json` with `args`; returns the parsed report and the exit code.
@@ -228,7 +210,7 @@ fn committed_schemas_are_generated_from_the_types() {
     assert!(
         stale.is_empty(),
         "the committed schemas differ from what the types generate: {}.\n\
-         Regenerate them with `GPUDIAG_BLESS=1 cargo nextest run --test schema` and review the diff.",
+         Regenerate them with `GPUDIAG_BLESS=1 cargo nextest run --test e2e schema::` and review the diff.",
         stale.join(", ")
     );
 }
@@ -539,8 +521,11 @@ fn report_deserialises_into_the_typed_report_and_back() {
     assert_eq!(report.schema_version, 2);
     assert_eq!(report.tool.name, "gpudiag");
     assert_eq!(report.tool.version, env!("CARGO_PKG_VERSION"));
-    assert_eq!(report.tool.commit.as_deref(), gpudiag::build_info::COMMIT);
-    assert_eq!(report.tool.dirty, gpudiag::build_info::DIRTY);
+    assert_eq!(
+        report.tool.commit.as_deref(),
+        gpudiag_model::build_info::COMMIT
+    );
+    assert_eq!(report.tool.dirty, gpudiag_model::build_info::DIRTY);
     // `tool.commit` and `tool.dirty` came within schema version 2: a report of an earlier build,
     // without them, still validates and reads, as unknown.
     let earlier = mutated(&value, |r| {
@@ -648,7 +633,7 @@ fn report_with_multi_gpu_probe_results_validates() {
         serde_json::from_value(replay_report("h200x2.ndjson", &[])).unwrap();
     let text =
         std::fs::read_to_string(root().join("tests/fixtures/probes/h200x2_standard.json")).unwrap();
-    let probed: gpudiag::probes::runner::ProbeReport = serde_json::from_str(&text).unwrap();
+    let probed: gpudiag_probes::runner::ProbeReport = serde_json::from_str(&text).unwrap();
     for (d, p) in report.devices.iter_mut().zip(&probed.devices) {
         d.probes = Some(p.clone());
     }
@@ -665,7 +650,7 @@ fn report_with_multi_gpu_probe_results_validates() {
         .iter()
         .map(|n| n.as_str().unwrap())
         .collect();
-    assert_eq!(names, gpudiag::probes::PROBE_NAMES);
+    assert_eq!(names, gpudiag_probes::PROBE_NAMES);
 }
 
 #[test]
@@ -673,7 +658,7 @@ fn report_with_this_hosts_libraries_validates() {
     let v = validator(REPORT_SCHEMA);
     let value = replay_report("all_kinds.ndjson", &[]);
     let mut report: CheckReport = serde_json::from_value(value).unwrap();
-    let libraries = gpudiag::cuda_libraries::detect_libraries();
+    let libraries = gpudiag_model::cuda_libraries::detect_libraries();
     assert_eq!(libraries.len(), 5);
     report.libraries = Some(libraries);
     let value = serde_json::to_value(&report).unwrap();
@@ -781,7 +766,10 @@ fn recording_written_by_record_validates() {
         let header: Value = serde_json::from_str(&lines[0]).unwrap();
         assert_eq!(header["format"], "gpudiag-recording");
         assert_eq!(header["version"], 1);
-        assert_eq!(header["tool_version"], gpudiag::build_info::LONG_VERSION);
+        assert_eq!(
+            header["tool_version"],
+            gpudiag_model::build_info::LONG_VERSION
+        );
         match out_name {
             "r.ndjson.gz" => {
                 assert_eq!(header["devices"].as_array().unwrap().len(), 2);

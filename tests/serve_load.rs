@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! `gpudiag serve` under load on loopback: many concurrent scrapes, and clients that are slow,
 //! malformed or silent. The server's threads and open connections stay bounded, abusers get a
 //! bounded answer (or a close), good scrapes keep getting their metrics and sampling keeps its
@@ -10,9 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-#[path = "support/serve.rs"]
-mod serve_support;
-use serve_support::{Served, serve};
+use crate::support::serve::{Served, serve};
 
 /// `MAX_CONNECTIONS` (answers being written) and `MAX_PENDING` (request heads coming in) in
 /// src/commands/serve/http.rs.

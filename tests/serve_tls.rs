@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! `gpudiag serve --web.config.file`: TLS (certificates made here with rcgen) scraped by a real
 //! rustls client, basic auth accepted and refused, client certificates, bad files refused with
 //! exit code 2, and the warning for listening beyond loopback. Loopback only; durations only
@@ -14,9 +13,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-#[path = "support/serve.rs"]
-mod serve_support;
-use serve_support::{Served, serve};
+use crate::support::serve::{Served, serve};
 
 const HANG: Duration = Duration::from_secs(20);
 

@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! SIGINT and SIGTERM during `record`, `trace` and `report` leave a valid file: a recording
 //! readable to its last full line (SIGKILL too), a trace or bundle whole or absent, never half
 //! written, and no temporary files behind. The source is the fake amdgpu sysfs tree in
@@ -9,15 +8,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpudiag::telemetry::recording::{self, Record};
+use gpudiag_telemetry::recording::{self, Record};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 
+use crate::support::at;
+
 const HANG: Duration = Duration::from_secs(60);
 
 fn sysfs_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/mi300x")
+    at("tests/fixtures/sysfs/mi300x")
 }
 
 /// `gpudiag ARGS` on the fake sysfs GPU, sampling every 50 ms.

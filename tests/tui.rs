@@ -1,19 +1,13 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The terminal UI without a terminal: snapshots of every panel rendered into ratatui's
 //! `TestBackend` from fixture recordings and the demo, key sequences driving the app state, the
 //! UI's sampler on a real recording, and saving a session.
 
 use std::ops::Not;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseButton, MouseEvent, MouseEventKind};
-use gpudiag::rules::Severity;
-use gpudiag::session::DEMO_RECORDING;
-use gpudiag::telemetry::replay::{Pace, ReplayBackend};
-use gpudiag::telemetry::sampler::{SamplerControl, SamplerMsg};
-use gpudiag::telemetry::{Backend, ReplayPosition, Tick};
 use gpudiag::tui::app::{
     App, AppInit, Effect, KillSignal, Overlay, Panel, ProcSort, ProcessView, SourceKind, Zoom,
 };
@@ -21,14 +15,15 @@ use gpudiag::tui::event::{save_recording, spawn_sampler};
 use gpudiag::tui::messages::AppEvent;
 use gpudiag::tui::theme::Theme;
 use gpudiag::tui::ui;
+use gpudiag_core::session::DEMO_RECORDING;
+use gpudiag_model::finding::Severity;
+use gpudiag_telemetry::replay::{Pace, ReplayBackend};
+use gpudiag_telemetry::sampler::{SamplerControl, SamplerMsg};
+use gpudiag_telemetry::{Backend, ReplayPosition, Tick};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/recordings")
-        .join(name)
-}
+use crate::support::{at, fixture};
 
 fn open(name: &str) -> ReplayBackend {
     if name == "demo" {
@@ -314,8 +309,7 @@ fn header_says_why_there_is_no_verdict_yet() {
 /// escapes, the same ones the text output writes, rather than losing them silently.
 #[test]
 fn control_characters_from_a_recording_show_as_escapes() {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hostile/control_chars.ndjson");
+    let path = at("tests/fixtures/hostile/control_chars.ndjson");
     let b = ReplayBackend::open(&path, Pace::AsFastAsPossible).unwrap();
     let recorded = b.recorded_findings();
     let mut app = loaded_from(b, "control_chars.ndjson");
@@ -862,12 +856,7 @@ fn a_reset_forgets_the_old_data() {
 // Without a terminal
 
 fn gpudiag(args: &[&str]) -> std::process::Output {
-    assert_cmd::Command::cargo_bin("gpudiag")
-        .unwrap()
-        .args(args)
-        .timeout(Duration::from_secs(60))
-        .output()
-        .unwrap()
+    crate::support::gpudiag().args(args).output().unwrap()
 }
 
 #[test]
@@ -970,8 +959,8 @@ fn the_sampler_plays_pauses_and_seeks_a_recording() {
 
 /// A live-paced backend that counts its polls and fails after `fail_after` of them.
 struct FakeLive {
-    host: gpudiag::telemetry::HostInfo,
-    devices: Vec<gpudiag::telemetry::DeviceInfo>,
+    host: gpudiag_model::sample::HostInfo,
+    devices: Vec<gpudiag_model::sample::DeviceInfo>,
     polls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     fail_after: usize,
 }
@@ -980,23 +969,23 @@ impl Backend for FakeLive {
     fn name(&self) -> &'static str {
         "fake"
     }
-    fn host(&self) -> &gpudiag::telemetry::HostInfo {
+    fn host(&self) -> &gpudiag_model::sample::HostInfo {
         &self.host
     }
-    fn devices(&self) -> &[gpudiag::telemetry::DeviceInfo] {
+    fn devices(&self) -> &[gpudiag_model::sample::DeviceInfo] {
         &self.devices
     }
-    fn pacing(&self) -> gpudiag::telemetry::Pacing {
-        gpudiag::telemetry::Pacing::Live
+    fn pacing(&self) -> gpudiag_telemetry::Pacing {
+        gpudiag_telemetry::Pacing::Live
     }
-    fn poll(&mut self) -> Result<Tick, gpudiag::telemetry::BackendError> {
+    fn poll(&mut self) -> Result<Tick, gpudiag_telemetry::BackendError> {
         let n = self.polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if n >= self.fail_after {
-            return Err(gpudiag::telemetry::BackendError::Unavailable(
+            return Err(gpudiag_telemetry::BackendError::Unavailable(
                 "GPU fell off the bus".into(),
             ));
         }
-        let mut s = gpudiag::telemetry::Sample::new(0, gpudiag::telemetry::now_ms());
+        let mut s = gpudiag_model::sample::Sample::new(0, gpudiag_model::sample::now_ms());
         s.gpu_util_pct = Some(50.0);
         Ok(Tick {
             samples: vec![s],
@@ -1126,11 +1115,8 @@ fn live_app() -> App {
 }
 
 /// Real probe results: the quick suite on the H200 host (tests/gpu_probes.rs output).
-fn h200_quick() -> gpudiag::probes::runner::ProbeReport {
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/probes/h200_quick.json"),
-    )
-    .unwrap();
+fn h200_quick() -> gpudiag_probes::runner::ProbeReport {
+    let text = std::fs::read_to_string(at("tests/fixtures/probes/h200_quick.json")).unwrap();
     serde_json::from_str(&text).unwrap()
 }
 
@@ -1172,7 +1158,7 @@ fn probes_panel_picks_a_suite_runs_it_and_shows_the_verdicts() {
 }
 
 /// A run that found GPU 0 busy, as a child `gpudiag probe --json` reports it.
-fn busy_report() -> gpudiag::probes::runner::ProbeReport {
+fn busy_report() -> gpudiag_probes::runner::ProbeReport {
     serde_json::from_str(
         r#"{"suite":"quick","devices":[{"index":0,"gpu":null,"model":null,
         "refused":"GPU 0 is in use by pid 4242 (3072 MiB), pid 4243; probes would disturb it and be disturbed",
@@ -1354,7 +1340,8 @@ fn quitting_the_ui_stops_its_probe_child() {
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut ui = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
-            "quitting_the_ui_stops_its_probe_child",
+            // The name the test harness knows it by: its path inside the e2e binary.
+            "tui::quitting_the_ui_stops_its_probe_child",
             "--exact",
             "--nocapture",
         ])
@@ -1412,8 +1399,8 @@ fn probes_need_a_live_source() {
 
 #[test]
 fn amd_fixture_device_renders_like_any_gpu() {
-    use gpudiag::telemetry::amd::sysfs::SysfsBackend;
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/mi300x");
+    use gpudiag_telemetry::amd::sysfs::SysfsBackend;
+    let root = at("tests/fixtures/sysfs/mi300x");
     let mut b = SysfsBackend::open(&root).unwrap();
     let mut app = App::new(AppInit {
         host: b.host().clone(),
@@ -1450,13 +1437,13 @@ fn recorded_findings_appear_when_the_replay_reaches_them() {
     let mut app = new_app(&b, "healthy.ndjson", false);
     let ticks = all_ticks(&mut b);
     let first = ticks[0].samples[0].time_ms;
-    let carried = gpudiag::rules::Finding {
+    let carried = gpudiag_model::finding::Finding {
         id: "thermal.near_slowdown".into(),
-        severity: gpudiag::rules::Severity::Warn,
+        severity: gpudiag_model::finding::Severity::Warn,
         device: Some(0),
         time_ms: first + 5000,
         title: "GPU 0 runs within 5 °C of its slowdown temperature".into(),
-        evidence: gpudiag::rules::Evidence {
+        evidence: gpudiag_model::finding::Evidence {
             values: serde_json::Map::new(),
             window_s: 10.0,
             threshold: ">= 85 °C".into(),
@@ -1501,8 +1488,8 @@ fn recorded_findings_appear_when_the_replay_reaches_them() {
 }
 
 /// A kernel log of XIDs from before the session: XID 79 on GPU 1 (3B:00), a DBE on GPU 0 (19:00).
-fn past_xids() -> Result<gpudiag::telemetry::kernel_log::XidLog, String> {
-    use gpudiag::telemetry::kernel_log::{KernelLogSource, read_xids};
+fn past_xids() -> Result<gpudiag_telemetry::kernel_log::XidLog, String> {
+    use gpudiag_telemetry::kernel_log::{KernelLogSource, read_xids};
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("kmsg");
     std::fs::write(

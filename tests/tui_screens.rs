@@ -1,33 +1,34 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The pictures of the terminal UI in the README and docs/tui.md: the UI itself rendered into
 //! ratatui's `TestBackend` from the bundled demo recording, then each cell drawn as SVG with its colours and bold, so a picture is what a terminal shows,
 //! not a hand-made mock-up. The test fails when a committed picture differs from what the UI
-//! draws today; `GPUDIAG_UPDATE_SCREENS=1 cargo nextest run --locked --test tui_screens`
-//! rewrites them (after a UI change, or when the demo recording is made again).
+//! draws today; `GPUDIAG_UPDATE_SCREENS=1 cargo nextest run --locked --test e2e
+//! tui_screens::` rewrites them (after a UI change, or when the demo recording is made again).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-use gpudiag::session::{DEMO_NAME, DEMO_RECORDING};
-use gpudiag::telemetry::ReplayPosition;
-use gpudiag::telemetry::replay::{Pace, ReplayBackend};
-use gpudiag::telemetry::sampler::SamplerMsg;
-use gpudiag::telemetry::{Backend, Tick};
 use gpudiag::tui::app::{App, AppInit, Panel, SourceKind};
 use gpudiag::tui::theme::Theme;
 use gpudiag::tui::ui;
+use gpudiag_core::session::{DEMO_NAME, DEMO_RECORDING};
+use gpudiag_telemetry::ReplayPosition;
+use gpudiag_telemetry::replay::{Pace, ReplayBackend};
+use gpudiag_telemetry::sampler::SamplerMsg;
+use gpudiag_telemetry::{Backend, Tick};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use ratatui::buffer::Buffer;
 use ratatui::style::{Color, Modifier};
 
+use crate::support::at;
+
 const UPDATE: &str = "GPUDIAG_UPDATE_SCREENS";
 
 fn screens_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/screens")
+    at("assets/screens")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -124,7 +125,7 @@ struct Source {
     name: String,
     ticks: Vec<Tick>,
     /// The header with fewer devices than the recording's (`only`).
-    subset: Option<gpudiag::telemetry::recording::Header>,
+    subset: Option<gpudiag_telemetry::recording::Header>,
 }
 
 impl Source {
@@ -135,9 +136,7 @@ impl Source {
 
     /// A fixture recording from tests/fixtures/recordings.
     fn fixture(file: &str) -> Source {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/recordings")
-            .join(file);
+        let path = at("tests/fixtures/recordings").join(file);
         let backend = ReplayBackend::open(&path, Pace::AsFastAsPossible).unwrap();
         Source::read(backend, file.to_owned())
     }
@@ -530,7 +529,7 @@ fn committed_pictures_match_what_the_ui_draws() {
     assert!(
         stale.is_empty(),
         "out of date with the UI: {}\nregenerate them: {UPDATE}=1 cargo nextest run --locked \
-         --test tui_screens",
+         --test e2e tui_screens::",
         stale.join(", ")
     );
 }

@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The terminal UI end to end in a real terminal: tmux runs `gpudiag --demo` from a shell, the
 //! test types keys, reads the pane, and checks what a person would see, then that the shell's
 //! terminal is back as it was (no alternate screen, no mouse capture, same stty settings).
@@ -6,13 +5,10 @@
 //! With `GPUDIAG_UPDATE_SCREENS=1` the captures are also written to `assets/screens/`, as the
 //! text captures docs/tui.md links to.
 
-#[path = "support/tmux.rs"]
-mod tmux;
-
-use std::path::Path;
 use std::time::Duration;
 
-use tmux::Tmux;
+use crate::support::at;
+use crate::support::tmux::Tmux;
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -20,7 +16,7 @@ fn save_screen(name: &str, screen: &str) {
     if std::env::var_os("GPUDIAG_UPDATE_SCREENS").is_none() {
         return;
     }
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/screens");
+    let dir = at("assets/screens");
     std::fs::create_dir_all(&dir).unwrap();
     let text: Vec<&str> = screen.lines().map(str::trim_end).collect();
     std::fs::write(dir.join(format!("{name}.txt")), text.join("\n") + "\n").unwrap();
@@ -39,9 +35,7 @@ fn position(screen: &str) -> String {
 }
 
 fn walk_the_demo(width: u16, height: u16) {
-    let Some(tmux) = Tmux::start(width, height, &format!("{width}x{height}")) else {
-        return;
-    };
+    let tmux = Tmux::start(width, height, &format!("{width}x{height}"));
     let bin = env!("CARGO_BIN_EXE_gpudiag");
     tmux.type_line(&format!(
         "S=$(stty -g); {bin} --demo; echo \"exit=$?\"; [ \"$(stty -g)\" = \"$S\" ] && echo tty-restored"
@@ -113,23 +107,23 @@ fn walk_the_demo(width: u16, height: u16) {
 }
 
 #[test]
+#[ignore = "needs tmux; CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
 fn demo_at_80x24() {
     walk_the_demo(80, 24);
 }
 
 #[test]
+#[ignore = "needs tmux; CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
 fn demo_at_120x36() {
     walk_the_demo(120, 36);
 }
 
 #[test]
+#[ignore = "needs tmux; CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
 fn replay_of_an_ecc_error_shows_its_findings() {
-    let Some(tmux) = Tmux::start(80, 24, "replay") else {
-        return;
-    };
+    let tmux = Tmux::start(80, 24, "replay");
     let bin = env!("CARGO_BIN_EXE_gpudiag");
-    let file =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recordings/ecc_error.ndjson");
+    let file = at("tests/fixtures/recordings/ecc_error.ndjson");
     tmux.type_line(&format!(
         "{bin} replay {} --speed 64; echo \"exit=$?\"",
         file.display()
@@ -170,11 +164,10 @@ fn has_colour(styled: &str) -> bool {
 }
 
 #[test]
+#[ignore = "needs tmux; CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
 fn no_color_is_respected() {
     for (no_color, coloured) in [(true, false), (false, true)] {
-        let Some(tmux) = Tmux::start(80, 24, &format!("colour-{no_color}")) else {
-            return;
-        };
+        let tmux = Tmux::start(80, 24, &format!("colour-{no_color}"));
         let bin = env!("CARGO_BIN_EXE_gpudiag");
         let env = if no_color { "NO_COLOR=1 " } else { "" };
         tmux.type_line(&format!("{env}{bin} --demo"));
@@ -190,10 +183,9 @@ fn no_color_is_respected() {
 }
 
 #[test]
+#[ignore = "needs tmux; CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
 fn sigterm_restores_the_terminal() {
-    let Some(tmux) = Tmux::start(80, 24, "sigterm") else {
-        return;
-    };
+    let tmux = Tmux::start(80, 24, "sigterm");
     let bin = env!("CARGO_BIN_EXE_gpudiag");
     let dir = tempfile::tempdir().unwrap();
     let pid_file = dir.path().join("pid");

@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The bottleneck verdicts of real workloads: recordings `gpudiag run --record` made on an H200
 //! of each workload in benches/workloads/ (benches/verdicts.py), replayed through `check`. Each
 //! must get the verdict its bottleneck calls for, with the evidence and advice that go with it.

@@ -1,40 +1,15 @@
-//! What the tests that stand a small cluster up in a real Prometheus share: finding promtool and
-//! prometheus (or saying why a test is skipped), the shipped rules with test-length windows, and
-//! copies of a recording rewritten as other nodes of one job.
-#![allow(dead_code)]
+//! What the tests that stand a small cluster up in a real Prometheus share: the shipped rules
+//! with test-length windows, and copies of a recording rewritten as other nodes of one job.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use super::root;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 pub const RULES: &str = "assets/prometheus/gpudiag-rules.yml";
-
-pub fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The tool's path, or `None` after saying why the test is skipped; panics instead when CI
-/// requires the tool.
-pub fn tool(name: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var("GPUDIAG_REQUIRE_PROMTOOL").as_deref() != Ok("1"),
-            "{name} is not installed and GPUDIAG_REQUIRE_PROMTOOL=1 (apt-get install prometheus)"
-        );
-        eprintln!(
-            "SKIPPED: {name} is not installed here (apt-get install prometheus; .ci/run installs \
-             it in CI)"
-        );
-    }
-    found
-}
 
 /// The shipped rules with every window and hold shortened for a test that lasts seconds: the
 /// file writes them `[5m]`, `for: 5m` and `for: 1m` for exactly this substitution.

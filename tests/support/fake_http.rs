@@ -1,6 +1,5 @@
 //! A loopback HTTP server whose answers the test scripts: a fixed body, garbage, silence, or
 //! anything else, with every request head it received kept for the test to read. Stops on drop.
-#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

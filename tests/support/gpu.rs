@@ -5,9 +5,13 @@
 
 use std::process::Command;
 
+/// The binary's path: the bundle's on a GPU host, where cargo's path does not exist.
+pub fn gpudiag_bin() -> String {
+    std::env::var("GPUDIAG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpudiag").into())
+}
+
 pub fn gpudiag() -> Command {
-    let bin = std::env::var("GPUDIAG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpudiag").into());
-    let mut c = Command::new(bin);
+    let mut c = Command::new(gpudiag_bin());
     c.env_remove("GPUDIAG_TEST_FAULT")
         .env_remove("GPUDIAG_TEST_FAULTS")
         .env_remove("GPUDIAG_DRIVER_ONLY");

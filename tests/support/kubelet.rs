@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use gpudiag::telemetry::attribution::kubelet::proto::{
+use gpudiag_telemetry::attribution::kubelet::proto::{
     self, ContainerDevices, ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse,
     PodResources,
 };

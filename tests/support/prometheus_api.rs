@@ -1,7 +1,6 @@
 //! What the tests that run a real Prometheus share: children killed on drop, a free loopback
 //! port, starting Prometheus, and instant queries over its HTTP API (plain HTTP/1.0 on
 //! loopback: no client crate).
-#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

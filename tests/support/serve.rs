@@ -1,7 +1,4 @@
-//! A `gpudiag serve` of the test's own on a free loopback port, killed on drop. Shared by the
-//! export, fault and load tests through `#[path]`.
-// Each test binary that includes this uses a different part of it.
-#![allow(dead_code)]
+//! A `gpudiag serve` of the test's own on a free loopback port, killed on drop.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

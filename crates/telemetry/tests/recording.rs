@@ -6,16 +6,16 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gpudiag::rules::{Evidence, Finding, Severity};
-use gpudiag::telemetry::recording::{
+use gpudiag_model::finding::{Evidence, Finding, Severity};
+use gpudiag_model::sample::{
+    Absent, DeviceInfo, Event, EventKind, HostInfo, ProcessSample, Sample,
+};
+use gpudiag_telemetry::recording::{
     self, Header, MAX_LINE_BYTES, RECORDING_VERSION, Record, RecordingError, RecordingReader,
     RecordingWriter,
 };
-use gpudiag::telemetry::replay::{Pace, ReplayBackend};
-use gpudiag::telemetry::{
-    Absent, Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Pacing, ProcessSample,
-    Sample,
-};
+use gpudiag_telemetry::replay::{Pace, ReplayBackend};
+use gpudiag_telemetry::{Backend, BackendError, Pacing};
 
 const T0: u64 = 1_767_225_600_000;
 
@@ -25,10 +25,13 @@ fn span(r: &ReplayBackend) -> (u64, u64, u64) {
     (p.current_ms, p.start_ms, p.end_ms)
 }
 
+/// A recording among the workspace's fixtures, which the end-to-end tests share.
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/recordings")
-        .join(name)
+    Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/recordings"
+    ))
+    .join(name)
 }
 
 fn header() -> Header {
@@ -247,7 +250,7 @@ fn round_trip_plain_and_gzip_files() {
         assert_eq!(bytes.starts_with(&[0x1f, 0x8b]), name.ends_with(".gz"));
         let (h, records, stats) = recording::read_all(&path).unwrap();
         assert_eq!(h, header());
-        assert_eq!(h.tool_version, gpudiag::build_info::LONG_VERSION);
+        assert_eq!(h.tool_version, gpudiag_model::build_info::LONG_VERSION);
         assert_eq!(records, every_record());
         assert_eq!(stats.records, 6);
         assert!(!stats.is_truncated());

@@ -6,15 +6,18 @@
 
 use std::path::Path;
 
-use gpudiag::probes::Verdict;
-use gpudiag::probes::p2p::{self, PeerLink};
-use gpudiag::probes::runner::{self, ProbeReport};
-use gpudiag::rules::Severity;
-use gpudiag::rules::peers::compare;
+use gpudiag_core::rules::peers::compare;
+use gpudiag_model::finding::Severity;
+use gpudiag_probes::Verdict;
+use gpudiag_probes::p2p::{self, PeerLink};
+use gpudiag_probes::runner::{self, ProbeReport};
 
 fn real() -> ProbeReport {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/probes/h200x2_standard.json");
+    // The workspace's fixtures, shared with the end-to-end tests.
+    let path = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/probes/h200x2_standard.json"
+    ));
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
@@ -113,7 +116,7 @@ fn a_broken_pair_fails_the_probe_and_becomes_a_finding() {
         f[0].title
     );
     // The matrix text calls it out.
-    let text = gpudiag::probes::text::render(&rep);
+    let text = gpudiag_probes::text::render(&rep);
     assert!(text.contains("GPU0 -> GPU1: BROKEN"), "{text}");
 }
 
@@ -127,7 +130,7 @@ fn one_gpu_has_no_peers_to_compare() {
 
 #[test]
 fn the_real_report_renders_matrices_and_the_all_reduce() {
-    let text = gpudiag::probes::text::render(&real());
+    let text = gpudiag_probes::text::render(&real());
     assert!(text.contains("Peer copies, one direction (GB/s)"), "{text}");
     assert!(text.contains("  GPU0           -    393.8"), "{text}");
     assert!(text.contains("All GPUs together"), "{text}");

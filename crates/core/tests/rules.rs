@@ -3,14 +3,15 @@
 //! same `RuleEngine` that `check` and the live views use.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use gpudiag::config::{Config, RulesConfig};
-use gpudiag::cuda_libraries::LibraryInfo;
-use gpudiag::history::History;
-use gpudiag::rules::engine::RuleEngine;
-use gpudiag::rules::{Finding, FindingState, Severity};
-use gpudiag::telemetry::{
-    Absent, ComputeCapability, DeviceInfo, Event, EventKind, HostInfo, ProcessSample, Sample, Tick,
+use gpudiag_core::config::{Config, RulesConfig};
+use gpudiag_core::history::History;
+use gpudiag_core::rules::engine::RuleEngine;
+use gpudiag_model::cuda_libraries::LibraryInfo;
+use gpudiag_model::finding::{Finding, FindingState, Severity};
+use gpudiag_model::sample::{
+    Absent, ComputeCapability, DeviceInfo, Event, EventKind, HostInfo, ProcessSample, Sample,
 };
+use gpudiag_telemetry::Tick;
 
 const T0: u64 = 1_767_225_600_000;
 const GIB: u64 = 1 << 30;
@@ -538,8 +539,10 @@ fn an_xid_79_alone_raises_device_lost_once_with_the_xid_as_evidence() {
         .xid(79)
         .phase(3.0, |_, s| {
             s.gpu_util_pct = None;
-            s.absent
-                .insert("gpu_util_pct".into(), gpudiag_telemetry::Absent::GpuLost);
+            s.absent.insert(
+                "gpu_util_pct".into(),
+                gpudiag_model::sample::Absent::GpuLost,
+            );
         });
     let f = gone.findings();
     let lost: Vec<&Finding> = f.iter().filter(|f| f.id == "device.lost").collect();
