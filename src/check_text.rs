@@ -6,9 +6,10 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use gpudiag_core::check::{CheckReport, DeviceReport, Status};
+use gpudiag_core::check::{CheckReport, DeviceReport};
 use gpudiag_core::history::WindowStats;
 use gpudiag_model::finding::Finding;
+use gpudiag_model::finding::Status;
 use gpudiag_model::metric_table;
 use gpudiag_model::printable::line as esc;
 use gpudiag_model::sample::MetricDef;

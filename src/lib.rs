@@ -4,9 +4,8 @@
 //! below it lives in the workspace's crates (`crates/`): model ← telemetry, probes ← core ←
 //! export ← this binary; fleet reads Prometheus.
 //!
-//! The binary, benches and fuzz targets import each type from the crate that defines it. The
-//! re-exports below remain only for the integration tests that still reach the crates through
-//! this one, until they import from the crates too.
+//! Everything that uses a type (the binary, its tests, benches and fuzz targets) imports it from
+//! the crate that defines it; this crate re-exports none of them.
 
 pub mod check_text;
 pub mod cli;
@@ -16,8 +15,3 @@ pub mod schema;
 pub mod stop;
 pub mod tick_stats;
 pub mod tui;
-
-pub use gpudiag_core::{check, config, history, judgement, rules, session};
-pub use gpudiag_model::{build_info, cuda_libraries, deadline, error, printable, topology};
-pub use gpudiag_probes as probes;
-pub use gpudiag_telemetry as telemetry;

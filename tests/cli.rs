@@ -2,8 +2,9 @@
 
 use std::path::Path;
 
-use gpudiag_core::check::{CheckReport, Status};
+use gpudiag_core::check::CheckReport;
 use gpudiag_model::finding::Severity;
+use gpudiag_model::finding::Status;
 use gpudiag_model::sample::Metric;
 use gpudiag_telemetry::recording::MAX_LINE_BYTES;
 

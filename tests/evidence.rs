@@ -4,7 +4,8 @@
 
 use std::path::Path;
 
-use gpudiag_core::check::{CheckReport, Status};
+use gpudiag_core::check::CheckReport;
+use gpudiag_model::finding::Status;
 use gpudiag_model::verdict::{Basis, Bottleneck, Confidence};
 use serde_json::{Value, json};
 

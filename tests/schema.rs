@@ -9,8 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use gpudiag_core::check::{CheckReport, Status};
+use gpudiag_core::check::CheckReport;
 use gpudiag_model::finding::Severity;
+use gpudiag_model::finding::Status;
 use gpudiag_model::sample::{Absent, DeviceInfo, Metric, Sample};
 use jsonschema::error::ValidationErrorKind;
 use jsonschema::{ValidationError, Validator};

@@ -4,13 +4,13 @@
 
 use std::path::Path;
 
-use gpudiag_core::check::Status;
 use gpudiag_fleet::client::{Access, Client};
 use gpudiag_fleet::model::{Fleet, GpuVerdict, NodeState};
 use gpudiag_fleet::read::{ReadRequest, read_fleet};
 use gpudiag_fleet::selector::Selector;
 use gpudiag_model::error::{Error, exit};
 use gpudiag_model::finding::Severity;
+use gpudiag_model::finding::Status;
 use gpudiag_model::printable;
 
 use crate::cli::FleetArgs;

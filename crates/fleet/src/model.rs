@@ -7,8 +7,8 @@
 
 use std::collections::BTreeMap;
 
-use gpudiag_core::check::Status;
 use gpudiag_model::finding::Severity;
+use gpudiag_model::finding::Status;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 

@@ -26,6 +26,36 @@ impl std::fmt::Display for Severity {
     }
 }
 
+// The overall state of a check report (or a fleet, a node): the worst finding that counts, or
+// why there is no judgement. Here rather than in core so readers of reports (the fleet view)
+// need only the model; no doc comment, which would change the published schemas.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// No findings above `info`, and every checked GPU gave readings to judge.
+    Healthy,
+    Warn,
+    Fail,
+    /// No finding, and a checked GPU gave no reading at all: gpudiag was blind to it.
+    NotJudged,
+    /// The check could not run (no driver, no GPU); the report says why.
+    CouldNotRun,
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Status::Healthy => "healthy",
+            Status::Warn => "warn",
+            Status::Fail => "fail",
+            Status::NotJudged => "not_judged",
+            Status::CouldNotRun => "could_not_run",
+        })
+    }
+}
+
 /// The numbers behind a finding.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]

@@ -2,7 +2,7 @@
 //! what reading it cost, and, when the last read failed, one line saying why over the last good
 //! read. The footer says which keys work where the user is.
 
-use gpudiag_core::check::Status;
+use gpudiag_model::finding::Status;
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::style::Style;

@@ -15,6 +15,7 @@ use crate::history::{History, Window, WindowStats};
 use crate::rules::{Finding, Severity, is_workload};
 use gpudiag_model::cuda_libraries::LibraryInfo;
 use gpudiag_model::error::exit;
+use gpudiag_model::finding::Status;
 use gpudiag_telemetry::{DeviceInfo, HostInfo, Metric, Sample, TimeMs};
 
 /// Bumped on any change that removes or retypes a field; adding a field keeps it. Version 2:
@@ -234,33 +235,6 @@ pub struct DeviceReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "gpudiag_probes::runner::DeviceProbes")]
     pub probes: Option<gpudiag_probes::runner::DeviceProbes>,
-}
-
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    /// No findings above `info`, and every checked GPU gave readings to judge.
-    Healthy,
-    Warn,
-    Fail,
-    /// No finding, and a checked GPU gave no reading at all: gpudiag was blind to it.
-    NotJudged,
-    /// The check could not run (no driver, no GPU); the report says why.
-    CouldNotRun,
-}
-
-impl std::fmt::Display for Status {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Status::Healthy => "healthy",
-            Status::Warn => "warn",
-            Status::Fail => "fail",
-            Status::NotJudged => "not_judged",
-            Status::CouldNotRun => "could_not_run",
-        })
-    }
 }
 
 /// Whether a finding weighs on the status and the exit code. A fault that happened at any time

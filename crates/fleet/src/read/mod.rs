@@ -30,7 +30,7 @@ pub use promql::exact_alternatives;
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use gpudiag_core::check::Status;
+use gpudiag_model::finding::Status;
 use gpudiag_model::prometheus_names::{label, series};
 
 use crate::client::{ApiError, Client, Series};

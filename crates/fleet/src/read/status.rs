@@ -1,8 +1,8 @@
 //! The fleet's findings, counts and status: every down target, finding and firing alert, worst
 //! first, and the status the exit code is computed from.
 
-use gpudiag_core::check::Status;
 use gpudiag_model::finding::Severity;
+use gpudiag_model::finding::Status;
 
 use crate::model::*;
 

@@ -14,7 +14,7 @@
 //! feature; without it the socket is still looked for, and a node that has one is told that
 //! this build cannot ask it.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -85,7 +85,7 @@ struct PodResourcesClient;
 
 #[cfg(not(feature = "kubernetes"))]
 impl PodResourcesClient {
-    fn new(_socket: &Path, _deadline: Duration) -> Result<Self, String> {
+    fn new(_socket: &std::path::Path, _deadline: Duration) -> Result<Self, String> {
         Err(
             "this gpudiag was built without Kubernetes support (the `kubernetes` feature), \
              so it cannot ask the kubelet which pods hold each GPU"
