@@ -2,22 +2,29 @@
 //! the fake kubelet beside it, and the kubelet flags' usage errors. Reading the owners from fake
 //! /proc trees and the kubelet is tested in `crates/telemetry/tests/attribution.rs`.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-use serde_json::Value;
+// What the kubelet test needs: the fake kubelet speaks the client's gRPC messages, so it runs
+// with the `kubernetes` feature (the default) only.
+#[cfg(feature = "kubernetes")]
+use {
+    crate::support::at,
+    crate::support::kubelet::{Behaviour, FakeKubelet, pod},
+    serde_json::Value,
+    std::path::PathBuf,
+};
 
-use crate::support::at;
-use crate::support::kubelet::{Behaviour, FakeKubelet, pod};
-
+#[cfg(feature = "kubernetes")]
 const UID_A: &str = "7c9e6679-7425-40de-944b-e07fc1f90ae7";
 
+#[cfg(feature = "kubernetes")]
 fn fixture() -> PathBuf {
     at("tests/fixtures/attribution")
 }
 
 /// `check --json` on a live (amdgpu sysfs) fake tree whose GPU process runs in a pod, with
 /// the fake kubelet on the side: the report carries the process's pod and the GPU's.
+#[cfg(feature = "kubernetes")]
 #[test]
 fn check_json_reports_the_attribution() {
     let dir = tempfile::tempdir().unwrap();

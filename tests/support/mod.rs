@@ -4,6 +4,8 @@
 
 pub mod cluster;
 pub mod fake_http;
+// The fake kubelet speaks the client's gRPC messages: with the `kubernetes` feature only.
+#[cfg(feature = "kubernetes")]
 pub mod kubelet;
 pub mod prometheus_api;
 pub mod serve;

@@ -7,7 +7,9 @@
 //! attribution is tested end to end in the workspace's `tests/attribution.rs`.)
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(feature = "kubernetes")]
+use std::time::Instant;
 
 use gpudiag_model::attribution::{Attribution, FoundIn};
 use gpudiag_model::sample::ProcessSample;
@@ -15,9 +17,13 @@ use gpudiag_telemetry::attribution::{
     AttributionOptions, Attributor, GpuKeys, GpuPods, KubeletOptions,
 };
 
-// The fake kubelet the end-to-end tests use too.
+// The fake kubelet the end-to-end tests use too; its gRPC messages are the client's, so these
+// tests need the `kubernetes` feature (`cargo nextest run -p gpudiag-telemetry --features
+// kubernetes`, as `--workspace` builds it for the binary's default).
+#[cfg(feature = "kubernetes")]
 #[path = "../../../tests/support/kubelet.rs"]
 mod kubelet;
+#[cfg(feature = "kubernetes")]
 use kubelet::{Behaviour, FakeKubelet, pod};
 
 const UID_A: &str = "7c9e6679-7425-40de-944b-e07fc1f90ae7";
@@ -141,6 +147,7 @@ fn pods_from_the_cgroup_alone_when_there_is_no_kubelet() {
     }
 }
 
+#[cfg(feature = "kubernetes")]
 #[test]
 fn one_pod_per_gpu_names_pod_namespace_and_container() {
     let kubelet = FakeKubelet::start(Behaviour::Answer(vec![
@@ -172,6 +179,7 @@ fn one_pod_per_gpu_names_pod_namespace_and_container() {
     assert_eq!(a.gpu_pods(&gpu(1, "GPU-bbbb")), Ok(vec![]));
 }
 
+#[cfg(feature = "kubernetes")]
 #[test]
 fn a_time_sliced_gpu_shared_by_two_pods_is_said_so() {
     // The device plugin's time-slicing replicas: one GPU, ids UUID::N.
@@ -201,6 +209,7 @@ fn a_time_sliced_gpu_shared_by_two_pods_is_said_so() {
     assert!(why.contains("shared by 2 pods"), "{why}");
 }
 
+#[cfg(feature = "kubernetes")]
 #[test]
 fn a_hanging_kubelet_costs_one_deadline_per_cache_period() {
     let kubelet = FakeKubelet::start(Behaviour::Hang);
@@ -222,6 +231,7 @@ fn a_hanging_kubelet_costs_one_deadline_per_cache_period() {
     assert_eq!(attribution.why_absent("pod.name"), Some(why.as_str()));
 }
 
+#[cfg(feature = "kubernetes")]
 #[test]
 fn a_socket_that_never_speaks_grpc_is_cut_off_at_the_deadline() {
     let dir = tempfile::tempdir().unwrap();
@@ -233,5 +243,18 @@ fn a_socket_that_never_speaks_grpc_is_cut_off_at_the_deadline() {
     let why = a.gpu_pods(&gpu(0, "GPU-aaaa")).unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(3));
     assert!(why.contains("300 ms"), "{why}");
+    drop(listener);
+}
+
+#[cfg(not(feature = "kubernetes"))]
+#[test]
+fn a_build_without_kubernetes_says_so_where_a_kubelet_socket_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("kubelet.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let a = attributor(&socket, Duration::from_millis(300));
+    let why = a.gpu_pods(&gpu(0, "GPU-aaaa")).unwrap_err();
+    assert!(why.contains("built without Kubernetes support"), "{why}");
+    assert!(!a.kubelet_client_started());
     drop(listener);
 }
