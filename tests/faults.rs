@@ -415,7 +415,7 @@ fn tui_marks_stalled_and_missing_gpus() {
     // A stalled device, as the deadline marks it.
     let stalled = sanity::all_absent(
         0,
-        app.pipeline.latest[&0].time_ms + 1,
+        app.session.pipeline.latest[&0].time_ms + 1,
         &sanity::stalled_reason(Duration::from_millis(2000)),
     );
     app.push_tick(Tick {

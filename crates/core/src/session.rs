@@ -1,6 +1,7 @@
-//! The session: one place that opens any source (live GPUs, the demo, a recording or a bundle)
-//! and the pipeline state every command and view feeds its ticks into (history, latest values,
-//! events, and the rule engine judging them as they arrive).
+//! The session: one place that opens any source (live GPUs, the demo, a recording or a bundle),
+//! sets up the pipeline it runs into with what judges it (the kernel log, the CUDA libraries,
+//! the configuration), runs it into a sink, and judges a span of it ([`Session`]: `check`,
+//! `trace`, `serve`, `run` and the terminal UI start there).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -11,6 +12,7 @@ use std::time::Duration;
 use gpudiag_model::cuda_libraries::LibraryInfo;
 use gpudiag_model::error::Error;
 use gpudiag_model::finding::Finding;
+use gpudiag_model::sample::HostInfo;
 use gpudiag_model::stats;
 use gpudiag_model::topology::Topology;
 use gpudiag_probes::runner::ProbeReport;
@@ -22,7 +24,7 @@ use gpudiag_telemetry::replay::{Pace, ReplayBackend, ReplayOptions};
 use gpudiag_telemetry::sampler::{self, Sampler, SamplerMsg, SamplerOptions};
 use gpudiag_telemetry::{Backend, BackendError, DeviceInfo, Pacing, Tick, fault};
 
-use crate::config::Config;
+use crate::config::{Config, RulesConfig};
 use crate::host_facts::{HostFacts, XidRead, read_kernel_xids};
 use crate::judgement::{self, Judgement, KernelLog, Moment, Seen, Span};
 use crate::pipeline::{Pipeline, Sink};
@@ -277,17 +279,66 @@ pub struct Session {
     pub pipeline: Pipeline,
     /// The selected devices.
     pub devices: Vec<DeviceInfo>,
-    /// Every device the source has, to place a kernel-log XID by its PCI address.
-    host_devices: Vec<DeviceInfo>,
-    /// The findings the source carried for the selected devices; a recording read as it streams
-    /// knows them only at its end, which [`Session::run`] takes in.
-    pub recorded: Vec<Finding>,
-    /// The source's warnings, likewise complete only once it has been run.
+    /// The source's warnings; a recording read as it streams knows them only at its end, which
+    /// [`Session::run`] takes in.
     pub warnings: Vec<String>,
+    witness: Witness,
+    judged_with: JudgedWith,
+}
+
+/// What a session saw besides telemetry, kept apart from its pipeline so a sink can judge while
+/// the pipeline feeds it.
+struct Witness {
+    /// The findings the source carried for the selected devices (likewise complete only once
+    /// the source has been run).
+    recorded: Vec<Finding>,
     /// This host's kernel-log XIDs, and before what they were logged ("before this check").
     kernel_log: Option<(XidRead, &'static str)>,
+    /// Every device the source has, to place a kernel-log XID by its PCI address.
+    host_devices: Vec<DeviceInfo>,
+}
+
+impl Witness {
+    fn seen(&self) -> Seen<'_> {
+        Seen {
+            recorded: &self.recorded,
+            kernel_log: self.kernel_log.as_ref().map(|(xids, before)| KernelLog {
+                xids,
+                host_devices: &self.host_devices,
+                before,
+            }),
+            probes: None,
+        }
+    }
+}
+
+/// What a session's pipeline is built from, again when the session starts over.
+struct JudgedWith {
+    host: HostInfo,
+    rules: RulesConfig,
     /// This host's CUDA libraries, when asked for and the source is this host's.
-    pub libraries: Option<Vec<LibraryInfo>>,
+    libraries: Option<Vec<LibraryInfo>>,
+    current_phase: bool,
+    retain: Option<Duration>,
+}
+
+impl JudgedWith {
+    fn pipeline(&self, devices: &[DeviceInfo]) -> Pipeline {
+        let mut engine = RuleEngine::new(
+            self.rules.clone(),
+            devices.to_vec(),
+            Some(self.host.clone()),
+            self.libraries.clone(),
+        );
+        if self.current_phase {
+            engine = engine.with_current_phase();
+        }
+        let pipeline = Pipeline::new(engine);
+        match self.retain {
+            Some(window) => pipeline.retaining(window),
+            None => pipeline,
+        }
+    }
 }
 
 /// How a session is set up: see [`Session`].
@@ -298,6 +349,7 @@ pub struct Setup<'a> {
     kernel_log: Option<&'static str>,
     libraries: bool,
     retain: Option<Duration>,
+    current_phase: bool,
 }
 
 impl Session {
@@ -311,7 +363,37 @@ impl Session {
             kernel_log: None,
             libraries: false,
             retain: None,
+            current_phase: false,
         }
+    }
+
+    /// Forgets every tick and finding and judges from scratch (a replay seeking backwards).
+    pub fn start_over(&mut self) {
+        self.pipeline = self.judged_with.pipeline(&self.devices);
+    }
+
+    /// This host's CUDA libraries the rules judge with, when asked for and the source is this
+    /// host's.
+    pub fn libraries(&self) -> Option<&[LibraryInfo]> {
+        self.judged_with.libraries.as_deref()
+    }
+
+    /// Judges with these thresholds and this host's libraries from now on, starting over.
+    pub fn set_rules(&mut self, rules: RulesConfig, libraries: Option<Vec<LibraryInfo>>) {
+        self.judged_with.rules = rules;
+        self.judged_with.libraries = libraries;
+        self.start_over();
+    }
+
+    /// The findings the source carried, when they are learnt apart from it.
+    pub fn set_recorded(&mut self, findings: Vec<Finding>) {
+        self.witness.recorded = findings;
+    }
+
+    /// This host's kernel-log XIDs, when read apart from the session (`before`: see
+    /// [`Setup::with_kernel_log`]).
+    pub fn set_kernel_log(&mut self, xids: XidRead, before: &'static str) {
+        self.witness.kernel_log = Some((xids, before));
     }
 
     /// The source, until the session is run.
@@ -335,11 +417,7 @@ impl Session {
             return Ok(None);
         };
         let end = run_to_end(source, &mut self.pipeline, opts, sink)?;
-        if let Some(notes) = end.notes {
-            self.warnings = notes.warnings;
-            self.recorded = notes.recorded;
-        }
-        Ok(end.failure)
+        Ok(self.take_in(end))
     }
 
     /// [`Session::run`], judging what the session holds now after every tick and handing that
@@ -353,19 +431,20 @@ impl Session {
             return Ok(None);
         };
         let mut judging = JudgeEachTick {
-            witness: Witness {
-                recorded: &self.recorded,
-                kernel_log: self.kernel_log.as_ref(),
-                host_devices: &self.host_devices,
-            },
+            witness: &self.witness,
             sink,
         };
         let end = run_to_end(source, &mut self.pipeline, opts, &mut judging)?;
+        Ok(self.take_in(end))
+    }
+
+    /// What the source learned while it was read.
+    fn take_in(&mut self, end: RunEnd) -> Option<BackendError> {
         if let Some(notes) = end.notes {
             self.warnings = notes.warnings;
-            self.recorded = notes.recorded;
+            self.witness.recorded = notes.recorded;
         }
-        Ok(end.failure)
+        end.failure
     }
 
     /// One read of every device (see [`read_once`]); the source stays open.
@@ -385,35 +464,22 @@ impl Session {
     pub fn seen<'s>(&'s self, probes: Option<&'s ProbeReport>) -> Seen<'s> {
         Seen {
             probes,
-            ..self.witness().seen()
-        }
-    }
-
-    fn witness(&self) -> Witness<'_> {
-        Witness {
-            recorded: &self.recorded,
-            kernel_log: self.kernel_log.as_ref(),
-            host_devices: &self.host_devices,
+            ..self.witness.seen()
         }
     }
 
     /// The judgement at the end of `span` (see [`judgement::judge`]).
     pub fn judge(&mut self, span: Span, probes: Option<&ProbeReport>) -> Judgement {
-        let witness = Witness {
-            recorded: &self.recorded,
-            kernel_log: self.kernel_log.as_ref(),
-            host_devices: &self.host_devices,
-        };
         let seen = Seen {
             probes,
-            ..witness.seen()
+            ..self.witness.seen()
         };
         judgement::judge(&mut self.pipeline, Moment::End(span), &seen)
     }
 
     /// The judgement as things stand, which changes nothing.
-    pub fn judge_now(&self) -> Judgement {
-        judgement::judge_now(&self.pipeline, &self.seen(None))
+    pub fn judge_now(&self, probes: Option<&ProbeReport>) -> Judgement {
+        judgement::judge_now(&self.pipeline, &self.seen(probes))
     }
 }
 
@@ -450,6 +516,33 @@ impl Setup<'_> {
         self
     }
 
+    /// The engine also finds the phase each device's window ends in (the terminal UI's header
+    /// leads with it).
+    pub fn with_current_phase(mut self) -> Self {
+        self.current_phase = true;
+        self
+    }
+
+    /// A session fed its ticks from elsewhere (the terminal UI samples, seeks and pauses its
+    /// source itself): `devices` are the session's GPUs, and place the kernel log's XIDs. The
+    /// kernel log and libraries, read while the UI's source opened, are given later
+    /// ([`Session::set_kernel_log`], [`Session::set_rules`]).
+    pub fn fed(self, host: HostInfo, devices: Vec<DeviceInfo>) -> Session {
+        let judged_with = self.judged_with(host, None);
+        Session {
+            source: None,
+            pipeline: judged_with.pipeline(&devices),
+            witness: Witness {
+                recorded: Vec::new(),
+                kernel_log: None,
+                host_devices: devices.clone(),
+            },
+            devices,
+            warnings: Vec::new(),
+            judged_with,
+        }
+    }
+
     /// Opens the source `spec` names and sets the session up over it.
     pub fn open(self, spec: &SourceSpec) -> Result<Session, Error> {
         // The log and the library search touch no GPU: when both are asked, they are read while
@@ -483,48 +576,29 @@ impl Setup<'_> {
         }
         let kernel_log = self.kernel_log.zip(xids).map(|(before, x)| (x, before));
         let libraries = libraries.filter(|_| self.libraries);
+        let judged_with = self.judged_with(source.backend.host().clone(), libraries);
         let devices = source.devices();
-        let engine = RuleEngine::new(
-            self.config.rules.clone(),
-            devices.clone(),
-            Some(source.backend.host().clone()),
-            libraries.clone(),
-        );
-        let mut pipeline = Pipeline::new(engine);
-        if let Some(window) = self.retain {
-            pipeline = pipeline.retaining(window);
-        }
         Session {
-            host_devices: source.backend.devices().to_vec(),
-            recorded: source.recorded.clone(),
+            pipeline: judged_with.pipeline(&devices),
+            devices,
+            witness: Witness {
+                recorded: source.recorded.clone(),
+                kernel_log,
+                host_devices: source.backend.devices().to_vec(),
+            },
             warnings: source.backend.source_warnings(),
             source: Some(source),
-            pipeline,
-            devices,
-            kernel_log,
-            libraries,
+            judged_with,
         }
     }
-}
 
-/// What a session saw besides telemetry, borrowed apart from its pipeline so a sink can judge
-/// while the pipeline feeds it.
-struct Witness<'s> {
-    recorded: &'s [Finding],
-    kernel_log: Option<&'s (XidRead, &'static str)>,
-    host_devices: &'s [DeviceInfo],
-}
-
-impl<'s> Witness<'s> {
-    fn seen(&self) -> Seen<'s> {
-        Seen {
-            recorded: self.recorded,
-            kernel_log: self.kernel_log.map(|(xids, before)| KernelLog {
-                xids,
-                host_devices: self.host_devices,
-                before,
-            }),
-            probes: None,
+    fn judged_with(&self, host: HostInfo, libraries: Option<Vec<LibraryInfo>>) -> JudgedWith {
+        JudgedWith {
+            host,
+            rules: self.config.rules.clone(),
+            libraries,
+            current_phase: self.current_phase,
+            retain: self.retain,
         }
     }
 }
@@ -541,7 +615,7 @@ pub trait JudgingSink {
 }
 
 struct JudgeEachTick<'s, 'k> {
-    witness: Witness<'s>,
+    witness: &'s Witness,
     sink: &'k mut dyn JudgingSink,
 }
 

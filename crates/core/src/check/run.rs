@@ -150,7 +150,7 @@ pub fn run(
         None => Span::whole(),
     };
     let judged = session.judge(span, probed.as_ref());
-    let libraries = session.libraries.take();
+    let libraries = session.libraries().map(<[_]>::to_vec);
     let mut pipeline = session.pipeline;
     if let Some(w) = window.judge_last {
         pipeline.keep_last(w);
