@@ -14,8 +14,9 @@ use gpudiag::tui::app::{App, AppInit, Panel, SourceKind};
 use gpudiag::tui::theme::Theme;
 use gpudiag::tui::ui;
 use gpudiag_core::config::RulesConfig;
+use gpudiag_core::pipeline::{Pipeline, Sink};
 use gpudiag_core::rules::engine::RuleEngine;
-use gpudiag_core::session::{DEMO_RECORDING, Pipeline, Sink};
+use gpudiag_core::session::DEMO_RECORDING;
 use gpudiag_model::finding::{Finding, Severity};
 use gpudiag_model::sample::{Absent, EventKind, Metric};
 use gpudiag_telemetry::fault::{self, FAULTS_ENV, FaultBackend};
@@ -414,7 +415,7 @@ fn tui_marks_stalled_and_missing_gpus() {
     // A stalled device, as the deadline marks it.
     let stalled = sanity::all_absent(
         0,
-        app.pipeline.latest[&0].time_ms + 1,
+        app.session.pipeline.latest[&0].time_ms + 1,
         &sanity::stalled_reason(Duration::from_millis(2000)),
     );
     app.push_tick(Tick {

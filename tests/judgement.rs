@@ -286,6 +286,7 @@ fn tui_view(path: Option<&Path>) -> (View, Jobs) {
         }
     }
     view.verdicts = app
+        .session
         .pipeline
         .engine
         .verdicts()

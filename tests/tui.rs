@@ -849,7 +849,7 @@ fn a_reset_forgets_the_old_data() {
         Instant::now(),
     );
     assert!(app.findings.is_empty());
-    assert_eq!(app.session.len(), 10);
+    assert_eq!(app.ticks.len(), 10);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1176,7 +1176,7 @@ fn a_busy_gpu_is_named_and_forcing_is_offered_with_a_confirmation() {
     for t in all_ticks(&mut b) {
         app.push_tick(t);
     }
-    let util = app.pipeline.latest[&0].gpu_util_pct.unwrap();
+    let util = app.session.pipeline.latest[&0].gpu_util_pct.unwrap();
     press(&mut app, &[KeyCode::Char('5'), KeyCode::Enter]);
     app.on_probes(Ok(busy_report()));
     let expected = format!("GPU 0 NVIDIA H200 is busy (2 processes / {util:.0}% util)");
@@ -1669,7 +1669,7 @@ fn header_leads_with_the_phase_the_window_ends_in() {
     )
     .unwrap();
     let mut app = playing_from(b, "spin.ndjson");
-    let engine = &app.pipeline.engine;
+    let engine = &app.session.pipeline.engine;
     let window = engine.verdicts()[&0].clone();
     let now = engine
         .current_phase(0)
@@ -1714,7 +1714,7 @@ fn header_leads_with_the_phase_the_window_ends_in() {
     )
     .unwrap();
     let app = playing_from(b, "spin.ndjson");
-    assert!(app.pipeline.engine.current_phase(0).is_none());
+    assert!(app.session.pipeline.engine.current_phase(0).is_none());
     let screen = render(&app, 120, 40);
     let line = screen.lines().nth(2).unwrap();
     assert!(
@@ -1725,7 +1725,7 @@ fn header_leads_with_the_phase_the_window_ends_in() {
     let mut app = app;
     app.on_feed(SamplerMsg::Ended(None), Instant::now());
     app.refresh_findings();
-    let whole = app.pipeline.engine.verdicts()[&0].clone();
+    let whole = app.session.pipeline.engine.verdicts()[&0].clone();
     assert!(whole.window_s() >= 34.0, "{whole:?}");
     let screen = render(&app, 120, 40);
     let line = screen.lines().nth(2).unwrap();

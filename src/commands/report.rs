@@ -11,10 +11,9 @@ use crate::cli::ReportArgs;
 use crate::stop::Stop;
 use gpudiag_core::check::{CheckRequest, NoProbes};
 use gpudiag_core::config::RulesConfig;
+use gpudiag_core::pipeline::{Pipeline, Sink};
 use gpudiag_core::rules::engine::RuleEngine;
-use gpudiag_core::session::{
-    self, Limit, Origin, Pipeline, RunOptions, Sink, Source, SourceSpec, open_source,
-};
+use gpudiag_core::session::{self, Limit, Origin, RunOptions, Source, SourceSpec, open_source};
 use gpudiag_export::bundle_writer::{self, BundleOptions, Captured, host};
 use gpudiag_model::error::{Error, exit};
 use gpudiag_model::finding::Finding;

@@ -25,11 +25,10 @@ use serde::{Deserialize, Serialize};
 use crate::cli::RunArgs;
 use gpudiag_core::check::ToolInfo;
 use gpudiag_core::config::Config;
-use gpudiag_core::judgement::{self, Moment, Seen, Span};
+use gpudiag_core::judgement::Span;
+use gpudiag_core::pipeline::{Pipeline, Sink};
 use gpudiag_core::rules::is_workload;
-use gpudiag_core::session::{
-    self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source,
-};
+use gpudiag_core::session::{Limit, RunOptions, Session, Source, open_source};
 use gpudiag_export::chrome_trace::{Trace, TraceBuilder};
 use gpudiag_export::profiler_merge;
 use gpudiag_export::{refuse_existing, write_json_atomic};
@@ -553,10 +552,9 @@ fn exit_parts(status: ExitStatus) -> (Option<i32>, Option<i32>) {
 
 /// What watching produced, kept for the summary at the end.
 struct Watched {
-    pipeline: Pipeline,
-    devices: Vec<gpudiag_model::sample::DeviceInfo>,
-    /// Findings the source carried (a recording's; live sources carry none).
-    recorded: Vec<Finding>,
+    /// The pipeline, the devices watched and the findings the source carried (a recording's;
+    /// live sources carry none).
+    session: Session,
     tree: ProcessTree,
     warnings: Vec<String>,
     /// gpudiag's trace, kept for `--profiler-trace`.
@@ -601,13 +599,16 @@ fn watch(
     config: &Config,
     stop: &Arc<AtomicBool>,
 ) -> Watched {
-    let devices = source.devices();
-    let host = source.backend.host().clone();
-    let recorded = source.recorded.clone();
-    let trace = options
-        .trace
-        .map(|_| TraceBuilder::new(source.backend.name(), None, &host, devices.clone()));
-    let mut pipeline = Pipeline::new(engine_for(&source, config));
+    let trace = options.trace.map(|_| {
+        TraceBuilder::new(
+            source.backend.name(),
+            None,
+            source.backend.host(),
+            source.devices(),
+        )
+    });
+    // The command's own time is judged: XIDs the kernel logged before it started are not its.
+    let mut session = Session::setup(config).with_libraries().over(source);
     let mut sink = RunSink {
         writer,
         write_failed: None,
@@ -620,7 +621,7 @@ fn watch(
         stop: Some(stop),
     };
     let mut warnings = Vec::new();
-    match session::run(source, &mut pipeline, &opts, &mut sink) {
+    match session.run(&opts, &mut sink) {
         Ok(None) => {}
         Ok(Some(e)) => warnings.push(format!("sampling stopped early: {e}")),
         Err(e) => warnings.push(format!("sampling stopped early: {e}")),
@@ -636,7 +637,7 @@ fn watch(
     let mut trace = None;
     if let (Some(builder), Some(path)) = (sink.trace.take(), options.trace) {
         let mut builder = builder;
-        for f in pipeline.engine.raised() {
+        for f in session.pipeline.engine.raised() {
             builder.push_finding(&f);
         }
         let finished = builder.finish();
@@ -648,9 +649,7 @@ fn watch(
         }
     }
     Watched {
-        pipeline,
-        devices,
-        recorded,
+        session,
         tree: sink.tree,
         warnings,
         trace,
@@ -665,15 +664,11 @@ impl Watched {
             start_ms: Some(start_ms),
             end_ms: Some(end_ms),
         };
-        let seen = Seen {
-            recorded: &self.recorded,
-            ..Seen::default()
-        };
         let command: BTreeSet<u32> = self.tree.seen.keys().map(|&(_, pid)| pid).collect();
-        self.pipeline.engine.set_command_processes(command);
-        let mut judged = judgement::judge(&mut self.pipeline, Moment::End(span), &seen);
+        self.session.pipeline.engine.set_command_processes(command);
+        let mut judged = self.session.judge(span, None);
         let used: BTreeSet<u32> = self.tree.seen.values().map(|p| p.device).collect();
-        for d in &self.devices {
+        for d in &self.session.devices {
             if !used.is_empty() && !used.contains(&d.index) {
                 continue;
             }
@@ -693,7 +688,7 @@ impl Watched {
         report.findings = judged.findings;
         report.not_judged = judged.not_judged;
         report.gpu_processes = self.tree.seen.values().cloned().collect();
-        report.still_holding = self.tree.still_holding(&self.pipeline, end_ms);
+        report.still_holding = self.tree.still_holding(&self.session.pipeline, end_ms);
         for w in self.warnings {
             report.not_judged.push(NotJudged {
                 rule: "run".into(),
@@ -715,8 +710,10 @@ pub fn conclusion_of(source: Source, config: &Config) -> RunConclusion {
         merge_later: false,
     };
     let watched = watch(source, None, &options, config, &stop);
-    let (Some(start_ms), Some(end_ms)) = (watched.pipeline.first_ms(), watched.pipeline.last_ms())
-    else {
+    let (Some(start_ms), Some(end_ms)) = (
+        watched.session.pipeline.first_ms(),
+        watched.session.pipeline.last_ms(),
+    ) else {
         return RunConclusion::default();
     };
     let mut report = RunReport {

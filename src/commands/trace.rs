@@ -8,10 +8,9 @@ use std::time::Duration;
 use crate::cli::TraceArgs;
 use crate::stop::Stop;
 use gpudiag_core::config::Config;
-use gpudiag_core::judgement::{self, KernelLog, Moment, Seen, Span};
-use gpudiag_core::session::{
-    self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source,
-};
+use gpudiag_core::judgement::Span;
+use gpudiag_core::pipeline::{Pipeline, Sink};
+use gpudiag_core::session::{Limit, RunOptions, Session, Source, open_source};
 use gpudiag_export::chrome_trace::{Trace, TraceBuilder};
 use gpudiag_export::profiler_merge::MergeSummary;
 use gpudiag_export::{TraceOptions, write_trace};
@@ -40,55 +39,39 @@ pub fn capture_trace(
     stop: Option<&AtomicBool>,
     config: &Config,
 ) -> Result<Capture, Error> {
-    let devices = source.devices();
-    let host_devices = source.backend.devices().to_vec();
-    let recorded = source.recorded.clone();
     // XIDs from before the capture (a job that died earlier) are in the kernel log only.
-    let kernel_xids = source
-        .is_this_host()
-        .then(gpudiag_core::host_facts::read_kernel_xids);
+    let mut session = Session::setup(config)
+        .with_kernel_log("before this trace")
+        .with_libraries()
+        .over(source);
+    let Some(source) = session.source() else {
+        return Err(Error::Usage("the source holds no telemetry samples".into()));
+    };
     let mut builder = TraceBuilder::new(
         source.backend.name(),
         source.recording.clone(),
         source.backend.host(),
-        devices.clone(),
+        session.devices.clone(),
     );
-    let mut warnings = source.backend.source_warnings();
-    let mut pipeline = Pipeline::new(engine_for(&source, config));
     let mut sink = TraceSink(&mut builder);
     let opts = RunOptions {
         interval,
         limit: limit.map_or(Limit::None, Limit::Live),
         stop,
     };
-    let end = session::run_to_end(source, &mut pipeline, &opts, &mut sink)?;
+    let failure = session.run(&opts, &mut sink)?;
     // A recording read as it streams knows what it skipped, and what it carries, at its end.
-    let recorded = match end.notes {
-        Some(notes) => {
-            warnings = notes.warnings;
-            notes.recorded
-        }
-        None => recorded,
-    };
-    match end.failure {
+    let mut warnings = std::mem::take(&mut session.warnings);
+    match failure {
         Some(gpudiag_telemetry::BackendError::Recording(e)) => return Err(e.into()),
-        Some(e) if pipeline.tick_count() == 0 => return Err(e.into()),
+        Some(e) if session.pipeline.tick_count() == 0 => return Err(e.into()),
         Some(e) => warnings.push(format!("sampling stopped early: {e}")),
         None => {}
     }
-    if pipeline.tick_count() == 0 {
+    if session.pipeline.tick_count() == 0 {
         return Err(Error::Usage("the source holds no telemetry samples".into()));
     }
-    let seen = Seen {
-        recorded: &recorded,
-        kernel_log: kernel_xids.as_ref().map(|xids| KernelLog {
-            xids,
-            host_devices: &host_devices,
-            before: "before this trace",
-        }),
-        probes: None,
-    };
-    let judged = judgement::judge(&mut pipeline, Moment::End(Span::whole()), &seen);
+    let judged = session.judge(Span::whole(), None);
     builder.push_overall_verdicts(judged.verdicts.values());
     // A job's phases are worth a track only where its verdict changed.
     let job_phases = judged.job_phases.values().filter(|p| p.len() > 1).flatten();
@@ -100,7 +83,7 @@ pub fn capture_trace(
     Ok(Capture {
         trace: builder.finish(),
         findings,
-        ticks: pipeline.tick_count(),
+        ticks: session.pipeline.tick_count(),
         warnings,
         merged: None,
     })

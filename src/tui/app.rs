@@ -14,10 +14,9 @@ use super::messages::LOOKBACK;
 use super::session_log::SessionLog;
 use super::theme::Theme;
 use crate::cli::SuiteName;
-use gpudiag_core::config::RulesConfig;
-use gpudiag_core::judgement::{self, KernelLog, Moment, Seen, Span};
-use gpudiag_core::rules::engine::RuleEngine;
-use gpudiag_core::session::Pipeline;
+use gpudiag_core::config::{Config, RulesConfig};
+use gpudiag_core::judgement::{self, Span};
+use gpudiag_core::session::Session;
 use gpudiag_model::cuda_libraries::LibraryInfo;
 use gpudiag_model::finding::{Finding, Severity};
 use gpudiag_model::job::{JobPattern, JobVerdict};
@@ -312,15 +311,10 @@ pub struct App {
     pub can_signal: bool,
     pub topology: Option<gpudiag_model::topology::Topology>,
 
-    /// The same pipeline as every command: sanitised ticks, history, latest values, and the
-    /// incremental rules, fed tick by tick.
-    pub pipeline: Pipeline,
-    /// Findings a replayed recording carries (raised live when it was made).
-    recorded: Vec<Finding>,
-    /// The XIDs the kernel logged before a live session started; `None` for a replay.
-    kernel_xids: Option<Result<XidLog, String>>,
-    rules: RulesConfig,
-    libraries: Option<Vec<LibraryInfo>>,
+    /// The same session as every command, fed tick by tick: its pipeline (sanitised ticks,
+    /// history, latest values, the incremental rules), a replayed recording's findings, and the
+    /// XIDs the kernel logged before a live session started.
+    pub session: Session,
     /// Everything the rules raised this session, worst first, newest first within a severity.
     pub findings: Vec<Finding>,
     /// The verdict on each job of two or more GPUs, from the same judgement as the findings
@@ -334,7 +328,7 @@ pub struct App {
     /// Memory readings per (device, pid) within the growth window.
     proc_memory: BTreeMap<(u32, u32), VecDeque<(TimeMs, u64)>>,
     /// Ticks seen this session, oldest first, for saving a recording.
-    pub session: SessionLog,
+    pub ticks: SessionLog,
     /// Processes already sent SIGTERM: the next kill offers SIGKILL.
     terminated: BTreeSet<u32>,
 
@@ -379,20 +373,13 @@ impl App {
     pub fn new(init: AppInit) -> Self {
         let init_is_live = init.source == SourceKind::Live;
         // The header leads with the phase the window ends in, not only the window's blend.
-        let engine = RuleEngine::new(
-            RulesConfig::default(),
-            init.devices.clone(),
-            Some(init.host.clone()),
-            None,
-        )
-        .with_current_phase();
+        let session = Session::setup(&Config::default())
+            .with_current_phase()
+            .retaining(LOOKBACK)
+            .fed(init.host.clone(), init.devices.clone());
         App {
-            pipeline: Pipeline::new(engine).retaining(LOOKBACK),
-            recorded: Vec::new(),
-            kernel_xids: None,
+            session,
             ended_judgement: None,
-            rules: RulesConfig::default(),
-            libraries: None,
             host: init.host,
             devices: init.devices,
             source: init.source,
@@ -406,7 +393,7 @@ impl App {
             jobs_not_judged: Vec::new(),
             findings_at: None,
             proc_memory: BTreeMap::new(),
-            session: SessionLog::new(MAX_SESSION_TICKS),
+            ticks: SessionLog::new(MAX_SESSION_TICKS),
             terminated: BTreeSet::new(),
             panel: Panel::Devices,
             selected_device: 0,
@@ -436,14 +423,12 @@ impl App {
 
     /// Judges with these thresholds (and, live, this host's CUDA libraries) from now on.
     pub fn set_rules(&mut self, rules: RulesConfig, libraries: Option<Vec<LibraryInfo>>) {
-        self.rules = rules;
-        self.libraries = libraries;
-        self.reset_engine();
+        self.session.set_rules(rules, libraries);
     }
 
     /// Shows the findings a replayed recording carries beside the rules' own.
     pub fn set_recorded(&mut self, findings: Vec<Finding>) {
-        self.recorded = findings;
+        self.session.set_recorded(findings);
         self.ended_judgement = None;
     }
 
@@ -458,18 +443,7 @@ impl App {
             let n = gpudiag_core::rules::errors::unreadable_log(why, BEFORE_SESSION);
             self.status = Some(format!("not judged: {} — {}", n.rule, n.reason));
         }
-        self.kernel_xids = Some(log);
-    }
-
-    fn reset_engine(&mut self) {
-        let engine = RuleEngine::new(
-            self.rules.clone(),
-            self.devices.clone(),
-            Some(self.host.clone()),
-            self.libraries.clone(),
-        )
-        .with_current_phase();
-        self.pipeline = Pipeline::new(engine).retaining(LOOKBACK);
+        self.session.set_kernel_log(log, BEFORE_SESSION);
     }
 
     /// The selected device's static info.
@@ -479,7 +453,12 @@ impl App {
 
     /// Newest data time over all devices: "now" for rules and charts, in recorded time.
     pub fn now_ms(&self) -> Option<TimeMs> {
-        self.pipeline.latest.values().map(|s| s.time_ms).max()
+        self.session
+            .pipeline
+            .latest
+            .values()
+            .map(|s| s.time_ms)
+            .max()
     }
 
     /// Applies what the sampler sent. Findings follow at most once per `FINDINGS_EVERY`.
@@ -518,9 +497,9 @@ impl App {
         self.findings.clear();
         self.jobs.clear();
         self.jobs_not_judged.clear();
-        self.reset_engine();
+        self.session.start_over();
         self.proc_memory.clear();
-        self.session.clear();
+        self.ticks.clear();
     }
 
     /// Adds one tick to the pipeline and the session. Cheap per tick: the engine re-judges its
@@ -530,9 +509,9 @@ impl App {
             self.track_processes(s);
         }
         if tick.time_ms().is_some() {
-            self.session.push(&tick);
+            self.ticks.push(&tick);
         }
-        self.pipeline.push(tick);
+        self.session.pipeline.push(tick);
     }
 
     fn track_processes(&mut self, s: &Sample) {
@@ -590,34 +569,24 @@ impl App {
             } => Some(report),
             _ => None,
         };
-        let seen = Seen {
-            recorded: &self.recorded,
-            kernel_log: self.kernel_xids.as_ref().map(|xids| KernelLog {
-                xids,
-                host_devices: &self.devices,
-                before: BEFORE_SESSION,
-            }),
-            probes: last_probes,
-        };
         // At the end of a recording the whole of it is judged, as `check` judges it; once, until
         // more ticks arrive (a seek back).
         let judged = match self.ended {
             Some(_) => {
-                let at = (self.pipeline.last_ms(), self.pipeline.tick_count());
+                let at = (
+                    self.session.pipeline.last_ms(),
+                    self.session.pipeline.tick_count(),
+                );
                 match &self.ended_judgement {
                     Some((judged_at, judged)) if *judged_at == at => judged.clone(),
                     _ => {
-                        let judged = Judged::from(judgement::judge(
-                            &mut self.pipeline,
-                            Moment::End(Span::whole()),
-                            &seen,
-                        ));
+                        let judged = Judged::from(self.session.judge(Span::whole(), last_probes));
                         self.ended_judgement = Some((at, judged.clone()));
                         judged
                     }
                 }
             }
-            None => Judged::from(judgement::judge_now(&self.pipeline, &seen)),
+            None => Judged::from(self.session.judge_now(last_probes)),
         };
         let Judged {
             mut findings,
@@ -676,7 +645,7 @@ impl App {
     pub fn process_view(&self) -> ProcessView {
         let mut any_read = false;
         let mut rows = Vec::new();
-        for s in self.pipeline.latest.values() {
+        for s in self.session.pipeline.latest.values() {
             let Some(procs) = &s.processes else {
                 continue;
             };
@@ -695,6 +664,7 @@ impl App {
         }
         if !any_read {
             let why = self
+                .session
                 .pipeline
                 .latest
                 .values()
@@ -768,7 +738,7 @@ impl App {
         if let Ok(report) = &mut result {
             report.findings = gpudiag_core::rules::peers::compare(
                 &report.devices,
-                self.rules.peers.margin,
+                self.session.pipeline.engine.config().peers.margin,
                 gpudiag_model::sample::now_ms(),
             );
         }
@@ -837,6 +807,7 @@ impl App {
                 }
                 let n = d.busy_pids.len();
                 let util = self
+                    .session
                     .pipeline
                     .latest
                     .get(&d.index)

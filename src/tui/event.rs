@@ -217,7 +217,7 @@ fn send_signal(pid: u32, signal: KillSignal) -> String {
 /// Writes the session's ticks so far to a new file in `dir` (the UI uses the working
 /// directory); returns the message for the footer.
 pub fn save_recording(app: &App, dir: &Path) -> String {
-    if app.session.is_empty() {
+    if app.ticks.is_empty() {
         return "nothing to save yet: no telemetry has arrived".into();
     }
     let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
@@ -251,13 +251,13 @@ pub fn save_recording(app: &App, dir: &Path) -> String {
         }
     };
     let result = created.and_then(|mut w| {
-        let unreadable = app.session.for_each(|t| w.write_tick(t))?;
+        let unreadable = app.ticks.for_each(|t| w.write_tick(t))?;
         w.finish()?;
-        Ok(unreadable + app.session.unstored())
+        Ok(unreadable + app.ticks.unstored())
     });
     match result {
         Ok(lost) => {
-            let mut note = if app.session.dropped() {
+            let mut note = if app.ticks.dropped() {
                 " (the oldest ticks of this long session were not kept)".to_owned()
             } else {
                 String::new()
@@ -267,7 +267,7 @@ pub fn save_recording(app: &App, dir: &Path) -> String {
             }
             format!(
                 "saved {} ticks to {}{note}",
-                app.session.len(),
+                app.ticks.len(),
                 path.display()
             )
         }

@@ -12,8 +12,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::pipeline::Pipeline;
 use crate::rules::{self, Finding, is_workload};
-use crate::session::Pipeline;
 use gpudiag_model::job::{JobId, JobVerdict};
 use gpudiag_model::verdict::{NotJudged, Verdict};
 use gpudiag_probes::runner::ProbeReport;

@@ -6,5 +6,6 @@ pub mod config;
 pub mod history;
 pub mod host_facts;
 pub mod judgement;
+pub mod pipeline;
 pub mod rules;
 pub mod session;

@@ -1,32 +1,34 @@
-//! The session: one place that opens any source (live GPUs, the demo, a recording or a bundle)
-//! and the pipeline state every command and view feeds its ticks into (history, latest values,
-//! events, and the rule engine judging them as they arrive).
+//! The session: one place that opens any source (live GPUs, the demo, a recording or a bundle),
+//! sets up the pipeline it runs into with what judges it (the kernel log, the CUDA libraries,
+//! the configuration), runs it into a sink, and judges a span of it ([`Session`]: `check`,
+//! `trace`, `serve`, `run` and the terminal UI start there).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
+use gpudiag_model::cuda_libraries::LibraryInfo;
 use gpudiag_model::error::Error;
 use gpudiag_model::finding::Finding;
-use gpudiag_model::stats::{self, Counter};
+use gpudiag_model::sample::HostInfo;
+use gpudiag_model::stats;
 use gpudiag_model::topology::Topology;
+use gpudiag_probes::runner::ProbeReport;
 use gpudiag_telemetry::attribution::AttributionOptions;
 use gpudiag_telemetry::live::{self, LiveBackend, LiveOptions};
 use gpudiag_telemetry::nvml::SlowFields;
 use gpudiag_telemetry::poll_deadline::PollDeadline;
 use gpudiag_telemetry::replay::{Pace, ReplayBackend, ReplayOptions};
 use gpudiag_telemetry::sampler::{self, Sampler, SamplerMsg, SamplerOptions};
-use gpudiag_telemetry::sanity::Sanitiser;
-use gpudiag_telemetry::{
-    Backend, BackendError, DeviceInfo, Event, Pacing, Sample, Tick, TimeMs, fault,
-};
+use gpudiag_telemetry::{Backend, BackendError, DeviceInfo, Pacing, Tick, fault};
 
-use crate::config::Config;
-use crate::history::History;
+use crate::config::{Config, RulesConfig};
+use crate::host_facts::{HostFacts, XidRead, read_kernel_xids};
+use crate::judgement::{self, Judgement, KernelLog, Moment, Seen, Span};
+use crate::pipeline::{Pipeline, Sink};
 use crate::rules::engine::RuleEngine;
-use crate::rules::families::{self, Lifetime};
 
 /// The demo recording shipped inside the binary: a real GPU going from idle to load and back.
 pub const DEMO_RECORDING: &[u8] = include_bytes!("../../../assets/demo/demo.ndjson.gz");
@@ -259,209 +261,369 @@ pub fn select_devices(devices: &[DeviceInfo], selectors: &[String]) -> Result<De
         .map(DeviceFilter)
 }
 
-/// The one pipeline every command and view feeds: each tick is sanitised (implausible values
-/// dropped), pushed into the history, judged by the rules, handed to the sink, and kept as the
-/// latest values and events. Nothing else ingests ticks, so every view of a source agrees.
+/// The one way a command opens a source and sets up what judges it: the source, a pipeline
+/// whose rules use the configuration's thresholds, and what the session saw besides telemetry.
+/// What differs between commands is said here, by the builder's options, not by copies:
 ///
-/// What it keeps is bounded however long the source runs: the history bounds itself, tick times
-/// are kept only within the retained window (without one, only the first, the last and a count),
-/// and events within that window, at most [`MAX_EVENTS`] of them.
-pub struct Pipeline {
-    pub history: History,
-    pub latest: BTreeMap<u32, Sample>,
-    /// The time of every tick that carried samples, in order, within the retained window; without
-    /// one, the latest only.
-    tick_times: VecDeque<TimeMs>,
-    /// The first such tick, and how many there were, kept or not.
-    first_tick: Option<TimeMs>,
-    ticks: u64,
-    /// The newest events: those in the retained window, at most `MAX_EVENTS`.
-    pub events: Vec<Event>,
-    pub engine: RuleEngine,
-    sanitiser: Sanitiser,
-    /// Long-running consumers (serve, record, the terminal UI) and a check of a recording's end
-    /// keep tick times and events for this long only.
+/// - [`Setup::with_kernel_log`]: this host's kernel-log XIDs from before the session
+///   (`check`, `trace`, `serve`); `run` reads none, judging only the command's own time.
+/// - [`Setup::with_libraries`]: this host's CUDA libraries for the rules.
+/// - [`Setup::retaining`]: a long-running session keeps tick times and events for a window.
+///
+/// Both host facts describe this host's GPUs only, so a recording's session reads neither. When
+/// both are asked and the source is still to be opened, they are read while it opens (NVML's
+/// initialisation is most of a single read's time).
+pub struct Session {
+    /// The source until it is run (a run hands it to the sampler thread).
+    source: Option<Source>,
+    pub pipeline: Pipeline,
+    /// The selected devices.
+    pub devices: Vec<DeviceInfo>,
+    /// The source's warnings; a recording read as it streams knows them only at its end, which
+    /// [`Session::run`] takes in.
+    pub warnings: Vec<String>,
+    witness: Witness,
+    judged_with: JudgedWith,
+}
+
+/// What a session saw besides telemetry, kept apart from its pipeline so a sink can judge while
+/// the pipeline feeds it.
+struct Witness {
+    /// The findings the source carried for the selected devices (likewise complete only once
+    /// the source has been run).
+    recorded: Vec<Finding>,
+    /// This host's kernel-log XIDs, and before what they were logged ("before this check").
+    kernel_log: Option<(XidRead, &'static str)>,
+    /// Every device the source has, to place a kernel-log XID by its PCI address.
+    host_devices: Vec<DeviceInfo>,
+}
+
+impl Witness {
+    fn seen(&self) -> Seen<'_> {
+        Seen {
+            recorded: &self.recorded,
+            kernel_log: self.kernel_log.as_ref().map(|(xids, before)| KernelLog {
+                xids,
+                host_devices: &self.host_devices,
+                before,
+            }),
+            probes: None,
+        }
+    }
+}
+
+/// What a session's pipeline is built from, again when the session starts over.
+struct JudgedWith {
+    host: HostInfo,
+    rules: RulesConfig,
+    /// This host's CUDA libraries, when asked for and the source is this host's.
+    libraries: Option<Vec<LibraryInfo>>,
+    current_phase: bool,
     retain: Option<Duration>,
 }
 
-/// Events a pipeline keeps at most: a flood of XIDs (or a hostile recording of nothing else)
-/// must not grow it without bound.
-pub const MAX_EVENTS: usize = 16_384;
-/// Tick times kept at most within a retained window: 14 h at the fastest sampling interval
-/// (50 ms). Past it the oldest are forgotten, and the window's first time and count describe the
-/// newest ones.
-const MAX_TICK_TIMES: usize = 1 << 20;
-
-/// What consumes the pipeline's ticks: a trace being built, a recording being written, the
-/// Prometheus snapshot, the terminal UI.
-pub trait Sink {
-    /// Called once per tick, after the tick was sanitised, pushed into the history and judged
-    /// (`raised`: the findings this tick raised), before it becomes the latest values.
-    fn on_tick(
-        &mut self,
-        tick: &Tick,
-        raised: &[Finding],
-        pipeline: &Pipeline,
-    ) -> Result<(), Error>;
-}
-
-/// A sink that keeps nothing beyond what the pipeline itself keeps (`check`).
-pub struct NoSink;
-
-impl Sink for NoSink {
-    fn on_tick(&mut self, _: &Tick, _: &[Finding], _: &Pipeline) -> Result<(), Error> {
-        Ok(())
+impl JudgedWith {
+    fn pipeline(&self, devices: &[DeviceInfo]) -> Pipeline {
+        let mut engine = RuleEngine::new(
+            self.rules.clone(),
+            devices.to_vec(),
+            Some(self.host.clone()),
+            self.libraries.clone(),
+        );
+        if self.current_phase {
+            engine = engine.with_current_phase();
+        }
+        let pipeline = Pipeline::new(engine);
+        match self.retain {
+            Some(window) => pipeline.retaining(window),
+            None => pipeline,
+        }
     }
 }
 
-impl Pipeline {
-    pub fn new(engine: RuleEngine) -> Self {
-        Pipeline {
-            history: History::default(),
-            latest: BTreeMap::new(),
-            tick_times: VecDeque::new(),
-            first_tick: None,
-            ticks: 0,
-            events: Vec::new(),
-            engine,
-            sanitiser: Sanitiser::new(),
+/// How a session is set up: see [`Session`].
+pub struct Setup<'a> {
+    config: &'a Config,
+    pace: Pace,
+    one_shot: bool,
+    kernel_log: Option<&'static str>,
+    libraries: bool,
+    retain: Option<Duration>,
+    current_phase: bool,
+}
+
+impl Session {
+    /// A session judged with `config`'s thresholds; its source is read as fast as it allows,
+    /// sampled on a thread of its own, unless the setup says otherwise.
+    pub fn setup(config: &Config) -> Setup<'_> {
+        Setup {
+            config,
+            pace: Pace::AsFastAsPossible,
+            one_shot: false,
+            kernel_log: None,
+            libraries: false,
             retain: None,
+            current_phase: false,
         }
     }
 
-    /// Keeps tick times and events for `window` only (the history bounds itself).
+    /// Forgets every tick and finding and judges from scratch (a replay seeking backwards).
+    pub fn start_over(&mut self) {
+        self.pipeline = self.judged_with.pipeline(&self.devices);
+    }
+
+    /// This host's CUDA libraries the rules judge with, when asked for and the source is this
+    /// host's.
+    pub fn libraries(&self) -> Option<&[LibraryInfo]> {
+        self.judged_with.libraries.as_deref()
+    }
+
+    /// Judges with these thresholds and this host's libraries from now on, starting over.
+    pub fn set_rules(&mut self, rules: RulesConfig, libraries: Option<Vec<LibraryInfo>>) {
+        self.judged_with.rules = rules;
+        self.judged_with.libraries = libraries;
+        self.start_over();
+    }
+
+    /// The findings the source carried, when they are learnt apart from it.
+    pub fn set_recorded(&mut self, findings: Vec<Finding>) {
+        self.witness.recorded = findings;
+    }
+
+    /// This host's kernel-log XIDs, when read apart from the session (`before`: see
+    /// [`Setup::with_kernel_log`]).
+    pub fn set_kernel_log(&mut self, xids: XidRead, before: &'static str) {
+        self.witness.kernel_log = Some((xids, before));
+    }
+
+    /// The source, until the session is run.
+    pub fn source(&self) -> Option<&Source> {
+        self.source.as_ref()
+    }
+
+    pub fn source_mut(&mut self) -> Option<&mut Source> {
+        self.source.as_mut()
+    }
+
+    /// Runs the source into `sink` through the pipeline (see [`run_to_end`]), and takes in what
+    /// the source learned on the way (its warnings, the findings it carried). Returns why
+    /// sampling ended early, if it did.
+    pub fn run(
+        &mut self,
+        opts: &RunOptions<'_>,
+        sink: &mut dyn Sink,
+    ) -> Result<Option<BackendError>, Error> {
+        let Some(source) = self.source.take() else {
+            return Ok(None);
+        };
+        let end = run_to_end(source, &mut self.pipeline, opts, sink)?;
+        Ok(self.take_in(end))
+    }
+
+    /// [`Session::run`], judging what the session holds now after every tick and handing that
+    /// to `sink` (`serve` publishes what is wrong now as it happens).
+    pub fn run_judging(
+        &mut self,
+        opts: &RunOptions<'_>,
+        sink: &mut dyn JudgingSink,
+    ) -> Result<Option<BackendError>, Error> {
+        let Some(source) = self.source.take() else {
+            return Ok(None);
+        };
+        let mut judging = JudgeEachTick {
+            witness: &self.witness,
+            sink,
+        };
+        let end = run_to_end(source, &mut self.pipeline, opts, &mut judging)?;
+        Ok(self.take_in(end))
+    }
+
+    /// What the source learned while it was read.
+    fn take_in(&mut self, end: RunEnd) -> Option<BackendError> {
+        if let Some(notes) = end.notes {
+            self.warnings = notes.warnings;
+            self.witness.recorded = notes.recorded;
+        }
+        end.failure
+    }
+
+    /// One read of every device (see [`read_once`]); the source stays open.
+    pub fn read_once(&mut self, sink: &mut dyn Sink) -> Result<Option<BackendError>, Error> {
+        match self.source.as_mut() {
+            Some(source) => read_once(source, &mut self.pipeline, sink),
+            None => Ok(None),
+        }
+    }
+
+    /// Hands the source back, once it is no longer needed here (to close it elsewhere).
+    pub fn take_source(&mut self) -> Option<Source> {
+        self.source.take()
+    }
+
+    /// What the session saw besides its telemetry, with `probes` when a probe run measured.
+    pub fn seen<'s>(&'s self, probes: Option<&'s ProbeReport>) -> Seen<'s> {
+        Seen {
+            probes,
+            ..self.witness.seen()
+        }
+    }
+
+    /// The judgement at the end of `span` (see [`judgement::judge`]).
+    pub fn judge(&mut self, span: Span, probes: Option<&ProbeReport>) -> Judgement {
+        let seen = Seen {
+            probes,
+            ..self.witness.seen()
+        };
+        judgement::judge(&mut self.pipeline, Moment::End(span), &seen)
+    }
+
+    /// The judgement as things stand, which changes nothing.
+    pub fn judge_now(&self, probes: Option<&ProbeReport>) -> Judgement {
+        judgement::judge_now(&self.pipeline, &self.seen(probes))
+    }
+}
+
+impl Setup<'_> {
+    /// Reads the source at `pace` (one still to be opened).
+    pub fn pace(mut self, pace: Pace) -> Self {
+        self.pace = pace;
+        self
+    }
+
+    /// Opens the source for a single read, its slow fields read inside the poll (one still to
+    /// be opened).
+    pub fn one_shot(mut self, one_shot: bool) -> Self {
+        self.one_shot = one_shot;
+        self
+    }
+
+    /// Judges the XIDs this host's kernel logged before the session (`before`, in words:
+    /// "before this check"): NVML reports only those that happen while it listens.
+    pub fn with_kernel_log(mut self, before: &'static str) -> Self {
+        self.kernel_log = Some(before);
+        self
+    }
+
+    /// Judges with this host's CUDA libraries.
+    pub fn with_libraries(mut self) -> Self {
+        self.libraries = true;
+        self
+    }
+
+    /// Keeps tick times and events for `window` only (see [`Pipeline::retaining`]).
     pub fn retaining(mut self, window: Duration) -> Self {
         self.retain = Some(window);
         self
     }
 
-    /// sanitise → history → rules → sink → latest values.
-    pub fn push_into(&mut self, mut tick: Tick, sink: &mut dyn Sink) -> Result<(), Error> {
-        let _timed = stats::Timed::start(Counter::PipelinePushes, Counter::PipelineNs);
-        self.sanitiser.apply(&mut tick);
-        if let Some(t) = tick.samples.iter().map(|s| s.time_ms).max() {
-            self.first_tick.get_or_insert(t);
-            self.ticks += 1;
-            if self.retain.is_none() {
-                self.tick_times.clear();
-            }
-            self.tick_times.push_back(t);
-            if self.tick_times.len() > MAX_TICK_TIMES {
-                self.tick_times.pop_front();
-            }
-        }
-        for s in &tick.samples {
-            self.history.push_sample(s);
-        }
-        let raised = self.engine.on_tick(&self.history, &tick);
-        let delivered = sink.on_tick(&tick, &raised, self);
-        for s in tick.samples {
-            self.latest.insert(s.device, s);
-        }
-        self.events.extend(tick.events);
-        if let Some(window) = self.retain {
-            self.keep_last(window);
-        }
-        if self.events.len() > MAX_EVENTS {
-            let excess = self.events.len() - MAX_EVENTS;
-            self.events.drain(..excess);
-        }
-        delivered
+    /// The engine also finds the phase each device's window ends in (the terminal UI's header
+    /// leads with it).
+    pub fn with_current_phase(mut self) -> Self {
+        self.current_phase = true;
+        self
     }
 
-    /// `push_into` with no sink.
-    pub fn push(&mut self, tick: Tick) {
-        let _ = self.push_into(tick, &mut NoSink);
+    /// A session fed its ticks from elsewhere (the terminal UI samples, seeks and pauses its
+    /// source itself): `devices` are the session's GPUs, and place the kernel log's XIDs. The
+    /// kernel log and libraries, read while the UI's source opened, are given later
+    /// ([`Session::set_kernel_log`], [`Session::set_rules`]).
+    pub fn fed(self, host: HostInfo, devices: Vec<DeviceInfo>) -> Session {
+        let judged_with = self.judged_with(host, None);
+        Session {
+            source: None,
+            pipeline: judged_with.pipeline(&devices),
+            witness: Witness {
+                recorded: Vec::new(),
+                kernel_log: None,
+                host_devices: devices.clone(),
+            },
+            devices,
+            warnings: Vec::new(),
+            judged_with,
+        }
     }
 
-    /// Forgets the sanitiser's memory of counters (a replay seeking backwards: counters going
-    /// down are then the seek, not the GPU).
-    pub fn rewind(&mut self) {
-        self.sanitiser.reset();
+    /// Opens the source `spec` names and sets the session up over it.
+    pub fn open(self, spec: &SourceSpec) -> Result<Session, Error> {
+        // The log and the library search touch no GPU: when both are asked, they are read while
+        // the source opens.
+        let facts = (self.kernel_log.is_some() && self.libraries && !spec.is_recording())
+            .then(HostFacts::start);
+        let source = open_source(spec, self.pace, self.one_shot)?;
+        stats::mark("source_opened");
+        let facts = facts.map(HostFacts::join);
+        stats::mark("host_facts_read");
+        Ok(self.set_up(source, facts))
     }
 
-    /// Keeps only what falls in `(end − window, end]`, the same half-open window the history's
-    /// statistics use, so the report's counts and its summary describe the same samples. Tick
-    /// times are in order, so this pops from the front and costs nothing once trimmed: long
-    /// sessions call it every tick.
-    pub fn keep_last(&mut self, window: Duration) {
-        let Some(&end) = self.tick_times.back() else {
-            return;
+    /// Sets the session up over a source already open (a recording held in memory).
+    pub fn over(self, source: Source) -> Session {
+        self.set_up(source, None)
+    }
+
+    /// `facts`: this host's kernel-log XIDs and libraries, when already read.
+    fn set_up(self, source: Source, facts: Option<(XidRead, Vec<LibraryInfo>)>) -> Session {
+        let this_host = source.is_this_host();
+        let (mut xids, mut libraries) = match facts {
+            Some((x, l)) if this_host => (Some(x), Some(l)),
+            _ => (None, None),
         };
-        let start = end.saturating_sub(window.as_millis() as u64);
-        while self
-            .tick_times
-            .front()
-            .is_some_and(|&t| t <= start && t != end)
-        {
-            self.tick_times.pop_front();
+        if this_host && self.kernel_log.is_some() && xids.is_none() {
+            xids = Some(read_kernel_xids());
         }
-        self.events.retain(|e| e.time_ms > start);
-        // From here on only the window counts.
-        self.retain = Some(window);
-        self.first_tick = self.tick_times.front().copied();
-        self.ticks = self.tick_times.len() as u64;
-    }
-
-    /// The first tick with samples: in the retained window, or of the whole run without one.
-    pub fn first_ms(&self) -> Option<TimeMs> {
-        match self.retain {
-            Some(_) => self.tick_times.front().copied(),
-            None => self.first_tick,
+        if this_host && self.libraries && libraries.is_none() {
+            libraries = Some(gpudiag_model::cuda_libraries::detect_libraries());
         }
-    }
-
-    pub fn last_ms(&self) -> Option<TimeMs> {
-        self.tick_times.back().copied()
-    }
-
-    /// How many ticks carried samples: in the retained window, or in the whole run without one.
-    pub fn tick_count(&self) -> u64 {
-        match self.retain {
-            Some(_) => self.tick_times.len() as u64,
-            None => self.ticks,
+        let kernel_log = self.kernel_log.zip(xids).map(|(before, x)| (x, before));
+        let libraries = libraries.filter(|_| self.libraries);
+        let judged_with = self.judged_with(source.backend.host().clone(), libraries);
+        let devices = source.devices();
+        Session {
+            pipeline: judged_with.pipeline(&devices),
+            devices,
+            witness: Witness {
+                recorded: source.recorded.clone(),
+                kernel_log,
+                host_devices: source.backend.devices().to_vec(),
+            },
+            warnings: source.backend.source_warnings(),
+            source: Some(source),
+            judged_with,
         }
     }
 
-    /// The findings of a report over `[start, the end]`: those raised in it, plus what is still
-    /// active at its end.
-    pub fn findings_since(&self, start: TimeMs) -> Vec<Finding> {
-        // Events are judged by when they happened; windowed and environment findings by the
-        // state at the end, plus those that held at some point of the span.
-        let mut out: Vec<Finding> = self
-            .engine
-            .active()
-            .into_iter()
-            .filter(|f| {
-                let event = families::lifetime(&f.id) == Lifetime::Event;
-                f.last_seen() >= start || !event
-            })
-            .collect();
-        for f in self.engine.raised() {
-            let seen = out.iter().any(|a| a.id == f.id && a.device == f.device);
-            if f.last_seen() >= start && !seen {
-                out.push(f);
-            }
+    fn judged_with(&self, host: HostInfo, libraries: Option<Vec<LibraryInfo>>) -> JudgedWith {
+        JudgedWith {
+            host,
+            rules: self.config.rules.clone(),
+            libraries,
+            current_phase: self.current_phase,
+            retain: self.retain,
         }
-        crate::rules::sort(&mut out);
-        out
     }
 }
 
-/// The rule engine every export judges its telemetry with: the same rules and thresholds as
-/// `check`, raised tick by tick as the data arrives. Libraries are this host's only for live
-/// sources; a recording from elsewhere says nothing about them.
-pub fn engine_for(source: &Source, config: &Config) -> RuleEngine {
-    let libraries = source
-        .recording
-        .is_none()
-        .then(gpudiag_model::cuda_libraries::detect_libraries);
-    RuleEngine::new(
-        config.rules.clone(),
-        source.devices(),
-        Some(source.backend.host().clone()),
-        libraries,
-    )
+/// What consumes a session's ticks together with the judgement as it stands after each.
+pub trait JudgingSink {
+    /// Called once per tick, after the tick was judged into `judged` (see [`Sink::on_tick`]).
+    fn on_judged(
+        &mut self,
+        tick: &Tick,
+        judged: Judgement,
+        pipeline: &Pipeline,
+    ) -> Result<(), Error>;
+}
+
+struct JudgeEachTick<'s, 'k> {
+    witness: &'s Witness,
+    sink: &'k mut dyn JudgingSink,
+}
+
+impl Sink for JudgeEachTick<'_, '_> {
+    fn on_tick(&mut self, tick: &Tick, _: &[Finding], pipeline: &Pipeline) -> Result<(), Error> {
+        let judged = judgement::judge_now(pipeline, &self.witness.seen());
+        self.sink.on_judged(tick, judged, pipeline)
+    }
 }
 
 /// How long a run samples.
@@ -579,72 +741,5 @@ pub fn read_once(
             .push_into(source.selected.apply(t), sink)
             .map(|()| None),
         Err(e) => Ok(Some(e)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::RulesConfig;
-    use gpudiag_telemetry::EventKind;
-
-    fn pipeline() -> Pipeline {
-        let devices = vec![DeviceInfo {
-            index: 0,
-            ..DeviceInfo::default()
-        }];
-        Pipeline::new(RuleEngine::new(RulesConfig::default(), devices, None, None))
-    }
-
-    /// One sample and one notice every 100 ms.
-    fn tick(i: u64) -> Tick {
-        let time_ms = 1_000_000 + i * 100;
-        Tick {
-            samples: vec![Sample::new(0, time_ms)],
-            events: vec![Event {
-                time_ms,
-                device: None,
-                kind: EventKind::Notice {
-                    message: format!("tick {i}"),
-                },
-            }],
-        }
-    }
-
-    #[test]
-    fn a_long_run_keeps_counts_not_every_tick_time_and_event() {
-        let mut p = pipeline();
-        let n = MAX_EVENTS as u64 * 2;
-        for i in 0..n {
-            p.push(tick(i));
-        }
-        assert_eq!(p.tick_count(), n);
-        assert_eq!(p.first_ms(), Some(1_000_000));
-        assert_eq!(p.last_ms(), Some(1_000_000 + (n - 1) * 100));
-        assert_eq!(p.tick_times.len(), 1);
-        assert_eq!(p.events.len(), MAX_EVENTS);
-        // The newest are kept.
-        assert_eq!(p.events.last().map(|e| e.time_ms), p.last_ms());
-    }
-
-    #[test]
-    fn a_retained_window_counts_only_its_ticks() {
-        let mut p = pipeline().retaining(Duration::from_secs(10));
-        for i in 0..1000 {
-            p.push(tick(i));
-        }
-        // (end − 10 s, end]: 100 ticks.
-        assert_eq!(p.tick_count(), 100);
-        assert_eq!(p.first_ms(), Some(1_000_000 + 900 * 100));
-        assert_eq!(p.events.len(), 100);
-
-        // Trimming a longer window to its end gives the same.
-        let mut r = pipeline().retaining(Duration::from_secs(3600));
-        for i in 0..1000 {
-            r.push(tick(i));
-        }
-        r.keep_last(Duration::from_secs(10));
-        assert_eq!(r.tick_count(), 100);
-        assert_eq!(r.first_ms(), Some(1_000_000 + 900 * 100));
     }
 }

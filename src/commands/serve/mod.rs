@@ -18,16 +18,14 @@ use http::{Guard, serve_connections};
 use crate::cli::ServeArgs;
 use crate::stop::Stop;
 use gpudiag_core::config::Config;
-use gpudiag_core::host_facts::XidRead;
-use gpudiag_core::judgement::{self, Judgement, KernelLog, Moment, Seen, Span};
-use gpudiag_core::session::{
-    self, Limit, Pipeline, RunOptions, Sink, Source, engine_for, open_source,
-};
+use gpudiag_core::judgement::{Judgement, Span};
+use gpudiag_core::pipeline::Pipeline;
+use gpudiag_core::session::{JudgingSink, Limit, RunOptions, Session, Setup, Source};
 use gpudiag_export::prometheus::Snapshot;
 use gpudiag_export::prometheus::process_series::ProcessCap;
 use gpudiag_model::error::{Error, exit};
 use gpudiag_model::finding::Finding;
-use gpudiag_model::sample::{DeviceInfo, EventKind};
+use gpudiag_model::sample::EventKind;
 use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::replay::Pace;
 
@@ -42,25 +40,9 @@ const FINDINGS_WINDOW: Duration = Duration::from_secs(600);
 /// wrong now (the judgement's active findings, not everything ever raised).
 struct SnapshotSink {
     shared: Arc<RwLock<Snapshot>>,
-    /// What the session saw besides telemetry: a recording's findings, the kernel log's XIDs.
-    recorded: Vec<Finding>,
-    kernel_xids: Option<XidRead>,
-    host_devices: Vec<DeviceInfo>,
 }
 
 impl SnapshotSink {
-    fn seen(&self) -> Seen<'_> {
-        Seen {
-            recorded: &self.recorded,
-            kernel_log: self.kernel_xids.as_ref().map(|xids| KernelLog {
-                xids,
-                host_devices: &self.host_devices,
-                before: "before serve started",
-            }),
-            probes: None,
-        }
-    }
-
     /// Puts a judgement's active findings and its verdicts into the snapshot.
     fn publish(&self, judged: Judgement) {
         let findings: Vec<Finding> = judged.active().cloned().collect();
@@ -71,8 +53,10 @@ impl SnapshotSink {
     }
 }
 
-impl Sink for SnapshotSink {
-    fn on_tick(&mut self, tick: &Tick, _: &[Finding], pipeline: &Pipeline) -> Result<(), Error> {
+impl JudgingSink for SnapshotSink {
+    // Judged by the session before this is called, outside the lock: a scrape waits only for
+    // the copy.
+    fn on_judged(&mut self, tick: &Tick, judged: Judgement, _: &Pipeline) -> Result<(), Error> {
         let now = Instant::now();
         let xids: Vec<(u32, u64)> = tick
             .events
@@ -82,8 +66,6 @@ impl Sink for SnapshotSink {
                 _ => None,
             })
             .collect();
-        // Judged outside the lock: a scrape waits only for the copy.
-        let judged = judgement::judge_now(pipeline, &self.seen());
         {
             let mut s = self.shared.write().unwrap_or_else(|p| p.into_inner());
             for sample in &tick.samples {
@@ -97,39 +79,40 @@ impl Sink for SnapshotSink {
     }
 }
 
-/// Feeds the source through the pipeline into the snapshot until it ends or `stop` is set.
+/// How `serve` sets its session up: this host's kernel-log XIDs from before serve started (a
+/// job that died earlier) and its libraries; findings remember events for a window only.
+fn serving(config: &Config) -> Setup<'_> {
+    Session::setup(config)
+        .with_kernel_log("before serve started")
+        .with_libraries()
+        .retaining(FINDINGS_WINDOW)
+}
+
+/// Feeds the session's source through its pipeline into the snapshot until it ends or `stop`
+/// is set.
 fn sample_into(
-    source: Source,
-    mut pipeline: Pipeline,
+    mut session: Session,
     interval: Duration,
     shared: Arc<RwLock<Snapshot>>,
     stop: Arc<AtomicBool>,
 ) {
-    // XIDs from before serve started (a job that died earlier) are in the kernel log only.
-    let kernel_xids = source
-        .is_this_host()
-        .then(gpudiag_core::host_facts::read_kernel_xids);
     let mut sink = SnapshotSink {
         shared: shared.clone(),
-        recorded: source.recorded.clone(),
-        kernel_xids,
-        host_devices: source.backend.devices().to_vec(),
     };
     let opts = RunOptions {
         interval,
         limit: Limit::None,
         stop: Some(&stop),
     };
-    match session::run(source, &mut pipeline, &opts, &mut sink) {
+    match session.run_judging(&opts, &mut sink) {
         Ok(None) => {}
         Ok(Some(e)) => stopped(&e.to_string()),
         Err(e) => stopped(&e.to_string()),
     }
     // The source ended: what it held is judged as a whole, as `check` judges it, and stays
     // served.
-    if pipeline.tick_count() > 0 {
-        let judged = judgement::judge(&mut pipeline, Moment::End(Span::whole()), &sink.seen());
-        sink.publish(judged);
+    if session.pipeline.tick_count() > 0 {
+        sink.publish(session.judge(Span::whole(), None));
     }
     let mut s = shared.write().unwrap_or_else(|p| p.into_inner());
     s.source_ended = true;
@@ -139,20 +122,16 @@ fn sample_into(
 /// out: the snapshot scrapes read, with no server. It lets `serve`'s findings and verdicts be
 /// compared with the other views of the same data.
 pub fn snapshot_at_end(source: Source, config: &Config) -> Snapshot {
-    let pipeline = Pipeline::new(engine_for(&source, config)).retaining(FINDINGS_WINDOW);
+    let host = source.backend.host().clone();
+    let devices = source.devices();
+    let session = serving(config).over(source);
     let shared = Arc::new(RwLock::new(Snapshot {
-        host: source.backend.host().clone(),
-        devices: source.devices(),
+        host,
+        devices,
         ..Snapshot::default()
     }));
     let stop = Arc::new(AtomicBool::new(false));
-    sample_into(
-        source,
-        pipeline,
-        Duration::from_millis(100),
-        shared.clone(),
-        stop,
-    );
+    sample_into(session, Duration::from_millis(100), shared.clone(), stop);
     let snapshot = shared.read().unwrap_or_else(|p| p.into_inner());
     snapshot.clone()
 }
@@ -182,9 +161,14 @@ pub fn serve(args: &ServeArgs, stop: &Stop, config: &Config) -> Result<i32, Erro
             }
         }
     };
-    let source = open_source(&args.source.spec()?, Pace::Recorded { speed: 1.0 }, false)?;
-    let pipeline = Pipeline::new(engine_for(&source, config)).retaining(FINDINGS_WINDOW);
-    let devices = source.devices();
+    let spec = args.source.spec()?;
+    let session = serving(config)
+        .pace(Pace::Recorded { speed: 1.0 })
+        .open(&spec)?;
+    let Some(source) = session.source() else {
+        return Err(Error::Usage("the source holds no telemetry samples".into()));
+    };
+    let devices = session.devices.clone();
     let mut host = source.backend.host().clone();
     // In a pod the host name is the pod's; the node's comes from the downward API, as
     // dcgm-exporter's DaemonSet passes it.
@@ -213,7 +197,7 @@ pub fn serve(args: &ServeArgs, stop: &Stop, config: &Config) -> Result<i32, Erro
         let (shared, stop) = (shared.clone(), stop.clone());
         std::thread::Builder::new()
             .name("gpudiag-snapshot".into())
-            .spawn(move || sample_into(source, pipeline, interval, shared, stop))
+            .spawn(move || sample_into(session, interval, shared, stop))
             .map_err(|e| Error::CannotRun(format!("cannot start the sampling thread: {e}")))?
     };
     let scheme = if guard.tls.is_some() { "https" } else { "http" };

@@ -108,15 +108,17 @@ fn draw(f: &mut Frame, area: Rect, app: &App, with_verdict: bool) {
         inner = rest;
     }
 
-    let s = app.pipeline.latest.get(&d.index);
+    let s = app.session.pipeline.latest.get(&d.index);
     // The profiling chart only where the GPU has profiling counters: elsewhere it would be an
     // empty box in every view.
     let profiled = app
+        .session
         .pipeline
         .history
         .latest(d.index, Metric::SmActivePct)
         .is_some()
         || app
+            .session
             .pipeline
             .history
             .latest(d.index, Metric::GrEngineActivePct)
@@ -143,7 +145,7 @@ fn draw(f: &mut Frame, area: Rect, app: &App, with_verdict: bool) {
         let cs = Layout::horizontal(vec![Constraint::Ratio(1, n); n as usize]).split(*r);
         cells.extend(cs.iter().copied());
     }
-    let end_ms = app.pipeline.history.latest_ms(d.index);
+    let end_ms = app.session.pipeline.history.latest_ms(d.index);
     for (spec, cell) in specs.iter().zip(cells) {
         render_chart(f, cell, app, d.index, end_ms, spec);
     }
@@ -176,6 +178,7 @@ fn render_chart(
                 .filter_map(|m| Some((m.series?, m.chart?.scale)))
                 .map(|(series, scale)| {
                     let points = app
+                        .session
                         .pipeline
                         .history
                         .series_in(device, series, window)
@@ -188,6 +191,7 @@ fn render_chart(
     if series.iter().all(Vec::is_empty) {
         // The first field's absence explains the chart's.
         let why = app
+            .session
             .pipeline
             .latest
             .get(&device)

@@ -80,7 +80,7 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         lines.push(Line::from("no GPUs in this source"));
     }
     for (i, d) in app.devices.iter().enumerate().skip(first).take(fits) {
-        let s = app.pipeline.latest.get(&d.index);
+        let s = app.session.pipeline.latest.get(&d.index);
         let selected = i == app.selected_device;
         let (a, b) = device_lines(d, s, width, &t, selected);
         lines.push(format::fit_line(a, width));

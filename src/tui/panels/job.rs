@@ -364,7 +364,7 @@ fn absent_note(app: &App, job: &JobVerdict, wide: bool) -> Option<String> {
         }
         let why = missing
             .iter()
-            .find_map(|d| app.pipeline.latest.get(d)?.why_absent(field))
+            .find_map(|d| app.session.pipeline.latest.get(d)?.why_absent(field))
             .map_or_else(
                 || "no reading in the window".to_owned(),
                 ToString::to_string,
@@ -391,10 +391,11 @@ fn render_none(f: &mut Frame, area: Rect, app: &App) {
     if app.jobs_not_judged.is_empty() {
         let why = if app.devices.len() < 2 {
             "this source has one GPU".to_owned()
-        } else if app.pipeline.latest.is_empty() {
+        } else if app.session.pipeline.latest.is_empty() {
             "no telemetry has arrived yet".to_owned()
         } else {
             let read: Vec<&gpudiag_model::sample::Sample> = app
+                .session
                 .pipeline
                 .latest
                 .values()

@@ -21,7 +21,7 @@ pub enum State<'a> {
 }
 
 pub fn state(app: &App, device: u32) -> State<'_> {
-    let engine = &app.pipeline.engine;
+    let engine = &app.session.pipeline.engine;
     if let Some(v) = engine.verdicts().get(&device) {
         return State::Judged(v);
     }
@@ -84,7 +84,7 @@ pub fn header_line(app: &App, d: &DeviceInfo, width: usize) -> Line<'static> {
     let t = app.theme;
     let head = format!("verdict GPU {}: ", d.index);
     let line = match state(app, d.index) {
-        State::Judged(v) => match app.pipeline.engine.current_phase(d.index) {
+        State::Judged(v) => match app.session.pipeline.engine.current_phase(d.index) {
             Some(now) => Line::from(vec![
                 Span::styled(
                     format!("{head}now {}", now.verdict.bottleneck),
@@ -143,7 +143,7 @@ pub fn detail_lines(
     };
     // Where the window holds several phases, the block speaks of the one it ends in, as the
     // header leads with it: its advice is what applies now.
-    let (v, head) = match app.pipeline.engine.current_phase(d.index) {
+    let (v, head) = match app.session.pipeline.engine.current_phase(d.index) {
         Some(now) => (
             &now.verdict,
             format!("now, {:.0} s: {}", now.duration_s(), title(&now.verdict)),

@@ -6,16 +6,14 @@ use std::time::Duration;
 
 use super::{CHECK_SCHEMA_VERSION, CheckReport, DeviceReport, SourceInfo, ToolInfo, WindowInfo};
 use crate::config::Config;
-use crate::host_facts::HostFacts;
-use crate::judgement::{self, KernelLog, Moment, Seen, Span};
-use crate::rules::engine::RuleEngine;
+use crate::judgement::Span;
+use crate::pipeline::{Pipeline, Sink};
 use crate::rules::{Finding, Severity};
-use crate::session::{self, Limit, Pipeline, RunOptions, Sink, SourceSpec, open_source};
+use crate::session::{Limit, RunOptions, Session, Source, SourceSpec};
 use gpudiag_model::error::Error;
 use gpudiag_model::stats;
 use gpudiag_probes::runner::ProbeReport;
 use gpudiag_telemetry::recording::excerpt;
-use gpudiag_telemetry::replay::Pace;
 use gpudiag_telemetry::{BackendError, EventKind, Tick, now_ms};
 
 /// What to check, built once from the command line (or from `report`'s options).
@@ -78,79 +76,60 @@ pub fn run(
     probes: &dyn ProbeRunner,
 ) -> Result<CheckReport, Error> {
     let window = request.source.check_window(request.window);
-    // NVML reports only XIDs that happen while it listens; earlier ones are in the kernel log.
-    // The log and the library search touch no GPU, so they run while the source opens
-    // (NVML's initialisation is most of a single read).
-    let host_facts = window.this_host.then(HostFacts::start);
-    let source = open_source(&request.source, Pace::AsFastAsPossible, window.single_read)?;
-    stats::mark("source_opened");
-    let (kernel_xids, libraries) = match host_facts.map(HostFacts::join) {
-        Some((log, libraries)) => (Some(log), Some(libraries)),
-        None => (None, None),
+    let mut setup = Session::setup(config)
+        .one_shot(window.single_read)
+        .with_kernel_log("before this check")
+        .with_libraries();
+    if let Some(w) = window.judge_last {
+        setup = setup.retaining(w);
+    }
+    let mut session = setup.open(&request.source)?;
+    let Some(source) = session.source_mut() else {
+        return Err(Error::Usage("the source holds no telemetry samples".into()));
     };
-    stats::mark("host_facts_read");
-    let all_devices = source.backend.devices().to_vec();
-    let devices = source.devices();
     let host = source.backend.host().clone();
     let backend_name = source.backend.name().to_owned();
-    let source_warnings = source.backend.source_warnings();
     let recording = source.recording.clone();
-    let recorded = source.recorded.clone();
-
-    let mut source = source;
-    let engine = RuleEngine::new(
-        config.rules.clone(),
-        devices.clone(),
-        Some(host.clone()),
-        libraries.clone(),
-    );
-    let mut pipeline = Pipeline::new(engine);
-    if let Some(w) = window.judge_last {
-        pipeline = pipeline.retaining(w);
-    }
     let mut notices = Notices::default();
     // A check is one report: let the slow fields (PCIe throughput, processes) arrive first, so
     // even a single read has them. One slow round takes about 45 ms per GPU, in parallel.
     source
         .backend
         .wait_for_slow_fields(Duration::from_millis(500));
-    let (failure, topology, notes) = if window.single_read {
-        let failure = session::read_once(&mut source, &mut pipeline, &mut notices)?;
+    let (failure, topology) = if window.single_read {
+        let failure = session.read_once(&mut notices)?;
         stats::mark("polled");
         // Asked after the poll: the backend reads it on its own thread meanwhile.
-        let topology = source.topology();
+        let topology = session.source().and_then(Source::topology);
         stats::mark("topology_read");
         // The driver's teardown (nvmlShutdown, a few ms) is nothing the report needs: it runs on
         // its own thread, which the process's exit ends. Should the thread not start, the
         // closure and the source are dropped here instead.
+        let source = session.take_source();
         let _ = std::thread::Builder::new()
             .name("gpudiag-teardown".into())
             .spawn(move || drop(source));
-        (failure, topology, None)
+        (failure, topology)
     } else {
-        let topology = source.topology();
+        let topology = session.source().and_then(Source::topology);
         let opts = RunOptions {
             interval: request.interval,
             limit: window.limit,
             stop: None,
         };
-        let end = session::run_to_end(source, &mut pipeline, &opts, &mut notices)?;
-        (end.failure, topology, end.notes)
+        (session.run(&opts, &mut notices)?, topology)
     };
     // A recording read as it streams knows what it skipped, and the findings it carries, only
     // once it has been read.
-    let (mut warnings, recorded) = match notes {
-        Some(n) => (n.warnings, n.recorded),
-        None => (source_warnings, recorded),
-    };
+    let mut warnings = std::mem::take(&mut session.warnings);
     match failure {
         // The input itself is at fault (a bundle past its size limit): no report from part of it.
         Some(BackendError::Recording(e)) => return Err(e.into()),
-        Some(e) if pipeline.tick_count() == 0 => return Err(e.into()),
+        Some(e) if session.pipeline.tick_count() == 0 => return Err(e.into()),
         Some(e) => warnings.push(format!("sampling stopped early: {e}")),
         None => {}
     }
-    if pipeline.tick_count() == 0 {
+    if session.pipeline.tick_count() == 0 {
         return Err(Error::Usage("the source holds no telemetry samples".into()));
     }
     for message in notices.0 {
@@ -158,6 +137,7 @@ pub fn run(
             warnings.push(message);
         }
     }
+    let devices = session.devices.clone();
     let probed = match &request.probes {
         Some(ask) => {
             let selected: Vec<String> = devices.iter().map(|d| d.index.to_string()).collect();
@@ -166,19 +146,12 @@ pub fn run(
         None => None,
     };
     let span = match window.judge_last {
-        Some(w) => Span::last(&pipeline, w),
+        Some(w) => Span::last(&session.pipeline, w),
         None => Span::whole(),
     };
-    let seen = Seen {
-        recorded: &recorded,
-        kernel_log: kernel_xids.as_ref().map(|xids| KernelLog {
-            xids,
-            host_devices: &all_devices,
-            before: "before this check",
-        }),
-        probes: probed.as_ref(),
-    };
-    let judged = judgement::judge(&mut pipeline, Moment::End(span), &seen);
+    let judged = session.judge(span, probed.as_ref());
+    let libraries = session.libraries().map(<[_]>::to_vec);
+    let mut pipeline = session.pipeline;
     if let Some(w) = window.judge_last {
         pipeline.keep_last(w);
     }
