@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crate::support::serve::{Served, serve};
 
 /// `MAX_CONNECTIONS` (answers being written) and `MAX_PENDING` (request heads coming in) in
-/// src/commands/serve/http.rs.
+/// crates/http/src/server.rs.
 const MAX_CONNECTIONS: usize = 64;
 const MAX_PENDING: usize = 256;
 /// Generous: what a scrape may take on a loaded 2-core CI machine before the test calls it a hang.

@@ -2,19 +2,20 @@
 //! answered as the connection handler answers them.
 #![no_main]
 
-use std::sync::{OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use libfuzzer_sys::fuzz_target;
 
-use gpudiag::commands::serve::http::{answer, response_bytes};
+use gpudiag::commands::serve::Exposition;
+use gpudiag_http::server::{answer, response_bytes};
 use gpudiag_telemetry::Backend;
 use gpudiag_telemetry::replay::{Pace, ReplayBackend};
 use gpudiag_export::prometheus::Snapshot;
 
 /// The demo recording's last state, as a scrape would see it.
-fn snapshot() -> &'static RwLock<Snapshot> {
-    static SNAP: OnceLock<RwLock<Snapshot>> = OnceLock::new();
-    SNAP.get_or_init(|| {
+fn exposition() -> &'static Exposition {
+    static EXPOSITION: OnceLock<Exposition> = OnceLock::new();
+    EXPOSITION.get_or_init(|| {
         let mut replay =
             ReplayBackend::from_reader(gpudiag_core::session::DEMO_RECORDING, Pace::AsFastAsPossible)
                 .expect("the demo recording reads");
@@ -29,12 +30,12 @@ fn snapshot() -> &'static RwLock<Snapshot> {
                 snap.latest.insert(s.device, s);
             }
         }
-        RwLock::new(snap)
+        Exposition(Arc::new(RwLock::new(snap)))
     })
 }
 
 fuzz_target!(|data: &[u8]| {
-    let snap = snapshot();
+    let exposition = exposition();
     // The first byte says where reads split the request; the handler asks after every read.
     let Some((&step, request)) = data.split_first() else {
         return;
@@ -43,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
     let mut end = 0;
     while end < request.len() {
         end = (end + step).min(request.len());
-        if let Some((status, ctype, body)) = answer(&request[..end], snap) {
+        if let Some((status, ctype, body)) = answer(&request[..end], exposition) {
             assert!(
                 matches!(status, 200 | 400 | 404 | 405 | 431),
                 "unexpected status {status}"

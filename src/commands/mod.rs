@@ -1,6 +1,6 @@
 //! One module per subcommand, each the whole of it: what it reads from the flags, what it asks
-//! core for, and what it prints. `check`, `config`, `probe`, `record`, `trace`, `serve` (with
-//! its HTTP server), `report` (the bug-report bundle), `replay`, `run`, `fleet`, `completions`,
+//! core for, and what it prints. `check`, `config`, `probe`, `record`, `trace`, `serve` (served by
+//! `gpudiag-http`), `report` (the bug-report bundle), `replay`, `run`, `fleet`, `completions`,
 //! `man`, and `default_view` (`gpudiag` with no subcommand). `main` only parses the command
 //! line and calls one of them.
 

@@ -2,18 +2,16 @@
 //! exposition format on `/metrics`.
 //!
 //! Sampling runs in its own thread and publishes a [`Snapshot`]; a scrape only renders it
-//! (`gpudiag_export::prometheus` writes the exposition, `http` serves it, `web_config` reads
-//! its TLS and basic-auth settings).
-
-pub mod http;
-pub mod web_config;
+//! (`gpudiag_export::prometheus` writes the exposition, `gpudiag_http` serves it and reads
+//! `--web.config.file`'s TLS and basic-auth settings).
 
 use std::net::TcpListener;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use http::{Guard, serve_connections};
+use gpudiag_http::server::{Guard, Metrics, serve_connections};
+use gpudiag_http::web_config::{LoadError, WebConfig};
 
 use crate::cli::ServeArgs;
 use crate::stop::Stop;
@@ -21,8 +19,8 @@ use gpudiag_core::config::Config;
 use gpudiag_core::judgement::{Judgement, Span};
 use gpudiag_core::pipeline::Pipeline;
 use gpudiag_core::session::{JudgingSink, Limit, RunOptions, Session, Setup, Source};
-use gpudiag_export::prometheus::Snapshot;
 use gpudiag_export::prometheus::process_series::ProcessCap;
+use gpudiag_export::prometheus::{CONTENT_TYPE, Snapshot, render};
 use gpudiag_model::error::{Error, exit};
 use gpudiag_model::finding::Finding;
 use gpudiag_model::sample::EventKind;
@@ -35,6 +33,23 @@ pub const NODE_NAME_ENV: &str = "NODE_NAME";
 
 /// How long findings remember events (XIDs) in a long-running serve.
 const FINDINGS_WINDOW: Duration = Duration::from_secs(600);
+
+/// `/metrics`: the snapshot in Prometheus' text exposition format, rendered at each scrape.
+pub struct Exposition(pub Arc<RwLock<Snapshot>>);
+
+impl Metrics for Exposition {
+    fn content_type(&self) -> &'static str {
+        CONTENT_TYPE
+    }
+
+    fn render(&self) -> String {
+        match self.0.read() {
+            Ok(s) => render(&s, Instant::now()),
+            // A panic while holding the lock left the snapshot as it was; it is still a snapshot.
+            Err(poisoned) => render(&poisoned.into_inner(), Instant::now()),
+        }
+    }
+}
 
 /// Publishes every tick into the snapshot scrapes read: the latest samples, XIDs, and what is
 /// wrong now (the judgement's active findings, not everything ever raised).
@@ -151,7 +166,12 @@ pub fn serve(args: &ServeArgs, stop: &Stop, config: &Config) -> Result<i32, Erro
     let guard = match &args.web_config_file {
         None => Guard::default(),
         Some(path) => {
-            let web = web_config::WebConfig::load(path)?;
+            let web = WebConfig::load(path).map_err(|e| match e {
+                LoadError::Read { path, source } => {
+                    Error::io(format!("cannot read {}", path.display()), source)
+                }
+                invalid @ LoadError::Invalid { .. } => Error::Usage(invalid.to_string()),
+            })?;
             let tls = web
                 .server_config()
                 .map_err(|e| Error::Usage(format!("{}: {e}", path.display())))?;
@@ -207,21 +227,52 @@ pub fn serve(args: &ServeArgs, stop: &Stop, config: &Config) -> Result<i32, Erro
         ""
     };
     eprintln!("gpudiag: serving metrics on {scheme}://{addr}/metrics{auth} (Ctrl-C to stop)");
-    if let Some(warning) =
-        web_config::exposure_warning(addr, guard.tls.is_some(), guard.auth.is_some())
-    {
+    if let Some(warning) = exposure_warning(addr, guard.tls.is_some(), guard.auth.is_some()) {
         eprintln!("{warning}");
     }
-    serve_connections(&listener, &shared, &stop, &guard);
+    serve_connections(&listener, Arc::new(Exposition(shared)), &stop, &guard);
     let _ = sampling.join();
     Ok(exit::OK)
 }
 
+/// What `serve` prints when it listens beyond loopback without both TLS and a password: what
+/// anyone who reaches the port can read, and how to close it.
+fn exposure_warning(addr: std::net::SocketAddr, tls: bool, auth: bool) -> Option<String> {
+    let ip = addr.ip();
+    let loopback = match ip {
+        std::net::IpAddr::V4(v4) => v4.is_loopback(),
+        std::net::IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map_or(v6.is_loopback(), |v4| v4.is_loopback()),
+    };
+    if loopback || (tls && auth) {
+        return None;
+    }
+    let reach = if ip.is_unspecified() {
+        "every network interface of this host".to_owned()
+    } else {
+        format!("{ip}, beyond loopback")
+    };
+    let gap = match (tls, auth) {
+        (false, false) => "with no TLS and no password: anyone who can reach the port can read",
+        (true, false) => "over TLS but with no password: anyone who can reach the port can read",
+        _ => {
+            "with a password but no TLS: the password and the metrics cross the network in \
+              clear text, and anyone on the path can read"
+        }
+    };
+    Some(format!(
+        "gpudiag: warning: serving on {reach} {gap} /metrics, which carries this host's name, \
+         the driver version, each GPU's model, UUID and PCI bus id, its telemetry, and the ids \
+         of active findings. Protect it with --web.config.file (TLS and basic auth, as in \
+         Prometheus exporters; see the README), a firewall, or --listen 127.0.0.1:PORT."
+    ))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::http::{answer_bytes, respond_to, response_bytes};
     use super::*;
-    use gpudiag_export::prometheus::CONTENT_TYPE;
+    use gpudiag_http::server::respond_to;
     use gpudiag_model::sample::{DeviceInfo, Sample};
 
     fn snapshot() -> Snapshot {
@@ -237,52 +288,26 @@ mod tests {
     }
 
     #[test]
-    fn routes_and_methods() {
-        let snap = RwLock::new(snapshot());
-        let (code, ctype, body) = respond_to("GET", "/metrics?x=1", &snap);
+    fn metrics_is_the_snapshots_exposition() {
+        let exposition = Exposition(Arc::new(RwLock::new(snapshot())));
+        let (code, ctype, body) = respond_to("GET", "/metrics?x=1", &exposition);
         assert_eq!((code, ctype), (200, CONTENT_TYPE));
         assert!(body.contains("DCGM_FI_DEV_GPU_UTIL"));
-        assert_eq!(respond_to("GET", "/", &snap).0, 404);
-        assert_eq!(respond_to("GET", "/metricsx", &snap).0, 404);
-        assert_eq!(respond_to("POST", "/metrics", &snap).0, 405);
-        assert_eq!(respond_to("PUT", "/metrics", &snap).0, 405);
-        // HEAD is GET without the body, which is left out only when the answer is written.
-        assert_eq!(
-            respond_to("HEAD", "/metrics?x=1", &snap).0,
-            respond_to("GET", "/metrics?x=1", &snap).0
-        );
-        // The absolute form a client sends through a proxy routes by its path.
-        for target in [
-            "http://localhost:9400/metrics",
-            "HTTP://[::1]:9400/metrics?x=1",
-            "https://gpu-7.example/metrics",
-        ] {
-            assert_eq!(respond_to("GET", target, &snap).0, 200, "{target}");
-        }
-        for target in [
-            "http://localhost:9400",
-            "http://localhost:9400?x=/metrics",
-            "http://host/metricsx",
-            "ftp://host/metrics",
-            "http:/metrics",
-            "*",
-        ] {
-            assert_eq!(respond_to("GET", target, &snap).0, 404, "{target}");
-        }
     }
 
     #[test]
-    fn a_head_answer_is_the_get_answer_without_its_body() {
-        let snap = RwLock::new(snapshot());
-        let answer = respond_to("HEAD", "/metrics", &snap);
-        let whole = response_bytes(answer.0, answer.1, &answer.2);
-        let head = answer_bytes(&answer, true);
-        assert_eq!(head, whole[..whole.len() - answer.2.len()]);
-        let text = String::from_utf8(head).unwrap();
-        assert!(
-            text.contains(&format!("Content-Length: {}\r\n", answer.2.len())),
-            "{text}"
-        );
-        assert_eq!(answer_bytes(&answer, false), whole);
+    fn exposure_is_warned_beyond_loopback_unless_tls_and_auth() {
+        let at = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        for quiet in ["127.0.0.1:9835", "[::1]:9835", "[::ffff:127.0.0.1]:9835"] {
+            assert_eq!(exposure_warning(at(quiet), false, false), None, "{quiet}");
+        }
+        assert_eq!(exposure_warning(at("0.0.0.0:9835"), true, true), None);
+        let w = exposure_warning(at("0.0.0.0:9835"), false, false).unwrap();
+        assert!(w.contains("every network interface"), "{w}");
+        assert!(w.contains("UUID") && w.contains("--web.config.file"), "{w}");
+        let w = exposure_warning(at("10.1.2.3:9835"), false, true).unwrap();
+        assert!(w.contains("10.1.2.3") && w.contains("clear text"), "{w}");
+        let w = exposure_warning(at("[::]:9835"), true, false).unwrap();
+        assert!(w.contains("no password"), "{w}");
     }
 }

@@ -28,7 +28,19 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_norway::Value;
 use sha2::{Digest, Sha256};
 
-use gpudiag_model::error::Error;
+/// Why a web config file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file reads but asks for something wrong; the message names the file.
+    #[error("{}: {message}", path.display())]
+    Invalid { path: PathBuf, message: String },
+}
 
 /// What a web config file asks for; both parts are optional, as in exporter-toolkit.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -102,12 +114,17 @@ const TLS_UNSUPPORTED: [(&str, &str); 7] = [
 ];
 
 impl WebConfig {
-    /// Reads and checks a web config file; any problem is a usage error naming the file.
-    pub fn load(path: &Path) -> Result<WebConfig, Error> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
+    /// Reads and checks a web config file; any problem names the file.
+    pub fn load(path: &Path) -> Result<WebConfig, LoadError> {
+        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
         let base = path.parent().unwrap_or(Path::new(""));
-        WebConfig::parse(&text, base).map_err(|e| Error::Usage(format!("{}: {e}", path.display())))
+        WebConfig::parse(&text, base).map_err(|message| LoadError::Invalid {
+            path: path.to_owned(),
+            message,
+        })
     }
 
     /// Parses the YAML text; relative file names are taken relative to `base` (the config
@@ -459,40 +476,6 @@ pub fn basic_credentials(header: &str) -> Option<(String, String)> {
     Some((user.to_owned(), password.to_owned()))
 }
 
-/// What `serve` prints when it listens beyond loopback without both TLS and a password: what
-/// anyone who reaches the port can read, and how to close it.
-pub fn exposure_warning(addr: std::net::SocketAddr, tls: bool, auth: bool) -> Option<String> {
-    let ip = addr.ip();
-    let loopback = match ip {
-        std::net::IpAddr::V4(v4) => v4.is_loopback(),
-        std::net::IpAddr::V6(v6) => v6
-            .to_ipv4_mapped()
-            .map_or(v6.is_loopback(), |v4| v4.is_loopback()),
-    };
-    if loopback || (tls && auth) {
-        return None;
-    }
-    let reach = if ip.is_unspecified() {
-        "every network interface of this host".to_owned()
-    } else {
-        format!("{ip}, beyond loopback")
-    };
-    let gap = match (tls, auth) {
-        (false, false) => "with no TLS and no password: anyone who can reach the port can read",
-        (true, false) => "over TLS but with no password: anyone who can reach the port can read",
-        _ => {
-            "with a password but no TLS: the password and the metrics cross the network in \
-              clear text, and anyone on the path can read"
-        }
-    };
-    Some(format!(
-        "gpudiag: warning: serving on {reach} {gap} /metrics, which carries this host's name, \
-         the driver version, each GPU's model, UUID and PCI bus id, its telemetry, and the ids \
-         of active findings. Protect it with --web.config.file (TLS and basic auth, as in \
-         Prometheus exporters; see the README), a firewall, or --listen 127.0.0.1:PORT."
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -610,21 +593,5 @@ mod tests {
             basic_credentials("Basic cHJvbTpwOmFzcw=="),
             Some(("prom".into(), "p:ass".into()))
         );
-    }
-
-    #[test]
-    fn exposure_is_warned_beyond_loopback_unless_tls_and_auth() {
-        let at = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
-        for quiet in ["127.0.0.1:9835", "[::1]:9835", "[::ffff:127.0.0.1]:9835"] {
-            assert_eq!(exposure_warning(at(quiet), false, false), None, "{quiet}");
-        }
-        assert_eq!(exposure_warning(at("0.0.0.0:9835"), true, true), None);
-        let w = exposure_warning(at("0.0.0.0:9835"), false, false).unwrap();
-        assert!(w.contains("every network interface"), "{w}");
-        assert!(w.contains("UUID") && w.contains("--web.config.file"), "{w}");
-        let w = exposure_warning(at("10.1.2.3:9835"), false, true).unwrap();
-        assert!(w.contains("10.1.2.3") && w.contains("clear text"), "{w}");
-        let w = exposure_warning(at("[::]:9835"), true, false).unwrap();
-        assert!(w.contains("no password"), "{w}");
     }
 }

@@ -1,5 +1,4 @@
-//! The HTTP side of `gpudiag serve`: accepting connections, reading request heads, routing and
-//! writing answers.
+//! Accepting connections, reading request heads, routing and writing answers.
 //!
 //! One thread accepts connections and reads request heads from all of them with `poll` (at most
 //! `MAX_PENDING` at once, the oldest answered 503 when more come); a head parsed by `httparse`
@@ -18,12 +17,11 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use super::web_config::BasicAuth;
-use gpudiag_export::prometheus::{CONTENT_TYPE, Snapshot, render};
+use crate::web_config::BasicAuth;
 
 /// Answers written at once, each on its own thread; a scrape takes well under a millisecond,
 /// so only clients that stop reading ever come near this.
@@ -43,6 +41,14 @@ const ACCEPT_POLL: Duration = Duration::from_millis(100);
 /// (status, content type, body).
 pub type Answer = (u16, &'static str, String);
 
+/// What `GET /metrics` answers: a body rendered for each request, and its content type. The
+/// caller passes one in; rendering runs on the answering threads, never on the thread that
+/// reads request heads.
+pub trait Metrics: Send + Sync {
+    fn content_type(&self) -> &'static str;
+    fn render(&self) -> String;
+}
+
 /// What guards /metrics, from `--web.config.file`; the default guards nothing.
 #[derive(Clone, Default)]
 pub struct Guard {
@@ -60,7 +66,7 @@ pub struct Request {
 
 /// What a request gets: (status, content type, body). `HEAD` is routed as `GET` is; the body
 /// is left out when the answer is written ([`answer_bytes`]), so its headers stay the same.
-pub fn respond_to(method: &str, url: &str, snap: &RwLock<Snapshot>) -> Answer {
+pub fn respond_to(method: &str, url: &str, metrics: &dyn Metrics) -> Answer {
     let target = origin_form(url);
     let path = target.split('?').next().unwrap_or(target);
     if path != "/metrics" {
@@ -77,12 +83,7 @@ pub fn respond_to(method: &str, url: &str, snap: &RwLock<Snapshot>) -> Answer {
             "method not allowed: use GET or HEAD\n".into(),
         );
     }
-    let body = match snap.read() {
-        Ok(s) => render(&s, Instant::now()),
-        // A panic while holding the lock left the snapshot as it was; it is still a snapshot.
-        Err(poisoned) => render(&poisoned.into_inner(), Instant::now()),
-    };
-    (200, CONTENT_TYPE, body)
+    (200, metrics.content_type(), metrics.render())
 }
 
 /// A request target in origin form (`/metrics?x`). HTTP/1.1 servers must accept the absolute
@@ -111,11 +112,11 @@ fn origin_form(target: &str) -> &str {
 
 /// The answer to a request: with basic auth configured, a 401 for any path unless the
 /// credentials pass, so an unauthenticated client learns nothing about what is served.
-pub fn respond(req: &Request, snap: &RwLock<Snapshot>, auth: Option<&BasicAuth>) -> Answer {
+pub fn respond(req: &Request, metrics: &dyn Metrics, auth: Option<&BasicAuth>) -> Answer {
     if auth.is_some_and(|a| !a.allows(req.authorization.as_deref())) {
         return plain(401, "unauthorized: this gpudiag asks for basic auth\n");
     }
-    respond_to(&req.method, &req.path, snap)
+    respond_to(&req.method, &req.path, metrics)
 }
 
 /// A connection whose request head (and, over TLS, handshake) is still coming in.
@@ -128,7 +129,7 @@ struct Pending {
 
 /// What the answering threads share.
 struct Answering {
-    shared: Arc<RwLock<Snapshot>>,
+    metrics: Arc<dyn Metrics>,
     auth: Option<Arc<BasicAuth>>,
     count: Arc<AtomicUsize>,
 }
@@ -138,16 +139,16 @@ struct Answering {
 /// writes the answer. Silent or trickling clients thus cost a descriptor, not a thread, and a
 /// flood of them cannot keep a scraper's head from being read: at `MAX_PENDING` the oldest
 /// is answered 503 and closed.
-pub(super) fn serve_connections(
+pub fn serve_connections(
     listener: &TcpListener,
-    shared: &Arc<RwLock<Snapshot>>,
+    metrics: Arc<dyn Metrics>,
     stop: &AtomicBool,
     guard: &Guard,
 ) {
     use std::os::fd::AsRawFd;
     let mut pending: Vec<Pending> = Vec::new();
     let answering = Answering {
-        shared: shared.clone(),
+        metrics,
         auth: guard.auth.clone(),
         count: Arc::new(AtomicUsize::new(0)),
     };
@@ -356,12 +357,12 @@ fn dispatch(mut p: Pending, request: Result<Request, Answer>, answering: &Answer
         return;
     }
     let counter = answering.count.clone();
-    let (shared, auth) = (answering.shared.clone(), answering.auth.clone());
+    let (metrics, auth) = (answering.metrics.clone(), answering.auth.clone());
     let spawned = std::thread::Builder::new()
         .name("gpudiag-http".into())
         .spawn(move || {
             let answer = match request {
-                Ok(req) => respond(&req, &shared, auth.as_deref()),
+                Ok(req) => respond(&req, metrics.as_ref(), auth.as_deref()),
                 Err(answer) => answer,
             };
             write_answer(p, answer, head);
@@ -458,9 +459,9 @@ pub fn parse_head(received: &[u8]) -> Option<Result<Request, Answer>> {
 }
 
 /// `parse_head` answered as a server without `--web.config.file` answers it.
-pub fn answer(received: &[u8], snap: &RwLock<Snapshot>) -> Option<Answer> {
+pub fn answer(received: &[u8], metrics: &dyn Metrics) -> Option<Answer> {
     parse_head(received).map(|r| match r {
-        Ok(req) => respond(&req, snap, None),
+        Ok(req) => respond(&req, metrics, None),
         Err(answer) => answer,
     })
 }
@@ -513,4 +514,69 @@ fn busy() -> Answer {
 
 fn plain(status: u16, body: &str) -> Answer {
     (status, "text/plain; charset=utf-8", body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body that says which route answered, in place of the caller's rendering.
+    struct Fixed;
+
+    impl Metrics for Fixed {
+        fn content_type(&self) -> &'static str {
+            "text/plain; version=0.0.4; charset=utf-8"
+        }
+        fn render(&self) -> String {
+            "gpu_util 99\n".into()
+        }
+    }
+
+    #[test]
+    fn routes_and_methods() {
+        let (code, ctype, body) = respond_to("GET", "/metrics?x=1", &Fixed);
+        assert_eq!((code, ctype), (200, Fixed.content_type()));
+        assert_eq!(body, Fixed.render());
+        assert_eq!(respond_to("GET", "/", &Fixed).0, 404);
+        assert_eq!(respond_to("GET", "/metricsx", &Fixed).0, 404);
+        assert_eq!(respond_to("POST", "/metrics", &Fixed).0, 405);
+        assert_eq!(respond_to("PUT", "/metrics", &Fixed).0, 405);
+        // HEAD is GET without the body, which is left out only when the answer is written.
+        assert_eq!(
+            respond_to("HEAD", "/metrics?x=1", &Fixed).0,
+            respond_to("GET", "/metrics?x=1", &Fixed).0
+        );
+        // The absolute form a client sends through a proxy routes by its path.
+        for target in [
+            "http://localhost:9400/metrics",
+            "HTTP://[::1]:9400/metrics?x=1",
+            "https://gpu-7.example/metrics",
+        ] {
+            assert_eq!(respond_to("GET", target, &Fixed).0, 200, "{target}");
+        }
+        for target in [
+            "http://localhost:9400",
+            "http://localhost:9400?x=/metrics",
+            "http://host/metricsx",
+            "ftp://host/metrics",
+            "http:/metrics",
+            "*",
+        ] {
+            assert_eq!(respond_to("GET", target, &Fixed).0, 404, "{target}");
+        }
+    }
+
+    #[test]
+    fn a_head_answer_is_the_get_answer_without_its_body() {
+        let answer = respond_to("HEAD", "/metrics", &Fixed);
+        let whole = response_bytes(answer.0, answer.1, &answer.2);
+        let head = answer_bytes(&answer, true);
+        assert_eq!(head, whole[..whole.len() - answer.2.len()]);
+        let text = String::from_utf8(head).unwrap();
+        assert!(
+            text.contains(&format!("Content-Length: {}\r\n", answer.2.len())),
+            "{text}"
+        );
+        assert_eq!(answer_bytes(&answer, false), whole);
+    }
 }
