@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use gpudiag_model::error::Error;
 use gpudiag_model::finding::Finding;
+use gpudiag_model::sample::{DeviceInfo, Event, Sample, TimeMs};
 use gpudiag_model::stats::{self, Counter};
 use gpudiag_model::topology::Topology;
 use gpudiag_telemetry::attribution::AttributionOptions;
@@ -19,9 +20,7 @@ use gpudiag_telemetry::poll_deadline::PollDeadline;
 use gpudiag_telemetry::replay::{Pace, ReplayBackend, ReplayOptions};
 use gpudiag_telemetry::sampler::{self, Sampler, SamplerMsg, SamplerOptions};
 use gpudiag_telemetry::sanity::Sanitiser;
-use gpudiag_telemetry::{
-    Backend, BackendError, DeviceInfo, Event, Pacing, Sample, Tick, TimeMs, fault,
-};
+use gpudiag_telemetry::{Backend, BackendError, Pacing, Tick, fault};
 
 use crate::config::Config;
 use crate::history::History;
@@ -586,7 +585,7 @@ pub fn read_once(
 mod tests {
     use super::*;
     use crate::config::RulesConfig;
-    use gpudiag_telemetry::EventKind;
+    use gpudiag_model::sample::EventKind;
 
     fn pipeline() -> Pipeline {
         let devices = vec![DeviceInfo {

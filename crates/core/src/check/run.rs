@@ -9,14 +9,15 @@ use crate::config::Config;
 use crate::host_facts::HostFacts;
 use crate::judgement::{self, KernelLog, Moment, Seen, Span};
 use crate::rules::engine::RuleEngine;
-use crate::rules::{Finding, Severity};
 use crate::session::{self, Limit, Pipeline, RunOptions, Sink, SourceSpec, open_source};
 use gpudiag_model::error::Error;
+use gpudiag_model::finding::{Finding, Severity};
+use gpudiag_model::sample::{EventKind, now_ms};
 use gpudiag_model::stats;
 use gpudiag_probes::runner::ProbeReport;
 use gpudiag_telemetry::recording::excerpt;
 use gpudiag_telemetry::replay::Pace;
-use gpudiag_telemetry::{BackendError, EventKind, Tick, now_ms};
+use gpudiag_telemetry::{BackendError, Tick};
 
 /// What to check, built once from the command line (or from `report`'s options).
 #[derive(Debug, Clone)]
