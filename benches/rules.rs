@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 use gpudiag_core::config::RulesConfig;
 use gpudiag_core::history::History;
 use gpudiag_core::rules::engine::RuleEngine;
-use gpudiag_core::rules::{self, ProcessLaunch, ProcessMemory, RuleInput};
+use gpudiag_core::rules::{
+    self, RuleInput,
+    process_state::{ProcessLaunch, ProcessMemory},
+};
 use gpudiag_model::job::Launch;
 use gpudiag_model::sample::{DeviceInfo, ProcessSample, Sample};
 use gpudiag_telemetry::Tick;

@@ -869,6 +869,7 @@ fn planted_credentials_never_reach_a_bundle() {
 fn kernel_log_credentials_are_redacted() {
     use gpudiag::commands::report::{self as bundle, ReportOptions};
     use gpudiag_export::bundle_writer::host;
+    use gpudiag_telemetry::kernel_log::KernelLogSource;
     let dir = tempfile::tempdir().unwrap();
     let rec = credential_recording(dir.path());
     let klog = dir.path().join("kern.log");
@@ -914,7 +915,7 @@ fn kernel_log_credentials_are_redacted() {
             etc: empty.clone(),
             proc_: empty.clone(),
             root: empty,
-            kernel_log: host::KernelLogSource::File(klog),
+            kernel_log: KernelLogSource::File(klog),
         },
     };
     bundle::write_bundle(&out, &cap, &opts).unwrap();

@@ -34,7 +34,7 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use gpudiag_telemetry::{Metric, Sample, TimeMs};
+use gpudiag_model::sample::{Metric, Sample, TimeMs};
 
 /// A gap longer than this many median steps counts only as this many in `fraction_where`: what
 /// the GPU did while nobody was sampling it is unknown.

@@ -13,12 +13,13 @@
 use std::collections::BTreeMap;
 
 use crate::pipeline::Pipeline;
-use crate::rules::{self, Finding, is_workload};
+use crate::rules::{self, is_workload};
+use gpudiag_model::finding::Finding;
 use gpudiag_model::job::{JobId, JobVerdict};
+use gpudiag_model::sample::{DeviceInfo, TimeMs};
 use gpudiag_model::verdict::{NotJudged, Verdict};
 use gpudiag_probes::runner::ProbeReport;
 use gpudiag_telemetry::kernel_log::XidLog;
-use gpudiag_telemetry::{DeviceInfo, TimeMs};
 
 /// When the judgement is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,7 +111,7 @@ impl Judgement {
     pub fn active(&self) -> impl Iterator<Item = &Finding> {
         self.findings
             .iter()
-            .filter(|f| f.state == rules::FindingState::Active)
+            .filter(|f| f.state == gpudiag_model::finding::FindingState::Active)
     }
 }
 
@@ -186,7 +187,7 @@ fn gather(
         .collect();
     add_recorded(&mut findings, &recorded);
     let mut not_judged = pipeline.engine.not_judged().to_vec();
-    let at = now.unwrap_or_else(gpudiag_telemetry::now_ms);
+    let at = now.unwrap_or_else(gpudiag_model::sample::now_ms);
     if let Some(log) = &seen.kernel_log {
         let selected: Vec<u32> = pipeline.engine.devices().iter().map(|d| d.index).collect();
         let (past, unread) = rules::errors::past_xids(

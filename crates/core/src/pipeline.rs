@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use gpudiag_model::error::Error;
 use gpudiag_model::finding::Finding;
+use gpudiag_model::sample::{Event, Sample, TimeMs};
 use gpudiag_model::stats::{self, Counter};
+use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::sanity::Sanitiser;
-use gpudiag_telemetry::{Event, Sample, Tick, TimeMs};
 
 use crate::history::History;
 use crate::rules::engine::RuleEngine;
@@ -208,7 +209,7 @@ impl Pipeline {
 mod tests {
     use super::*;
     use crate::config::RulesConfig;
-    use gpudiag_telemetry::{DeviceInfo, EventKind};
+    use gpudiag_model::sample::{DeviceInfo, EventKind};
 
     fn pipeline() -> Pipeline {
         let devices = vec![DeviceInfo {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use gpudiag_model::cuda_libraries::LibraryInfo;
 use gpudiag_model::error::Error;
 use gpudiag_model::finding::Finding;
-use gpudiag_model::sample::HostInfo;
+use gpudiag_model::sample::{DeviceInfo, HostInfo};
 use gpudiag_model::stats;
 use gpudiag_model::topology::Topology;
 use gpudiag_probes::runner::ProbeReport;
@@ -22,7 +22,7 @@ use gpudiag_telemetry::nvml::SlowFields;
 use gpudiag_telemetry::poll_deadline::PollDeadline;
 use gpudiag_telemetry::replay::{Pace, ReplayBackend, ReplayOptions};
 use gpudiag_telemetry::sampler::{self, Sampler, SamplerMsg, SamplerOptions};
-use gpudiag_telemetry::{Backend, BackendError, DeviceInfo, Pacing, Tick, fault};
+use gpudiag_telemetry::{Backend, BackendError, Pacing, Tick, fault};
 
 use crate::config::{Config, RulesConfig};
 use crate::host_facts::{HostFacts, XidRead, read_kernel_xids};

@@ -31,11 +31,12 @@ use schemars::Schema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use gpudiag_core::rules::Finding;
 use gpudiag_model::decode::THROTTLE_REASONS;
+use gpudiag_model::finding::Finding;
 use gpudiag_model::sample::MetricDef;
+use gpudiag_model::sample::{DeviceInfo, Event, EventKind, HostInfo, Sample, TimeMs};
 use gpudiag_model::verdict::{Bottleneck, Verdict};
-use gpudiag_telemetry::{DeviceInfo, Event, EventKind, HostInfo, Sample, Tick, TimeMs};
+use gpudiag_telemetry::Tick;
 
 /// The value of `otherData.format`.
 pub const TRACE_FORMAT: &str = "gpudiag-trace";
@@ -321,7 +322,7 @@ impl TraceBuilder {
         if no_values
             && s.absent
                 .values()
-                .any(|a| *a == gpudiag_telemetry::Absent::GpuLost)
+                .any(|a| *a == gpudiag_model::sample::Absent::GpuLost)
         {
             self.lose(s.device, s.time_ms, "every value answers GPU lost");
             self.state.entry(s.device).or_default().last_ms = Some(s.time_ms);
@@ -991,7 +992,7 @@ pub(crate) fn trace_event_phases(schema: &mut Schema) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpudiag_core::rules::{Evidence, Severity};
+    use gpudiag_model::finding::{Evidence, Severity};
 
     const T0: TimeMs = 1_767_225_600_000;
 
@@ -1025,7 +1026,7 @@ mod tests {
             time_ms: T0 + 250,
             title: "XID 48: double-bit ECC error in GPU memory".into(),
             evidence: Evidence {
-                values: gpudiag_core::rules::values([("xid", serde_json::json!(48))]),
+                values: gpudiag_model::finding::values([("xid", serde_json::json!(48))]),
                 window_s: 0.0,
                 threshold: "event".into(),
             },
@@ -1219,7 +1220,11 @@ mod tests {
     }
 
     fn lost_sample(device: u32, at: TimeMs) -> Sample {
-        gpudiag_telemetry::sanity::all_absent(device, T0 + at, &gpudiag_telemetry::Absent::GpuLost)
+        gpudiag_telemetry::sanity::all_absent(
+            device,
+            T0 + at,
+            &gpudiag_model::sample::Absent::GpuLost,
+        )
     }
 
     fn counters_of(trace: &Trace, pid: u32) -> Vec<&TraceEvent> {

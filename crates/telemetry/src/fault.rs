@@ -35,11 +35,9 @@
 use std::time::{Duration, Instant};
 
 use super::sanity;
-use super::{
-    Absent, Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Pacing, Playback,
-    Sample, Tick,
-};
+use super::{Backend, BackendError, Pacing, Playback, Tick};
 use gpudiag_model::metric_table::{Repr, Unrepresentable};
+use gpudiag_model::sample::{Absent, DeviceInfo, Event, EventKind, HostInfo, Sample};
 
 /// The hidden environment variable that holds a fault schedule.
 pub const FAULTS_ENV: &str = "GPUDIAG_TEST_FAULTS";
@@ -262,7 +260,7 @@ impl Backend for FaultBackend {
             .iter()
             .map(|s| s.time_ms)
             .max()
-            .unwrap_or_else(super::now_ms);
+            .unwrap_or_else(gpudiag_model::sample::now_ms);
         let active: Vec<Fault> = self
             .faults
             .iter()

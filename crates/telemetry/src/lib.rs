@@ -1,7 +1,7 @@
 //! Telemetry sources: the backend trait and everything behind it (one folder per vendor, replays
 //! of recordings and bundles, fault injection). Live sources run under a per-poll deadline
-//! (`poll_deadline`) because a vendor call can hang; the model's sample types are re-exported so
-//! users need one crate.
+//! (`poll_deadline`) because a vendor call can hang. The sample types they yield are the model's
+//! (`gpudiag_model::sample`).
 //!
 //! Data flows one way: a `Backend` yields `DeviceInfo` once and a `Tick` per poll; the sampler
 //! is the only code that polls one, and hands its ticks to whoever listens (the session pipeline,
@@ -24,14 +24,11 @@ pub mod replay;
 pub mod sampler;
 pub mod sanity;
 
-pub use gpudiag_model::attribution::{
-    Attribution, FoundIn, PodAllocation, PodIdentity, PodName, SlurmJob,
-};
-pub use gpudiag_model::sample::*;
-
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
+
+use gpudiag_model::sample::{DeviceInfo, Event, HostInfo, Sample, TimeMs};
 
 /// What one poll of a backend yields.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -8,7 +8,8 @@ use super::amd::rocm::RocmBackend;
 use super::amd::sysfs::{self, SysfsBackend};
 use super::attribution::AttributionOptions;
 use super::nvml::{NvmlBackend, SlowFields};
-use super::{Backend, BackendError, DeviceInfo, HostInfo, Pacing, Tick};
+use super::{Backend, BackendError, Pacing, Tick};
+use gpudiag_model::sample::{DeviceInfo, HostInfo};
 
 /// Which live source to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -314,7 +315,7 @@ impl Backend for CompositeBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Event, EventKind, Sample};
+    use gpudiag_model::sample::{Event, EventKind, Sample};
 
     /// A backend with fixed devices whose poll echoes one sample per device and an event.
     struct Fake {

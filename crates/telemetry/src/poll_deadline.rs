@@ -23,10 +23,8 @@ use std::time::Duration;
 
 use super::replay::Pace;
 use super::sanity::{self, MISSING};
-use super::{
-    Absent, Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Pacing, Playback,
-    ReplayPosition, Tick, TimeMs, now_ms,
-};
+use super::{Backend, BackendError, Pacing, Playback, ReplayPosition, Tick};
+use gpudiag_model::sample::{Absent, DeviceInfo, Event, EventKind, HostInfo, TimeMs, now_ms};
 
 /// How long one poll of a live backend may take by default. A fast NVML read of every field
 /// takes well under a millisecond per GPU; a single read with the slow fields in the poll
@@ -73,7 +71,7 @@ pub struct PollDeadline {
     /// Consecutive stalled polls, for the notice.
     stalled: u64,
     /// Time of the last tick handed out.
-    last_ms: Option<super::TimeMs>,
+    last_ms: Option<gpudiag_model::sample::TimeMs>,
     /// `None`: the wrapped source has no playback (live hardware).
     playback: Option<RemotePlayback>,
     worker: Option<std::thread::JoinHandle<()>>,
@@ -405,8 +403,8 @@ impl Drop for PollDeadline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Sample;
     use crate::sanity::{Health, worst};
+    use gpudiag_model::sample::Sample;
 
     /// Polls answer at once, except the ones listed, which sleep first.
     struct Slow {

@@ -22,11 +22,9 @@ use std::time::{Duration, Instant};
 use super::recording::{
     Header, LinePos, Outline, ReadStats, Record, RecordingError, RecordingReader,
 };
-use super::{
-    Backend, BackendError, DeviceInfo, Event, HostInfo, Pacing, Playback, ReplayPosition, Sample,
-    Tick, TimeMs,
-};
+use super::{Backend, BackendError, Pacing, Playback, ReplayPosition, Tick};
 use gpudiag_model::finding::Finding;
+use gpudiag_model::sample::{DeviceInfo, Event, HostInfo, Sample, TimeMs};
 use input::{Opened, Rereadable};
 use ticks::{Grouped, Grouper, RecordedFindings, SeekIndex};
 
@@ -591,8 +589,8 @@ fn check_pace(pace: Pace) -> Result<(), BackendError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{EventKind, Sample};
     use gpudiag_model::finding::{Evidence, Severity};
+    use gpudiag_model::sample::{EventKind, Sample};
 
     fn header() -> Header {
         let mut h = Header::new(

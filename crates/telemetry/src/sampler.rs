@@ -33,7 +33,8 @@ use std::time::{Duration, Instant};
 use gpudiag_model::stats::{self, Counter};
 
 use super::replay::Pace;
-use super::{Backend, BackendError, Pacing, ReplayPosition, Tick, TimeMs};
+use super::{Backend, BackendError, Pacing, ReplayPosition, Tick};
+use gpudiag_model::sample::TimeMs;
 
 /// Ticks waiting for a queue's listener: several seconds of a live run, enough for a replay to
 /// stay ahead of the listener without racing away from it.
@@ -518,7 +519,7 @@ mod tests {
     use super::*;
     use crate::recording::{Header, ReadStats, Record};
     use crate::replay::ReplayBackend;
-    use crate::{DeviceInfo, HostInfo, Sample};
+    use gpudiag_model::sample::{DeviceInfo, HostInfo, Sample};
 
     /// A self-paced backend with no end, counting its polls.
     struct Counting {
@@ -781,7 +782,7 @@ mod tests {
         fn poll(&mut self) -> Result<Tick, BackendError> {
             let n = self.polls.fetch_add(1, Ordering::Relaxed);
             Ok(Tick {
-                samples: vec![Sample::new(0, crate::now_ms() + n)],
+                samples: vec![Sample::new(0, gpudiag_model::sample::now_ms() + n)],
                 events: Vec::new(),
             })
         }

@@ -12,9 +12,10 @@
 
 use std::collections::BTreeMap;
 
-use super::{Absent, LIST_FIELDS, METRIC_TABLE, Sample, Tick};
+use super::Tick;
 use gpudiag_model::metric_table::{Kind, Repr};
 use gpudiag_model::sample::MetricDef;
+use gpudiag_model::sample::{Absent, LIST_FIELDS, METRIC_TABLE, Sample};
 
 /// Prefix of the reason for a value dropped as implausible.
 pub const IMPLAUSIBLE: &str = "implausible value";
@@ -92,7 +93,7 @@ pub const SAMPLE_FIELDS: [&str; METRIC_TABLE.len() + LIST_FIELDS.len()] = {
 };
 
 /// A sample of `device` at `time_ms` with every field absent for `why`.
-pub fn all_absent(device: u32, time_ms: super::TimeMs, why: &Absent) -> Sample {
+pub fn all_absent(device: u32, time_ms: gpudiag_model::sample::TimeMs, why: &Absent) -> Sample {
     let mut s = Sample::new(device, time_ms);
     for f in SAMPLE_FIELDS {
         s.absent.insert(f.to_owned(), why.clone());

@@ -12,11 +12,12 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::history::{History, Window, WindowStats};
-use crate::rules::{Finding, Severity, is_workload};
+use crate::rules::is_workload;
 use gpudiag_model::cuda_libraries::LibraryInfo;
 use gpudiag_model::error::exit;
 use gpudiag_model::finding::Status;
-use gpudiag_telemetry::{DeviceInfo, HostInfo, Metric, Sample, TimeMs};
+use gpudiag_model::finding::{Finding, Severity};
+use gpudiag_model::sample::{DeviceInfo, HostInfo, Metric, Sample, TimeMs};
 
 /// Bumped on any change that removes or retypes a field; adding a field keeps it. Version 2:
 /// `status` gains `not_judged` and `could_not_run`, `exit_code` gains 3, and `could_not_run`
@@ -88,7 +89,7 @@ impl CheckReport {
         CheckReport {
             schema_version: CHECK_SCHEMA_VERSION,
             tool: ToolInfo::this(),
-            generated_ms: gpudiag_telemetry::now_ms(),
+            generated_ms: gpudiag_model::sample::now_ms(),
             host: HostInfo::default(),
             source: SourceInfo {
                 backend: backend.to_owned(),
@@ -305,7 +306,7 @@ pub fn split_findings(findings: Vec<Finding>) -> (BTreeMap<u32, Vec<Finding>>, V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::Evidence;
+    use gpudiag_model::finding::Evidence;
     use gpudiag_model::finding::FindingState;
 
     fn finding(severity: Severity) -> Finding {

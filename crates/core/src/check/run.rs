@@ -8,13 +8,14 @@ use super::{CHECK_SCHEMA_VERSION, CheckReport, DeviceReport, SourceInfo, ToolInf
 use crate::config::Config;
 use crate::judgement::Span;
 use crate::pipeline::{Pipeline, Sink};
-use crate::rules::{Finding, Severity};
 use crate::session::{Limit, RunOptions, Session, Source, SourceSpec};
 use gpudiag_model::error::Error;
+use gpudiag_model::finding::{Finding, Severity};
+use gpudiag_model::sample::{EventKind, now_ms};
 use gpudiag_model::stats;
 use gpudiag_probes::runner::ProbeReport;
 use gpudiag_telemetry::recording::excerpt;
-use gpudiag_telemetry::{BackendError, EventKind, Tick, now_ms};
+use gpudiag_telemetry::{BackendError, Tick};
 
 /// What to check, built once from the command line (or from `report`'s options).
 #[derive(Debug, Clone)]

@@ -24,11 +24,11 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::{ProcessCpu, RuleInput, round2};
+use super::{RuleInput, process_state::ProcessCpu, round2};
 use crate::history::Window;
 use gpudiag_model::decode::pcie_link_rate;
-use gpudiag_model::verdict::{Basis, Bottleneck, Confidence, Verdict, VerdictProcess};
-use gpudiag_telemetry::{DeviceInfo, Metric, TimeMs};
+use gpudiag_model::sample::{DeviceInfo, Metric, TimeMs};
+use gpudiag_model::verdict::{Basis, Bottleneck, Confidence, NotJudged, Verdict, VerdictProcess};
 
 const MIB: f64 = 1024.0 * 1024.0;
 const GB: f64 = 1e9;
@@ -41,8 +41,6 @@ const HARMFUL_THROTTLE: u64 = 0x8 | 0x20 | 0x40 | 0x80;
 /// they cover and lowers its confidence: GPM needs two samples before its first value, so one
 /// sample in twenty may lack them on a healthy run.
 const FULL_COVERAGE: f64 = 0.9;
-
-pub use gpudiag_model::verdict::NotJudged;
 
 /// The window's figures a verdict is judged from.
 struct Figures {
@@ -784,7 +782,7 @@ pub fn judge_all(
 mod tests {
     use super::*;
     use crate::config::UtilisationConfig;
-    use gpudiag_telemetry::Sample;
+    use gpudiag_model::sample::Sample;
 
     #[test]
     fn shares_never_round_up_onto_a_threshold() {
@@ -911,7 +909,7 @@ mod tests {
         let mut cpu = ProcessCpu::default();
         for i in 0..=10u64 {
             let mut s = Sample::new(0, 1_000_000 + i * 1000);
-            s.processes = Some(vec![gpudiag_telemetry::ProcessSample {
+            s.processes = Some(vec![gpudiag_model::sample::ProcessSample {
                 pid: 9,
                 name: None,
                 user: None,

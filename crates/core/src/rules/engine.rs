@@ -7,18 +7,23 @@
 
 use std::collections::BTreeMap;
 
-use super::bottleneck::{self, CurrentPhase, NotJudged};
+use super::bottleneck::{self, CurrentPhase};
 use super::families::{self, Cadence, Lifetime};
 use super::job;
 use super::{
-    Finding, FindingState, ProcessCpu, ProcessLaunch, ProcessMemory, RuleInput, is_workload, sort,
+    RuleInput, is_workload,
+    process_state::{ProcessCpu, ProcessLaunch, ProcessMemory},
+    sort,
 };
 use crate::config::RulesConfig;
 use crate::history::History;
 use gpudiag_model::cuda_libraries::LibraryInfo;
+use gpudiag_model::finding::{Finding, FindingState};
 use gpudiag_model::job::{JobId, JobVerdict};
+use gpudiag_model::sample::{DeviceInfo, Event, HostInfo, Sample, TimeMs};
+use gpudiag_model::verdict::NotJudged;
 use gpudiag_model::verdict::Verdict;
-use gpudiag_telemetry::{DeviceInfo, Event, HostInfo, Sample, Tick, TimeMs};
+use gpudiag_telemetry::Tick;
 
 /// A finding's identity across evaluations: the same problem on the same device.
 type Key = (String, Option<u32>);

@@ -7,8 +7,9 @@
 
 use serde_json::json;
 
-use super::{Evidence, Finding, RuleInput, Severity, values};
+use super::RuleInput;
 use gpudiag_model::cuda_libraries::major_minor;
+use gpudiag_model::finding::{Evidence, Finding, Severity, values};
 
 pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
     let mut out = Vec::new();

@@ -16,11 +16,12 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use serde_json::json;
 
-use super::{Evidence, Finding, RuleInput, Severity, values};
+use super::RuleInput;
+use gpudiag_model::finding::{Evidence, Finding, Severity, values};
+use gpudiag_model::sample::{DeviceInfo, EventKind, Sample, TimeMs};
 use gpudiag_model::verdict::NotJudged;
 use gpudiag_telemetry::kernel_log::{LoggedXid, PciAddress, XidLog};
 use gpudiag_telemetry::sanity::{self, Health};
-use gpudiag_telemetry::{DeviceInfo, EventKind, Sample, TimeMs};
 
 /// The rule `not_judged` names when the kernel log could not be read (or only in part).
 pub const KERNEL_LOG_RULE: &str = "errors.kernel_log_xid";
@@ -397,7 +398,7 @@ pub fn past_xids(
 mod tests {
     use super::*;
     use crate::history::History;
-    use gpudiag_telemetry::{Event, Sample};
+    use gpudiag_model::sample::{Event, Sample};
 
     fn run(latest: BTreeMap<u32, Sample>, events: Vec<Event>) -> Vec<Finding> {
         let history = History::default();
@@ -562,7 +563,7 @@ mod tests {
         ]);
         let mut pending = healthy(0);
         pending.remapped_rows_pending = Some(true);
-        let lost = sanity::all_absent(1, BOOT + 7_200_000, &gpudiag_telemetry::Absent::GpuLost);
+        let lost = sanity::all_absent(1, BOOT + 7_200_000, &gpudiag_model::sample::Absent::GpuLost);
         let (f, _) = judge(&log, BTreeMap::from([(0, pending), (1, lost)]));
         let grade = |id: &str, d: u32| {
             f.iter()

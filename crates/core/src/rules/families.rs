@@ -2,10 +2,11 @@
 //! order and cadence the engine runs it in. Above the families (it names each one) and below
 //! the engine, so the rules' shared vocabulary in `rules/mod.rs` names none of them.
 
-use super::{Finding, RuleInput, sort};
+use super::{RuleInput, sort};
 use super::{
     environment, errors, health, memory, pcie, power, thermal, throttle, utilisation, vendor,
 };
+use gpudiag_model::finding::Finding;
 
 /// When the engine runs a rule family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

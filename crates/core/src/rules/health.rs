@@ -10,9 +10,10 @@
 
 use serde_json::{Value, json};
 
-use super::{Evidence, Finding, RuleInput, Severity};
+use super::RuleInput;
+use gpudiag_model::finding::{Evidence, Finding, Severity};
+use gpudiag_model::sample::{Absent, EventKind};
 use gpudiag_telemetry::sanity::{self, Health};
-use gpudiag_telemetry::{Absent, EventKind};
 
 pub const LOST: &str = "device.lost";
 pub const MISSING: &str = "device.missing";
@@ -66,7 +67,7 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
 /// One `device.lost` per device from a tick's events: a backend that sees the loss reports both
 /// the XID and its own `device_lost`, which are one loss, so their evidence is merged (the
 /// backend's reason, the XID) at the earlier of their times.
-fn lost_from_events(events: &[gpudiag_telemetry::Event]) -> Vec<Finding> {
+fn lost_from_events(events: &[gpudiag_model::sample::Event]) -> Vec<Finding> {
     let mut by_device: std::collections::BTreeMap<u32, (u64, Option<&str>, Option<u64>)> =
         Default::default();
     for e in events {
@@ -107,7 +108,7 @@ fn lost(device: u32, time_ms: u64, reason: &str) -> Finding {
         time_ms,
         format!("GPU {device} is lost: it stopped answering the driver"),
         Evidence {
-            values: super::values([("reason", json!(reason))]),
+            values: gpudiag_model::finding::values([("reason", json!(reason))]),
             window_s: 0.0,
             threshold: "the driver reports the GPU lost".into(),
         },
@@ -127,7 +128,7 @@ fn missing(device: u32, time_ms: u64) -> Finding {
         time_ms,
         format!("GPU {device} dropped out of the driver's device list"),
         Evidence {
-            values: super::values([("reason", json!(sanity::MISSING))]),
+            values: gpudiag_model::finding::values([("reason", json!(sanity::MISSING))]),
             window_s: 0.0,
             threshold: "a GPU listed at start is absent from a poll".into(),
         },
@@ -147,7 +148,7 @@ fn stalled(device: u32, time_ms: u64, why: &str) -> Finding {
         time_ms,
         format!("GPU {device} telemetry stalled: a {why}"),
         Evidence {
-            values: super::values([("reason", json!(why))]),
+            values: gpudiag_model::finding::values([("reason", json!(why))]),
             window_s: 0.0,
             threshold: "a poll longer than --poll-timeout".into(),
         },
@@ -195,7 +196,7 @@ mod tests {
 
     use super::*;
     use crate::history::History;
-    use gpudiag_telemetry::{Event, Sample};
+    use gpudiag_model::sample::{Event, Sample};
 
     fn run(latest: BTreeMap<u32, Sample>, events: Vec<Event>) -> Vec<Finding> {
         let history = History::default();

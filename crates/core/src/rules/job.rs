@@ -29,14 +29,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::json;
 
 use super::process_state::SeenProcess;
-use super::{ProcessLaunch, RuleInput, round2};
+use super::{RuleInput, process_state::ProcessLaunch, round2};
 use crate::config::JobConfig;
 use crate::history::Window;
 use gpudiag_model::job::{
     JobId, JobMember, JobPattern, JobVerdict, JoinedBy, Pace, PeerFigures, Straggler,
 };
+use gpudiag_model::sample::{Metric, TimeMs};
 use gpudiag_model::verdict::{Bottleneck, Confidence, NotJudged, Verdict};
-use gpudiag_telemetry::{Metric, TimeMs};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 const GB: f64 = 1e9;
@@ -97,7 +97,7 @@ fn presumed_key(p: &SeenProcess) -> JobId {
 /// with the job's process on each (the one holding the most memory, where several do).
 pub(crate) fn group(
     launches: &ProcessLaunch,
-    memory: Option<&super::ProcessMemory>,
+    memory: Option<&super::process_state::ProcessMemory>,
     start: TimeMs,
     end: TimeMs,
     command: &BTreeSet<u32>,
@@ -798,8 +798,8 @@ pub fn judge_all(
 /// finding series carry them: a straggler is a warning on its GPU (its peers' time is lost),
 /// a communication-bound or imbalanced job information on the host. A presumed job's straggler
 /// is information: the job may join strangers.
-pub fn findings(jobs: &[JobVerdict], config: &JobConfig) -> Vec<super::Finding> {
-    use super::{Evidence, Finding, Severity};
+pub fn findings(jobs: &[JobVerdict], config: &JobConfig) -> Vec<gpudiag_model::finding::Finding> {
+    use gpudiag_model::finding::{Evidence, Finding, Severity};
     jobs.iter()
         .filter_map(|j| {
             let (id, severity, device, threshold) = match (&j.verdict, &j.straggler) {
@@ -1001,7 +1001,7 @@ mod tests {
     use super::*;
     use gpudiag_model::attribution::{Attribution, FoundIn, SlurmJob};
     use gpudiag_model::job::Launch;
-    use gpudiag_telemetry::{ProcessSample, Sample};
+    use gpudiag_model::sample::{ProcessSample, Sample};
 
     const PYTHON: &str = "/usr/bin/python3.12";
 

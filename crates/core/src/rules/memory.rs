@@ -12,8 +12,9 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::{Evidence, Finding, RuleInput, Severity, mean_over, round2, secs, shown, values};
-use gpudiag_telemetry::{Metric, TimeMs};
+use super::{RuleInput, mean_over, round2, secs, shown};
+use gpudiag_model::finding::{Evidence, Finding, Severity, values};
+use gpudiag_model::sample::{Metric, TimeMs};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -313,8 +314,8 @@ fn is_listed(input: &RuleInput<'_>, device: u32, pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::ProcessMemory;
-    use gpudiag_telemetry::Sample;
+    use crate::rules::process_state::ProcessMemory;
+    use gpudiag_model::sample::Sample;
 
     #[test]
     fn fit_recovers_a_line_and_rejects_a_step() {
@@ -345,7 +346,7 @@ mod tests {
         let mut pm = ProcessMemory::default();
         for i in 0..50u64 {
             let mut s = Sample::new(0, i * 100);
-            s.processes = Some(vec![gpudiag_telemetry::ProcessSample {
+            s.processes = Some(vec![gpudiag_model::sample::ProcessSample {
                 pid: 7,
                 name: Some("python3".into()),
                 user: None,

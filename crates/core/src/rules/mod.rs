@@ -7,8 +7,6 @@
 //! memory for leaks), and evaluates the windowed rules on a fixed cadence, so the cost per tick
 //! depends on the window lengths, never on how long the history has grown.
 
-pub use gpudiag_model::finding::{Evidence, Finding, FindingState, Severity, values};
-
 pub mod bottleneck;
 pub mod engine;
 pub mod environment;
@@ -33,10 +31,10 @@ use std::time::Duration;
 use crate::config::RulesConfig;
 use crate::history::History;
 use gpudiag_model::cuda_libraries::LibraryInfo;
+use gpudiag_model::finding::Finding;
+use gpudiag_model::sample::{DeviceInfo, Event, HostInfo, Metric, Sample, TimeMs};
 use gpudiag_model::verdict::NotJudged;
-use gpudiag_telemetry::{DeviceInfo, Event, HostInfo, Metric, Sample, TimeMs};
-
-pub use process_state::{ProcessCpu, ProcessLaunch, ProcessMemory};
+use process_state::{ProcessCpu, ProcessMemory};
 
 /// Everything a rule may look at. Rules are pure: the same input gives the same findings.
 pub struct RuleInput<'a> {

@@ -8,11 +8,10 @@
 
 use serde_json::json;
 
-use super::{
-    Evidence, Finding, RuleInput, Severity, aligned, round2, secs, shown, shown_pair, values,
-};
+use super::{RuleInput, aligned, round2, secs, shown, shown_pair};
 use gpudiag_model::decode::pcie_link_rate;
-use gpudiag_telemetry::Metric;
+use gpudiag_model::finding::{Evidence, Finding, Severity, values};
+use gpudiag_model::sample::Metric;
 
 pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
     let mut out = Vec::new();
@@ -23,7 +22,7 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
     out
 }
 
-fn downtrained(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Option<Finding> {
+fn downtrained(input: &RuleInput<'_>, d: &gpudiag_model::sample::DeviceInfo) -> Option<Finding> {
     const ID: &str = "pcie.link_downtrained";
     let cfg = &input.config.pcie;
     let (Some(gen_max), Some(width_max)) = (d.pcie_gen_max, d.pcie_width_max) else {
@@ -141,7 +140,7 @@ pub fn replay_budget_per_min(ber: f64, link_gen: u32, width: u32) -> Option<f64>
     Some(ber * rate.gt_per_s_per_lane * 1e9 * f64::from(width) * 60.0)
 }
 
-fn replays(input: &RuleInput<'_>, d: &gpudiag_telemetry::DeviceInfo) -> Option<Finding> {
+fn replays(input: &RuleInput<'_>, d: &gpudiag_model::sample::DeviceInfo) -> Option<Finding> {
     const ID: &str = "pcie.replay_rate";
     let cfg = &input.config.pcie;
     let not_judged = |reason: String| {
@@ -232,10 +231,10 @@ mod tests {
 /// `fail_share`) of what the GPU's maximum link carries after line encoding, and pageable copies
 /// far below pinned ones (a hint: pinned buffers would be faster).
 pub fn probe_bandwidth(
-    d: &gpudiag_telemetry::DeviceInfo,
-    latest: Option<&gpudiag_telemetry::Sample>,
+    d: &gpudiag_model::sample::DeviceInfo,
+    latest: Option<&gpudiag_model::sample::Sample>,
     measurements: &[gpudiag_probes::Measurement],
-    now_ms: gpudiag_telemetry::TimeMs,
+    now_ms: gpudiag_model::sample::TimeMs,
 ) -> Vec<Finding> {
     const WARN_SHARE: f64 = 0.85;
     const FAIL_SHARE: f64 = 0.5;
@@ -341,8 +340,8 @@ pub fn probe_bandwidth(
 #[cfg(test)]
 mod probe_tests {
     use super::*;
+    use gpudiag_model::sample::DeviceInfo;
     use gpudiag_probes::Measurement;
-    use gpudiag_telemetry::DeviceInfo;
 
     fn h200() -> DeviceInfo {
         DeviceInfo {

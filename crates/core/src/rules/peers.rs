@@ -10,11 +10,12 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::{Evidence, Finding, Severity, round2, shown, values};
+use super::{round2, shown};
+use gpudiag_model::finding::{Evidence, Finding, Severity, values};
+use gpudiag_model::sample::TimeMs;
 use gpudiag_probes::p2p::{self, PeerLink};
 use gpudiag_probes::runner::DeviceProbes;
 use gpudiag_probes::{Verdict, median};
-use gpudiag_telemetry::TimeMs;
 
 /// Units where a larger figure is better; latencies are compared by nobody here.
 fn throughput(unit: &str) -> bool {

@@ -4,7 +4,8 @@
 
 use serde_json::json;
 
-use super::{Evidence, Finding, RuleInput, Severity, round2, shown, values};
+use super::{RuleInput, round2, shown};
+use gpudiag_model::finding::{Evidence, Finding, Severity, values};
 
 pub const BELOW_DEFAULT: &str = "power.limit_below_default";
 

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use gpudiag_telemetry::{Sample, TimeMs};
+use gpudiag_model::sample::{Sample, TimeMs};
 
 /// Per-(device, pid) memory series, bounded by the leak window.
 #[derive(Debug, Default, Clone)]

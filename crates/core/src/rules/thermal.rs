@@ -3,8 +3,9 @@
 
 use serde_json::json;
 
-use super::{Evidence, Finding, RuleInput, Severity, mean_over, round2, secs, shown, values};
-use gpudiag_telemetry::Metric;
+use super::{RuleInput, mean_over, round2, secs, shown};
+use gpudiag_model::finding::{Evidence, Finding, Severity, values};
+use gpudiag_model::sample::Metric;
 
 pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
     let cfg = &input.config.thermal;

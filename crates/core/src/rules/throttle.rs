@@ -5,8 +5,9 @@
 
 use serde_json::json;
 
-use super::{Evidence, Finding, RuleInput, Severity, aligned, round2, secs, shown, values};
-use gpudiag_telemetry::Metric;
+use super::{RuleInput, aligned, round2, secs, shown};
+use gpudiag_model::finding::{Evidence, Finding, Severity, values};
+use gpudiag_model::sample::Metric;
 
 pub const SW_POWER_CAP: u64 = 0x4;
 pub const HW_SLOWDOWN: u64 = 0x8;

@@ -6,9 +6,10 @@
 
 use serde_json::json;
 
-use super::ProcessCpu;
 use super::bottleneck;
-use super::{Evidence, Finding, RuleInput, Severity, secs};
+use super::process_state::ProcessCpu;
+use super::{RuleInput, secs};
+use gpudiag_model::finding::{Evidence, Finding, Severity};
 use gpudiag_model::verdict::{Basis, Bottleneck};
 
 const MIB: f64 = 1024.0 * 1024.0;

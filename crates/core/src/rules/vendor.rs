@@ -4,8 +4,9 @@
 
 use serde_json::json;
 
-use super::{Evidence, Finding, RuleInput, Severity, values};
-use gpudiag_telemetry::{Absent, DeviceInfo, Sample};
+use super::RuleInput;
+use gpudiag_model::finding::{Evidence, Finding, Severity, values};
+use gpudiag_model::sample::{Absent, DeviceInfo, Sample};
 
 /// Stable id of the finding.
 pub const ID: &str = "vendor.nvidia_only_signals";

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use gpudiag_model::cuda_libraries::{self, LibraryInfo};
-pub use gpudiag_telemetry::kernel_log::KernelLogSource;
+use gpudiag_model::sample::{DeviceInfo, HostInfo};
+use gpudiag_telemetry::kernel_log::KernelLogSource;
 use gpudiag_telemetry::kernel_log::{self, LogRead};
-use gpudiag_telemetry::{DeviceInfo, HostInfo};
 
 /// Kernel log lines kept at most (the newest).
 const MAX_KLOG_LINES: usize = 200;

@@ -30,7 +30,7 @@ use redact::Redactor;
 /// The files of a bundle, in the order they are written.
 pub const README: &str = "README.txt";
 pub const CHECK_REPORT: &str = "check-report.json";
-pub use gpudiag_telemetry::bundle_reader::RECORDING;
+use gpudiag_telemetry::bundle_reader::RECORDING;
 pub const TRACE: &str = "trace.json";
 pub const ENVIRONMENT: &str = "environment.json";
 
@@ -53,7 +53,7 @@ pub struct Captured {
     pub recording: Option<String>,
     /// The telemetry comes from this host's GPUs now (so PCI topology and libraries apply).
     pub live: bool,
-    pub devices: Vec<gpudiag_telemetry::DeviceInfo>,
+    pub devices: Vec<gpudiag_model::sample::DeviceInfo>,
 }
 
 /// How a bundle is written.
@@ -212,7 +212,7 @@ impl Prepared<'_> {
             (TRACE, trace_bytes),
             (ENVIRONMENT, pretty(&env_value)?),
         ];
-        let mtime = gpudiag_telemetry::now_ms() / 1000;
+        let mtime = gpudiag_model::sample::now_ms() / 1000;
         write_atomic(out, |w| {
             let gz = GzEncoder::new(w, Compression::default());
             let mut tar = tar::Builder::new(gz);
@@ -307,9 +307,9 @@ fn readme_text(
 mod tests {
     use super::*;
     use crate::chrome_trace::TraceBuilder;
-    use gpudiag_core::rules::Severity;
+    use gpudiag_model::finding::Severity;
+    use gpudiag_model::sample::{DeviceInfo, HostInfo, Sample};
     use gpudiag_telemetry::kernel_log::KernelLogSource;
-    use gpudiag_telemetry::{DeviceInfo, HostInfo, Sample};
     use std::io::Read;
 
     /// Written from a check report and trace the caller judged, with no command run: every

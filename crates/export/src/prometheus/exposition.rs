@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// A family's TYPE: the metric table's gauge or counter, which are Prometheus's.
-pub use gpudiag_model::metric_table::Kind;
+use gpudiag_model::metric_table::Kind;
 
 fn type_name(kind: Kind) -> &'static str {
     match kind {

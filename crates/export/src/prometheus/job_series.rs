@@ -17,8 +17,9 @@ use gpudiag_model::job::{JobId, cluster_key};
 use gpudiag_model::prometheus_names::{label, series};
 
 use super::Snapshot;
-use super::exposition::{Exposition, Kind, Labels};
-use gpudiag_telemetry::{DeviceInfo, ProcessSample, Sample};
+use super::exposition::{Exposition, Labels};
+use gpudiag_model::metric_table::Kind;
+use gpudiag_model::sample::{DeviceInfo, ProcessSample, Sample};
 
 /// The job's process on one GPU, where the GPU runs one job's processes only.
 struct GpuJob<'a> {
@@ -198,8 +199,8 @@ mod tests {
     use gpudiag_model::job::{
         JobMember, JobPattern, JobVerdict, JoinedBy, Launch, Pace, Straggler,
     };
+    use gpudiag_model::sample::HostInfo;
     use gpudiag_model::verdict::Confidence;
-    use gpudiag_telemetry::HostInfo;
     use std::time::Instant;
 
     fn process(

@@ -15,20 +15,20 @@ mod job_series;
 pub mod process_series;
 
 pub use exposition::{
-    CONTENT_TYPE, Exposition, Kind, Labels, escape_help, escape_label_value, format_value,
+    CONTENT_TYPE, Exposition, Labels, escape_help, escape_label_value, format_value,
 };
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use gpudiag_core::rules::{Finding, Severity};
 use gpudiag_model::decode::THROTTLE_REASONS;
+use gpudiag_model::finding::{Finding, Severity};
 use gpudiag_model::job::JobVerdict;
-use gpudiag_model::metric_table::Prometheus;
+use gpudiag_model::metric_table::{Kind, Prometheus};
 use gpudiag_model::prometheus_names::{label, series};
 use gpudiag_model::sample::MetricDef;
+use gpudiag_model::sample::{DeviceInfo, HostInfo, METRIC_TABLE, Sample};
 use gpudiag_model::verdict::Verdict;
-use gpudiag_telemetry::{DeviceInfo, HostInfo, METRIC_TABLE, Sample};
 
 /// What a scrape shows: the newest state of every device.
 #[derive(Debug, Clone, Default)]
@@ -369,7 +369,7 @@ fn info_series(x: &mut Exposition, snap: &Snapshot) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpudiag_core::rules::Evidence;
+    use gpudiag_model::finding::Evidence;
     use gpudiag_model::verdict::{Basis, Bottleneck, Confidence};
 
     fn snapshot() -> Snapshot {

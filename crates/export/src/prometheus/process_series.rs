@@ -15,8 +15,9 @@ use gpudiag_model::attribution::Attribution;
 use gpudiag_model::prometheus_names::{label, series};
 
 use super::Snapshot;
-use super::exposition::{Exposition, Kind, Labels};
-use gpudiag_telemetry::{DeviceInfo, ProcessSample, Sample};
+use super::exposition::{Exposition, Labels};
+use gpudiag_model::metric_table::Kind;
+use gpudiag_model::sample::{DeviceInfo, ProcessSample, Sample};
 
 /// The most processes that get series in one scrape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,7 +174,7 @@ mod tests {
     use super::*;
     use crate::prometheus::render;
     use gpudiag_model::attribution::{FoundIn, PodAllocation, PodIdentity, SlurmJob};
-    use gpudiag_telemetry::HostInfo;
+    use gpudiag_model::sample::HostInfo;
     use std::time::Instant;
 
     fn process(pid: u32, bytes: u64, attribution: Attribution) -> ProcessSample {

@@ -22,7 +22,10 @@ pub const PROBES_UNAVAILABLE: &str = "AMD probes are not available yet";
 /// memory controller's activity averaged over the firmware's interval (what `gpu_metrics` calls
 /// `average_gfx_activity` and `average_umc_activity`), the same meaning as DCGM's graphics
 /// engine active and DRAM active. The other profiling counters have no AMD source.
-pub(crate) fn engine_activity(s: &mut super::Sample, absent: &mut super::AbsentMap) {
+pub(crate) fn engine_activity(
+    s: &mut gpudiag_model::sample::Sample,
+    absent: &mut gpudiag_model::sample::AbsentMap,
+) {
     s.gr_engine_active_pct = s.gpu_util_pct;
     s.dram_active_pct = s.mem_util_pct;
     for (to, from) in [
@@ -35,12 +38,12 @@ pub(crate) fn engine_activity(s: &mut super::Sample, absent: &mut super::AbsentM
     }
 }
 
-pub fn probes_unavailable(info: &super::DeviceInfo) -> Option<&'static str> {
+pub fn probes_unavailable(info: &gpudiag_model::sample::DeviceInfo) -> Option<&'static str> {
     is_amd(info).then_some(PROBES_UNAVAILABLE)
 }
 
 /// True when `info` describes an AMD GPU.
-pub fn is_amd(info: &super::DeviceInfo) -> bool {
+pub fn is_amd(info: &gpudiag_model::sample::DeviceInfo) -> bool {
     info.vendor.as_deref() == Some(VENDOR)
 }
 
@@ -109,7 +112,7 @@ pub fn bus_id_from_bdf(bdf: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::DeviceInfo;
+    use gpudiag_model::sample::DeviceInfo;
 
     #[test]
     fn known_ids_have_an_architecture_and_unknown_ones_none() {

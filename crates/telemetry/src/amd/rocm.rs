@@ -31,12 +31,11 @@ use libloading::Library;
 use super::sysfs::{self, ProcessCache, SlotLink};
 use crate::amd;
 use crate::attribution::{AttributionOptions, GpuKeys};
-use crate::{
-    Absent, AbsentMap, Backend, BackendError, DeviceInfo, HostInfo, Pacing, Sample, Tick, now_ms,
-};
+use crate::{Backend, BackendError, Pacing, Tick};
 use gpudiag_model::deadline::run_with_deadline;
 use gpudiag_model::metric_table::Vendor;
 use gpudiag_model::sample::unavailable_on;
+use gpudiag_model::sample::{Absent, AbsentMap, DeviceInfo, HostInfo, Sample, now_ms};
 
 /// The names tried, in order: the development symlink, Debian's soname, then ROCm's sonames
 /// newest first. Each is tried as is (the loader's search path) and under /opt/rocm/lib, where

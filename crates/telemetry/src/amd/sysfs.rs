@@ -32,13 +32,13 @@ use std::time::{Duration, Instant};
 
 use crate::amd;
 use crate::attribution::{AttributionOptions, Attributor, GpuKeys, GpuPods, gpu_pods_field};
-use crate::{
-    Absent, AbsentMap, Backend, BackendError, DeviceInfo, Event, EventKind, HostInfo, Pacing,
-    ProcessSample, Sample, Tick, now_ms,
-};
+use crate::{Backend, BackendError, Pacing, Tick};
 use gpudiag_model::attribution::PodAllocation;
 use gpudiag_model::metric_table::Vendor;
 use gpudiag_model::sample::unavailable_on;
+use gpudiag_model::sample::{
+    Absent, AbsentMap, DeviceInfo, Event, EventKind, HostInfo, ProcessSample, Sample, now_ms,
+};
 
 /// The root the backend reads under unless told otherwise.
 pub const DEFAULT_ROOT: &str = "/";

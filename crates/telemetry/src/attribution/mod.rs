@@ -17,7 +17,7 @@ use gpudiag_model::attribution::{
 use gpudiag_model::job::Launch;
 
 use crate::procfs::{container_id_from_cgroup, passwd_name, status_inner_pid, status_uid};
-use crate::{Absent, ProcessSample};
+use gpudiag_model::sample::{Absent, ProcessSample};
 pub use kubelet::{DEFAULT_KUBELET_SOCKET, GpuKeys, Kubelet, KubeletOptions};
 
 /// Where the facts are read.

@@ -13,8 +13,8 @@ use nvml_wrapper::struct_wrappers::device::FieldValueSample;
 use nvml_wrapper::structs::device::FieldId;
 
 use super::{absent_from, read, read_many, read_with};
-use crate::{Absent, AbsentMap, Sample};
 use gpudiag_model::sample::by_name;
+use gpudiag_model::sample::{Absent, AbsentMap, Sample};
 
 /// `Sample` fields read on every poll.
 pub(super) const FAST_FIELDS: &[&str] = &[
@@ -421,8 +421,8 @@ mod tests {
     use super::*;
     use crate::nvml::DEVICE_INFO_FIELDS;
     use crate::nvml::slow::SLOW_FIELDS;
-    use crate::{DeviceInfo, PROFILING_FIELDS};
     use gpudiag_model::decode::THROTTLE_REASONS;
+    use gpudiag_model::sample::{DeviceInfo, PROFILING_FIELDS};
     use std::collections::BTreeSet;
 
     #[test]

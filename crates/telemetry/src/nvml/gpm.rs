@@ -21,7 +21,7 @@ use nvml_wrapper::{Device, GpmSample, Nvml};
 use nvml_wrapper_sys::bindings::nvmlGpmSample_t;
 
 use super::{absent_from, mark_absent};
-use crate::{Absent, PROFILING_FIELDS, Sample};
+use gpudiag_model::sample::{Absent, PROFILING_FIELDS, Sample};
 use gpudiag_model::stats::{self, CallGroup, Counter};
 
 /// GPM refuses intervals shorter than this (NVML's documentation asks for at least 100 ms).
@@ -451,7 +451,7 @@ mod tests {
         for (i, name) in PROFILING_FIELDS.iter().enumerate() {
             let mut s = Sample::default();
             SETTERS[i](&mut s, 42.0);
-            let def = crate::by_name(name).unwrap();
+            let def = gpudiag_model::sample::by_name(name).unwrap();
             assert_eq!(def.get(&s), Some(42.0), "{name}");
         }
     }

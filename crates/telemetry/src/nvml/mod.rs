@@ -53,13 +53,14 @@ use nvml_wrapper::enums::device::DeviceArchitecture;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
-use super::{
-    Absent, AbsentMap, Backend, BackendError, ComputeCapability, DeviceInfo, Event, EventKind,
-    HostInfo, PROFILING_FIELDS, Pacing, Sample, now_ms,
-};
+use super::{Backend, BackendError, Pacing};
 use crate::attribution::{AttributionOptions, Attributor, GpuKeys};
 use fields::{FAST_FIELDS, read_fast};
 use gpudiag_model::deadline::{DeadlineError, run_with_deadline};
+use gpudiag_model::sample::{
+    Absent, AbsentMap, ComputeCapability, DeviceInfo, Event, EventKind, HostInfo, PROFILING_FIELDS,
+    Sample, now_ms,
+};
 use gpudiag_model::stats::{self, CallGroup, Counter};
 use slow::{
     DeviceSlot, SLOW_FIELDS, SlowControl, SlowShared, read_slow, start_slow_reader, stuck_limit,

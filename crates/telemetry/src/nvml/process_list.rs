@@ -11,7 +11,7 @@ use nvml_wrapper::struct_wrappers::device::{ProcessInfo, ProcessUtilizationSampl
 
 use super::absent_from;
 use crate::attribution::{Attributor, GpuPods};
-use crate::{Absent, ProcessSample};
+use gpudiag_model::sample::{Absent, ProcessSample};
 
 pub(super) fn read_processes(
     nvml: &Nvml,

@@ -20,8 +20,9 @@ use super::fields::{kb_per_s_to_bytes, mj_to_j, put_clock_events, read_clock_eve
 use super::process_list::read_processes;
 use super::{RawDevice, absent_from, lock};
 use crate::attribution::{Attributor, GpuKeys, gpu_pods_field};
-use crate::{Absent, AbsentMap, ProcessSample, Sample, sanity};
+use crate::sanity;
 use gpudiag_model::attribution::PodAllocation;
+use gpudiag_model::sample::{Absent, AbsentMap, ProcessSample, Sample};
 use gpudiag_model::stats::{self, CallGroup, Counter};
 
 /// The link state and replay counter are read every this many slow rounds: every 5 s at the

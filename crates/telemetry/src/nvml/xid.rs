@@ -18,7 +18,7 @@ use nvml_wrapper::event::EventSet;
 
 use super::lock;
 use super::slow::SlowShared;
-use crate::{DeviceInfo, Event, EventKind, now_ms};
+use gpudiag_model::sample::{DeviceInfo, Event, EventKind, now_ms};
 use gpudiag_model::stats::{self, CallGroup, Counter};
 
 /// How long one wait on the event set may block; bounds how late the thread notices a stop.

@@ -20,8 +20,8 @@ pub use crate::recording_error::{RecordingError, human_bytes};
 
 use serde::{Deserialize, Serialize};
 
-use super::{DeviceInfo, Event, HostInfo, Sample, TimeMs};
 use gpudiag_model::finding::Finding;
+use gpudiag_model::sample::{DeviceInfo, Event, HostInfo, Sample, TimeMs};
 
 /// The value of the header's `format` field.
 pub const FORMAT_NAME: &str = "gpudiag-recording";
@@ -113,7 +113,7 @@ impl Header {
         Header {
             format: FORMAT_NAME.to_string(),
             version: RECORDING_VERSION,
-            created_ms: super::now_ms(),
+            created_ms: gpudiag_model::sample::now_ms(),
             tool_version: gpudiag_model::build_info::LONG_VERSION.to_string(),
             backend: backend.to_string(),
             interval_ms,
@@ -214,8 +214,8 @@ mod test_fixtures {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use crate::{Absent, EventKind};
     use gpudiag_model::finding::{Evidence, Severity};
+    use gpudiag_model::sample::{Absent, EventKind};
 
     /// A `Write` whose bytes the test can still see after the writer took it.
     #[derive(Clone, Default)]

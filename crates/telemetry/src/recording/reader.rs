@@ -19,8 +19,8 @@ use super::{
     EXCERPT_CHARS, FORMAT_NAME, Header, InflateLimit, MAX_LINE_BYTES, RECORDING_VERSION, Record,
     RecordingError, STREAM_NAME, excerpt, tidy_message,
 };
-use crate::{Event, HostInfo, Sample, TimeMs};
 use gpudiag_model::finding::Finding;
+use gpudiag_model::sample::{Event, HostInfo, Sample, TimeMs};
 
 /// How many distinct unknown kinds [`ReadStats`] remembers by name (the count is exact).
 const MAX_UNKNOWN_KIND_NAMES: usize = 16;
@@ -965,7 +965,7 @@ mod tests {
 
     use super::super::test_fixtures::*;
     use super::*;
-    use crate::Sample;
+    use gpudiag_model::sample::Sample;
 
     #[test]
     fn unknown_kinds_and_event_kinds_are_skipped_and_counted() {

@@ -205,7 +205,7 @@ impl Drop for RecordingWriter {
 mod tests {
     use super::super::test_fixtures::*;
     use super::*;
-    use crate::{Event, EventKind, Sample};
+    use gpudiag_model::sample::{Event, EventKind, Sample};
 
     #[test]
     fn every_write_reaches_the_sink_at_once() {

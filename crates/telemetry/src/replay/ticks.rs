@@ -9,8 +9,8 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::recording::LinePos;
-use crate::{Event, Sample, TimeMs};
 use gpudiag_model::finding::Finding;
+use gpudiag_model::sample::{Event, Sample, TimeMs};
 
 /// More samples in one tick than any host has GPUs: past it, a run of samples with one time is
 /// cut into several ticks.
