@@ -157,7 +157,7 @@ fn used_mib() -> Vec<u64> {
 #[ignore = "needs an NVIDIA GPU"]
 fn a_probe_run_from_the_ui_leaves_no_gpu_memory_with_the_ui() {
     let before = used_mib();
-    let report = gpudiag::commands::probe::run_probes_in_child(
+    let report = gpudiag::probe_run::run_probes_in_child(
         std::path::Path::new(&gpudiag_bin()),
         gpudiag::cli::SuiteName::Quick,
         true,

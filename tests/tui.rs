@@ -1273,7 +1273,7 @@ fn a_gpu_whose_users_cannot_be_seen_is_offered_too() {
 #[test]
 fn probes_run_in_a_child_gpudiag_probe() {
     use gpudiag::cli::SuiteName;
-    use gpudiag::commands::probe::run_probes_in_child;
+    use gpudiag::probe_run::run_probes_in_child;
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let script = |name: &str, body: &str| {
@@ -1319,11 +1319,8 @@ fn quitting_the_ui_stops_its_probe_child() {
     use gpudiag::cli::SuiteName;
     use std::os::unix::fs::PermissionsExt;
     if let Some(script) = std::env::var_os("GPUDIAG_TEST_PROBE_CHILD") {
-        let _ = gpudiag::commands::probe::run_probes_in_child(
-            Path::new(&script),
-            SuiteName::Quick,
-            false,
-        );
+        let _ =
+            gpudiag::probe_run::run_probes_in_child(Path::new(&script), SuiteName::Quick, false);
         return;
     }
     let dir = tempfile::tempdir().unwrap();

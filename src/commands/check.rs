@@ -11,8 +11,8 @@ use gpudiag_model::error::Error;
 use gpudiag_model::printable;
 use gpudiag_probes::runner::ProbeReport;
 
-use super::probe::run_probes;
 use super::{print, print_text};
+use crate::probe_run::run_probes;
 
 /// `gpudiag check`: prints the report; returns the exit code it gives.
 pub fn check(args: &CheckArgs, stop: &Stop, config: &Config) -> Result<i32, Error> {

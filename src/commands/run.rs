@@ -27,7 +27,7 @@ use gpudiag_core::check::ToolInfo;
 use gpudiag_core::config::Config;
 use gpudiag_core::judgement::Span;
 use gpudiag_core::pipeline::{Pipeline, Sink};
-use gpudiag_core::rules::is_workload;
+use gpudiag_core::rules::families::is_workload;
 use gpudiag_core::session::{Limit, RunOptions, Session, Source, open_source};
 use gpudiag_export::chrome_trace::{Trace, TraceBuilder};
 use gpudiag_export::profiler_merge;

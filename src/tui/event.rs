@@ -180,8 +180,8 @@ fn perform(app: &mut App, effect: Effect, sampler: &Sampler, tx: &Sender<AppEven
             let spawned = std::thread::Builder::new()
                 .name("gpudiag-probes".into())
                 .spawn(move || {
-                    let result = crate::commands::probe::run_probes_in_ui(suite, force)
-                        .map_err(|e| e.to_string());
+                    let result =
+                        crate::probe_run::run_probes_in_ui(suite, force).map_err(|e| e.to_string());
                     let _ = tx.send(AppEvent::Probes(result));
                 });
             if let Err(e) = spawned {

@@ -13,7 +13,8 @@
 use std::collections::BTreeMap;
 
 use crate::pipeline::Pipeline;
-use crate::rules::{self, is_workload};
+use crate::rules;
+use crate::rules::families::is_workload;
 use gpudiag_model::finding::Finding;
 use gpudiag_model::job::{JobId, JobVerdict};
 use gpudiag_model::sample::{DeviceInfo, TimeMs};

@@ -12,7 +12,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::history::{History, Window, WindowStats};
-use crate::rules::is_workload;
+use crate::rules::families::is_workload;
 use gpudiag_model::cuda_libraries::LibraryInfo;
 use gpudiag_model::error::exit;
 use gpudiag_model::finding::Status;

@@ -8,10 +8,10 @@
 use std::collections::BTreeMap;
 
 use super::bottleneck::{self, CurrentPhase};
-use super::families::{self, Cadence, Lifetime};
+use super::families::{self, Cadence, Lifetime, is_workload};
 use super::job;
 use super::{
-    RuleInput, is_workload,
+    RuleInput,
     process_state::{ProcessCpu, ProcessLaunch, ProcessMemory},
     sort,
 };

@@ -174,6 +174,12 @@ pub fn family_of(id: &str) -> Option<&'static Family> {
         .map(|(_, f)| f)
 }
 
+/// Findings about the work on a GPU rather than the GPU itself: they describe a window, so a
+/// report over a longer one judges them again instead of keeping a moment's.
+pub fn is_workload(f: &Finding) -> bool {
+    lifetime(&f.id) == Lifetime::Workload
+}
+
 /// How long a finding with `id` lives: its family's lifetime, or windowed for an id no family
 /// raises (a probe's, or one a newer recording carries), judged again like current state.
 pub fn lifetime(id: &str) -> Lifetime {

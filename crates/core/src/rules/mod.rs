@@ -95,12 +95,6 @@ impl RuleInput<'_> {
     }
 }
 
-/// Findings about the work on a GPU rather than the GPU itself: they describe a window, so a
-/// report over a longer one judges them again instead of keeping a moment's.
-pub fn is_workload(f: &Finding) -> bool {
-    families::lifetime(&f.id) == families::Lifetime::Workload
-}
-
 /// Worst first, then by device, then by id, so output is stable.
 pub fn sort(findings: &mut [Finding]) {
     findings.sort_by(|a, b| {
