@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpudiag_model::prometheus_names::{label, series};
 
-use super::Chosen;
+use super::labels::Chosen;
 use super::labels::node_of;
 use crate::client::Series;
 use crate::model::{Alert, Exporter, FindingRef, GpuVerdict, JobRef, PodRef};

@@ -3,8 +3,8 @@
 
 use gpudiag_model::prometheus_names::{label, series};
 
-use super::Chosen;
 use super::devices::{Gathered, GpuDraft, draft};
+use super::labels::Chosen;
 use super::labels::{finding_ref, node_of};
 use crate::client::Series;
 use crate::model::{Exporter, GpuVerdict, JobRef};

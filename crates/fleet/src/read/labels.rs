@@ -1,10 +1,12 @@
 //! What a series' labels say, read the same way by every decoder: its node, its finding, its
 //! severity, its GPU's order.
 
+use std::collections::BTreeSet;
+
 use gpudiag_model::finding::Severity;
 use gpudiag_model::prometheus_names::label;
 
-use crate::client::Series;
+use crate::client::{Client, Series};
 use crate::model::FindingRef;
 
 /// Every label the fleet reads from a series; the others are dropped as answers are parsed.
@@ -76,6 +78,30 @@ pub(super) fn severity_of(label: Option<&str>) -> Option<Severity> {
 pub(super) fn gpu_index_key(g: &Option<String>) -> (u64, String) {
     let s = g.clone().unwrap_or_default();
     (s.parse().unwrap_or(u64::MAX), s)
+}
+
+/// The GPUs a job matcher selects (by UUID); all when the selector names no job.
+pub(crate) struct Chosen(pub(super) Option<BTreeSet<String>>);
+
+impl Chosen {
+    pub(super) fn all(&self) -> bool {
+        self.0.is_none()
+    }
+
+    pub(super) fn keeps(&self, s: &Series) -> bool {
+        match &self.0 {
+            None => true,
+            Some(set) => s.label(label::UUID).is_some_and(|u| set.contains(u)),
+        }
+    }
+}
+
+/// Asks the client to keep only the labels the decoders read (and the node label), so a
+/// large answer costs what the fleet uses.
+pub(super) fn keep_labels_read(client: &mut Client, node_label: &str) {
+    let mut keep: BTreeSet<String> = LABELS_READ.iter().map(|l| (*l).to_owned()).collect();
+    keep.insert(node_label.to_owned());
+    client.keep_labels(Some(keep));
 }
 
 #[cfg(test)]

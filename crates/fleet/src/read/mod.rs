@@ -27,7 +27,6 @@ pub use node_detail::{CHART_SERIES, read_node};
 pub use optional::GPUDIAG_ALERTS;
 pub use promql::exact_alternatives;
 
-use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gpudiag_model::finding::Status;
@@ -37,7 +36,7 @@ use crate::client::{ApiError, Client, Series};
 use crate::model::*;
 use crate::selector::Selector;
 use devices::Gathered;
-use labels::LABELS_READ;
+use labels::{Chosen, keep_labels_read};
 use targets::Target as ScrapeTarget;
 
 /// What to read.
@@ -58,12 +57,6 @@ pub fn now_ms() -> i64 {
 pub fn rfc3339(ms: i64) -> String {
     let t = UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
     humantime::format_rfc3339_millis(t).to_string()
-}
-
-fn keep_labels_read(client: &mut Client, node_label: &str) {
-    let mut keep: BTreeSet<String> = LABELS_READ.iter().map(|l| (*l).to_owned()).collect();
-    keep.insert(node_label.to_owned());
-    client.keep_labels(Some(keep));
 }
 
 /// Reads the fleet. Never fails: what went wrong is in the result.
@@ -111,22 +104,6 @@ fn unread_fleet(prometheus: &str, req: &ReadRequest, at: i64) -> Fleet {
         findings: Vec::new(),
         degraded: Vec::new(),
         queries: QueryCost::default(),
-    }
-}
-
-/// The GPUs a job matcher selects (by UUID); all when the selector names no job.
-pub(crate) struct Chosen(Option<BTreeSet<String>>);
-
-impl Chosen {
-    fn all(&self) -> bool {
-        self.0.is_none()
-    }
-
-    fn keeps(&self, s: &Series) -> bool {
-        match &self.0 {
-            None => true,
-            Some(set) => s.label(label::UUID).is_some_and(|u| set.contains(u)),
-        }
     }
 }
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use gpudiag_model::prometheus_names::{label, series};
 
-use super::keep_labels_read;
 use super::labels::gpu_index_key;
+use super::labels::keep_labels_read;
 use super::promql::series_on_instances;
 use crate::client::{Client, RangeSeries, Series};
 use crate::model::*;
