@@ -900,12 +900,11 @@ impl App {
                 return None;
             }
             Some(Overlay::Finding { finding, scroll }) => {
-                let view = super::panels::finding_detail::View {
+                let view = super::finding_detail::View {
                     theme: self.theme,
                     devices: &self.devices,
                 };
-                let max =
-                    super::panels::finding_detail::detail_scroll_max(view, &finding, self.viewport);
+                let max = super::finding_detail::detail_scroll_max(view, &finding, self.viewport);
                 let scroll = match key.code {
                     KeyCode::Esc | KeyCode::Enter | KeyCode::Backspace => return None,
                     KeyCode::Char('q') => {

@@ -8,8 +8,10 @@
 
 pub mod app;
 pub mod event;
+pub mod finding_detail;
 pub mod fleet;
 pub mod format;
+pub mod layout;
 pub mod messages;
 pub mod panels;
 pub mod session_log;

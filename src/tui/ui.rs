@@ -61,11 +61,11 @@ pub fn draw(f: &mut Frame, app: &App) {
             panels::overlay::confirm_kill(f, area, app, *pid, name, *signal)
         }
         Some(Overlay::Finding { finding, scroll }) => {
-            let view = panels::finding_detail::View {
+            let view = super::finding_detail::View {
                 theme: app.theme,
                 devices: &app.devices,
             };
-            panels::finding_detail::detail(f, area, view, finding, *scroll)
+            super::finding_detail::detail(f, area, view, finding, *scroll)
         }
         None => {}
     }

@@ -5,8 +5,8 @@ use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Padding, Paragraph, Wrap};
 
-use super::centered;
 use crate::tui::app::{App, KillSignal};
+use crate::tui::layout::centered;
 use crate::tui::theme::Theme;
 
 /// Key, what it does. Each line fits the box on an 80x24 terminal (`tests/tui.rs` renders it

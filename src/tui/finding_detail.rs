@@ -1,6 +1,7 @@
 //! A finding opened in full (Enter on the Findings panel): its whole evidence and advice,
-//! wrapped and scrollable. Apart from the panel so the key handling in `app.rs` can bound the
-//! scroll without the panel's module and `app.rs` importing each other.
+//! wrapped and scrollable. Beside the panels rather than among them: the key handling in
+//! `app.rs` bounds the scroll by the same layout the box is drawn with, and the panels stand
+//! above the `App` they draw.
 
 use ratatui::Frame;
 use ratatui::layout::Rect;
@@ -8,7 +9,7 @@ use ratatui::style::Modifier;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph};
 
-use super::centered;
+use super::layout::centered;
 use crate::tui::format;
 use crate::tui::theme::Theme;
 use gpudiag_model::finding::Finding;
