@@ -8,6 +8,8 @@ use serde_json::Value;
 
 use crate::support::{self, Run, at};
 
+use crate::support::amd_sysfs::{MI300X_GPU, copy_tree};
+
 fn sysfs_root(name: &str) -> PathBuf {
     at("tests/fixtures/sysfs").join(name)
 }
@@ -229,22 +231,10 @@ fn amd_backends_without_an_amd_gpu_exit_3_in_one_line() {
     assert!(line.contains("no AMD GPU"), "{line}");
 }
 
-/// A writable copy of a fixture tree (symlinks kept), for tests that change it.
+/// A writable copy of the fixture tree `name`, for tests that change it.
 fn copy_fixture(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(sysfs_root(name))
-        .arg(dir.path())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let root = dir.path().join(name);
-    (dir, root)
+    copy_tree(&sysfs_root(name))
 }
-
-const MI300X_GPU: &str =
-    "sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0/0000:02:00.0/0000:03:00.0";
 
 #[test]
 fn a_page_pending_retirement_warns_that_a_reset_is_needed() {

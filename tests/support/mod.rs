@@ -2,6 +2,7 @@
 //! run the way every test runs it, and the tools some tests cannot do without. The GPU-host
 //! tests (`tests/gpu_*.rs`, targets of their own) take single files from here with `#[path]`.
 
+pub mod amd_sysfs;
 pub mod cluster;
 pub mod fake_http;
 // The fake kubelet speaks the client's gRPC messages: with the `kubernetes` feature only.

@@ -11,6 +11,10 @@ use gpudiag_telemetry::amd::rocm::{self, Library64, LoadError, RocmBackend};
 use gpudiag_telemetry::amd::sysfs::SysfsBackend;
 use gpudiag_telemetry::{Backend, BackendError};
 
+#[path = "../../../tests/support/amd_sysfs.rs"]
+mod amd_sysfs;
+use amd_sysfs::{MI300X_GPU, copy_tree};
+
 const GIB: u64 = 1 << 30;
 
 fn sysfs_root(name: &str) -> PathBuf {
@@ -266,22 +270,10 @@ fn rocm_smi_loads_resolves_every_symbol_and_reports_no_amd_gpu() {
 // ---------------------------------------------------------------------------------------------
 // A card that goes away
 
-/// A writable copy of a fixture tree (symlinks kept), for tests that change it.
+/// A writable copy of the fixture tree `name`, for tests that change it.
 fn copy_fixture(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(sysfs_root(name))
-        .arg(dir.path())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let root = dir.path().join(name);
-    (dir, root)
+    copy_tree(&sysfs_root(name))
 }
-
-const MI300X_GPU: &str =
-    "sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0/0000:02:00.0/0000:03:00.0";
 
 #[test]
 fn a_gpu_that_vanishes_is_lost_once() {
