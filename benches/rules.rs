@@ -181,7 +181,7 @@ fn per_family(history: &History, devices: &[DeviceInfo]) {
         for d in 0..DEVICES {
             let s = sample(d, 1_767_225_600_000 + i * STEP_MS, i);
             pm.observe(&s, 600_000);
-            launches.observe(&s);
+            launches.observe(&s, Some("bench"));
         }
     }
     let input = RuleInput {

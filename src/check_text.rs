@@ -303,7 +303,6 @@ pub fn job_lines(j: &gpudiag_model::job::JobVerdict) -> Vec<String> {
         },
         esc(&j.title)
     )];
-    let straggler = j.straggler.as_ref().map(|s| s.device);
     let pct = |v: Option<f64>| v.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.0}%"));
     for p in &j.peers {
         lines.push(format!(
@@ -326,14 +325,17 @@ pub fn job_lines(j: &gpudiag_model::job::JobVerdict) -> Vec<String> {
             } else {
                 String::new()
             },
-            if straggler == Some(p.device) {
-                "  ◀ straggler"
-            } else {
-                ""
+            match j.role_of(p.device) {
+                Some(gpudiag_model::job::GpuRole::Straggler) => "  ◀ straggler",
+                Some(gpudiag_model::job::GpuRole::Waiting) => "  (waits)",
+                None => "",
             }
         ));
     }
-    if let Some(s) = &j.straggler {
+    for doubt in &j.doubts {
+        lines.push(format!("    doubt: {}", esc(doubt)));
+    }
+    if let Some(s) = j.stragglers.first() {
         lines.push(format!(
             "    peers' wait estimated as {}",
             esc(&s.wait_estimate)

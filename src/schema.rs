@@ -32,15 +32,16 @@ const FLEET_REPORT_DESCRIPTION: &str = "The JSON document `gpudiag fleet --json`
     0; a GPU seen only through dcgm-exporter has the verdict state `dcgm_exporter_only`. \
     Generated from gpudiag's types (src/schema.rs): change those, not this file.";
 
-const RUN_REPORT_ID: &str = "urn:gpudiag:schema:run-report:1";
+const RUN_REPORT_ID: &str = "urn:gpudiag:schema:run-report:2";
 const RUN_REPORT_TITLE: &str = "gpudiag run report";
-const RUN_REPORT_DESCRIPTION: &str = "The JSON document `gpudiag run --json -- CMD` prints on stderr (one line) and `gpudiag run --report-file FILE -- CMD` writes, when the command ends: its exit, the verdict on each GPU it used over the run and how the     verdict changed (phases), the findings, and its processes on the GPUs. schema_version 1.     Generated from gpudiag's types (src/schema.rs): change those, not this file.";
+const RUN_REPORT_DESCRIPTION: &str = "The JSON document `gpudiag run --json -- CMD` prints on stderr (one line) and `gpudiag run --report-file FILE -- CMD` writes, when the command ends: its exit, the verdict on each GPU it used over the run and how the     verdict changed (phases), the findings, and its processes on the GPUs. schema_version 2 (version 1's job verdicts had one `straggler`; version 2 lists `stragglers`, each GPU's `role` and the grouping's `doubts`).     Generated from gpudiag's types (src/schema.rs): change those, not this file.";
 
-const CHECK_REPORT_ID: &str = "urn:gpudiag:schema:check-report:2";
+const CHECK_REPORT_ID: &str = "urn:gpudiag:schema:check-report:3";
 const CHECK_REPORT_TITLE: &str = "gpudiag check report";
 const CHECK_REPORT_DESCRIPTION: &str = "The JSON document `gpudiag check --json` prints, \
-    schema_version 2 (version 1 lacked the statuses `not_judged` and `could_not_run`, exit code 3 \
-    and `could_not_run`). Adding a field keeps schema_version; removing or retyping one bumps it. \
+    schema_version 3 (version 2's job verdicts had one `straggler`; version 3 lists `stragglers`, \
+    each GPU's `role` and the grouping's `doubts`. Version 1 lacked the statuses `not_judged` and \
+    `could_not_run`). See docs/versions.md. Adding a field keeps schema_version; removing or retyping one bumps it. \
     Absent values are null (with the reason in the `absent` map beside them), never 0. \
     Generated from gpudiag's types (src/schema.rs): change those, not this file.";
 

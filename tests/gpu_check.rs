@@ -78,7 +78,7 @@ fn check_json_matches_nvidia_smi() {
     let before = nvidia_smi();
     let report = check_json(&["--window", "0"]);
     let after = nvidia_smi();
-    assert_eq!(report.schema_version, 2);
+    assert_eq!(report.schema_version, 3);
     assert_eq!(report.source.backend, "nvml");
     assert_eq!(report.devices.len(), before.len());
     let libcuda = report

@@ -72,7 +72,7 @@ fn every_measured_job_gets_its_verdict_and_the_slow_gpu_is_named() {
         assert!(!job.presumed, "{name}");
         assert_eq!(job.verdict, verdict, "{name}: {}", job.title);
         assert_eq!(
-            job.straggler.as_ref().map(|s| (s.device, s.pace)),
+            job.stragglers.first().map(|s| (s.device, s.pace)),
             straggler,
             "{name}: {}",
             job.title
@@ -103,7 +103,7 @@ fn every_measured_job_gets_its_verdict_and_the_slow_gpu_is_named() {
 #[test]
 fn the_straggler_says_what_differs_on_it_and_how_long_its_peers_wait() {
     let shared = check(&fixture("4gpu-shared"), &[]);
-    let s = shared.jobs[0].straggler.as_ref().unwrap();
+    let s = shared.jobs[0].stragglers.first().unwrap();
     assert!(
         s.differs.iter().any(|d| d.starts_with("another process")),
         "{s:?}"
@@ -114,12 +114,12 @@ fn the_straggler_says_what_differs_on_it_and_how_long_its_peers_wait() {
             .contains("Another process shares its GPU")
     );
     let starved = check(&fixture("4gpu-cpu_starved"), &[]);
-    let s = starved.jobs[0].straggler.as_ref().unwrap();
+    let s = starved.jobs[0].stragglers.first().unwrap();
     assert!(s.differs.iter().any(|d| d.contains("CPU core")), "{s:?}");
     assert!(starved.jobs[0].advice.contains("more CPU"));
     // Twice the work: the others wait about half the time (measured 48%).
     let slow2 = check(&fixture("4gpu-slow2"), &[]);
-    let s = slow2.jobs[0].straggler.as_ref().unwrap();
+    let s = slow2.jobs[0].stragglers.first().unwrap();
     let share = s.peers_wait_share.unwrap();
     assert!((0.35..=0.6).contains(&share), "{share}");
     // Its lower clocks come with more power: a consequence of its work, not a cause.
@@ -131,7 +131,8 @@ fn the_straggler_says_what_differs_on_it_and_how_long_its_peers_wait() {
     // 1.3 times the work: about a quarter.
     let slow13 = check(&fixture("4gpu-slow13"), &[]);
     let share = slow13.jobs[0]
-        .straggler
+        .stragglers
+        .first()
         .as_ref()
         .unwrap()
         .peers_wait_share
@@ -243,7 +244,7 @@ fn without_launcher_keys_the_job_is_presumed_and_says_so() {
     assert_eq!(job.job.joined_by, JoinedBy::SameExecutable);
     assert_eq!(job.confidence, Confidence::Low);
     assert!(job.title.starts_with("Presumed job"), "{}", job.title);
-    assert_eq!(job.straggler.as_ref().map(|s| s.device), Some(2));
+    assert_eq!(job.stragglers.first().map(|s| s.device), Some(2));
 }
 
 #[test]
@@ -278,7 +279,7 @@ fn the_trace_carries_the_job_verdict_on_its_own_track() {
         .collect();
     assert_eq!(job.len(), 1, "{job:?}");
     assert_eq!(job[0]["args"]["verdict"], "straggler");
-    assert_eq!(job[0]["args"]["straggler"]["device"], 1);
+    assert_eq!(job[0]["args"]["stragglers"][0]["device"], 1);
     let track = events
         .iter()
         .find(|e| e["ph"] == "M" && e["name"] == "thread_name" && e["tid"] == job[0]["tid"])

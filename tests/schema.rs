@@ -519,7 +519,7 @@ fn report_deserialises_into_the_typed_report_and_back() {
     let read: CheckReport = serde_json::from_value(newer).unwrap();
     assert_eq!(read, report);
 
-    assert_eq!(report.schema_version, 2);
+    assert_eq!(report.schema_version, 3);
     assert_eq!(report.tool.name, "gpudiag");
     assert_eq!(report.tool.version, env!("CARGO_PKG_VERSION"));
     assert_eq!(

@@ -627,7 +627,7 @@ fn the_job_panel_shows_every_gpu_and_marks_the_straggler() {
     let mut app = source.app_at_end();
     let job = &app.jobs[0];
     assert_eq!(job.verdict.name(), "straggler", "{job:?}");
-    assert_eq!(job.straggler.as_ref().map(|s| s.device), Some(5), "{job:?}");
+    assert_eq!(job.stragglers.first().map(|s| s.device), Some(5), "{job:?}");
     app.panel = Panel::Job;
     for (w, h) in [(80, 24), (200, 60)] {
         let buf = render(&app, w, h);
@@ -702,7 +702,7 @@ fn the_header_names_the_worst_job_and_counts_the_others() {
     let mut balanced = app.jobs[0].clone();
     balanced.job.key = "another-run".into();
     balanced.verdict = gpudiag_model::job::JobPattern::Balanced;
-    balanced.straggler = None;
+    balanced.stragglers.clear();
     app.jobs.insert(0, balanced);
     let rows = rows_at(&app);
     assert!(rows[2].starts_with("job: straggler GPU 5"), "{rows:#?}");

@@ -42,7 +42,7 @@ use gpudiag_telemetry::recording::{Header, Record, RecordingWriter};
 use gpudiag_telemetry::replay::Pace;
 
 /// Bumped on any change that removes or retypes a field of `RunReport`.
-pub const RUN_SCHEMA_VERSION: u32 = 1;
+pub const RUN_SCHEMA_VERSION: u32 = 2;
 
 /// After the command exits, sampling goes on this long, so the process list shows who still
 /// holds a GPU (it refreshes on the slow cadence, about a second).

@@ -563,11 +563,18 @@ impl TraceBuilder {
             .map(|j| (j, "job,overall", "over the capture"));
         let phased = phases.into_iter().map(|j| (j, "job,phase", "phase"));
         for (j, cat, what) in overall.chain(phased) {
-            let straggler = j
-                .straggler
-                .as_ref()
-                .map(|s| format!(", straggler GPU {}", s.device))
-                .unwrap_or_default();
+            let straggler = match j.stragglers.as_slice() {
+                [] => String::new(),
+                [one] => format!(", straggler GPU {}", one.device),
+                several => format!(
+                    ", stragglers GPU {}",
+                    several
+                        .iter()
+                        .map(|s| s.device.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
             let args = match serde_json::to_value(j) {
                 Ok(Value::Object(map)) => {
                     map.into_iter().map(|(k, v)| (Cow::Owned(k), v)).collect()

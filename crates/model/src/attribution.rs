@@ -113,9 +113,9 @@ impl PodAllocation {
 }
 
 /// How a process was started: its parent, its executable and the launcher's variables. Read
-/// from `/proc/<pid>/stat`, `/proc/<pid>/exe` and `/proc/<pid>/environ`; each part is `None`
-/// when unreadable, with the reason in `absent` under the part's name (`parent`, `exe`,
-/// `environ`).
+/// from `/proc/<pid>/stat`, `/proc/<pid>/exe`, `/proc/<pid>/environ`, `/proc/<pid>/ns/net`
+/// and `/proc/<pid>/cmdline`; each part is `None` when unreadable, with the reason in `absent`
+/// under the part's name (`parent`, `exe`, `environ`, `net_namespace`, `cmdline`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct Launch {
@@ -138,7 +138,42 @@ pub struct Launch {
     pub local_rank: Option<u32>,
     /// `WORLD_SIZE`, else `SLURM_NTASKS`.
     pub world_size: Option<u32>,
+    /// The network namespace it runs in (`/proc/<pid>/ns/net`): a loopback master address
+    /// names a job only inside one namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_namespace: Option<NetNamespace>,
+    /// Whose worker its command line says it is (`/proc/<pid>/cmdline`, readable by anyone),
+    /// where it says: what ties children of one parent into a job when no launcher variable
+    /// does. Only this verdict is recorded, never the command line (it may carry paths and
+    /// secrets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_of: Option<WorkerOf>,
     /// Why a part is unknown, keyed by its name; left out when nothing is.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub absent: BTreeMap<String, String>,
+}
+
+/// A process's network namespace, against the host's (that of pid 1 as gpudiag sees it).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum NetNamespace {
+    /// The host's own: its loopback is the host's.
+    Host,
+    /// Another one (a pod, a container, `unshare -n`), by its inode number.
+    Own(u64),
+}
+
+/// The launcher a process's command line says started it as one of its workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerOf {
+    /// Python's `multiprocessing` (spawn or forkserver start: `torch.multiprocessing.spawn`,
+    /// `mp.spawn` in the DDP tutorial), whose children set `MASTER_ADDR` only after they start.
+    Multiprocessing,
+    /// torchrun or `torch.distributed.launch` (the parent's command line).
+    Torchrun,
+    /// A fork of its parent: the same command line.
+    Fork,
 }

@@ -10,7 +10,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::attribution::Attribution;
-pub use crate::attribution::Launch;
+pub use crate::attribution::{Launch, NetNamespace, WorkerOf};
 use crate::sample::TimeMs;
 use crate::verdict::Confidence;
 
@@ -103,13 +103,38 @@ pub struct JobMember {
     pub name: Option<String>,
     pub rank: Option<u32>,
     pub local_rank: Option<u32>,
+    /// What the verdict found this GPU doing for the job: setting the pace, or waiting for the
+    /// GPUs that do; `None` where neither (a balanced job, or a wait too short to matter).
+    pub role: Option<GpuRole>,
+}
+
+/// A GPU's part in its job's verdict. Stable names: JSON values and Prometheus labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuRole {
+    /// A straggler: the others wait for it.
+    Straggler,
+    /// It waits for the job's stragglers much of the time (`waiting_for_peer`).
+    Waiting,
+}
+
+impl GpuRole {
+    pub const ALL: [GpuRole; 2] = [GpuRole::Straggler, GpuRole::Waiting];
+
+    /// The JSON name, also a Prometheus label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuRole::Straggler => "straggler",
+            GpuRole::Waiting => "waiting",
+        }
+    }
 }
 
 /// What the comparison of a job's GPUs found. Stable names: JSON values and Prometheus labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum JobPattern {
-    /// One GPU sets the pace and the others wait for it.
+    /// One GPU, or a few together, set the pace and the others wait for them.
     Straggler,
     /// Every GPU moves many bytes between GPUs while computing little.
     CommunicationBound,
@@ -218,7 +243,12 @@ pub struct JobVerdict {
     pub title: String,
     /// What to do, in order of likely payoff.
     pub advice: String,
-    pub straggler: Option<Straggler>,
+    /// The GPUs the others wait for, the one that sets the pace most first; empty unless the
+    /// verdict is `straggler`.
+    pub stragglers: Vec<Straggler>,
+    /// What makes the grouping itself doubtful, in words: ranks that disagree (a rank twice,
+    /// different world sizes, more GPUs than the world size). Each lowers the confidence.
+    pub doubts: Vec<String>,
     /// Each GPU's figures, by device.
     pub peers: Vec<PeerFigures>,
     /// The figures compared and the thresholds they were compared with.
@@ -230,13 +260,36 @@ impl JobVerdict {
     pub fn devices(&self) -> impl Iterator<Item = u32> + '_ {
         self.members.iter().map(|m| m.device)
     }
+
+    /// The part `device` plays in the verdict, if any.
+    pub fn role_of(&self, device: u32) -> Option<GpuRole> {
+        self.members
+            .iter()
+            .find(|m| m.device == device)
+            .and_then(|m| m.role)
+    }
+
+    /// The straggler on `device`, if it is one.
+    pub fn straggler_on(&self, device: u32) -> Option<&Straggler> {
+        self.stragglers.iter().find(|s| s.device == device)
+    }
 }
 
 /// The key that ties a process to the other ranks of its job on any node, or `None` when the
 /// process names none: the Slurm job id, else torchrun's run id, else `MASTER_ADDR:MASTER_PORT`,
 /// else the pod (`namespace/name`, else its uid). Only keys every node of a job reads alike
 /// count here; a parent's pid or an executable tie processes on one host only.
-pub fn cluster_key(attribution: Option<&Attribution>, launch: Option<&Launch>) -> Option<JobId> {
+///
+/// A master address that every node reads alike without naming one place (loopback,
+/// unspecified, Docker's default bridge: torchrun's default `127.0.0.1:29500` on every node)
+/// names a job only within one host and one network namespace, so its key carries them:
+/// `127.0.0.1:29500@node-a`, `…@node-a/pod:ml/train-0`, `…@node-a/net:4026532101`. `host` is
+/// the host the process runs on (a recording's own host on replay, never the replaying one's).
+pub fn cluster_key(
+    attribution: Option<&Attribution>,
+    launch: Option<&Launch>,
+    host: Option<&str>,
+) -> Option<JobId> {
     let id = |joined_by, key: String| Some(JobId { joined_by, key });
     if let Some(job) = attribution.and_then(|a| a.job.as_ref()) {
         return id(JoinedBy::SlurmJob, job.id.clone());
@@ -248,17 +301,54 @@ pub fn cluster_key(attribution: Option<&Attribution>, launch: Option<&Launch>) -
     {
         return id(JoinedBy::RunId, run.clone());
     }
-    if let Some((addr, port)) =
-        launch.and_then(|l| l.master_addr.as_ref().zip(l.master_port.as_ref()))
-    {
-        return id(JoinedBy::MasterAddress, format!("{addr}:{port}"));
-    }
-    let pod = attribution.and_then(|a| a.pod.as_ref())?;
-    let key = match (&pod.namespace, &pod.name) {
-        (Some(ns), Some(name)) => format!("{ns}/{name}"),
-        _ => pod.uid.clone()?,
+    let pod_name = || {
+        let pod = attribution.and_then(|a| a.pod.as_ref())?;
+        match (&pod.namespace, &pod.name) {
+            (Some(ns), Some(name)) => Some(format!("{ns}/{name}")),
+            _ => pod.uid.clone(),
+        }
     };
-    id(JoinedBy::Pod, key)
+    if let Some(l) = launch
+        && let Some((addr, port)) = l.master_addr.as_ref().zip(l.master_port.as_ref())
+    {
+        if !is_local_only(addr) {
+            return id(JoinedBy::MasterAddress, format!("{addr}:{port}"));
+        }
+        let mut key = format!("{addr}:{port}@{}", host.unwrap_or("unknown-host"));
+        match (pod_name(), l.net_namespace) {
+            (Some(pod), _) => key.push_str(&format!("/pod:{pod}")),
+            (None, Some(NetNamespace::Own(inode))) => key.push_str(&format!("/net:{inode}")),
+            (None, _) => {}
+        }
+        return id(JoinedBy::MasterAddress, key);
+    }
+    id(JoinedBy::Pod, pod_name()?)
+}
+
+/// Whether a master address is the same string on every node without meaning the same
+/// machine: loopback, unspecified, `localhost`, or an address of Docker's default bridge
+/// (172.17.0.0/16, where every node's first container is 172.17.0.2).
+pub fn is_local_only(addr: &str) -> bool {
+    let bare = addr.trim().trim_start_matches('[').trim_end_matches(']');
+    if bare.eq_ignore_ascii_case("localhost")
+        || bare.to_ascii_lowercase().starts_with("localhost.")
+        || bare.eq_ignore_ascii_case("ip6-localhost")
+    {
+        return true;
+    }
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(v4)) => {
+            v4.is_loopback()
+                || v4.is_unspecified()
+                || (v4.octets()[0] == 172 && v4.octets()[1] == 17)
+        }
+        Ok(std::net::IpAddr::V6(v6)) => {
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+        Err(_) => false,
+    }
 }
 
 #[cfg(test)]
@@ -317,7 +407,7 @@ mod tests {
             ..pod.clone()
         };
         let key = |a: Option<&Attribution>, l: Option<&Launch>| {
-            cluster_key(a, l).map(|j| (j.joined_by, j.key))
+            cluster_key(a, l, Some("node-a")).map(|j| (j.joined_by, j.key))
         };
         assert_eq!(
             key(Some(&slurm), Some(&launch)),
@@ -358,5 +448,59 @@ mod tests {
         };
         assert_eq!(key(None, Some(&local)), None);
         assert_eq!(key(Some(&Attribution::default()), None), None);
+    }
+
+    /// torchrun's defaults on two nodes, or two pods of one node, are two jobs.
+    #[test]
+    fn a_loopback_master_address_names_a_job_of_one_host_and_namespace() {
+        let launch = |addr: &str, net| Launch {
+            run_id: Some("none".into()),
+            master_addr: Some(addr.into()),
+            master_port: Some("29500".into()),
+            net_namespace: net,
+            ..Launch::default()
+        };
+        let key = |l: &Launch, host| cluster_key(None, Some(l), host).map(|j| j.key);
+        let host = launch("127.0.0.1", Some(NetNamespace::Host));
+        assert_eq!(
+            key(&host, Some("node-a")).unwrap(),
+            "127.0.0.1:29500@node-a"
+        );
+        assert_ne!(key(&host, Some("node-a")), key(&host, Some("node-b")));
+        let own = launch("127.0.0.1", Some(NetNamespace::Own(4026532101)));
+        assert_eq!(
+            key(&own, Some("node-a")).unwrap(),
+            "127.0.0.1:29500@node-a/net:4026532101"
+        );
+        let pod = Attribution {
+            pod: Some(crate::attribution::PodIdentity {
+                name: Some("train-0".into()),
+                namespace: Some("ml".into()),
+                ..Default::default()
+            }),
+            ..Attribution::default()
+        };
+        assert_eq!(
+            cluster_key(Some(&pod), Some(&own), Some("node-a"))
+                .unwrap()
+                .key,
+            "127.0.0.1:29500@node-a/pod:ml/train-0"
+        );
+        for addr in [
+            "localhost",
+            "::1",
+            "[::1]",
+            "0.0.0.0",
+            "127.0.1.1",
+            "172.17.0.2",
+            "LOCALHOST",
+        ] {
+            assert!(is_local_only(addr), "{addr}");
+        }
+        for addr in ["10.0.0.5", "node-a", "172.18.0.2", "fe80::1", "192.168.1.1"] {
+            assert!(!is_local_only(addr), "{addr}");
+        }
+        let real = launch("10.0.0.5", Some(NetNamespace::Own(7)));
+        assert_eq!(key(&real, Some("node-a")).unwrap(), "10.0.0.5:29500");
     }
 }

@@ -39,7 +39,7 @@ fn gpu_name(device: u32, rank: Option<u32>) -> String {
 /// The verdict in a few words: "straggler GPU 5 (rank 5), peers wait ~51%", "balanced (4
 /// GPUs)".
 fn brief(job: &JobVerdict) -> String {
-    match (&job.straggler, job.verdict) {
+    match (job.stragglers.first(), job.verdict) {
         (Some(s), JobPattern::Straggler) => {
             let who = gpu_name(s.device, s.rank);
             match s.peers_wait_share {
@@ -145,7 +145,7 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         format::fit(&columns(&Cells::header(), wide), inner_width),
         t.title(),
     ))];
-    let straggler = job.straggler.as_ref().map(|s| s.device);
+    let straggler = job.stragglers.first().map(|s| s.device);
     // More GPUs than rows (a large job, a short terminal): the straggler's row stays, the last
     // line says how many are not shown rather than leaving them out silently.
     let rows = inner_height.saturating_sub(1);

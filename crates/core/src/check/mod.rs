@@ -22,7 +22,7 @@ use gpudiag_model::sample::{DeviceInfo, HostInfo, Metric, Sample, TimeMs};
 /// Bumped on any change that removes or retypes a field; adding a field keeps it. Version 2:
 /// `status` gains `not_judged` and `could_not_run`, `exit_code` gains 3, and `could_not_run`
 /// says why when the check could not run (the document is printed then too).
-pub const CHECK_SCHEMA_VERSION: u32 = 2;
+pub const CHECK_SCHEMA_VERSION: u32 = 3;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[schemars(

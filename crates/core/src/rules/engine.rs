@@ -107,7 +107,8 @@ impl RuleEngine {
         for s in &tick.samples {
             self.process_memory.observe(s, leak_window);
             self.process_cpu.observe(s);
-            self.process_launch.observe(s);
+            let host = self.host.as_ref().and_then(|h| h.hostname.as_deref());
+            self.process_launch.observe(s, host);
             self.latest.insert(s.device, s.clone());
         }
         let now = tick

@@ -33,7 +33,7 @@ use super::{RuleInput, process_state::ProcessLaunch, round2};
 use crate::config::JobConfig;
 use crate::history::Window;
 use gpudiag_model::job::{
-    JobId, JobMember, JobPattern, JobVerdict, JoinedBy, Pace, PeerFigures, Straggler,
+    GpuRole, JobId, JobMember, JobPattern, JobVerdict, JoinedBy, Pace, PeerFigures, Straggler,
 };
 use gpudiag_model::sample::{Metric, TimeMs};
 use gpudiag_model::verdict::{Bottleneck, Confidence, NotJudged, Verdict};
@@ -118,6 +118,7 @@ pub(crate) fn group(
             name: p.name.clone(),
             rank: p.launch.as_ref().and_then(|l| l.rank),
             local_rank: p.launch.as_ref().and_then(|l| l.local_rank),
+            role: None,
         };
         let bytes = held(device, pid);
         let on_device = jobs.entry(key).or_default();
@@ -414,7 +415,22 @@ fn judge_job(
                 evidence: serde_json::Map<String, serde_json::Value>| JobVerdict {
         job: job.clone(),
         presumed: job.joined_by.presumed(),
-        members: members.to_vec(),
+        members: members
+            .iter()
+            .map(|m| JobMember {
+                role: straggler.as_ref().and_then(|s| {
+                    if s.device == m.device {
+                        Some(GpuRole::Straggler)
+                    } else {
+                        let waits = s
+                            .peers_wait_share
+                            .is_some_and(|w| w >= config.waiting_min_share);
+                        (waits && !job.joined_by.presumed()).then_some(GpuRole::Waiting)
+                    }
+                }),
+                ..m.clone()
+            })
+            .collect(),
         verdict,
         confidence: if job.joined_by.presumed() {
             Confidence::Low
@@ -429,7 +445,8 @@ fn judge_job(
             members.len()
         ),
         advice,
-        straggler,
+        stragglers: straggler.into_iter().collect(),
+        doubts: Vec::new(),
         peers: gpus.iter().map(|g| g.figures.clone()).collect(),
         evidence,
     };
@@ -802,7 +819,7 @@ pub fn findings(jobs: &[JobVerdict], config: &JobConfig) -> Vec<gpudiag_model::f
     use gpudiag_model::finding::{Evidence, Finding, Severity};
     jobs.iter()
         .filter_map(|j| {
-            let (id, severity, device, threshold) = match (&j.verdict, &j.straggler) {
+            let (id, severity, device, threshold) = match (&j.verdict, j.stragglers.first()) {
                 (JobPattern::Straggler, Some(s)) => (
                     "job.straggler",
                     if j.presumed {
@@ -841,7 +858,7 @@ pub fn findings(jobs: &[JobVerdict], config: &JobConfig) -> Vec<gpudiag_model::f
             values.insert("job".into(), json!(j.job.label()));
             values.insert("joined_by".into(), json!(j.job.joined_by.name()));
             values.insert("gpus".into(), json!(j.members.len()));
-            if let Some(s) = &j.straggler {
+            if let Some(s) = j.stragglers.first() {
                 values.insert("pace".into(), json!(s.pace));
                 values.insert(s.metric.clone(), json!(s.value));
                 values.insert("peers_median".into(), json!(s.peers_median));
@@ -902,7 +919,9 @@ pub fn explain_by_job(
     }
     // A presumed job may join strangers: its GPUs keep their own verdicts.
     for job in jobs.iter().filter(|j| !j.presumed) {
-        let Some(s) = &job.straggler else { continue };
+        let Some(s) = job.stragglers.first() else {
+            continue;
+        };
         let Some(share) = s
             .peers_wait_share
             .filter(|&w| w >= config.waiting_min_share)
@@ -993,7 +1012,10 @@ pub fn phases(
 
 fn same_phase(a: &JobVerdict, b: &JobVerdict) -> bool {
     a.verdict == b.verdict
-        && a.straggler.as_ref().map(|s| s.device) == b.straggler.as_ref().map(|s| s.device)
+        && a.stragglers
+            .iter()
+            .map(|s| s.device)
+            .eq(b.stragglers.iter().map(|s| s.device))
 }
 
 #[cfg(test)]
@@ -1034,10 +1056,13 @@ mod tests {
     fn jobs_of(processes: Vec<ProcessSample>) -> BTreeMap<JobId, Vec<JobMember>> {
         let mut launches = ProcessLaunch::default();
         for (device, p) in processes.into_iter().enumerate() {
-            launches.observe(&Sample {
-                processes: Some(vec![p]),
-                ..Sample::new(device as u32, 1_000)
-            });
+            launches.observe(
+                &Sample {
+                    processes: Some(vec![p]),
+                    ..Sample::new(device as u32, 1_000)
+                },
+                None,
+            );
         }
         group(&launches, None, 0, 2_000, &BTreeSet::new())
     }
@@ -1150,13 +1175,16 @@ mod tests {
     fn the_command_gpudiag_runs_is_one_job() {
         let mut launches = ProcessLaunch::default();
         for (device, pid) in [(0u32, 81u32), (1, 82)] {
-            launches.observe(&Sample {
-                processes: Some(vec![process(
-                    pid,
-                    Some(launch(80, "/usr/bin/bash", PYTHON)),
-                )]),
-                ..Sample::new(device, 1_000)
-            });
+            launches.observe(
+                &Sample {
+                    processes: Some(vec![process(
+                        pid,
+                        Some(launch(80, "/usr/bin/bash", PYTHON)),
+                    )]),
+                    ..Sample::new(device, 1_000)
+                },
+                None,
+            );
         }
         let jobs = group(&launches, None, 0, 2_000, &BTreeSet::from([81, 82]));
         assert_eq!(joined(&jobs), vec![(JoinedBy::Command, vec![0, 1])]);

@@ -218,7 +218,7 @@ pub(crate) struct SeenProcess {
 }
 
 impl ProcessLaunch {
-    pub fn observe(&mut self, s: &Sample) {
+    pub fn observe(&mut self, s: &Sample, host: Option<&str>) {
         let Some(procs) = &s.processes else { return };
         for p in procs {
             let entry = self
@@ -244,8 +244,11 @@ impl ProcessLaunch {
             }
             if new_launch || entry.attribution != p.attribution {
                 entry.attribution.clone_from(&p.attribution);
-                let cluster =
-                    gpudiag_model::job::cluster_key(p.attribution.as_ref(), entry.launch.as_ref());
+                let cluster = gpudiag_model::job::cluster_key(
+                    p.attribution.as_ref(),
+                    entry.launch.as_ref(),
+                    host,
+                );
                 if cluster.is_some() {
                     entry.cluster = cluster;
                 }

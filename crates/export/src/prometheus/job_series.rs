@@ -37,10 +37,10 @@ enum Owner<'a> {
     Shared,
 }
 
-fn owner_of(s: &Sample) -> Owner<'_> {
+fn owner_of<'a>(s: &'a Sample, host: Option<&str>) -> Owner<'a> {
     let mut found: Option<GpuJob<'_>> = None;
     for p in s.processes.iter().flatten() {
-        let Some(job) = cluster_key(p.attribution.as_ref(), p.launch.as_ref()) else {
+        let Some(job) = cluster_key(p.attribution.as_ref(), p.launch.as_ref(), host) else {
             continue;
         };
         match &mut found {
@@ -83,7 +83,7 @@ fn gpu_job_series(x: &mut Exposition, snap: &Snapshot, devices: &[(&DeviceInfo, 
     let mut info: Vec<(Labels, f64)> = Vec::new();
     let mut shared = 0usize;
     for (d, s, _) in devices {
-        match owner_of(s) {
+        match owner_of(s, host.map(String::as_str)) {
             Owner::One(g) => info.push((gpu_job_labels(d, &g, host), 1.0)),
             Owner::Nobody => {}
             Owner::Shared => shared += 1,
@@ -162,7 +162,7 @@ fn job_verdict_series(x: &mut Exposition, snap: &Snapshot) {
         let base = job_labels(host, &j.job);
         let mut l = base.clone();
         l.push((label::VERDICT, j.verdict.name().to_owned()));
-        if let Some(st) = &j.straggler {
+        if let Some(st) = j.stragglers.first() {
             l.push((label::STRAGGLER_GPU, st.device.to_string()));
             if let Some(u) = uuids.get(&st.device) {
                 l.push((label::STRAGGLER_UUID, (*u).clone()));
@@ -170,7 +170,7 @@ fn job_verdict_series(x: &mut Exposition, snap: &Snapshot) {
         }
         l.push((label::CONFIDENCE, j.confidence.to_string()));
         verdicts.push((l, 1.0));
-        if let Some(share) = j.straggler.as_ref().and_then(|s| s.peers_wait_share) {
+        if let Some(share) = j.stragglers.first().and_then(|s| s.peers_wait_share) {
             waits.push((base, share));
         }
     }
@@ -318,6 +318,7 @@ mod tests {
                     name: None,
                     rank: Some(8 + device),
                     local_rank: None,
+                    role: None,
                 })
                 .collect(),
             verdict: JobPattern::Straggler,
@@ -326,7 +327,7 @@ mod tests {
             end_ms: 1000,
             title: "GPU 1 leads".into(),
             advice: "a".into(),
-            straggler: Some(Straggler {
+            stragglers: vec![Straggler {
                 device: 1,
                 rank: Some(9),
                 pace: Pace::Leads,
@@ -336,7 +337,8 @@ mod tests {
                 peers_wait_share: Some(0.5),
                 wait_estimate: "e".into(),
                 differs: Vec::new(),
-            }),
+            }],
+            doubts: Vec::new(),
             peers: Vec::new(),
             evidence: serde_json::Map::new(),
         }
@@ -396,7 +398,7 @@ mod tests {
     fn a_balanced_job_has_no_straggler_labels_nor_wait_ratio() {
         let mut snap = snapshot();
         snap.jobs[0].verdict = JobPattern::Balanced;
-        snap.jobs[0].straggler = None;
+        snap.jobs[0].stragglers.clear();
         // The same job twice must not write a series twice.
         snap.jobs.push(snap.jobs[0].clone());
         let text = render(&snap, Instant::now());
