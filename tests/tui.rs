@@ -240,13 +240,8 @@ fn header_verdict_follows_the_selected_gpu_and_marks_waste() {
     use ratatui::style::{Color, Modifier};
     let mut app = loaded("profiled");
     app.theme = Theme { color: true };
-    // Its two GPUs run one executable: a presumed job, too short to judge, has the line above.
-    let (line, _) = row_and_style(&app, 2, 0);
-    assert!(
-        line.starts_with("job: not judged yet — Presumed job"),
-        "{line}"
-    );
-    let (line, style) = row_and_style(&app, 3, 16);
+    // Its two GPUs run one executable for two users (alice, bob): two runs, no job line.
+    let (line, style) = row_and_style(&app, 2, 16);
     assert!(
         line.starts_with("verdict GPU 0: compute_bound (high) — over 9 s (tensor 72%"),
         "{line}"
@@ -254,7 +249,7 @@ fn header_verdict_follows_the_selected_gpu_and_marks_waste() {
     assert!(line.ends_with('…'), "cut to 80 columns: {line}");
     assert_eq!(style.fg, Some(Color::Green));
     press(&mut app, &[KeyCode::Down]);
-    let (line, style) = row_and_style(&app, 3, 16);
+    let (line, style) = row_and_style(&app, 2, 16);
     assert!(
         line.starts_with(
             "verdict GPU 1: underfilled (high) — over 9 s (utilisation 98%, SM active 11%"
@@ -264,7 +259,7 @@ fn header_verdict_follows_the_selected_gpu_and_marks_waste() {
     assert_eq!(style.fg, Some(Color::Yellow));
     assert!(style.add_modifier.contains(Modifier::BOLD));
     // Past the name the line is plain.
-    let (_, rest) = row_and_style(&app, 3, 40);
+    let (_, rest) = row_and_style(&app, 2, 40);
     assert_eq!(rest.fg, Some(Color::Reset));
 }
 

@@ -790,8 +790,21 @@ fn the_job_panel_with_two_gpus_and_with_none() {
     assert!(rows[2].starts_with("verdict GPU 0"), "{screen}");
     assert!(rows[3].contains("[7 Job]"), "{screen}");
 
-    // Two GPUs running python3, nothing but the executable to tie them, over 9 s: too short.
+    // Its two GPUs run python3 for two users (alice, bob): two runs, no job.
     let mut app = Source::fixture("profiled.ndjson").app_at_end();
+    app.panel = Panel::Job;
+    let rows = text(&app);
+    assert!(rows[2].starts_with("verdict GPU 0"), "{}", rows.join("\n"));
+
+    // The same for one user: nothing but the executable ties them, over 9 s: too short.
+    let one_user = include_str!("fixtures/recordings/profiled.ndjson")
+        .replace("\"user\":\"bob\"", "\"user\":\"alice\"");
+    let backend = ReplayBackend::from_reader(
+        std::io::Cursor::new(one_user.into_bytes()),
+        Pace::AsFastAsPossible,
+    )
+    .unwrap();
+    let mut app = Source::read(backend, "profiled.ndjson".to_owned()).app_at_end();
     app.panel = Panel::Job;
     let rows = text(&app);
     let screen = rows.join("\n");

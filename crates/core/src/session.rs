@@ -350,6 +350,7 @@ pub struct Setup<'a> {
     libraries: bool,
     retain: Option<Duration>,
     current_phase: bool,
+    node_name: Option<String>,
 }
 
 impl Session {
@@ -364,7 +365,13 @@ impl Session {
             libraries: false,
             retain: None,
             current_phase: false,
+            node_name: None,
         }
+    }
+
+    /// The host judged: the source's, named as the setup said.
+    pub fn host(&self) -> &HostInfo {
+        &self.judged_with.host
     }
 
     /// Forgets every tick and finding and judges from scratch (a replay seeking backwards).
@@ -523,6 +530,14 @@ impl Setup<'_> {
         self
     }
 
+    /// Names this host `node` (a pod's host name is the pod's; the node's comes from the
+    /// downward API): everything judged here, job keys included, carries it, so a job key
+    /// qualified by the host reads alike in every series. A recording keeps its own host.
+    pub fn named_node(mut self, node: Option<String>) -> Self {
+        self.node_name = node.filter(|n| !n.is_empty());
+        self
+    }
+
     /// A session fed its ticks from elsewhere (the terminal UI samples, seeks and pauses its
     /// source itself): `devices` are the session's GPUs, and place the kernel log's XIDs. The
     /// kernel log and libraries, read while the UI's source opened, are given later
@@ -576,7 +591,11 @@ impl Setup<'_> {
         }
         let kernel_log = self.kernel_log.zip(xids).map(|(before, x)| (x, before));
         let libraries = libraries.filter(|_| self.libraries);
-        let judged_with = self.judged_with(source.backend.host().clone(), libraries);
+        let mut host = source.backend.host().clone();
+        if this_host && let Some(node) = &self.node_name {
+            host.hostname = Some(node.clone());
+        }
+        let judged_with = self.judged_with(host, libraries);
         let devices = source.devices();
         Session {
             pipeline: judged_with.pipeline(&devices),

@@ -182,21 +182,17 @@ pub fn serve(args: &ServeArgs, stop: &Stop, config: &Config) -> Result<i32, Erro
         }
     };
     let spec = args.source.spec()?;
-    let session = serving(config)
-        .pace(Pace::Recorded { speed: 1.0 })
-        .open(&spec)?;
-    let Some(source) = session.source() else {
-        return Err(Error::Usage("the source holds no telemetry samples".into()));
-    };
-    let devices = session.devices.clone();
-    let mut host = source.backend.host().clone();
     // In a pod the host name is the pod's; the node's comes from the downward API, as
     // dcgm-exporter's DaemonSet passes it.
-    if source.is_this_host()
-        && let Some(node) = std::env::var(NODE_NAME_ENV).ok().filter(|n| !n.is_empty())
-    {
-        host.hostname = Some(node);
+    let session = serving(config)
+        .pace(Pace::Recorded { speed: 1.0 })
+        .named_node(std::env::var(NODE_NAME_ENV).ok())
+        .open(&spec)?;
+    if session.source().is_none() {
+        return Err(Error::Usage("the source holds no telemetry samples".into()));
     }
+    let devices = session.devices.clone();
+    let host = session.host().clone();
     let shared = Arc::new(RwLock::new(Snapshot {
         host,
         devices: devices.clone(),

@@ -216,10 +216,22 @@ impl RuleEngine {
     fn judge_span(&self, input: &RuleInput<'_>, start_ms: TimeMs, end_ms: TimeMs) -> Judged {
         let (mut verdicts, mut not_judged) =
             bottleneck::judge_all(input, Some(&self.process_cpu), start_ms, end_ms);
-        let current_phases = self.current_phases(input, &verdicts, start_ms, end_ms);
+        let mut current_phases = self.current_phases(input, &verdicts, start_ms, end_ms);
         let (jobs, unjudged) =
             job::judge_all(input, &self.process_launch, &self.command, start_ms, end_ms);
-        job::explain_by_job(&mut verdicts, &jobs, &self.config.job);
+        job::explain_by_job(&mut verdicts, &jobs);
+        // One truth per GPU: a GPU its job marks waiting waits now too, so the phase a view
+        // shows as "now" never calls it the good case beside the job's verdict.
+        let mut now: BTreeMap<u32, Verdict> = current_phases
+            .iter()
+            .map(|(&d, p)| (d, p.verdict.clone()))
+            .collect();
+        job::explain_by_job(&mut now, &jobs);
+        for (d, v) in now {
+            if let Some(p) = current_phases.get_mut(&d) {
+                p.verdict = v;
+            }
+        }
         not_judged.extend(unjudged);
         Judged {
             verdicts,

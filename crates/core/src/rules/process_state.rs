@@ -106,6 +106,8 @@ pub struct ProcessCpu {
 struct ProcessActivity {
     cpu_time: VecDeque<(TimeMs, f64)>,
     sm_util: VecDeque<(TimeMs, f64)>,
+    /// GPU memory it held when last listed, to keep each device's biggest holder.
+    memory_bytes: Option<u64>,
     /// When the process was last in its device's list.
     last_seen_ms: TimeMs,
 }
@@ -114,28 +116,47 @@ struct ProcessActivity {
 const MAX_CPU_POINTS: usize = 3600;
 /// How long a process that left its GPU's list keeps its series.
 const KEEP_GONE_MS: u64 = 10 * 60 * 1000;
-/// Processes kept at most, gone ones dropped first (oldest first): a host that starts many
-/// short processes must not grow this without bound.
-const MAX_PROCESSES: usize = 1024;
+/// Processes kept at most: a host that starts many short processes must not grow these tables
+/// without bound.
+pub(crate) const MAX_PROCESSES: usize = 1024;
 
-/// Forgets the processes of `s`'s device not listed for [`KEEP_GONE_MS`], then the longest
-/// gone beyond [`MAX_PROCESSES`].
+/// Forgets the processes of `s`'s device not listed for [`KEEP_GONE_MS`]; then, beyond
+/// [`MAX_PROCESSES`], the longest unseen first and, among those seen as recently, the smallest
+/// holders first, but never a device's biggest holder: that is the process a job's member is
+/// taken from, and evicting it would shrink the job without a word. Returns how many it
+/// dropped for the cap.
 fn forget_gone<V>(
     processes: &mut BTreeMap<(u32, u32), V>,
     s: &Sample,
     last_seen: impl Fn(&V) -> TimeMs,
-) {
+    memory: impl Fn(&V) -> Option<u64>,
+) -> usize {
     let cutoff = s.time_ms.saturating_sub(KEEP_GONE_MS);
     processes.retain(|&(device, _), v| device != s.device || last_seen(v) >= cutoff);
-    if processes.len() > MAX_PROCESSES {
-        let mut by_age: Vec<((u32, u32), TimeMs)> =
-            processes.iter().map(|(&k, v)| (k, last_seen(v))).collect();
-        by_age.sort_by_key(|&(_, t)| t);
-        let excess = processes.len() - MAX_PROCESSES;
-        for (key, _) in by_age.into_iter().take(excess) {
-            processes.remove(&key);
+    if processes.len() <= MAX_PROCESSES {
+        return 0;
+    }
+    let mut biggest: BTreeMap<u32, ((u32, u32), u64)> = BTreeMap::new();
+    for (&key, v) in processes.iter() {
+        let Some(bytes) = memory(v) else { continue };
+        let held = biggest.entry(key.0).or_insert((key, bytes));
+        if bytes > held.1 {
+            *held = (key, bytes);
         }
     }
+    let kept: std::collections::BTreeSet<(u32, u32)> =
+        biggest.values().map(|&(key, _)| key).collect();
+    let mut by_age: Vec<((u32, u32), TimeMs, u64)> = processes
+        .iter()
+        .filter(|(key, _)| !kept.contains(key))
+        .map(|(&k, v)| (k, last_seen(v), memory(v).unwrap_or(0)))
+        .collect();
+    by_age.sort_by_key(|&(_, t, bytes)| (t, bytes));
+    let excess = processes.len() - MAX_PROCESSES;
+    for (key, _, _) in by_age.iter().take(excess) {
+        processes.remove(key);
+    }
+    excess.min(by_age.len())
 }
 
 fn push_point(series: &mut VecDeque<(TimeMs, f64)>, t: TimeMs, v: f64) {
@@ -157,6 +178,9 @@ impl ProcessCpu {
         for p in procs {
             let entry = self.series.entry((s.device, p.pid)).or_default();
             entry.last_seen_ms = entry.last_seen_ms.max(s.time_ms);
+            if p.used_memory_bytes.is_some() {
+                entry.memory_bytes = p.used_memory_bytes;
+            }
             if let Some(cpu) = p.cpu_time_s {
                 push_point(&mut entry.cpu_time, s.time_ms, cpu);
             }
@@ -164,7 +188,7 @@ impl ProcessCpu {
                 push_point(&mut entry.sm_util, s.time_ms, sm);
             }
         }
-        forget_gone(&mut self.series, s, |a| a.last_seen_ms);
+        forget_gone(&mut self.series, s, |a| a.last_seen_ms, |a| a.memory_bytes);
     }
 
     /// CPU use of `pid` in `[start, end]`, in % of one core.
@@ -202,12 +226,20 @@ impl ProcessCpu {
 #[derive(Debug, Default, Clone)]
 pub struct ProcessLaunch {
     pub(crate) seen: BTreeMap<(u32, u32), SeenProcess>,
+    /// When the cap last dropped processes still listed or recently gone, and how many it has
+    /// dropped in all: a job judged after that may miss ranks, and says so.
+    pub(crate) last_eviction_ms: Option<TimeMs>,
+    pub(crate) evicted: u64,
 }
 
 /// A process as last read on one GPU.
 #[derive(Debug, Clone)]
 pub(crate) struct SeenProcess {
     pub(crate) name: Option<String>,
+    /// The user it runs as: processes of different users are never one job.
+    pub(crate) user: Option<String>,
+    /// GPU memory it held when last listed.
+    pub(crate) memory_bytes: Option<u64>,
     pub(crate) launch: Option<gpudiag_model::job::Launch>,
     /// The key that ties it to its job's other ranks on any node, as last read.
     pub(crate) cluster: Option<gpudiag_model::job::JobId>,
@@ -226,6 +258,8 @@ impl ProcessLaunch {
                 .entry((s.device, p.pid))
                 .or_insert_with(|| SeenProcess {
                     name: None,
+                    user: None,
+                    memory_bytes: None,
                     launch: None,
                     cluster: None,
                     attribution: None,
@@ -236,6 +270,12 @@ impl ProcessLaunch {
             // says something new is copied and keyed again.
             if entry.name != p.name {
                 entry.name.clone_from(&p.name);
+            }
+            if p.user.is_some() && entry.user != p.user {
+                entry.user.clone_from(&p.user);
+            }
+            if p.used_memory_bytes.is_some() {
+                entry.memory_bytes = p.used_memory_bytes;
             }
             // A later read that could not look keeps what an earlier one saw.
             let new_launch = p.launch.is_some() && entry.launch != p.launch;
@@ -256,7 +296,11 @@ impl ProcessLaunch {
             entry.first_seen_ms = entry.first_seen_ms.min(s.time_ms);
             entry.last_seen_ms = entry.last_seen_ms.max(s.time_ms);
         }
-        forget_gone(&mut self.seen, s, |p| p.last_seen_ms);
+        let dropped = forget_gone(&mut self.seen, s, |p| p.last_seen_ms, |p| p.memory_bytes);
+        if dropped > 0 {
+            self.evicted += dropped as u64;
+            self.last_eviction_ms = Some(s.time_ms);
+        }
     }
 
     /// The processes seen on any GPU within `[start, end]`, by (device, pid).
@@ -268,5 +312,61 @@ impl ProcessLaunch {
         self.seen
             .iter()
             .filter(move |(_, p)| p.last_seen_ms >= start && p.first_seen_ms <= end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpudiag_model::sample::ProcessSample;
+
+    fn process(pid: u32, bytes: u64) -> ProcessSample {
+        ProcessSample {
+            pid,
+            name: Some("python3".into()),
+            user: None,
+            kind: Some("compute".into()),
+            used_memory_bytes: Some(bytes),
+            sm_util_pct: None,
+            container_id: None,
+            container_pid: None,
+            cpu_time_s: Some(1.0),
+            attribution: None,
+            launch: None,
+        }
+    }
+
+    /// 2,048 live processes on eight GPUs, each GPU's biggest a rank of one job: past the cap
+    /// every rank stays (the job stays whole), and the eviction is counted.
+    #[test]
+    fn the_cap_keeps_each_gpus_biggest_process_and_counts_what_it_drops() {
+        let mut launches = ProcessLaunch::default();
+        let mut cpu = ProcessCpu::default();
+        for tick in 0..3u64 {
+            for device in 0..8u32 {
+                let mut list = vec![process(1000 + device, 60 << 30)];
+                list.extend((0..255).map(|i| process(10_000 + device * 1000 + i, 100 << 20)));
+                let s = Sample {
+                    processes: Some(list),
+                    ..Sample::new(device, 1_000 + tick * 1000)
+                };
+                launches.observe(&s, None);
+                cpu.observe(&s);
+            }
+        }
+        assert_eq!(launches.seen.len(), MAX_PROCESSES);
+        assert_eq!(cpu.len(), MAX_PROCESSES);
+        for device in 0..8 {
+            assert!(
+                launches.seen.contains_key(&(device, 1000 + device)),
+                "{device}"
+            );
+            assert!(
+                cpu.series.contains_key(&(device, 1000 + device)),
+                "{device}"
+            );
+        }
+        assert!(launches.evicted >= 1024, "{}", launches.evicted);
+        assert!(launches.last_eviction_ms.is_some());
     }
 }
