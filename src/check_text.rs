@@ -268,7 +268,7 @@ fn render_verdicts(out: &mut String, report: &CheckReport) {
         // the story, so say so where the blend is read.
         let _ = writeln!(
             out,
-            "phases GPU {} (the window changed bottleneck {}; the verdict above is their blend):",
+            "phases GPU {} (the window changed bottleneck {}; the verdict above names the one that held most of it):",
             d.info.index,
             times(d.phases.len() - 1)
         );

@@ -159,19 +159,46 @@ fn a_steady_leak_is_found_within_the_run() {
     assert!(leak.title.contains("python3"), "{}", leak.title);
 }
 
-/// A window whose bottleneck changed says that its verdict is a blend, and lists the phases
-/// with the process that held the GPU.
+/// A window whose bottleneck changed names the bottleneck that held most of it, with each
+/// one's share, and lists the phases with the process that held the GPU.
 #[test]
-fn a_mixed_window_says_its_verdict_is_a_blend_and_lists_the_phases() {
+fn a_mixed_window_leads_with_what_held_most_of_it_and_lists_the_phases() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpudiag"))
         .args(["check", "--demo"])
         .output()
         .unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
-        text.contains("phases GPU 0 (the window changed bottleneck 4 times; the verdict above is their blend):"),
+        text.contains("phases GPU 0 (the window changed bottleneck 4 times; the verdict above names the one that held most of it):"),
         "{text}"
     );
     assert!(text.contains("idle_holding_memory"), "{text}");
     assert!(text.contains("compute_bound"), "{text}");
+    // The demo computed for 60 s of 125: under half, so never "the good case" for the window.
+    let headline = text
+        .lines()
+        .find(|l| l.starts_with("verdict GPU 0"))
+        .unwrap();
+    assert!(
+        headline.contains(
+            "a window of phases, mostly compute-bound (48%): compute-bound 48%, copy-bound 24%"
+        ),
+        "{headline}"
+    );
+    assert!(!text.contains("this is the good case"), "{text}");
+    let json = std::process::Command::new(env!("CARGO_BIN_EXE_gpudiag"))
+        .args(["--config", "/dev/null", "check", "--demo", "--json"])
+        .output()
+        .unwrap();
+    let report: gpudiag_core::check::CheckReport = serde_json::from_slice(&json.stdout).unwrap();
+    let v = report.devices[0].verdict.as_ref().unwrap();
+    let shares = v.evidence["phase_shares"].as_object().unwrap();
+    let total: f64 = shares.values().map(|s| s.as_f64().unwrap()).sum();
+    assert!((total - 1.0).abs() < 0.02, "{shares:?}");
+    assert_eq!(v.evidence["whole_window_bottleneck"], "compute_bound");
+    assert_eq!(
+        v.window_s().round(),
+        125.0,
+        "the headline speaks for the whole window"
+    );
 }

@@ -805,7 +805,7 @@ fn summary(r: &RunReport) -> String {
         if d.phases.len() > 1 {
             let _ = writeln!(
                 out,
-                "  phases (the bottleneck changed {}; the verdict above is their blend):",
+                "  phases (the bottleneck changed {}; the verdict above names the one that held most of it):",
                 crate::check_text::times(d.phases.len() - 1)
             );
             let t0 = r.start_ms;

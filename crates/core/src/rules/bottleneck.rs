@@ -749,13 +749,128 @@ pub fn current_phase(
 
 /// The figures that decide most verdicts, in a few words for a one-line view: "utilisation
 /// 100%, SM active 0.9%", without SM active where the GPU has no profiling counters.
+/// A headline of a window of phases ([`headline`]) gives first the share of the window its
+/// bottleneck held, since its figures are its longest phase's: "48% of it; utilisation 99%, …".
 pub fn brief(v: &Verdict) -> String {
     let figure = |key: &str| v.evidence.get(key).and_then(serde_json::Value::as_f64);
     let util = figure("gpu_util_mean_pct").map_or_else(|| "n/a".to_owned(), pct);
+    let share = v
+        .evidence
+        .get("phase_shares")
+        .and_then(|s| s.get(v.bottleneck.name()))
+        .and_then(serde_json::Value::as_f64)
+        .map(|s| format!("{} of it; ", pct(s * 100.0)))
+        .unwrap_or_default();
     match figure("sm_active_mean_pct") {
-        Some(sm) => format!("utilisation {util}, SM active {}", pct(sm)),
-        None => format!("utilisation {util}"),
+        Some(sm) => format!("{share}utilisation {util}, SM active {}", pct(sm)),
+        None => format!("{share}utilisation {util}"),
     }
+}
+
+/// The verdict that speaks for the whole of `[start_ms, end_ms]`. A window of several phases
+/// blends them, and its means may read as a bottleneck that held a minority of it (the demo's
+/// 30 s copy-bound, 30 s compute-bound and 30 s idle read compute-bound, "the good case"; on
+/// an H100, ResNet-50 training's 10 s compute-bound then 36 s memory-bound read compute-bound).
+/// Where what the whole window reads held less than half of it, the headline is the bottleneck
+/// that held the most time (a wasteful one before idle or good use when they are within five
+/// points), judged over its longest phase, with every bottleneck's share in its title.
+pub fn headline(
+    input: &RuleInput<'_>,
+    cpu: Option<&ProcessCpu>,
+    device: &DeviceInfo,
+    start_ms: TimeMs,
+    end_ms: TimeMs,
+) -> Result<Verdict, NotJudged> {
+    let whole = judge(input, cpu, device, start_ms, end_ms)?;
+    let phases = merged_slices(input, cpu, device, start_ms, end_ms);
+    let span = |v: &Verdict| v.end_ms.saturating_sub(v.start_ms);
+    let total: u64 = phases.iter().map(|(v, _)| span(v)).sum();
+    if phases.len() < 2 || total == 0 {
+        return Ok(whole);
+    }
+    let mut shares: Vec<(Bottleneck, f64)> = Vec::new();
+    for (v, _) in &phases {
+        let share = span(v) as f64 / total as f64;
+        match shares.iter_mut().find(|(b, _)| *b == v.bottleneck) {
+            Some((_, s)) => *s += share,
+            None => shares.push((v.bottleneck, share)),
+        }
+    }
+    let share_of = |b: Bottleneck| {
+        shares
+            .iter()
+            .find(|(x, _)| *x == b)
+            .map_or(0.0, |&(_, s)| s)
+    };
+    if share_of(whole.bottleneck) >= 0.5 {
+        return Ok(whole);
+    }
+    // Largest share first; within five points, what wastes the GPU before an idle GPU, and
+    // both before good use.
+    let cost = |b: Bottleneck| match b {
+        _ if b.is_waste() => 0,
+        Bottleneck::Idle => 1,
+        _ => 2,
+    };
+    shares.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let most = shares[0].1;
+    let Some(&(lead, lead_share)) = shares
+        .iter()
+        .filter(|(_, s)| most - s <= 0.05)
+        .min_by_key(|(b, _)| cost(*b))
+    else {
+        return Ok(whole);
+    };
+    let Some(longest) = phases
+        .iter()
+        .map(|(v, _)| v)
+        .filter(|v| v.bottleneck == lead)
+        .max_by_key(|v| span(v))
+    else {
+        return Ok(whole);
+    };
+    let mut v = judge(input, cpu, device, longest.start_ms, longest.end_ms)
+        .unwrap_or_else(|_| longest.clone());
+    let named = |b: Bottleneck| b.name().replace('_', "-");
+    let mix: Vec<String> = shares
+        .iter()
+        .map(|&(b, s)| format!("{} {}", named(b), pct(s * 100.0)))
+        .collect();
+    v.title = format!(
+        "a window of phases, mostly {} ({}): {}; its longest {} phase ({:.0} s): {}",
+        named(lead),
+        pct(lead_share * 100.0),
+        mix.join(", "),
+        named(lead),
+        v.window_s(),
+        v.title
+    );
+    if lead == Bottleneck::ComputeBound {
+        v.advice = v.advice.replace(
+            "this is the good case",
+            "the good case, for part of the window only: see the phases for the rest",
+        );
+    }
+    v.evidence.insert(
+        "phase_shares".into(),
+        serde_json::Value::Object(
+            shares
+                .iter()
+                .map(|&(b, s)| (b.name().to_owned(), json!(round2(s))))
+                .collect(),
+        ),
+    );
+    v.evidence.insert(
+        "whole_window_bottleneck".into(),
+        json!(whole.bottleneck.name()),
+    );
+    v.evidence
+        .insert("phase_start_ms".into(), json!(v.start_ms));
+    v.evidence.insert("phase_end_ms".into(), json!(v.end_ms));
+    v.start_ms = whole.start_ms;
+    v.end_ms = whole.end_ms;
+    v.confidence = v.confidence.min(Confidence::Medium);
+    Ok(v)
 }
 
 /// Verdicts for every device over one window, or why not.
@@ -768,7 +883,7 @@ pub fn judge_all(
     let mut verdicts = BTreeMap::new();
     let mut not_judged = Vec::new();
     for d in input.devices {
-        match judge(input, cpu, d, start_ms, end_ms) {
+        match headline(input, cpu, d, start_ms, end_ms) {
             Ok(v) => {
                 verdicts.insert(d.index, v);
             }

@@ -189,9 +189,10 @@ pub fn judge_all(
             rule: "job".to_owned(),
             device: None,
             reason: format!(
-                "more than {} GPU processes were seen, so {} were forgotten (the longest unseen \
-                 and smallest first, every GPU's biggest process kept), the latest {:.0} s \
-                 before the window's end: a job may be missing some of its processes",
+                "more than {} GPU processes were seen, so {} were evicted from the process \
+                 table (the longest unseen and smallest first, every GPU's biggest process \
+                 kept), the latest {:.0} s before the window's end: a job may be missing some \
+                 of its processes",
                 super::process_state::MAX_PROCESSES,
                 launches.evicted,
                 end.saturating_sub(at) as f64 / 1000.0
