@@ -28,11 +28,6 @@ cd "$(dirname "$0")/.."
 bin=${1:-.gpu-bundle/gpudiag}
 out=${OUT:-$PWD/job-identity-out}
 here=$PWD/benches
-work=$(mktemp -d)
-dir=$work/job_identity
-mkdir -p "$dir" "$out"
-summary=$dir/summary.txt
-say() { echo "$*" | tee -a "$summary"; }
 
 [ -x "$bin" ] || { echo "job_identity: no gpudiag at $bin (scripts/gpu-tests pack)" >&2; exit 2; }
 bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
@@ -41,6 +36,11 @@ if [ "$gpus" -lt 2 ]; then
   echo "job_identity: needs 2 GPUs or more, found ${gpus:-none}" >&2
   exit 2
 fi
+work=$(mktemp -d)
+dir=$work/job_identity
+mkdir -p "$dir" "$out"
+summary=$dir/summary.txt
+say() { echo "$*" | tee -a "$summary"; }
 # Each job of part a gets half of at most four GPUs; parts b and c use as many.
 half=$((gpus >= 4 ? 2 : 1))
 n=$((half * 2))
