@@ -18,6 +18,7 @@ mod fleet_access;
 mod fleet_fixtures;
 mod fleet_screens;
 mod fuzz_regressions;
+mod job_cases;
 mod jobs;
 mod judgement;
 mod kernel_log;

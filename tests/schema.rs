@@ -34,10 +34,12 @@ const SHARED_DEFS: [&str; 7] = [
     "Topology",
 ];
 
-/// Every recording fixture, sorted, so a new fixture is covered without touching this file.
+/// Every recording fixture, sorted, so a new fixture is covered without touching this file:
+/// the general ones and the jobs' (measured and crafted).
 fn fixture_recordings() -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(root().join("tests/fixtures/recordings"))
-        .unwrap()
+    let mut out: Vec<PathBuf> = ["tests/fixtures/recordings", "tests/fixtures/jobs"]
+        .into_iter()
+        .flat_map(|dir| std::fs::read_dir(root().join(dir)).unwrap())
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "ndjson" || e == "gz"))
         .collect();

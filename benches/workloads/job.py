@@ -15,6 +15,8 @@ Modes (each step: compute, then the collective a data-parallel job makes):
   pipeline     N stages of unequal size (stage 0 holds the most parameters and does the most
                work); micro-batches pass stage to stage with send/recv
 
+benches/workloads/ddp_spawn.py runs the same steps under `torch.multiprocessing.spawn`.
+
 The first rank touches FILE (--ready) once every rank has warmed up, so a recorder starts on
 steady steps. Keeps NCCL_NVLS_ENABLE=0 and the other multicast switches the host sets.
 """
@@ -75,13 +77,13 @@ def prepare_batch(rng):
     return x[:1024]
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("mode")
     p.add_argument("--seconds", type=float, default=40.0)
     p.add_argument("--slow-rank", type=int, default=None)
     p.add_argument("--ready", default=None)
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     rank = int(os.environ["RANK"])
     local = int(os.environ["LOCAL_RANK"])
