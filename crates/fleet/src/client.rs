@@ -104,7 +104,7 @@ pub enum ApiError {
     /// A redirect elsewhere is not followed: the user's credentials and headers were meant
     /// for the URL they gave, and the target may be anyone.
     #[error(
-        "Prometheus at {url} redirected {what} to another origin, {target}; gpudiag does not follow it, so its credentials and headers go nowhere but {url}: if Prometheus is there, give that URL as --prometheus"
+        "Prometheus at {url} redirected {what} to another origin, {target}; gpudiag does not follow it, so its credentials and headers go nowhere but {url}: if Prometheus is there, give its base URL as --prometheus"
     )]
     Redirected {
         url: String,
@@ -679,7 +679,8 @@ impl Client {
                 return Err(ApiError::Redirected {
                     url: self.shown.clone(),
                     what: short(what),
-                    target: short(&shown_url(&target)),
+                    // Where it points, not the query it would repeat.
+                    target: short(&shown_url(target.split(['?', '#']).next().unwrap_or(""))),
                 });
             }
             hops += 1;
