@@ -2,9 +2,10 @@
 //! and the rules, through whatever stands in front (basic auth, a bearer token, TLS with a CA
 //! and a client certificate, a tenant header for Mimir, Cortex or Thanos).
 //!
-//! Every request has a deadline and every answer a size cap, and every way it can go wrong
-//! (refused, timed out, a 4xx/5xx, an answer that is not Prometheus's JSON) is one
-//! [`ApiError`] whose text is the one line a user sees.
+//! Every request has a deadline and every answer a size cap; credentials and headers go to the
+//! given URL's origin only (a redirect elsewhere is refused). Every way it can go wrong
+//! (refused, timed out, a 4xx/5xx, a redirect to another origin, an answer that is not
+//! Prometheus's JSON) is one [`ApiError`] whose text is the one line a user sees.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
