@@ -89,9 +89,9 @@ Exit codes:
   0  the terminal UI closed; with --json: no finding or alert at or above --fail-on
   1  with --json: a finding or firing alert at or above --fail-on (default: fail)
   2  usage error: a bad flag, selector or time, or a file named by a flag that cannot be read
-  3  could not run: Prometheus cannot be reached, times out, refuses the queries or answers
-     something else than its API, or holds no GPU series under the selector; --json still
-     prints a document saying why";
+  3  could not run: Prometheus cannot be reached, times out, refuses the queries, answers
+     something else than its API or a redirect to another origin, or holds no GPU series
+     under the selector; --json still prints a document saying why";
 
 /// `replay` has no --fail-on: without a terminal its summary fails only on a `fail` finding.
 pub const REPLAY_EXIT_CODES_HELP: &str = "\
@@ -612,7 +612,9 @@ pub struct ServeArgs {
 #[derive(Debug, Clone, Args)]
 pub struct FleetArgs {
     /// The Prometheus (or Mimir, Thanos, Cortex) base URL: http(s)://HOST:PORT[/PATH], the
-    /// part before /api/v1. user:password@ in it is basic auth.
+    /// part before /api/v1. user:password@ in it is basic auth. Credentials and --header values
+    /// go to this URL's origin only: a redirect to another scheme, host or port is not followed
+    /// (exit 3, naming the target; give that URL here to read it), one within it is.
     #[arg(long, value_name = "URL", env = "GPUDIAG_PROMETHEUS_URL")]
     pub prometheus: String,
     /// Label matchers every GPU series must meet, e.g. '{cluster="a"}'; matchers on job labels
@@ -658,8 +660,8 @@ pub struct FleetArgs {
     /// The PEM private key of --client-cert [default: none].
     #[arg(long, value_name = "PATH", requires = "client_cert", help_heading = ACCESS_HEADING)]
     pub client_key: Option<PathBuf>,
-    /// An extra request header, 'NAME: VALUE' (repeatable), e.g. 'X-Scope-OrgID: tenant-a'
-    /// [default: none].
+    /// An extra request header, 'NAME: VALUE' (repeatable), e.g. 'X-Scope-OrgID: tenant-a';
+    /// sent to the --prometheus URL's origin only [default: none].
     #[arg(long = "header", value_name = "'NAME: VALUE'", value_parser = parse_header, help_heading = ACCESS_HEADING)]
     pub headers: Vec<(String, String)>,
 }

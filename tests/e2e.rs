@@ -10,6 +10,7 @@ mod amd;
 mod attribution;
 mod cli;
 mod deploy;
+mod docs_agree;
 mod evidence;
 mod exports;
 mod faults;

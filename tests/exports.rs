@@ -688,6 +688,75 @@ fn job_and_pod_names_never_reach_a_redacted_bundle() {
     assert_eq!(latest["gpu_pods"][0]["containers"][0], "lab");
 }
 
+/// A recording where the user's name is inside other strings: the host `node-alice7`, the run
+/// id `alice-run-7`, the pod `alice-train-0`, the job key built from a loopback master address
+/// and the host. Nothing of `alice` may reach any member of a redacted bundle.
+#[test]
+fn a_name_inside_other_strings_never_reaches_a_redacted_bundle() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("names.ndjson");
+    let header = serde_json::json!({
+        "format": "gpudiag-recording", "version": 1, "kind": "header",
+        "created_ms": 1_767_225_600_000u64, "tool_version": "0.1.0", "backend": "nvml",
+        "interval_ms": 1000,
+        "host": {"hostname": "node-alice7", "driver_version": "580.65.06"},
+        "devices": [{"index": 0, "uuid": "GPU-1", "name": "NVIDIA H200", "pci_bus_id": "00000000:19:00.0"}]
+    });
+    let mut lines = vec![header.to_string()];
+    for i in 0..12u64 {
+        lines.push(
+            serde_json::json!({
+                "kind": "sample", "time_ms": 1_767_225_600_000u64 + i * 1000, "device": 0,
+                "gpu_util_pct": 90.0, "mem_used_bytes": 1u64 << 33, "mem_total_bytes": 1u64 << 34,
+                "processes": [{
+                    "pid": 4242, "name": "python3", "user": "alice", "kind": "compute",
+                    "used_memory_bytes": 1u64 << 33, "sm_util_pct": null, "container_id": null,
+                    "attribution": {"job": null, "pod": {
+                        "uid": "7c9e6679-7425-40de-944b-e07fc1f90ae7", "runtime": "containerd",
+                        "name": "alice-train-0", "namespace": "research", "container": "trainer",
+                        "matched_by": "gpu_allocation"}},
+                    "launch": {"parent_pid": 4200, "exe": "/usr/bin/python3.11",
+                        "parent_exe": "/usr/bin/python3.11", "run_id": "alice-run-7",
+                        "master_addr": "127.0.0.1", "master_port": "29500", "rank": 0,
+                        "local_rank": 0, "world_size": 1}
+                }],
+                "gpu_pods": [{"namespace": "research", "name": "alice-train-0", "containers": ["trainer"]}]
+            })
+            .to_string(),
+        );
+    }
+    lines.push(
+        serde_json::json!({
+            "kind": "event", "time_ms": 1_767_225_601_500u64, "device": null, "event": "notice",
+            "message": "rendezvous alice-run-7 at 127.0.0.1:29500@node-alice7 for alice-train-0"
+        })
+        .to_string(),
+    );
+    std::fs::write(&rec, lines.join("\n") + "\n").unwrap();
+    let unredacted = report(&["--replay", s(&rec), "--no-redact"]);
+    let text = all_text(&bundle_members(&unredacted.0));
+    for planted in ["alice-run-7", "alice-train-0", "node-alice7"] {
+        assert!(text.contains(planted), "{planted} was never in the bundle");
+    }
+
+    let (path, _d) = report(&["--replay", s(&rec)]);
+    let members = bundle_members(&path);
+    assert_eq!(members.len(), 5);
+    for (name, bytes) in &members {
+        let text = String::from_utf8_lossy(bytes);
+        assert!(!text.contains("alice"), "alice in {name}:\n{text}");
+    }
+    let recording = String::from_utf8(member(&members, "recording.ndjson.gz").to_vec()).unwrap();
+    assert!(
+        recording.contains(r#""run_id":"user-1-run-7""#),
+        "{recording}"
+    );
+    // The bundle still replays, and its job is the run id's placeholder.
+    let run = gpudiag(&["check", "--json", "--replay", s(&path)]);
+    ok(&run);
+    assert!(!run.stdout.contains("alice"), "{}", run.stdout);
+}
+
 #[test]
 fn no_redact_keeps_everything() {
     let dir = tempfile::tempdir().unwrap();

@@ -445,3 +445,135 @@ fn hostile_labels_and_alerts_are_printed_harmlessly() {
         "a newline in a label started a line: {text}"
     );
 }
+
+/// A 307 to another host:port must not carry the user's headers or credentials there: the
+/// fleet refuses to follow it, names the target, and exits 3. A redirect within the same
+/// origin is followed with every header, and a loop ends.
+#[test]
+fn a_redirect_to_another_origin_carries_no_credentials() {
+    let elsewhere = fake_http::start(|_| response("200 OK", "application/json", EMPTY_VECTOR));
+    let target = format!("http://{}", elsewhere.addr);
+    let to = target.clone();
+    let redirector = fake_http::start(move |head| {
+        let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+        Answer::Bytes(
+            format!(
+                "HTTP/1.1 307 Temporary Redirect\r\nLocation: {to}{path}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            )
+            .into_bytes(),
+        )
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret-token\n").unwrap();
+    let credentials = [
+        "--bearer-token-file",
+        token.to_str().unwrap(),
+        "--header",
+        "X-Api-Key: key-4711",
+        "--header",
+        "X-Scope-OrgID: tenant-a",
+        "--header",
+        "Cookie: session=cookie-4711",
+    ];
+    let (code, doc, err) = fleet_json(&format!("http://{}", redirector.addr), &credentials);
+    let leaked: Vec<String> = elsewhere
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            ["s3cret-token", "key-4711", "tenant-a", "cookie-4711"]
+                .iter()
+                .any(|secret| r.contains(secret))
+        })
+        .cloned()
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "credentials reached {target}: {leaked:?}"
+    );
+    assert_eq!(code, 3, "{err}");
+    let why = doc["could_not_run"].as_str().unwrap();
+    assert!(
+        why.contains("redirected") && why.contains(&target) && why.contains("--prometheus"),
+        "{why}"
+    );
+    assert_one_clear_line(&err, &target);
+    // The sent requests all went to the URL given, with the credentials.
+    for r in redirector.requests.lock().unwrap().iter() {
+        assert!(r.contains("key-4711") && r.contains("s3cret-token"), "{r}");
+    }
+
+    // Given the target itself, the user says where the credentials go.
+    let (_, doc, _) = fleet_json(&target, &credentials);
+    assert!(
+        doc["could_not_run"]
+            .as_str()
+            .unwrap()
+            .contains("holds no GPU series"),
+        "{doc}"
+    );
+
+    // The same origin under another path (a proxy that moved its prefix): followed, and the
+    // moved request carries every header.
+    let moving = fake_http::start(|head| {
+        let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+        if path.starts_with("/moved/") {
+            response("200 OK", "application/json", EMPTY_VECTOR)
+        } else {
+            Answer::Bytes(
+                format!(
+                    "HTTP/1.1 308 Permanent Redirect\r\nLocation: /moved{path}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                )
+                .into_bytes(),
+            )
+        }
+    });
+    let (code, doc, _) = fleet_json(&format!("http://{}", moving.addr), &credentials);
+    assert_eq!(code, 3);
+    assert!(
+        doc["could_not_run"]
+            .as_str()
+            .unwrap()
+            .contains("holds no GPU series"),
+        "{doc}"
+    );
+    let moved: Vec<String> = moving
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.starts_with("GET /moved/"))
+        .cloned()
+        .collect();
+    assert!(!moved.is_empty());
+    for r in &moved {
+        let lower = r.to_ascii_lowercase();
+        assert!(
+            lower.contains("\r\nauthorization: bearer s3cret-token\r\n")
+                && lower.contains("\r\nx-api-key: key-4711\r\n"),
+            "{r}"
+        );
+    }
+
+    // A redirect to itself ends.
+    let looping = fake_http::start(|head| {
+        let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+        Answer::Bytes(
+            format!(
+                "HTTP/1.1 302 Found\r\nLocation: {path}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            )
+            .into_bytes(),
+        )
+    });
+    let (code, doc, err) = fleet_json(&format!("http://{}", looping.addr), &[]);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        doc["could_not_run"]
+            .as_str()
+            .unwrap()
+            .contains("redirect loop"),
+        "{doc}"
+    );
+}

@@ -2,9 +2,10 @@
 //! and the rules, through whatever stands in front (basic auth, a bearer token, TLS with a CA
 //! and a client certificate, a tenant header for Mimir, Cortex or Thanos).
 //!
-//! Every request has a deadline and every answer a size cap, and every way it can go wrong
-//! (refused, timed out, a 4xx/5xx, an answer that is not Prometheus's JSON) is one
-//! [`ApiError`] whose text is the one line a user sees.
+//! Every request has a deadline and every answer a size cap; credentials and headers go to the
+//! given URL's origin only (a redirect elsewhere is refused). Every way it can go wrong
+//! (refused, timed out, a 4xx/5xx, a redirect to another origin, an answer that is not
+//! Prometheus's JSON) is one [`ApiError`] whose text is the one line a user sees.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,6 +37,9 @@ pub struct Access {
     /// The largest answer read; a larger one is an error asking for a narrower selector.
     pub max_answer_bytes: u64,
 }
+
+/// Same-origin redirects followed for one read before it is called a loop.
+const MAX_REDIRECTS: u32 = 10;
 
 /// The default cap on one answer: a 2,048-GPU fleet's largest query answers about 3 MB.
 pub const DEFAULT_MAX_ANSWER_BYTES: u64 = 64 << 20;
@@ -97,6 +101,22 @@ pub enum ApiError {
         url: String,
         what: String,
         limit_mib: u64,
+    },
+    /// A redirect elsewhere is not followed: the user's credentials and headers were meant
+    /// for the URL they gave, and the target may be anyone.
+    #[error(
+        "Prometheus at {url} redirected {what} to another origin, {target}; gpudiag does not follow it, so its credentials and headers go nowhere but {url}: if Prometheus is there, give its base URL as --prometheus"
+    )]
+    Redirected {
+        url: String,
+        what: String,
+        target: String,
+    },
+    #[error("Prometheus at {url} redirected {what} more than {limit} times (a redirect loop?)")]
+    RedirectLoop {
+        url: String,
+        what: String,
+        limit: u32,
     },
     #[error("{0}")]
     Setup(String),
@@ -415,6 +435,9 @@ impl Client {
         let config = ureq::Agent::config_builder()
             .timeout_global(Some(access.timeout))
             .http_status_as_error(false)
+            // ureq would follow a redirect to any host with the --header values (it drops
+            // only Authorization and Cookie): `get` follows them itself, same origin only.
+            .max_redirects(0)
             .tls_config(tls.build())
             .user_agent(format!("gpudiag/{}", gpudiag_model::build_info::VERSION))
             .build();
@@ -568,26 +591,10 @@ impl Client {
             url.push('=');
             url.push_str(&encode(v));
         }
-        let mut request = self.agent.get(&url);
-        if let Some(auth) = &self.auth {
-            request = request.header("Authorization", auth);
-        }
-        for (name, value) in &self.headers {
-            request = request.header(name.as_str(), value.as_str());
-        }
         let started = Instant::now();
-        self.cost.count += 1;
-        let result = request.call().and_then(|mut answer| {
-            let status = answer.status().as_u16();
-            let body = answer
-                .body_mut()
-                .with_config()
-                .limit(self.max_answer_bytes)
-                .read_to_vec()?;
-            Ok((status, body))
-        });
+        let fetched = self.follow(url, what, started);
         self.cost.seconds += started.elapsed().as_secs_f64();
-        let (status, body) = result.map_err(|e| self.transport_error(e, what))?;
+        let (status, body) = fetched?;
         self.cost.bytes += body.len() as u64;
         // Prometheus answers 400 and 422 (bad query, bad data) and 503 with its own JSON
         // envelope, whose error says more than the status.
@@ -625,6 +632,70 @@ impl Client {
         }
     }
 
+    /// GETs `url`, following same-origin redirects, within one deadline from `started`: the
+    /// status and body of the last answer.
+    fn follow(
+        &mut self,
+        mut url: String,
+        what: &str,
+        started: Instant,
+    ) -> Result<(u16, Vec<u8>), ApiError> {
+        let mut hops = 0;
+        loop {
+            let left = self.timeout.saturating_sub(started.elapsed());
+            let mut request = self
+                .agent
+                .get(&url)
+                .config()
+                .timeout_global(Some(left))
+                .build();
+            if let Some(auth) = &self.auth {
+                request = request.header("Authorization", auth);
+            }
+            for (name, value) in &self.headers {
+                request = request.header(name.as_str(), value.as_str());
+            }
+            self.cost.count += 1;
+            let answer = request
+                .call()
+                .and_then(|mut answer| {
+                    if let Some(location) = redirect_location(&answer) {
+                        return Ok(Answer::Redirect(location));
+                    }
+                    let status = answer.status().as_u16();
+                    let body = answer
+                        .body_mut()
+                        .with_config()
+                        .limit(self.max_answer_bytes)
+                        .read_to_vec()?;
+                    Ok(Answer::Body(status, body))
+                })
+                .map_err(|e| self.transport_error(e, what))?;
+            let location = match answer {
+                Answer::Body(status, body) => return Ok((status, body)),
+                Answer::Redirect(location) => location,
+            };
+            let target = resolve_location(&url, &location);
+            if !same_origin(&self.shown, &target) {
+                return Err(ApiError::Redirected {
+                    url: self.shown.clone(),
+                    what: short(what),
+                    // Where it points, not the query it would repeat.
+                    target: short(&shown_url(target.split(['?', '#']).next().unwrap_or(""))),
+                });
+            }
+            hops += 1;
+            if hops > MAX_REDIRECTS {
+                return Err(ApiError::RedirectLoop {
+                    url: self.shown.clone(),
+                    what: short(what),
+                    limit: MAX_REDIRECTS,
+                });
+            }
+            url = target;
+        }
+    }
+
     fn transport_error(&self, e: ureq::Error, what: &str) -> ApiError {
         match e {
             ureq::Error::Timeout(_) => ApiError::Timeout {
@@ -653,6 +724,75 @@ impl Client {
             },
         }
     }
+}
+
+/// What one request brought back: a body, or where to look instead.
+enum Answer {
+    Body(u16, Vec<u8>),
+    Redirect(String),
+}
+
+/// The `Location` of a redirect (301, 302, 303, 307, 308); `None` for any other answer, and
+/// for a redirect without one (then it is an HTTP error like any other status).
+fn redirect_location(answer: &ureq::http::Response<ureq::Body>) -> Option<String> {
+    if !matches!(answer.status().as_u16(), 301 | 302 | 303 | 307 | 308) {
+        return None;
+    }
+    let location = answer.headers().get("location")?.to_str().ok()?.trim();
+    (!location.is_empty()).then(|| location.to_owned())
+}
+
+/// `scheme://authority` of an absolute URL.
+fn origin_of(url: &str) -> &str {
+    let Some(at) = url.find("://") else {
+        return url;
+    };
+    let rest = &url[at + 3..];
+    let end = rest.find(['/', '?', '#']).map_or(url.len(), |i| at + 3 + i);
+    &url[..end]
+}
+
+/// A `Location` as an absolute URL, read against the URL that answered it (RFC 9110 allows a
+/// relative reference).
+fn resolve_location(from: &str, location: &str) -> String {
+    let has_scheme = location.split_once("://").is_some_and(|(scheme, _)| {
+        !scheme.is_empty()
+            && scheme
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+    });
+    if has_scheme {
+        return location.to_owned();
+    }
+    if let Some(rest) = location.strip_prefix("//") {
+        let scheme = from.split_once("://").map_or("http", |(s, _)| s);
+        return format!("{scheme}://{rest}");
+    }
+    let origin = origin_of(from);
+    if location.starts_with('/') {
+        return format!("{origin}{location}");
+    }
+    let path = &from[origin.len()..];
+    let path = &path[..path.find(['?', '#']).unwrap_or(path.len())];
+    let dir = &path[..path.rfind('/').map_or(0, |i| i + 1)];
+    let dir = if dir.is_empty() { "/" } else { dir };
+    format!("{origin}{dir}{location}")
+}
+
+/// Scheme, host and port, each as a browser compares them: the same server, not one that
+/// shares a name's suffix or answers on another port.
+fn same_origin(a: &str, b: &str) -> bool {
+    fn key(url: &str) -> Option<(String, String, u16)> {
+        let uri: ureq::http::Uri = origin_of(url).parse().ok()?;
+        let scheme = uri.scheme_str()?.to_ascii_lowercase();
+        let port = uri.port_u16().or(match scheme.as_str() {
+            "http" => Some(80),
+            "https" => Some(443),
+            _ => None,
+        })?;
+        Some((scheme, uri.host()?.to_ascii_lowercase(), port))
+    }
+    key(a).is_some_and(|k| Some(k) == key(b))
 }
 
 /// Prometheus writes values as strings, with `NaN`, `+Inf` and `-Inf`; a NaN is no value.
@@ -731,6 +871,41 @@ mod tests {
         let s = short(&format!("a\nb\x1b[31m{}", "x".repeat(300)));
         assert!(!s.contains('\n') && !s.contains('\x1b'));
         assert!(s.chars().count() <= 201);
+    }
+
+    #[test]
+    fn a_redirect_is_read_against_its_url_and_judged_by_origin() {
+        let from = "http://prom:9090/pre/api/v1/query?query=up";
+        assert_eq!(
+            resolve_location(from, "/other/api/v1/query?x=1"),
+            "http://prom:9090/other/api/v1/query?x=1"
+        );
+        assert_eq!(
+            resolve_location(from, "query_range"),
+            "http://prom:9090/pre/api/v1/query_range"
+        );
+        assert_eq!(
+            resolve_location(from, "//elsewhere:9090/x"),
+            "http://elsewhere:9090/x"
+        );
+        assert_eq!(
+            resolve_location(from, "https://prom:9090/y"),
+            "https://prom:9090/y"
+        );
+        let base = "http://prom:9090/pre";
+        assert!(same_origin(base, "http://PROM:9090/elsewhere"));
+        assert!(same_origin("http://prom/pre", "http://prom:80/x"));
+        assert!(same_origin("https://prom", "https://prom:443/x?y"));
+        for other in [
+            "https://prom:9090/pre",
+            "http://prom:9091/pre",
+            "http://prom.evil:9090/pre",
+            "http://evil/@prom:9090",
+            "http://prom:9090@evil/pre",
+            "not a url",
+        ] {
+            assert!(!same_origin(base, other), "{other}");
+        }
     }
 
     #[test]

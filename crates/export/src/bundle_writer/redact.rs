@@ -6,8 +6,9 @@
 //!
 //! Two passes over every document: `learn` collects secrets (the host names it is told, user
 //! names, names under `/home/`, arguments of process command lines, what `credentials` finds),
-//! then `redact` replaces them, so a secret first seen in the last file is still replaced in
-//! the first. `redact` also looks for credentials in what it is given, so one that no document
+//! then `redact` replaces them, whole values and inside other strings (a run id `alice-run-7`,
+//! a job key `…@node-a`), so a secret first seen in the last file is still replaced in the
+//! first. `redact` also looks for credentials in what it is given, so one that no document
 //! showed while learning is still replaced (by `[secret]`).
 
 use std::collections::BTreeMap;
@@ -21,10 +22,10 @@ use super::credentials;
 const SYSTEM_USERS: [&str; 6] = ["root", "nobody", "daemon", "admin", "user", "ubuntu"];
 /// Kubernetes' own namespaces: words, not personal data ("default" is in every other line).
 const SYSTEM_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
-/// Names shorter than this are not replaced as words in free text: they would hit everything.
+/// Names shorter than this are not replaced inside other strings: they would hit everything.
 /// A value that is the whole name is replaced whatever its length.
 const MIN_WORD: usize = 3;
-/// Job ids are numbers: shorter ones would hit counts and readings in free text.
+/// Job ids are numbers: shorter ones would hit counts and readings inside other strings.
 const MIN_JOB_WORD: usize = 4;
 /// Credentials at least this long are replaced wherever they appear, not only where they look
 /// like one (a token passed in one file and quoted bare in another); shorter ones could be
@@ -68,7 +69,7 @@ impl Class {
         }
     }
 
-    /// The shortest secret of this class replaced where it is a word of free text.
+    /// The shortest secret of this class replaced inside another string.
     fn min_word(self) -> usize {
         match self {
             Class::Job => MIN_JOB_WORD,
@@ -90,10 +91,6 @@ pub struct Redactor {
     /// secret → (class, placeholder)
     map: BTreeMap<String, (Class, String)>,
     counts: BTreeMap<Class, usize>,
-}
-
-fn is_word_char(c: char) -> bool {
-    c.is_alphanumeric() || c == '-' || c == '_'
 }
 
 fn is_path_char(c: char) -> bool {
@@ -305,16 +302,17 @@ impl Redactor {
             }
         }
         let out = self.credentials(&out);
-        let mut out = self.home_paths(&out);
-        for (secret, (class, placeholder)) in secrets {
-            out = match class {
-                Class::Args | Class::Secret => out,
-                Class::User if SYSTEM_USERS.contains(&secret.as_str()) => out,
-                _ if secret.chars().count() < class.min_word() => out,
-                _ => replace_words(&out, secret, placeholder),
-            };
-        }
-        out
+        let out = self.home_paths(&out);
+        let names: Vec<(&str, &str)> = secrets
+            .into_iter()
+            .filter(|(secret, (class, _))| match class {
+                Class::Args | Class::Secret => false,
+                Class::User if SYSTEM_USERS.contains(&secret.as_str()) => false,
+                _ => secret.chars().count() >= class.min_word(),
+            })
+            .map(|(secret, (_, placeholder))| (secret.as_str(), placeholder.as_str()))
+            .collect();
+        replace_names(&out, &names)
     }
 
     /// Every credential `text` shows: its learned placeholder, else `[secret]`.
@@ -437,28 +435,64 @@ fn replace_root_home(text: &str, placeholder: &str) -> String {
     out
 }
 
-/// Replaces `word` where it is not part of a longer word.
-fn replace_words(text: &str, word: &str, with: &str) -> String {
-    if word.is_empty() || !text.contains(word) {
+/// Replaces every name of `names` (longest first) where it stands apart in `text`, in one pass
+/// over the text as given: a placeholder written for one name is never read as another
+/// (a user called `pod` would otherwise eat `pod-1`).
+///
+/// A name stands apart where what touches it does not carry it on: a letter next to a
+/// letter-edged name or a digit next to a digit-edged one (also across a decimal point or a
+/// thousands comma) makes it part of another word or number; anything else is a boundary. So
+/// `alice` is found in `alice-run-7`, `alice_exp`, `127.0.0.1:29500@alice` and `alice7`, but not
+/// in `malice`; `node1` not in `node10`; the job `4242` not in `14242` or `0.4242`. Substrings
+/// would find more, but a three-letter name would then rewrite ordinary words (`sam` in
+/// `sample`, `ann` in `annotations`), gpudiag's own vocabulary included, and a recording must
+/// still read back after redaction.
+fn replace_names(text: &str, names: &[(&str, &str)]) -> String {
+    let mut taken: Vec<(usize, usize, &str)> = Vec::new();
+    for &(name, placeholder) in names {
+        if name.is_empty() {
+            continue;
+        }
+        for (start, _) in text.match_indices(name) {
+            let end = start + name.len();
+            let overlaps = taken.iter().any(|&(s, e, _)| start < e && s < end);
+            if !overlaps && stands_apart(text, start, end) {
+                taken.push((start, end, placeholder));
+            }
+        }
+    }
+    if taken.is_empty() {
         return text.to_string();
     }
+    taken.sort_unstable_by_key(|&(start, _, _)| start);
     let mut out = String::with_capacity(text.len());
     let mut last = 0;
-    for (i, _) in text.match_indices(word) {
-        if i < last {
-            continue;
-        }
-        let before = text[..i].chars().next_back();
-        let after = text[i + word.len()..].chars().next();
-        if before.is_some_and(is_word_char) || after.is_some_and(is_word_char) {
-            continue;
-        }
-        out.push_str(&text[last..i]);
-        out.push_str(with);
-        last = i + word.len();
+    for (start, end, placeholder) in taken {
+        out.push_str(&text[last..start]);
+        out.push_str(placeholder);
+        last = end;
     }
     out.push_str(&text[last..]);
     out
+}
+
+/// Whether `text[start..end]` is not the middle of a longer word or number.
+fn stands_apart(text: &str, start: usize, end: usize) -> bool {
+    let name = &text[start..end];
+    let mut before = text[..start].chars().rev();
+    let mut after = text[end..].chars();
+    let carried = |edge: Option<char>, next: Option<char>, beyond: Option<char>| {
+        let (Some(edge), Some(next)) = (edge, next) else {
+            return false;
+        };
+        (edge.is_alphabetic() && next.is_alphabetic())
+            || (edge.is_numeric() && next.is_numeric())
+            || (edge.is_numeric()
+                && matches!(next, '.' | ',')
+                && beyond.is_some_and(char::is_numeric))
+    };
+    !carried(name.chars().next(), before.next(), before.next())
+        && !carried(name.chars().next_back(), after.next(), after.next())
 }
 
 #[cfg(test)]
@@ -496,6 +530,42 @@ mod tests {
         assert_eq!(launch["master_addr"], "host-1");
         assert_eq!(launch["exe"], "/home/user-1/venv/bin/python3");
         assert_eq!(doc["home"], "/home/user-2/.cache");
+    }
+
+    /// Names are personal data inside run ids, pod and job names, master addresses and job
+    /// keys too, wherever they stand apart; inside a longer word or number they are not the name.
+    #[test]
+    fn names_inside_other_strings_are_replaced() {
+        let mut r = Redactor::new(true);
+        r.learn_user("alice");
+        r.learn_host("node-alice7");
+        r.learn_host("node1");
+        r.learn_job("4242");
+        let mut doc = json!({
+            "run_id": "alice-run-7",
+            "pod": "alice-train-0",
+            "key": "127.0.0.1:29500@node-alice7",
+            "exp": "alice_exp2 alice7 x.alice",
+            "kept": "malice, node10, anode1 is node1",
+            "numbers": "14242 0.4242 4,4242 slurm-4242.out",
+        });
+        r.learn_value(&doc);
+        r.redact_value(&mut doc);
+        assert_eq!(doc["run_id"], "user-1-run-7");
+        assert_eq!(doc["pod"], "user-1-train-0");
+        assert_eq!(doc["key"], "127.0.0.1:29500@host-1");
+        assert_eq!(doc["exp"], "user-1_exp2 user-17 x.user-1");
+        assert_eq!(doc["kept"], "malice, node10, anode1 is host-2");
+        assert_eq!(doc["numbers"], "14242 0.4242 4,4242 slurm-job-1.out");
+    }
+
+    /// One pass: a placeholder written for one name is not read as another name.
+    #[test]
+    fn placeholders_are_not_redacted_again() {
+        let mut r = Redactor::new(true);
+        r.learn_host("pod");
+        r.learn_pod(None, Some("train-0"));
+        assert_eq!(r.text("pod runs train-0"), "host-1 runs pod-1");
     }
 
     #[test]
