@@ -17,8 +17,11 @@ use clap::CommandFactory;
 use crate::support::{root, run as gpudiag};
 
 /// Other tools' flags the documents quote alone, with the tool that takes each.
-const OTHER_TOOLS_FLAGS: [(&str, &str); 5] = [
+const OTHER_TOOLS_FLAGS: [(&str, &str); 8] = [
     ("--run-ignored", "cargo nextest"),
+    ("--rdzv-id", "torchrun"),
+    ("--standalone", "torchrun"),
+    ("--multiprocessing-fork", "Python's multiprocessing"),
     ("--locked", "cargo"),
     ("--web.enable-lifecycle", "prometheus"),
     ("--ignorefile", "podman build"),

@@ -514,15 +514,19 @@ pub(super) fn names(stragglers: &[Straggler]) -> String {
     match stragglers {
         [one] => gpu_name(one.device, one.rank),
         several => {
-            let devices: Vec<u32> = several.iter().map(|s| s.device).collect();
+            let mut devices: Vec<u32> = several.iter().map(|s| s.device).collect();
+            devices.sort_unstable();
             format!("GPUs {}", list(&devices))
         }
     }
 }
 
-/// Each straggler's figure: "90% and 91%".
+/// Each straggler's figure, in the order of their devices as [`names`] gives them: "90% and
+/// 91%".
 fn values(stragglers: &[Straggler], key: &str) -> String {
-    let figures: Vec<String> = stragglers.iter().map(|s| figure(key, s.value)).collect();
+    let mut by_device: Vec<&Straggler> = stragglers.iter().collect();
+    by_device.sort_by_key(|s| s.device);
+    let figures: Vec<String> = by_device.iter().map(|s| figure(key, s.value)).collect();
     match figures.as_slice() {
         [init @ .., last] if !init.is_empty() => format!("{} and {last}", init.join(", ")),
         _ => figures.concat(),
@@ -610,7 +614,9 @@ mod tests {
         assert_eq!(name, "lead");
         assert_eq!(devices(&found), vec![6, 2]);
         assert!(
-            found.title.starts_with("GPUs 6 and 2 are the stragglers"),
+            found
+                .title
+                .starts_with("GPUs 2 and 6 are the stragglers: SM active 90% and 91%"),
             "{}",
             found.title
         );
