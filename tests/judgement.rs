@@ -41,7 +41,7 @@ fn jobs_of(list: &Value) -> Jobs {
                 (s(&j["job"]["joined_by"]), s(&j["job"]["key"])),
                 (
                     s(&j["verdict"]),
-                    j["straggler"]["device"].as_u64().map(|d| d as u32),
+                    j["stragglers"][0]["device"].as_u64().map(|d| d as u32),
                 ),
             )
         })

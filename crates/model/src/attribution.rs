@@ -142,9 +142,9 @@ pub struct Launch {
     /// names a job only inside one namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_namespace: Option<NetNamespace>,
-    /// Whose worker its command line says it is (`/proc/<pid>/cmdline`, readable by anyone),
-    /// where it says: what ties children of one parent into a job when no launcher variable
-    /// does. Only this verdict is recorded, never the command line (it may carry paths and
+    /// Whose worker its command line says it is (`/proc/<pid>/cmdline`, readable by anyone;
+    /// `nobody` when read and naming no launcher): what ties children of one parent into a job
+    /// when no launcher variable does. Only this verdict is recorded, never the command line (it may carry paths and
     /// secrets).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_of: Option<WorkerOf>,
@@ -176,4 +176,14 @@ pub enum WorkerOf {
     Torchrun,
     /// A fork of its parent: the same command line.
     Fork,
+    /// Its command line and its parent's were read and name no launcher: a run of its own (a
+    /// sweep agent's or a notebook kernel's child, two runs started from one shell).
+    Nobody,
+}
+
+impl WorkerOf {
+    /// Whether it names a launcher whose workers are one job.
+    pub fn is_worker(self) -> bool {
+        self != WorkerOf::Nobody
+    }
 }

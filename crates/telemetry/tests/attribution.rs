@@ -344,8 +344,18 @@ fn worker_and_network_namespace_from_a_proc_tree() {
     tree.process(300, 1, &["python", "sweep.py"]);
     tree.process(301, 300, &["python", "train.py", "--lr", "0.1"])
         .namespace(301, 4026531840);
-    // Its parent gone, its namespace link hidden.
+    // Its parent gone, its namespace link hidden; and a spawn child whose parent is gone.
     tree.process(401, 400, &["python", "train.py"]);
+    tree.process(
+        402,
+        400,
+        &[
+            "python",
+            "-c",
+            "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)",
+            "--multiprocessing-fork",
+        ],
+    );
 
     let worker = tree.launch(101);
     assert_eq!(worker.worker_of, Some(WorkerOf::Torchrun));
@@ -357,7 +367,7 @@ fn worker_and_network_namespace_from_a_proc_tree() {
     );
     // torchrun itself is the child of init: nobody's worker, and not for want of reading.
     let launcher = tree.launch(100);
-    assert_eq!(launcher.worker_of, None);
+    assert_eq!(launcher.worker_of, Some(WorkerOf::Nobody));
     assert!(!launcher.absent.contains_key("cmdline"));
 
     let spawned = tree.launch(201);
@@ -365,10 +375,11 @@ fn worker_and_network_namespace_from_a_proc_tree() {
     assert_eq!(spawned.net_namespace, Some(NetNamespace::Own(4026532101)));
 
     let trial = tree.launch(301);
-    assert_eq!(trial.worker_of, None);
+    assert_eq!(trial.worker_of, Some(WorkerOf::Nobody));
     assert_eq!(trial.net_namespace, Some(NetNamespace::Host));
     assert!(!trial.absent.contains_key("cmdline"), "{:?}", trial.absent);
 
+    // Its parent's command line unread, it could be torchrun's worker: not known.
     let orphan = tree.launch(401);
     assert_eq!((orphan.worker_of, orphan.net_namespace), (None, None));
     assert!(
@@ -381,6 +392,7 @@ fn worker_and_network_namespace_from_a_proc_tree() {
         "{:?}",
         orphan.absent
     );
+    assert_eq!(tree.launch(402).worker_of, Some(WorkerOf::Multiprocessing));
     // A process gone before its command line was read says so.
     let gone = tree.launch(999);
     assert!(

@@ -9,7 +9,7 @@ use crate::tui::app::App;
 use crate::tui::format;
 use gpudiag_core::rules::bottleneck;
 use gpudiag_model::sample::DeviceInfo;
-use gpudiag_model::verdict::{Basis, Bottleneck, Verdict};
+use gpudiag_model::verdict::{Basis, Verdict};
 
 /// What the engine holds for one GPU.
 pub enum State<'a> {
@@ -67,17 +67,6 @@ pub(crate) fn without_flags(reason: &str) -> &str {
     }
 }
 
-/// The phase the GPU's window ends in, where the GPU's own verdict can be split into phases. A
-/// GPU waiting for its job's straggler cannot: its phases are judged on the GPU alone, where the
-/// wait reads as the GPU's own work ("now compute_bound"), so its window verdict stands whole
-/// and the header agrees with the Job panel.
-fn current_phase<'a>(app: &'a App, v: &Verdict) -> Option<&'a bottleneck::CurrentPhase> {
-    if v.bottleneck == Bottleneck::WaitingForPeer {
-        return None;
-    }
-    app.session.pipeline.engine.current_phase(v.device)
-}
-
 /// The confidence and basis in parentheses: "(low, utilisation only)".
 fn strength(v: &Verdict) -> String {
     let basis = match v.basis {
@@ -95,7 +84,7 @@ pub fn header_line(app: &App, d: &DeviceInfo, width: usize) -> Line<'static> {
     let t = app.theme;
     let head = format!("verdict GPU {}: ", d.index);
     let line = match state(app, d.index) {
-        State::Judged(v) => match current_phase(app, v) {
+        State::Judged(v) => match app.session.pipeline.engine.current_phase(d.index) {
             Some(now) => Line::from(vec![
                 Span::styled(
                     format!("{head}now {}", now.verdict.bottleneck),
@@ -154,7 +143,7 @@ pub fn detail_lines(
     };
     // Where the window holds several phases, the block speaks of the one it ends in, as the
     // header leads with it: its advice is what applies now.
-    let (v, head) = match current_phase(app, v) {
+    let (v, head) = match app.session.pipeline.engine.current_phase(d.index) {
         Some(now) => (
             &now.verdict,
             format!("now, {:.0} s: {}", now.duration_s(), title(&now.verdict)),

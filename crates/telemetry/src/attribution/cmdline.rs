@@ -23,21 +23,22 @@ pub fn parse_cmdline(bytes: &[u8]) -> Vec<String> {
         .collect()
 }
 
-/// Whose worker a process is, from its arguments and its parent's (`None` where the parent's
-/// were not read). A `multiprocessing` child says so itself; a torchrun worker's own command
-/// line is the user's script, so its parent's says it; a fork keeps its parent's arguments.
-/// torchrun comes before `multiprocessing`: the launcher that made the process a worker is the
-/// stronger fact than how it started it.
-pub fn worker_of(child: &[String], parent: Option<&[String]>) -> Option<WorkerOf> {
+/// Whose worker a process is, from its arguments and its parent's (`None` where it has no
+/// parent to be a worker of: a child of init). A `multiprocessing` child says so itself; a
+/// torchrun worker's own command line is the user's script, so its parent's says it; a fork
+/// keeps its parent's arguments; anything else is a run of its own (`Nobody`: a sweep agent's
+/// trial, a notebook kernel's child). torchrun comes before `multiprocessing`: the launcher that
+/// made the process a worker is the stronger fact than how it started it.
+pub fn worker_of(child: &[String], parent: Option<&[String]>) -> WorkerOf {
     if parent.is_some_and(runs_torchrun) {
-        return Some(WorkerOf::Torchrun);
+        return WorkerOf::Torchrun;
     }
     if is_multiprocessing_child(child) {
-        return Some(WorkerOf::Multiprocessing);
+        return WorkerOf::Multiprocessing;
     }
     match parent {
-        Some(parent) if !child.is_empty() && parent == child => Some(WorkerOf::Fork),
-        _ => None,
+        Some(parent) if !child.is_empty() && parent == child => WorkerOf::Fork,
+        _ => WorkerOf::Nobody,
     }
 }
 
@@ -158,12 +159,9 @@ mod tests {
     fn a_spawn_child_is_a_multiprocessing_worker() {
         let parent = cmdline(&["python", "ddp_tutorial.py"]);
         let child = cmdline(&["python", "-c", SPAWN_CODE, "--multiprocessing-fork"]);
-        assert_eq!(
-            worker_of(&child, Some(&parent)),
-            Some(WorkerOf::Multiprocessing)
-        );
-        // The parent gone, the child still says it.
-        assert_eq!(worker_of(&child, None), Some(WorkerOf::Multiprocessing));
+        assert_eq!(worker_of(&child, Some(&parent)), WorkerOf::Multiprocessing);
+        // Without a parent, the child still says it.
+        assert_eq!(worker_of(&child, None), WorkerOf::Multiprocessing);
         // The interpreter's flags come first (`util._args_from_interpreter_flags`).
         let flagged = cmdline(&[
             "/opt/conda/bin/python3.11",
@@ -175,10 +173,10 @@ mod tests {
             SPAWN_CODE,
             "--multiprocessing-fork",
         ]);
-        assert_eq!(worker_of(&flagged, None), Some(WorkerOf::Multiprocessing));
+        assert_eq!(worker_of(&flagged, None), WorkerOf::Multiprocessing);
         // A frozen executable's spawn child.
         let frozen = cmdline(&["/opt/app/trainer", "--multiprocessing-fork", "parent_pid=7"]);
-        assert_eq!(worker_of(&frozen, None), Some(WorkerOf::Multiprocessing));
+        assert_eq!(worker_of(&frozen, None), WorkerOf::Multiprocessing);
     }
 
     /// The forkserver runs a fixed program; the workers it forks keep its command line.
@@ -192,7 +190,7 @@ mod tests {
         ]);
         assert_eq!(
             worker_of(&forkserver, Some(&forkserver)),
-            Some(WorkerOf::Multiprocessing)
+            WorkerOf::Multiprocessing
         );
     }
 
@@ -238,19 +236,19 @@ mod tests {
         ] {
             assert_eq!(
                 worker_of(&worker, Some(&cmdline(parent))),
-                Some(WorkerOf::Torchrun),
+                WorkerOf::Torchrun,
                 "{parent:?}"
             );
         }
     }
 
     /// A sweep agent or a Jupyter kernel starts independent Python children: nothing in the
-    /// command lines ties them.
+    /// command lines ties them, and the command lines say so.
     #[test]
     fn a_sweep_agents_or_a_kernels_children_are_nobodys_workers() {
         let agent = cmdline(&["python", "sweep.py"]);
         let trial = cmdline(&["python", "train.py", "--lr", "0.1"]);
-        assert_eq!(worker_of(&trial, Some(&agent)), None);
+        assert_eq!(worker_of(&trial, Some(&agent)), WorkerOf::Nobody);
         let kernel = cmdline(&[
             "/opt/conda/bin/python",
             "-m",
@@ -259,22 +257,24 @@ mod tests {
             "/root/.local/share/jupyter/runtime/kernel-3f1c2d.json",
         ]);
         let child = cmdline(&["/opt/conda/bin/python", "finetune.py"]);
-        assert_eq!(worker_of(&child, Some(&kernel)), None);
+        assert_eq!(worker_of(&child, Some(&kernel)), WorkerOf::Nobody);
         // The kernel itself, started by the notebook server.
         let server = cmdline(&["/opt/conda/bin/python", "/opt/conda/bin/jupyter-lab"]);
-        assert_eq!(worker_of(&kernel, Some(&server)), None);
+        assert_eq!(worker_of(&kernel, Some(&server)), WorkerOf::Nobody);
         // Words in a script's arguments are not a launcher.
         let named = cmdline(&["python", "train.py", "--launcher", "torchrun"]);
-        assert_eq!(worker_of(&trial, Some(&named)), None);
+        assert_eq!(worker_of(&trial, Some(&named)), WorkerOf::Nobody);
         let quoted = cmdline(&["python", "train.py", "--multiprocessing-fork"]);
-        assert_eq!(worker_of(&quoted, Some(&agent)), None);
+        assert_eq!(worker_of(&quoted, Some(&agent)), WorkerOf::Nobody);
+        // A child of init has no launcher to be a worker of.
+        assert_eq!(worker_of(&trial, None), WorkerOf::Nobody);
     }
 
     #[test]
     fn a_fork_keeps_its_parents_command_line() {
         let trainer = cmdline(&["python", "train.py", "--lr", "0.1"]);
-        assert_eq!(worker_of(&trainer, Some(&trainer)), Some(WorkerOf::Fork));
+        assert_eq!(worker_of(&trainer, Some(&trainer)), WorkerOf::Fork);
         // Empty command lines (zombies, kernel threads) are not alike.
-        assert_eq!(worker_of(&[], Some(&[])), None);
+        assert_eq!(worker_of(&[], Some(&[])), WorkerOf::Nobody);
     }
 }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use gpudiag_model::attribution::{
     Attribution, FoundIn, PodAllocation, PodIdentity, PodName, SlurmJob,
 };
-use gpudiag_model::job::{Launch, NetNamespace};
+use gpudiag_model::job::{Launch, NetNamespace, WorkerOf};
 
 use crate::procfs::{container_id_from_cgroup, passwd_name, status_inner_pid, status_uid};
 use gpudiag_model::sample::{Absent, ProcessSample};
@@ -221,16 +221,25 @@ pub fn launch_of(
     }
     match read_cmdline(root, pid) {
         Ok(own) => {
-            let parents = parent.map(|p| read_cmdline(root, p));
-            launch.worker_of =
-                cmdline::worker_of(&own, parents.as_ref().and_then(|p| p.as_deref().ok()));
-            // Its own says nothing, and its parent's could have: the verdict is unknown.
-            if launch.worker_of.is_none()
-                && let Some(Err(why)) = parents
-            {
-                launch
-                    .absent
-                    .insert("cmdline".into(), format!("its parent's: {why}"));
+            let parents = match launch.parent_pid {
+                None => Err("its parent is unknown".to_owned()),
+                Some(init) if init <= 1 => Ok(None),
+                Some(parent) => read_cmdline(root, parent)
+                    .map(Some)
+                    .map_err(|why| format!("its parent's: {why}")),
+            };
+            match parents {
+                Ok(parents) => {
+                    launch.worker_of = Some(cmdline::worker_of(&own, parents.as_deref()));
+                }
+                // Only a `multiprocessing` child names its launcher itself; anything else
+                // could be a worker of the parent that could not be read.
+                Err(why) => match cmdline::worker_of(&own, None) {
+                    WorkerOf::Multiprocessing => launch.worker_of = Some(WorkerOf::Multiprocessing),
+                    _ => {
+                        launch.absent.insert("cmdline".into(), why);
+                    }
+                },
             }
         }
         Err(why) => {
@@ -586,7 +595,7 @@ mod tests {
         assert_eq!(l.exe.as_deref(), Some("/usr/bin/python3.12"));
         assert_eq!(l.parent_exe.as_deref(), Some("/usr/bin/python3.12"));
         assert_eq!(l.net_namespace, Some(NetNamespace::Host));
-        assert_eq!(l.worker_of, Some(gpudiag_model::job::WorkerOf::Fork));
+        assert_eq!(l.worker_of, Some(WorkerOf::Fork));
         assert!(l.absent.is_empty(), "{:?}", l.absent);
         // Its parent gone, another user's environ: each part says why it is unknown.
         let orphan = "21 (python) S 1 21 1 0";
