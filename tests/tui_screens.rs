@@ -840,41 +840,6 @@ fn a_short_terminal_keeps_every_stragglers_row() {
     }
 }
 
-/// A GPU waiting for its job's straggler waits in the header, now and over the window: its
-/// own phases, judged on the GPU alone, would read the wait as work of its own.
-#[test]
-fn a_waiting_gpu_waits_in_the_header_whatever_its_own_phases_say() {
-    let mut source = Source::job8();
-    // GPU 0 slowed down by its hardware (0x8) for its first five seconds: a phase of its own
-    // (throttled) too short to be the window's verdict; the job still waits for GPU 5.
-    let start = source.ticks.iter().filter_map(tick_time).min().unwrap();
-    for t in &mut source.ticks {
-        for s in t
-            .samples
-            .iter_mut()
-            .filter(|s| s.device == 0 && s.time_ms < start + 5_000)
-        {
-            s.throttle_reasons = Some(0x8);
-            s.throttle_reason_names = Some(vec!["hw_slowdown".into()]);
-        }
-    }
-    let app = source.app_at_end();
-    let engine = &app.session.pipeline.engine;
-    assert!(
-        engine.current_phase(0).is_some(),
-        "GPU 0 has phases of its own"
-    );
-    assert_eq!(
-        engine.verdicts()[&0].bottleneck,
-        gpudiag_model::verdict::Bottleneck::WaitingForPeer
-    );
-    let rows = rows(&render(&app, 80, 24));
-    assert!(
-        rows[3].starts_with("verdict GPU 0: waiting_for_peer") && !rows[3].contains(" now "),
-        "{rows:#?}"
-    );
-}
-
 /// Two GPUs of the job alone: a straggler between two is still named; two that keep pace are
 /// a balanced job. One GPU, or a job too short to judge, says why there is nothing to compare.
 #[test]
