@@ -332,17 +332,68 @@ pub fn job_lines(j: &gpudiag_model::job::JobVerdict) -> Vec<String> {
             }
         ));
     }
+    // The title names one straggler whole; several get a line each, with what sets each apart.
+    if let [_, _, ..] = j.stragglers.as_slice() {
+        lines.extend(j.stragglers.iter().map(straggler_line));
+    }
+    // One estimate said once; where the stragglers' differ, each is said with its GPU.
+    let estimates: Vec<&str> = j
+        .stragglers
+        .iter()
+        .map(|s| s.wait_estimate.as_str())
+        .collect();
+    if estimates.iter().all(|e| Some(e) == estimates.first()) {
+        if let Some(how) = estimates.first() {
+            lines.push(format!("    peers' wait estimated as {}", esc(how)));
+        }
+    } else {
+        for s in &j.stragglers {
+            lines.push(format!(
+                "    peers' wait for GPU {} estimated as {}",
+                s.device,
+                esc(&s.wait_estimate)
+            ));
+        }
+    }
     for doubt in &j.doubts {
         lines.push(format!("    doubt: {}", esc(doubt)));
     }
-    if let Some(s) = j.stragglers.first() {
-        lines.push(format!(
-            "    peers' wait estimated as {}",
-            esc(&s.wait_estimate)
-        ));
-    }
     lines.push(format!("    what to do: {}", esc(&j.advice)));
     lines
+}
+
+/// One of several stragglers: "straggler GPU 6 (rank 6) leads: SM active 90% against its
+/// peers' 45%, they wait for it ~50%; another process (pid 812) also holds 4.1 GiB on it".
+fn straggler_line(s: &gpudiag_model::job::Straggler) -> String {
+    let figure = |v: f64| match s.metric.as_str() {
+        "power_w" => format!("{v:.0} W"),
+        _ => format!("{v:.0}%"),
+    };
+    let metric = match s.metric.as_str() {
+        "sm_active_pct" => "SM active",
+        "gpu_util_pct" => "utilisation",
+        "power_w" => "power",
+        other => other,
+    };
+    let mut line = format!(
+        "    straggler GPU {}{} {}: {} {} against its peers' {}",
+        s.device,
+        s.rank.map(|r| format!(" (rank {r})")).unwrap_or_default(),
+        match s.pace {
+            gpudiag_model::job::Pace::Leads => "leads",
+            gpudiag_model::job::Pace::Lags => "lags",
+        },
+        esc(metric),
+        figure(s.value),
+        figure(s.peers_median)
+    );
+    if let Some(w) = s.peers_wait_share {
+        line.push_str(&format!(", they wait for it ~{:.0}%", w * 100.0));
+    }
+    for d in &s.differs {
+        line.push_str(&format!("; {}", esc(d)));
+    }
+    line
 }
 
 /// A job's lines ([`job_lines`]), then its phases where its verdict changed, timed from `t0`
@@ -439,5 +490,136 @@ fn throttle_names(s: &Sample) -> String {
         None => "n/a".into(),
         Some(n) if n.is_empty() => "none".into(),
         Some(n) => esc(&n.join(", ")).into_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpudiag_model::job::{
+        GpuRole, JobId, JobMember, JobPattern, JobVerdict, JoinedBy, Pace, PeerFigures, Straggler,
+    };
+    use gpudiag_model::verdict::Confidence;
+
+    fn straggler(device: u32, wait_estimate: &str) -> Straggler {
+        Straggler {
+            device,
+            rank: Some(device),
+            pace: Pace::Leads,
+            metric: "sm_active_pct".into(),
+            value: 90.0,
+            peers_median: 47.0,
+            peers_wait_share: Some(0.48),
+            wait_estimate: wait_estimate.into(),
+            differs: Vec::new(),
+        }
+    }
+
+    /// Four GPUs, GPUs 1 and 3 leading together, the others waiting.
+    fn two_stragglers() -> JobVerdict {
+        let role = |d| {
+            if d % 2 == 1 {
+                GpuRole::Straggler
+            } else {
+                GpuRole::Waiting
+            }
+        };
+        let mut s3 = straggler(3, "1 − peers' SM active / its SM active");
+        s3.differs = vec!["another process (pid 812, \x1b[31mx) also holds 4.1 GiB on it".into()];
+        JobVerdict {
+            job: JobId {
+                joined_by: JoinedBy::RunId,
+                key: "run-7".into(),
+            },
+            presumed: false,
+            members: (0..4)
+                .map(|d| JobMember {
+                    device: d,
+                    uuid: None,
+                    pid: 100 + d,
+                    name: Some("python3".into()),
+                    rank: Some(d),
+                    local_rank: Some(d),
+                    role: Some(role(d)),
+                })
+                .collect(),
+            verdict: JobPattern::Straggler,
+            confidence: Confidence::Medium,
+            start_ms: 0,
+            end_ms: 30_000,
+            title: "torchrun run run-7 on 4 GPUs: GPUs 1 and 3 are the stragglers".into(),
+            advice: "Even out the work of ranks 1 and 3.".into(),
+            stragglers: vec![straggler(1, "1 − peers' SM active / its SM active"), s3],
+            doubts: vec!["RANK 1 is read on 2 GPUs".into()],
+            peers: (0..4)
+                .map(|d| PeerFigures {
+                    device: d,
+                    rank: Some(d),
+                    sm_active_pct: Some(if d % 2 == 1 { 90.0 } else { 47.0 }),
+                    ..PeerFigures::default()
+                })
+                .collect(),
+            evidence: serde_json::Map::new(),
+        }
+    }
+
+    /// Each straggler is marked and gets its line, every waiting GPU says so, the doubt is
+    /// listed, and an estimate the stragglers share is said once.
+    #[test]
+    fn several_stragglers_each_named_with_the_waiting_gpus_marked() {
+        let job = two_stragglers();
+        let lines = job_lines(&job);
+        let text = lines.join("\n");
+        for (device, mark) in [
+            (0, "(waits)"),
+            (1, "◀ straggler"),
+            (2, "(waits)"),
+            (3, "◀ straggler"),
+        ] {
+            let row = lines
+                .iter()
+                .find(|l| l.starts_with(&format!("    GPU {device} rank {device} ")))
+                .unwrap_or_else(|| panic!("no row for GPU {device}:\n{text}"));
+            assert!(row.ends_with(mark), "{row}");
+        }
+        for want in [
+            "    straggler GPU 1 (rank 1) leads: SM active 90% against its peers' 47%, they wait \
+             for it ~48%",
+            "    straggler GPU 3 (rank 3) leads: SM active 90% against its peers' 47%, they wait \
+             for it ~48%; another process (pid 812, \\x1b[31mx) also holds 4.1 GiB on it",
+            "    doubt: RANK 1 is read on 2 GPUs",
+        ] {
+            assert!(lines.iter().any(|l| l == want), "no {want:?} in\n{text}");
+        }
+        assert_eq!(
+            text.matches("peers' wait estimated as").count(),
+            1,
+            "{text}"
+        );
+        assert!(!text.contains('\x1b'), "{text}");
+
+        // Estimates that differ are each said with their GPU.
+        let mut job = job;
+        job.stragglers[1].wait_estimate = "its peers' utilisation − its own".into();
+        let text = job_lines(&job).join("\n");
+        assert!(
+            text.contains("    peers' wait for GPU 1 estimated as 1 − peers'")
+                && text.contains("    peers' wait for GPU 3 estimated as its peers' utilisation"),
+            "{text}"
+        );
+    }
+
+    /// One straggler: the title names it, no line repeats it.
+    #[test]
+    fn one_straggler_is_named_by_the_title_alone() {
+        let mut job = two_stragglers();
+        job.stragglers.truncate(1);
+        let text = job_lines(&job).join("\n");
+        assert!(!text.contains("    straggler GPU"), "{text}");
+        assert_eq!(
+            text.matches("peers' wait estimated as").count(),
+            1,
+            "{text}"
+        );
     }
 }

@@ -703,6 +703,9 @@ fn the_header_names_the_worst_job_and_counts_the_others() {
     balanced.job.key = "another-run".into();
     balanced.verdict = gpudiag_model::job::JobPattern::Balanced;
     balanced.stragglers.clear();
+    for m in &mut balanced.members {
+        m.role = None;
+    }
     app.jobs.insert(0, balanced);
     let rows = rows_at(&app);
     assert!(rows[2].starts_with("job: straggler GPU 5"), "{rows:#?}");
@@ -739,6 +742,102 @@ fn the_header_names_the_worst_job_and_counts_the_others() {
             .any(|r| r.contains("presumed: only their executable ties")),
         "{rows:#?}"
     );
+}
+
+/// The eight-GPU job with GPUs 2 and 5 leading together (a hand-made verdict over the
+/// recording's figures) and a doubt about its ranks.
+fn two_stragglers() -> App {
+    use gpudiag_model::job::GpuRole;
+    let mut app = Source::job8().app_at_end();
+    let job = &mut app.jobs[0];
+    let mut second = job.stragglers[0].clone();
+    second.device = 2;
+    second.rank = Some(2);
+    job.stragglers.insert(0, second);
+    let five = job.peers.iter().find(|p| p.device == 5).unwrap().clone();
+    for p in job.peers.iter_mut().filter(|p| p.device == 2) {
+        *p = gpudiag_model::job::PeerFigures {
+            device: 2,
+            rank: Some(2),
+            ..five.clone()
+        };
+    }
+    for m in &mut job.members {
+        m.role = Some(if [2, 5].contains(&m.device) {
+            GpuRole::Straggler
+        } else {
+            GpuRole::Waiting
+        });
+    }
+    job.doubts = vec!["RANK 3 is read on 2 GPUs".into()];
+    app
+}
+
+/// Several stragglers: the header names each briefly, the panel marks each row and every GPU
+/// that waits, and lists the doubt.
+#[test]
+fn two_stragglers_are_each_named_and_the_waiting_gpus_marked() {
+    let mut app = two_stragglers();
+    app.panel = Panel::Job;
+    for (w, h) in [(80, 24), (120, 36), (200, 60)] {
+        let buf = render(&app, w, h);
+        let rows = rows(&buf);
+        let screen = rows.join("\n");
+        assert!(
+            rows[2].starts_with("job: stragglers GPU 2, 5, peers wait ~50% (high)"),
+            "{w}x{h}:\n{screen}"
+        );
+        let table = job_table(&rows);
+        assert_eq!(table.len(), 8, "{w}x{h}:\n{screen}");
+        for (&gpu, &y) in &table {
+            let row = rows[y].trim_end().trim_end_matches('│').trim_end();
+            let straggler = gpu == 2 || gpu == 5;
+            let mark = if straggler {
+                "◀ straggler"
+            } else {
+                "(waits)"
+            };
+            assert!(row.ends_with(mark), "GPU {gpu} at {w}x{h}:\n{screen}");
+            let reversed = buf[(2, y as u16)].modifier.contains(Modifier::REVERSED);
+            assert_eq!(reversed, straggler, "GPU {gpu} at {w}x{h}:\n{screen}");
+        }
+        assert!(
+            screen.contains("doubt: RANK 3 is read on 2 GPUs"),
+            "{w}x{h}:\n{screen}"
+        );
+        if (w, h) != (200, 60) {
+            insta::assert_snapshot!(format!("job_two_stragglers_{w}x{h}"), screen);
+        }
+    }
+}
+
+/// On the smallest terminal the UI draws, both stragglers' rows stay wherever they come in
+/// the job, and the GPUs left out are counted.
+#[test]
+fn a_short_terminal_keeps_every_stragglers_row() {
+    let mut app = two_stragglers();
+    app.panel = Panel::Job;
+    // The stragglers last among the job's members, then first.
+    for order in [[0, 1, 3, 4, 6, 7, 2, 5], [2, 5, 0, 1, 3, 4, 6, 7]] {
+        app.jobs[0]
+            .members
+            .sort_by_key(|m| order.iter().position(|&d| d == m.device));
+        let rows = rows(&render(&app, ui::MIN_WIDTH, ui::MIN_HEIGHT));
+        let table = job_table(&rows);
+        assert_eq!(table.len(), 6, "{rows:#?}");
+        for gpu in [2, 5] {
+            assert!(
+                table
+                    .get(&gpu)
+                    .is_some_and(|&y| rows[y].trim_end().ends_with("◀│")),
+                "GPU {gpu}: {rows:#?}"
+            );
+        }
+        assert!(
+            rows.iter().any(|r| r.contains("… 2 more GPUs of the job")),
+            "{rows:#?}"
+        );
+    }
 }
 
 /// Two GPUs of the job alone: a straggler between two is still named; two that keep pace are

@@ -563,11 +563,13 @@ impl TraceBuilder {
             .map(|j| (j, "job,overall", "over the capture"));
         let phased = phases.into_iter().map(|j| (j, "job,phase", "phase"));
         for (j, cat, what) in overall.chain(phased) {
-            let straggler = match j.stragglers.as_slice() {
-                [] => String::new(),
-                [one] => format!(", straggler GPU {}", one.device),
+            // The stragglers stand for the verdict's name: "straggler GPU 5", "stragglers GPU
+            // 2, 6"; other verdicts by their name.
+            let verdict = match j.stragglers.as_slice() {
+                [] => j.verdict.to_string(),
+                [one] => format!("straggler GPU {}", one.device),
                 several => format!(
-                    ", stragglers GPU {}",
+                    "stragglers GPU {}",
                     several
                         .iter()
                         .map(|s| s.device.to_string())
@@ -583,11 +585,7 @@ impl TraceBuilder {
             };
             self.thread(HOST_PID, TID_JOB, "job verdict".into());
             self.events.push(Pending {
-                name: Cow::Owned(format!(
-                    "job {what}: {}{straggler} ({})",
-                    j.verdict,
-                    j.job.label()
-                )),
+                name: Cow::Owned(format!("job {what}: {verdict} ({})", j.job.label())),
                 cat: Some(cat.into()),
                 ph: Phase::Complete,
                 time_ms: j.start_ms,
@@ -1095,6 +1093,69 @@ mod tests {
             .iter()
             .filter(|e| e.ph == ph && e.pid == pid)
             .collect()
+    }
+
+    /// A job verdict's event names its stragglers, one or several, in the name a trace viewer
+    /// lists; other verdicts by their name. The args carry the whole verdict.
+    #[test]
+    fn job_verdicts_name_every_straggler() {
+        use gpudiag_model::job::{JobId, JobPattern, JobVerdict, JoinedBy, Pace, Straggler};
+        let straggler = |device| Straggler {
+            device,
+            rank: Some(device),
+            pace: Pace::Leads,
+            metric: "sm_active_pct".into(),
+            value: 90.0,
+            peers_median: 45.0,
+            peers_wait_share: Some(0.5),
+            wait_estimate: "e".into(),
+            differs: Vec::new(),
+        };
+        let job = |verdict, stragglers: Vec<Straggler>| JobVerdict {
+            job: JobId {
+                joined_by: JoinedBy::SlurmJob,
+                key: "9001".into(),
+            },
+            presumed: false,
+            members: Vec::new(),
+            verdict,
+            confidence: gpudiag_model::verdict::Confidence::High,
+            start_ms: T0,
+            end_ms: T0 + 1000,
+            title: "t".into(),
+            advice: "a".into(),
+            stragglers,
+            doubts: vec!["RANK 1 is read on 2 GPUs".into()],
+            peers: Vec::new(),
+            evidence: serde_json::Map::new(),
+        };
+        let several = job(JobPattern::Straggler, vec![straggler(2), straggler(6)]);
+        let one = job(JobPattern::Straggler, vec![straggler(5)]);
+        let comm = job(JobPattern::CommunicationBound, Vec::new());
+        let mut b = TraceBuilder::new("replay", None, &HostInfo::default(), vec![device(0)]);
+        b.push_job_verdicts([&several, &comm], [&one]);
+        let trace = b.finish();
+        let names: Vec<&str> = trace
+            .trace_events
+            .iter()
+            .filter(|e| e.ph == Phase::Complete)
+            .map(|e| e.name.as_ref())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "job over the capture: stragglers GPU 2, 6 (Slurm job 9001)",
+                "job over the capture: communication_bound (Slurm job 9001)",
+                "job phase: straggler GPU 5 (Slurm job 9001)",
+            ]
+        );
+        let first = trace
+            .trace_events
+            .iter()
+            .find(|e| e.ph == Phase::Complete)
+            .unwrap();
+        assert_eq!(first.args["stragglers"][1]["device"], 6);
+        assert_eq!(first.args["doubts"][0], "RANK 1 is read on 2 GPUs");
     }
 
     #[test]

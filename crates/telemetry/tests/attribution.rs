@@ -258,3 +258,157 @@ fn a_build_without_kubernetes_says_so_where_a_kubelet_socket_exists() {
     assert!(!a.kubelet_client_started());
     drop(listener);
 }
+
+/// A fake /proc written for one test: each process's `stat`, `cmdline` and `ns/net` link as the
+/// kernel shows them.
+struct ProcTree(tempfile::TempDir);
+
+impl ProcTree {
+    fn new() -> ProcTree {
+        let tree = ProcTree(tempfile::tempdir().unwrap());
+        tree.namespace(1, 4026531840);
+        tree
+    }
+
+    fn dir(&self, pid: u32) -> PathBuf {
+        let dir = self.0.path().join("proc").join(pid.to_string());
+        std::fs::create_dir_all(dir.join("ns")).unwrap();
+        dir
+    }
+
+    /// A process of `parent` running `args`.
+    fn process(&self, pid: u32, parent: u32, args: &[&str]) -> &ProcTree {
+        let dir = self.dir(pid);
+        std::fs::write(
+            dir.join("stat"),
+            format!("{pid} (python3) S {parent} {pid} {parent} 0 -1 4194560 0 0 0 0 12 3 0 0"),
+        )
+        .unwrap();
+        let mut cmdline = args.join("\0");
+        cmdline.push('\0');
+        std::fs::write(dir.join("cmdline"), cmdline).unwrap();
+        self
+    }
+
+    fn namespace(&self, pid: u32, inode: u64) -> &ProcTree {
+        std::os::unix::fs::symlink(format!("net:[{inode}]"), self.dir(pid).join("ns/net")).unwrap();
+        self
+    }
+
+    fn launch(&self, pid: u32) -> gpudiag_model::job::Launch {
+        let a = Attributor::new(AttributionOptions {
+            root: self.0.path().to_path_buf(),
+            kubelet: KubeletOptions {
+                socket: PathBuf::from("/nonexistent/kubelet.sock"),
+                cache_for: Duration::from_secs(10),
+                deadline: Duration::from_secs(1),
+            },
+        });
+        a.process(pid, "", &Err("no kubelet".into()))
+            .launch
+            .expect("every live process has its launch read")
+    }
+}
+
+/// Whose worker each process is, from its command line and its parent's, and its network
+/// namespace against pid 1's: torchrun's workers on the host, the DDP tutorial's `mp.spawn`
+/// children in a pod's namespace, a sweep agent's independent trials, and a process whose
+/// parent and namespace link cannot be read. The command lines themselves are never kept.
+#[test]
+fn worker_and_network_namespace_from_a_proc_tree() {
+    use gpudiag_model::job::{NetNamespace, WorkerOf};
+    let tree = ProcTree::new();
+    let torchrun = [
+        "/usr/bin/python3",
+        "/usr/local/bin/torchrun",
+        "--nproc-per-node",
+        "4",
+        "train.py",
+    ];
+    tree.process(100, 1, &torchrun).namespace(100, 4026531840);
+    tree.process(101, 100, &["/usr/bin/python3", "-u", "train.py"])
+        .namespace(101, 4026531840);
+    tree.process(200, 1, &["python", "ddp_tutorial.py"])
+        .namespace(200, 4026532101);
+    tree.process(
+        201,
+        200,
+        &[
+            "python",
+            "-c",
+            "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)",
+            "--multiprocessing-fork",
+        ],
+    )
+    .namespace(201, 4026532101);
+    tree.process(300, 1, &["python", "sweep.py"]);
+    tree.process(301, 300, &["python", "train.py", "--lr", "0.1"])
+        .namespace(301, 4026531840);
+    // Its parent gone, its namespace link hidden; and a spawn child whose parent is gone.
+    tree.process(401, 400, &["python", "train.py"]);
+    tree.process(
+        402,
+        400,
+        &[
+            "python",
+            "-c",
+            "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)",
+            "--multiprocessing-fork",
+        ],
+    );
+
+    let worker = tree.launch(101);
+    assert_eq!(worker.worker_of, Some(WorkerOf::Torchrun));
+    assert_eq!(worker.net_namespace, Some(NetNamespace::Host));
+    assert!(
+        !worker.absent.contains_key("cmdline") && !worker.absent.contains_key("net_namespace"),
+        "{:?}",
+        worker.absent
+    );
+    // torchrun itself is the child of init: nobody's worker, and not for want of reading.
+    let launcher = tree.launch(100);
+    assert_eq!(launcher.worker_of, Some(WorkerOf::Nobody));
+    assert!(!launcher.absent.contains_key("cmdline"));
+
+    let spawned = tree.launch(201);
+    assert_eq!(spawned.worker_of, Some(WorkerOf::Multiprocessing));
+    assert_eq!(spawned.net_namespace, Some(NetNamespace::Own(4026532101)));
+
+    let trial = tree.launch(301);
+    assert_eq!(trial.worker_of, Some(WorkerOf::Nobody));
+    assert_eq!(trial.net_namespace, Some(NetNamespace::Host));
+    assert!(!trial.absent.contains_key("cmdline"), "{:?}", trial.absent);
+
+    // Its parent's command line unread, it could be torchrun's worker: not known.
+    let orphan = tree.launch(401);
+    assert_eq!((orphan.worker_of, orphan.net_namespace), (None, None));
+    assert!(
+        orphan.absent["cmdline"].starts_with("its parent's: /proc/400/cmdline is not readable"),
+        "{:?}",
+        orphan.absent
+    );
+    assert!(
+        orphan.absent["net_namespace"].starts_with("/proc/401/ns/net is not readable"),
+        "{:?}",
+        orphan.absent
+    );
+    assert_eq!(tree.launch(402).worker_of, Some(WorkerOf::Multiprocessing));
+    // A process gone before its command line was read says so.
+    let gone = tree.launch(999);
+    assert!(
+        gone.absent["cmdline"].starts_with("/proc/999/cmdline is not readable"),
+        "{:?}",
+        gone.absent
+    );
+
+    // Only the verdicts are recorded: no argument of any command line reaches the JSON.
+    let json = serde_json::to_string(&[&worker, &spawned, &trial, &orphan]).unwrap();
+    for word in ["nproc", "train.py", "spawn_main", "sweep", "--lr"] {
+        assert!(!json.contains(word), "{word} in {json}");
+    }
+    assert!(json.contains(r#""worker_of":"torchrun""#), "{json}");
+    assert!(
+        json.contains(r#""net_namespace":{"own":4026532101}"#),
+        "{json}"
+    );
+}

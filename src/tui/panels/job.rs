@@ -12,7 +12,7 @@ use ratatui::widgets::{Block, Paragraph};
 
 use crate::tui::app::App;
 use crate::tui::format::{self, NA};
-use gpudiag_model::job::{JobPattern, JobVerdict, Pace, PeerFigures};
+use gpudiag_model::job::{GpuRole, JobPattern, JobVerdict, Pace, PeerFigures};
 
 /// How the GPUs of a job are found, for the screen that has none to show.
 const HOW_FOUND: &str = "How jobs are found: one Slurm job, one torchrun run \
@@ -20,8 +20,12 @@ const HOW_FOUND: &str = "How jobs are found: one Slurm job, one torchrun run \
      children running its executable; where none of these can be read, the processes of one \
      executable form a presumed job.";
 
-/// The straggler's row ends with this, so it shows without colour too (NO_COLOR, captures).
+/// A straggler's row ends with this, so it shows without colour too (NO_COLOR, captures).
 pub const STRAGGLER_MARK: &str = "◀ straggler";
+
+/// A GPU waiting for the job's stragglers ends its row with this, where it fits: each GPU's own
+/// verdict reads busy while it waits.
+pub const WAITING_MARK: &str = "(waits)";
 
 /// A verdict in words: "communication-bound".
 fn pattern(p: JobPattern) -> String {
@@ -36,24 +40,35 @@ fn gpu_name(device: u32, rank: Option<u32>) -> String {
     }
 }
 
-/// The verdict in a few words: "straggler GPU 5 (rank 5), peers wait ~51%", "balanced (4
-/// GPUs)".
+/// The verdict in a few words: "straggler GPU 5 (rank 5), peers wait ~51%", "stragglers GPU 2,
+/// 6, peers wait ~48%", "balanced (4 GPUs)". The wait is the first straggler's: the one that sets
+/// the pace most.
 fn brief(job: &JobVerdict) -> String {
-    match (job.stragglers.first(), job.verdict) {
-        (Some(s), JobPattern::Straggler) => {
-            let who = gpu_name(s.device, s.rank);
-            match s.peers_wait_share {
-                Some(w) => format!("straggler {who}, peers wait ~{:.0}%", w * 100.0),
-                None => {
-                    let pace = match s.pace {
-                        Pace::Leads => "leads",
-                        Pace::Lags => "lags",
-                    };
-                    format!("straggler {who} {pace}")
-                }
-            }
+    let (first, several) = match (job.stragglers.as_slice(), job.verdict) {
+        ([first, rest @ ..], JobPattern::Straggler) => (first, !rest.is_empty()),
+        (_, p) => return format!("{} ({} GPUs)", pattern(p), job.members.len()),
+    };
+    let who = if several {
+        let devices: Vec<String> = job
+            .stragglers
+            .iter()
+            .map(|s| s.device.to_string())
+            .collect();
+        format!("stragglers GPU {}", devices.join(", "))
+    } else {
+        format!("straggler {}", gpu_name(first.device, first.rank))
+    };
+    match first.peers_wait_share {
+        Some(w) => format!("{who}, peers wait ~{:.0}%", w * 100.0),
+        None => {
+            let pace = match (first.pace, several) {
+                (Pace::Leads, false) => "leads",
+                (Pace::Lags, false) => "lags",
+                (Pace::Leads, true) => "lead",
+                (Pace::Lags, true) => "lag",
+            };
+            format!("{who} {pace}")
         }
-        (_, p) => format!("{} ({} GPUs)", pattern(p), job.members.len()),
     }
 }
 
@@ -140,44 +155,60 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
     title.push(' ');
     let block = Block::bordered().title(Span::styled(format::fit(&title, inner_width), t.title()));
 
-    let wide = inner_width >= 110;
+    // The wide form where its rows keep their marks whole: cut, they would hide the straggler.
+    let wide = inner_width
+        >= format::width_of(&columns(&Cells::header(), true))
+            + 2
+            + format::width_of(STRAGGLER_MARK);
     let mut lines = vec![Line::from(Span::styled(
         format::fit(&columns(&Cells::header(), wide), inner_width),
         t.title(),
     ))];
-    let straggler = job.stragglers.first().map(|s| s.device);
-    // More GPUs than rows (a large job, a short terminal): the straggler's row stays, the last
+    // A GPU the verdict lists as a straggler is one whatever its member's role says.
+    let role_of = |device: u32| match job.straggler_on(device) {
+        Some(_) => Some(GpuRole::Straggler),
+        None => job.role_of(device),
+    };
+    let is_straggler = |device: u32| role_of(device) == Some(GpuRole::Straggler);
+    // More GPUs than rows (a large job, a short terminal): every straggler's row stays, the last
     // line says how many are not shown rather than leaving them out silently.
     let rows = inner_height.saturating_sub(1);
     let mut shown: Vec<&gpudiag_model::job::JobMember> = job.members.iter().collect();
     let mut hidden = 0;
     if shown.len() > rows {
         let keep = rows.saturating_sub(1);
-        let marked = shown
-            .iter()
-            .position(|m| Some(m.device) == straggler)
-            .filter(|&i| i >= keep);
-        hidden = shown.len() - keep;
-        let last = marked.map(|i| shown[i]);
-        shown.truncate(keep);
-        if let (Some(m), Some(slot)) = (last, shown.last_mut()) {
-            *slot = m;
-        }
+        // The stragglers' rows first, the others' in the room left; in the job's order.
+        let stragglers = shown.iter().filter(|m| is_straggler(m.device)).count();
+        let mut stragglers_left = stragglers.min(keep);
+        let mut others_left = keep - stragglers_left;
+        shown.retain(|m| {
+            let left = if is_straggler(m.device) {
+                &mut stragglers_left
+            } else {
+                &mut others_left
+            };
+            let keep_it = *left > 0;
+            *left = left.saturating_sub(1);
+            keep_it
+        });
+        hidden = job.members.len() - shown.len();
     }
     for m in shown {
         let figures = job.peers.iter().find(|p| p.device == m.device);
         let cells = Cells::of(m, figures);
         let row = columns(&cells, wide);
-        let marked = straggler == Some(m.device);
-        let row = if !marked {
-            format::fit(&row, inner_width)
-        } else if format::width_of(&row) + 2 + format::width_of(STRAGGLER_MARK) <= inner_width {
-            format!("{row}  {STRAGGLER_MARK}")
-        } else {
+        let role = role_of(m.device);
+        let fits = |mark: &str| format::width_of(&row) + 2 + format::width_of(mark) <= inner_width;
+        let row = match role {
+            Some(GpuRole::Straggler) if fits(STRAGGLER_MARK) => format!("{row}  {STRAGGLER_MARK}"),
             // Too narrow for the words: the arrow stays, the figures give way to it.
-            format!("{} ◀", format::fit(&row, inner_width.saturating_sub(2)))
+            Some(GpuRole::Straggler) => {
+                format!("{} ◀", format::fit(&row, inner_width.saturating_sub(2)))
+            }
+            Some(GpuRole::Waiting) if fits(WAITING_MARK) => format!("{row}  {WAITING_MARK}"),
+            _ => format::fit(&row, inner_width),
         };
-        lines.push(if marked {
+        lines.push(if role == Some(GpuRole::Straggler) {
             Line::from(Span::styled(
                 row,
                 style(app, job).add_modifier(Modifier::BOLD | Modifier::REVERSED),
@@ -201,6 +232,13 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         notes.push(Line::from(Span::styled(
             format::fit(&why, inner_width),
             t.dim(),
+        )));
+    }
+    // What makes the grouping doubtful comes before the verdict it weakens.
+    for doubt in &job.doubts {
+        notes.push(Line::from(Span::styled(
+            format::fit(&format!("doubt: {doubt}"), inner_width),
+            t.warn(),
         )));
     }
     if job.presumed {

@@ -6,6 +6,7 @@
 //! `None` with the reason in the attribution's `absent` map.
 
 pub mod cgroup;
+pub mod cmdline;
 pub mod kubelet;
 
 use std::io::Read;
@@ -14,7 +15,7 @@ use std::path::{Path, PathBuf};
 use gpudiag_model::attribution::{
     Attribution, FoundIn, PodAllocation, PodIdentity, PodName, SlurmJob,
 };
-use gpudiag_model::job::Launch;
+use gpudiag_model::job::{Launch, NetNamespace, WorkerOf};
 
 use crate::procfs::{container_id_from_cgroup, passwd_name, status_inner_pid, status_uid};
 use gpudiag_model::sample::{Absent, ProcessSample};
@@ -155,9 +156,9 @@ pub struct Environ {
     pub world_size: Option<u32>,
 }
 
-/// A process's parent, executable and launcher variables. The executables are read as links
-/// under `root`; a process that exited between the driver's list and this read leaves them
-/// unknown with the reason.
+/// A process's parent, executable, launcher variables, network namespace and whose worker its
+/// command line says it is. The links and files are read under `root`; a process that exited
+/// between the driver's list and this read leaves them unknown with the reason.
 pub fn launch_of(
     root: &Path,
     pid: u32,
@@ -190,7 +191,8 @@ pub fn launch_of(
         }
     }
     // The init of the host or of a container is nobody's job.
-    if let Some(parent) = launch.parent_pid.filter(|&p| p > 1) {
+    let parent = launch.parent_pid.filter(|&p| p > 1);
+    if let Some(parent) = parent {
         match exe_of(parent) {
             Ok(exe) => launch.parent_exe = Some(exe),
             Err(why) => {
@@ -211,7 +213,88 @@ pub fn launch_of(
             launch.absent.insert("environ".into(), why.clone());
         }
     }
+    match net_namespace(root, pid) {
+        Ok(ns) => launch.net_namespace = Some(ns),
+        Err(why) => {
+            launch.absent.insert("net_namespace".into(), why);
+        }
+    }
+    match read_cmdline(root, pid) {
+        Ok(own) => {
+            let parents = match launch.parent_pid {
+                None => Err("its parent is unknown".to_owned()),
+                Some(init) if init <= 1 => Ok(None),
+                Some(parent) => read_cmdline(root, parent)
+                    .map(Some)
+                    .map_err(|why| format!("its parent's: {why}")),
+            };
+            match parents {
+                Ok(parents) => {
+                    launch.worker_of = Some(cmdline::worker_of(&own, parents.as_deref()));
+                }
+                // Only a `multiprocessing` child names its launcher itself; anything else
+                // could be a worker of the parent that could not be read.
+                Err(why) => match cmdline::worker_of(&own, None) {
+                    WorkerOf::Multiprocessing => launch.worker_of = Some(WorkerOf::Multiprocessing),
+                    _ => {
+                        launch.absent.insert("cmdline".into(), why);
+                    }
+                },
+            }
+        }
+        Err(why) => {
+            launch.absent.insert("cmdline".into(), why);
+        }
+    }
     launch
+}
+
+/// The inode of a `/proc/<pid>/ns/net` link's target, `net:[4026531840]`.
+pub fn net_namespace_inode(link: &str) -> Option<u64> {
+    link.strip_prefix("net:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// A process's network namespace against the host's: pid 1's, else (pid 1 is root's, so a
+/// user who is not root cannot read its link) gpudiag's own. Either reference names at most one
+/// namespace `Host`, so processes of different namespaces never share a key whichever is used.
+fn net_namespace(root: &Path, pid: u32) -> Result<NetNamespace, String> {
+    let inode_of = |who: &str| -> Result<u64, String> {
+        let link = root.join("proc").join(who).join("ns/net");
+        let target = std::fs::read_link(&link).map_err(|e| match e.kind() {
+            std::io::ErrorKind::PermissionDenied => format!(
+                "/proc/{who}/ns/net is not readable (another user's process: reading it needs \
+                 the right to trace it)"
+            ),
+            _ => format!("/proc/{who}/ns/net is not readable: {e}"),
+        })?;
+        let target = target.to_string_lossy();
+        net_namespace_inode(&target)
+            .ok_or_else(|| format!("/proc/{who}/ns/net names no network namespace ({target:?})"))
+    };
+    let own = inode_of(&pid.to_string())?;
+    let host = inode_of("1").or_else(|why| inode_of("self").map_err(|_| why))?;
+    Ok(if own == host {
+        NetNamespace::Host
+    } else {
+        NetNamespace::Own(own)
+    })
+}
+
+/// `/proc/<pid>/cmdline`'s arguments, read at most `CMDLINE_LIMIT` bytes; `Err` says why not.
+/// A zombie's and a kernel thread's are empty.
+fn read_cmdline(root: &Path, pid: u32) -> Result<Vec<String>, String> {
+    let path = root.join("proc").join(pid.to_string()).join("cmdline");
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(cmdline::CMDLINE_LIMIT).read_to_end(&mut bytes))
+        .map_err(|e| format!("/proc/{pid}/cmdline is not readable: {e}"))?;
+    let args = cmdline::parse_cmdline(&bytes);
+    if args.is_empty() {
+        return Err(format!(
+            "/proc/{pid}/cmdline is empty (a process that is exiting)"
+        ));
+    }
+    Ok(args)
 }
 
 /// An environment larger than this is read only this far (Linux allows a few MiB).
@@ -497,14 +580,22 @@ mod tests {
         let proc_dir = |pid: &str| root.path().join("proc").join(pid);
         std::fs::create_dir_all(proc_dir("10")).unwrap();
         std::fs::create_dir_all(proc_dir("20")).unwrap();
+        std::fs::create_dir_all(proc_dir("1").join("ns")).unwrap();
+        std::fs::create_dir_all(proc_dir("20").join("ns")).unwrap();
         std::os::unix::fs::symlink("/usr/bin/python3.12", proc_dir("10").join("exe")).unwrap();
         std::os::unix::fs::symlink("/usr/bin/python3.12", proc_dir("20").join("exe")).unwrap();
+        std::os::unix::fs::symlink("net:[4026531840]", proc_dir("1").join("ns/net")).unwrap();
+        std::os::unix::fs::symlink("net:[4026531840]", proc_dir("20").join("ns/net")).unwrap();
+        std::fs::write(proc_dir("10").join("cmdline"), "python3\0train.py\0").unwrap();
+        std::fs::write(proc_dir("20").join("cmdline"), "python3\0train.py\0").unwrap();
         let stat = "20 (pt_main thread) S 10 20 10 0 -1 4194560 0 0 0 0 12 3 0 0";
         let env = Environ::default();
         let l = launch_of(root.path(), 20, Some(stat), Ok(&env));
         assert_eq!(l.parent_pid, Some(10));
         assert_eq!(l.exe.as_deref(), Some("/usr/bin/python3.12"));
         assert_eq!(l.parent_exe.as_deref(), Some("/usr/bin/python3.12"));
+        assert_eq!(l.net_namespace, Some(NetNamespace::Host));
+        assert_eq!(l.worker_of, Some(WorkerOf::Fork));
         assert!(l.absent.is_empty(), "{:?}", l.absent);
         // Its parent gone, another user's environ: each part says why it is unknown.
         let orphan = "21 (python) S 1 21 1 0";
@@ -521,6 +612,31 @@ mod tests {
             l.absent.get("environ").map(String::as_str),
             Some("not readable")
         );
+        assert_eq!((l.net_namespace, l.worker_of), (None, None));
+        assert!(
+            l.absent["net_namespace"].starts_with("/proc/21/ns/net is not readable"),
+            "{:?}",
+            l.absent
+        );
+        assert!(
+            l.absent["cmdline"].starts_with("/proc/21/cmdline is not readable"),
+            "{:?}",
+            l.absent
+        );
+    }
+
+    #[test]
+    fn a_namespace_link_names_its_inode() {
+        assert_eq!(net_namespace_inode("net:[4026531840]"), Some(4026531840));
+        for bad in [
+            "net:[]",
+            "mnt:[4026531840]",
+            "net:[x]",
+            "net:4026531840",
+            "",
+        ] {
+            assert_eq!(net_namespace_inode(bad), None, "{bad}");
+        }
     }
 
     #[test]
