@@ -24,11 +24,14 @@ pub const CHROME_TRACE_FILE: &str = "chrome-trace.schema.json";
 pub const RUN_REPORT_FILE: &str = "run-report.schema.json";
 pub const FLEET_REPORT_FILE: &str = "fleet-report.schema.json";
 
-const FLEET_REPORT_ID: &str = "urn:gpudiag:schema:fleet-report:1";
+const FLEET_REPORT_ID: &str = "urn:gpudiag:schema:fleet-report:2";
 const FLEET_REPORT_TITLE: &str = "gpudiag fleet report";
 const FLEET_REPORT_DESCRIPTION: &str = "The JSON document `gpudiag fleet --json` prints: one \
     look at the nodes, GPUs, jobs and alerts a Prometheus holds (read from `gpudiag serve` and \
-    dcgm-exporter series and the shipped rules), schema_version 1. Absent values are null, never \
+    dcgm-exporter series and the shipped rules), schema_version 2 (version 1's job judgement had \
+    one `straggler` and a node's verdict `straggler_gpu` and `straggler_UUID`; version 2 lists \
+    `stragglers` in both, each with its state or GPU, gives each of a job's GPUs its `role` \
+    and each job its `doubts`). Absent values are null, never \
     0; a GPU seen only through dcgm-exporter has the verdict state `dcgm_exporter_only`. \
     Generated from gpudiag's types (src/schema.rs): change those, not this file.";
 

@@ -1377,6 +1377,7 @@ fn exported_metric_names() -> BTreeSet<String> {
             [
                 "gpudiag_finding",
                 "gpudiag_job_verdict",
+                "gpudiag_job_gpu_role",
                 "gpudiag_job_peers_wait_ratio",
             ]
             .map(String::from),

@@ -262,9 +262,14 @@ fn the_fleet_over_a_real_prometheus_names_every_node_the_straggler_and_the_alert
     let across = &synthetic["across_nodes"];
     assert_eq!(across["pattern"], "straggler", "{synthetic}");
     assert_eq!(across["state"], "firing");
-    assert_eq!(across["straggler"]["gpu"], "5");
-    assert_eq!(across["straggler"]["pace"], "leads");
-    assert_eq!(synthetic["per_node"][0]["straggler_gpu"], "5");
+    assert_eq!(across["stragglers"][0]["gpu"], "5");
+    assert_eq!(across["stragglers"][0]["pace"], "leads");
+    assert_eq!(
+        across["stragglers"].as_array().unwrap().len(),
+        1,
+        "{across}"
+    );
+    assert_eq!(synthetic["per_node"][0]["stragglers"][0]["gpu"], "5");
     let marked: Vec<&str> = synthetic["gpus"]
         .as_array()
         .unwrap()
@@ -376,11 +381,143 @@ fn fleet_in_tmux(c: &Cluster) {
 #[ignore = "needs prometheus; CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
 fn without_the_shipped_rules_the_fleet_says_so_and_keeps_each_nodes_verdict() {
     let c = cluster(false);
-    let (_, doc) = fleet_json(&c.url, &[]);
+    // The node judges its job once its window is long enough ([rules.job] min_window_s),
+    // which may be after every target is first scraped.
+    let doc = wait_until(
+        Duration::from_secs(30),
+        "the node's verdict on its job",
+        || {
+            let (_, doc) = fleet_json(&c.url, &[]);
+            let judged = !job(&doc, "synthetic-run")["per_node"]
+                .as_array()?
+                .is_empty();
+            judged.then_some(doc)
+        },
+    );
     assert_eq!(schema_errors(&doc), Vec::<String>::new());
     assert_eq!(doc["rules"]["state"], "not_loaded");
     let synthetic = job(&doc, "synthetic-run");
     assert!(synthetic["across_nodes"].is_null(), "{synthetic}");
     assert_eq!(synthetic["per_node"][0]["verdict"], "straggler");
-    assert_eq!(synthetic["per_node"][0]["straggler_gpu"], "5");
+    assert_eq!(
+        synthetic["per_node"][0]["stragglers"],
+        serde_json::json!([{"gpu": "5", "UUID": "GPU-5e1f0c2a-7d3b-4a96-8c1e-000000000005"}])
+    );
+    // Each GPU's part, from its node's role series.
+    let roles: Vec<&str> = synthetic["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|g| g["role"].as_str())
+        .collect();
+    assert!(roles.contains(&"straggler"), "{synthetic}");
+}
+
+/// Two unrelated single-node jobs of four GPUs on torchrun's defaults (run id `none`, master
+/// 127.0.0.1:29500, ranks 0-3 on each), one on node-a and one on node-b, and a Slurm job on a
+/// third node, behind a real Prometheus with the shipped rules: each torchrun job is a job of
+/// its own, keyed by its host (`127.0.0.1:29500@node-a`), all three are balanced, nothing
+/// alerts, and `fleet --fail-on warn` passes. Once, the shared address made one 8-GPU job of
+/// the two, with four straggler alerts. The recordings: tests/fixtures/make_torchrun_defaults.py.
+#[test]
+#[ignore = "needs prometheus; CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
+fn two_single_node_jobs_on_torchruns_defaults_stay_two_jobs_and_nothing_alerts() {
+    let prometheus = tool("prometheus");
+    let dir = tempfile::tempdir().unwrap();
+    let nodes: Vec<Served> = [
+        "tests/fixtures/jobs/defaults-node-a.ndjson.gz",
+        "tests/fixtures/jobs/defaults-node-b.ndjson.gz",
+        "tests/fixtures/recordings/job_ranks.ndjson",
+    ]
+    .iter()
+    .map(|f| serve(&["--replay", root().join(f).to_str().unwrap()]))
+    .collect();
+    let rules = dir.path().join("gpudiag-rules.yml");
+    std::fs::write(&rules, shortened_rules()).unwrap();
+    let targets: Vec<String> = nodes.iter().map(|n| format!("'{}'", n.addr)).collect();
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+         rule_files:\n  - {}\n\
+         scrape_configs:\n  - job_name: gpudiag\n    scrape_timeout: 1s\n    \
+         static_configs:\n      - targets: [{}]\n",
+        rules.display(),
+        targets.join(", ")
+    );
+    let (_prometheus, addr) = start_prometheus(&prometheus, dir.path(), &config, "prometheus", &[]);
+
+    // The rules have every GPU's window average, under three keys of their own.
+    let counts = wait_until(Duration::from_secs(90), "three jobs in the rules", || {
+        let averaged = query(&addr, "gpudiag_job_gpu:sm_active:avg");
+        let counts = query(&addr, "gpudiag_job:gpus:count");
+        (averaged.len() == 10 && counts.len() == 3).then_some(counts)
+    });
+    let mut sizes: Vec<(String, String)> = counts
+        .iter()
+        .map(|c| {
+            (
+                c["metric"]["job_key"].as_str().unwrap().to_owned(),
+                c["value"][1].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    sizes.sort();
+    let size = |k: &str, n: &str| (k.to_owned(), n.to_owned());
+    assert_eq!(
+        sizes,
+        [
+            size("127.0.0.1:29500@node-a", "4"),
+            size("127.0.0.1:29500@node-b", "4"),
+            size("9001", "2"),
+        ]
+    );
+    assert!(query(&addr, "gpudiag_job:ranks_repeated:count").is_empty());
+    // Longer than the shortened rules' `for:` (4 s) and their 10 s window: an alert that
+    // would fire has fired by now.
+    std::thread::sleep(Duration::from_secs(12));
+    let body = prometheus_api::http_get(&addr, "/api/v1/alerts").unwrap();
+    let alerts: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        alerts["data"]["alerts"],
+        serde_json::json!([]),
+        "no alert, pending or firing"
+    );
+
+    let (code, doc) = fleet_json(&format!("http://{addr}"), &["--fail-on", "warn"]);
+    assert_eq!(schema_errors(&doc), Vec::<String>::new());
+    assert_eq!(code, 0, "{doc}");
+    assert_eq!(doc["status"], "healthy", "{}", doc["findings"]);
+    assert_eq!(doc["rules"]["state"], "loaded");
+    for host in ["node-a", "node-b"] {
+        let j = job(&doc, &format!("127.0.0.1:29500@{host}"));
+        assert_eq!(j["joined_by"], "master_address");
+        assert_eq!(j["nodes"], serde_json::json!([host]), "{j}");
+        let ranks: Vec<&str> = j["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["rank"].as_str().unwrap())
+            .collect();
+        assert_eq!(ranks, ["0", "1", "2", "3"], "{j}");
+        assert_eq!(j["across_nodes"]["pattern"], "balanced", "{j}");
+        assert_eq!(j["across_nodes"]["stragglers"], serde_json::json!([]));
+        assert_eq!(j["per_node"][0]["verdict"], "balanced", "{j}");
+        assert_eq!(j["doubts"], serde_json::json!([]), "{j}");
+        assert!(
+            j["gpus"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|g| g["straggler"] == false),
+            "{j}"
+        );
+    }
+    assert!(
+        doc["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|j| j["job_key"] != "127.0.0.1:29500"),
+        "no job under the unqualified key: {}",
+        doc["jobs"]
+    );
 }

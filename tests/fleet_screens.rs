@@ -347,6 +347,72 @@ fn the_job_view_marks_the_straggler_and_the_rules_judgement() {
     assert!(screen.contains("dgx-synthetic: straggler"), "{screen}");
 }
 
+/// Two GPUs of the job lead together: the rules' alerts and the node's roles name both, and
+/// the job view marks each; a key whose GPUs repeat a rank is said not judged, and why.
+#[test]
+fn the_job_view_names_every_straggler_and_a_doubted_key() {
+    use gpudiag_fleet::model::{NodeGpu, Straggler};
+    let mut fleet = fixture();
+    let job = fleet
+        .jobs
+        .iter_mut()
+        .find(|j| j.job_key == "synthetic-run")
+        .unwrap();
+    let uuid = job.gpus[2].uuid.clone();
+    let across = job.across_nodes.as_mut().unwrap();
+    across.stragglers.push(Straggler {
+        node: Some("dgx-synthetic".into()),
+        gpu: Some("2".into()),
+        uuid: Some(uuid.clone()),
+        pace: Some("leads".into()),
+        state: "firing".into(),
+    });
+    job.per_node[0].stragglers.insert(
+        0,
+        NodeGpu {
+            gpu: Some("2".into()),
+            uuid: Some(uuid),
+        },
+    );
+    job.gpus[2].straggler = true;
+    job.gpus[2].role = Some("straggler".into());
+    let mut s = state_of(fleet.clone());
+    press(&mut s, &[KeyCode::Char('g'), KeyCode::Enter]);
+    let screen = render(&mut s, 160, 24);
+    let marked: Vec<&str> = screen
+        .lines()
+        .filter(|l| l.contains("◀ straggler (leads)"))
+        .collect();
+    assert_eq!(marked.len(), 2, "{screen}");
+    assert!(
+        screen.contains("stragglers dgx-synthetic GPU 5 (leads), dgx-synthetic GPU 2 (leads)"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("dgx-synthetic: straggler (high) · straggler GPUs 2, 5"),
+        "{screen}"
+    );
+    assert!(
+        line_with(&screen, "   0     0 ").ends_with("waiting"),
+        "{screen}"
+    );
+
+    let job = fleet
+        .jobs
+        .iter_mut()
+        .find(|j| j.job_key == "synthetic-run")
+        .unwrap();
+    job.across_nodes = None;
+    job.doubts = vec!["rank 0 held by two GPUs or more: the key joins two jobs".into()];
+    let mut s = state_of(fleet);
+    press(&mut s, &[KeyCode::Char('g'), KeyCode::Enter]);
+    let screen = render(&mut s, 160, 24);
+    assert!(
+        screen.contains("across nodes: not judged: rank 0 held by two GPUs or more"),
+        "{screen}"
+    );
+}
+
 #[test]
 fn dcgm_exporter_only_gpus_say_so_instead_of_a_verdict() {
     let mut s = state_of(dcgm_exporter_only());

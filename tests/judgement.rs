@@ -27,7 +27,7 @@ type Key = (String, Option<u32>, String);
 /// A verdict as every view can name it: (bottleneck, confidence, basis).
 type VerdictKey = (String, String, String);
 /// The job verdicts as the views that carry them name them: by (joined_by, key), the pattern
-/// and the straggler's device.
+/// and the first straggler's device.
 type Jobs = BTreeMap<(String, String), (String, Option<u32>)>;
 
 /// The jobs of a serialised list of job verdicts (`check --json`'s `jobs`).

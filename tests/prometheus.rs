@@ -479,3 +479,43 @@ fn serve_names_the_job_of_every_gpu_and_judges_it() {
     );
     assert!(lines("gpudiag_job_peers_wait_ratio").is_empty());
 }
+
+/// A recording that reads its process lists every ten ticks (job8_straggler: ticks 0, 10, 20
+/// and the last), replayed at its own pace: every scrape between two reads still names each
+/// GPU's job, as a live serve does between its process reads, instead of dropping
+/// `gpudiag_gpu_job_info` for nine scrapes in ten. No Prometheus needed: the scrapes
+/// themselves, over about 5 s of the replay's first 10.
+#[test]
+fn serve_keeps_each_gpus_job_between_the_recordings_process_reads() {
+    let fixture = at("tests/fixtures/recordings/job8_straggler.ndjson");
+    let served = serve(&["--replay", fixture.to_str().expect("a UTF-8 path")]);
+    let scrape = || crate::support::prometheus_api::http_get(&served.addr, "/metrics");
+    let count = |text: &str, name: &str| {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .count()
+    };
+    let started = Instant::now();
+    // The first tick published: every device has its figures.
+    while scrape().is_none_or(|t| count(&t, "DCGM_FI_DEV_GPU_UTIL") < 8) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "serve never published"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut scrapes = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        let text = scrape().expect("serve answers");
+        assert_eq!(
+            count(&text, "gpudiag_gpu_job_info"),
+            8,
+            "scrape {scrapes}, {:?} into the replay:\n{text}",
+            started.elapsed()
+        );
+        assert!(text.contains("job_key=\"synthetic-run\""));
+        scrapes += 1;
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    assert!(scrapes >= 8, "{scrapes} scrapes");
+}

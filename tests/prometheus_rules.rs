@@ -197,15 +197,29 @@ fn a_real_prometheus_fires_the_straggler_alert_for_the_gpu_that_leads_across_nod
     });
     for v in &verdicts {
         let m = &v["metric"];
-        if m["Hostname"] == "node-c" {
-            assert_eq!(m["verdict"], "straggler", "{m}");
-            assert_eq!(m["straggler_gpu"], "0", "{m}");
-            assert_eq!(m["straggler_UUID"], "GPU-node-c-0", "{m}");
+        let expected = if m["Hostname"] == "node-c" {
+            "straggler"
         } else {
-            assert_eq!(m["verdict"], "balanced", "{m}");
-            assert!(m.get("straggler_gpu").is_none(), "{m}");
-        }
+            "balanced"
+        };
+        assert_eq!(m["verdict"], expected, "{m}");
     }
+    // node-c's GPU 0 is its straggler, by its role series; no other GPU of the job straggles.
+    let stragglers = query(
+        &prom,
+        "gpudiag_job_gpu_role{job_key=\"77001\",role=\"straggler\"}",
+    );
+    assert_eq!(stragglers.len(), 1, "{stragglers:?}");
+    let m = &stragglers[0]["metric"];
+    assert_eq!(
+        (&m["Hostname"], &m["gpu"], &m["UUID"]),
+        (
+            &Value::from("node-c"),
+            &Value::from("0"),
+            &Value::from("GPU-node-c-0")
+        ),
+        "{m}"
+    );
 
     // The dashboard's "Job peers" row, for this job: each GPU's figures with its rank, each
     // node's verdict, and the alert.
@@ -244,6 +258,12 @@ fn a_real_prometheus_fires_the_straggler_alert_for_the_gpu_that_leads_across_nod
                     );
                 }
                 _ if title.starts_with("Job verdict") => assert_eq!(got.len(), 3, "{title}"),
+                // node-c's straggler, and its other GPU if its gpudiag finds it waiting.
+                _ if title.starts_with("GPU roles") => assert!(
+                    got.iter().any(|s| s["metric"]["role"] == "straggler"
+                        && s["metric"]["Hostname"] == "node-c"),
+                    "{title}: {got:?}"
+                ),
                 _ if title.contains("alerts") => assert!(
                     got.iter()
                         .any(|s| s["metric"]["alertname"] == "GpuJobStraggler"),

@@ -9,7 +9,8 @@ END, as a Prometheus scraping each node's exporter would have stored it.
 Every series comes from a real exposition, not an invented shape:
 - benches/fleet/gpudiag-node.prom: `gpudiag serve --replay
   tests/fixtures/recordings/job8_straggler.ndjson` scraped 9 s into the replay (8 H100, one
-  straggling GPU in a job);
+  straggling GPU in a job), its job families (`gpudiag_job_*`) from a scrape 12 s in, taken
+  when `gpudiag_job_gpu_role` replaced the straggler labels on `gpudiag_job_verdict`;
 - tests/fixtures/prometheus/dcgm-exporter.prom: dcgm-exporter 3.x/4.x on one 4-GPU A100 node
   (its provenance is in tests/support/static_http.rs), extended here to 8 GPUs.
 
@@ -312,7 +313,8 @@ def build(args):
                 return lab + list(extra) + scrape
 
             for name, g in a_gpu.items():
-                if name in ("gpudiag_gpu_job_info", "gpudiag_job_verdict", "gpudiag_job_peers_wait_ratio",
+                if name in ("gpudiag_gpu_job_info", "gpudiag_job_verdict", "gpudiag_job_gpu_role",
+                            "gpudiag_job_peers_wait_ratio",
                             "gpudiag_finding", "gpudiag_findings", "gpudiag_verdict",
                             "gpudiag_process_memory_used_bytes", "gpudiag_process_verdict"):
                     continue
@@ -361,8 +363,12 @@ def build(args):
                 if straggler and node == straggler[0]:
                     sg = straggler[1]
                     add("gpudiag_job_verdict", head + [
-                        ("verdict", "straggler"), ("straggler_gpu", str(sg)), ("straggler_UUID", uuid[sg]),
-                        ("confidence", "high")] + scrape, "1", until, node)
+                        ("verdict", "straggler"), ("confidence", "high")] + scrape, "1", until, node)
+                    # The straggler, and the node's other GPUs of the job waiting for it.
+                    for gpu in range(GPUS):
+                        role = "straggler" if gpu == sg else "waiting"
+                        add("gpudiag_job_gpu_role", head + [
+                            ("UUID", uuid[gpu]), ("gpu", str(gpu)), ("role", role)] + scrape, "1", until, node)
                     add("gpudiag_job_peers_wait_ratio", head + scrape, "0.5", until, node)
                 else:
                     add("gpudiag_job_verdict", head + [("verdict", "balanced"), ("confidence", "high")] + scrape,

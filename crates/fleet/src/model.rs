@@ -13,7 +13,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The version of the fleet report; bumped when a field is removed or changes meaning.
-pub const FLEET_SCHEMA_VERSION: u32 = 1;
+/// 2: a job's judgement lists its `stragglers` (version 1 had one `straggler`), a node's
+/// verdict lists the `stragglers` it names (version 1 had `straggler_gpu` and
+/// `straggler_UUID`), and each of a job's GPUs has the `role` its node gave it.
+pub const FLEET_SCHEMA_VERSION: u32 = 2;
 
 /// The fleet at one instant, as Prometheus knows it.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -284,6 +287,9 @@ pub struct Job {
     pub across_nodes: Option<JobJudgement>,
     /// What each node's gpudiag said of the job's GPUs on that node.
     pub per_node: Vec<NodeJobVerdict>,
+    /// Why the grouping itself is doubtful, in words: GPUs under its key that repeat a rank
+    /// (the key joins two jobs, which the shipped rules do not judge). Empty when none.
+    pub doubts: Vec<String>,
     pub rank: Rank,
 }
 
@@ -298,8 +304,12 @@ pub struct JobGpu {
     /// The window averages the rules recorded (`gpudiag_job_gpu:*:avg`), in % .
     pub sm_active_pct: Option<f64>,
     pub util_pct: Option<f64>,
-    /// Named by a straggler alert, or by its node's own job verdict.
+    /// Named by a firing straggler alert, or by its node's own job verdict.
     pub straggler: bool,
+    /// Its part in its node's own verdict on the job (`gpudiag_job_gpu_role`): `straggler`
+    /// (the others wait for it) or `waiting` (it waits for the stragglers); null when it has
+    /// none or its node's gpudiag does not say.
+    pub role: Option<String>,
 }
 
 /// The shipped rules' judgement of a job.
@@ -308,9 +318,11 @@ pub struct JobGpu {
 pub struct JobJudgement {
     /// `straggler`, `communication_bound` or `balanced` (no alert firing on it).
     pub pattern: String,
-    /// `firing`, or `pending` while the alert waits out its `for:`.
+    /// `firing` when an alert on it fires, or `pending` while they wait out their `for:`.
     pub state: Option<String>,
-    pub straggler: Option<Straggler>,
+    /// Every GPU a straggler alert names (several GPUs may lead or lag together), the firing
+    /// first; empty unless the pattern is `straggler`.
+    pub stragglers: Vec<Straggler>,
     /// The job's median SM activity over the rules' window (%).
     pub sm_active_median_pct: Option<f64>,
     /// Largest over smallest SM activity among its GPUs.
@@ -326,6 +338,8 @@ pub struct Straggler {
     pub uuid: Option<String>,
     /// leads (busier than its peers) or lags (idle while they are busy).
     pub pace: Option<String>,
+    /// `firing`, or `pending` while its alert waits out its `for:`.
+    pub state: String,
 }
 
 /// One node's own verdict on its GPUs of a job (`gpudiag_job_verdict`).
@@ -336,9 +350,18 @@ pub struct NodeJobVerdict {
     /// straggler, communication_bound, imbalanced or balanced.
     pub verdict: String,
     pub confidence: Option<String>,
-    pub straggler_gpu: Option<String>,
-    #[serde(rename = "straggler_UUID")]
-    pub straggler_uuid: Option<String>,
+    /// The GPUs of the node it names as stragglers (`gpudiag_job_gpu_role`, or an older
+    /// gpudiag's `straggler_gpu` label), by index.
+    pub stragglers: Vec<NodeGpu>,
+}
+
+/// A GPU of a node, as a node's own verdict names it.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord)]
+#[schemars(deny_unknown_fields)]
+pub struct NodeGpu {
+    pub gpu: Option<String>,
+    #[serde(rename = "UUID")]
+    pub uuid: Option<String>,
 }
 
 /// One finding or alert of the fleet, placed.

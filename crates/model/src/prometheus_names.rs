@@ -60,6 +60,7 @@ pub mod series {
     pub const GPUDIAG_FINDING: &str = "gpudiag_finding";
     pub const GPUDIAG_FINDINGS: &str = "gpudiag_findings";
     pub const GPUDIAG_GPU_JOB_INFO: &str = "gpudiag_gpu_job_info";
+    pub const GPUDIAG_JOB_GPU_ROLE: &str = "gpudiag_job_gpu_role";
     pub const GPUDIAG_GPU_PROCESSES: &str = "gpudiag_gpu_processes";
     pub const GPUDIAG_GPUS_SHARED_BY_JOBS: &str = "gpudiag_gpus_shared_by_jobs";
     pub const GPUDIAG_INFO: &str = "gpudiag_info";
@@ -115,8 +116,12 @@ pub mod label {
     pub const JOINED_BY: &str = "joined_by";
     pub const SLURM_JOB: &str = "slurm_job";
     pub const RANK: &str = "rank";
-    pub const STRAGGLER_GPU: &str = "straggler_gpu";
-    pub const STRAGGLER_UUID: &str = "straggler_UUID";
+    /// A GPU's part in its job's verdict (`straggler`, `waiting`): `gpudiag_job_gpu_role`.
+    pub const ROLE: &str = "role";
+    /// The one straggler an older gpudiag put on `gpudiag_job_verdict`, before
+    /// `gpudiag_job_gpu_role`: no longer written, read by `fleet` only from such nodes.
+    pub const LEGACY_STRAGGLER_GPU: &str = "straggler_gpu";
+    pub const LEGACY_STRAGGLER_UUID: &str = "straggler_UUID";
 
     pub const PID: &str = "pid";
     pub const PROCESS: &str = "process";

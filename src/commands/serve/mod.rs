@@ -23,7 +23,7 @@ use gpudiag_export::prometheus::process_series::ProcessCap;
 use gpudiag_export::prometheus::{CONTENT_TYPE, Snapshot, render};
 use gpudiag_model::error::{Error, exit};
 use gpudiag_model::finding::Finding;
-use gpudiag_model::sample::EventKind;
+use gpudiag_model::sample::{Absent, EventKind, Sample};
 use gpudiag_telemetry::Tick;
 use gpudiag_telemetry::replay::Pace;
 
@@ -85,7 +85,11 @@ impl JudgingSink for SnapshotSink {
             let mut s = self.shared.write().unwrap_or_else(|p| p.into_inner());
             for sample in &tick.samples {
                 s.received.insert(sample.device, now);
-                s.latest.insert(sample.device, sample.clone());
+                let mut sample = sample.clone();
+                if let Some(before) = s.latest.get(&sample.device) {
+                    keep_known_processes(&mut sample, before);
+                }
+                s.latest.insert(sample.device, sample);
             }
             s.last_xid.extend(xids);
         }
@@ -93,6 +97,24 @@ impl JudgingSink for SnapshotSink {
         Ok(())
     }
 }
+
+/// A sample whose process list was not read this tick (a slow field with its own cadence: a
+/// recording may hold one every few seconds) keeps the last one read, as the live sampler
+/// does between its reads; without it the job info and process series would come and go
+/// between scrapes while the job verdict stays. Any other reason (no permission, the GPU lost,
+/// a read gone stale) says the list is not known now, and stands.
+fn keep_known_processes(sample: &mut Sample, before: &Sample) {
+    if sample.processes.is_none()
+        && sample.why_absent(PROCESSES) == Some(&Absent::NotYetRead)
+        && before.processes.is_some()
+    {
+        sample.processes.clone_from(&before.processes);
+        sample.absent.remove(PROCESSES);
+    }
+}
+
+/// The sample field `keep_known_processes` carries over.
+const PROCESSES: &str = "processes";
 
 /// How `serve` sets its session up: this host's kernel-log XIDs from before serve started (a
 /// job that died earlier) and its libraries; findings remember events for a window only.
@@ -269,7 +291,7 @@ fn exposure_warning(addr: std::net::SocketAddr, tls: bool, auth: bool) -> Option
 mod tests {
     use super::*;
     use gpudiag_http::server::respond_to;
-    use gpudiag_model::sample::{DeviceInfo, Sample};
+    use gpudiag_model::sample::DeviceInfo;
 
     fn snapshot() -> Snapshot {
         let sample = Sample {
@@ -289,6 +311,40 @@ mod tests {
         let (code, ctype, body) = respond_to("GET", "/metrics?x=1", &exposition);
         assert_eq!((code, ctype), (200, CONTENT_TYPE));
         assert!(body.contains("DCGM_FI_DEV_GPU_UTIL"));
+    }
+
+    /// A recording reads processes every few ticks: between reads the last list stands, so
+    /// every scrape names the GPU's job; a list that could not be read is not carried over.
+    #[test]
+    fn a_tick_without_a_process_read_keeps_the_last_list() {
+        use gpudiag_model::sample::ProcessSample;
+        let read = Sample {
+            processes: Some(vec![ProcessSample {
+                pid: 7,
+                name: Some("python3".into()),
+                user: None,
+                kind: None,
+                used_memory_bytes: Some(1 << 30),
+                sm_util_pct: None,
+                container_id: None,
+                container_pid: None,
+                cpu_time_s: None,
+                attribution: None,
+                launch: None,
+            }]),
+            ..Sample::new(0, 1000)
+        };
+        let mut between = Sample::new(0, 2000);
+        between.absent.insert(PROCESSES.into(), Absent::NotYetRead);
+        keep_known_processes(&mut between, &read);
+        assert_eq!(between.processes, read.processes);
+        assert_eq!(between.why_absent(PROCESSES), None);
+
+        let mut denied = Sample::new(0, 3000);
+        denied.absent.insert(PROCESSES.into(), Absent::NoPermission);
+        keep_known_processes(&mut denied, &read);
+        assert_eq!(denied.processes, None);
+        assert_eq!(denied.why_absent(PROCESSES), Some(&Absent::NoPermission));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use super::state::State;
 use super::table::{judgement_words, straggler_words};
 use crate::tui::format::{self, NA};
 use crate::tui::theme::Theme;
+use gpudiag_model::job::GpuRole;
 
 pub const RULES_NOT_LOADED: &str = "cross-node verdict: the shipped rules are not loaded in this \
      Prometheus (assets/prometheus/gpudiag-rules.yml); each node's own verdict follows";
@@ -79,21 +80,47 @@ fn job_lines(fleet: &Fleet, job: &Job, width: usize, theme: &Theme) -> Vec<Line<
                 Span::raw("across nodes (shipped rules): "),
                 Span::styled(text, style),
             ];
-            if let Some(s) = &a.straggler {
-                spans.push(Span::styled(
+            // Several GPUs may straggle together: each is named.
+            let named: Vec<String> = a
+                .stragglers
+                .iter()
+                .map(|s| {
                     format!(
-                        " · straggler {} GPU {}{}",
+                        "{} GPU {}{}",
                         format::text(s.node.as_deref().unwrap_or(NA)),
                         format::text(s.gpu.as_deref().unwrap_or(NA)),
                         s.pace
                             .as_deref()
                             .map(|p| format!(" ({})", format::text(p)))
                             .unwrap_or_default()
-                    ),
+                    )
+                })
+                .collect();
+            if !named.is_empty() {
+                let what = if named.len() == 1 {
+                    "straggler"
+                } else {
+                    "stragglers"
+                };
+                spans.push(Span::styled(
+                    format!(" · {what} {}", named.join(", ")),
                     theme.warn(),
                 ));
             }
             lines.push(Line::from(spans));
+        }
+        (RulesState::Loaded, None) if !job.doubts.is_empty() => {
+            for doubt in &job.doubts {
+                lines.extend(
+                    format::wrap(
+                        &format!("across nodes: not judged: {}", format::text(doubt)),
+                        width,
+                        "",
+                    )
+                    .into_iter()
+                    .map(|l| Line::styled(l, theme.warn())),
+                );
+            }
         }
         (RulesState::Loaded, None) => lines.push(Line::styled(
             "across nodes: the shipped rules are loaded but have not judged this job yet \
@@ -157,9 +184,11 @@ fn job_lines(fleet: &Fleet, job: &Job, width: usize, theme: &Theme) -> Vec<Line<
         ];
         if jg.straggler {
             spans.push(Span::styled(
-                format!(" ◀ {}", straggler_words(job)),
+                format!(" ◀ {}", straggler_words(job, jg)),
                 theme.severity(gpudiag_model::finding::Severity::Warn),
             ));
+        } else if jg.role.as_deref() == Some(GpuRole::Waiting.name()) {
+            spans.push(Span::styled(" waiting", theme.dim()));
         }
         lines.push(Line::from(spans));
         for alert in gpu.map(|g| g.alerts.as_slice()).unwrap_or_default() {
@@ -194,8 +223,14 @@ fn job_lines(fleet: &Fleet, job: &Job, width: usize, theme: &Theme) -> Vec<Line<
         if let Some(c) = &v.confidence {
             text.push_str(&format!(" ({})", format::text(c)));
         }
-        if let Some(g) = &v.straggler_gpu {
-            text.push_str(&format!(" · straggler GPU {}", format::text(g)));
+        if !v.stragglers.is_empty() {
+            let gpus: Vec<String> = v
+                .stragglers
+                .iter()
+                .map(|g| format::text(g.gpu.as_deref().or(g.uuid.as_deref()).unwrap_or(NA)))
+                .collect();
+            let what = if gpus.len() == 1 { "GPU" } else { "GPUs" };
+            text.push_str(&format!(" · straggler {what} {}", gpus.join(", ")));
         }
         let style = if v.verdict == "balanced" {
             theme.verdict(false)

@@ -486,12 +486,13 @@ fn job_rank_cell(job: &Job, gpu: &Gpu, theme: &Theme) -> Cell {
     plain(text)
 }
 
-/// "straggler (leads)" with the pace when the rules named it.
-pub fn straggler_words(job: &Job) -> String {
+/// "straggler (leads)" with the pace when the rules named this GPU.
+pub fn straggler_words(job: &Job, jg: &JobGpu) -> String {
     match job
         .across_nodes
-        .as_ref()
-        .and_then(|a| a.straggler.as_ref())
+        .iter()
+        .flat_map(|a| &a.stragglers)
+        .find(|s| s.uuid.as_deref() == Some(jg.uuid.as_str()))
         .and_then(|s| s.pace.as_deref())
     {
         Some(pace) => format!("straggler ({})", format::text(pace)),

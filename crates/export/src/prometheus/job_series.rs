@@ -1,4 +1,5 @@
-//! Job series: which job each GPU works for, and the verdict on each job judged on this host.
+//! Job series: which job each GPU works for, the verdict on each job judged on this host, and
+//! the part each GPU plays in it (straggler or waiting).
 //!
 //! A job that spans nodes is judged whole only in Prometheus: each node's gpudiag sees its own
 //! GPUs, so `gpudiag_gpu_job_info` names every GPU's job with a key all nodes read alike (the
@@ -141,15 +142,18 @@ fn gpu_job_labels(d: &DeviceInfo, g: &GpuJob<'_>, host: Option<&String>) -> Labe
     l
 }
 
-/// One series per job judged here, its state in bounded labels: four verdicts, three
-/// confidences, and a straggler among this host's GPUs. Free text (title, advice) never
-/// becomes a label.
+/// One series per job judged here, its state in bounded labels: four verdicts and three
+/// confidences; and one per GPU of it that plays a part in the verdict (a straggler, or waiting
+/// for one), so several stragglers are each named and the GPUs waiting for them are seen.
+/// Free text (title, advice) never becomes a label.
 fn job_verdict_series(x: &mut Exposition, snap: &Snapshot) {
     let host = snap.host.hostname.as_ref();
     let mut verdicts: Vec<(Labels, f64)> = Vec::new();
+    let mut roles: Vec<(Labels, f64)> = Vec::new();
     let mut waits: Vec<(Labels, f64)> = Vec::new();
     // Two jobs may not give one series twice: Prometheus would reject the whole scrape.
     let mut seen = std::collections::BTreeSet::new();
+    let mut gpus_seen = std::collections::BTreeSet::new();
     let uuids: BTreeMap<u32, &String> = snap
         .devices
         .iter()
@@ -162,14 +166,23 @@ fn job_verdict_series(x: &mut Exposition, snap: &Snapshot) {
         let base = job_labels(host, &j.job);
         let mut l = base.clone();
         l.push((label::VERDICT, j.verdict.name().to_owned()));
-        if let Some(st) = j.stragglers.first() {
-            l.push((label::STRAGGLER_GPU, st.device.to_string()));
-            if let Some(u) = uuids.get(&st.device) {
-                l.push((label::STRAGGLER_UUID, (*u).clone()));
-            }
-        }
         l.push((label::CONFIDENCE, j.confidence.to_string()));
         verdicts.push((l, 1.0));
+        for m in &j.members {
+            let Some(role) = m.role else { continue };
+            if !gpus_seen.insert((&j.job, m.device)) {
+                continue;
+            }
+            let mut l = base.clone();
+            // The verdict's own UUID for the member, else the device's.
+            if let Some(u) = m.uuid.as_ref().or_else(|| uuids.get(&m.device).copied()) {
+                l.push((label::UUID, u.clone()));
+            }
+            l.push((label::GPU, m.device.to_string()));
+            l.push((label::ROLE, role.name().to_owned()));
+            roles.push((l, 1.0));
+        }
+        // The first straggler sets the pace most: its peers' wait is the job's.
         if let Some(share) = j.stragglers.first().and_then(|s| s.peers_wait_share) {
             waits.push((base, share));
         }
@@ -178,15 +191,24 @@ fn job_verdict_series(x: &mut Exposition, snap: &Snapshot) {
         series::GPUDIAG_JOB_VERDICT,
         Kind::Gauge,
         "1 for the verdict on each job of two or more GPUs on this host, judged by comparing its \
-         GPUs (straggler, communication_bound, imbalanced, balanced), with the GPU the others \
-         wait for (straggler_gpu, straggler_UUID) when there is one, and the confidence.",
+         GPUs (straggler, communication_bound, imbalanced, balanced), with its confidence. \
+         Which GPUs straggle and which wait: gpudiag_job_gpu_role.",
         &verdicts,
+    );
+    x.family(
+        series::GPUDIAG_JOB_GPU_ROLE,
+        Kind::Gauge,
+        "1 for each GPU of a job judged on this host that plays a part in its verdict: role \
+         straggler (the others wait for it; a job may have several) or waiting (it waits for \
+         the stragglers much of the time). GPUs with no part have no series.",
+        &roles,
     );
     x.family(
         series::GPUDIAG_JOB_PEERS_WAIT_RATIO,
         Kind::Gauge,
         "The estimated share of the time (0 to 1) this job's other GPUs on this host wait for its \
-         straggler; absent when no straggler is named or the share could not be estimated.",
+         straggler (the one setting the pace most, where there are several); absent when no \
+         straggler is named or the share could not be estimated.",
         &waits,
     );
 }
@@ -197,7 +219,7 @@ mod tests {
     use crate::prometheus::render;
     use gpudiag_model::attribution::{Attribution, FoundIn, PodIdentity, SlurmJob};
     use gpudiag_model::job::{
-        JobMember, JobPattern, JobVerdict, JoinedBy, Launch, Pace, Straggler,
+        GpuRole, JobMember, JobPattern, JobVerdict, JoinedBy, Launch, Pace, Straggler,
     };
     use gpudiag_model::sample::HostInfo;
     use gpudiag_model::verdict::Confidence;
@@ -318,7 +340,11 @@ mod tests {
                     name: None,
                     rank: Some(8 + device),
                     local_rank: None,
-                    role: None,
+                    role: Some(if device == 1 {
+                        GpuRole::Straggler
+                    } else {
+                        GpuRole::Waiting
+                    }),
                 })
                 .collect(),
             verdict: JobPattern::Straggler,
@@ -377,13 +403,21 @@ mod tests {
     }
 
     #[test]
-    fn the_job_verdict_names_its_straggler() {
+    fn the_job_verdict_and_each_gpus_role_name_the_straggler_and_who_waits() {
         let text = render(&snapshot(), Instant::now());
         assert_eq!(
             lines(&text, series::GPUDIAG_JOB_VERDICT),
             ["gpudiag_job_verdict{Hostname=\"node-a\",job_key=\"9001\",\
-                 joined_by=\"slurm_job\",verdict=\"straggler\",straggler_gpu=\"1\",\
-                 straggler_UUID=\"GPU-1\",confidence=\"high\"} 1"]
+                 joined_by=\"slurm_job\",verdict=\"straggler\",confidence=\"high\"} 1"]
+        );
+        assert_eq!(
+            lines(&text, series::GPUDIAG_JOB_GPU_ROLE),
+            [
+                "gpudiag_job_gpu_role{Hostname=\"node-a\",job_key=\"9001\",\
+                 joined_by=\"slurm_job\",UUID=\"GPU-0\",gpu=\"0\",role=\"waiting\"} 1",
+                "gpudiag_job_gpu_role{Hostname=\"node-a\",job_key=\"9001\",\
+                 joined_by=\"slurm_job\",UUID=\"GPU-1\",gpu=\"1\",role=\"straggler\"} 1",
+            ]
         );
         assert_eq!(
             lines(&text, series::GPUDIAG_JOB_PEERS_WAIT_RATIO),
@@ -394,11 +428,71 @@ mod tests {
         );
     }
 
+    /// Two GPUs of four lead together: each is named, the other two wait, and the wait ratio
+    /// is the first straggler's, the one setting the pace most.
     #[test]
-    fn a_balanced_job_has_no_straggler_labels_nor_wait_ratio() {
+    fn several_stragglers_are_each_named() {
+        let mut snap = snapshot();
+        let job = &mut snap.jobs[0];
+        job.members = (0u32..4)
+            .map(|device| JobMember {
+                device,
+                // A member the verdict knows no UUID of takes its device's.
+                uuid: (device != 3).then(|| format!("GPU-{device}")),
+                pid: 10 + device,
+                name: None,
+                rank: Some(device),
+                local_rank: None,
+                role: Some(if device == 1 || device == 3 {
+                    GpuRole::Straggler
+                } else {
+                    GpuRole::Waiting
+                }),
+            })
+            .collect();
+        let mut second = job.stragglers[0].clone();
+        second.device = 3;
+        second.peers_wait_share = Some(0.3);
+        job.stragglers.push(second);
+        let text = render(&snap, Instant::now());
+        let roles: Vec<(String, String)> = lines(&text, series::GPUDIAG_JOB_GPU_ROLE)
+            .iter()
+            .map(|l| {
+                let value = |name: &str| {
+                    let from = l.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
+                    l[from..].split('"').next().unwrap().to_owned()
+                };
+                (value("UUID"), value("role"))
+            })
+            .collect();
+        let pair = |u: &str, r: &str| (u.to_owned(), r.to_owned());
+        assert_eq!(
+            roles,
+            [
+                pair("GPU-0", "waiting"),
+                pair("GPU-1", "straggler"),
+                pair("GPU-2", "waiting"),
+                pair("GPU-3", "straggler"),
+            ]
+        );
+        assert!(
+            text.contains(
+                "gpudiag_job_peers_wait_ratio{Hostname=\"node-a\",job_key=\"9001\",\
+                 joined_by=\"slurm_job\"} 0.5"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("straggler_gpu") && !text.contains("straggler_UUID"));
+    }
+
+    #[test]
+    fn a_balanced_job_has_no_roles_nor_wait_ratio() {
         let mut snap = snapshot();
         snap.jobs[0].verdict = JobPattern::Balanced;
         snap.jobs[0].stragglers.clear();
+        for m in &mut snap.jobs[0].members {
+            m.role = None;
+        }
         // The same job twice must not write a series twice.
         snap.jobs.push(snap.jobs[0].clone());
         let text = render(&snap, Instant::now());
@@ -407,6 +501,7 @@ mod tests {
             ["gpudiag_job_verdict{Hostname=\"node-a\",job_key=\"9001\",\
                  joined_by=\"slurm_job\",verdict=\"balanced\",confidence=\"high\"} 1"]
         );
+        assert!(!text.contains("# TYPE gpudiag_job_gpu_role"));
         assert!(!text.contains("# TYPE gpudiag_job_peers_wait_ratio"));
     }
 

@@ -49,7 +49,8 @@ pub(super) struct Gathered {
     pub instance_node: BTreeMap<String, String>,
     /// Findings about a node rather than one of its GPUs.
     pub node_findings: BTreeMap<String, BTreeSet<FindingRef>>,
-    /// Each node's verdicts on its jobs (`gpudiag_job_verdict`).
+    /// Each node's verdicts on its jobs (`gpudiag_job_verdict`) and the part each GPU plays
+    /// in them (`gpudiag_job_gpu_role`).
     pub node_jobs: Vec<(String, Series)>,
 }
 

@@ -10,13 +10,14 @@ use crate::client::Series;
 use crate::model::{Exporter, GpuVerdict, JobRef};
 
 /// gpudiag's own series read for the table.
-pub(super) const GPUDIAG_SERIES: [&str; 6] = [
+pub(super) const GPUDIAG_SERIES: [&str; 7] = [
     series::GPUDIAG_INFO,
     series::GPUDIAG_VERDICT,
     series::GPUDIAG_VERDICT_JUDGED,
     series::GPUDIAG_FINDING,
     series::GPUDIAG_GPU_JOB_INFO,
     series::GPUDIAG_JOB_VERDICT,
+    series::GPUDIAG_JOB_GPU_ROLE,
 ];
 
 /// Adds gpudiag's series to the drafts (a series for a GPU the device query did not return,
@@ -33,7 +34,8 @@ pub(super) fn gather(g: &mut Gathered, gpudiag: &[Series], node_label: &str, cho
             g.instance_node.entry(i.to_owned()).or_insert(node.clone());
         }
         let name = s.label(label::NAME).unwrap_or_default();
-        if name == series::GPUDIAG_JOB_VERDICT {
+        // A node's own judgement of its jobs, read with the jobs: not a figure of the GPU.
+        if name == series::GPUDIAG_JOB_VERDICT || name == series::GPUDIAG_JOB_GPU_ROLE {
             g.node_jobs.push((node, s.clone()));
             continue;
         }
@@ -178,13 +180,19 @@ mod tests {
                 1.0,
             ),
             s(series::GPUDIAG_INFO, &[("instance", "a:9835")], 1.0),
+            // A GPU's role in a job goes with the job, and makes no GPU of its own.
+            s(
+                series::GPUDIAG_JOB_GPU_ROLE,
+                &on_gpu(&[("job_key", "k"), ("role", "straggler")]),
+                1.0,
+            ),
         ];
         let g = gathered(&answer, Chosen(None));
-        assert!(g.drafts.is_empty(), "gpudiag_info makes no GPU");
+        assert!(g.drafts.is_empty(), "gpudiag_info and roles make no GPU");
         let f = g.node_findings["a"].first().unwrap();
         assert_eq!((f.id.as_str(), f.severity), ("kernel.x", Severity::Fail));
-        assert_eq!(g.node_jobs.len(), 1);
-        assert_eq!(g.node_jobs[0].0, "a");
+        assert_eq!(g.node_jobs.len(), 2);
+        assert!(g.node_jobs.iter().all(|(node, _)| node == "a"));
     }
 
     #[test]

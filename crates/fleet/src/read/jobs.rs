@@ -3,7 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use gpudiag_model::prometheus_names::{label, rules};
+use gpudiag_model::job::GpuRole;
+use gpudiag_model::prometheus_names::{label, rules, series};
 
 use super::labels::gpu_index_key;
 use crate::client::Series;
@@ -36,7 +37,16 @@ pub(super) fn jobs(
     let loaded = fleet.rules.loaded();
     for (id, job) in jobs.iter_mut() {
         sort_job(job);
-        if loaded && job.gpus.len() >= 2 && judged_by_rules.contains(id) {
+        let repeated = repeated_ranks(job);
+        if !repeated.is_empty() {
+            // The rules leave such a key out of every job alert (gpudiag_job:ranks_repeated).
+            job.doubts.push(format!(
+                "rank {} held by two GPUs or more: the key joins two jobs (an older gpudiag's \
+                 unqualified master address, or a run id shared by two jobs), so the shipped \
+                 rules do not judge it",
+                repeated.join(", ")
+            ));
+        } else if loaded && job.gpus.len() >= 2 && judged_by_rules.contains(id) {
             judge_across_nodes(job, id, job_alerts, rule_series);
         }
         mark_stragglers(job);
@@ -106,6 +116,7 @@ fn add_gpu(jobs: &mut BTreeMap<JobId, Job>, node: &Node, gpu: &Gpu, per_gpu: &Pe
                 gpus: Vec::new(),
                 across_nodes: None,
                 per_node: Vec::new(),
+                doubts: Vec::new(),
                 rank: Rank::Unknown,
             });
         if !job.nodes.contains(&node.name) {
@@ -124,27 +135,80 @@ fn add_gpu(jobs: &mut BTreeMap<JobId, Job>, node: &Node, gpu: &Gpu, per_gpu: &Pe
             sm_active_pct: rule(rules::JOB_GPU_SM_ACTIVE_AVG).map(|v| v * 100.0),
             util_pct: rule(rules::JOB_GPU_GPU_UTIL_PERCENT_AVG),
             straggler: false,
+            role: None,
         });
         job.rank = job.rank.max(gpu.rank);
     }
 }
 
-/// Each node's verdict (`gpudiag_job_verdict`) on a job the fleet holds.
+/// Each node's verdict (`gpudiag_job_verdict`) on a job the fleet holds, and the part it gives
+/// each of its GPUs (`gpudiag_job_gpu_role`): the stragglers it names, and who waits. A node
+/// running a gpudiag from before the role series names its one straggler in the verdict's
+/// labels (`straggler_gpu`, `straggler_UUID`): read as well, as it costs nothing.
 fn add_node_verdicts(jobs: &mut BTreeMap<JobId, Job>, node_jobs: Vec<(String, Series)>) {
-    for (node, s) in node_jobs {
-        let (Some(key), Some(by)) = (s.label(label::JOB_KEY), s.label(label::JOINED_BY)) else {
+    let (roles, verdicts): (Vec<_>, Vec<_>) = node_jobs
+        .into_iter()
+        .partition(|(_, s)| s.label(label::NAME) == Some(series::GPUDIAG_JOB_GPU_ROLE));
+    for (node, s) in verdicts {
+        let Some(job) = job_of(jobs, &s) else {
             continue;
         };
-        if let Some(job) = jobs.get_mut(&(key.to_owned(), by.to_owned())) {
-            job.per_node.push(NodeJobVerdict {
-                node,
-                verdict: s.label(label::VERDICT).unwrap_or("unknown").to_owned(),
-                confidence: s.label(label::CONFIDENCE).map(str::to_owned),
-                straggler_gpu: s.label(label::STRAGGLER_GPU).map(str::to_owned),
-                straggler_uuid: s.label(label::STRAGGLER_UUID).map(str::to_owned),
-            });
+        let legacy = NodeGpu {
+            gpu: s.label(label::LEGACY_STRAGGLER_GPU).map(str::to_owned),
+            uuid: s.label(label::LEGACY_STRAGGLER_UUID).map(str::to_owned),
+        };
+        let named = legacy.gpu.is_some() || legacy.uuid.is_some();
+        job.per_node.push(NodeJobVerdict {
+            node,
+            verdict: s.label(label::VERDICT).unwrap_or("unknown").to_owned(),
+            confidence: s.label(label::CONFIDENCE).map(str::to_owned),
+            stragglers: if named { vec![legacy] } else { Vec::new() },
+        });
+    }
+    for (node, s) in roles {
+        let (Some(job), Some(role)) = (job_of(jobs, &s), s.label(label::ROLE)) else {
+            continue;
+        };
+        let gpu = NodeGpu {
+            gpu: s.label(label::GPU).map(str::to_owned),
+            uuid: s.label(label::UUID).map(str::to_owned),
+        };
+        if let Some(uuid) = &gpu.uuid {
+            for g in job.gpus.iter_mut().filter(|g| &g.uuid == uuid) {
+                g.role = Some(role.to_owned());
+            }
+        }
+        if role != GpuRole::Straggler.name() {
+            continue;
+        }
+        if let Some(v) = job.per_node.iter_mut().find(|v| v.node == node)
+            && !v.stragglers.contains(&gpu)
+        {
+            v.stragglers.push(gpu);
+            v.stragglers.sort_by_key(|g| gpu_index_key(&g.gpu));
         }
     }
+}
+
+/// The job a series of gpudiag's names by its key, if the fleet holds it.
+fn job_of<'a>(jobs: &'a mut BTreeMap<JobId, Job>, s: &Series) -> Option<&'a mut Job> {
+    let (key, by) = (s.label(label::JOB_KEY)?, s.label(label::JOINED_BY)?);
+    jobs.get_mut(&(key.to_owned(), by.to_owned()))
+}
+
+/// The ranks two GPUs of a job or more hold, in order.
+fn repeated_ranks(job: &Job) -> Vec<String> {
+    let mut held: BTreeMap<&str, u32> = BTreeMap::new();
+    for r in job.gpus.iter().filter_map(|g| g.rank.as_deref()) {
+        *held.entry(r).or_default() += 1;
+    }
+    let mut repeated: Vec<&str> = held
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(r, _)| r)
+        .collect();
+    repeated.sort_by_key(|r| (r.parse::<u64>().unwrap_or(u64::MAX), r.to_string()));
+    repeated.into_iter().map(str::to_owned).collect()
 }
 
 /// GPUs by their rank in the job, then node and index; nodes and their verdicts by name.
@@ -160,19 +224,18 @@ fn sort_job(job: &mut Job) {
     job.per_node.sort_by(|a, b| a.node.cmp(&b.node));
 }
 
-/// The shipped rules' judgement of a job across nodes: their alerts on it (a firing one
-/// before a pending one) and their figures.
+/// The shipped rules' judgement of a job across nodes: their alerts on it (each GPU a
+/// straggler alert names, a firing one before a pending one) and their figures.
 fn judge_across_nodes(
     job: &mut Job,
     (key, by): &JobId,
     job_alerts: &[Alert],
     rule_series: &[Series],
 ) {
-    let pick = |name: &str| {
+    let on_job = |name: &'static str| {
         job_alerts
             .iter()
-            .filter(|a| a.job_key.as_deref() == Some(key.as_str()) && a.name == name)
-            .max_by_key(|a| a.state == "firing")
+            .filter(move |a| a.job_key.as_deref() == Some(key.as_str()) && a.name == name)
     };
     let job_rule = |name: &str| {
         rule_series
@@ -184,44 +247,69 @@ fn judge_across_nodes(
             })
             .map(|s| s.value)
     };
-    let straggler = pick(rules::ALERT_JOB_STRAGGLER);
-    let comm = pick(rules::ALERT_JOB_COMMUNICATION_BOUND);
-    let (pattern, state) = match (straggler, comm) {
-        (Some(a), _) => ("straggler", Some(a.state.clone())),
-        (None, Some(a)) => ("communication_bound", Some(a.state.clone())),
-        (None, None) => ("balanced", None),
-    };
-    job.across_nodes = Some(JobJudgement {
-        pattern: pattern.to_owned(),
-        state,
-        straggler: straggler.map(|a| Straggler {
+    let firing = |a: &Alert| a.state == "firing";
+    let mut alerts: Vec<&Alert> = on_job(rules::ALERT_JOB_STRAGGLER).collect();
+    alerts.sort_by(|a, b| {
+        firing(b)
+            .cmp(&firing(a))
+            .then_with(|| a.node.cmp(&b.node))
+            .then_with(|| gpu_index_key(&a.gpu).cmp(&gpu_index_key(&b.gpu)))
+    });
+    // A GPU is named once, by its firing alert where it has one.
+    let mut seen = BTreeSet::new();
+    let stragglers: Vec<Straggler> = alerts
+        .into_iter()
+        .filter(|a| seen.insert((a.node.clone(), a.gpu.clone(), a.uuid.clone())))
+        .map(|a| Straggler {
             node: a.node.clone(),
             gpu: a.gpu.clone(),
             uuid: a.uuid.clone(),
             pace: a.pace.clone(),
-        }),
+            state: a.state.clone(),
+        })
+        .collect();
+    let comm = on_job(rules::ALERT_JOB_COMMUNICATION_BOUND).max_by_key(|a| firing(a));
+    let (pattern, state) = match (stragglers.first(), comm) {
+        (Some(s), _) => ("straggler", Some(s.state.clone())),
+        (None, Some(a)) => ("communication_bound", Some(a.state.clone())),
+        (None, None) => ("balanced", None),
+    };
+    let any_firing = state.as_deref() == Some("firing") || comm.is_some_and(firing);
+    let any = !stragglers.is_empty() || comm.is_some();
+    job.across_nodes = Some(JobJudgement {
+        pattern: pattern.to_owned(),
+        state,
+        stragglers,
         sm_active_median_pct: job_rule(rules::JOB_SM_ACTIVE_MEDIAN).map(|v| v * 100.0),
         sm_active_spread: job_rule(rules::JOB_SM_ACTIVE_SPREAD),
     });
-    let firing = |a: Option<&Alert>| a.is_some_and(|a| a.state == "firing");
-    if firing(straggler) || firing(comm) {
+    if any_firing {
         job.rank = job.rank.max(Rank::Warn);
-    } else if straggler.is_some() || comm.is_some() {
+    } else if any {
         job.rank = job.rank.max(Rank::Held);
     }
 }
 
-/// A GPU is the straggler when a firing alert or a node's verdict names it.
+/// A GPU is a straggler when a firing alert or its node's own verdict names it.
 fn mark_stragglers(job: &mut Job) {
-    let named: BTreeSet<String> = job
+    let by_rules = job
         .across_nodes
         .iter()
-        .filter(|j| j.state.as_deref() == Some("firing"))
-        .filter_map(|j| j.straggler.as_ref()?.uuid.clone())
-        .chain(job.per_node.iter().filter_map(|v| v.straggler_uuid.clone()))
-        .collect();
+        .flat_map(|j| &j.stragglers)
+        .filter(|s| s.state == "firing")
+        .map(|s| (s.node.clone(), s.gpu.clone(), s.uuid.clone()));
+    let by_nodes = job.per_node.iter().flat_map(|v| {
+        v.stragglers
+            .iter()
+            .map(|g| (Some(v.node.clone()), g.gpu.clone(), g.uuid.clone()))
+    });
+    let named: Vec<_> = by_rules.chain(by_nodes).collect();
     for g in &mut job.gpus {
-        g.straggler = named.contains(&g.uuid);
+        g.straggler = named.iter().any(|(node, gpu, uuid)| match uuid {
+            Some(u) => *u == g.uuid,
+            // An older node's verdict may name the GPU by index alone.
+            None => node.as_deref() == Some(g.node.as_str()) && gpu.is_some() && *gpu == g.gpu,
+        });
     }
 }
 
@@ -364,10 +452,10 @@ mod tests {
             (across.pattern.as_str(), across.state.as_deref()),
             ("straggler", Some("firing"))
         );
-        assert_eq!(
-            across.straggler.as_ref().unwrap().pace.as_deref(),
-            Some("slow")
-        );
+        // The pending and the firing alert on one GPU name it once.
+        assert_eq!(across.stragglers.len(), 1, "{across:?}");
+        assert_eq!(across.stragglers[0].pace.as_deref(), Some("slow"));
+        assert_eq!(across.stragglers[0].state, "firing");
         let stragglers: Vec<&str> = k
             .gpus
             .iter()
@@ -378,36 +466,161 @@ mod tests {
         assert_eq!(k.rank, Rank::Warn);
     }
 
+    /// Two GPUs of one job on two nodes lead together: each alert names its GPU, the firing
+    /// one first, and only a firing alert marks a GPU.
     #[test]
-    fn without_the_rules_only_node_verdicts_judge() {
+    fn several_straggler_alerts_name_each_gpu() {
+        let mut pending = straggler_alert("pending");
+        pending.node = Some("a".to_owned());
+        pending.uuid = Some("GPU-0".to_owned());
+        let alerts = [pending, straggler_alert("firing")];
+        let jobs = jobs(&two_nodes(), Vec::new(), &alerts, &[]);
+        let k = jobs.iter().find(|j| j.job_key == "k").unwrap();
+        let across = k.across_nodes.as_ref().unwrap();
+        assert_eq!(across.state.as_deref(), Some("firing"));
+        let named: Vec<(&str, &str)> = across
+            .stragglers
+            .iter()
+            .map(|s| (s.uuid.as_deref().unwrap(), s.state.as_str()))
+            .collect();
+        assert_eq!(named, [("GPU-1", "firing"), ("GPU-0", "pending")]);
+        let marked: Vec<&str> = k
+            .gpus
+            .iter()
+            .filter(|g| g.straggler)
+            .map(|g| g.uuid.as_str())
+            .collect();
+        assert_eq!(marked, ["GPU-1"]);
+    }
+
+    fn verdict(node: &str, v: &str, labels: &[(&'static str, &'static str)]) -> (String, Series) {
+        let mut all = vec![("job_key", "k"), ("joined_by", "slurm"), ("verdict", v)];
+        all.extend_from_slice(labels);
+        (node.to_owned(), s("gpudiag_job_verdict", &all, 1.0))
+    }
+
+    fn role(
+        node: &str,
+        uuid: &'static str,
+        gpu: &'static str,
+        role: &'static str,
+    ) -> (String, Series) {
+        (
+            node.to_owned(),
+            s(
+                series::GPUDIAG_JOB_GPU_ROLE,
+                &[
+                    ("job_key", "k"),
+                    ("joined_by", "slurm"),
+                    ("UUID", uuid),
+                    ("gpu", gpu),
+                    ("role", role),
+                ],
+                1.0,
+            ),
+        )
+    }
+
+    /// Without the rules, each node's own verdict judges: its role series name the stragglers
+    /// (here one on each node) and the GPUs waiting for them.
+    #[test]
+    fn without_the_rules_each_nodes_roles_name_its_stragglers() {
         let mut f = two_nodes();
         f.rules = RulesState::NotLoaded;
-        let verdict = |node: &str, v: &str| {
-            (
-                node.to_owned(),
-                s(
-                    "gpudiag_job_verdict",
-                    &[
-                        ("job_key", "k"),
-                        ("joined_by", "slurm"),
-                        ("verdict", v),
-                        ("straggler_UUID", "GPU-0"),
-                    ],
-                    1.0,
-                ),
-            )
-        };
+        f.nodes[1].gpus.push(gpu("GPU-3", "2", &[("k", "2")]));
         let jobs = jobs(
             &f,
-            vec![verdict("b", "straggler"), verdict("a", "balanced")],
+            vec![
+                role("b", "GPU-1", "0", "straggler"),
+                verdict("b", "straggler", &[]),
+                verdict("a", "straggler", &[]),
+                role("a", "GPU-3", "2", "straggler"),
+                role("a", "GPU-0", "0", "waiting"),
+            ],
             &[],
             &[],
         );
         let k = jobs.iter().find(|j| j.job_key == "k").unwrap();
         assert!(k.across_nodes.is_none());
+        let nodes: Vec<(&str, Vec<Option<&str>>)> = k
+            .per_node
+            .iter()
+            .map(|v| {
+                let gpus = v.stragglers.iter().map(|g| g.uuid.as_deref()).collect();
+                (v.node.as_str(), gpus)
+            })
+            .collect();
+        assert_eq!(
+            nodes,
+            [("a", vec![Some("GPU-3")]), ("b", vec![Some("GPU-1")])]
+        );
+        let gpus: Vec<(&str, bool, Option<&str>)> = k
+            .gpus
+            .iter()
+            .map(|g| (g.uuid.as_str(), g.straggler, g.role.as_deref()))
+            .collect();
+        assert_eq!(
+            gpus,
+            [
+                ("GPU-0", false, Some("waiting")),
+                ("GPU-1", true, Some("straggler")),
+                ("GPU-3", true, Some("straggler")),
+            ]
+        );
+        assert_eq!(k.rank, Rank::Held);
+    }
+
+    /// A node running a gpudiag from before the role series names its straggler in the
+    /// verdict's labels: still read.
+    #[test]
+    fn an_older_nodes_straggler_labels_are_read() {
+        let mut f = two_nodes();
+        f.rules = RulesState::NotLoaded;
+        let jobs = jobs(
+            &f,
+            vec![
+                verdict(
+                    "a",
+                    "straggler",
+                    &[("straggler_gpu", "0"), ("straggler_UUID", "GPU-0")],
+                ),
+                verdict("b", "balanced", &[]),
+            ],
+            &[],
+            &[],
+        );
+        let k = jobs.iter().find(|j| j.job_key == "k").unwrap();
         let nodes: Vec<&str> = k.per_node.iter().map(|v| v.node.as_str()).collect();
         assert_eq!(nodes, ["a", "b"]);
+        assert_eq!(
+            k.per_node[0].stragglers,
+            [NodeGpu {
+                gpu: Some("0".to_owned()),
+                uuid: Some("GPU-0".to_owned()),
+            }]
+        );
+        assert!(k.per_node[1].stragglers.is_empty());
         assert!(k.gpus[0].straggler);
+        assert_eq!(k.gpus[0].role, None);
         assert_eq!(k.rank, Rank::Held);
+    }
+
+    /// Two jobs under one key (an older gpudiag's unqualified 127.0.0.1:29500 on two nodes):
+    /// the ranks repeat, the fleet says so and does not judge the key across nodes.
+    #[test]
+    fn a_key_whose_gpus_repeat_a_rank_is_doubted_not_judged() {
+        let mut f = two_nodes();
+        f.nodes[0].gpus[0].jobs[0].rank = Some("0".to_owned());
+        let jobs = jobs(&f, Vec::new(), &[straggler_alert("firing")], &[]);
+        let k = jobs.iter().find(|j| j.job_key == "k").unwrap();
+        assert!(k.across_nodes.is_none(), "{k:?}");
+        assert_eq!(k.doubts.len(), 1, "{k:?}");
+        assert!(
+            k.doubts[0].starts_with("rank 0 held by two GPUs"),
+            "{:?}",
+            k.doubts
+        );
+        let fine = jobs.iter().find(|j| j.job_key == "ml/p").unwrap();
+        assert!(fine.doubts.is_empty());
     }
 }

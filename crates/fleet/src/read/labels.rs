@@ -10,7 +10,7 @@ use crate::client::{Client, Series};
 use crate::model::FindingRef;
 
 /// Every label the fleet reads from a series; the others are dropped as answers are parsed.
-pub(super) const LABELS_READ: [&str; 24] = [
+pub(super) const LABELS_READ: [&str; 25] = [
     label::NAME,
     label::INSTANCE,
     label::SCRAPE_JOB,
@@ -30,8 +30,9 @@ pub(super) const LABELS_READ: [&str; 24] = [
     label::JOINED_BY,
     label::SLURM_JOB,
     label::RANK,
-    label::STRAGGLER_GPU,
-    label::STRAGGLER_UUID,
+    label::ROLE,
+    label::LEGACY_STRAGGLER_GPU,
+    label::LEGACY_STRAGGLER_UUID,
     label::PID,
     label::PROCESS,
     label::USER,
