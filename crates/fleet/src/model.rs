@@ -54,7 +54,8 @@ pub struct Fleet {
     /// the exit code are computed from.
     pub findings: Vec<FleetFinding>,
     /// Reads that failed without sinking the whole look (the alerts API, the rules API): what
-    /// is missing and why.
+    /// is missing and why; and GPU UUIDs that one exporter reports from two or more nodes
+    /// (each node's GPU is listed, but the shipped rules cannot tell them apart).
     pub degraded: Vec<String>,
     pub queries: QueryCost,
 }

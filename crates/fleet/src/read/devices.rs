@@ -1,5 +1,7 @@
 //! dcgm-exporter's device figures, which gpudiag writes under the same names: each GPU's
 //! draft is started here, keyed by UUID (else node and index), and merged from both exporters.
+//! A UUID that one exporter reports from two or more nodes (a cloned VM image, a relabelling
+//! slip) is keyed by node and UUID instead, so each node keeps its GPUs.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -22,7 +24,8 @@ pub(super) const DEVICE_SERIES: [&str; 8] = [
     series::DCGM_FI_DEV_GPU_TEMP,
 ];
 
-/// A GPU while its series are gathered, keyed by UUID (else node and index).
+/// A GPU while its series are gathered, keyed by UUID (node and UUID for a duplicated one; else
+/// node and index).
 #[derive(Default)]
 pub(super) struct GpuDraft {
     pub node: String,
@@ -52,6 +55,8 @@ pub(super) struct Gathered {
     /// Each node's verdicts on its jobs (`gpudiag_job_verdict`) and the part each GPU plays
     /// in them (`gpudiag_job_gpu_role`).
     pub node_jobs: Vec<(String, Series)>,
+    /// UUIDs that one exporter reports from two or more nodes, with those nodes.
+    pub duplicated: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// The scrape targets that serve gpudiag (they write `gpudiag_info`).
@@ -63,13 +68,49 @@ pub(super) fn gpudiag_instances(gpudiag: &[Series]) -> BTreeSet<String> {
         .collect()
 }
 
+/// The UUIDs that one exporter reports from two or more nodes, with every node naming them.
+/// Only one exporter's view counts: dcgm-exporter's `Hostname` is its pod's name unless its
+/// DaemonSet passes the node's, so gpudiag and dcgm-exporter may name one GPU's node apart,
+/// and that GPU must still merge into one.
+pub(super) fn duplicated_uuids(
+    device: &[Series],
+    gpudiag: &[Series],
+    node_label: &str,
+    gpudiag_instances: &BTreeSet<String>,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let mut seen: BTreeMap<(&str, Exporter), BTreeSet<String>> = BTreeMap::new();
+    let from_device = device.iter().map(|s| {
+        let exporter = match s.label(label::INSTANCE) {
+            Some(i) if gpudiag_instances.contains(i) => Exporter::Gpudiag,
+            _ => Exporter::DcgmExporter,
+        };
+        (s, exporter)
+    });
+    let from_gpudiag = gpudiag.iter().map(|s| (s, Exporter::Gpudiag));
+    for (s, exporter) in from_device.chain(from_gpudiag) {
+        if let (Some(uuid), Some(node)) = (s.label(label::UUID), node_of(s, node_label)) {
+            seen.entry((uuid, exporter)).or_default().insert(node);
+        }
+    }
+    let mut duplicated: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for ((uuid, _), nodes) in seen.iter().filter(|(_, nodes)| nodes.len() > 1) {
+        duplicated
+            .entry((*uuid).to_owned())
+            .or_default()
+            .extend(nodes.iter().cloned());
+    }
+    duplicated
+}
+
 /// The GPU's draft a series belongs to, started if new.
 pub(super) fn draft<'d>(
     drafts: &'d mut BTreeMap<String, GpuDraft>,
+    duplicated: &BTreeMap<String, BTreeSet<String>>,
     node: &str,
     s: &Series,
 ) -> &'d mut GpuDraft {
     let key = match s.label(label::UUID) {
+        Some(u) if duplicated.contains_key(u) => format!("node:{node}:uuid:{u}"),
         Some(u) => format!("uuid:{u}"),
         None => format!("node:{node}:{}", s.label(label::GPU).unwrap_or("?")),
     };
@@ -108,7 +149,7 @@ pub(super) fn gather(
             Some(i) if gpudiag_instances.contains(i) => Exporter::Gpudiag,
             _ => Exporter::DcgmExporter,
         };
-        let d = draft(&mut g.drafts, &node, s);
+        let d = draft(&mut g.drafts, &g.duplicated, &node, s);
         if let Some(i) = s.label(label::INSTANCE) {
             d.instances.insert(i.to_owned());
             g.instance_node.entry(i.to_owned()).or_insert(node.clone());
@@ -179,6 +220,28 @@ mod tests {
         assert_eq!(d.exporters.len(), 2);
         assert_eq!(d.instances.len(), 2);
         assert_eq!(g.instance_node["a:9400"], "a");
+    }
+
+    #[test]
+    fn a_uuid_is_duplicated_only_when_one_exporter_names_two_nodes() {
+        let on = |instance: &str, host: &str| {
+            s(
+                UTIL,
+                &[
+                    ("instance", instance),
+                    ("Hostname", host),
+                    ("UUID", "GPU-1"),
+                ],
+                1.0,
+            )
+        };
+        let gpudiag: BTreeSet<String> = ["a:9835".to_owned(), "b:9835".to_owned()].into();
+        // dcgm-exporter's `Hostname` is its pod's name: the same GPU, named apart.
+        let beside = [on("a:9835", "a"), on("10.1.2.3:9400", "dcgm-exporter-x7k")];
+        assert!(duplicated_uuids(&beside, &[], "Hostname", &gpudiag).is_empty());
+        let cloned = [on("a:9835", "a"), on("b:9835", "b")];
+        let dup = duplicated_uuids(&cloned, &[], "Hostname", &gpudiag);
+        assert_eq!(dup["GPU-1"], ["a".to_owned(), "b".to_owned()].into());
     }
 
     #[test]

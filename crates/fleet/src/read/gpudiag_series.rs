@@ -52,7 +52,7 @@ pub(super) fn gather(g: &mut Gathered, gpudiag: &[Series], node_label: &str, cho
         if !on_gpu || !chosen.keeps(s) || name == series::GPUDIAG_INFO {
             continue;
         }
-        let d = draft(&mut g.drafts, &node, s);
+        let d = draft(&mut g.drafts, &g.duplicated, &node, s);
         d.exporters.insert(Exporter::Gpudiag);
         if let Some(i) = s.label(label::INSTANCE) {
             d.instances.insert(i.to_owned());

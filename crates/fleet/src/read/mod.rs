@@ -136,7 +136,15 @@ impl<'a> Reader<'a> {
         let core = self.core(&sel)?;
         let node_label = self.req.node_label.as_str();
         let gpudiag_instances = devices::gpudiag_instances(&core.gpudiag);
-        let mut gathered = Gathered::default();
+        let mut gathered = Gathered {
+            duplicated: devices::duplicated_uuids(
+                &core.device,
+                &core.gpudiag,
+                node_label,
+                &gpudiag_instances,
+            ),
+            ..Gathered::default()
+        };
         devices::gather(
             &mut gathered,
             &core.device,

@@ -41,6 +41,7 @@ pub(super) fn assemble(fleet: &mut Fleet, gathered: Gathered, reads: Reads<'_>) 
         instance_node,
         node_findings,
         node_jobs,
+        duplicated,
     } = gathered;
     let mut nodes = nodes_of_targets(
         &reads.targets,
@@ -71,13 +72,21 @@ pub(super) fn assemble(fleet: &mut Fleet, gathered: Gathered, reads: Reads<'_>) 
                 node.exporters.push(*e);
             }
         }
-        let gpu_alerts = d
-            .uuid
-            .as_ref()
-            .and_then(|u| placed.gpu.remove(u))
-            .unwrap_or_default();
+        let gpu_alerts = match &d.uuid {
+            Some(u) if duplicated.contains_key(u) => alerts_on_node(&mut placed.gpu, u, &d.node),
+            Some(u) => placed.gpu.remove(u).unwrap_or_default(),
+            None => Vec::new(),
+        };
         node.gpus.push(gpu_of(d, gpu_alerts, &target_age));
     }
+    // An alert on a duplicated UUID that names none of its nodes has no GPU to sit under, and
+    // still counts.
+    for uuid in duplicated.keys() {
+        fleet
+            .unplaced_alerts
+            .extend(placed.gpu.remove(uuid).unwrap_or_default());
+    }
+    fleet.degraded.extend(duplicated_notes(&duplicated));
     for (name, f) in node_findings {
         let node = nodes
             .entry(name.clone())
@@ -98,6 +107,51 @@ pub(super) fn assemble(fleet: &mut Fleet, gathered: Gathered, reads: Reads<'_>) 
 
     fleet.jobs = jobs::jobs(fleet, node_jobs, &placed.job, &reads.rule_series);
     status::findings_and_status(fleet);
+}
+
+/// The firing alerts on a duplicated UUID that name this node.
+fn alerts_on_node(
+    gpu_alerts: &mut BTreeMap<String, Vec<Alert>>,
+    uuid: &str,
+    node: &str,
+) -> Vec<Alert> {
+    let Some(all) = gpu_alerts.get_mut(uuid) else {
+        return Vec::new();
+    };
+    let (here, elsewhere) = std::mem::take(all)
+        .into_iter()
+        .partition(|a| a.node.as_deref() == Some(node));
+    *all = elsewhere;
+    here
+}
+
+/// How many duplicated UUIDs a note lists by name; the rest are counted.
+const DUPLICATES_NAMED: usize = 8;
+
+/// One note per set of nodes that share UUIDs (a cloned image gives all its GPUs' UUIDs to
+/// the same nodes).
+fn duplicated_notes(duplicated: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let mut by_nodes: BTreeMap<&BTreeSet<String>, Vec<&str>> = BTreeMap::new();
+    for (uuid, nodes) in duplicated {
+        by_nodes.entry(nodes).or_default().push(uuid);
+    }
+    by_nodes
+        .into_iter()
+        .map(|(nodes, uuids)| {
+            let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+            let mut named = uuids[..uuids.len().min(DUPLICATES_NAMED)].join(", ");
+            if uuids.len() > DUPLICATES_NAMED {
+                named += &format!(" and {} more", uuids.len() - DUPLICATES_NAMED);
+            }
+            format!(
+                "{} GPU UUID(s) reported by each of the nodes {}: {named}; their GPUs are listed \
+                 on each node, but the shipped rules join on UUID alone and mix them up (a \
+                 cloned VM image or a relabelling slip?)",
+                uuids.len(),
+                nodes.join(", ")
+            )
+        })
+        .collect()
 }
 
 fn empty_node(name: &str) -> Node {
@@ -291,7 +345,9 @@ pub(super) fn severity_rank(s: Severity) -> Rank {
 mod tests {
     use super::*;
     use crate::read::answer::{alert, series as s};
-    use crate::read::devices::draft;
+    use crate::read::devices::{self, draft, duplicated_uuids};
+    use crate::read::gpudiag_series;
+    use crate::read::labels::Chosen;
 
     fn target(instance: &str, up: f64, stamp: Option<f64>) -> ScrapeTarget {
         ScrapeTarget {
@@ -328,6 +384,7 @@ mod tests {
         let mut drafts = BTreeMap::new();
         draft(
             &mut drafts,
+            &BTreeMap::new(),
             "n1",
             &s("", &[("UUID", "GPU-1"), ("gpu", "0")], 0.0),
         );
@@ -374,6 +431,7 @@ mod tests {
         let mut drafts = BTreeMap::new();
         let d = draft(
             &mut drafts,
+            &BTreeMap::new(),
             "n1",
             &s("", &[("UUID", "GPU-1"), ("gpu", "0")], 0.0),
         );
@@ -398,6 +456,84 @@ mod tests {
         assert_eq!(g.verdict, GpuVerdict::DcgmExporterOnly);
         assert_eq!(g.rank, Rank::Warn);
         assert_eq!(g.last_scrape_age_s, Some(3.0), "the freshest target counts");
+    }
+
+    #[test]
+    fn gpus_that_share_uuids_across_nodes_stay_apart_and_are_named() {
+        // Two nodes from one cloned image: the same eight UUIDs, gpudiag serving both.
+        let mut device = Vec::new();
+        let mut verdicts = Vec::new();
+        for node in ["node-a", "node-b"] {
+            let instance = format!("{node}:9835");
+            for i in 0..8 {
+                let (uuid, index) = (format!("GPU-clone-{i}"), i.to_string());
+                let labels = [
+                    ("instance", instance.as_str()),
+                    ("Hostname", node),
+                    ("UUID", uuid.as_str()),
+                    ("gpu", index.as_str()),
+                ];
+                device.push(s(series::DCGM_FI_DEV_GPU_UTIL, &labels, 50.0));
+                if node == "node-b" {
+                    let mut labels = labels.to_vec();
+                    labels.push(("verdict", "idle"));
+                    verdicts.push(s(series::GPUDIAG_VERDICT, &labels, 1.0));
+                }
+            }
+        }
+        let instances: BTreeSet<String> =
+            ["node-a:9835".to_owned(), "node-b:9835".to_owned()].into();
+        let mut g = Gathered {
+            duplicated: duplicated_uuids(&device, &verdicts, "Hostname", &instances),
+            ..Gathered::default()
+        };
+        devices::gather(&mut g, &device, "Hostname", &Chosen(None), &instances);
+        gpudiag_series::gather(&mut g, &verdicts, "Hostname", &Chosen(None));
+        let alerts = vec![alert(
+            "firing",
+            &[
+                ("alertname", "GpuXidError"),
+                ("UUID", "GPU-clone-3"),
+                ("Hostname", "node-b"),
+            ],
+        )];
+        let mut fleet = crate::read::answer::fleet();
+        assemble(
+            &mut fleet,
+            g,
+            Reads {
+                targets: Vec::new(),
+                alerts,
+                rule_series: Vec::new(),
+                gpudiag_instances: &instances,
+                at: 0,
+                everything: true,
+            },
+        );
+
+        assert_eq!(fleet.counts.gpus, 16, "each node keeps its eight GPUs");
+        let a = fleet.node("node-a").unwrap();
+        let b = fleet.node("node-b").unwrap();
+        assert_eq!((a.gpus.len(), b.gpus.len()), (8, 8));
+        assert!(a.gpus.iter().all(|g| g.verdict == GpuVerdict::NotJudgedYet));
+        assert!(b.gpus.iter().all(|g| matches!(&g.verdict,
+            GpuVerdict::Judged { bottleneck, .. } if bottleneck == "idle")));
+        let alerted: Vec<(&str, &str)> = fleet
+            .gpus()
+            .filter(|(_, g)| !g.alerts.is_empty())
+            .map(|(n, g)| (n.name.as_str(), g.gpu.as_deref().unwrap()))
+            .collect();
+        assert_eq!(
+            alerted,
+            [("node-b", "3")],
+            "the alert sits on the node it names"
+        );
+        assert_eq!(fleet.degraded.len(), 1, "{:?}", fleet.degraded);
+        let note = &fleet.degraded[0];
+        assert!(note.starts_with("8 GPU UUID(s) reported by each of the nodes node-a, node-b"));
+        for i in 0..8 {
+            assert!(note.contains(&format!("GPU-clone-{i}")), "{note}");
+        }
     }
 
     #[test]
