@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::cluster::{as_node, read_recording, shortened_rules, wait_until};
+use crate::support::cluster::{
+    as_node, config_with_rules, read_recording, shortened_rules, wait_until,
+};
 use crate::support::fake_http;
 use crate::support::prometheus_api::{self, Killed, free_port, query, start_prometheus};
 use crate::support::serve::{Served, serve};
@@ -432,17 +434,8 @@ fn two_single_node_jobs_on_torchruns_defaults_stay_two_jobs_and_nothing_alerts()
     .iter()
     .map(|f| serve(&["--replay", root().join(f).to_str().unwrap()]))
     .collect();
-    let rules = dir.path().join("gpudiag-rules.yml");
-    std::fs::write(&rules, shortened_rules()).unwrap();
-    let targets: Vec<String> = nodes.iter().map(|n| format!("'{}'", n.addr)).collect();
-    let config = format!(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-         rule_files:\n  - {}\n\
-         scrape_configs:\n  - job_name: gpudiag\n    scrape_timeout: 1s\n    \
-         static_configs:\n      - targets: [{}]\n",
-        rules.display(),
-        targets.join(", ")
-    );
+    let targets: Vec<String> = nodes.iter().map(|n| n.addr.to_string()).collect();
+    let config = config_with_rules(dir.path(), &targets);
     let (_prometheus, addr) = start_prometheus(&prometheus, dir.path(), &config, "prometheus", &[]);
 
     // The rules have every GPU's window average, under three keys of their own.

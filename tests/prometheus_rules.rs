@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::cluster::{RULES, as_node, read_recording, shortened_rules, wait_until};
+use crate::support::cluster::{RULES, as_node, config_with_rules, read_recording, wait_until};
 use crate::support::prometheus_api::{encode, http_get, query, start_prometheus};
 use crate::support::serve::serve;
 use crate::support::{root, tool};
@@ -129,17 +129,8 @@ fn a_real_prometheus_fires_the_straggler_alert_for_the_gpu_that_leads_across_nod
         served.push(serve(&["--replay", copy.to_str().expect("a UTF-8 path")]));
     }
 
-    let rules = dir.path().join("gpudiag-rules.yml");
-    std::fs::write(&rules, shortened_rules()).unwrap();
-    let targets: Vec<String> = served.iter().map(|s| format!("'{}'", s.addr)).collect();
-    let config = format!(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-         rule_files:\n  - {}\n\
-         scrape_configs:\n  - job_name: gpudiag\n    scrape_timeout: 1s\n    \
-         static_configs:\n      - targets: [{}]\n",
-        rules.display(),
-        targets.join(", ")
-    );
+    let targets: Vec<String> = served.iter().map(|s| s.addr.to_string()).collect();
+    let config = config_with_rules(dir.path(), &targets);
     let (_prometheus, prom) = start_prometheus(&prometheus, dir.path(), &config, "data", &[]);
 
     // Every GPU of the job is seen, with its global rank.

@@ -35,6 +35,22 @@ pub fn shortened_rules() -> String {
     short
 }
 
+/// A Prometheus configuration that scrapes `targets` (host:port) as the job `gpudiag` every
+/// second and evaluates the shipped rules, shortened ([`shortened_rules`]), written into `dir`.
+pub fn config_with_rules(dir: &Path, targets: &[String]) -> String {
+    let rules = dir.join("gpudiag-rules.yml");
+    std::fs::write(&rules, shortened_rules()).unwrap();
+    let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+    format!(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+         rule_files:\n  - {}\n\
+         scrape_configs:\n  - job_name: gpudiag\n    scrape_timeout: 1s\n    \
+         static_configs:\n      - targets: [{}]\n",
+        rules.display(),
+        targets.join(", ")
+    )
+}
+
 /// Reads a recording, plain or gzip.
 pub fn read_recording(path: &Path) -> String {
     let bytes = std::fs::read(path).unwrap();
