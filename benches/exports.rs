@@ -215,6 +215,8 @@ fn snapshot_with_processes(per_gpu: u32) -> Snapshot {
                         cpu_time_s: Some(12.5),
                         attribution: Some(attribution),
                         launch: None,
+                        state: None,
+                        started_ms: None,
                     }
                 })
                 .collect(),

@@ -95,6 +95,8 @@ fn sample(device: u32, time_ms: u64, i: u64) -> Sample {
                     rank: Some(device),
                     ..Launch::default()
                 }),
+                state: None,
+                started_ms: None,
             })
             .collect(),
     );

@@ -328,6 +328,7 @@ pub fn job_lines(j: &gpudiag_model::job::JobVerdict) -> Vec<String> {
             match j.role_of(p.device) {
                 Some(gpudiag_model::job::GpuRole::Straggler) => "  ◀ straggler",
                 Some(gpudiag_model::job::GpuRole::Waiting) => "  (waits)",
+                Some(gpudiag_model::job::GpuRole::Missing) => "  ◀ missing",
                 None => "",
             }
         ));
@@ -559,6 +560,7 @@ mod tests {
                     ..PeerFigures::default()
                 })
                 .collect(),
+            stall: None,
             evidence: serde_json::Map::new(),
         }
     }

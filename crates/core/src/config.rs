@@ -204,6 +204,23 @@ config_table! {
         communication_max_tensor_pct: f64 = 10.0, 0.0..=100.0;
         /// A straggler's peers wait at least this share (0..1) of the time before their verdicts say so.
         waiting_min_share: f64 = 0.15, 0.0..=1.0;
+        /// A job whose GPUs make no progress this long (s) is hung: they sit in collectives that move
+        /// nothing while the rank they wait for sleeps, stopped or exited. A shorter window is too short
+        /// to call a hang.
+        hang_after_s: f64 = 30.0, 1.0..=86400.0;
+        /// A GPU spinning in a collective reads utilisation at or above this (%): a kernel runs all the time.
+        hang_spin_util_pct: f64 = 80.0, 0.0..=100.0;
+        /// ... while it moves less than this between GPUs (MB/s, NVLink and PCIe, rx + tx): a collective
+        /// that moves data is progress.
+        hang_max_link_mb_per_s: f64 = 100.0, 0.0..=1e9;
+        /// ... its tensor pipes and DRAM active below this (%), where the GPU has profiling counters.
+        hang_max_busy_pct: f64 = 3.0, 0.0..=100.0;
+        /// ... and the job draws at most this share (0..1) of its own working draw before, where that
+        /// was seen (a spinning GPU draws a quarter or less of what it drew at work).
+        hang_power_ratio: f64 = 0.6, 0.0..=1.0;
+        /// A rank using this much CPU (% of one core) while its peers wait makes progress on the host (a
+        /// checkpoint, an evaluation, a download): a slow rank, not a hang.
+        host_progress_cpu_pct: f64 = 10.0, 0.0..=100000.0;
     }
 }
 

@@ -54,6 +54,8 @@ fn process(pid: u32, bytes: u64) -> ProcessSample {
         cpu_time_s: None,
         attribution: None,
         launch: None,
+        state: None,
+        started_ms: None,
     }
 }
 

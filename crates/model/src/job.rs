@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::attribution::Attribution;
 pub use crate::attribution::{Launch, NetNamespace, WorkerOf};
-use crate::sample::TimeMs;
+use crate::sample::{ProcessState, TimeMs};
 use crate::verdict::Confidence;
 
 /// What ties a job's processes together, strongest first.
@@ -114,18 +114,23 @@ pub struct JobMember {
 pub enum GpuRole {
     /// A straggler: the others wait for it.
     Straggler,
-    /// It waits for the job's stragglers much of the time (`waiting_for_peer`).
+    /// It waits for the job's stragglers much of the time (`waiting_for_peer`), or, in a job
+    /// that makes no progress, inside a collective for a rank that never comes.
     Waiting,
+    /// In a job that makes no progress: the GPU of a rank its peers wait for, which is asleep,
+    /// stopped or gone.
+    Missing,
 }
 
 impl GpuRole {
-    pub const ALL: [GpuRole; 2] = [GpuRole::Straggler, GpuRole::Waiting];
+    pub const ALL: [GpuRole; 3] = [GpuRole::Straggler, GpuRole::Waiting, GpuRole::Missing];
 
     /// The JSON name, also a Prometheus label value.
     pub fn name(self) -> &'static str {
         match self {
             GpuRole::Straggler => "straggler",
             GpuRole::Waiting => "waiting",
+            GpuRole::Missing => "missing",
         }
     }
 }
@@ -143,10 +148,20 @@ pub enum JobPattern {
     Imbalanced,
     /// The GPUs keep pace with each other: each GPU's own verdict stands.
     Balanced,
+    /// No progress: its GPUs sit in collectives that move nothing, waiting for a rank that is
+    /// asleep with no CPU progress, or every rank waits (collectives called in different orders).
+    Hung,
+    /// No progress because a rank's process exited while its peers wait for it.
+    RankExited,
+    /// No progress because a rank's process is stopped (SIGSTOP, SIGTSTP, a debugger).
+    RankStopped,
 }
 
 impl JobPattern {
-    pub const ALL: [JobPattern; 4] = [
+    pub const ALL: [JobPattern; 7] = [
+        JobPattern::Hung,
+        JobPattern::RankExited,
+        JobPattern::RankStopped,
         JobPattern::Straggler,
         JobPattern::CommunicationBound,
         JobPattern::Imbalanced,
@@ -160,7 +175,18 @@ impl JobPattern {
             JobPattern::CommunicationBound => "communication_bound",
             JobPattern::Imbalanced => "imbalanced",
             JobPattern::Balanced => "balanced",
+            JobPattern::Hung => "hung",
+            JobPattern::RankExited => "rank_exited",
+            JobPattern::RankStopped => "rank_stopped",
         }
+    }
+
+    /// Whether the job makes no progress: `hung`, `rank_exited`, `rank_stopped`.
+    pub fn stalled(self) -> bool {
+        matches!(
+            self,
+            JobPattern::Hung | JobPattern::RankExited | JobPattern::RankStopped
+        )
     }
 }
 
@@ -251,8 +277,49 @@ pub struct JobVerdict {
     pub doubts: Vec<String>,
     /// Each GPU's figures, by device.
     pub peers: Vec<PeerFigures>,
+    /// Where the job makes no progress: since when, who waits and who is missing. Left out
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall: Option<Stall>,
     /// The figures compared and the thresholds they were compared with.
     pub evidence: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A job that makes no progress: its GPUs inside collectives that move nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct Stall {
+    /// Since when no GPU of the job made progress, ms since the Unix epoch, and for how long
+    /// until the window's end.
+    pub since_ms: TimeMs,
+    pub stuck_s: f64,
+    /// The GPUs spinning in a collective, waiting.
+    pub waiting: Vec<u32>,
+    /// The ranks they wait for, and why each does not come; empty where every rank waits.
+    pub missing: Vec<MissingRank>,
+    /// The job's mean draw while stuck against its own working draw before, per GPU summed.
+    pub stuck_power_w: Option<f64>,
+    pub working_power_w: Option<f64>,
+}
+
+/// A rank its peers wait for, and what its process does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct MissingRank {
+    pub device: u32,
+    pub rank: Option<u32>,
+    /// Its host pid (as gpudiag sees it).
+    pub pid: u32,
+    /// Its process's state while its peers wait: `None` once it left the GPU (see `left_ms`).
+    pub state: Option<ProcessState>,
+    /// When its process left the GPU's process list (exited), ms since the Unix epoch.
+    pub left_ms: Option<TimeMs>,
+    /// Since when it is in the state that keeps it away (stopped, asleep), where read.
+    pub since_ms: Option<TimeMs>,
+    /// Its CPU use while its peers wait, % of one core.
+    pub cpu_pct: Option<f64>,
+    /// What to run to see where it is, where it still runs (`py-spy dump --pid N`).
+    pub inspect: Option<String>,
 }
 
 impl JobVerdict {

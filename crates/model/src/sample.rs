@@ -386,7 +386,9 @@ impl DeviceInfo {
     transform = crate::schema::added_later("container_pid"),
     transform = crate::schema::added_later("cpu_time_s"),
     transform = crate::schema::added_later("attribution"),
-    transform = crate::schema::added_later("launch")
+    transform = crate::schema::added_later("launch"),
+    transform = crate::schema::added_later("state"),
+    transform = crate::schema::added_later("started_ms")
 )]
 pub struct ProcessSample {
     pub pid: u32,
@@ -418,6 +420,100 @@ pub struct ProcessSample {
     /// job together; `None` from sources that do not look (recordings made before gpudiag did).
     #[serde(default)]
     pub launch: Option<crate::attribution::Launch>,
+    /// What the process was doing when read (`/proc/<pid>/stat`, field 3): a rank its peers
+    /// wait for is told apart by it (asleep with no CPU progress: likely hung; stopped; a
+    /// zombie; running or in I/O: slow, not hung). Left out where not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<ProcessState>,
+    /// When the process started, ms since the Unix epoch (`/proc/<pid>/stat` field 22 after
+    /// the boot time of `/proc/stat`): a pid reused by a new process has a new start. Left out
+    /// where not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<TimeMs>,
+}
+
+/// A process's scheduling state as `/proc/<pid>/stat` gives it. Stable names: JSON values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessState {
+    /// `R`: on a CPU or ready to run.
+    Running,
+    /// `S`: asleep until something wakes it (a lock, a socket, a timer, a GPU event).
+    Sleeping,
+    /// `D`: waiting in the kernel, usually for I/O (a checkpoint write) or a driver call.
+    DiskSleep,
+    /// `T` or `t`: stopped by a signal (SIGSTOP, SIGTSTP) or a debugger.
+    Stopped,
+    /// `Z`: exited, not yet reaped by its parent.
+    Zombie,
+    /// `X`, `x`: exiting.
+    Dead,
+    /// `I` (an idle kernel thread), `P`, `W`, `K`: not a user process's state worth telling apart.
+    Other,
+}
+
+impl ProcessState {
+    /// From the state letter.
+    pub fn from_letter(c: char) -> Option<Self> {
+        Some(match c {
+            'R' => ProcessState::Running,
+            'S' => ProcessState::Sleeping,
+            'D' => ProcessState::DiskSleep,
+            'T' | 't' => ProcessState::Stopped,
+            'Z' => ProcessState::Zombie,
+            'X' | 'x' => ProcessState::Dead,
+            'I' | 'P' | 'W' | 'K' => ProcessState::Other,
+            _ => return None,
+        })
+    }
+
+    /// The JSON name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProcessState::Running => "running",
+            ProcessState::Sleeping => "sleeping",
+            ProcessState::DiskSleep => "disk_sleep",
+            ProcessState::Stopped => "stopped",
+            ProcessState::Zombie => "zombie",
+            ProcessState::Dead => "dead",
+            ProcessState::Other => "other",
+        }
+    }
+
+    /// Gone or going: it will never call the next collective.
+    pub fn exited(self) -> bool {
+        matches!(self, ProcessState::Zombie | ProcessState::Dead)
+    }
+}
+
+/// The state from a `/proc/<pid>/stat` line (field 3).
+pub fn stat_state(stat: &str) -> Option<ProcessState> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let letter = rest.split_ascii_whitespace().next()?;
+    let mut chars = letter.chars();
+    let c = chars.next()?;
+    chars.next().is_none().then_some(())?;
+    ProcessState::from_letter(c)
+}
+
+/// When the process started, ms since the Unix epoch: field 22 (`starttime`, in `USER_HZ` ticks
+/// after boot) and `btime` of `/proc/stat` (the boot time, s since the epoch).
+pub fn stat_started_ms(stat: &str, boot_time_s: u64) -> Option<TimeMs> {
+    const MS_PER_TICK: u64 = 10;
+    // Field 22 is the 20th after the command name's last ')' (field 3 is the first).
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let ticks: u64 = rest.split_ascii_whitespace().nth(19)?.parse().ok()?;
+    boot_time_s
+        .checked_mul(1000)?
+        .checked_add(ticks.checked_mul(MS_PER_TICK)?)
+}
+
+/// `btime` from `/proc/stat`: when the host booted, s since the Unix epoch.
+pub fn proc_stat_boot_time_s(proc_stat: &str) -> Option<u64> {
+    proc_stat
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// The parent's pid from a `/proc/<pid>/stat` line (field 4).
@@ -1158,6 +1254,38 @@ mod tests {
             .unwrap_or_default();
         keys.retain(|k| k != "time_ms" && k != "device");
         keys
+    }
+
+    /// A real line of a python rank (pid 4553) asleep, its name holding a space and a ')'.
+    const STAT: &str = "4553 (pt_main) thread) S 4500 4553 4500 0 -1 4194560 100 0 0 0 \
+                        1234 56 0 0 20 0 12 0 987654 1000000 2000 18446744073709551615";
+
+    #[test]
+    fn the_state_and_the_start_are_read_after_the_name() {
+        assert_eq!(stat_state(STAT), Some(ProcessState::Sleeping));
+        assert_eq!(stat_cpu_time_s(STAT), Some(12.9));
+        // Booted at 1_700_000_000 s; started 9876.54 s later.
+        assert_eq!(
+            stat_started_ms(STAT, 1_700_000_000),
+            Some(1_700_000_000_000 + 9_876_540)
+        );
+        assert_eq!(stat_state("1 (x) T 0"), Some(ProcessState::Stopped));
+        assert_eq!(stat_state("1 (x) t 0"), Some(ProcessState::Stopped));
+        assert_eq!(stat_state("1 (x) Z 0"), Some(ProcessState::Zombie));
+        assert_eq!(stat_state("1 (x) ? 0"), None);
+        assert_eq!(stat_state("1 (x) RS 0"), None);
+        assert_eq!(stat_state("no parenthesis"), None);
+        assert_eq!(stat_started_ms("1 (x) S 0", 1), None);
+        assert_eq!(stat_started_ms(STAT, u64::MAX), None);
+    }
+
+    #[test]
+    fn the_boot_time_is_btime() {
+        assert_eq!(
+            proc_stat_boot_time_s("cpu  1 2 3\nintr 5\nbtime 1700000000\nprocesses 9\n"),
+            Some(1_700_000_000)
+        );
+        assert_eq!(proc_stat_boot_time_s("cpu 1\n"), None);
     }
 
     #[test]

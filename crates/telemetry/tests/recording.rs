@@ -77,6 +77,8 @@ fn every_record() -> Vec<Record> {
         cpu_time_s: Some(1234.5),
         attribution: None,
         launch: None,
+        state: None,
+        started_ms: None,
     }]);
     s.absent.insert("fan_pct".into(), Absent::NotSupported);
     s.absent.insert(

@@ -331,6 +331,8 @@ mod tests {
                 cpu_time_s: None,
                 attribution: None,
                 launch: None,
+                state: None,
+                started_ms: None,
             }]),
             ..Sample::new(0, 1000)
         };

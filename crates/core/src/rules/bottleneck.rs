@@ -1036,6 +1036,8 @@ mod tests {
                 cpu_time_s: Some(i as f64 * 0.5),
                 attribution: None,
                 launch: None,
+                state: None,
+                started_ms: None,
             }]);
             cpu.observe(&s);
         }

@@ -358,6 +358,8 @@ mod tests {
                 cpu_time_s: None,
                 attribution: None,
                 launch: None,
+                state: None,
+                started_ms: None,
             }]);
             pm.observe(&s, 600_000);
         }

@@ -333,6 +333,8 @@ mod tests {
             cpu_time_s: Some(1.0),
             attribution: None,
             launch: None,
+            state: None,
+            started_ms: None,
         }
     }
 

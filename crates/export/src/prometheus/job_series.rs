@@ -243,6 +243,8 @@ mod tests {
             cpu_time_s: None,
             attribution,
             launch,
+            state: None,
+            started_ms: None,
         }
     }
 

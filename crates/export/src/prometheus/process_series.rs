@@ -190,6 +190,8 @@ mod tests {
             cpu_time_s: None,
             attribution: Some(attribution),
             launch: None,
+            state: None,
+            started_ms: None,
         }
     }
 

@@ -56,6 +56,8 @@ impl Default for AttributionOptions {
 pub struct Attributor {
     root: PathBuf,
     kubelet: Kubelet,
+    /// When the host booted (`btime`), read once: process start times count from it.
+    boot_time_s: std::sync::OnceLock<Option<u64>>,
 }
 
 impl std::fmt::Debug for Attributor {
@@ -74,6 +76,7 @@ impl Attributor {
         Attributor {
             root: options.root,
             kubelet: Kubelet::new(options.kubelet),
+            boot_time_s: std::sync::OnceLock::new(),
         }
     }
 
@@ -82,6 +85,16 @@ impl Attributor {
         self.kubelet
             .pods()
             .map(|pods| kubelet::pods_holding(&pods, gpu))
+    }
+
+    /// When the host booted, s since the Unix epoch; `None` where `/proc/stat` is unreadable.
+    fn boot_time_s(&self) -> Option<u64> {
+        *self.boot_time_s.get_or_init(|| {
+            std::fs::read_to_string(self.root.join("proc/stat"))
+                .ok()
+                .as_deref()
+                .and_then(gpudiag_model::sample::proc_stat_boot_time_s)
+        })
     }
 
     /// The directory /proc and /etc/passwd are read under.
@@ -136,6 +149,11 @@ impl Attributor {
                 .and_then(gpudiag_model::sample::stat_cpu_time_s),
             attribution: Some(attribution),
             launch: Some(launch),
+            state: stat.as_deref().and_then(gpudiag_model::sample::stat_state),
+            started_ms: stat
+                .as_deref()
+                .zip(self.boot_time_s())
+                .and_then(|(stat, boot)| gpudiag_model::sample::stat_started_ms(stat, boot)),
         }
     }
 }

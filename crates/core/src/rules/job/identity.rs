@@ -230,6 +230,8 @@ mod tests {
             cpu_time_s: None,
             attribution: None,
             launch,
+            state: None,
+            started_ms: None,
         }
     }
 

@@ -155,6 +155,7 @@ fn judge_job(
         stragglers: found.stragglers,
         doubts,
         peers: comparison.gpus.iter().map(|g| g.figures.clone()).collect(),
+        stall: None,
         evidence: comparison.evidence,
     })
 }
@@ -301,6 +302,7 @@ pub fn findings(jobs: &[JobVerdict], config: &JobConfig) -> Vec<gpudiag_model::f
                 ),
             )),
             JobPattern::Balanced => {}
+            JobPattern::Hung | JobPattern::RankExited | JobPattern::RankStopped => {}
         }
     }
     out
