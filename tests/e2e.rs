@@ -35,6 +35,7 @@ mod schema;
 mod serve_load;
 mod serve_tls;
 mod signals;
+mod stall_cases;
 mod tui;
 mod tui_screens;
 mod tui_tmux;

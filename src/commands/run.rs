@@ -83,6 +83,61 @@ pub struct RunReport {
     pub gpu_processes: Vec<TreeProcess>,
     /// Descendants still holding GPU memory after the command exited.
     pub still_holding: Vec<TreeProcess>,
+    /// The process of the command that left its GPU first, a second or more before the others:
+    /// when a launcher tears a job down after one rank dies, the rank that died first is where
+    /// to look. `None` where no process left clearly first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_to_leave: Option<FirstToLeave>,
+}
+
+/// The process that left its GPU first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct FirstToLeave {
+    pub pid: u32,
+    pub device: u32,
+    /// Its rank, where its launcher's variables were read.
+    pub rank: Option<u32>,
+    /// When it was last listed on its GPU, ms since the Unix epoch.
+    pub left_ms: TimeMs,
+    /// How long before the next process left, in seconds.
+    pub before_others_s: f64,
+}
+
+/// Process lists refresh about once a second: a process that left a second or more before the
+/// next one left first; closer than that, the order is not known.
+const LEFT_FIRST_MARGIN_MS: u64 = 1_000;
+
+/// The command's process that left its GPU clearly first, of two or more that left before
+/// `end_ms`.
+fn first_to_leave(
+    lifetimes: &BTreeMap<(u32, u32), Lifetime>,
+    end_ms: TimeMs,
+) -> Option<FirstToLeave> {
+    let mut left: Vec<(&(u32, u32), &Lifetime)> = lifetimes
+        .iter()
+        .filter(|(_, l)| l.last_seen_ms < end_ms.saturating_add(AFTER_EXIT.as_millis() as u64))
+        .collect();
+    if left.len() < 2 {
+        return None;
+    }
+    left.sort_by_key(|(_, l)| l.last_seen_ms);
+    let ((device, pid), first) = left[0];
+    let next = left[1].1.last_seen_ms;
+    (next >= first.last_seen_ms.saturating_add(LEFT_FIRST_MARGIN_MS)).then(|| FirstToLeave {
+        pid: *pid,
+        device: *device,
+        rank: first.rank,
+        left_ms: first.last_seen_ms,
+        before_others_s: (next - first.last_seen_ms) as f64 / 1000.0,
+    })
+}
+
+/// When a process of the command was last listed on a GPU, and its rank.
+#[derive(Debug, Clone, Copy)]
+struct Lifetime {
+    last_seen_ms: TimeMs,
+    rank: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -263,6 +318,7 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
         not_judged: Vec::new(),
         gpu_processes: Vec::new(),
         still_holding: Vec::new(),
+        first_to_leave: None,
     };
     let mut ours = None;
     if let Some(mut w) = watched {
@@ -689,6 +745,7 @@ impl Watched {
         report.not_judged = judged.not_judged;
         report.gpu_processes = self.tree.seen.values().cloned().collect();
         report.still_holding = self.tree.still_holding(&self.session.pipeline, end_ms);
+        report.first_to_leave = first_to_leave(&self.tree.lifetimes, end_ms);
         for w in self.warnings {
             report.not_judged.push(NotJudged {
                 rule: "run".into(),
@@ -733,6 +790,7 @@ pub fn conclusion_of(source: Source, config: &Config) -> RunConclusion {
         not_judged: Vec::new(),
         gpu_processes: Vec::new(),
         still_holding: Vec::new(),
+        first_to_leave: None,
     };
     watched.conclude(&mut report, start_ms, end_ms);
     RunConclusion {
@@ -768,6 +826,18 @@ fn summary(r: &RunReport) -> String {
     if let Some(why) = &r.not_watched {
         let _ = writeln!(out, "gpudiag: the GPUs were not watched: {why}");
         return out;
+    }
+    // A job torn down after one rank died: that rank is where to look.
+    if let Some(first) = r.first_to_leave.as_ref().filter(|_| r.exit_code != Some(0)) {
+        let _ = writeln!(
+            out,
+            "gpudiag: GPU {}{} (pid {}) left its GPU first, {:.1} s before the others: if a \
+             rank died and the launcher then ended the rest, it is this one; read its log first",
+            first.device,
+            first.rank.map(|r| format!(" rank {r}")).unwrap_or_default(),
+            first.pid,
+            first.before_others_s
+        );
     }
     // The job first: its GPUs' own verdicts read busy while they wait for a straggler.
     for j in &r.jobs {
@@ -850,6 +920,8 @@ struct ProcessTree {
     known: BTreeMap<u32, bool>,
     /// (device, pid) → the process as last seen on that GPU.
     seen: BTreeMap<(u32, u32), TreeProcess>,
+    /// (device, pid) → when it was last listed there.
+    lifetimes: BTreeMap<(u32, u32), Lifetime>,
 }
 
 impl ProcessTree {
@@ -858,6 +930,7 @@ impl ProcessTree {
             root,
             known: BTreeMap::new(),
             seen: BTreeMap::new(),
+            lifetimes: BTreeMap::new(),
         }
     }
 
@@ -870,6 +943,13 @@ impl ProcessTree {
                     .entry(p.pid)
                     .or_insert_with(|| descends_from(p.pid, root));
                 if descends {
+                    let rank = p.launch.as_ref().and_then(|l| l.rank);
+                    let life = self.lifetimes.entry((s.device, p.pid)).or_insert(Lifetime {
+                        last_seen_ms: s.time_ms,
+                        rank,
+                    });
+                    life.last_seen_ms = life.last_seen_ms.max(s.time_ms);
+                    life.rank = life.rank.or(rank);
                     self.seen.insert(
                         (s.device, p.pid),
                         TreeProcess {
@@ -963,6 +1043,24 @@ impl Sink for RunSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_process_that_left_a_second_before_the_others_left_first() {
+        let life = |last_seen_ms, rank| Lifetime { last_seen_ms, rank };
+        let mut lifetimes = BTreeMap::new();
+        lifetimes.insert((0, 100), life(10_000, Some(0)));
+        lifetimes.insert((1, 101), life(7_000, Some(1)));
+        lifetimes.insert((2, 102), life(10_200, Some(2)));
+        let first = first_to_leave(&lifetimes, 10_500).unwrap();
+        assert_eq!((first.device, first.pid, first.rank), (1, 101, Some(1)));
+        assert_eq!(first.before_others_s, 3.0);
+        // Within the process lists' cadence the order is not known.
+        lifetimes.insert((1, 101), life(9_500, Some(1)));
+        assert!(first_to_leave(&lifetimes, 10_500).is_none());
+        // One process is no order at all.
+        let one: BTreeMap<_, _> = [((0, 100), life(1, None))].into_iter().collect();
+        assert!(first_to_leave(&one, 10_500).is_none());
+    }
 
     #[test]
     fn the_parent_comes_after_the_last_parenthesis() {

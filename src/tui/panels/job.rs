@@ -26,6 +26,8 @@ pub const STRAGGLER_MARK: &str = "◀ straggler";
 /// A GPU waiting for the job's stragglers ends its row with this, where it fits: each GPU's own
 /// verdict reads busy while it waits.
 pub const WAITING_MARK: &str = "(waits)";
+/// The mark of the rank a stalled job waits for.
+pub const MISSING_MARK: &str = "◀ missing";
 
 /// A verdict in words: "communication-bound".
 fn pattern(p: JobPattern) -> String {
@@ -44,6 +46,20 @@ fn gpu_name(device: u32, rank: Option<u32>) -> String {
 /// 6, peers wait ~48%", "balanced (4 GPUs)". The wait is the first straggler's: the one that sets
 /// the pace most.
 fn brief(job: &JobVerdict) -> String {
+    if let Some(stall) = job.stall.as_ref().filter(|_| job.verdict.stalled()) {
+        let whom = match stall.missing.as_slice() {
+            [] => "every rank waits".to_owned(),
+            missing => format!(
+                "waits for {}",
+                missing
+                    .iter()
+                    .map(|m| gpu_name(m.device, m.rank))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        return format!("{} {:.0} s, {whom}", pattern(job.verdict), stall.stuck_s);
+    }
     let (first, several) = match (job.stragglers.as_slice(), job.verdict) {
         ([first, rest @ ..], JobPattern::Straggler) => (first, !rest.is_empty()),
         (_, p) => return format!("{} ({} GPUs)", pattern(p), job.members.len()),
@@ -169,7 +185,9 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         Some(_) => Some(GpuRole::Straggler),
         None => job.role_of(device),
     };
-    let is_straggler = |device: u32| role_of(device) == Some(GpuRole::Straggler);
+    // The rank a stalled job waits for is kept and marked as a straggler is.
+    let is_straggler =
+        |device: u32| matches!(role_of(device), Some(GpuRole::Straggler | GpuRole::Missing));
     // More GPUs than rows (a large job, a short terminal): every straggler's row stays, the last
     // line says how many are not shown rather than leaving them out silently.
     let rows = inner_height.saturating_sub(1);
@@ -205,10 +223,14 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
             Some(GpuRole::Straggler) => {
                 format!("{} ◀", format::fit(&row, inner_width.saturating_sub(2)))
             }
+            Some(GpuRole::Missing) if fits(MISSING_MARK) => format!("{row}  {MISSING_MARK}"),
+            Some(GpuRole::Missing) => {
+                format!("{} ◀", format::fit(&row, inner_width.saturating_sub(2)))
+            }
             Some(GpuRole::Waiting) if fits(WAITING_MARK) => format!("{row}  {WAITING_MARK}"),
             _ => format::fit(&row, inner_width),
         };
-        lines.push(if role == Some(GpuRole::Straggler) {
+        lines.push(if is_straggler(m.device) {
             Line::from(Span::styled(
                 row,
                 style(app, job).add_modifier(Modifier::BOLD | Modifier::REVERSED),

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use gpudiag_model::sample::{Sample, TimeMs};
+use gpudiag_model::sample::{ProcessState, Sample, TimeMs};
 
 /// Per-(device, pid) memory series, bounded by the leak window.
 #[derive(Debug, Default, Clone)]
@@ -110,6 +110,11 @@ struct ProcessActivity {
     memory_bytes: Option<u64>,
     /// When the process was last in its device's list.
     last_seen_ms: TimeMs,
+    /// Its scheduling state where it changed (a point at each change, and the first read).
+    states: VecDeque<(TimeMs, ProcessState)>,
+    /// When it started, as /proc said: a pid that comes back with another start is a new
+    /// process, and its series start over.
+    started_ms: Option<TimeMs>,
 }
 
 /// An hour of 1 Hz points per process.
@@ -177,7 +182,23 @@ impl ProcessCpu {
         let Some(procs) = &s.processes else { return };
         for p in procs {
             let entry = self.series.entry((s.device, p.pid)).or_default();
+            if let (Some(was), Some(now)) = (entry.started_ms, p.started_ms)
+                && was != now
+            {
+                *entry = ProcessActivity::default();
+            }
+            if p.started_ms.is_some() {
+                entry.started_ms = p.started_ms;
+            }
             entry.last_seen_ms = entry.last_seen_ms.max(s.time_ms);
+            if let Some(state) = p.state
+                && entry.states.back().is_none_or(|&(_, last)| last != state)
+            {
+                if entry.states.len() == MAX_CPU_POINTS {
+                    entry.states.pop_front();
+                }
+                entry.states.push_back((s.time_ms, state));
+            }
             if p.used_memory_bytes.is_some() {
                 entry.memory_bytes = p.used_memory_bytes;
             }
@@ -199,6 +220,20 @@ impl ProcessCpu {
         let (t1, c1) = inside.next_back()?;
         let dt = t1.saturating_sub(*t0) as f64 / 1000.0;
         (dt >= 1.0).then(|| ((c1 - c0) / dt * 100.0).max(0.0))
+    }
+
+    /// The state `pid` was last read in at or before `at`, and since when it has been in it
+    /// (the first read of that state after another, or the first read at all); `None` where no
+    /// state was read.
+    pub fn state_at(&self, device: u32, pid: u32, at: TimeMs) -> Option<(ProcessState, TimeMs)> {
+        let states = &self.series.get(&(device, pid))?.states;
+        let i = states.iter().rposition(|&(t, _)| t <= at)?;
+        Some((states[i].1, states[i].0))
+    }
+
+    /// When `pid` was last listed on `device`, while its series is kept.
+    pub fn last_seen(&self, device: u32, pid: u32) -> Option<TimeMs> {
+        self.series.get(&(device, pid)).map(|a| a.last_seen_ms)
     }
 
     /// Mean SM use of `pid` on `device` in `[start, end]` as the driver reported it, in %.

@@ -22,6 +22,7 @@
 mod detect;
 mod figures;
 mod identity;
+mod stall;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -29,9 +30,10 @@ use serde_json::json;
 
 use super::{RuleInput, process_state::ProcessLaunch, round2};
 use crate::config::JobConfig;
+use crate::history::Window;
 use figures::{gpu_name, pct};
 use gpudiag_model::job::{GpuRole, JobId, JobMember, JobPattern, JobVerdict, Straggler};
-use gpudiag_model::sample::TimeMs;
+use gpudiag_model::sample::{Metric, TimeMs};
 use gpudiag_model::verdict::{Bottleneck, Confidence, NotJudged, Verdict};
 
 /// Judges one job over `[start, end]`.
@@ -200,15 +202,102 @@ pub fn judge_all(
             ),
         });
     }
+    let with_uuid = |mut m: JobMember| {
+        m.uuid = input
+            .devices
+            .iter()
+            .find(|d| d.index == m.device)
+            .and_then(|d| d.uuid.clone());
+        m
+    };
     let groups = identity::group(launches, input.process_memory, start, end, command);
-    for (job, mut members) in groups {
-        for m in &mut members {
-            m.uuid = input
-                .devices
-                .iter()
-                .find(|d| d.index == m.device)
-                .and_then(|d| d.uuid.clone());
+    // A rank that exited before the window began is still one its peers wait for: the stall
+    // looks back as far as the process table keeps it.
+    let look_back = end.saturating_sub(stall::LOOK_BACK_MS).min(start);
+    let with_gone = identity::group(launches, input.process_memory, look_back, end, command);
+    for (job, members) in with_gone {
+        let ranks: Vec<stall::Rank> = members
+            .into_iter()
+            .map(|m| {
+                let last = launches
+                    .seen
+                    .get(&(m.device, m.pid))
+                    .map(|p| p.last_seen_ms);
+                let latest = input.history.latest_ms(m.device).unwrap_or(end).min(end);
+                let peak_power_w = input
+                    .history
+                    .series_in(
+                        m.device,
+                        Metric::PowerW,
+                        Window::Range {
+                            start_ms: look_back,
+                            end_ms: end,
+                        },
+                    )
+                    .map(|(_, w)| w)
+                    .reduce(f64::max);
+                stall::Rank {
+                    left_ms: last.filter(|&t| t.saturating_add(stall::GONE_AFTER_MS) < latest),
+                    peak_power_w,
+                    member: with_uuid(m),
+                }
+            })
+            .collect();
+        // A job none of whose ranks is there any more has ended, not stalled.
+        if ranks.iter().all(|r| r.left_ms.is_some_and(|t| t < start)) {
+            continue;
         }
+        let seen = stall::detect(input, &ranks, start, end);
+        let current = groups.get(&job);
+        match seen {
+            stall::Seen::Found(found) => {
+                verdicts.push(stalled_verdict(
+                    input, launches, &job, &ranks, start, end, *found,
+                ));
+                continue;
+            }
+            stall::Seen::TooShort { stuck_s } => {
+                not_judged.push(NotJudged {
+                    rule: "job".to_owned(),
+                    device: None,
+                    reason: format!(
+                        "{}: its GPUs sat in collectives that move nothing for the whole {:.0} s \
+                         seen, and a hang is called after {:.0} s (`hang_after_s`): judge a \
+                         longer window",
+                        capitalised(&job.label()),
+                        stuck_s,
+                        input.config.job.hang_after_s
+                    ),
+                });
+                continue;
+            }
+            stall::Seen::Stuck { since_ms, stuck_s } => {
+                if let Some(members) = current {
+                    let members: Vec<JobMember> = members.iter().cloned().map(with_uuid).collect();
+                    match judge_job(input, launches, &job, &members, start, end) {
+                        Ok(mut v) => {
+                            v.title.push_str(&format!(
+                                "; its GPUs have made no progress for {stuck_s:.0} s (a stall is \
+                                 called after {:.0} s)",
+                                input.config.job.hang_after_s
+                            ));
+                            v.evidence.insert("stuck_s".into(), json!(round2(stuck_s)));
+                            v.evidence.insert("stuck_since_ms".into(), json!(since_ms));
+                            verdicts.push(v);
+                        }
+                        Err(reason) => not_judged.push(NotJudged {
+                            rule: "job".to_owned(),
+                            device: None,
+                            reason: format!("{}: {reason}", capitalised(&job.label())),
+                        }),
+                    }
+                }
+                continue;
+            }
+            stall::Seen::Moving => {}
+        }
+        let Some(members) = current else { continue };
+        let members: Vec<JobMember> = members.iter().cloned().map(with_uuid).collect();
         match judge_job(input, launches, &job, &members, start, end) {
             Ok(v) => verdicts.push(v),
             Err(reason) => not_judged.push(NotJudged {
@@ -219,6 +308,79 @@ pub fn judge_all(
         }
     }
     (verdicts, not_judged)
+}
+
+/// The verdict on a job that makes no progress.
+fn stalled_verdict(
+    input: &RuleInput<'_>,
+    launches: &ProcessLaunch,
+    job: &JobId,
+    ranks: &[stall::Rank],
+    start: TimeMs,
+    end: TimeMs,
+    found: stall::StallFound,
+) -> JobVerdict {
+    let all: Vec<JobMember> = ranks.iter().map(|r| r.member.clone()).collect();
+    let presumed = job.joined_by.presumed();
+    let doubts = identity::doubts(&all, launches);
+    let mut confidence = found.confidence;
+    if !doubts.is_empty() {
+        confidence = lower(confidence);
+    }
+    if presumed {
+        confidence = Confidence::Low;
+    }
+    let missing: BTreeSet<u32> = found.stall.missing.iter().map(|m| m.device).collect();
+    let members = all
+        .iter()
+        .map(|m| JobMember {
+            role: if found.stragglers.iter().any(|s| s.device == m.device) {
+                Some(GpuRole::Straggler)
+            } else if missing.contains(&m.device) {
+                Some(GpuRole::Missing)
+            } else if found.stall.waiting.contains(&m.device) {
+                Some(GpuRole::Waiting)
+            } else {
+                None
+            },
+            ..m.clone()
+        })
+        .collect();
+    let mut title = format!(
+        "{} on {} GPUs: {}",
+        capitalised(&job.label()),
+        all.len(),
+        found.title
+    );
+    if !doubts.is_empty() {
+        title.push_str(&format!(
+            "; but its ranks disagree ({}), so it may join separate jobs",
+            doubts.join("; ")
+        ));
+    }
+    JobVerdict {
+        job: job.clone(),
+        presumed,
+        members,
+        verdict: found.pattern,
+        confidence,
+        start_ms: start,
+        end_ms: end,
+        title,
+        advice: found.advice,
+        stragglers: found.stragglers,
+        doubts,
+        peers: ranks
+            .iter()
+            .filter(|r| r.left_ms.is_none())
+            .map(|r| {
+                let pids: BTreeSet<u32> = all.iter().map(|m| m.pid).collect();
+                figures::figures_of(input, &r.member, &pids, found.stall.since_ms, end).figures
+            })
+            .collect(),
+        stall: Some(found.stall),
+        evidence: found.evidence,
+    }
 }
 
 /// The findings the job verdicts raise, so `check --fail-on`, the findings views and `serve`'s
@@ -302,7 +464,47 @@ pub fn findings(jobs: &[JobVerdict], config: &JobConfig) -> Vec<gpudiag_model::f
                 ),
             )),
             JobPattern::Balanced => {}
-            JobPattern::Hung | JobPattern::RankExited | JobPattern::RankStopped => {}
+            JobPattern::Hung | JobPattern::RankExited | JobPattern::RankStopped => {
+                // The job makes no progress: a failure, but for a presumed job, which may
+                // join strangers.
+                let severity = if j.presumed {
+                    Severity::Warn
+                } else {
+                    Severity::Fail
+                };
+                let id = format!("job.{}", j.verdict.name());
+                let mut f = job_finding(
+                    &id,
+                    severity,
+                    None,
+                    format!(
+                        "GPUs in collectives (utilisation ≥ {}%) moving < {} MB/s, tensor and \
+                         DRAM ≤ {}%, drawing ≤ {}× the job's working draw, for ≥ {} s",
+                        config.hang_spin_util_pct,
+                        config.hang_max_link_mb_per_s,
+                        config.hang_max_busy_pct,
+                        config.hang_power_ratio,
+                        config.hang_after_s
+                    ),
+                );
+                if let Some(stall) = &j.stall {
+                    let v = &mut f.evidence.values;
+                    v.insert("stuck_s".into(), json!(stall.stuck_s));
+                    v.insert("since_ms".into(), json!(stall.since_ms));
+                    v.insert("waiting".into(), json!(stall.waiting));
+                    v.insert(
+                        "missing".into(),
+                        json!(stall.missing.iter().map(|m| m.device).collect::<Vec<_>>()),
+                    );
+                    v.insert(
+                        "missing_pids".into(),
+                        json!(stall.missing.iter().map(|m| m.pid).collect::<Vec<_>>()),
+                    );
+                    // On the missing rank's GPU where there is one: that is the GPU to look at.
+                    f.device = stall.missing.first().map(|m| m.device);
+                }
+                out.push(f);
+            }
         }
     }
     out
@@ -340,8 +542,60 @@ pub fn explain_by_job(verdicts: &mut BTreeMap<u32, Verdict>, jobs: &[JobVerdict]
             v.advice = format!("See the job's verdict: {}", job.advice);
         }
     }
-    // The GPUs the verdict marked waiting (never a presumed job's: it may join strangers).
+    // A job that makes no progress: its waiting GPUs' own verdicts (busy, underfilled) say
+    // nothing true; the rank they wait for does.
     for job in jobs.iter().filter(|j| !j.presumed) {
+        let Some(stall) = &job.stall else { continue };
+        if !job.verdict.stalled() {
+            continue;
+        }
+        let whom = if stall.missing.is_empty() {
+            "a rank that never comes (every rank of the job on this host waits)".to_owned()
+        } else {
+            stall::names(stall.missing.iter().map(|m| gpu_name(m.device, m.rank)))
+        };
+        for &device in &stall.waiting {
+            let Some(v) = verdicts.get_mut(&device) else {
+                continue;
+            };
+            let own = v.bottleneck;
+            if own != Bottleneck::WaitingForPeer {
+                v.evidence
+                    .insert("own_bottleneck".into(), json!(own.name()));
+            }
+            v.evidence
+                .insert("job_verdict".into(), json!(job.verdict.name()));
+            v.evidence.insert("stuck_s".into(), json!(stall.stuck_s));
+            if let Some(m) = stall.missing.first() {
+                v.evidence
+                    .insert("waits_for_device".into(), json!(m.device));
+            }
+            v.title = format!(
+                "GPU {device} has waited {:.0} s inside a collective for {whom}: it makes no \
+                 progress ({} of {})",
+                stall.stuck_s,
+                job.verdict.name().replace('_', " "),
+                job.job.label()
+            );
+            v.advice = format!("{} See the job's verdict.", job.advice);
+            v.bottleneck = Bottleneck::WaitingForPeer;
+            v.confidence = job.confidence;
+        }
+        for m in &stall.missing {
+            let Some(v) = verdicts.get_mut(&m.device) else {
+                continue;
+            };
+            v.evidence
+                .insert("job_verdict".into(), json!(job.verdict.name()));
+            v.title = format!(
+                "{}; the other GPUs of {} wait for it (see the job's verdict)",
+                v.title,
+                job.job.label()
+            );
+        }
+    }
+    // The GPUs the verdict marked waiting (never a presumed job's: it may join strangers).
+    for job in jobs.iter().filter(|j| !j.presumed && !j.verdict.stalled()) {
         let Some(share) = job.stragglers.first().and_then(|s| s.peers_wait_share) else {
             continue;
         };
@@ -421,7 +675,14 @@ pub fn phases(
             let list = spans.entry(v.job.clone()).or_default();
             match list.last_mut() {
                 Some((prev, slices)) if follows && same_phase(prev, &v) => {
-                    prev.end_ms = v.end_ms;
+                    // A stall's latest reading is its whole stretch so far.
+                    if v.verdict.stalled() {
+                        let start = prev.start_ms;
+                        *prev = v;
+                        prev.start_ms = start;
+                    } else {
+                        prev.end_ms = v.end_ms;
+                    }
                     *slices += 1;
                 }
                 _ => list.push((v, 1)),
@@ -436,16 +697,42 @@ pub fn phases(
             let merged = list
                 .into_iter()
                 .map(|(v, slices)| {
-                    if slices == 1 {
+                    if slices == 1 || v.verdict.stalled() {
                         return v;
                     }
                     judge_job(input, launches, &v.job, &v.members, v.start_ms, v.end_ms)
                         .unwrap_or(v)
                 })
                 .collect();
-            (job, merged)
+            (job, fold_stalls(merged, start))
         })
         .collect()
+}
+
+/// A stall is called only once it has lasted `hang_after_s`; the phases before it that fall
+/// inside its stretch were the same stall, not yet called (a rank that "lags" because it
+/// sleeps). They become part of it, so the phases say when the job stopped, not when gpudiag
+/// was sure.
+fn fold_stalls(phases: Vec<JobVerdict>, start: TimeMs) -> Vec<JobVerdict> {
+    let mut out: Vec<JobVerdict> = Vec::with_capacity(phases.len());
+    for mut v in phases {
+        if let Some(since) = v
+            .stall
+            .as_ref()
+            .filter(|_| v.verdict.stalled())
+            .map(|s| s.since_ms.max(start))
+        {
+            while out.last().is_some_and(|p| p.start_ms >= since) {
+                out.pop();
+            }
+            if let Some(prev) = out.last_mut() {
+                prev.end_ms = prev.end_ms.min(since.saturating_sub(1));
+            }
+            v.start_ms = since;
+        }
+        out.push(v);
+    }
+    out
 }
 
 fn same_phase(a: &JobVerdict, b: &JobVerdict) -> bool {
