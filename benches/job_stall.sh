@@ -30,7 +30,8 @@ out=${OUT:-$PWD/job-stall-out}
 [ -x "$bin" ] || { echo "job_stall: no gpudiag at $bin" >&2; exit 2; }
 bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-[ "$gpus" -ge 4 ] || { echo "job_stall: needs 4 GPUs, found ${gpus:-none}" >&2; exit 2; }
+need=4; [ "$part" = live-hang ] && need=2
+[ "$gpus" -ge $need ] || { echo "job_stall: needs $need GPUs, found ${gpus:-none}" >&2; exit 2; }
 work=$(mktemp -d)
 dir=$work/job_stall
 mkdir -p "$dir/ras" "$dir/logs" "$dir/pids" "$out"
@@ -207,9 +208,11 @@ sensitivity() {
 # `serve`'s /metrics, the terminal UI at 100x30, and `run`'s summary when the job is ended.
 views() { # NAME
   local n=$1
-  timeout 60 "$bin" check --window 30s --json >"$dir/$n.check.json" 2>"$dir/logs/$n.check.err"
-  echo "exit $?" >>"$dir/$n.check.json.exit"
+  # Both checks watch the same 30 s.
+  (timeout 60 "$bin" check --window 30s --json >"$dir/$n.check.json" 2>"$dir/logs/$n.check.err"
+   echo "exit $?" >>"$dir/$n.check.json.exit") &
   timeout 60 "$bin" check --window 30s >"$dir/$n.check.txt" 2>&1
+  wait $!
   curl -s --max-time 10 http://127.0.0.1:9411/metrics >"$dir/$n.metrics.txt" 2>/dev/null ||
     python3 -c 'import urllib.request,sys; sys.stdout.write(urllib.request.urlopen("http://127.0.0.1:9411/metrics", timeout=10).read().decode())' >"$dir/$n.metrics.txt" 2>&1
   if command -v tmux >/dev/null; then
@@ -277,10 +280,43 @@ live() {
   grep -h '^gpudiag:' "$dir/live-hang.run.stderr" | head -12 >>"$dir/summary.txt"
 }
 
+# The hang of round 1 alone, on two GPUs: `run`, `check`, `serve` and the UI while it lasts.
+live_hang() {
+  [ -d .gpu-bundle/tmuxroot ] && export PATH=$PWD/.gpu-bundle/tmuxroot/usr/bin:$PATH \
+    LD_LIBRARY_PATH=$PWD/.gpu-bundle/tmuxroot/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+  ui="tmux -L gpudiag-job-stall"
+  "$bin" serve --listen 127.0.0.1:9411 >"$dir/logs/serve.log" 2>&1 &
+  serve_pid=$!
+  command -v tmux >/dev/null && { $ui kill-server 2>/dev/null; $ui new -d -s ui -x 100 -y 30 "$bin --config /dev/null"; }
+  record_start livehang
+  CUDA_VISIBLE_DEVICES=0,1 timeout 400 "$bin" run --report-file "$dir/live-hang.run.json" -- \
+    torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29521 \
+    --rdzv-id livehang "$wl/stall.py" hang --rank 1 --after 8 --seconds 600 \
+    --ready "$dir/livehang.ready" >"$dir/logs/live-hang.log" 2>"$dir/live-hang.run.stderr" &
+  run_pid=$!
+  wait_file "$dir/livehang.ready" 120 || say "live-hang: never ready"
+  sleep 8
+  local t_fault; t_fault=$(now)
+  say "live-hang: rank 1 stops calling the all-reduce about now"
+  sleep 38
+  views livehang
+  pkill -TERM -f 'rdzv-id livehang' 2>/dev/null
+  local i=0
+  while kill -0 "$run_pid" 2>/dev/null && [ $i -lt 40 ]; do sleep 0.5; i=$((i + 1)); done
+  stop_all; record_stop
+  command -v tmux >/dev/null && $ui kill-server 2>/dev/null
+  kill "$serve_pid" 2>/dev/null
+  truth livehang "{\"jobs\":[{\"gpus\":[0,1],\"case\":\"hung\",\"missing_device\":1,\"stall_from_ms\":$t_fault}]}"
+  grep -h '^gpudiag:' "$dir/live-hang.run.stderr" | cut -c1-400 | head -8 >>"$dir/summary.txt"
+  grep -h 'gpudiag_job_verdict\|gpudiag_job_stuck\|gpudiag_job_missing\|gpudiag_job_gpu_role' "$dir/livehang.metrics.txt" | grep -v '^#' | head -12 >>"$dir/summary.txt"
+  head -12 "$dir/livehang.tui.txt" >>"$dir/summary.txt" 2>/dev/null
+}
+
 case $part in
   scenarios) scenarios ;;
   sensitivity) sensitivity ;;
   live) live ;;
+  live-hang) live_hang ;;
   *) echo "job_stall: scenarios, sensitivity or live" >&2; exit 2 ;;
 esac
 for f in "$dir"/logs/*.log; do tail -3 "$f" | sed "s|^|$(basename "$f"): |" >>"$dir/summary.txt"; done

@@ -194,6 +194,19 @@ fn a_window_shorter_than_a_hang_takes_says_so_instead_of_blaming_a_rank() {
     assert_eq!(code, 0);
 }
 
+/// A live `check --window 30s` holds nothing from before the stall: no working draw to compare
+/// with, which must not read as "the job draws what it drew at work".
+#[test]
+fn a_live_window_that_holds_only_the_stall_is_hung() {
+    let (r, code) = check("live-window", &[]);
+    let job = job_on(&r, 0);
+    assert_eq!(job.verdict, JobPattern::Hung, "{}", job.title);
+    let stall = job.stall.as_ref().unwrap();
+    assert_eq!(stall.missing[0].device, 1);
+    assert_eq!(stall.working_power_w, None);
+    assert_eq!(code, 1);
+}
+
 #[test]
 fn the_phases_say_when_the_job_stopped_not_when_it_was_called() {
     let (r, _) = check("real-hung", &[]);

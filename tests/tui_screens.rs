@@ -141,6 +141,13 @@ impl Source {
         Source::read(backend, file.to_owned())
     }
 
+    /// A real recording of a job that stopped making progress (tests/fixtures/stalls).
+    fn stall(file: &str) -> Source {
+        let path = at("tests/fixtures/stalls").join(file);
+        let backend = ReplayBackend::open(&path, Pace::AsFastAsPossible).unwrap();
+        Source::read(backend, file.to_owned())
+    }
+
     /// Eight H100s of one torchrun job, GPU 5 the straggler (tests/fixtures/make_job_recording.py).
     fn job8() -> Source {
         Source::fixture("job8_straggler.ndjson")
@@ -660,6 +667,41 @@ fn the_job_panel_shows_every_gpu_and_marks_the_straggler() {
             screen.contains("what to do:"),
             "no advice at {w}x{h}:\n{screen}"
         );
+    }
+}
+
+/// A hung job: the header says so with how long and whom the job waits for, and the Job panel
+/// marks the missing rank (in words and reverse video) and every GPU that waits for it.
+#[test]
+fn a_hung_job_names_the_rank_it_waits_for_and_marks_the_waiting_gpus() {
+    let mut app = Source::stall("real-hung.ndjson.gz").app_at_end();
+    let job = &app.jobs[0];
+    assert_eq!(job.verdict.name(), "hung", "{job:?}");
+    app.panel = Panel::Job;
+    for (w, h) in [(80, 24), (200, 60)] {
+        let buf = render(&app, w, h);
+        let rows = rows(&buf);
+        let screen = rows.join("\n");
+        assert!(
+            rows[2].starts_with("job: hung ") && rows[2].contains("waits for GPU 3 (rank 3)"),
+            "{w}x{h}:\n{screen}"
+        );
+        let table = job_table(&rows);
+        assert_eq!(table.len(), 4, "{w}x{h}:\n{screen}");
+        for (&gpu, &y) in &table {
+            let row = &rows[y];
+            let (mark, reversed) = if gpu == 3 {
+                ("◀ missing", true)
+            } else {
+                ("(waits)", false)
+            };
+            assert!(row.contains(mark), "GPU {gpu} at {w}x{h}:\n{screen}");
+            assert_eq!(
+                buf[(2, y as u16)].modifier.contains(Modifier::REVERSED),
+                reversed,
+                "GPU {gpu} at {w}x{h}:\n{screen}"
+            );
+        }
     }
 }
 

@@ -241,10 +241,11 @@ pub(super) fn detect(
         return Seen::Moving;
     }
 
-    // The job's own working draw: its spinning GPUs in the minute before the stall.
+    // The job's own working draw: its spinning GPUs in the minute before the stall, strictly
+    // before it (a history that begins with the stall has no working draw to compare with).
     let before = Window::Range {
         start_ms: since.saturating_sub(60_000),
-        end_ms: since,
+        end_ms: since.saturating_sub(1),
     };
     let spinning: Vec<usize> = latest
         .iter()
