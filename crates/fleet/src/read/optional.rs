@@ -18,7 +18,7 @@ const RULE_SERIES: [&str; 4] = [
 
 /// The alerts the shipped rules raise; others are shown only when they name a node or GPU of
 /// the fleet.
-pub const GPUDIAG_ALERTS: [&str; 7] = rules::ALERTS;
+pub const GPUDIAG_ALERTS: [&str; 8] = rules::ALERTS;
 
 /// A rule whose presence means the shipped rules are loaded.
 const RULES_MARKER: &str = rules::JOB_GPUS_COUNT;
