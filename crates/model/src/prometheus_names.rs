@@ -164,6 +164,11 @@ pub mod rules {
     pub const ALERT_PCIE_LINK_DOWNTRAINED: &str = "GpuPcieLinkDowntrained";
     pub const ALERT_UNCORRECTABLE_MEMORY_ERROR: &str = "GpuUncorrectableMemoryError";
 
+    /// `GpuJobHung`'s `scope` label: one node's gpudiag judged the job stalled, or the rules
+    /// saw it across the job's nodes.
+    pub const SCOPE_NODE: &str = "node";
+    pub const SCOPE_ACROSS_NODES: &str = "across_nodes";
+
     /// Every alert the shipped rules raise.
     pub const ALERTS: [&str; 8] = [
         ALERT_JOB_HUNG,
@@ -205,6 +210,9 @@ mod tests {
         }
         for name in rules::ALERTS {
             assert!(text.contains(&format!("alert: {name}")), "{name}");
+        }
+        for scope in [rules::SCOPE_NODE, rules::SCOPE_ACROSS_NODES] {
+            assert!(text.contains(&format!("scope: {scope}\n")), "{scope}");
         }
     }
 }

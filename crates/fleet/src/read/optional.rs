@@ -106,6 +106,7 @@ pub(super) fn alert_of(a: &ApiAlert, node_label: &str) -> Alert {
         uuid: l(label::UUID),
         job_key: l(label::JOB_KEY),
         pace: l(label::PACE),
+        scope: l(label::SCOPE),
         active_since: a.active_at.clone(),
     }
 }
