@@ -1379,6 +1379,8 @@ fn exported_metric_names() -> BTreeSet<String> {
                 "gpudiag_job_verdict",
                 "gpudiag_job_gpu_role",
                 "gpudiag_job_peers_wait_ratio",
+                "gpudiag_job_stuck_seconds",
+                "gpudiag_job_missing_rank_info",
             ]
             .map(String::from),
         )

@@ -514,3 +514,126 @@ fn two_single_node_jobs_on_torchruns_defaults_stay_two_jobs_and_nothing_alerts()
         doc["jobs"]
     );
 }
+
+/// One node's exposition as gpudiag writes it for a job's GPUs: each GPU's utilisation, links,
+/// tensor pipes and DRAM (`spinning`: busy with nothing moving; else idle), and its job info.
+fn node_exposition(host: &str, job: &str, first_rank: u32, idle_gpu: Option<u32>) -> String {
+    let mut out = String::new();
+    for gpu in 0..4u32 {
+        let labels = format!("gpu=\"{gpu}\",UUID=\"GPU-{host}-{gpu}\",Hostname=\"{host}\"");
+        let util = if idle_gpu == Some(gpu) { 0 } else { 100 };
+        for (name, value) in [
+            ("DCGM_FI_DEV_GPU_UTIL", util.to_string()),
+            ("DCGM_FI_PROF_NVLINK_RX_BYTES", "0".to_owned()),
+            ("DCGM_FI_PROF_NVLINK_TX_BYTES", "0".to_owned()),
+            ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0".to_owned()),
+            ("DCGM_FI_PROF_DRAM_ACTIVE", "0.01".to_owned()),
+            ("gpudiag_verdict_judged", "1".to_owned()),
+        ] {
+            out += &format!("{name}{{{labels}}} {value}\n");
+        }
+        out += &format!(
+            "gpudiag_gpu_job_info{{{labels},job_key=\"{job}\",joined_by=\"slurm_job\",\
+             slurm_job=\"{job}\",rank=\"{}\"}} 1\n",
+            first_rank + gpu
+        );
+    }
+    out
+}
+
+/// Slurm job 720 spans node-x (ranks 0-3) and node-y (ranks 4-7); rank 7 sleeps and every
+/// other GPU spins in a collective with no traffic. node-y's gpudiag judged it hung 42 s ago,
+/// waiting for rank 7; node-x's sees only waiting GPUs. Prometheus must raise `GpuJobHung` for
+/// node-y and across the nodes, and `fleet` must list the job first, stalled, with the rank it
+/// waits for and how long, in JSON and in text.
+#[test]
+#[ignore = "needs prometheus; CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
+fn a_job_hung_across_two_nodes_comes_first_with_the_rank_it_waits_for() {
+    let prometheus = tool("prometheus");
+    let dir = tempfile::tempdir().unwrap();
+    let job = |host: &str, verdict: &str| {
+        format!(
+            "gpudiag_job_verdict{{Hostname=\"{host}\",job_key=\"720\",joined_by=\"slurm_job\",\
+             verdict=\"{verdict}\",confidence=\"high\"}} 1\n"
+        )
+    };
+    let x = node_exposition("node-x", "720", 0, None) + &job("node-x", "balanced");
+    let y = node_exposition("node-y", "720", 4, Some(3))
+        + &job("node-y", "hung")
+        + "gpudiag_job_stuck_seconds{Hostname=\"node-y\",job_key=\"720\",joined_by=\"slurm_job\"} 42\n"
+        + "gpudiag_job_gpu_role{Hostname=\"node-y\",job_key=\"720\",joined_by=\"slurm_job\",\
+           UUID=\"GPU-node-y-3\",gpu=\"3\",role=\"missing\"} 1\n"
+        + "gpudiag_job_missing_rank_info{Hostname=\"node-y\",job_key=\"720\",\
+           joined_by=\"slurm_job\",UUID=\"GPU-node-y-3\",gpu=\"3\",rank=\"7\",pid=\"6120\",\
+           state=\"sleeping\"} 1\n";
+    let nodes = [fake_http::serve_text(x), fake_http::serve_text(y)];
+    let targets: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+    let config = config_with_rules(dir.path(), &targets);
+    let (_prometheus, addr) = start_prometheus(&prometheus, dir.path(), &config, "data", &[]);
+    let scopes = wait_until(Duration::from_secs(90), "GpuJobHung to fire twice", || {
+        let body = prometheus_api::http_get(&addr, "/api/v1/alerts")?;
+        let v: Value = serde_json::from_str(&body).ok()?;
+        let mut firing: Vec<String> = v["data"]["alerts"]
+            .as_array()?
+            .iter()
+            .filter(|a| a["labels"]["alertname"] == "GpuJobHung" && a["state"] == "firing")
+            .map(|a| {
+                let l = &a["labels"];
+                format!("{} {} {}", l["scope"], l["Hostname"], l["rank"])
+            })
+            .collect();
+        firing.sort();
+        (firing.len() == 2).then_some(firing)
+    });
+    assert_eq!(
+        scopes,
+        ["\"across_nodes\" null null", "\"node\" \"node-y\" \"7\""]
+    );
+
+    let url = format!("http://{addr}");
+    let (code, doc) = fleet_json(&url, &[]);
+    assert_eq!(schema_errors(&doc), Vec::<String>::new());
+    assert_eq!(code, 1, "a critical alert fails the default --fail-on fail");
+    let first = &doc["jobs"][0];
+    assert_eq!(first["job_key"], "720", "{}", doc["jobs"]);
+    assert_eq!(first["rank"], "fail");
+    let stall = &first["stall"];
+    assert_eq!(stall["verdict"], "hung", "{stall}");
+    assert_eq!(stall["nodes"], serde_json::json!(["node-y"]));
+    assert_eq!(stall["stuck_s"], 42.0);
+    assert_eq!(stall["across_nodes"], "firing");
+    assert_eq!(
+        stall["missing"],
+        serde_json::json!([{
+            "node": "node-y", "gpu": "3", "UUID": "GPU-node-y-3", "rank": "7",
+            "pid": "6120", "state": "sleeping"
+        }])
+    );
+    let missing_gpu = first["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["rank"] == "7")
+        .unwrap();
+    assert_eq!(missing_gpu["role"], "missing");
+
+    // Piped, the text says it before any node.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpudiag"))
+        .args(["fleet", "--prometheus", &url])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let stalled = text
+        .lines()
+        .position(|l| {
+            l == "STALLED job 720 (slurm_job): hung for 42 s, seen by node-y; waits for rank 7 \
+                  (GPU 3 of node-y, pid 6120, sleeping)"
+        })
+        .unwrap_or_else(|| panic!("{text}"));
+    let first_node = text
+        .lines()
+        .position(|l| l.starts_with("node-"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(stalled < first_node, "{text}");
+}

@@ -347,6 +347,50 @@ fn the_job_view_marks_the_straggler_and_the_rules_judgement() {
     assert!(screen.contains("dgx-synthetic: straggler"), "{screen}");
 }
 
+/// A job that makes no progress says so first in its view: the verdict, how long, who judged
+/// it and the rank its GPUs wait for, escaped.
+#[test]
+fn the_job_view_says_first_that_a_job_is_stalled_and_which_rank_it_waits_for() {
+    use gpudiag_fleet::model::{JobStall, MissingRank};
+    let mut fleet = fixture();
+    let job = fleet
+        .jobs
+        .iter_mut()
+        .find(|j| j.job_key == "synthetic-run")
+        .unwrap();
+    job.stall = Some(JobStall {
+        verdict: "rank_stopped".into(),
+        nodes: vec!["dgx-synthetic".into()],
+        stuck_s: Some(74.6),
+        missing: vec![MissingRank {
+            node: "dgx-synthetic".into(),
+            gpu: Some("5".into()),
+            uuid: None,
+            rank: Some("5".into()),
+            pid: Some("4553\x1b[2J".into()),
+            state: Some("stopped".into()),
+        }],
+        across_nodes: None,
+    });
+    let mut s = state_of(fleet);
+    press(&mut s, &[KeyCode::Char('g'), KeyCode::Enter]);
+    assert_eq!(s.view, View::Job("synthetic-run".into()));
+    let screen = render(&mut s, 200, 30);
+    let stalled = line_with(&screen, "STALLED: ");
+    assert!(
+        stalled.contains(
+            "STALLED: rank_stopped for 75 s, seen by dgx-synthetic; waits for rank 5 (GPU 5 of \
+             dgx-synthetic, pid 4553\\x1b[2J, stopped)"
+        ),
+        "{stalled}"
+    );
+    let at = |needle: &str| screen.find(needle).unwrap();
+    assert!(
+        at("STALLED: ") < at("across nodes (shipped rules)"),
+        "{screen}"
+    );
+}
+
 /// Two GPUs of the job lead together: the rules' alerts and the node's roles name both, and
 /// the job view marks each; a key whose GPUs repeat a rank is said not judged, and why.
 #[test]

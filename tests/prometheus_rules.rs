@@ -80,6 +80,22 @@ fn the_rules_use_the_single_host_job_rule_defaults() {
             "(gpudiag_job_gpu:tensor_active:avg) < {})",
             job.communication_max_tensor_pct / 100.0
         ),
+        format!(
+            "(gpudiag_job_gpu:gpu_util_percent:avg_1m >= {})",
+            job.hang_spin_util_pct
+        ),
+        format!(
+            "(gpudiag_job_gpu:interconnect_bytes_per_second:avg_1m < {}e6)",
+            job.hang_max_link_mb_per_s
+        ),
+        format!(
+            "(gpudiag_job_gpu:compute_active:avg_1m >= {})",
+            job.hang_max_busy_pct / 100.0
+        ),
+        format!(
+            "(gpudiag_job_gpu:interconnect_bytes_per_second:avg_1m >= {}e6)",
+            job.hang_max_link_mb_per_s
+        ),
     ] {
         assert!(
             rules.contains(&expected),

@@ -1,11 +1,11 @@
 //! `gpudiag fleet`: the flags made into access to Prometheus and a read request; `--json`
 //! prints one look at the fleet, a terminal gets the fleet UI, and anything else (a pipe) a
-//! text table of the nodes.
+//! text table of the nodes, after the jobs that make no progress.
 
 use std::path::Path;
 
 use gpudiag_fleet::client::{Access, Client};
-use gpudiag_fleet::model::{Fleet, GpuVerdict, NodeState};
+use gpudiag_fleet::model::{Fleet, GpuVerdict, Job, JobStall, NodeState};
 use gpudiag_fleet::read::{ReadRequest, read_fleet};
 use gpudiag_fleet::selector::Selector;
 use gpudiag_model::error::{Error, exit};
@@ -173,6 +173,13 @@ pub fn text_table(fleet: &Fleet) -> String {
     for d in &fleet.degraded {
         out.push_str(&format!("note: {d}\n"));
     }
+    for (job, stall) in fleet
+        .jobs
+        .iter()
+        .filter_map(|j| Some((j, j.stall.as_ref()?)))
+    {
+        out.push_str(&stalled_job_line(job, stall));
+    }
     for node in &fleet.nodes {
         let state = match node.state {
             NodeState::Up => "up",
@@ -209,4 +216,82 @@ pub fn text_table(fleet: &Fleet) -> String {
         }
     }
     out
+}
+
+/// A job that makes no progress, first: it holds every GPU it has until someone acts.
+fn stalled_job_line(job: &Job, stall: &JobStall) -> String {
+    format!(
+        "STALLED job {} ({}): {}\n",
+        printable::line(&job.job_key),
+        printable::line(&job.joined_by),
+        printable::line(&stall.words()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpudiag_fleet::model::MissingRank;
+
+    fn fixture() -> Fleet {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/fleet/three-nodes.json"
+        );
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn stalled_jobs_come_before_the_nodes_with_their_missing_rank_and_how_long() {
+        let mut fleet = fixture();
+        let quiet = text_table(&fleet);
+        assert!(!quiet.contains("STALLED"), "{quiet}");
+        fleet.jobs[0].stall = Some(JobStall {
+            verdict: "hung".to_owned(),
+            nodes: vec!["node-b".to_owned()],
+            stuck_s: Some(74.6),
+            missing: vec![MissingRank {
+                node: "node-b".to_owned(),
+                gpu: Some("3".to_owned()),
+                uuid: Some("GPU-3".to_owned()),
+                rank: Some("7".to_owned()),
+                pid: Some("4553".to_owned()),
+                state: Some("sleeping\x1b[31m".to_owned()),
+            }],
+            across_nodes: Some("firing".to_owned()),
+        });
+        let text = text_table(&fleet);
+        let lines: Vec<&str> = text.lines().collect();
+        let key = fleet.jobs[0].job_key.clone();
+        let stalled = lines.iter().position(|l| l.starts_with("STALLED")).unwrap();
+        assert_eq!(
+            lines[stalled],
+            format!(
+                "STALLED job {key} ({}): hung for 75 s, seen by node-b; waits for rank 7 (GPU 3 \
+                 of node-b, pid 4553, sleeping\\x1b[31m)",
+                fleet.jobs[0].joined_by
+            )
+        );
+        let first_node = lines
+            .iter()
+            .position(|l| l.starts_with(&fleet.nodes[0].name))
+            .unwrap();
+        assert!(stalled < first_node, "{text}");
+        assert!(!text.contains('\x1b'));
+
+        // Seen only by the rules across nodes, no rank named.
+        let stall = fleet.jobs[0].stall.as_mut().unwrap();
+        stall.nodes.clear();
+        stall.missing.clear();
+        stall.stuck_s = None;
+        let text = text_table(&fleet);
+        assert!(
+            text.contains(&format!(
+                "STALLED job {key} ({}): hung, seen by the rules' alert across its nodes \
+                 (firing); no node names the rank it waits for",
+                fleet.jobs[0].joined_by
+            )),
+            "{text}"
+        );
+    }
 }

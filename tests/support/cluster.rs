@@ -12,10 +12,11 @@ use serde_json::Value;
 pub const RULES: &str = "assets/prometheus/gpudiag-rules.yml";
 
 /// The shipped rules with every window and hold shortened for a test that lasts seconds: the
-/// file writes them `[5m]`, `for: 5m` and `for: 1m` for exactly this substitution.
+/// file writes them `[5m]`, `[1m]` (a stalled job's), `for: 5m`, `for: 1m` and `for: 30s` for
+/// exactly this substitution.
 pub fn shortened_rules() -> String {
     let shipped = std::fs::read_to_string(root().join(RULES)).unwrap();
-    for written in ["[5m]", "for: 5m", "for: 1m"] {
+    for written in ["[5m]", "[1m]", "for: 5m", "for: 1m", "for: 30s"] {
         assert!(
             shipped.contains(written),
             "the rules no longer write {written}"
@@ -23,8 +24,10 @@ pub fn shortened_rules() -> String {
     }
     let short = shipped
         .replace("[5m]", "[10s]")
+        .replace("[1m]", "[5s]")
         .replace("for: 5m", "for: 4s")
-        .replace("for: 1m", "for: 4s");
+        .replace("for: 1m", "for: 4s")
+        .replace("for: 30s", "for: 2s");
     // Nothing is left that would keep the test waiting minutes.
     for line in short.lines().filter(|l| !l.trim_start().starts_with('#')) {
         assert!(

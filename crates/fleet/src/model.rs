@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 /// The version of the fleet report; bumped when a field is removed or changes meaning.
 /// 2: a job's judgement lists its `stragglers` (version 1 had one `straggler`), a node's
 /// verdict lists the `stragglers` it names (version 1 had `straggler_gpu` and
-/// `straggler_UUID`), and each of a job's GPUs has the `role` its node gave it.
+/// `straggler_UUID`), and each of a job's GPUs has the `role` its node gave it. Since added,
+/// keeping 2: a job's `stall`.
 pub const FLEET_SCHEMA_VERSION: u32 = 2;
 
 /// The fleet at one instant, as Prometheus knows it.
@@ -43,7 +44,7 @@ pub struct Fleet {
     pub counts: Counts,
     /// Nodes, worst first.
     pub nodes: Vec<Node>,
-    /// Jobs of two or more GPUs, worst first.
+    /// Jobs of two or more GPUs: those that make no progress (`stall`) first, then worst first.
     pub jobs: Vec<Job>,
     /// Whether the shipped rules (assets/prometheus/gpudiag-rules.yml) are loaded: they judge a
     /// job across nodes.
@@ -252,6 +253,10 @@ pub struct Alert {
     pub job_key: Option<String>,
     /// The straggler alert's `pace` label: leads or lags.
     pub pace: Option<String>,
+    /// `GpuJobHung`'s `scope` label: `node` (one node's gpudiag judged the job stalled) or
+    /// `across_nodes` (the rules saw it on every node's GPUs).
+    #[serde(default)]
+    pub scope: Option<String>,
     /// RFC 3339, as Prometheus gives it.
     pub active_since: Option<String>,
 }
@@ -291,7 +296,89 @@ pub struct Job {
     /// Why the grouping itself is doubtful, in words: GPUs under its key that repeat a rank
     /// (the key joins two jobs, which the shipped rules do not judge). Empty when none.
     pub doubts: Vec<String>,
+    /// Where the job makes no progress (a node's gpudiag judged it hung, rank_exited or
+    /// rank_stopped, or the shipped rules saw every node's GPUs spin): how long and which
+    /// ranks it waits for. Null while it makes progress.
+    #[serde(default)]
+    pub stall: Option<JobStall>,
     pub rank: Rank,
+}
+
+/// A job that makes no progress: its GPUs sit in collectives that move nothing.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct JobStall {
+    /// `rank_exited`, `rank_stopped` or `hung`: the first of these any node's gpudiag says
+    /// (an exited or stopped rank explains the others' hang); `hung` where only the rules saw
+    /// it.
+    pub verdict: String,
+    /// The nodes whose gpudiag judged it stalled, by name.
+    pub nodes: Vec<String>,
+    /// The longest any of those nodes says it has made no progress (`gpudiag_job_stuck_seconds`);
+    /// null when none says.
+    pub stuck_s: Option<f64>,
+    /// The ranks its GPUs wait for, as the nodes that run them name them; empty where no node
+    /// sees one (every rank waits, or the rank runs on a node whose gpudiag does not say).
+    pub missing: Vec<MissingRank>,
+    /// The shipped rules' `GpuJobHung` across nodes on this job: `firing`, or `pending` while
+    /// it waits out its `for:`; null when it is not raised (or the rules are not loaded).
+    pub across_nodes: Option<String>,
+}
+
+impl JobStall {
+    /// In words, for the text table and the job view: the verdict, for how long, who judged
+    /// it, and which ranks its GPUs wait for. Label values from Prometheus are in it as read:
+    /// escape it to print.
+    pub fn words(&self) -> String {
+        let how_long = self
+            .stuck_s
+            .map_or_else(String::new, |s| format!(" for {s:.0} s"));
+        let seen = match (self.nodes.is_empty(), &self.across_nodes) {
+            (true, Some(state)) => format!("the rules' alert across its nodes ({state})"),
+            (true, None) => "no node".to_owned(),
+            (false, _) => self.nodes.join(", "),
+        };
+        let waits = if self.missing.is_empty() {
+            "no node names the rank it waits for".to_owned()
+        } else {
+            let or = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".to_owned());
+            let ranks: Vec<String> = self
+                .missing
+                .iter()
+                .map(|m| {
+                    let state = m
+                        .state
+                        .as_deref()
+                        .map_or_else(String::new, |s| format!(", {s}"));
+                    format!(
+                        "rank {} (GPU {} of {}, pid {}{state})",
+                        or(&m.rank),
+                        or(&m.gpu),
+                        m.node,
+                        or(&m.pid)
+                    )
+                })
+                .collect();
+            format!("waits for {}", ranks.join(", "))
+        };
+        format!("{}{how_long}, seen by {seen}; {waits}", self.verdict)
+    }
+}
+
+/// A rank a stalled job waits for (`gpudiag_job_missing_rank_info`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord)]
+#[schemars(deny_unknown_fields)]
+pub struct MissingRank {
+    pub node: String,
+    pub gpu: Option<String>,
+    #[serde(rename = "UUID")]
+    pub uuid: Option<String>,
+    pub rank: Option<String>,
+    /// Its host pid on that node.
+    pub pid: Option<String>,
+    /// Its process state (`sleeping`, `stopped`, `disk_sleep`, ...) or `exited`; null when the
+    /// node could not read it.
+    pub state: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]

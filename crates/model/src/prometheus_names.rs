@@ -61,10 +61,12 @@ pub mod series {
     pub const GPUDIAG_FINDINGS: &str = "gpudiag_findings";
     pub const GPUDIAG_GPU_JOB_INFO: &str = "gpudiag_gpu_job_info";
     pub const GPUDIAG_JOB_GPU_ROLE: &str = "gpudiag_job_gpu_role";
+    pub const GPUDIAG_JOB_MISSING_RANK_INFO: &str = "gpudiag_job_missing_rank_info";
     pub const GPUDIAG_GPU_PROCESSES: &str = "gpudiag_gpu_processes";
     pub const GPUDIAG_GPUS_SHARED_BY_JOBS: &str = "gpudiag_gpus_shared_by_jobs";
     pub const GPUDIAG_INFO: &str = "gpudiag_info";
     pub const GPUDIAG_JOB_PEERS_WAIT_RATIO: &str = "gpudiag_job_peers_wait_ratio";
+    pub const GPUDIAG_JOB_STUCK_SECONDS: &str = "gpudiag_job_stuck_seconds";
     pub const GPUDIAG_JOB_VERDICT: &str = "gpudiag_job_verdict";
     pub const GPUDIAG_PCIE_LINK_GENERATION: &str = "gpudiag_pcie_link_generation";
     pub const GPUDIAG_PCIE_LINK_GENERATION_MAX: &str = "gpudiag_pcie_link_generation_max";
@@ -116,8 +118,12 @@ pub mod label {
     pub const JOINED_BY: &str = "joined_by";
     pub const SLURM_JOB: &str = "slurm_job";
     pub const RANK: &str = "rank";
-    /// A GPU's part in its job's verdict (`straggler`, `waiting`): `gpudiag_job_gpu_role`.
+    /// A GPU's part in its job's verdict (`straggler`, `waiting`, `missing`):
+    /// `gpudiag_job_gpu_role`.
     pub const ROLE: &str = "role";
+    /// A missing rank's process state (`sleeping`, `stopped`, ...) or `exited`:
+    /// `gpudiag_job_missing_rank_info`.
+    pub const STATE: &str = "state";
     /// The one straggler an older gpudiag put on `gpudiag_job_verdict`, before
     /// `gpudiag_job_gpu_role`: no longer written, read by `fleet` only from such nodes.
     pub const LEGACY_STRAGGLER_GPU: &str = "straggler_gpu";
@@ -134,6 +140,9 @@ pub mod label {
     /// Alerts' own labels and annotations, as the shipped rules set them.
     pub const ALERT_NAME: &str = "alertname";
     pub const PACE: &str = "pace";
+    /// `GpuJobHung`'s: `node` when one node's gpudiag judged the job stalled, `across_nodes`
+    /// when the rules saw it on every node's GPUs.
+    pub const SCOPE: &str = "scope";
     pub const SUMMARY: &str = "summary";
 }
 
@@ -146,6 +155,7 @@ pub mod rules {
     pub const JOB_SM_ACTIVE_MEDIAN: &str = "gpudiag_job:sm_active:median";
     pub const JOB_SM_ACTIVE_SPREAD: &str = "gpudiag_job:sm_active:spread";
 
+    pub const ALERT_JOB_HUNG: &str = "GpuJobHung";
     pub const ALERT_JOB_STRAGGLER: &str = "GpuJobStraggler";
     pub const ALERT_JOB_COMMUNICATION_BOUND: &str = "GpuJobCommunicationBound";
     pub const ALERT_XID_ERROR: &str = "GpuXidError";
@@ -154,8 +164,14 @@ pub mod rules {
     pub const ALERT_PCIE_LINK_DOWNTRAINED: &str = "GpuPcieLinkDowntrained";
     pub const ALERT_UNCORRECTABLE_MEMORY_ERROR: &str = "GpuUncorrectableMemoryError";
 
+    /// `GpuJobHung`'s `scope` label: one node's gpudiag judged the job stalled, or the rules
+    /// saw it across the job's nodes.
+    pub const SCOPE_NODE: &str = "node";
+    pub const SCOPE_ACROSS_NODES: &str = "across_nodes";
+
     /// Every alert the shipped rules raise.
-    pub const ALERTS: [&str; 7] = [
+    pub const ALERTS: [&str; 8] = [
+        ALERT_JOB_HUNG,
         ALERT_JOB_STRAGGLER,
         ALERT_JOB_COMMUNICATION_BOUND,
         ALERT_XID_ERROR,
@@ -194,6 +210,9 @@ mod tests {
         }
         for name in rules::ALERTS {
             assert!(text.contains(&format!("alert: {name}")), "{name}");
+        }
+        for scope in [rules::SCOPE_NODE, rules::SCOPE_ACROSS_NODES] {
+            assert!(text.contains(&format!("scope: {scope}\n")), "{scope}");
         }
     }
 }

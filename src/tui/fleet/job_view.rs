@@ -1,7 +1,7 @@
 //! One job's GPUs across nodes side by side: rank, SM activity and utilisation (the shipped
 //! rules' window averages where they are loaded, else the live figures), the straggler marked,
-//! the rules' judgement across nodes or a line saying it cannot be had, then what each node's
-//! own gpudiag says.
+//! a job that makes no progress said first, the rules' judgement across nodes or a line saying
+//! it cannot be had, then what each node's own gpudiag says.
 
 use gpudiag_fleet::model::{Fleet, Gpu, Job, JobGpu, RulesState};
 use ratatui::Frame;
@@ -14,6 +14,7 @@ use super::state::State;
 use super::table::{judgement_words, straggler_words};
 use crate::tui::format::{self, NA};
 use crate::tui::theme::Theme;
+use gpudiag_model::finding::Severity;
 use gpudiag_model::job::GpuRole;
 
 pub const RULES_NOT_LOADED: &str = "cross-node verdict: the shipped rules are not loaded in this \
@@ -73,6 +74,12 @@ fn job_lines(fleet: &Fleet, job: &Job, width: usize, theme: &Theme) -> Vec<Line<
             format::text(&job.nodes.join(", ")),
         )),
     ]));
+    if let Some(stall) = &job.stall {
+        lines.push(Line::styled(
+            format!("STALLED: {}", format::text(&stall.words())),
+            theme.severity(Severity::Fail),
+        ));
+    }
     match (&fleet.rules, &job.across_nodes) {
         (RulesState::Loaded, Some(a)) => {
             let (text, style) = judgement_words(fleet, job, theme);

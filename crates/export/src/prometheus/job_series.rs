@@ -1,5 +1,6 @@
 //! Job series: which job each GPU works for, the verdict on each job judged on this host, and
-//! the part each GPU plays in it (straggler or waiting).
+//! the part each GPU plays in it (straggler, waiting, or the missing rank of a stalled job);
+//! for a job that makes no progress, how long and which ranks its GPUs wait for.
 //!
 //! A job that spans nodes is judged whole only in Prometheus: each node's gpudiag sees its own
 //! GPUs, so `gpudiag_gpu_job_info` names every GPU's job with a key all nodes read alike (the
@@ -14,13 +15,13 @@
 
 use std::collections::BTreeMap;
 
-use gpudiag_model::job::{JobId, cluster_key};
+use gpudiag_model::job::{JobId, MissingRank, cluster_key};
 use gpudiag_model::prometheus_names::{label, series};
 
 use super::Snapshot;
 use super::exposition::{Exposition, Labels};
 use gpudiag_model::metric_table::Kind;
-use gpudiag_model::sample::{DeviceInfo, ProcessSample, Sample};
+use gpudiag_model::sample::{DeviceInfo, ProcessSample, ProcessState, Sample};
 
 /// The job's process on one GPU, where the GPU runs one job's processes only.
 struct GpuJob<'a> {
@@ -142,15 +143,20 @@ fn gpu_job_labels(d: &DeviceInfo, g: &GpuJob<'_>, host: Option<&String>) -> Labe
     l
 }
 
-/// One series per job judged here, its state in bounded labels: four verdicts and three
-/// confidences; and one per GPU of it that plays a part in the verdict (a straggler, or waiting
-/// for one), so several stragglers are each named and the GPUs waiting for them are seen.
-/// Free text (title, advice) never becomes a label.
+/// One series per job judged here, its state in bounded labels: seven verdicts and three
+/// confidences; and one per GPU of it that plays a part in the verdict (a straggler, waiting
+/// for one, or missing from a stalled job), so several stragglers are each named and the GPUs
+/// waiting for them are seen. A stalled job also says how long it has made no progress and,
+/// per rank its GPUs wait for, that rank's pid and process state: few series, and only while
+/// the job is stuck. Free text (title, advice) never becomes a label.
 fn job_verdict_series(x: &mut Exposition, snap: &Snapshot) {
     let host = snap.host.hostname.as_ref();
     let mut verdicts: Vec<(Labels, f64)> = Vec::new();
     let mut roles: Vec<(Labels, f64)> = Vec::new();
     let mut waits: Vec<(Labels, f64)> = Vec::new();
+    let mut stuck: Vec<(Labels, f64)> = Vec::new();
+    let mut missing: Vec<(Labels, f64)> = Vec::new();
+    let mut missing_seen = std::collections::BTreeSet::new();
     // Two jobs may not give one series twice: Prometheus would reject the whole scrape.
     let mut seen = std::collections::BTreeSet::new();
     let mut gpus_seen = std::collections::BTreeSet::new();
@@ -184,24 +190,69 @@ fn job_verdict_series(x: &mut Exposition, snap: &Snapshot) {
         }
         // The first straggler sets the pace most: its peers' wait is the job's.
         if let Some(share) = j.stragglers.first().and_then(|s| s.peers_wait_share) {
-            waits.push((base, share));
+            waits.push((base.clone(), share));
+        }
+        let Some(stall) = j.stall.as_ref().filter(|_| j.verdict.stalled()) else {
+            continue;
+        };
+        stuck.push((base.clone(), stall.stuck_s));
+        for r in &stall.missing {
+            if !missing_seen.insert((&j.job, r.device, r.pid)) {
+                continue;
+            }
+            let mut l = base.clone();
+            let member_uuid = j
+                .members
+                .iter()
+                .find(|m| m.device == r.device)
+                .and_then(|m| m.uuid.as_ref());
+            if let Some(u) = member_uuid.or_else(|| uuids.get(&r.device).copied()) {
+                l.push((label::UUID, u.clone()));
+            }
+            l.push((label::GPU, r.device.to_string()));
+            if let Some(rank) = r.rank {
+                l.push((label::RANK, rank.to_string()));
+            }
+            l.push((label::PID, r.pid.to_string()));
+            if let Some(state) = missing_state(r) {
+                l.push((label::STATE, state.to_owned()));
+            }
+            missing.push((l, 1.0));
         }
     }
     x.family(
         series::GPUDIAG_JOB_VERDICT,
         Kind::Gauge,
         "1 for the verdict on each job of two or more GPUs on this host, judged by comparing its \
-         GPUs (straggler, communication_bound, imbalanced, balanced), with its confidence. \
-         Which GPUs straggle and which wait: gpudiag_job_gpu_role.",
+         GPUs (straggler, communication_bound, imbalanced, balanced) or finding it makes no \
+         progress (hung, rank_exited, rank_stopped), with its confidence. Which GPUs straggle, \
+         wait or are missing: gpudiag_job_gpu_role.",
         &verdicts,
     );
     x.family(
         series::GPUDIAG_JOB_GPU_ROLE,
         Kind::Gauge,
         "1 for each GPU of a job judged on this host that plays a part in its verdict: role \
-         straggler (the others wait for it; a job may have several) or waiting (it waits for \
-         the stragglers much of the time). GPUs with no part have no series.",
+         straggler (the others wait for it; a job may have several), waiting (it waits for the \
+         stragglers much of the time, or sits in a collective of a stalled job) or missing (the \
+         GPU of the rank a stalled job waits for). GPUs with no part have no series.",
         &roles,
+    );
+    x.family(
+        series::GPUDIAG_JOB_STUCK_SECONDS,
+        Kind::Gauge,
+        "How long (s) a job judged on this host has made no progress: its GPUs sit in \
+         collectives that move nothing (verdict hung, rank_exited or rank_stopped). Absent while \
+         the job makes progress.",
+        &stuck,
+    );
+    x.family(
+        series::GPUDIAG_JOB_MISSING_RANK_INFO,
+        Kind::Gauge,
+        "Always 1: a rank a stalled job's GPUs wait for, on this host: its GPU, global rank \
+         (where known), host pid and process state (sleeping, stopped, disk_sleep, running, \
+         zombie, ... or exited once its process left). Absent while the job makes progress.",
+        &missing,
     );
     x.family(
         series::GPUDIAG_JOB_PEERS_WAIT_RATIO,
@@ -213,13 +264,22 @@ fn job_verdict_series(x: &mut Exposition, snap: &Snapshot) {
     );
 }
 
+/// A missing rank's process state as a label value: `exited` once its process left the GPU,
+/// else the state read; none when neither was read.
+fn missing_state(r: &MissingRank) -> Option<&'static str> {
+    if r.left_ms.is_some() {
+        return Some("exited");
+    }
+    r.state.map(ProcessState::name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::prometheus::render;
     use gpudiag_model::attribution::{Attribution, FoundIn, PodIdentity, SlurmJob};
     use gpudiag_model::job::{
-        GpuRole, JobMember, JobPattern, JobVerdict, JoinedBy, Launch, Pace, Straggler,
+        GpuRole, JobMember, JobPattern, JobVerdict, JoinedBy, Launch, Pace, Stall, Straggler,
     };
     use gpudiag_model::sample::HostInfo;
     use gpudiag_model::verdict::Confidence;
@@ -369,6 +429,7 @@ mod tests {
             doubts: Vec::new(),
             stall: None,
             peers: Vec::new(),
+            stall: None,
             evidence: serde_json::Map::new(),
         }
     }
@@ -506,6 +567,176 @@ mod tests {
         );
         assert!(!text.contains("# TYPE gpudiag_job_gpu_role"));
         assert!(!text.contains("# TYPE gpudiag_job_peers_wait_ratio"));
+    }
+
+    /// Job 9001 of four GPUs hung: GPUs 0 to 2 wait in a collective for rank 11, asleep on GPU
+    /// 3 (a member the verdict knows no UUID of: its device's is used); and a second job,
+    /// rank_exited, whose missing rank's process left and whose other missing rank's state
+    /// was not read.
+    fn stalled() -> Snapshot {
+        let mut snap = snapshot();
+        snap.devices.extend((6..8).map(|index| DeviceInfo {
+            index,
+            uuid: Some(format!("GPU-{index}")),
+            ..DeviceInfo::default()
+        }));
+        let job = &mut snap.jobs[0];
+        job.verdict = JobPattern::Hung;
+        job.stragglers.clear();
+        job.members = (0u32..4)
+            .map(|device| JobMember {
+                device,
+                uuid: (device != 3).then(|| format!("GPU-{device}")),
+                pid: 10 + device,
+                name: None,
+                rank: Some(8 + device),
+                local_rank: None,
+                role: Some(if device == 3 {
+                    GpuRole::Missing
+                } else {
+                    GpuRole::Waiting
+                }),
+            })
+            .collect();
+        job.stall = Some(Stall {
+            since_ms: 1_000,
+            stuck_s: 41.5,
+            waiting: vec![0, 1, 2],
+            missing: vec![MissingRank {
+                device: 3,
+                rank: Some(11),
+                pid: 13,
+                state: Some(ProcessState::Sleeping),
+                left_ms: None,
+                since_ms: Some(1_000),
+                cpu_pct: Some(0.0),
+                inspect: Some("py-spy dump --pid 13".into()),
+            }],
+            stuck_power_w: Some(500.0),
+            working_power_w: Some(2400.0),
+        });
+        let mut exited = job.clone();
+        exited.job = JobId {
+            joined_by: JoinedBy::RunId,
+            key: "rdzv-2".into(),
+        };
+        exited.verdict = JobPattern::RankExited;
+        exited.members = Vec::new();
+        let stall = exited.stall.as_mut().unwrap();
+        stall.stuck_s = 20.0;
+        stall.missing = vec![
+            MissingRank {
+                device: 6,
+                rank: None,
+                pid: 60,
+                state: None,
+                left_ms: Some(900),
+                since_ms: None,
+                cpu_pct: None,
+                inspect: None,
+            },
+            MissingRank {
+                device: 7,
+                rank: Some(1),
+                pid: 70,
+                state: None,
+                left_ms: None,
+                since_ms: None,
+                cpu_pct: None,
+                inspect: None,
+            },
+        ];
+        snap.jobs.push(exited);
+        snap
+    }
+
+    #[test]
+    fn a_stalled_job_says_how_long_and_names_its_missing_rank() {
+        let text = render(&stalled(), Instant::now());
+        assert_eq!(
+            lines(&text, series::GPUDIAG_JOB_VERDICT),
+            [
+                "gpudiag_job_verdict{Hostname=\"node-a\",job_key=\"9001\",\
+                 joined_by=\"slurm_job\",verdict=\"hung\",confidence=\"high\"} 1",
+                "gpudiag_job_verdict{Hostname=\"node-a\",job_key=\"rdzv-2\",\
+                 joined_by=\"run_id\",verdict=\"rank_exited\",confidence=\"high\"} 1",
+            ]
+        );
+        let roles = lines(&text, series::GPUDIAG_JOB_GPU_ROLE);
+        assert_eq!(roles.len(), 4, "{roles:?}");
+        assert_eq!(
+            roles[3],
+            "gpudiag_job_gpu_role{Hostname=\"node-a\",job_key=\"9001\",\
+             joined_by=\"slurm_job\",UUID=\"GPU-3\",gpu=\"3\",role=\"missing\"} 1"
+        );
+        assert!(roles[..3].iter().all(|l| l.contains("role=\"waiting\"")));
+        assert_eq!(
+            lines(&text, series::GPUDIAG_JOB_STUCK_SECONDS),
+            [
+                "gpudiag_job_stuck_seconds{Hostname=\"node-a\",job_key=\"9001\",\
+                 joined_by=\"slurm_job\"} 41.5",
+                "gpudiag_job_stuck_seconds{Hostname=\"node-a\",job_key=\"rdzv-2\",\
+                 joined_by=\"run_id\"} 20",
+            ]
+        );
+        assert_eq!(
+            lines(&text, series::GPUDIAG_JOB_MISSING_RANK_INFO),
+            [
+                "gpudiag_job_missing_rank_info{Hostname=\"node-a\",job_key=\"9001\",\
+                 joined_by=\"slurm_job\",UUID=\"GPU-3\",gpu=\"3\",rank=\"11\",pid=\"13\",\
+                 state=\"sleeping\"} 1",
+                // Gone from the GPU: exited, whatever state was last read.
+                "gpudiag_job_missing_rank_info{Hostname=\"node-a\",job_key=\"rdzv-2\",\
+                 joined_by=\"run_id\",UUID=\"GPU-6\",gpu=\"6\",pid=\"60\",\
+                 state=\"exited\"} 1",
+                // A state not read is no label, never a guess.
+                "gpudiag_job_missing_rank_info{Hostname=\"node-a\",job_key=\"rdzv-2\",\
+                 joined_by=\"run_id\",UUID=\"GPU-7\",gpu=\"7\",rank=\"1\",pid=\"70\"} 1",
+            ]
+        );
+        assert!(text.contains("# TYPE gpudiag_job_stuck_seconds gauge"));
+        assert!(!text.contains("# TYPE gpudiag_job_peers_wait_ratio"));
+    }
+
+    /// Every stalled pattern, and the missing role, reach the exposition by their names.
+    #[test]
+    fn every_stalled_verdict_and_role_flows_through() {
+        for pattern in JobPattern::ALL.into_iter().filter(|p| p.stalled()) {
+            let mut snap = stalled();
+            snap.jobs.truncate(1);
+            snap.jobs[0].verdict = pattern;
+            let text = render(&snap, Instant::now());
+            assert!(
+                text.contains(&format!("verdict=\"{}\"", pattern.name())),
+                "{pattern}: {text}"
+            );
+            assert_eq!(lines(&text, series::GPUDIAG_JOB_STUCK_SECONDS).len(), 1);
+            assert_eq!(lines(&text, series::GPUDIAG_JOB_MISSING_RANK_INFO).len(), 1);
+        }
+        for role in GpuRole::ALL {
+            let mut snap = stalled();
+            snap.jobs[0].members[0].role = Some(role);
+            let text = render(&snap, Instant::now());
+            assert!(
+                text.contains(&format!("gpu=\"0\",role=\"{}\"", role.name())),
+                "{role:?}"
+            );
+        }
+    }
+
+    /// A job that made progress again writes neither series, even where a stale stall was kept.
+    #[test]
+    fn a_job_that_makes_progress_has_no_stall_series() {
+        let mut snap = stalled();
+        for j in &mut snap.jobs {
+            j.verdict = JobPattern::Balanced;
+        }
+        let text = render(&snap, Instant::now());
+        assert!(!text.contains("# TYPE gpudiag_job_stuck_seconds"), "{text}");
+        assert!(
+            !text.contains("# TYPE gpudiag_job_missing_rank_info"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::client::Series;
 use crate::model::{Exporter, GpuVerdict, JobRef};
 
 /// gpudiag's own series read for the table.
-pub(super) const GPUDIAG_SERIES: [&str; 7] = [
+pub(super) const GPUDIAG_SERIES: [&str; 9] = [
     series::GPUDIAG_INFO,
     series::GPUDIAG_VERDICT,
     series::GPUDIAG_VERDICT_JUDGED,
@@ -18,6 +18,16 @@ pub(super) const GPUDIAG_SERIES: [&str; 7] = [
     series::GPUDIAG_GPU_JOB_INFO,
     series::GPUDIAG_JOB_VERDICT,
     series::GPUDIAG_JOB_GPU_ROLE,
+    series::GPUDIAG_JOB_STUCK_SECONDS,
+    series::GPUDIAG_JOB_MISSING_RANK_INFO,
+];
+
+/// A node's own judgement of its jobs, read with the jobs: not figures of a GPU.
+const NODE_JOB_SERIES: [&str; 4] = [
+    series::GPUDIAG_JOB_VERDICT,
+    series::GPUDIAG_JOB_GPU_ROLE,
+    series::GPUDIAG_JOB_STUCK_SECONDS,
+    series::GPUDIAG_JOB_MISSING_RANK_INFO,
 ];
 
 /// Adds gpudiag's series to the drafts (a series for a GPU the device query did not return,
@@ -34,8 +44,7 @@ pub(super) fn gather(g: &mut Gathered, gpudiag: &[Series], node_label: &str, cho
             g.instance_node.entry(i.to_owned()).or_insert(node.clone());
         }
         let name = s.label(label::NAME).unwrap_or_default();
-        // A node's own judgement of its jobs, read with the jobs: not a figure of the GPU.
-        if name == series::GPUDIAG_JOB_VERDICT || name == series::GPUDIAG_JOB_GPU_ROLE {
+        if NODE_JOB_SERIES.contains(&name) {
             g.node_jobs.push((node, s.clone()));
             continue;
         }
@@ -180,18 +189,32 @@ mod tests {
                 1.0,
             ),
             s(series::GPUDIAG_INFO, &[("instance", "a:9835")], 1.0),
-            // A GPU's role in a job goes with the job, and makes no GPU of its own.
+            // A GPU's role in a job goes with the job, and makes no GPU of its own; so do a
+            // stalled job's stuck time and the rank it waits for.
             s(
                 series::GPUDIAG_JOB_GPU_ROLE,
                 &on_gpu(&[("job_key", "k"), ("role", "straggler")]),
                 1.0,
             ),
+            s(
+                series::GPUDIAG_JOB_STUCK_SECONDS,
+                &[("instance", "a:9835"), ("job_key", "k")],
+                42.0,
+            ),
+            s(
+                series::GPUDIAG_JOB_MISSING_RANK_INFO,
+                &on_gpu(&[("job_key", "k"), ("pid", "7"), ("state", "sleeping")]),
+                1.0,
+            ),
         ];
         let g = gathered(&answer, Chosen(None));
-        assert!(g.drafts.is_empty(), "gpudiag_info and roles make no GPU");
+        assert!(
+            g.drafts.is_empty(),
+            "gpudiag_info and job series make no GPU"
+        );
         let f = g.node_findings["a"].first().unwrap();
         assert_eq!((f.id.as_str(), f.severity), ("kernel.x", Severity::Fail));
-        assert_eq!(g.node_jobs.len(), 2);
+        assert_eq!(g.node_jobs.len(), 4);
         assert!(g.node_jobs.iter().all(|(node, _)| node == "a"));
     }
 

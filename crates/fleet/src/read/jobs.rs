@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use gpudiag_model::job::GpuRole;
+use gpudiag_model::job::{GpuRole, JobPattern};
 use gpudiag_model::prometheus_names::{label, rules, series};
 
 use super::labels::gpu_index_key;
@@ -35,6 +35,7 @@ pub(super) fn jobs(
     }
     add_node_verdicts(&mut jobs, node_jobs);
     let loaded = fleet.rules.loaded();
+    add_hung_alerts(&mut jobs, job_alerts);
     for (id, job) in jobs.iter_mut() {
         sort_job(job);
         let repeated = repeated_ranks(job);
@@ -53,9 +54,13 @@ pub(super) fn jobs(
         rank_by_node_verdicts(job);
     }
     let mut jobs: Vec<Job> = jobs.into_values().collect();
+    // A job that makes no progress wastes all its GPUs until someone acts: first, whatever
+    // else ranks high.
     jobs.sort_by(|a, b| {
-        b.rank
-            .cmp(&a.rank)
+        b.stall
+            .is_some()
+            .cmp(&a.stall.is_some())
+            .then_with(|| b.rank.cmp(&a.rank))
             .then_with(|| b.gpus.len().cmp(&a.gpus.len()))
             .then_with(|| a.job_key.cmp(&b.job_key))
     });
@@ -117,6 +122,7 @@ fn add_gpu(jobs: &mut BTreeMap<JobId, Job>, node: &Node, gpu: &Gpu, per_gpu: &Pe
                 across_nodes: None,
                 per_node: Vec::new(),
                 doubts: Vec::new(),
+                stall: None,
                 rank: Rank::Unknown,
             });
         if !job.nodes.contains(&node.name) {
@@ -144,13 +150,19 @@ fn add_gpu(jobs: &mut BTreeMap<JobId, Job>, node: &Node, gpu: &Gpu, per_gpu: &Pe
 /// Each node's verdict (`gpudiag_job_verdict`) on a job the fleet holds, and the part it gives
 /// each of its GPUs (`gpudiag_job_gpu_role`): the stragglers it names, and who waits. A node
 /// running a gpudiag from before the role series names its one straggler in the verdict's
-/// labels (`straggler_gpu`, `straggler_UUID`): read as well, as it costs nothing.
+/// labels (`straggler_gpu`, `straggler_UUID`): read as well, as it costs nothing. A stalled
+/// verdict adds the node's stuck time and the ranks it waits for to the job's stall.
 fn add_node_verdicts(jobs: &mut BTreeMap<JobId, Job>, node_jobs: Vec<(String, Series)>) {
-    let (roles, verdicts): (Vec<_>, Vec<_>) = node_jobs
-        .into_iter()
-        .partition(|(_, s)| s.label(label::NAME) == Some(series::GPUDIAG_JOB_GPU_ROLE));
+    let of = |name: &'static str| {
+        node_jobs
+            .iter()
+            .filter(move |(_, s)| s.label(label::NAME) == Some(name))
+    };
+    let verdicts = of(series::GPUDIAG_JOB_VERDICT);
+    let roles = of(series::GPUDIAG_JOB_GPU_ROLE);
     for (node, s) in verdicts {
-        let Some(job) = job_of(jobs, &s) else {
+        let node = node.clone();
+        let Some(job) = job_of(jobs, s) else {
             continue;
         };
         let legacy = NodeGpu {
@@ -158,15 +170,48 @@ fn add_node_verdicts(jobs: &mut BTreeMap<JobId, Job>, node_jobs: Vec<(String, Se
             uuid: s.label(label::LEGACY_STRAGGLER_UUID).map(str::to_owned),
         };
         let named = legacy.gpu.is_some() || legacy.uuid.is_some();
+        let verdict = s.label(label::VERDICT).unwrap_or("unknown").to_owned();
+        if stalled(&verdict) {
+            let stall = job.stall.get_or_insert_with(JobStall::default);
+            if !stall.nodes.contains(&node) {
+                stall.nodes.push(node.clone());
+            }
+            stall.verdict = worse_stall(&stall.verdict, &verdict).to_owned();
+        }
         job.per_node.push(NodeJobVerdict {
             node,
-            verdict: s.label(label::VERDICT).unwrap_or("unknown").to_owned(),
+            verdict,
             confidence: s.label(label::CONFIDENCE).map(str::to_owned),
             stragglers: if named { vec![legacy] } else { Vec::new() },
         });
     }
+    // A node's stuck time and missing ranks count only where it judges the job stalled now.
+    for (node, s) in of(series::GPUDIAG_JOB_STUCK_SECONDS) {
+        let Some(stall) = job_of(jobs, s).and_then(|j| j.stall.as_mut()) else {
+            continue;
+        };
+        if stall.nodes.contains(node) && s.value.is_finite() && s.value >= 0.0 {
+            stall.stuck_s = Some(stall.stuck_s.map_or(s.value, |t| t.max(s.value)));
+        }
+    }
+    for (node, s) in of(series::GPUDIAG_JOB_MISSING_RANK_INFO) {
+        let Some(stall) = job_of(jobs, s).and_then(|j| j.stall.as_mut()) else {
+            continue;
+        };
+        let rank = MissingRank {
+            node: node.clone(),
+            gpu: s.label(label::GPU).map(str::to_owned),
+            uuid: s.label(label::UUID).map(str::to_owned),
+            rank: s.label(label::RANK).map(str::to_owned),
+            pid: s.label(label::PID).map(str::to_owned),
+            state: s.label(label::STATE).map(str::to_owned),
+        };
+        if stall.nodes.contains(node) && !stall.missing.contains(&rank) {
+            stall.missing.push(rank);
+        }
+    }
     for (node, s) in roles {
-        let (Some(job), Some(role)) = (job_of(jobs, &s), s.label(label::ROLE)) else {
+        let (Some(job), Some(role)) = (job_of(jobs, s), s.label(label::ROLE)) else {
             continue;
         };
         let gpu = NodeGpu {
@@ -181,11 +226,63 @@ fn add_node_verdicts(jobs: &mut BTreeMap<JobId, Job>, node_jobs: Vec<(String, Se
         if role != GpuRole::Straggler.name() {
             continue;
         }
-        if let Some(v) = job.per_node.iter_mut().find(|v| v.node == node)
+        if let Some(v) = job.per_node.iter_mut().find(|v| v.node == *node)
             && !v.stragglers.contains(&gpu)
         {
             v.stragglers.push(gpu);
             v.stragglers.sort_by_key(|g| gpu_index_key(&g.gpu));
+        }
+    }
+    for job in jobs.values_mut() {
+        if let Some(stall) = &mut job.stall {
+            stall.nodes.sort();
+            stall.missing.sort_by(|a, b| {
+                let rank = |m: &MissingRank| m.rank.as_deref().and_then(|r| r.parse::<u64>().ok());
+                rank(a).cmp(&rank(b)).then_with(|| a.cmp(b))
+            });
+        }
+    }
+}
+
+/// The stalled verdicts, the one that explains the others first: an exited or stopped rank
+/// is why its peers hang.
+const STALLED: [JobPattern; 3] = [
+    JobPattern::RankExited,
+    JobPattern::RankStopped,
+    JobPattern::Hung,
+];
+
+fn stalled(verdict: &str) -> bool {
+    STALLED.iter().any(|p| p.name() == verdict)
+}
+
+/// Of two stalled verdicts (or none yet, `""`), the one that explains more.
+fn worse_stall<'a>(a: &'a str, b: &'a str) -> &'a str {
+    let order = |v: &str| {
+        STALLED
+            .iter()
+            .position(|p| p.name() == v)
+            .unwrap_or(usize::MAX)
+    };
+    if order(b) < order(a) { b } else { a }
+}
+
+/// The rules' `GpuJobHung` across nodes: the job is stalled even where no node's gpudiag says
+/// so (every rank waits, or the missing rank runs where gpudiag does not). A node's own
+/// `GpuJobHung` adds nothing its verdict series did not say.
+fn add_hung_alerts(jobs: &mut BTreeMap<JobId, Job>, job_alerts: &[Alert]) {
+    for a in job_alerts.iter().filter(|a| {
+        a.name == rules::ALERT_JOB_HUNG && a.scope.as_deref() == Some(rules::SCOPE_ACROSS_NODES)
+    }) {
+        let Some(key) = &a.job_key else { continue };
+        for job in jobs.values_mut().filter(|j| &j.job_key == key) {
+            let stall = job.stall.get_or_insert_with(JobStall::default);
+            if stall.verdict.is_empty() {
+                stall.verdict = JobPattern::Hung.name().to_owned();
+            }
+            if stall.across_nodes.as_deref() != Some("firing") {
+                stall.across_nodes = Some(a.state.clone());
+            }
         }
     }
 }
@@ -313,9 +410,12 @@ fn mark_stragglers(job: &mut Job) {
     }
 }
 
-/// A node's verdict other than balanced holds the job up; all balanced, it is good.
+/// A stalled job fails; a node's verdict other than balanced holds the job up; all balanced,
+/// it is good.
 fn rank_by_node_verdicts(job: &mut Job) {
-    if job
+    if job.stall.is_some() {
+        job.rank = job.rank.max(Rank::Fail);
+    } else if job
         .per_node
         .iter()
         .any(|v| v.verdict != "balanced" && v.verdict != "unknown")
@@ -405,6 +505,7 @@ mod tests {
             uuid: Some("GPU-1".to_owned()),
             job_key: Some("k".to_owned()),
             pace: Some("slow".to_owned()),
+            scope: None,
             active_since: None,
         }
     }
@@ -603,6 +704,167 @@ mod tests {
         assert!(k.gpus[0].straggler);
         assert_eq!(k.gpus[0].role, None);
         assert_eq!(k.rank, Rank::Held);
+    }
+
+    fn node_series(
+        node: &str,
+        name: &'static str,
+        labels: &[(&'static str, &'static str)],
+        value: f64,
+    ) -> (String, Series) {
+        let mut all = vec![("job_key", "k"), ("joined_by", "slurm")];
+        all.extend_from_slice(labels);
+        (node.to_owned(), s(name, &all, value))
+    }
+
+    /// Node b's gpudiag says job `k` hung 42 s, waiting for rank 1 (asleep on its GPU 0); node
+    /// a's sees only waiting GPUs. The pod's job ranks worse (its node is down), yet the stalled
+    /// job comes first.
+    #[test]
+    fn a_stalled_job_comes_first_with_its_missing_rank_and_how_long() {
+        let mut f = two_nodes();
+        f.nodes[1].gpus[1].rank = Rank::Down;
+        let jobs = jobs(
+            &f,
+            vec![
+                verdict("a", "balanced", &[]),
+                verdict("b", "hung", &[]),
+                role("b", "GPU-1", "0", "missing"),
+                node_series("b", series::GPUDIAG_JOB_STUCK_SECONDS, &[], 42.0),
+                // Another job's stall is not this one's.
+                (
+                    "b".to_owned(),
+                    s(
+                        series::GPUDIAG_JOB_STUCK_SECONDS,
+                        &[("job_key", "other"), ("joined_by", "slurm")],
+                        900.0,
+                    ),
+                ),
+                node_series(
+                    "b",
+                    series::GPUDIAG_JOB_MISSING_RANK_INFO,
+                    &[
+                        ("UUID", "GPU-1"),
+                        ("gpu", "0"),
+                        ("rank", "1"),
+                        ("pid", "4553"),
+                        ("state", "sleeping"),
+                    ],
+                    1.0,
+                ),
+            ],
+            &[],
+            &[],
+        );
+        let keys: Vec<&str> = jobs.iter().map(|j| j.job_key.as_str()).collect();
+        assert_eq!(keys, ["k", "ml/p"]);
+        assert_eq!(jobs[1].rank, Rank::Down);
+        let k = &jobs[0];
+        assert_eq!(k.rank, Rank::Fail);
+        assert_eq!(
+            k.stall,
+            Some(JobStall {
+                verdict: "hung".to_owned(),
+                nodes: vec!["b".to_owned()],
+                stuck_s: Some(42.0),
+                missing: vec![MissingRank {
+                    node: "b".to_owned(),
+                    gpu: Some("0".to_owned()),
+                    uuid: Some("GPU-1".to_owned()),
+                    rank: Some("1".to_owned()),
+                    pid: Some("4553".to_owned()),
+                    state: Some("sleeping".to_owned()),
+                }],
+                across_nodes: None,
+            })
+        );
+        assert_eq!(k.gpus[1].role.as_deref(), Some("missing"));
+        assert!(!k.gpus[1].straggler, "a missing rank is no straggler");
+    }
+
+    /// An exited rank explains its peers' hang: the job reads rank_exited, from both nodes.
+    /// A stuck time or missing rank from a node that no longer says stalled is left out.
+    #[test]
+    fn an_exited_rank_names_the_stall_and_stale_stall_series_are_left_out() {
+        let jobs = jobs(
+            &two_nodes(),
+            vec![
+                verdict("a", "hung", &[]),
+                verdict("b", "rank_exited", &[]),
+                node_series("a", series::GPUDIAG_JOB_STUCK_SECONDS, &[], 30.0),
+                node_series("b", series::GPUDIAG_JOB_STUCK_SECONDS, &[], 75.0),
+                node_series(
+                    "b",
+                    series::GPUDIAG_JOB_MISSING_RANK_INFO,
+                    &[("gpu", "0"), ("pid", "77"), ("state", "exited")],
+                    1.0,
+                ),
+            ],
+            &[],
+            &[],
+        );
+        let stall = jobs[0].stall.as_ref().unwrap();
+        assert_eq!(stall.verdict, "rank_exited");
+        assert_eq!(stall.nodes, ["a", "b"]);
+        assert_eq!(stall.stuck_s, Some(75.0));
+        assert_eq!(stall.missing.len(), 1);
+        assert_eq!(stall.missing[0].rank, None, "a rank not read stays unknown");
+
+        let stale = jobs_of(vec![
+            verdict("b", "balanced", &[]),
+            node_series("b", series::GPUDIAG_JOB_STUCK_SECONDS, &[], 75.0),
+            node_series(
+                "b",
+                series::GPUDIAG_JOB_MISSING_RANK_INFO,
+                &[("gpu", "0"), ("pid", "77")],
+                1.0,
+            ),
+        ]);
+        assert_eq!(stale[0].stall, None);
+        assert_eq!(stale[0].rank, Rank::Good);
+    }
+
+    fn jobs_of(node_jobs: Vec<(String, Series)>) -> Vec<Job> {
+        jobs(&two_nodes(), node_jobs, &[], &[])
+    }
+
+    /// The rules' GpuJobHung across nodes stalls the job though no node's gpudiag says so;
+    /// a node's own GpuJobHung adds nothing its verdict did not.
+    #[test]
+    fn the_rules_hung_alert_across_nodes_stalls_the_job() {
+        let hung = |state: &str, scope: &str| Alert {
+            name: rules::ALERT_JOB_HUNG.to_owned(),
+            node: None,
+            gpu: None,
+            uuid: None,
+            pace: None,
+            scope: Some(scope.to_owned()),
+            ..straggler_alert(state)
+        };
+        let jobs = jobs(
+            &two_nodes(),
+            vec![verdict("a", "balanced", &[]), verdict("b", "balanced", &[])],
+            &[
+                hung("firing", "across_nodes"),
+                hung("pending", "across_nodes"),
+            ],
+            &[],
+        );
+        let k = jobs.iter().find(|j| j.job_key == "k").unwrap();
+        let stall = k.stall.as_ref().unwrap();
+        assert_eq!(
+            (stall.verdict.as_str(), stall.across_nodes.as_deref()),
+            ("hung", Some("firing"))
+        );
+        assert!(stall.nodes.is_empty() && stall.missing.is_empty() && stall.stuck_s.is_none());
+        assert_eq!(k.rank, Rank::Fail);
+
+        let jobs = jobs_of_alerts(&[hung("firing", "node")]);
+        assert!(jobs.iter().all(|j| j.stall.is_none()), "{jobs:?}");
+    }
+
+    fn jobs_of_alerts(alerts: &[Alert]) -> Vec<Job> {
+        jobs(&two_nodes(), Vec::new(), alerts, &[])
     }
 
     /// Two jobs under one key (an older gpudiag's unqualified 127.0.0.1:29500 on two nodes):

@@ -10,7 +10,7 @@ use crate::client::{Client, Series};
 use crate::model::FindingRef;
 
 /// Every label the fleet reads from a series; the others are dropped as answers are parsed.
-pub(super) const LABELS_READ: [&str; 25] = [
+pub(super) const LABELS_READ: [&str; 26] = [
     label::NAME,
     label::INSTANCE,
     label::SCRAPE_JOB,
@@ -31,6 +31,7 @@ pub(super) const LABELS_READ: [&str; 25] = [
     label::SLURM_JOB,
     label::RANK,
     label::ROLE,
+    label::STATE,
     label::LEGACY_STRAGGLER_GPU,
     label::LEGACY_STRAGGLER_UUID,
     label::PID,

@@ -18,7 +18,7 @@ const RULE_SERIES: [&str; 4] = [
 
 /// The alerts the shipped rules raise; others are shown only when they name a node or GPU of
 /// the fleet.
-pub const GPUDIAG_ALERTS: [&str; 7] = rules::ALERTS;
+pub const GPUDIAG_ALERTS: [&str; 8] = rules::ALERTS;
 
 /// A rule whose presence means the shipped rules are loaded.
 const RULES_MARKER: &str = rules::JOB_GPUS_COUNT;
@@ -106,6 +106,7 @@ pub(super) fn alert_of(a: &ApiAlert, node_label: &str) -> Alert {
         uuid: l(label::UUID),
         job_key: l(label::JOB_KEY),
         pace: l(label::PACE),
+        scope: l(label::SCOPE),
         active_since: a.active_at.clone(),
     }
 }

@@ -141,6 +141,7 @@ mod tests {
             uuid: None,
             job_key: None,
             pace: None,
+            scope: None,
             active_since: None,
         }
     }
