@@ -30,6 +30,9 @@ use gpudiag_model::sample::TimeMs;
 use gpudiag_telemetry::BackendError;
 use serde_json::{Value, json};
 
+/// `LEAD_MIN_SM_POINTS` of crates/core/src/rules/job/detect.rs, which is not a setting.
+const LEAD_MIN_SM_POINTS: f64 = 10.0;
+
 const USAGE: &str = "usage: job_sensitivity [--window 10,20,30] [--step 5] \
                      [--set section.key=value]... [--windows-out FILE] RECORDING_OR_DIR...";
 
@@ -292,6 +295,8 @@ struct Window {
     /// Whether the verdict named the case's GPU as it should (a straggler that GPU alone, or the
     /// GPU a stalled job misses); `None` where the case names no GPU.
     named_right: Option<bool>,
+    /// The case's GPU in this window (the truth's, or its rank's GPU).
+    device: Option<u32>,
     seen: Option<Seen>,
     /// Why the job was not judged, where it was not.
     not_judged: Option<String>,
@@ -307,8 +312,12 @@ struct Seen {
     lead_device: Option<u32>,
     /// The top GPU's SM active minus the rest's median (points), when SM active was compared.
     lead_points: Option<f64>,
-    /// The case's GPU's work over the median of the others'.
+    /// The case's GPU's work over the median of the others', and the same as a difference in
+    /// SM active (points).
     case_lead_ratio: Option<f64>,
+    case_points: Option<f64>,
+    /// Each GPU's work figure, by device.
+    works: Vec<(u32, f64)>,
     /// The largest gap (points) between a GPU's utilisation and its peers' median, and whose.
     lag_points: Option<f64>,
     lag_device: Option<u32>,
@@ -377,11 +386,14 @@ impl Seen {
         let lead_points = lead
             .filter(|_| work_key == "sm_active_pct")
             .map(|(_, w, rest)| w - rest);
-        let case_lead_ratio = case_device.and_then(|dev| {
+        let case = case_device.and_then(|dev| {
             let own = works.iter().find(|(d, _)| *d == dev)?.1;
-            let rest = rest_of(dev)?;
-            (rest > 0.0).then(|| own / rest)
+            Some((own, rest_of(dev)?))
         });
+        let case_lead_ratio = case.and_then(|(own, rest)| (rest > 0.0).then(|| own / rest));
+        let case_points = case
+            .filter(|_| work_key == "sm_active_pct")
+            .map(|(own, rest)| own - rest);
         let lag = peers
             .iter()
             .filter_map(|p| {
@@ -402,6 +414,8 @@ impl Seen {
             lead_device: lead.map(|(d, _, _)| d),
             lead_points,
             case_lead_ratio,
+            case_points,
+            works,
             lag_points: lag.map(|l| l.1),
             lag_device: lag.map(|l| l.0),
             peers_util_median: lag.map(|l| l.2),
@@ -649,6 +663,7 @@ fn judge_window(
         truth: truth_row,
         got,
         named_right: named,
+        device,
         seen,
         not_judged,
         jobs: jobs.len(),
@@ -710,7 +725,10 @@ fn write_windows(path: &Path, windows: &[Window]) -> std::io::Result<()> {
             "lead_ratio": s.and_then(|s| s.lead_ratio),
             "lead_device": s.and_then(|s| s.lead_device),
             "lead_points": s.and_then(|s| s.lead_points),
+            "device": w.device,
             "case_lead_ratio": s.and_then(|s| s.case_lead_ratio),
+            "case_points": s.and_then(|s| s.case_points),
+            "works": s.map(|s| s.works.clone()),
             "lag_points": s.and_then(|s| s.lag_points),
             "lag_device": s.and_then(|s| s.lag_device),
             "peers_util_median": s.and_then(|s| s.peers_util_median),
@@ -772,14 +790,21 @@ fn report(args: &Args, config: &Config, truths: &[Truth], windows: &[Window]) ->
             let case_leads: Vec<f64> = seen.iter().filter_map(|s| s.case_lead_ratio).collect();
             let gaps: Vec<f64> = seen.iter().filter_map(|s| s.lead_points).collect();
             let lags: Vec<f64> = seen.iter().filter_map(|s| s.lag_points).collect();
-            let device = t.device;
-            let on_top = match device {
-                Some(d) if !seen.is_empty() => format!(
+            let with_device: Vec<(&Seen, u32)> = mine
+                .iter()
+                .filter_map(|x| Some((x.seen.as_ref()?, x.device?)))
+                .collect();
+            let on_top = if with_device.is_empty() {
+                "–".to_owned()
+            } else {
+                format!(
                     "{}/{}",
-                    seen.iter().filter(|s| s.lead_device == Some(d)).count(),
-                    seen.len()
-                ),
-                _ => "–".to_owned(),
+                    with_device
+                        .iter()
+                        .filter(|(s, d)| s.lead_device == Some(*d))
+                        .count(),
+                    with_device.len()
+                )
             };
             let asked: Vec<bool> = mine
                 .iter()
@@ -865,6 +890,8 @@ fn report(args: &Args, config: &Config, truths: &[Truth], windows: &[Window]) ->
             let _ = writeln!(out, "| {r} | {} |", cells.join(" | "));
         }
     }
+    out.push_str(&separation(args, config, windows));
+    out.push_str(&what_if(args, config, windows));
     let reasons: BTreeMap<String, usize> =
         windows
             .iter()
@@ -905,4 +932,265 @@ fn row_order(row: &str) -> (u8, u64, String) {
         _ => 7,
     };
     (rank, 0, row.to_owned())
+}
+
+/// The slow rows of the matrix, by factor.
+fn slow_rows(windows: &[&Window]) -> Vec<String> {
+    let mut rows: Vec<String> = Vec::new();
+    for w in windows {
+        if w.truth.starts_with("slow") && !rows.contains(&w.truth) {
+            rows.push(w.truth.clone());
+        }
+    }
+    rows.sort_by_key(|r| row_order(r));
+    rows
+}
+
+/// Per window length: how far the balanced windows' top GPU leads at most, against how far each
+/// slowed GPU leads at least, in ratio and in SM points; where the two overlap no lead ratio
+/// names the slow rank without a false positive.
+fn separation(args: &Args, config: &Config, windows: &[Window]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nSeparation: the balanced windows' largest lead (top GPU over the rest's median) and \
+         utilisation lag, against each slowed GPU's own lead (lead_ratio now {}, the SM-point \
+         floor 10):\n",
+        config.rules.job.lead_ratio
+    );
+    let _ = writeln!(
+        out,
+        "| window | balanced: lead × max (windows) | balanced: SM gap max (points) | balanced: lag max \
+         (points) | slowed GPU: lead × min / median by factor | slowed GPU: SM gap min / median \
+         (points) | a ratio that separates |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    for &w in &args.windows_s {
+        let mine: Vec<&Window> = windows.iter().filter(|x| x.window_s == w).collect();
+        let balanced: Vec<&Seen> = mine
+            .iter()
+            .filter(|x| x.truth == "balanced")
+            .filter_map(|x| x.seen.as_ref())
+            .collect();
+        let max = |v: Vec<f64>| v.into_iter().fold(f64::NAN, f64::max);
+        let bal_lead = max(balanced.iter().filter_map(|s| s.lead_ratio).collect());
+        let bal_gap = max(balanced.iter().filter_map(|s| s.lead_points).collect());
+        let bal_lag = max(balanced.iter().filter_map(|s| s.lag_points).collect());
+        let mut leads = Vec::new();
+        let mut gaps = Vec::new();
+        let mut separates = Vec::new();
+        for row in slow_rows(&mine) {
+            let seen: Vec<&Seen> = mine
+                .iter()
+                .filter(|x| x.truth == row)
+                .filter_map(|x| x.seen.as_ref())
+                .collect();
+            let l: Vec<f64> = seen.iter().filter_map(|s| s.case_lead_ratio).collect();
+            let g: Vec<f64> = seen.iter().filter_map(|s| s.case_points).collect();
+            let lo = l.iter().copied().fold(f64::NAN, f64::min);
+            leads.push(format!(
+                "{row}: {lo:.3} / {:.3}",
+                median(l.iter().copied()).unwrap_or(f64::NAN)
+            ));
+            if !g.is_empty() {
+                gaps.push(format!(
+                    "{row}: {:.1} / {:.1}",
+                    g.iter().copied().fold(f64::NAN, f64::min),
+                    median(g.iter().copied()).unwrap_or(f64::NAN)
+                ));
+            }
+            separates.push(if bal_lead.is_nan() || lo.is_nan() {
+                format!("{row}: –")
+            } else if lo > bal_lead {
+                format!("{row}: ({bal_lead:.3}, {lo:.3}]")
+            } else {
+                format!("{row}: none (overlap)")
+            });
+        }
+        let f = |v: f64, d: usize| {
+            if v.is_nan() {
+                "–".to_owned()
+            } else {
+                format!("{v:.d$}")
+            }
+        };
+        let _ = writeln!(
+            out,
+            "| {w} s | {} ({}) | {} | {} | {} | {} | {} |",
+            f(bal_lead, 3),
+            balanced.len(),
+            f(bal_gap, 1),
+            f(bal_lag, 1),
+            leads.join("; "),
+            if gaps.is_empty() {
+                "–".to_owned()
+            } else {
+                gaps.join("; ")
+            },
+            separates.join("; ")
+        );
+    }
+    out
+}
+
+/// The lead detector's test (`leaders` in crates/core/src/rules/job/detect.rs) on a window's
+/// figures, at another ratio and SM-point floor: the fewest GPUs at the top, half the job at
+/// most, at `ratio` × the rest's median and `points` above it, alike among themselves while the
+/// rest are alike too.
+fn leaders_at(works: &[(u32, f64)], sm: bool, ratio: f64, points: f64) -> Option<Vec<u32>> {
+    let mut order = works.to_vec();
+    order.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let alike = |v: &[(u32, f64)]| {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::INFINITY, 0.0f64), |(lo, hi), &(_, w)| {
+                (lo.min(w), hi.max(w))
+            });
+        v.len() < 2 || (lo > 0.0 && hi / lo < ratio)
+    };
+    (1..=(order.len() / 2).max(1)).find_map(|k| {
+        let (top, rest) = order.split_at(k);
+        let peers = median(rest.iter().map(|&(_, w)| w))?;
+        let lowest = top.last()?.1;
+        let points_ok = !sm || lowest - peers >= points;
+        (peers > 0.0 && lowest / peers >= ratio && points_ok && alike(top) && alike(rest))
+            .then(|| top.iter().map(|&(d, _)| d).collect())
+    })
+}
+
+/// The graded detector's test (`graded` in detect.rs) at another ratio and SM-point floor.
+fn graded_at(works: &[(u32, f64)], sm: bool, ratio: f64, points: f64) -> bool {
+    if works.len() < 3 {
+        return false;
+    }
+    let (lo, hi) = works
+        .iter()
+        .fold((f64::INFINITY, 0.0f64), |(lo, hi), &(_, w)| {
+            (lo.min(w), hi.max(w))
+        });
+    let stands_out = works.iter().any(|&(d, w)| {
+        median(works.iter().filter(|(e, _)| *e != d).map(|&(_, v)| v))
+            .is_some_and(|p| p > 0.0 && w / p >= ratio && (!sm || w - p >= points))
+    });
+    stands_out && lo > 0.0 && hi / lo >= ratio
+}
+
+/// What a window's verdict would be at another lead ratio and SM-point floor: the detectors
+/// tried before lead (memory spread, lag) keep the engine's answer, lead and graded are
+/// tried again on the figures, and communication keeps the engine's answer if neither fires.
+fn verdict_at(w: &Window, s: &Seen, ratio: f64, points: f64) -> &'static str {
+    let detector = s.verdict.evidence.get("detector").and_then(Value::as_str);
+    if matches!(detector, Some("memory_spread" | "lag")) || s.verdict.stall.is_some() {
+        return column(&s.verdict, w.device);
+    }
+    let sm = s.work_key == "sm_active_pct";
+    if s.works.len() < 2 {
+        return column(&s.verdict, w.device);
+    }
+    if let Some(top) = leaders_at(&s.works, sm, ratio, points) {
+        return if w.device.is_some_and(|d| top == [d]) {
+            "straggler, its GPU"
+        } else {
+            "straggler, other GPU"
+        };
+    }
+    if graded_at(&s.works, sm, ratio, points) {
+        return "imbalanced";
+    }
+    if detector == Some("communication") {
+        return "communication_bound";
+    }
+    "balanced"
+}
+
+/// The verdicts again at other lead ratios and SM-point floors, on each window's figures (see
+/// [`verdict_at`]): the share of each slow case's windows naming its GPU, and of balanced
+/// windows given anything but balanced. A what-if: the engine itself, with `--set
+/// job.lead_ratio=R`, is the check for the ratio; the point floor is a constant of detect.rs.
+fn what_if(args: &Args, config: &Config, windows: &[Window]) -> String {
+    const RATIOS: [f64; 9] = [1.03, 1.04, 1.05, 1.06, 1.07, 1.08, 1.10, 1.12, 1.15];
+    const POINTS: [f64; 3] = [10.0, 5.0, 3.0];
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nWhat-if on the windows' figures (lead and graded tried again; lag, memory spread and \
+         stalls as judged; now lead_ratio {}): its GPU named in slow windows, and false positives \
+         in balanced windows:\n",
+        config.rules.job.lead_ratio
+    );
+    // The mirror of the detectors checked against the engine: at today's thresholds it must
+    // say what the engine said.
+    let disagree: Vec<String> = windows
+        .iter()
+        .filter_map(|x| {
+            let s = x.seen.as_ref()?;
+            let mirrored = verdict_at(x, s, config.rules.job.lead_ratio, LEAD_MIN_SM_POINTS);
+            (mirrored != x.got).then(|| {
+                format!(
+                    "{} {} s at {:.0} s: engine {}, mirror {mirrored}",
+                    x.case, x.window_s, x.end_s, x.got
+                )
+            })
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "At today's thresholds the mirror agrees with the engine in {} of {} judged windows.{}\n",
+        windows.iter().filter(|x| x.seen.is_some()).count() - disagree.len(),
+        windows.iter().filter(|x| x.seen.is_some()).count(),
+        disagree
+            .iter()
+            .take(10)
+            .map(|d| format!("\n- {d}"))
+            .collect::<String>()
+    );
+    for &w in &args.windows_s {
+        let mine: Vec<&Window> = windows.iter().filter(|x| x.window_s == w).collect();
+        let rows = slow_rows(&mine);
+        let balanced: Vec<(&Window, &Seen)> = mine
+            .iter()
+            .filter(|x| x.truth == "balanced")
+            .filter_map(|x| Some((*x, x.seen.as_ref()?)))
+            .collect();
+        if rows.is_empty() && balanced.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "| {w} s: lead_ratio | SM-point floor | balanced: false positives | {} |",
+            rows.join(" named | ") + if rows.is_empty() { "" } else { " named" }
+        );
+        let _ = writeln!(out, "|---|---|---|{}", "---|".repeat(rows.len()));
+        for &points in &POINTS {
+            for &ratio in &RATIOS {
+                let fp = balanced
+                    .iter()
+                    .filter(|(x, s)| verdict_at(x, s, ratio, points) != "balanced")
+                    .count();
+                let named: Vec<String> = rows
+                    .iter()
+                    .map(|r| {
+                        let seen: Vec<(&Window, &Seen)> = mine
+                            .iter()
+                            .filter(|x| &x.truth == r)
+                            .filter_map(|x| Some((*x, x.seen.as_ref()?)))
+                            .collect();
+                        let n = seen
+                            .iter()
+                            .filter(|(x, s)| verdict_at(x, s, ratio, points) == "straggler, its GPU")
+                            .count();
+                        format!("{n}/{}", seen.len())
+                    })
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "| {ratio:.2} | {points} | {fp}/{} | {} |",
+                    balanced.len(),
+                    named.join(" | ")
+                );
+            }
+        }
+        out.push('\n');
+    }
+    out
 }
