@@ -146,6 +146,8 @@ struct Truth {
     workload: Option<String>,
     /// When the case begins; before it the job runs balanced. `None`: from the start.
     onset: Option<Onset>,
+    /// The recording's GPU model, once read.
+    model: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -216,19 +218,27 @@ impl Truth {
             "gpu",
         ]));
         let rank = uint(get(&["rank", "slow_rank", "slowed_rank", "missing_rank"]));
-        let factor = get(&["factor", "slow_factor", "slowdown", "work_factor"]).and_then(Value::as_f64);
+        let factor =
+            get(&["factor", "slow_factor", "slowdown", "work_factor"]).and_then(Value::as_f64);
         let gpus = uint(get(&["gpus", "n_gpus", "world_size", "nproc"]));
         let workload = get(&["workload", "model"])
             .and_then(Value::as_str)
             .map(str::to_owned);
-        let onset = get(&["onset_s", "at_s", "since_s", "from_s", "fault_at_s", "after_s"])
-            .and_then(Value::as_f64)
-            .map(Onset::AfterStartS)
-            .or_else(|| {
-                get(&["onset_ms", "at_ms", "since_ms", "fault_at_ms"])
-                    .and_then(Value::as_u64)
-                    .map(Onset::AtMs)
-            });
+        let onset = get(&[
+            "onset_s",
+            "at_s",
+            "since_s",
+            "from_s",
+            "fault_at_s",
+            "after_s",
+        ])
+        .and_then(Value::as_f64)
+        .map(Onset::AfterStartS)
+        .or_else(|| {
+            get(&["onset_ms", "at_ms", "since_ms", "fault_at_ms"])
+                .and_then(Value::as_u64)
+                .map(Onset::AtMs)
+        });
         let kind = get(&["kind", "truth", "expected", "pattern", "fault"])
             .and_then(Value::as_str)
             .map(Kind::from_word);
@@ -238,9 +248,11 @@ impl Truth {
             None if device.is_none() && rank.is_none() => Kind::Balanced,
             None => Kind::Other("unstated".to_owned()),
         };
+        // Said for people, or by benches/cut_recording.py: nothing to judge by.
+        let notes = ["note", "notes", "description", "command", "cut_from_s"];
         let unused = map
             .keys()
-            .filter(|k| !used.contains(&k.as_str()))
+            .filter(|k| !used.contains(&k.as_str()) && !notes.contains(&k.as_str()))
             .cloned()
             .collect();
         Ok((
@@ -253,6 +265,7 @@ impl Truth {
                 gpus,
                 workload,
                 onset,
+                model: None,
             },
             unused,
         ))
@@ -365,14 +378,8 @@ impl Seen {
             .iter()
             .filter_map(|p| Some((p.device, work_of(&work_key, p)?)))
             .collect();
-        let rest_of = |device: u32| {
-            median(
-                works
-                    .iter()
-                    .filter(|(d, _)| *d != device)
-                    .map(|&(_, w)| w),
-            )
-        };
+        let rest_of =
+            |device: u32| median(works.iter().filter(|(d, _)| *d != device).map(|&(_, w)| w));
         let top = works
             .iter()
             .copied()
@@ -541,13 +548,14 @@ fn measure(
     truth: &Truth,
     windows_s: &[u64],
     step_s: u64,
-) -> Result<Vec<Window>, String> {
+) -> Result<(Vec<Window>, Option<String>), String> {
     let spec = SourceSpec::new(Origin::File(recording.to_path_buf()));
     let mut session = Session::setup(config)
         .open(&spec)
         .map_err(|e| format!("{}: {e}", recording.display()))?;
+    let model = session.devices.first().and_then(|d| d.name.clone());
     let Some(mut source) = session.take_source() else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), model));
     };
     let shortest = windows_s.iter().copied().min().unwrap_or(10) * 1000;
     let step = step_s * 1000;
@@ -594,7 +602,7 @@ fn measure(
     for w in &session.warnings {
         eprintln!("{}: {w}", recording.display());
     }
-    Ok(out)
+    Ok((out, model))
 }
 
 fn judge_window(
@@ -605,9 +613,7 @@ fn judge_window(
     start: TimeMs,
     end: TimeMs,
 ) -> Window {
-    pipeline
-        .engine
-        .finish_within(&pipeline.history, start, end);
+    pipeline.engine.finish_within(&pipeline.history, start, end);
     let jobs = pipeline.engine.jobs();
     // The case's GPU, where the truth names a rank: the job's member of that rank.
     let device = truth.device.or_else(|| {
@@ -680,7 +686,7 @@ fn run(args: &Args) -> Result<(), String> {
     let mut truths: Vec<Truth> = Vec::new();
     for (recording, truth_file) in &cases {
         let stem = recording_stem(recording).unwrap_or_default();
-        let (truth, unused) = Truth::read(truth_file, &stem)?;
+        let (mut truth, unused) = Truth::read(truth_file, &stem)?;
         if !unused.is_empty() {
             eprintln!(
                 "{}: keys not used: {}",
@@ -688,7 +694,8 @@ fn run(args: &Args) -> Result<(), String> {
                 unused.join(", ")
             );
         }
-        let measured = measure(&config, recording, &truth, &args.windows_s, args.step_s)?;
+        let (measured, model) = measure(&config, recording, &truth, &args.windows_s, args.step_s)?;
+        truth.model = model;
         if measured.is_empty() {
             eprintln!(
                 "{}: shorter than the shortest window, no window judged",
@@ -840,8 +847,15 @@ fn report(args: &Args, config: &Config, truths: &[Truth], windows: &[Window]) ->
                 out,
                 "| {} | {} | {} | {w} s | {} | {} | {} | {on_top} | {} | {} | {named} | {fp} | {verdicts} |",
                 t.case,
-                t.label() + &t.workload.as_ref().map(|w| format!(" ({w})")).unwrap_or_default(),
-                mine[0].gpus,
+                t.label()
+                    + &t.workload
+                        .as_ref()
+                        .map(|w| format!(" ({w})"))
+                        .unwrap_or_default(),
+                match &t.model {
+                    Some(m) => format!("{} × {m}", mine[0].gpus),
+                    None => mine[0].gpus.to_string(),
+                },
                 mine.len(),
                 spread(&leads),
                 spread(&case_leads),
@@ -892,16 +906,15 @@ fn report(args: &Args, config: &Config, truths: &[Truth], windows: &[Window]) ->
     }
     out.push_str(&separation(args, config, windows));
     out.push_str(&what_if(args, config, windows));
-    let reasons: BTreeMap<String, usize> =
-        windows
-            .iter()
-            .filter_map(|w| w.not_judged.as_ref())
-            .fold(BTreeMap::new(), |mut m, r| {
-                // The job's name leads each reason; what follows it is the same across jobs.
-                let reason = r.split_once(": ").map_or(r.as_str(), |(_, why)| why);
-                *m.entry(reason.to_owned()).or_default() += 1;
-                m
-            });
+    let reasons: BTreeMap<String, usize> = windows
+        .iter()
+        .filter_map(|w| w.not_judged.as_ref())
+        .fold(BTreeMap::new(), |mut m, r| {
+            // The job's name leads each reason; what follows it is the same across jobs.
+            let reason = r.split_once(": ").map_or(r.as_str(), |(_, why)| why);
+            *m.entry(reason.to_owned()).or_default() += 1;
+            m
+        });
     if !reasons.is_empty() {
         let _ = writeln!(out, "\nNot judged, why (windows):\n");
         for (r, n) in reasons {
@@ -1041,11 +1054,9 @@ fn leaders_at(works: &[(u32, f64)], sm: bool, ratio: f64, points: f64) -> Option
     let mut order = works.to_vec();
     order.sort_by(|a, b| b.1.total_cmp(&a.1));
     let alike = |v: &[(u32, f64)]| {
-        let (lo, hi) = v
-            .iter()
-            .fold((f64::INFINITY, 0.0f64), |(lo, hi), &(_, w)| {
-                (lo.min(w), hi.max(w))
-            });
+        let (lo, hi) = v.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &(_, w)| {
+            (lo.min(w), hi.max(w))
+        });
         v.len() < 2 || (lo > 0.0 && hi / lo < ratio)
     };
     (1..=(order.len() / 2).max(1)).find_map(|k| {
@@ -1177,7 +1188,9 @@ fn what_if(args: &Args, config: &Config, windows: &[Window]) -> String {
                             .collect();
                         let n = seen
                             .iter()
-                            .filter(|(x, s)| verdict_at(x, s, ratio, points) == "straggler, its GPU")
+                            .filter(|(x, s)| {
+                                verdict_at(x, s, ratio, points) == "straggler, its GPU"
+                            })
                             .count();
                         format!("{n}/{}", seen.len())
                     })
