@@ -1119,7 +1119,7 @@ fn verdict_at(w: &Window, s: &Seen, ratio: f64, points: f64) -> &'static str {
 /// windows given anything but balanced. A what-if: the engine itself, with `--set
 /// job.lead_ratio=R`, is the check for the ratio; the point floor is a constant of detect.rs.
 fn what_if(args: &Args, config: &Config, windows: &[Window]) -> String {
-    const RATIOS: [f64; 9] = [1.03, 1.04, 1.05, 1.06, 1.07, 1.08, 1.10, 1.12, 1.15];
+    const RATIOS: [f64; 8] = [1.04, 1.05, 1.06, 1.07, 1.08, 1.10, 1.12, 1.15];
     const POINTS: [f64; 3] = [10.0, 5.0, 3.0];
     let mut out = String::new();
     let _ = writeln!(
