@@ -1126,6 +1126,7 @@ mod tests {
             advice: "a".into(),
             stragglers,
             doubts: vec!["RANK 1 is read on 2 GPUs".into()],
+            stall: None,
             peers: Vec::new(),
             evidence: serde_json::Map::new(),
         };

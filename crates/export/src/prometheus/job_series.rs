@@ -367,6 +367,7 @@ mod tests {
                 differs: Vec::new(),
             }],
             doubts: Vec::new(),
+            stall: None,
             peers: Vec::new(),
             evidence: serde_json::Map::new(),
         }
