@@ -131,31 +131,31 @@ fn seconds(s: &str) -> Result<u64, String> {
     }
 }
 
-/// What a recording was made to be, from its `.truth.json`.
+/// What one job of a recording was made to be, from the recording's `.truth.json`.
 #[derive(Debug, Clone)]
 struct Truth {
+    /// The recording's name, and the job's GPUs where the recording holds several jobs.
     case: String,
     kind: Kind,
+    /// The job's GPUs, where the file lists them.
+    gpus: Option<Vec<u32>>,
     /// The GPU the case is about: slowed, hung, stopped, exited, checkpointing.
     device: Option<u32>,
     /// The rank the case is about, where the file names a rank rather than a GPU.
     rank: Option<u32>,
     /// How much more work the slowed rank does (1.1: 10% more).
     factor: Option<f64>,
-    gpus: Option<u32>,
     workload: Option<String>,
-    /// When the case begins; before it the job runs balanced. `None`: from the start.
-    onset: Option<Onset>,
+    /// From when the job ran its steady steps, and when it ended (ms since the Unix epoch):
+    /// only windows inside are judged.
+    ready_ms: Option<TimeMs>,
+    end_ms: Option<TimeMs>,
+    /// When the case begins (`None`: from `ready_ms`) and ends (a checkpoint's pause); outside
+    /// it the job runs balanced.
+    stall_from_ms: Option<TimeMs>,
+    stall_to_ms: Option<TimeMs>,
     /// The recording's GPU model, once read.
     model: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Onset {
-    /// Seconds after the recording's first tick.
-    AfterStartS(f64),
-    /// ms since the Unix epoch.
-    AtMs(TimeMs),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -166,7 +166,6 @@ enum Kind {
     Stopped,
     Exited,
     Checkpoint,
-    TwoJobs,
     Other(String),
 }
 
@@ -175,26 +174,48 @@ impl Kind {
         match w.to_ascii_lowercase().replace(['-', ' '], "_").as_str() {
             "balanced" => Kind::Balanced,
             "slow" | "slowed" | "straggler" | "slow_rank" => Kind::Slow,
-            "hung" | "hang" | "hung_collective" => Kind::Hung,
+            "hung" | "hang" => Kind::Hung,
             "stopped" | "sigstop" | "rank_stopped" => Kind::Stopped,
-            "exited" | "killed" | "sigkill" | "rank_exited" | "died" => Kind::Exited,
-            "checkpoint" | "rank0_pause" | "pause" => Kind::Checkpoint,
-            "two_jobs" | "two_job" | "twojobs" => Kind::TwoJobs,
+            "exited" | "killed" | "sigkill" | "rank_exited" => Kind::Exited,
+            "checkpoint" | "pause" => Kind::Checkpoint,
             other => Kind::Other(other.to_owned()),
         }
     }
 }
 
 impl Truth {
-    /// Reads `path`. Several spellings of each key are taken; keys it does not know are returned
-    /// so the caller can say they were not used.
-    fn read(path: &Path, fallback_case: &str) -> Result<(Truth, Vec<String>), String> {
+    /// Reads `path`: `{"jobs": [JOB, ...]}`, or one JOB alone, each JOB an object of `case` (the
+    /// kind), `gpus` (a list), `slowed_device` or `missing_device` (or `missing_rank`),
+    /// `factor`, `model`, and the times `ready_ms`, `stall_from_ms`, `stall_to_ms`, `end_ms`.
+    /// Returns the jobs and the keys not used, so the caller can name them.
+    fn read(path: &Path, stem: &str) -> Result<(Vec<Truth>, Vec<String>), String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let v: Value =
             serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        let Value::Object(map) = v else {
-            return Err(format!("{}: expected a JSON object", path.display()));
+        let jobs: Vec<&serde_json::Map<String, Value>> = match &v {
+            Value::Object(m) => match m.get("jobs") {
+                Some(Value::Array(a)) => a.iter().filter_map(Value::as_object).collect(),
+                _ => vec![m],
+            },
+            _ => Vec::new(),
         };
+        if jobs.is_empty() {
+            return Err(format!("{}: expected an object with jobs", path.display()));
+        }
+        let several = jobs.len() > 1;
+        let mut unused = Vec::new();
+        let mut out = Vec::new();
+        for map in jobs {
+            let (truth, mut left) = Truth::of(map, stem, several);
+            unused.append(&mut left);
+            out.push(truth);
+        }
+        unused.sort();
+        unused.dedup();
+        Ok((out, unused))
+    }
+
+    fn of(map: &serde_json::Map<String, Value>, stem: &str, several: bool) -> (Truth, Vec<String>) {
         let mut used: Vec<&str> = Vec::new();
         let mut get = |keys: &[&'static str]| -> Option<&Value> {
             keys.iter().find_map(|k| {
@@ -204,74 +225,68 @@ impl Truth {
             })
         };
         let uint = |v: Option<&Value>| v.and_then(Value::as_u64).map(|n| n as u32);
-        let case = get(&["case", "name"])
-            .and_then(Value::as_str)
-            .unwrap_or(fallback_case)
-            .to_owned();
-        let device = uint(get(&[
-            "device",
-            "slow_device",
-            "slowed_device",
-            "slow_gpu",
-            "straggler_device",
-            "missing_device",
-            "gpu",
-        ]));
-        let rank = uint(get(&["rank", "slow_rank", "slowed_rank", "missing_rank"]));
-        let factor =
-            get(&["factor", "slow_factor", "slowdown", "work_factor"]).and_then(Value::as_f64);
-        let gpus = uint(get(&["gpus", "n_gpus", "world_size", "nproc"]));
-        let workload = get(&["workload", "model"])
+        let gpus: Option<Vec<u32>> = get(&["gpus", "devices"]).and_then(|v| {
+            v.as_array().map(|a| {
+                a.iter()
+                    .filter_map(Value::as_u64)
+                    .map(|n| n as u32)
+                    .collect()
+            })
+        });
+        let device = uint(get(&["slowed_device", "missing_device", "device"]));
+        let rank = uint(get(&["missing_rank", "slowed_rank", "rank"]));
+        let factor = get(&["factor"]).and_then(Value::as_f64);
+        let workload = get(&["model", "workload"])
             .and_then(Value::as_str)
             .map(str::to_owned);
-        let onset = get(&[
-            "onset_s",
-            "at_s",
-            "since_s",
-            "from_s",
-            "fault_at_s",
-            "after_s",
-        ])
-        .and_then(Value::as_f64)
-        .map(Onset::AfterStartS)
-        .or_else(|| {
-            get(&["onset_ms", "at_ms", "since_ms", "fault_at_ms"])
-                .and_then(Value::as_u64)
-                .map(Onset::AtMs)
-        });
-        let kind = get(&["kind", "truth", "expected", "pattern", "fault"])
+        let mut time = |key: &'static str| get(&[key]).and_then(Value::as_u64);
+        let ready_ms = time("ready_ms");
+        let end_ms = time("end_ms");
+        let stall_from_ms = time("stall_from_ms");
+        let stall_to_ms = time("stall_to_ms");
+        let kind = get(&["case", "kind"])
             .and_then(Value::as_str)
-            .map(Kind::from_word);
+            .map(Kind::from_word)
+            .unwrap_or(Kind::Other("unstated".to_owned()));
+        // A rank slowed by 1.0 is a balanced job.
         let kind = match kind {
-            Some(k) => k,
-            None if factor.is_some_and(|f| f > 1.0) => Kind::Slow,
-            None if device.is_none() && rank.is_none() => Kind::Balanced,
-            None => Kind::Other("unstated".to_owned()),
+            Kind::Slow if factor.is_some_and(|f| f <= 1.0) => Kind::Balanced,
+            k => k,
         };
         // Said for people, or by benches/cut_recording.py: nothing to judge by.
-        let notes = ["note", "notes", "description", "command", "cut_from_s"];
+        let notes = ["note", "pid", "cut_from_s"];
         let unused = map
             .keys()
             .filter(|k| !used.contains(&k.as_str()) && !notes.contains(&k.as_str()))
             .cloned()
             .collect();
-        Ok((
+        let case = match (&gpus, several) {
+            (Some(g), true) => format!(
+                "{stem} [{}]",
+                g.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+            ),
+            _ => stem.to_owned(),
+        };
+        (
             Truth {
                 case,
                 kind,
+                gpus,
                 device,
                 rank,
                 factor,
-                gpus,
                 workload,
-                onset,
+                ready_ms,
+                end_ms,
+                stall_from_ms,
+                stall_to_ms,
                 model: None,
             },
             unused,
-        ))
+        )
     }
 
-    /// The row a window of the case falls in once the case has begun.
+    /// The row a window of the case falls in while the case holds.
     fn label(&self) -> String {
         match &self.kind {
             Kind::Balanced => "balanced".to_owned(),
@@ -283,9 +298,27 @@ impl Truth {
             Kind::Stopped => "stopped".to_owned(),
             Kind::Exited => "exited".to_owned(),
             Kind::Checkpoint => "checkpoint".to_owned(),
-            Kind::TwoJobs => "two jobs".to_owned(),
             Kind::Other(w) => w.clone(),
         }
+    }
+
+    /// The truth row of the window `[start, end]`: `None` outside the job's steady span (its
+    /// warm-up, its end), `transition` across the start or end of its stall.
+    fn row(&self, start: TimeMs, end: TimeMs) -> Option<String> {
+        if self.ready_ms.is_some_and(|r| start < r) || self.end_ms.is_some_and(|e| end > e) {
+            return None;
+        }
+        let Some(from) = self.stall_from_ms else {
+            return Some(self.label());
+        };
+        let to = self.stall_to_ms.unwrap_or(TimeMs::MAX);
+        Some(if end < from || start > to {
+            "balanced".to_owned()
+        } else if start >= from && end <= to {
+            self.label()
+        } else {
+            "transition".to_owned()
+        })
     }
 }
 
@@ -301,8 +334,13 @@ struct Window {
     window_s: u64,
     /// The window's end, seconds after the recording's first tick.
     end_s: f64,
-    /// The truth row: the case's label, `balanced` before its onset, `transition` across it.
+    /// The truth row: the case's label; `balanced` outside its stall, `transition` across its
+    /// start or end.
     truth: String,
+    /// The workload the truth names (`?` where it names none).
+    workload: String,
+    /// The confusion matrix's row: the truth and the workload.
+    row: String,
     /// The column: what the job verdict said.
     got: String,
     /// Whether the verdict named the case's GPU as it should (a straggler that GPU alone, or the
@@ -481,7 +519,7 @@ fn named_right(v: &JobVerdict, truth: &Kind, device: Option<u32>) -> Option<bool
         Kind::Hung => v.verdict == JobPattern::Hung && missing(device),
         Kind::Stopped => v.verdict == JobPattern::RankStopped && missing(device),
         Kind::Exited => v.verdict == JobPattern::RankExited && missing(device),
-        Kind::Balanced | Kind::TwoJobs => return None,
+        Kind::Balanced => return None,
     })
 }
 
@@ -541,11 +579,12 @@ fn truth_path(recording: &Path) -> PathBuf {
     recording.with_file_name(format!("{stem}.truth.json"))
 }
 
-/// Replays one recording, judging every window.
+/// Replays one recording, judging every window, and gives each window one row per job of the
+/// truth.
 fn measure(
     config: &Config,
     recording: &Path,
-    truth: &Truth,
+    truths: &[Truth],
     windows_s: &[u64],
     step_s: u64,
 ) -> Result<(Vec<Window>, Option<String>), String> {
@@ -569,11 +608,11 @@ fn measure(
             Err(e) => return Err(format!("{}: {e}", recording.display())),
         };
         let tick = source.selected.apply(tick);
-        let Some(now) = tick.samples.iter().map(|s| s.time_ms).max() else {
-            session.pipeline.push(tick);
+        let now = tick.samples.iter().map(|s| s.time_ms).max();
+        session.pipeline.push(tick);
+        let Some(now) = now else {
             continue;
         };
-        session.pipeline.push(tick);
         let t0 = *first.get_or_insert(now);
         let target = next_end.get_or_insert(t0 + shortest);
         if now < *target {
@@ -589,14 +628,18 @@ fn measure(
             }
             // `(now − w, now]`, the half-open window `check --window` judges.
             let start = now + 1 - w_ms;
-            out.push(judge_window(
-                &mut session.pipeline,
-                truth,
-                w,
-                t0,
-                start,
-                now,
-            ));
+            let rows: Vec<(&Truth, String)> = truths
+                .iter()
+                .filter_map(|t| Some((t, t.row(start, now)?)))
+                .collect();
+            if rows.is_empty() {
+                continue;
+            }
+            let p = &mut session.pipeline;
+            p.engine.finish_within(&p.history, start, now);
+            for (truth, row) in rows {
+                out.push(window_of(p, truth, row, w, t0, now));
+            }
         }
     }
     for w in &session.warnings {
@@ -605,40 +648,48 @@ fn measure(
     Ok((out, model))
 }
 
-fn judge_window(
-    pipeline: &mut Pipeline,
+/// What the judgement just made says of `truth`'s job.
+fn window_of(
+    pipeline: &Pipeline,
     truth: &Truth,
+    row: String,
     window_s: u64,
     t0: TimeMs,
-    start: TimeMs,
     end: TimeMs,
 ) -> Window {
-    pipeline.engine.finish_within(&pipeline.history, start, end);
     let jobs = pipeline.engine.jobs();
-    // The case's GPU, where the truth names a rank: the job's member of that rank.
+    // The job the truth is about: the one on its GPUs, else the one holding its GPU, else the
+    // largest.
+    let on_gpus = |j: &JobVerdict| {
+        truth.gpus.as_ref().is_some_and(|g| {
+            let mut d: Vec<u32> = j.devices().collect();
+            d.sort_unstable();
+            let mut want = g.clone();
+            want.sort_unstable();
+            d == want
+        })
+    };
+    let holds = |j: &JobVerdict, d: Option<u32>| d.is_some_and(|d| j.devices().any(|g| g == d));
+    let job = jobs
+        .iter()
+        .find(|j| on_gpus(j))
+        .or_else(|| jobs.iter().find(|j| holds(j, truth.device)))
+        .or_else(|| {
+            truth
+                .gpus
+                .is_none()
+                .then(|| jobs.iter().max_by_key(|j| j.members.len()))
+                .flatten()
+        });
+    // The case's GPU, where the truth names a rank only: the job's member of that rank.
     let device = truth.device.or_else(|| {
         let rank = truth.rank?;
-        jobs.iter()
-            .flat_map(|j| j.members.iter())
+        job?.members
+            .iter()
             .find(|m| m.rank == Some(rank))
             .map(|m| m.device)
     });
-    // The job the case is about: the one holding its GPU, else the largest.
-    let job = jobs
-        .iter()
-        .find(|j| device.is_some_and(|d| j.devices().any(|g| g == d)))
-        .or_else(|| jobs.iter().max_by_key(|j| j.members.len()));
-    let onset = match truth.onset {
-        None => None,
-        Some(Onset::AtMs(t)) => Some(t),
-        Some(Onset::AfterStartS(s)) => Some(t0 + (s * 1000.0).round() as u64),
-    };
-    let truth_row = match onset {
-        Some(t) if end < t => "balanced".to_owned(),
-        Some(t) if start < t => "transition".to_owned(),
-        _ => truth.label(),
-    };
-    let kind_now = if truth_row == "balanced" {
+    let kind_now = if row == "balanced" {
         Kind::Balanced
     } else {
         truth.kind.clone()
@@ -662,16 +713,24 @@ fn judge_window(
         case: truth.case.clone(),
         gpus: truth
             .gpus
+            .as_ref()
+            .map(|g| g.len() as u32)
             .or(job.map(|j| j.members.len() as u32))
             .unwrap_or(0),
         window_s,
         end_s: end.saturating_sub(t0) as f64 / 1000.0,
-        truth: truth_row,
+        workload: truth.workload.clone().unwrap_or_else(|| "?".to_owned()),
+        row: if row == "transition" {
+            row.clone()
+        } else {
+            format!("{row} ({})", truth.workload.as_deref().unwrap_or("?"))
+        },
+        truth: row,
         got,
         named_right: named,
         device,
         seen,
-        not_judged,
+        not_judged: job.is_none().then_some(not_judged).flatten(),
         jobs: jobs.len(),
     }
 }
@@ -686,7 +745,7 @@ fn run(args: &Args) -> Result<(), String> {
     let mut truths: Vec<Truth> = Vec::new();
     for (recording, truth_file) in &cases {
         let stem = recording_stem(recording).unwrap_or_default();
-        let (mut truth, unused) = Truth::read(truth_file, &stem)?;
+        let (mut found, unused) = Truth::read(truth_file, &stem)?;
         if !unused.is_empty() {
             eprintln!(
                 "{}: keys not used: {}",
@@ -694,16 +753,18 @@ fn run(args: &Args) -> Result<(), String> {
                 unused.join(", ")
             );
         }
-        let (measured, model) = measure(&config, recording, &truth, &args.windows_s, args.step_s)?;
-        truth.model = model;
+        let (measured, model) = measure(&config, recording, &found, &args.windows_s, args.step_s)?;
         if measured.is_empty() {
             eprintln!(
-                "{}: shorter than the shortest window, no window judged",
+                "{}: no window of its jobs' steady span judged (shorter than the shortest window?)",
                 recording.display()
             );
         }
+        for t in &mut found {
+            t.model = model.clone();
+        }
         windows.extend(measured);
-        truths.push(truth);
+        truths.extend(found);
     }
     if let Some(path) = &args.windows_out {
         write_windows(path, &windows).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -875,8 +936,8 @@ fn report(args: &Args, config: &Config, truths: &[Truth], windows: &[Window]) ->
         }
         let mut rows: Vec<String> = Vec::new();
         for x in &mine {
-            if !rows.contains(&x.truth) {
-                rows.push(x.truth.clone());
+            if !rows.contains(&x.row) {
+                rows.push(x.row.clone());
             }
         }
         rows.sort_by_key(|r| row_order(r));
@@ -896,7 +957,7 @@ fn report(args: &Args, config: &Config, truths: &[Truth], windows: &[Window]) ->
                 .iter()
                 .map(|c| {
                     mine.iter()
-                        .filter(|x| &x.truth == r && x.got == *c)
+                        .filter(|x| &x.row == r && x.got == *c)
                         .count()
                         .to_string()
                 })
@@ -926,16 +987,18 @@ fn report(args: &Args, config: &Config, truths: &[Truth], windows: &[Window]) ->
 
 /// Balanced first, slow cases by factor, the stalls, then the rest.
 fn row_order(row: &str) -> (u8, u64, String) {
-    if row == "balanced" {
-        return (0, 0, String::new());
+    let (label, workload) = row.split_once(" (").unwrap_or((row, ""));
+    let workload = workload.trim_end_matches(')').to_owned();
+    if label == "balanced" {
+        return (0, 0, workload);
     }
-    if let Some(f) = row
+    if let Some(f) = label
         .strip_prefix("slow ")
         .and_then(|f| f.trim_end_matches('×').parse::<f64>().ok())
     {
-        return (1, (f * 1000.0) as u64, String::new());
+        return (1, (f * 1000.0) as u64, workload);
     }
-    let rank = match row {
+    let rank = match label {
         "slow" => 2,
         "checkpoint" => 3,
         "hung" => 4,
@@ -944,11 +1007,22 @@ fn row_order(row: &str) -> (u8, u64, String) {
         "transition" => 9,
         _ => 7,
     };
-    (rank, 0, row.to_owned())
+    (rank, 0, format!("{label} {workload}"))
 }
 
-/// The slow rows of the matrix, by factor.
-fn slow_rows(windows: &[&Window]) -> Vec<String> {
+/// The workloads the windows name, in order of first appearance.
+fn workloads(windows: &[&Window]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for w in windows {
+        if !out.contains(&w.workload) {
+            out.push(w.workload.clone());
+        }
+    }
+    out
+}
+
+/// The truths of the slow windows among `windows`, by factor.
+fn slow_truths(windows: &[&Window]) -> Vec<String> {
     let mut rows: Vec<String> = Vec::new();
     for w in windows {
         if w.truth.starts_with("slow") && !rows.contains(&w.truth) {
@@ -959,89 +1033,93 @@ fn slow_rows(windows: &[&Window]) -> Vec<String> {
     rows
 }
 
-/// Per window length: how far the balanced windows' top GPU leads at most, against how far each
-/// slowed GPU leads at least, in ratio and in SM points; where the two overlap no lead ratio
-/// names the slow rank without a false positive.
+/// Per window length and workload: how far the balanced windows' top GPU leads at most,
+/// against how far each slowed GPU leads at least, in ratio and in SM points; where the two
+/// overlap no lead ratio names that slow rank without a false positive.
 fn separation(args: &Args, config: &Config, windows: &[Window]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\nSeparation: the balanced windows' largest lead (top GPU over the rest's median) and \
-         utilisation lag, against each slowed GPU's own lead (lead_ratio now {}, the SM-point \
-         floor 10):\n",
+        "\nSeparation, per workload: the balanced windows' largest lead (top GPU over the rest's \
+         median), SM gap and utilisation lag, against each slowed GPU's own lead (lead_ratio now \
+         {}, the SM-point floor {LEAD_MIN_SM_POINTS}):\n",
         config.rules.job.lead_ratio
     );
     let _ = writeln!(
         out,
-        "| window | balanced: lead × max (windows) | balanced: SM gap max (points) | balanced: lag max \
-         (points) | slowed GPU: lead × min / median by factor | slowed GPU: SM gap min / median \
-         (points) | a ratio that separates |"
+        "| window | workload | balanced: lead × max (windows) | balanced: SM gap max (points) | \
+         balanced: lag max (points) | slowed GPU: lead × min / median | slowed GPU: SM gap min / \
+         median (points) | a lead ratio that separates |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    let f = |v: f64, d: usize| {
+        if v.is_nan() {
+            "–".to_owned()
+        } else {
+            format!("{v:.d$}")
+        }
+    };
+    let max = |v: Vec<f64>| v.into_iter().fold(f64::NAN, f64::max);
+    let min = |v: &[f64]| v.iter().copied().fold(f64::NAN, f64::min);
     for &w in &args.windows_s {
-        let mine: Vec<&Window> = windows.iter().filter(|x| x.window_s == w).collect();
-        let balanced: Vec<&Seen> = mine
-            .iter()
-            .filter(|x| x.truth == "balanced")
-            .filter_map(|x| x.seen.as_ref())
-            .collect();
-        let max = |v: Vec<f64>| v.into_iter().fold(f64::NAN, f64::max);
-        let bal_lead = max(balanced.iter().filter_map(|s| s.lead_ratio).collect());
-        let bal_gap = max(balanced.iter().filter_map(|s| s.lead_points).collect());
-        let bal_lag = max(balanced.iter().filter_map(|s| s.lag_points).collect());
-        let mut leads = Vec::new();
-        let mut gaps = Vec::new();
-        let mut separates = Vec::new();
-        for row in slow_rows(&mine) {
-            let seen: Vec<&Seen> = mine
+        let all: Vec<&Window> = windows.iter().filter(|x| x.window_s == w).collect();
+        for load in workloads(&all) {
+            let mine: Vec<&Window> = all.iter().copied().filter(|x| x.workload == load).collect();
+            let balanced: Vec<&Seen> = mine
                 .iter()
-                .filter(|x| x.truth == row)
+                .filter(|x| x.truth == "balanced")
                 .filter_map(|x| x.seen.as_ref())
                 .collect();
-            let l: Vec<f64> = seen.iter().filter_map(|s| s.case_lead_ratio).collect();
-            let g: Vec<f64> = seen.iter().filter_map(|s| s.case_points).collect();
-            let lo = l.iter().copied().fold(f64::NAN, f64::min);
-            leads.push(format!(
-                "{row}: {lo:.3} / {:.3}",
-                median(l.iter().copied()).unwrap_or(f64::NAN)
-            ));
-            if !g.is_empty() {
-                gaps.push(format!(
-                    "{row}: {:.1} / {:.1}",
-                    g.iter().copied().fold(f64::NAN, f64::min),
-                    median(g.iter().copied()).unwrap_or(f64::NAN)
+            let bal_lead = max(balanced.iter().filter_map(|s| s.lead_ratio).collect());
+            let bal_gap = max(balanced.iter().filter_map(|s| s.lead_points).collect());
+            let bal_lag = max(balanced.iter().filter_map(|s| s.lag_points).collect());
+            let (mut leads, mut gaps, mut separates) = (Vec::new(), Vec::new(), Vec::new());
+            for row in slow_truths(&mine) {
+                let seen: Vec<&Seen> = mine
+                    .iter()
+                    .filter(|x| x.truth == row)
+                    .filter_map(|x| x.seen.as_ref())
+                    .collect();
+                let l: Vec<f64> = seen.iter().filter_map(|s| s.case_lead_ratio).collect();
+                let g: Vec<f64> = seen.iter().filter_map(|s| s.case_points).collect();
+                let lo = min(&l);
+                leads.push(format!(
+                    "{row}: {} / {}",
+                    f(lo, 3),
+                    f(median(l.iter().copied()).unwrap_or(f64::NAN), 3)
                 ));
+                gaps.push(format!(
+                    "{row}: {} / {}",
+                    f(min(&g), 1),
+                    f(median(g.iter().copied()).unwrap_or(f64::NAN), 1)
+                ));
+                separates.push(if bal_lead.is_nan() || lo.is_nan() {
+                    format!("{row}: no balanced windows to compare")
+                } else if lo > bal_lead {
+                    format!("{row}: ({bal_lead:.3}, {lo:.3}]")
+                } else {
+                    format!("{row}: none (overlap)")
+                });
             }
-            separates.push(if bal_lead.is_nan() || lo.is_nan() {
-                format!("{row}: –")
-            } else if lo > bal_lead {
-                format!("{row}: ({bal_lead:.3}, {lo:.3}]")
-            } else {
-                format!("{row}: none (overlap)")
-            });
+            let or_dash = |v: Vec<String>| {
+                if v.is_empty() {
+                    "–".to_owned()
+                } else {
+                    v.join("; ")
+                }
+            };
+            let _ = writeln!(
+                out,
+                "| {w} s | {load} | {} ({}) | {} | {} | {} | {} | {} |",
+                f(bal_lead, 3),
+                balanced.len(),
+                f(bal_gap, 1),
+                f(bal_lag, 1),
+                or_dash(leads),
+                or_dash(gaps),
+                or_dash(separates)
+            );
         }
-        let f = |v: f64, d: usize| {
-            if v.is_nan() {
-                "–".to_owned()
-            } else {
-                format!("{v:.d$}")
-            }
-        };
-        let _ = writeln!(
-            out,
-            "| {w} s | {} ({}) | {} | {} | {} | {} | {} |",
-            f(bal_lead, 3),
-            balanced.len(),
-            f(bal_gap, 1),
-            f(bal_lag, 1),
-            leads.join("; "),
-            if gaps.is_empty() {
-                "–".to_owned()
-            } else {
-                gaps.join("; ")
-            },
-            separates.join("; ")
-        );
     }
     out
 }
@@ -1115,23 +1193,25 @@ fn verdict_at(w: &Window, s: &Seen, ratio: f64, points: f64) -> &'static str {
 }
 
 /// The verdicts again at other lead ratios and SM-point floors, on each window's figures (see
-/// [`verdict_at`]): the share of each slow case's windows naming its GPU, and of balanced
-/// windows given anything but balanced. A what-if: the engine itself, with `--set
-/// job.lead_ratio=R`, is the check for the ratio; the point floor is a constant of detect.rs.
+/// [`verdict_at`]): per row of the confusion matrix, the balanced windows given anything but
+/// balanced (false positives) and the slow windows naming their GPU. A what-if: the engine
+/// itself, with `--set job.lead_ratio=R`, is the check for the ratio; the point floor is a
+/// constant of detect.rs.
 fn what_if(args: &Args, config: &Config, windows: &[Window]) -> String {
-    const RATIOS: [f64; 8] = [1.04, 1.05, 1.06, 1.07, 1.08, 1.10, 1.12, 1.15];
+    const RATIOS: [f64; 7] = [1.04, 1.05, 1.06, 1.07, 1.08, 1.10, 1.15];
     const POINTS: [f64; 3] = [10.0, 5.0, 3.0];
     let mut out = String::new();
     let _ = writeln!(
         out,
         "\nWhat-if on the windows' figures (lead and graded tried again; lag, memory spread and \
-         stalls as judged; now lead_ratio {}): its GPU named in slow windows, and false positives \
-         in balanced windows:\n",
+         stalls as judged; now lead_ratio {}): false positives in balanced windows, its GPU \
+         named in slow windows:\n",
         config.rules.job.lead_ratio
     );
     // The mirror of the detectors checked against the engine: at today's thresholds it must
     // say what the engine said.
-    let disagree: Vec<String> = windows
+    let judged: Vec<&Window> = windows.iter().filter(|x| x.seen.is_some()).collect();
+    let disagree: Vec<String> = judged
         .iter()
         .filter_map(|x| {
             let s = x.seen.as_ref()?;
@@ -1147,8 +1227,8 @@ fn what_if(args: &Args, config: &Config, windows: &[Window]) -> String {
     let _ = writeln!(
         out,
         "At today's thresholds the mirror agrees with the engine in {} of {} judged windows.{}\n",
-        windows.iter().filter(|x| x.seen.is_some()).count() - disagree.len(),
-        windows.iter().filter(|x| x.seen.is_some()).count(),
+        judged.len() - disagree.len(),
+        judged.len(),
         disagree
             .iter()
             .take(10)
@@ -1156,51 +1236,60 @@ fn what_if(args: &Args, config: &Config, windows: &[Window]) -> String {
             .collect::<String>()
     );
     for &w in &args.windows_s {
-        let mine: Vec<&Window> = windows.iter().filter(|x| x.window_s == w).collect();
-        let rows = slow_rows(&mine);
-        let balanced: Vec<(&Window, &Seen)> = mine
+        let mine: Vec<&Window> = judged
             .iter()
-            .filter(|x| x.truth == "balanced")
-            .filter_map(|x| Some((*x, x.seen.as_ref()?)))
+            .copied()
+            .filter(|x| x.window_s == w && (x.truth == "balanced" || x.truth.starts_with("slow")))
             .collect();
-        if rows.is_empty() && balanced.is_empty() {
+        let mut rows: Vec<String> = Vec::new();
+        for x in &mine {
+            if !rows.contains(&x.row) {
+                rows.push(x.row.clone());
+            }
+        }
+        rows.sort_by_key(|r| row_order(r));
+        if rows.is_empty() {
             continue;
         }
+        let heads: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                if r.starts_with("balanced") {
+                    format!("{r}: FP")
+                } else {
+                    format!("{r}: named")
+                }
+            })
+            .collect();
         let _ = writeln!(
             out,
-            "| {w} s: lead_ratio | SM-point floor | balanced: false positives | {} |",
-            rows.join(" named | ") + if rows.is_empty() { "" } else { " named" }
+            "| {w} s: lead_ratio | SM-point floor | {} |",
+            heads.join(" | ")
         );
-        let _ = writeln!(out, "|---|---|---|{}", "---|".repeat(rows.len()));
+        let _ = writeln!(out, "|---|---|{}", "---|".repeat(rows.len()));
         for &points in &POINTS {
             for &ratio in &RATIOS {
-                let fp = balanced
-                    .iter()
-                    .filter(|(x, s)| verdict_at(x, s, ratio, points) != "balanced")
-                    .count();
-                let named: Vec<String> = rows
+                let cells: Vec<String> = rows
                     .iter()
                     .map(|r| {
-                        let seen: Vec<(&Window, &Seen)> = mine
+                        let of_row: Vec<&&Window> = mine.iter().filter(|x| &x.row == r).collect();
+                        let n = of_row
                             .iter()
-                            .filter(|x| &x.truth == r)
-                            .filter_map(|x| Some((*x, x.seen.as_ref()?)))
-                            .collect();
-                        let n = seen
-                            .iter()
-                            .filter(|(x, s)| {
-                                verdict_at(x, s, ratio, points) == "straggler, its GPU"
+                            .filter(|x| {
+                                x.seen.as_ref().is_some_and(|s| {
+                                    let v = verdict_at(x, s, ratio, points);
+                                    if x.truth == "balanced" {
+                                        v != "balanced"
+                                    } else {
+                                        v == "straggler, its GPU"
+                                    }
+                                })
                             })
                             .count();
-                        format!("{n}/{}", seen.len())
+                        format!("{n}/{}", of_row.len())
                     })
                     .collect();
-                let _ = writeln!(
-                    out,
-                    "| {ratio:.2} | {points} | {fp}/{} | {} |",
-                    balanced.len(),
-                    named.join(" | ")
-                );
+                let _ = writeln!(out, "| {ratio:.2} | {points} | {} |", cells.join(" | "));
             }
         }
         out.push('\n');
