@@ -6,8 +6,8 @@
 Keeps the header and every record (sample, event, finding, ...) whose `time_ms` lies in
 [first + FROM_S, first + TO_S], `first` being the recording's first sample; records without a
 time are kept. Writes DST gzip-compressed when it ends in .gz (the header time fixed at 0, so a
-cut made again is the same file). A `.truth.json` beside SRC is written beside DST with its
-onset (`onset_s`) moved by FROM_S and `cut_from_s` added. Standard library only.
+cut made again is the same file). A `.truth.json` beside SRC is copied beside DST with
+`cut_from_s` added (its times are ms since the epoch, so they hold). Standard library only.
 """
 import gzip
 import json
@@ -59,8 +59,6 @@ def main():
     if src_truth and dst_truth and os.path.exists(src_truth):
         with open(src_truth) as f:
             truth = json.load(f)
-        if isinstance(truth.get("onset_s"), (int, float)):
-            truth["onset_s"] = round(truth["onset_s"] - lo_s, 3)
         truth["cut_from_s"] = lo_s
         with open(dst_truth, "w") as f:
             json.dump(truth, f, indent=1)

@@ -1226,7 +1226,7 @@ fn what_if(args: &Args, config: &Config, windows: &[Window]) -> String {
         .collect();
     let _ = writeln!(
         out,
-        "At today's thresholds the mirror agrees with the engine in {} of {} judged windows.{}\n",
+        "At the thresholds used the mirror agrees with the engine in {} of {} judged windows.{}\n",
         judged.len() - disagree.len(),
         judged.len(),
         disagree
