@@ -26,7 +26,7 @@ enum Expect {
     Balanced,
     /// A straggler verdict naming this GPU alone.
     Named(u32),
-    /// Below what today's thresholds name (1.05× and 1.1×; ResNet-50's 1.2× and 1.3×, whose
+    /// Below what today's thresholds name (1.05× and 1.1×; ResNet's 1.2× and 1.3×, whose
     /// lead is smaller than the factor): balanced, or this GPU named alone; never another GPU,
     /// never another verdict.
     NamedOrBalanced(u32),
@@ -34,7 +34,7 @@ enum Expect {
 
 /// (fixture, the job's GPUs, what the job reads). Two jobs of two GPUs share the host in the
 /// `mm2-*` and `rn2-*` recordings; the truth of each is in its `.truth.json` (factor, slowed
-/// GPU, model: `slow` is benches/workloads/job.py's matmul job with one rank slowed).
+/// GPU, model: `slow` names the matmul job with one rank slowed).
 const CASES: &[(&str, &[u32], Expect)] = &[
     ("mm2-a", &[0, 1], Expect::Balanced),
     ("mm2-a", &[2, 3], Expect::NamedOrBalanced(3)), // 1.05×
@@ -46,9 +46,9 @@ const CASES: &[(&str, &[u32], Expect)] = &[
     ("mm4-11", &[0, 1, 2, 3], Expect::NamedOrBalanced(3)), // 1.1×
     ("mm4-12", &[0, 1, 2, 3], Expect::Named(3)),           // 1.2×
     ("rn2-a", &[0, 1], Expect::Balanced),
-    ("rn2-a", &[2, 3], Expect::NamedOrBalanced(3)), // ResNet-50, 1.1×
-    ("rn2-b", &[0, 1], Expect::NamedOrBalanced(1)), // ResNet-50, 1.2×
-    ("rn2-b", &[2, 3], Expect::NamedOrBalanced(3)), // ResNet-50, 1.3×
+    ("rn2-a", &[2, 3], Expect::NamedOrBalanced(3)), // ResNet, 1.1×
+    ("rn2-b", &[0, 1], Expect::NamedOrBalanced(1)), // ResNet, 1.2×
+    ("rn2-b", &[2, 3], Expect::NamedOrBalanced(3)), // ResNet, 1.3×
 ];
 
 /// The job on exactly these GPUs.
