@@ -370,7 +370,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(keys, 39);
+        assert_eq!(keys, 45);
     }
 
     #[test]
