@@ -30,7 +30,8 @@ use gpudiag_model::sample::TimeMs;
 use gpudiag_telemetry::BackendError;
 use serde_json::{Value, json};
 
-/// `LEAD_MIN_SM_POINTS` of crates/core/src/rules/job/detect.rs, which is not a setting.
+/// `LEAD_MIN_SM_POINTS` of crates/core/src/rules/job/detect.rs, which is not a setting: the
+/// what-if's mirror must use the engine's, or it disagrees with the engine (and says so).
 const LEAD_MIN_SM_POINTS: f64 = 10.0;
 
 const USAGE: &str = "usage: job_sensitivity [--window 10,20,30] [--step 5] \
@@ -39,6 +40,10 @@ const USAGE: &str = "usage: job_sensitivity [--window 10,20,30] [--step 5] \
 fn main() -> ExitCode {
     let args = match Args::parse(std::env::args().skip(1)) {
         Ok(a) => a,
+        Err(e) if e == "help" => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
             eprintln!("job_sensitivity: {e}\n{USAGE}");
             return ExitCode::from(2);
