@@ -20,6 +20,7 @@ mod fleet_fixtures;
 mod fleet_screens;
 mod fuzz_regressions;
 mod job_cases;
+mod job_sensitivity;
 mod jobs;
 mod judgement;
 mod kernel_log;
