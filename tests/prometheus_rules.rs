@@ -66,8 +66,10 @@ fn the_rules_use_the_single_host_job_rule_defaults() {
             "({} * (gpudiag_job:sm_active:lead_reference > 0))",
             job.lead_ratio
         ),
-        // The core's LEAD_MIN_SM_POINTS, 10 points of SM active, as a ratio.
-        "(gpudiag_job:sm_active:lead_reference + 0.10)".to_owned(),
+        format!(
+            "(gpudiag_job:sm_active:lead_reference + {:.2})",
+            job.lead_min_sm_points / 100.0
+        ),
         format!(
             "(gpudiag_job:gpu_util_percent:lag_reference >= {}) - {}",
             job.peers_busy_util_pct, job.lag_util_points

@@ -30,10 +30,6 @@ use gpudiag_model::sample::TimeMs;
 use gpudiag_telemetry::BackendError;
 use serde_json::{Value, json};
 
-/// `LEAD_MIN_SM_POINTS` of crates/core/src/rules/job/detect.rs, which is not a setting: the
-/// what-if's mirror must use the engine's, or it disagrees with the engine (and says so).
-const LEAD_MIN_SM_POINTS: f64 = 10.0;
-
 const USAGE: &str = "usage: job_sensitivity [--window 10,20,30] [--step 5] \
                      [--set section.key=value]... [--windows-out FILE] RECORDING_OR_DIR...";
 
@@ -1047,8 +1043,8 @@ fn separation(args: &Args, config: &Config, windows: &[Window]) -> String {
         out,
         "\nSeparation, per workload: the balanced windows' largest lead (top GPU over the rest's \
          median), SM gap and utilisation lag, against each slowed GPU's own lead (lead_ratio now \
-         {}, the SM-point floor {LEAD_MIN_SM_POINTS}):\n",
-        config.rules.job.lead_ratio
+         {}, the SM-point floor {}):\n",
+        config.rules.job.lead_ratio, config.rules.job.lead_min_sm_points
     );
     let _ = writeln!(
         out,
@@ -1220,7 +1216,12 @@ fn what_if(args: &Args, config: &Config, windows: &[Window]) -> String {
         .iter()
         .filter_map(|x| {
             let s = x.seen.as_ref()?;
-            let mirrored = verdict_at(x, s, config.rules.job.lead_ratio, LEAD_MIN_SM_POINTS);
+            let mirrored = verdict_at(
+                x,
+                s,
+                config.rules.job.lead_ratio,
+                config.rules.job.lead_min_sm_points,
+            );
             (mirrored != x.got).then(|| {
                 format!(
                     "{} {} s at {:.0} s: engine {}, mirror {mirrored}",

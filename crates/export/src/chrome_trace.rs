@@ -1128,7 +1128,6 @@ mod tests {
             doubts: vec!["RANK 1 is read on 2 GPUs".into()],
             stall: None,
             peers: Vec::new(),
-            stall: None,
             evidence: serde_json::Map::new(),
         };
         let several = job(JobPattern::Straggler, vec![straggler(2), straggler(6)]);

@@ -429,7 +429,6 @@ mod tests {
             doubts: Vec::new(),
             stall: None,
             peers: Vec::new(),
-            stall: None,
             evidence: serde_json::Map::new(),
         }
     }

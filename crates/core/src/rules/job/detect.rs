@@ -22,10 +22,6 @@ use crate::rules::round2;
 use gpudiag_model::job::{JobPattern, Pace, Straggler};
 use gpudiag_model::verdict::Confidence;
 
-/// A leader must also be this many points of SM active above its peers: at the low activity of
-/// a job that mostly communicates, a few points are a large ratio and mean nothing.
-const LEAD_MIN_SM_POINTS: f64 = 10.0;
-
 /// A job's GPUs side by side, what the detectors read.
 pub(super) struct Comparison<'a> {
     pub(super) config: &'a JobConfig,
@@ -272,7 +268,7 @@ fn leaders(c: &Comparison<'_>) -> Option<(Vec<usize>, f64)> {
         let peers = median(rest.iter().map(|&(_, w)| w))?;
         let lowest_leader = top.last()?.1;
         let points_ok =
-            c.work_key != "sm_active_pct" || lowest_leader - peers >= LEAD_MIN_SM_POINTS;
+            c.work_key != "sm_active_pct" || lowest_leader - peers >= c.config.lead_min_sm_points;
         (peers > 0.0 && lowest_leader / peers >= ratio && points_ok && alike(top) && alike(rest))
             .then(|| (top.iter().map(|&(i, _)| i).collect(), peers))
     })
@@ -384,7 +380,7 @@ fn graded(c: &mut Comparison<'_>) -> Option<Found> {
         let own = (c.work)(&c.gpus[i].figures);
         let peers = median(c.others(i).filter_map(|g| (c.work)(&g.figures)));
         matches!((own, peers), (Some(w), Some(p)) if p > 0.0 && w / p >= ratio
-            && (c.work_key != "sm_active_pct" || w - p >= LEAD_MIN_SM_POINTS))
+            && (c.work_key != "sm_active_pct" || w - p >= c.config.lead_min_sm_points))
     });
     if !stands_out || lo <= 0.0 || hi / lo < ratio {
         return None;
