@@ -561,6 +561,7 @@ mod tests {
                 })
                 .collect(),
             stall: None,
+            ras: None,
             evidence: serde_json::Map::new(),
         }
     }

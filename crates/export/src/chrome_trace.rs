@@ -1127,6 +1127,8 @@ mod tests {
             stragglers,
             doubts: vec!["RANK 1 is read on 2 GPUs".into()],
             peers: Vec::new(),
+            stall: None,
+            ras: None,
             evidence: serde_json::Map::new(),
         };
         let several = job(JobPattern::Straggler, vec![straggler(2), straggler(6)]);

@@ -18,6 +18,7 @@ pub mod live;
 pub mod nvml;
 pub mod poll_deadline;
 pub mod procfs;
+pub mod ras;
 pub mod recording;
 pub mod recording_error;
 pub mod replay;

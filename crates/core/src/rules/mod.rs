@@ -19,6 +19,7 @@ pub mod pcie;
 pub mod peers;
 pub mod power;
 pub mod process_state;
+pub mod ras_log;
 pub mod thermal;
 pub mod throttle;
 pub mod utilisation;

@@ -368,6 +368,8 @@ mod tests {
             }],
             doubts: Vec::new(),
             peers: Vec::new(),
+            stall: None,
+            ras: None,
             evidence: serde_json::Map::new(),
         }
     }

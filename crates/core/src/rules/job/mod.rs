@@ -156,6 +156,7 @@ fn judge_job(
         doubts,
         peers: comparison.gpus.iter().map(|g| g.figures.clone()).collect(),
         stall: None,
+        ras: None,
         evidence: comparison.evidence,
     })
 }

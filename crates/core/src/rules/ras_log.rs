@@ -1,0 +1,374 @@
+//! NCCL's RAS answers as a job's progress evidence: the recent answers of this host (bounded),
+//! when to ask again, and what a job's verdict shows from them ([`ras_evidence`]).
+//!
+//! A status query is a collective over the whole job that, with a dead peer, waits out RAS's
+//! own timeouts; so it is asked only for a job of two or more GPUs, often (every
+//! [`STUCK_INTERVAL_MS`]) only while the job looks stuck, and otherwise at a slow cadence. Counts
+//! differ between healthy ranks mid-step, so "stuck" needs two answers some seconds apart that
+//! show no count moving.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use gpudiag_model::job::{JobMember, JobVerdict};
+use gpudiag_model::ras::{
+    RasAnswer, RasCommunicator, RasEvidence, RasFailure, RasMatch, RasNotJudged, RasProgress,
+    RasRankCount, RasRankState,
+};
+use gpudiag_model::sample::TimeMs;
+
+/// Answers kept: a few minutes of a stuck job asked every 15 s, for a few jobs.
+pub const MAX_ANSWERS: usize = 64;
+/// Answers older than this are forgotten.
+pub const KEEP_MS: TimeMs = 10 * 60 * 1000;
+/// How often a job that looks stuck is asked.
+pub const STUCK_INTERVAL_MS: TimeMs = 15_000;
+/// How often any other job of two or more GPUs is asked.
+pub const SLOW_INTERVAL_MS: TimeMs = 120_000;
+/// Two answers closer than this do not tell progress (a query itself takes a while).
+const MIN_PROGRESS_GAP_MS: TimeMs = 2_000;
+/// Two answers further apart than this describe different moments of the job.
+const MAX_PROGRESS_GAP_MS: TimeMs = 5 * 60 * 1000;
+
+/// The recent answers of this host, newest last, and when each job (by its devices) was asked.
+#[derive(Debug, Clone, Default)]
+pub struct RasLog {
+    answers: VecDeque<RasAnswer>,
+    asked: BTreeMap<Vec<u32>, TimeMs>,
+}
+
+impl RasLog {
+    pub fn push(&mut self, answer: RasAnswer) {
+        let newest = answer.time_ms;
+        self.answers.push_back(answer);
+        while self.answers.len() > MAX_ANSWERS
+            || self
+                .answers
+                .front()
+                .is_some_and(|a| a.time_ms.saturating_add(KEEP_MS) < newest)
+        {
+            self.answers.pop_front();
+        }
+    }
+
+    pub fn answers(&self) -> impl DoubleEndedIterator<Item = &RasAnswer> {
+        self.answers.iter()
+    }
+
+    /// Whether to ask RAS about `verdict`'s job now: a job of two or more GPUs, every
+    /// [`STUCK_INTERVAL_MS`] while it is stalled or its evidence carries `stuck_s`, else every
+    /// [`SLOW_INTERVAL_MS`].
+    pub fn due(&self, verdict: &JobVerdict, now_ms: TimeMs) -> bool {
+        let devices = job_devices(&verdict.members);
+        if devices.len() < 2 {
+            return false;
+        }
+        let stuck = verdict.verdict.stalled() || verdict.evidence.contains_key("stuck_s");
+        let interval = if stuck {
+            STUCK_INTERVAL_MS
+        } else {
+            SLOW_INTERVAL_MS
+        };
+        self.asked
+            .get(&devices)
+            .is_none_or(|&last| now_ms.saturating_sub(last) >= interval)
+    }
+
+    /// Notes that the job on `devices` was asked at `now_ms`.
+    pub fn asked(&mut self, devices: &[u32], now_ms: TimeMs) {
+        let mut key = devices.to_vec();
+        key.sort_unstable();
+        key.dedup();
+        self.asked.insert(key, now_ms);
+        // Jobs come and go: keep the map as small as the answers' horizon.
+        self.asked
+            .retain(|_, &mut t| t.saturating_add(KEEP_MS) >= now_ms);
+    }
+}
+
+fn job_devices(members: &[JobMember]) -> Vec<u32> {
+    let mut d: Vec<u32> = members.iter().map(|m| m.device).collect();
+    d.sort_unstable();
+    d.dedup();
+    d
+}
+
+/// Answers to a query made for this job (or for no job in particular), newest first.
+fn for_job<'a>(
+    log: &'a RasLog,
+    devices: &'a [u32],
+    now_ms: TimeMs,
+) -> impl Iterator<Item = &'a RasAnswer> + 'a {
+    log.answers()
+        .rev()
+        .filter(move |a| a.time_ms <= now_ms)
+        .filter(move |a| {
+            a.for_devices.is_empty() || a.for_devices.iter().any(|d| devices.contains(d))
+        })
+}
+
+/// What `members`' job verdict shows from NCCL's RAS at `now_ms`: the newest answer that is the
+/// job's (its counts per rank, the ranks behind), whether two answers seconds apart show
+/// progress, or why there is none.
+pub fn ras_evidence(log: &RasLog, members: &[JobMember], now_ms: TimeMs) -> RasEvidence {
+    let devices = job_devices(members);
+    let pairs: Vec<(u32, u32)> = members.iter().map(|m| (m.pid, m.device)).collect();
+    let mut newest_failure: Option<&RasAnswer> = None;
+    let mut other_job = false;
+    let mut chosen: Option<(&RasAnswer, RasMatch)> = None;
+    for a in for_job(log, &devices, now_ms) {
+        if a.not_answered.is_some() {
+            newest_failure.get_or_insert(a);
+            continue;
+        }
+        match a.matches_job(&pairs) {
+            RasMatch::Other => other_job = true,
+            m => {
+                chosen = Some((a, m));
+                break;
+            }
+        }
+    }
+    let Some((answer, _)) = chosen else {
+        let (reason, words) = if other_job {
+            (
+                RasNotJudged::OtherJob,
+                "RAS answered for another job of the same user".to_owned(),
+            )
+        } else if let Some(f) = newest_failure.and_then(|a| a.not_answered.as_ref()) {
+            let reason = match f.failure {
+                RasFailure::Refused => RasNotJudged::NotEnabled,
+                RasFailure::OwnNetNamespace => RasNotJudged::OwnNetNamespace,
+                RasFailure::TimedOut => RasNotJudged::TimedOut,
+                RasFailure::TooLarge | RasFailure::Malformed | RasFailure::Io => {
+                    RasNotJudged::Unreadable
+                }
+            };
+            (reason, f.reason.clone())
+        } else {
+            (RasNotJudged::NotAsked, "RAS not asked".to_owned())
+        };
+        return RasEvidence {
+            answered_ms: None,
+            nccl_version: None,
+            ranks: Vec::new(),
+            progress: None,
+            lagging: Vec::new(),
+            summary: format!("RAS: {words}"),
+            not_judged: Some(reason),
+        };
+    };
+    let comm = main_communicator(answer);
+    let device_of =
+        |pid: Option<u32>| pid.and_then(|p| members.iter().find(|m| m.pid == p).map(|m| m.device));
+    let count = |r: &gpudiag_model::ras::RasRank| RasRankCount {
+        rank: r.rank,
+        pid: r.pid,
+        device: device_of(r.pid),
+        operations: r.operations_total(),
+        state: r.state,
+    };
+    let ranks: Vec<RasRankCount> = comm
+        .map(|c| c.ranks.iter().chain(&c.missing_ranks).map(count).collect())
+        .unwrap_or_default();
+    let lagging = comm.map(|c| lagging_ranks(c, &count)).unwrap_or_default();
+    let progress = progress_since(log, answer, &devices, &pairs);
+    let has_counts = comm.is_some_and(|c| {
+        !c.count_groups.is_empty() || c.ranks.iter().any(|r| !r.operations.is_empty())
+    });
+    let mut summary = String::from("RAS");
+    if let Some(v) = &answer.nccl_version {
+        summary.push_str(&format!(" (NCCL {v})"));
+    }
+    summary.push_str(": ");
+    summary.push_str(&describe_counts(comm));
+    if let Some(p) = &progress {
+        let apart_s = (p.to_ms.saturating_sub(p.from_ms)) as f64 / 1000.0;
+        if p.moving {
+            summary.push_str(&format!("; counts moved in {apart_s:.0} s"));
+        } else {
+            summary.push_str(&format!("; no count moved in {apart_s:.0} s"));
+        }
+    }
+    if let Some(n) = answer.dead_processes.filter(|&n| n > 0) {
+        summary.push_str(&format!("; {n} process(es) considered dead"));
+    }
+    RasEvidence {
+        answered_ms: Some(answer.time_ms),
+        nccl_version: answer.nccl_version.clone(),
+        ranks,
+        progress,
+        lagging,
+        summary,
+        not_judged: (!has_counts).then_some(RasNotJudged::NoCounts),
+    }
+}
+
+/// The communicator with the most ranks (the job's world).
+fn main_communicator(a: &RasAnswer) -> Option<&RasCommunicator> {
+    a.communicators.iter().max_by_key(|c| {
+        c.size
+            .unwrap_or(0)
+            .max((c.ranks.len() + c.missing_ranks.len()) as u32)
+    })
+}
+
+/// Ranks in a count group below the collective's highest, and ranks that are dead or did not
+/// answer.
+fn lagging_ranks(
+    c: &RasCommunicator,
+    count: &dyn Fn(&gpudiag_model::ras::RasRank) -> RasRankCount,
+) -> Vec<RasRankCount> {
+    let mut out: Vec<RasRankCount> = Vec::new();
+    let mut top: BTreeMap<&str, u64> = BTreeMap::new();
+    for g in &c.count_groups {
+        let t = top.entry(&g.collective).or_insert(0);
+        *t = (*t).max(g.operations);
+    }
+    for g in &c.count_groups {
+        if top
+            .get(g.collective.as_str())
+            .is_some_and(|&t| g.operations < t)
+        {
+            for &rank in &g.ranks {
+                if out.iter().any(|r| r.rank == rank) {
+                    continue;
+                }
+                let known = c.ranks.iter().find(|r| r.rank == rank);
+                let mut rc = known.map(count).unwrap_or(RasRankCount {
+                    rank,
+                    pid: None,
+                    device: None,
+                    operations: None,
+                    state: RasRankState::Unknown,
+                });
+                rc.operations = rc.operations.or(Some(g.operations));
+                out.push(rc);
+            }
+        }
+    }
+    for r in &c.missing_ranks {
+        if matches!(r.state, RasRankState::Dead | RasRankState::Unresponsive)
+            && !out.iter().any(|o| o.rank == r.rank)
+        {
+            out.push(count(r));
+        }
+    }
+    out
+}
+
+/// "3 ranks launched up to AllReduce 41; rank 3 up to 30 (pid 4553)", or all alike.
+fn describe_counts(comm: Option<&RasCommunicator>) -> String {
+    let Some(c) = comm else {
+        return "no communicator reported".to_owned();
+    };
+    if let Some(first) = c.count_groups.first() {
+        let parts: Vec<String> = c
+            .count_groups
+            .iter()
+            .filter(|g| g.collective == first.collective)
+            .take(4)
+            .map(|g| {
+                let who = match (g.ranks_count, g.ranks.as_slice()) {
+                    (1, [r]) => {
+                        let pid = c
+                            .ranks
+                            .iter()
+                            .find(|x| x.rank == *r)
+                            .and_then(|x| x.pid)
+                            .map(|p| format!(" (pid {p})"))
+                            .unwrap_or_default();
+                        return format!("rank {r}{pid} up to {}", g.operations);
+                    }
+                    (n, _) => format!("{n} ranks"),
+                };
+                format!("{who} up to {}", g.operations)
+            })
+            .collect();
+        return format!("{} launched: {}", first.collective, parts.join("; "));
+    }
+    let totals: Vec<u64> = c
+        .ranks
+        .iter()
+        .filter_map(|r| r.operations_total())
+        .collect();
+    match totals.first() {
+        Some(&n) if totals.iter().all(|&t| t == n) => {
+            format!(
+                "all {} ranks launched {n} collective operations",
+                totals.len()
+            )
+        }
+        _ if c.missing_ranks.is_empty() => "no counts reported (healthy text report)".to_owned(),
+        _ => format!("{} rank(s) missing", c.missing_ranks.len()),
+    }
+}
+
+/// Compares `later` with the newest earlier answer for the job, at least
+/// [`MIN_PROGRESS_GAP_MS`] older, that has counts for the same communicator.
+fn progress_since(
+    log: &RasLog,
+    later: &RasAnswer,
+    devices: &[u32],
+    pairs: &[(u32, u32)],
+) -> Option<RasProgress> {
+    let now = counts_of(later)?;
+    for earlier in for_job(log, devices, later.time_ms) {
+        let gap = later.time_ms.saturating_sub(earlier.time_ms);
+        if gap < MIN_PROGRESS_GAP_MS || earlier.not_answered.is_some() {
+            continue;
+        }
+        if gap > MAX_PROGRESS_GAP_MS {
+            break;
+        }
+        if earlier.matches_job(pairs) == RasMatch::Other {
+            continue;
+        }
+        let Some(before) = counts_of(earlier) else {
+            continue;
+        };
+        let compared: Vec<bool> = now
+            .iter()
+            .filter_map(|(k, &n)| before.get(k).map(|&b| n > b))
+            .collect();
+        if compared.is_empty() {
+            continue;
+        }
+        return Some(RasProgress {
+            moving: compared.iter().any(|&m| m),
+            from_ms: earlier.time_ms,
+            to_ms: later.time_ms,
+        });
+    }
+    None
+}
+
+/// Counts by (communicator, collective, rank or the group's place): per rank from JSON, per
+/// count group from text (whose unnamed majority group is keyed by its rank count).
+fn counts_of(a: &RasAnswer) -> Option<BTreeMap<(String, String, String), u64>> {
+    let mut out = BTreeMap::new();
+    for c in &a.communicators {
+        for r in &c.ranks {
+            for (kind, &n) in &r.operations {
+                out.insert(
+                    (c.hash.clone(), kind.clone(), format!("rank {}", r.rank)),
+                    n,
+                );
+            }
+        }
+        if let Some(top) = c
+            .count_groups
+            .iter()
+            .max_by_key(|g| (g.ranks_count, g.operations))
+        {
+            out.insert(
+                (
+                    c.hash.clone(),
+                    top.collective.clone(),
+                    "most ranks".to_owned(),
+                ),
+                top.operations,
+            );
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
