@@ -71,6 +71,9 @@ pub struct RasQuery {
     pub for_devices: Vec<u32>,
     /// The most bytes read of the report.
     pub max_bytes: usize,
+    /// The whole exchange's limit: connecting, plus RAS's own collective (a leg and its
+    /// extra), plus slack; set from `timeout_s` by [`RasQuery::new`].
+    pub deadline: Duration,
 }
 
 impl RasQuery {
@@ -81,16 +84,14 @@ impl RasQuery {
             prefer_json: true,
             for_devices,
             max_bytes: MAX_ANSWER_BYTES,
+            deadline: deadline_for(DEFAULT_TIMEOUT_S),
         }
     }
+}
 
-    /// The whole exchange's deadline: connecting, plus RAS's collective (a leg and its extra),
-    /// plus slack.
-    pub fn deadline(&self) -> Duration {
-        CONNECT_TIMEOUT
-            + Duration::from_secs(u64::from(self.timeout_s.max(1)) + NCCL_EXTRA_S)
-            + SLACK
-    }
+/// The whole exchange's limit for a `TIMEOUT` of `timeout_s`.
+pub fn deadline_for(timeout_s: u32) -> Duration {
+    CONNECT_TIMEOUT + Duration::from_secs(u64::from(timeout_s.max(1)) + NCCL_EXTRA_S) + SLACK
 }
 
 /// The address NCCL listens on for a process with `NCCL_RAS_ADDR` set to `env` (or unset).
@@ -144,7 +145,7 @@ pub fn query(q: &RasQuery) -> RasAnswer {
     let mut conn = Conn {
         stream,
         buf: Vec::new(),
-        deadline: started + q.deadline(),
+        deadline: started + q.deadline,
         max_bytes: q.max_bytes,
     };
     match exchange(&mut conn, q) {

@@ -168,10 +168,52 @@ fn groups_from_ranks(ranks: &[RasRank]) -> Vec<RasCountGroup> {
     out
 }
 
+/// NCCL 2.28.7 to 2.28.9 write a missing rank's `"nvml_dev": N` with no comma before its
+/// `"status"` (`jsonWriteMissingRank`; 2.30 adds it): exactly the reports that name a dead or
+/// silent rank would not parse. Inserts that one comma, nothing else.
+fn repair_missing_comma(body: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    const KEY: &[u8] = b"\"nvml_dev\":";
+    let mut out: Option<Vec<u8>> = None;
+    let mut copied = 0;
+    let mut i = 0;
+    while let Some(at) = find(&body[i..], KEY).map(|p| p + i) {
+        let mut j = at + KEY.len();
+        while j < body.len() && body[j] == b' ' {
+            j += 1;
+        }
+        while j < body.len() && (body[j] == b'-' || body[j].is_ascii_digit()) {
+            j += 1;
+        }
+        let value_end = j;
+        while j < body.len() && body[j].is_ascii_whitespace() {
+            j += 1;
+        }
+        if j < body.len() && body[j] == b'"' && value_end > at + KEY.len() {
+            let o = out.get_or_insert_with(|| Vec::with_capacity(body.len() + 64));
+            o.extend_from_slice(&body[copied..value_end]);
+            o.push(b',');
+            copied = value_end;
+        }
+        i = value_end.max(at + 1);
+    }
+    match out {
+        Some(mut o) => {
+            o.extend_from_slice(&body[copied..]);
+            std::borrow::Cow::Owned(o)
+        }
+        None => std::borrow::Cow::Borrowed(body),
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
 /// A JSON report (`SET FORMAT json` then `STATUS`).
 pub fn parse_json(body: &[u8]) -> RasAnswer {
     let mut a = empty(RasFormat::Json);
-    let report: JsonReport = match serde_json::from_slice(body) {
+    let repaired = repair_missing_comma(body);
+    let report: JsonReport = match serde_json::from_slice(&repaired) {
         Ok(r) => r,
         Err(e) => {
             return malformed(
@@ -323,6 +365,8 @@ struct TextReader {
     comm: Option<usize>,
     block: Block,
     recognised: bool,
+    /// NCCL writes its `Warnings` section last, always: a report without it was cut short.
+    complete: bool,
 }
 
 impl TextReader {
@@ -467,6 +511,7 @@ impl TextReader {
         }
         match body {
             "Errors" | "Warnings" => {
+                self.complete |= body == "Warnings";
                 self.block = Block::None;
                 self.comm = None;
                 self.recognised = true;
@@ -659,6 +704,7 @@ pub fn parse_text(body: &[u8]) -> RasAnswer {
         comm: None,
         block: Block::None,
         recognised: false,
+        complete: false,
     };
     for line in text.lines() {
         r.line(line);
@@ -666,6 +712,10 @@ pub fn parse_text(body: &[u8]) -> RasAnswer {
     if !r.recognised {
         let a = r.a;
         return malformed(a, body, "the answer is no NCCL RAS report");
+    }
+    if !r.complete {
+        let a = r.a;
+        return malformed(a, body, "the report ended before its Warnings section");
     }
     r.a
 }

@@ -1,0 +1,361 @@
+//! The RAS client against a fake RAS server (a listener thread) replaying reports in NCCL's own
+//! layout (`tests/fixtures/ras/`), and against hostile servers: huge, trickling, binary, with
+//! terminal escapes, closing early, silent.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use gpudiag_model::ras::{RasAnswer, RasFailure, RasFormat, RasMatch, RasRankState};
+use gpudiag_telemetry::ras::{RasQuery, matches_job, parse_json, parse_text, query};
+
+fn fixture(name: &str) -> Vec<u8> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/ras")
+        .join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A capture is the whole stream the server sent; the report is what follows the one-line
+/// replies to the handshake, TIMEOUT and SET FORMAT.
+fn report_of(capture: &[u8]) -> Vec<u8> {
+    let mut rest = capture;
+    loop {
+        let Some(end) = rest.iter().position(|&b| b == b'\n') else {
+            return rest.to_vec();
+        };
+        let line = String::from_utf8_lossy(&rest[..end]);
+        if line.starts_with("SERVER PROTOCOL") || line.trim() == "OK" || line.starts_with("ERROR") {
+            rest = &rest[end + 1..];
+        } else {
+            return rest.to_vec();
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Server {
+    /// Speaks the protocol; answers JSON when asked (NCCL 2.28.7+) or refuses it (older).
+    Nccl { report: Vec<u8>, json: bool },
+    /// Sends these bytes at once, whatever is asked, and closes.
+    Raw(Vec<u8>),
+    /// The handshake, then bytes without end.
+    Endless,
+    /// The handshake, then a byte every 50 ms for ever.
+    Trickle,
+    /// Accepts and says nothing.
+    Silent,
+}
+
+fn serve(server: Server) -> (String, JoinHandle<Vec<String>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let handle = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().expect("accept");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("timeout");
+        run(server, stream)
+    });
+    (addr, handle)
+}
+
+/// The commands the client sent, in order.
+fn run(server: Server, mut stream: TcpStream) -> Vec<String> {
+    let mut commands = Vec::new();
+    if let Server::Raw(bytes) = &server {
+        let _ = stream.write_all(bytes);
+        return commands;
+    }
+    if let Server::Silent = server {
+        std::thread::sleep(Duration::from_secs(4));
+        return commands;
+    }
+    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return commands;
+        }
+        let cmd = line.trim_end().to_owned();
+        commands.push(cmd.clone());
+        let upper = cmd.to_ascii_uppercase();
+        let reply: &[u8] = if upper.starts_with("CLIENT PROTOCOL ") {
+            b"SERVER PROTOCOL 2\n"
+        } else if upper.starts_with("TIMEOUT ") {
+            b"OK\n"
+        } else if upper == "SET FORMAT JSON" {
+            match &server {
+                Server::Nccl { json: false, .. } => b"ERROR: Unknown command set format json\n",
+                _ => b"OK\n",
+            }
+        } else if upper == "STATUS" || upper == "VERBOSE STATUS" {
+            match &server {
+                Server::Nccl { report, .. } => {
+                    let _ = stream.write_all(report);
+                }
+                Server::Endless => {
+                    let chunk = vec![b'x'; 64 * 1024];
+                    while stream.write_all(&chunk).is_ok() {}
+                }
+                Server::Trickle => {
+                    for _ in 0..400 {
+                        if stream.write_all(b"Rank").is_err() {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+                Server::Raw(_) | Server::Silent => {}
+            }
+            return commands;
+        } else {
+            b"ERROR: Unknown command\n"
+        };
+        if stream.write_all(reply).is_err() {
+            return commands;
+        }
+    }
+}
+
+fn ask(server: Server) -> (RasAnswer, Vec<String>) {
+    let (addr, handle) = serve(server);
+    let mut q = RasQuery::new(addr, vec![0, 1, 2, 3]);
+    q.deadline = Duration::from_secs(2);
+    let answer = query(&q);
+    (answer, handle.join().expect("server thread"))
+}
+
+fn nccl(name: &str, json: bool) -> Server {
+    Server::Nccl {
+        report: report_of(&fixture(name)),
+        json,
+    }
+}
+
+const JOB: [(u32, u32); 4] = [(4550, 0), (4551, 1), (4552, 2), (4553, 3)];
+
+#[test]
+fn a_healthy_job_answers_json_with_every_rank_counted() {
+    let (a, commands) = ask(nccl("synthetic-healthy-1-json.txt", true));
+    assert_eq!(
+        commands,
+        [
+            "CLIENT PROTOCOL 2",
+            "TIMEOUT 5",
+            "SET FORMAT json",
+            "STATUS"
+        ]
+    );
+    assert_eq!(a.not_answered, None, "{a:?}");
+    assert_eq!(a.format, Some(RasFormat::Json));
+    assert_eq!(a.protocol, Some(2));
+    assert_eq!(a.nccl_version.as_deref(), Some("2.28.9"));
+    assert_eq!(a.communicators.len(), 1);
+    let c = &a.communicators[0];
+    assert_eq!(c.size, Some(4));
+    assert_eq!(c.ranks.len(), 4);
+    assert!(c.ranks.iter().all(|r| r.state == RasRankState::Running));
+    assert_eq!(c.ranks[3].pid, Some(4553));
+    assert_eq!(c.ranks[3].nvml_device, Some(3));
+    assert_eq!(c.ranks[3].operations.get("AllReduce"), Some(&120));
+    assert_eq!(matches_job(&a, &JOB), RasMatch::Same);
+}
+
+#[test]
+fn a_mismatch_names_the_rank_behind_in_json_and_in_text() {
+    let (a, _) = ask(nccl("synthetic-mismatch-1-json.txt", true));
+    let c = &a.communicators[0];
+    assert!(c.flags.iter().any(|f| f == "MISMATCH"), "{c:?}");
+    let behind: Vec<_> = c
+        .count_groups
+        .iter()
+        .filter(|g| g.collective == "AllReduce")
+        .map(|g| (g.ranks_count, g.operations, g.ranks.clone()))
+        .collect();
+    assert_eq!(behind, [(3, 41, vec![0, 1, 2]), (1, 30, vec![3])]);
+
+    let (t, commands) = ask(nccl("synthetic-mismatch-1-verbose.txt", false));
+    assert_eq!(
+        commands,
+        [
+            "CLIENT PROTOCOL 2",
+            "TIMEOUT 5",
+            "SET FORMAT json",
+            "VERBOSE STATUS"
+        ],
+        "an NCCL without JSON is asked the verbose text"
+    );
+    assert_eq!(t.not_answered, None, "{t:?}");
+    assert_eq!(t.format, Some(RasFormat::Text));
+    assert_eq!(t.nccl_version.as_deref(), Some("2.28.9+cuda12.9"));
+    assert_eq!(t.communicators_total, Some(1));
+    let c = &t.communicators[0];
+    assert_eq!(c.hash, "0x7f3ad1c2e4b5a6d7");
+    let groups: Vec<_> = c
+        .count_groups
+        .iter()
+        .map(|g| (g.ranks_count, g.operations, g.ranks.clone()))
+        .collect();
+    assert_eq!(groups, [(3, 41, vec![]), (1, 30, vec![3])]);
+    assert_eq!(c.ranks[0].pid, Some(4553));
+    assert_eq!(c.ranks[0].node.as_deref(), Some("127.0.0.1"));
+    assert_eq!(c.ranks[0].operations.get("AllReduce"), Some(&30));
+    assert_eq!(matches_job(&t, &JOB), RasMatch::Same);
+}
+
+#[test]
+fn a_dead_rank_is_read_from_json_as_nccl_228_writes_it_and_from_text() {
+    // NCCL 2.28.9's JSON for a missing rank lacks a comma; the parser repairs that one.
+    let (a, _) = ask(nccl("synthetic-dead-1-json.txt", true));
+    assert_eq!(a.not_answered, None, "{a:?}");
+    let c = &a.communicators[0];
+    assert_eq!(c.missing_ranks.len(), 1);
+    assert_eq!(c.missing_ranks[0].state, RasRankState::Dead);
+    assert_eq!(c.missing_ranks[0].pid, Some(4553));
+    assert_eq!(a.dead_processes, Some(1));
+    assert_eq!(a.timeouts, Some(1));
+
+    let t = parse_text(&report_of(&fixture("synthetic-dead-1-verbose.txt")));
+    assert_eq!(t.not_answered, None, "{t:?}");
+    assert_eq!(t.dead_processes, Some(1));
+    assert_eq!(t.timeouts, Some(1));
+    let c = &t.communicators[0];
+    assert_eq!(c.missing_ranks[0].rank, 3);
+    assert_eq!(c.missing_ranks[0].state, RasRankState::Unresponsive);
+    assert!(
+        t.errors.iter().any(|e| e.contains("4553")),
+        "{:?}",
+        t.errors
+    );
+}
+
+#[test]
+fn another_job_of_the_same_user_is_told_apart() {
+    let a = parse_json(&report_of(&fixture("synthetic-otherjob-1-json.txt")));
+    assert_eq!(a.not_answered, None);
+    assert_eq!(matches_job(&a, &JOB), RasMatch::Other);
+    // A healthy text report names no pid: it cannot tell.
+    let t = parse_text(&report_of(&fixture("synthetic-healthy-1-verbose.txt")));
+    assert_eq!(t.not_answered, None, "{t:?}");
+    assert_eq!(matches_job(&t, &JOB), RasMatch::Unknown);
+}
+
+#[test]
+fn several_communicators_are_kept_apart() {
+    let a = parse_json(&report_of(&fixture("synthetic-multicomm-1-json.txt")));
+    assert_eq!(a.communicators_total, Some(3));
+    let sizes: Vec<_> = a.communicators.iter().map(|c| c.size).collect();
+    assert_eq!(sizes, [Some(4), Some(2), Some(2)]);
+    assert!(a.communicators[1].count_groups.is_empty());
+    assert_eq!(a.communicators[2].count_groups.len(), 2);
+}
+
+#[test]
+fn nothing_listening_is_refused_not_an_error() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    drop(listener);
+    let a = query(&RasQuery::new(addr, vec![0]));
+    assert_eq!(
+        a.not_answered.as_ref().map(|n| n.failure),
+        Some(RasFailure::Refused)
+    );
+}
+
+#[test]
+fn a_host_name_is_not_looked_up() {
+    let a = query(&RasQuery::new("ras.example.invalid:28028", vec![0]));
+    assert_eq!(
+        a.not_answered.as_ref().map(|n| n.failure),
+        Some(RasFailure::Io)
+    );
+}
+
+fn failure(server: Server) -> (RasFailure, RasAnswer, Duration) {
+    let (a, _) = ask(server);
+    // The query's own time: the server thread may linger after it.
+    let took = Duration::from_millis(a.took_ms);
+    let f = a.not_answered.as_ref().map(|n| n.failure);
+    (f.unwrap_or_else(|| panic!("answered: {a:?}")), a, took)
+}
+
+#[test]
+fn an_endless_answer_stops_at_the_cap() {
+    let (f, _, took) = failure(Server::Endless);
+    assert_eq!(f, RasFailure::TooLarge);
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+#[test]
+fn a_trickle_stops_at_the_deadline() {
+    let (f, _, took) = failure(Server::Trickle);
+    assert_eq!(f, RasFailure::TimedOut);
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+#[test]
+fn a_silent_server_stops_at_the_deadline() {
+    let (f, _, took) = failure(Server::Silent);
+    assert_eq!(f, RasFailure::TimedOut);
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+#[test]
+fn binary_garbage_is_malformed() {
+    let garbage: Vec<u8> = (0..4096u32).map(|i| (i * 7919 % 251) as u8).collect();
+    let (f, _, _) = failure(Server::Raw(garbage.clone()));
+    assert_eq!(f, RasFailure::Malformed);
+    // The same garbage as a report, after a proper handshake.
+    let (f, a, _) = failure(Server::Nccl {
+        report: garbage,
+        json: false,
+    });
+    assert_eq!(f, RasFailure::Malformed);
+    let excerpt = a.excerpt.expect("an excerpt");
+    assert!(excerpt.chars().count() <= 4 * 400);
+    assert!(!excerpt.chars().any(char::is_control), "{excerpt:?}");
+}
+
+#[test]
+fn a_report_cut_short_is_malformed() {
+    let full = report_of(&fixture("synthetic-mismatch-1-verbose.txt"));
+    let (f, _, _) = failure(Server::Nccl {
+        report: full[..full.len() / 2].to_vec(),
+        json: false,
+    });
+    assert_eq!(f, RasFailure::Malformed);
+    let json = report_of(&fixture("synthetic-healthy-1-json.txt"));
+    let (f, _, _) = failure(Server::Nccl {
+        report: json[..json.len() / 2].to_vec(),
+        json: true,
+    });
+    assert_eq!(f, RasFailure::Malformed);
+}
+
+#[test]
+fn terminal_escapes_are_kept_escaped() {
+    let report = String::from_utf8(report_of(&fixture("synthetic-mismatch-1-verbose.txt")))
+        .expect("utf-8")
+        .replace("127.0.0.1", "\u{1b}]0;pwned\u{7}\u{1b}[2J")
+        .replace("2.28.9+cuda12.9", "2.28.9\u{1b}[31m");
+    let a = parse_text(report.as_bytes());
+    assert_eq!(a.not_answered, None, "{a:?}");
+    let node = a.communicators[0].ranks[0].node.clone().expect("node");
+    assert!(!node.contains('\u{1b}'), "{node:?}");
+    assert!(
+        !a.nccl_version.expect("version").contains('\u{1b}'),
+        "escaped"
+    );
+    let json = serde_json::to_string(&a.communicators).expect("json");
+    assert!(!json.contains("\\u001b"), "{json}");
+}
+
+#[test]
+fn a_wrong_handshake_is_malformed() {
+    let (f, a, _) = failure(Server::Raw(b"HTTP/1.1 400 Bad Request\r\n\r\n".to_vec()));
+    assert_eq!(f, RasFailure::Malformed);
+    assert!(a.not_answered.expect("reason").reason.contains("handshake"));
+}
