@@ -372,3 +372,194 @@ fn counts_of(a: &RasAnswer) -> Option<BTreeMap<(String, String, String), u64>> {
     }
     (!out.is_empty()).then_some(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpudiag_model::job::{JobId, JobPattern, JoinedBy};
+    use gpudiag_model::ras::RasFailure;
+    use gpudiag_telemetry::ras::parse_json;
+
+    const T0: TimeMs = 1_800_000_000_000;
+
+    fn fixture(name: &str) -> Vec<u8> {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/ras")
+            .join(name);
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        // The capture starts with the replies to the handshake, TIMEOUT and SET FORMAT.
+        let start = bytes
+            .iter()
+            .position(|&b| b == b'{')
+            .expect("a JSON report");
+        bytes[start..].to_vec()
+    }
+
+    fn answer(name: &str, time_ms: TimeMs) -> RasAnswer {
+        let mut a = parse_json(&fixture(name));
+        a.time_ms = time_ms;
+        a.address = "127.0.0.1:28028".into();
+        a.for_devices = vec![0, 1, 2, 3];
+        a
+    }
+
+    fn members() -> Vec<JobMember> {
+        (0..4u32)
+            .map(|d| JobMember {
+                device: d,
+                uuid: None,
+                pid: 4550 + d,
+                name: None,
+                rank: Some(d),
+                local_rank: Some(d),
+                role: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn two_mismatched_answers_apart_show_no_progress_and_name_the_rank_behind() {
+        let mut log = RasLog::default();
+        log.push(answer("synthetic-mismatch-1-json.txt", T0));
+        log.push(answer("synthetic-mismatch-2-json.txt", T0 + 5_000));
+        let e = ras_evidence(&log, &members(), T0 + 6_000);
+        assert_eq!(e.not_judged, None, "{e:?}");
+        assert_eq!(e.answered_ms, Some(T0 + 5_000));
+        let p = e.progress.expect("progress");
+        assert!(!p.moving);
+        assert_eq!((p.from_ms, p.to_ms), (T0, T0 + 5_000));
+        let behind: Vec<_> = e
+            .lagging
+            .iter()
+            .map(|r| (r.rank, r.pid, r.device))
+            .collect();
+        assert_eq!(behind, [(3, Some(4553), Some(3))]);
+        assert_eq!(
+            e.lagging[0].operations,
+            Some(31),
+            "AllReduce 30 and one Broadcast"
+        );
+        assert_eq!(e.ranks.len(), 4);
+        assert!(
+            e.summary.contains("rank 3 (pid 4553) up to 30"),
+            "{}",
+            e.summary
+        );
+        assert!(e.summary.contains("no count moved in 5 s"), "{}", e.summary);
+    }
+
+    #[test]
+    fn a_healthy_job_moves() {
+        let mut log = RasLog::default();
+        log.push(answer("synthetic-healthy-1-json.txt", T0));
+        log.push(answer("synthetic-healthy-2-json.txt", T0 + 3_000));
+        let e = ras_evidence(&log, &members(), T0 + 3_000);
+        assert!(e.progress.expect("progress").moving);
+        assert!(e.summary.contains("counts moved"), "{}", e.summary);
+    }
+
+    #[test]
+    fn answers_too_close_tell_no_progress() {
+        let mut log = RasLog::default();
+        log.push(answer("synthetic-mismatch-1-json.txt", T0));
+        log.push(answer("synthetic-mismatch-2-json.txt", T0 + 500));
+        assert_eq!(ras_evidence(&log, &members(), T0 + 500).progress, None);
+    }
+
+    #[test]
+    fn a_dead_rank_is_behind() {
+        let mut log = RasLog::default();
+        log.push(answer("synthetic-dead-1-json.txt", T0));
+        let e = ras_evidence(&log, &members(), T0);
+        let dead: Vec<_> = e.lagging.iter().map(|r| (r.rank, r.state)).collect();
+        assert_eq!(dead, [(3, RasRankState::Dead)]);
+    }
+
+    #[test]
+    fn another_jobs_answer_is_not_this_jobs() {
+        let mut log = RasLog::default();
+        log.push(answer("synthetic-otherjob-1-json.txt", T0));
+        let e = ras_evidence(&log, &members(), T0);
+        assert_eq!(e.not_judged, Some(RasNotJudged::OtherJob));
+        assert!(e.ranks.is_empty());
+        // An answer of the job's own, older, is still shown.
+        let mut log = RasLog::default();
+        log.push(answer("synthetic-mismatch-1-json.txt", T0 - 20_000));
+        log.push(answer("synthetic-otherjob-1-json.txt", T0));
+        assert_eq!(ras_evidence(&log, &members(), T0).not_judged, None);
+    }
+
+    #[test]
+    fn no_answer_says_why() {
+        let log = RasLog::default();
+        assert_eq!(
+            ras_evidence(&log, &members(), T0).not_judged,
+            Some(RasNotJudged::NotAsked)
+        );
+        let mut log = RasLog::default();
+        log.push(RasAnswer::failed(
+            T0,
+            "127.0.0.1:28028",
+            vec![0, 1],
+            RasFailure::Refused,
+            "nothing listens",
+        ));
+        let e = ras_evidence(&log, &members(), T0);
+        assert_eq!(e.not_judged, Some(RasNotJudged::NotEnabled));
+        assert!(e.summary.contains("nothing listens"));
+    }
+
+    fn verdict(pattern: JobPattern, members: Vec<JobMember>) -> JobVerdict {
+        JobVerdict {
+            job: JobId {
+                joined_by: JoinedBy::SlurmJob,
+                key: "1".into(),
+            },
+            presumed: false,
+            members,
+            verdict: pattern,
+            confidence: gpudiag_model::verdict::Confidence::High,
+            start_ms: T0,
+            end_ms: T0,
+            title: String::new(),
+            advice: String::new(),
+            stragglers: Vec::new(),
+            doubts: Vec::new(),
+            peers: Vec::new(),
+            stall: None,
+            ras: None,
+            evidence: serde_json::Map::new(),
+        }
+    }
+
+    #[test]
+    fn asked_often_only_while_stuck_and_never_for_one_gpu() {
+        let mut log = RasLog::default();
+        let balanced = verdict(JobPattern::Balanced, members());
+        assert!(log.due(&balanced, T0));
+        log.asked(&[0, 1, 2, 3], T0);
+        assert!(!log.due(&balanced, T0 + STUCK_INTERVAL_MS));
+        assert!(log.due(&balanced, T0 + SLOW_INTERVAL_MS));
+        let hung = verdict(JobPattern::Hung, members());
+        assert!(!log.due(&hung, T0 + STUCK_INTERVAL_MS - 1));
+        assert!(log.due(&hung, T0 + STUCK_INTERVAL_MS));
+        let mut looks_stuck = verdict(JobPattern::Balanced, members());
+        looks_stuck
+            .evidence
+            .insert("stuck_s".into(), serde_json::json!(12.0));
+        assert!(log.due(&looks_stuck, T0 + STUCK_INTERVAL_MS));
+        let one = verdict(JobPattern::Hung, members()[..1].to_vec());
+        assert!(!log.due(&one, T0 + SLOW_INTERVAL_MS));
+    }
+
+    #[test]
+    fn the_log_stays_bounded() {
+        let mut log = RasLog::default();
+        for i in 0..(MAX_ANSWERS as u64 * 2) {
+            log.push(answer("synthetic-healthy-1-json.txt", T0 + i * 1_000));
+        }
+        assert_eq!(log.answers().count(), MAX_ANSWERS);
+        log.push(answer("synthetic-healthy-1-json.txt", T0 + KEEP_MS * 2));
+        assert_eq!(log.answers().count(), 1);
+    }
+}
