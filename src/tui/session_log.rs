@@ -145,6 +145,7 @@ impl SessionLog {
                 Ok(t) => f(&Tick {
                     samples: t.samples,
                     events: t.events,
+                    ras: Vec::new(),
                 })
                 .map(|()| true),
                 Err(_) => Ok(false),
@@ -216,6 +217,7 @@ mod tests {
         Tick {
             samples: vec![s],
             events,
+            ras: Vec::new(),
         }
     }
 

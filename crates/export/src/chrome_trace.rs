@@ -1072,6 +1072,7 @@ mod tests {
                 } else {
                     Vec::new()
                 },
+                ras: Vec::new(),
             });
         }
         b.push_finding(&finding());
@@ -1320,10 +1321,12 @@ mod tests {
         b.push_tick(&Tick {
             samples: vec![sample(0, 0, 50.0, Some(0x4)), sample(1, 0, 30.0, Some(0x4))],
             events: Vec::new(),
+            ras: Vec::new(),
         });
         b.push_tick(&Tick {
             samples: vec![sample(0, 100, 60.0, None), sample(1, 100, 40.0, Some(0x4))],
             events: Vec::new(),
+            ras: Vec::new(),
         });
         // The loss, as NVML reports it: the device_lost event and samples of `gpu_lost`.
         for at in [200, 300, 400] {
@@ -1340,6 +1343,7 @@ mod tests {
                 } else {
                     Vec::new()
                 },
+                ras: Vec::new(),
             });
         }
         let trace = b.finish();

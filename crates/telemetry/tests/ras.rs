@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The RAS client against a fake RAS server (a listener thread) replaying reports in NCCL's own
 //! layout (`tests/fixtures/ras/`), and against hostile servers: huge, trickling, binary, with
 //! terminal escapes, closing early, silent.

@@ -336,3 +336,36 @@ fn io_failed(e: std::io::Error) -> Failed {
         _ => (RasFailure::Io, format!("socket: {e}")),
     }
 }
+
+/// Runs one query at a time on a thread of its own, for a live backend: `request` starts one
+/// unless one runs, `ready` hands over the answer once it came. The polling thread never
+/// waits on RAS.
+#[derive(Debug, Default)]
+pub struct Asker {
+    running: Option<std::thread::JoinHandle<RasAnswer>>,
+}
+
+impl Asker {
+    pub fn request(&mut self, q: RasQuery) {
+        if self.running.is_some() {
+            return;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("gpudiag-ras".into())
+            .spawn(move || query(&q));
+        // Without a thread there is no answer; the next request tries again.
+        self.running = spawned.ok();
+    }
+
+    /// The answer of the query that finished since the last call, if any.
+    pub fn ready(&mut self) -> Vec<RasAnswer> {
+        if !self.running.as_ref().is_some_and(|h| h.is_finished()) {
+            return Vec::new();
+        }
+        self.running
+            .take()
+            .and_then(|h| h.join().ok())
+            .into_iter()
+            .collect()
+    }
+}

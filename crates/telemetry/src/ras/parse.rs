@@ -162,7 +162,7 @@ fn groups_from_ranks(ranks: &[RasRank]) -> Vec<RasCountGroup> {
                 }
             })
             .collect();
-        groups.sort_by(|a, b| b.ranks_count.cmp(&a.ranks_count));
+        groups.sort_by_key(|g| std::cmp::Reverse(g.ranks_count));
         out.extend(groups);
     }
     out
@@ -409,8 +409,8 @@ impl TextReader {
         } else {
             &mut c.ranks
         };
-        let r = match list.iter().position(|r| r.rank == rank) {
-            Some(i) => &mut list[i],
+        let at = match list.iter().position(|r| r.rank == rank) {
+            Some(i) => i,
             None if list.len() < MAX_RANKS => {
                 list.push(RasRank {
                     rank,
@@ -421,13 +421,14 @@ impl TextReader {
                     state: RasRankState::Unknown,
                     operations: BTreeMap::new(),
                 });
-                list.last_mut().expect("just pushed")
+                list.len() - 1
             }
             None => {
                 c.ranks_left_out = c.ranks_left_out.saturating_add(1);
                 return false;
             }
         };
+        let r = &mut list[at];
         r.pid = r.pid.or(pid);
         r.node = r.node.take().or(node);
         r.cuda_device = r.cuda_device.or(cuda);

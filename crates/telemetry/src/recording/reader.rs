@@ -197,6 +197,8 @@ pub(crate) enum Outline {
     Sample(TimeMs),
     Event(TimeMs),
     Finding(Box<Finding>),
+    /// An NCCL RAS answer: no part of a tick's outline.
+    Ras,
 }
 
 /// The input after gzip detection; `BufRead` so lines can be read with a bound.
@@ -498,6 +500,7 @@ impl RecordingReader {
                 Ok(Some(Record::Sample(s))) => Outline::Sample(s.time_ms),
                 Ok(Some(Record::Event(e))) => Outline::Event(e.time_ms),
                 Ok(Some(Record::Finding(f))) => Outline::Finding(Box::new(f)),
+                Ok(Some(Record::Ras(_))) => Outline::Ras,
                 Ok(None) => {
                     self.owe()?;
                     continue;
@@ -1474,6 +1477,7 @@ mod tests {
                 Outline::Sample(t) => format!("sample {t}"),
                 Outline::Event(t) => format!("event {t}"),
                 Outline::Finding(f) => format!("finding {}", f.id),
+                Outline::Ras => "nccl_ras".to_owned(),
             });
         }
         assert_eq!(
