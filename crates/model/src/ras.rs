@@ -150,6 +150,56 @@ impl RasAnswer {
         }
     }
 
+    /// The answer held to the bounds a live one has (counts of communicators, ranks, notes;
+    /// string lengths; control characters escaped): for answers read from a file.
+    pub fn bounded(mut self) -> Self {
+        let clip_opt = |s: &mut Option<String>| {
+            if let Some(v) = s.as_mut() {
+                *v = clip(v);
+            }
+        };
+        self.address = clip(&self.address);
+        clip_opt(&mut self.nccl_version);
+        self.communicators.truncate(MAX_COMMUNICATORS);
+        for c in &mut self.communicators {
+            c.hash = clip(&c.hash);
+            c.ranks.truncate(MAX_RANKS);
+            c.missing_ranks.truncate(MAX_RANKS);
+            c.count_groups.truncate(MAX_RANKS);
+            c.flags.truncate(MAX_NOTES);
+            c.flags.iter_mut().for_each(|f| *f = clip(f));
+            for g in &mut c.count_groups {
+                g.collective = clip(&g.collective);
+                g.ranks.truncate(MAX_RANKS);
+            }
+            for r in c.ranks.iter_mut().chain(c.missing_ranks.iter_mut()) {
+                clip_opt(&mut r.node);
+                if r.operations.len() > MAX_COLLECTIVE_KINDS
+                    || r.operations.keys().any(|k| clip(k) != *k)
+                {
+                    r.operations = std::mem::take(&mut r.operations)
+                        .into_iter()
+                        .take(MAX_COLLECTIVE_KINDS)
+                        .map(|(k, v)| (clip(&k), v))
+                        .collect();
+                }
+            }
+        }
+        for notes in [&mut self.errors, &mut self.warnings] {
+            notes.truncate(MAX_NOTES);
+            notes.iter_mut().for_each(|n| *n = clip(n));
+        }
+        if let Some(e) = self.excerpt.as_mut() {
+            let cut: String = e.chars().take(MAX_EXCERPT_CHARS).collect();
+            *e = crate::printable::line(&cut).into_owned();
+        }
+        if let Some(n) = self.not_answered.as_mut() {
+            n.reason = clip(&n.reason);
+        }
+        self.for_devices.truncate(MAX_RANKS);
+        self
+    }
+
     /// Every process id the answer names (as NCCL tells them), answered and missing ranks.
     pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
         self.communicators
@@ -375,5 +425,66 @@ impl RasAnswer {
             (false, _) | (true, true) => RasMatch::Unknown,
             (true, false) => RasMatch::Other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(rank: u32, pid: u32, device: u32) -> RasRank {
+        RasRank {
+            rank,
+            pid: Some(pid),
+            node: Some("\u{1b}[2J10.0.0.1".into()),
+            cuda_device: Some(device),
+            nvml_device: Some(device),
+            state: RasRankState::Running,
+            operations: (0..40).map(|k| (format!("kind{k}"), 1)).collect(),
+        }
+    }
+
+    fn answer(ranks: Vec<RasRank>, communicators: usize) -> RasAnswer {
+        let mut a = RasAnswer::failed(1, "127.0.0.1:28028", vec![0], RasFailure::Io, "x");
+        a.not_answered = None;
+        a.errors = vec!["e".repeat(10_000); 100];
+        a.communicators = (0..communicators)
+            .map(|i| RasCommunicator {
+                hash: format!("0x{i:x}"),
+                size: None,
+                ranks: ranks.clone(),
+                missing_ranks: Vec::new(),
+                ranks_left_out: 0,
+                count_groups: Vec::new(),
+                flags: Vec::new(),
+            })
+            .collect();
+        a
+    }
+
+    #[test]
+    fn an_answer_from_a_file_is_held_to_the_live_bounds() {
+        let ranks = (0..1000).map(|r| rank(r, 100 + r, r % 8)).collect();
+        let a = answer(ranks, 100).bounded();
+        assert_eq!(a.communicators.len(), MAX_COMMUNICATORS);
+        assert_eq!(a.communicators[0].ranks.len(), MAX_RANKS);
+        let r = &a.communicators[0].ranks[0];
+        assert_eq!(r.operations.len(), MAX_COLLECTIVE_KINDS);
+        assert!(!r.node.as_deref().unwrap_or_default().contains('\u{1b}'));
+        assert_eq!(a.errors.len(), MAX_NOTES);
+        assert!(a.errors[0].chars().count() <= MAX_TEXT_CHARS + 1);
+    }
+
+    #[test]
+    fn an_answer_matches_its_job_by_pid_not_by_device_alone() {
+        let a = answer(vec![rank(0, 4550, 0), rank(1, 4551, 1)], 1);
+        assert_eq!(a.matches_job(&[(4551, 1), (4552, 2)]), RasMatch::Same);
+        assert_eq!(a.matches_job(&[(9000, 4), (9001, 5)]), RasMatch::Other);
+        // The job's devices under other pids: perhaps the job seen from a pid namespace.
+        assert_eq!(a.matches_job(&[(9000, 0), (9001, 1)]), RasMatch::Unknown);
+        assert_eq!(
+            answer(Vec::new(), 1).matches_job(&[(1, 0)]),
+            RasMatch::Unknown
+        );
     }
 }

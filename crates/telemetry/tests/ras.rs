@@ -360,3 +360,52 @@ fn a_wrong_handshake_is_malformed() {
     assert_eq!(f, RasFailure::Malformed);
     assert!(a.not_answered.expect("reason").reason.contains("handshake"));
 }
+
+#[test]
+fn answers_go_into_recordings_and_come_back_on_replay() {
+    use gpudiag_model::sample::{DeviceInfo, HostInfo, Sample};
+    use gpudiag_telemetry::recording::{Header, RecordingWriter};
+    use gpudiag_telemetry::replay::{Pace, ReplayBackend};
+    use gpudiag_telemetry::{Backend, Tick};
+
+    const T0: u64 = 1_800_000_000_000;
+    let mut answer = parse_json(&report_of(&fixture("synthetic-mismatch-1-json.txt")));
+    answer.time_ms = T0 + 1_200;
+    answer.address = "127.0.0.1:28028".into();
+    answer.for_devices = vec![0, 1];
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ras.ndjson");
+    let devices = (0..2)
+        .map(|index| DeviceInfo {
+            index,
+            ..DeviceInfo::default()
+        })
+        .collect();
+    let header = Header::new("nvml", HostInfo::default(), devices, Some(1000));
+    let mut w = RecordingWriter::create(&path, &header).unwrap();
+    for i in 0..3u64 {
+        w.write_tick(&Tick {
+            samples: (0..2).map(|d| Sample::new(d, T0 + i * 1000)).collect(),
+            events: Vec::new(),
+            ras: if i == 1 {
+                vec![answer.clone()]
+            } else {
+                Vec::new()
+            },
+        })
+        .unwrap();
+    }
+    w.finish().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text.matches("\"kind\":\"nccl_ras\"").count(), 1, "{text}");
+
+    let mut replay = ReplayBackend::open(&path, Pace::AsFastAsPossible).unwrap();
+    let mut replayed = Vec::new();
+    let mut ticks = 0;
+    while let Ok(t) = replay.poll() {
+        ticks += 1;
+        replayed.extend(t.ras);
+    }
+    assert_eq!(ticks, 3);
+    assert_eq!(replayed, vec![answer]);
+}

@@ -842,6 +842,9 @@ impl RecordingReader {
         let record = match kind.as_ref() {
             "sample" => serde_json::from_str::<Sample>(text).map(|s| Some(Record::Sample(s))),
             "finding" => serde_json::from_str::<Finding>(text).map(|f| Some(Record::Finding(f))),
+            // A file is anyone's: held to the bounds a live answer has.
+            "nccl_ras" => serde_json::from_str::<gpudiag_model::ras::RasAnswer>(text)
+                .map(|r| Some(Record::Ras(r.bounded()))),
             "event" => match serde_json::from_str::<Event>(text) {
                 Ok(e) => Ok(Some(Record::Event(e))),
                 Err(e) => {
