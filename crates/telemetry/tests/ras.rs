@@ -409,3 +409,163 @@ fn answers_go_into_recordings_and_come_back_on_replay() {
     assert_eq!(ticks, 3);
     assert_eq!(replayed, vec![answer]);
 }
+
+/// Real answers of NCCL 2.28.9 (`tests/fixtures/ras/h100x2/README.txt`): a 2-rank job, pids 983
+/// and 985 on GPUs 0 and 1.
+mod captured {
+    use super::*;
+
+    const JOB2: [(u32, u32); 2] = [(983, 0), (985, 1)];
+
+    fn real(name: &str) -> Vec<u8> {
+        fixture(&format!("h100x2/{name}.txt"))
+    }
+
+    #[test]
+    fn a_healthy_job_in_json_counts_every_rank_alike() {
+        let (a, _) = ask(Server::Nccl {
+            report: report_of(&real("healthy-1-json")),
+            json: true,
+        });
+        assert_eq!(a.not_answered, None, "{a:?}");
+        assert_eq!(a.nccl_version.as_deref(), Some("2.28.9"));
+        let c = &a.communicators[0];
+        assert_eq!(c.hash, "0xa50f462560a2c036");
+        assert_eq!(c.size, Some(2));
+        let counts: Vec<_> = c
+            .ranks
+            .iter()
+            .map(|r| {
+                (
+                    r.rank,
+                    r.pid,
+                    r.nvml_device,
+                    r.operations["AllReduce"],
+                    r.state,
+                )
+            })
+            .collect();
+        assert_eq!(
+            counts,
+            [
+                (0, Some(983), Some(0), 1790, RasRankState::Running),
+                (1, Some(985), Some(1), 1790, RasRankState::Running)
+            ]
+        );
+        assert!(c.count_groups.is_empty());
+        assert_eq!(c.ranks[0].node.as_deref(), Some("192.0.2.2"));
+        assert_eq!(matches_job(&a, &JOB2), RasMatch::Same);
+        // A job of the same user on the host's other GPUs: this answer is not its.
+        assert_eq!(matches_job(&a, &[(7001, 2), (7002, 3)]), RasMatch::Other);
+    }
+
+    #[test]
+    fn a_healthy_text_report_has_no_counts_and_no_pids() {
+        for name in ["healthy-1-verbose", "healthy-1-status", "healthy-2-verbose"] {
+            let a = parse_text(&report_of(&real(name)));
+            assert_eq!(a.not_answered, None, "{name}: {a:?}");
+            assert_eq!(a.nccl_version.as_deref(), Some("2.28.9"), "{name}");
+            assert_eq!(a.communicators_total, Some(1), "{name}");
+            assert!(a.communicators.is_empty(), "{name}: {a:?}");
+            assert!(
+                a.errors.is_empty() && a.warnings.is_empty(),
+                "{name}: {a:?}"
+            );
+            assert_eq!(matches_job(&a, &JOB2), RasMatch::Unknown);
+        }
+    }
+
+    #[test]
+    fn a_rank_that_stopped_calling_is_one_operation_behind() {
+        let a = parse_json(&report_of(&real("mismatch-1-json")));
+        let c = &a.communicators[0];
+        let groups: Vec<_> = c
+            .count_groups
+            .iter()
+            .map(|g| {
+                (
+                    g.collective.as_str(),
+                    g.ranks_count,
+                    g.operations,
+                    g.ranks.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            groups,
+            [
+                ("AllReduce", 1, 2076, vec![0]),
+                ("AllReduce", 1, 2075, vec![1])
+            ]
+        );
+        for name in [
+            "mismatch-1-verbose",
+            "mismatch-1-status",
+            "mismatch-2-verbose",
+        ] {
+            let t = parse_text(&report_of(&real(name)));
+            assert_eq!(t.not_answered, None, "{name}: {t:?}");
+            let c = &t.communicators[0];
+            assert_eq!(c.hash, "0xa50f462560a2c036", "{name}");
+            assert_eq!(c.flags, ["MISMATCH"], "{name}");
+            let ranks: Vec<_> = c
+                .ranks
+                .iter()
+                .map(|r| (r.rank, r.pid, r.cuda_device, r.operations["AllReduce"]))
+                .collect();
+            assert_eq!(
+                ranks,
+                [(0, Some(983), Some(0), 2076), (1, Some(985), Some(1), 2075)],
+                "{name}"
+            );
+            assert_eq!(matches_job(&t, &JOB2), RasMatch::Same, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_killed_rank_is_silent_then_dead() {
+        let first = parse_json(&report_of(&real("dead-1-json")));
+        assert_eq!(first.not_answered, None, "{first:?}");
+        let c = &first.communicators[0];
+        assert_eq!(c.ranks.len(), 1);
+        let missing: Vec<_> = c
+            .missing_ranks
+            .iter()
+            .map(|r| (r.rank, r.pid, r.state))
+            .collect();
+        assert_eq!(missing, [(1, Some(985), RasRankState::Unresponsive)]);
+        assert_eq!(first.dead_processes, Some(0));
+        assert_eq!(first.missing_processes, Some(1));
+
+        let later = parse_json(&report_of(&real("dead-2-json")));
+        assert_eq!(later.not_answered, None, "{later:?}");
+        let missing: Vec<_> = later.communicators[0]
+            .missing_ranks
+            .iter()
+            .map(|r| (r.rank, r.state))
+            .collect();
+        assert_eq!(missing, [(1, RasRankState::Dead)]);
+        assert_eq!(later.dead_processes, Some(1));
+
+        let t = parse_text(&report_of(&real("dead-1-verbose")));
+        assert_eq!(t.not_answered, None, "{t:?}");
+        assert_eq!(t.missing_processes, Some(1));
+        assert_eq!(t.dead_processes, None);
+        assert_eq!(t.communicators[0].missing_ranks[0].pid, Some(985));
+        assert!(
+            t.errors.iter().any(|e| e.contains("process 985")),
+            "{:?}",
+            t.errors
+        );
+
+        let t = parse_text(&report_of(&real("dead-2-verbose")));
+        assert_eq!(t.dead_processes, Some(1));
+        assert!(
+            t.errors
+                .iter()
+                .any(|e| e.contains("process 985") && e.contains("dead")),
+            "{:?}",
+            t.errors
+        );
+    }
+}

@@ -552,6 +552,58 @@ mod tests {
         assert!(!log.due(&one, T0 + SLOW_INTERVAL_MS));
     }
 
+    /// Real answers of NCCL 2.28.9 on two H100s (`tests/fixtures/ras/h100x2/`).
+    #[test]
+    fn real_answers_tell_moving_from_stuck_and_name_the_rank_behind() {
+        let members: Vec<JobMember> = [(983, 0), (985, 1)]
+            .iter()
+            .map(|&(pid, device)| JobMember {
+                device,
+                uuid: None,
+                pid,
+                name: None,
+                rank: Some(device),
+                local_rank: Some(device),
+                role: None,
+            })
+            .collect();
+        let at = |name: &str, t: TimeMs| {
+            let mut a = answer(&format!("h100x2/{name}.txt"), t);
+            a.for_devices = vec![0, 1];
+            a
+        };
+        let mut log = RasLog::default();
+        log.push(at("healthy-1-json", T0));
+        log.push(at("healthy-2-json", T0 + 3_000));
+        let e = ras_evidence(&log, &members, T0 + 3_000);
+        assert!(e.progress.as_ref().is_some_and(|p| p.moving), "{e:?}");
+        assert!(e.lagging.is_empty(), "{e:?}");
+        assert!(
+            e.summary.contains("all 2 ranks launched 2075"),
+            "{}",
+            e.summary
+        );
+
+        log.push(at("mismatch-1-json", T0 + 11_000));
+        log.push(at("mismatch-2-json", T0 + 15_000));
+        let e = ras_evidence(&log, &members, T0 + 15_000);
+        let p = e.progress.clone().expect("progress");
+        assert!(!p.moving);
+        assert_eq!((p.from_ms, p.to_ms), (T0 + 11_000, T0 + 15_000));
+        let behind: Vec<_> = e
+            .lagging
+            .iter()
+            .map(|r| (r.rank, r.pid, r.device, r.operations))
+            .collect();
+        assert_eq!(behind, [(1, Some(985), Some(1), Some(2075))]);
+
+        log.push(at("dead-2-json", T0 + 85_000));
+        let e = ras_evidence(&log, &members, T0 + 85_000);
+        let dead: Vec<_> = e.lagging.iter().map(|r| (r.rank, r.state)).collect();
+        assert_eq!(dead, [(1, RasRankState::Dead)]);
+        assert!(e.summary.contains("considered dead"), "{}", e.summary);
+    }
+
     #[test]
     fn the_log_stays_bounded() {
         let mut log = RasLog::default();

@@ -162,7 +162,8 @@ fn groups_from_ranks(ranks: &[RasRank]) -> Vec<RasCountGroup> {
                 }
             })
             .collect();
-        groups.sort_by_key(|g| std::cmp::Reverse(g.ranks_count));
+        // The most ranks first, as NCCL's text orders them; ties the furthest ahead first.
+        groups.sort_by_key(|g| std::cmp::Reverse((g.ranks_count, g.operations)));
         out.extend(groups);
     }
     out
