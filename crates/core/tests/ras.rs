@@ -13,6 +13,11 @@ use gpudiag_telemetry::replay::{Pace, ReplayBackend};
 use gpudiag_telemetry::{Backend, Tick};
 
 fn replayed(name: &str) -> (RuleEngine, u64) {
+    replayed_with(name, |_| {})
+}
+
+/// The replay with each process's launch edited as it is read.
+fn replayed_with(name: &str, edit: impl Fn(&mut gpudiag_model::job::Launch)) -> (RuleEngine, u64) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/jobs")
         .join(format!("{name}.ndjson.gz"));
@@ -25,7 +30,16 @@ fn replayed(name: &str) -> (RuleEngine, u64) {
     );
     let mut history = History::default();
     let mut last = 0;
-    while let Ok(t) = replay.poll() {
+    while let Ok(mut t) = replay.poll() {
+        for p in t
+            .samples
+            .iter_mut()
+            .flat_map(|s| s.processes.iter_mut().flatten())
+        {
+            if let Some(l) = p.launch.as_mut() {
+                edit(l);
+            }
+        }
         for s in &t.samples {
             history.push_sample(s);
             last = last.max(s.time_ms);
@@ -70,4 +84,23 @@ fn a_job_of_two_gpus_is_asked_at_the_slow_cadence_and_its_answers_are_kept() {
     assert_eq!(engine.ras_log().answers().count(), 1);
     let e = ras_evidence(engine.ras_log(), &job.members, end + 2);
     assert_eq!(e.not_judged, Some(RasNotJudged::NotEnabled));
+}
+
+#[test]
+fn the_jobs_own_address_is_asked_and_its_own_network_namespace_is_not() {
+    let (mut engine, end) = replayed_with("2gpu-balanced", |l| {
+        l.nccl_ras_addr = Some("127.0.0.1:29999".into());
+    });
+    let queries = engine.ras_queries(end);
+    assert_eq!(queries.len(), 1, "{queries:?}");
+    assert_eq!(queries[0].address, "127.0.0.1:29999");
+
+    let (mut engine, end) = replayed_with("2gpu-balanced", |l| {
+        l.net_namespace = Some(gpudiag_model::job::NetNamespace::Own(4026532101));
+    });
+    let job = engine.jobs().first().cloned().expect("a job");
+    assert!(engine.ras_queries(end).is_empty());
+    let e = ras_evidence(engine.ras_log(), &job.members, end);
+    assert_eq!(e.not_judged, Some(RasNotJudged::OwnNetNamespace), "{e:?}");
+    assert!(e.summary.contains("network namespace"), "{}", e.summary);
 }
