@@ -267,6 +267,16 @@ fn nothing_listening_is_refused_not_an_error() {
 }
 
 #[test]
+fn localhost_is_asked_on_the_loopback() {
+    let (addr, handle) = serve(nccl("synthetic-healthy-1-json.txt", true));
+    let port = addr.rsplit_once(':').map(|(_, p)| p.to_owned()).unwrap();
+    let a = query(&RasQuery::new(format!("localhost:{port}"), vec![0]));
+    handle.join().unwrap();
+    assert_eq!(a.not_answered, None, "{a:?}");
+    assert_eq!(a.address, format!("localhost:{port}"));
+}
+
+#[test]
 fn a_host_name_is_not_looked_up() {
     let a = query(&RasQuery::new("ras.example.invalid:28028", vec![0]));
     assert_eq!(

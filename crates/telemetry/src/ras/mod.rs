@@ -115,13 +115,25 @@ pub fn query(q: &RasQuery) -> RasAnswer {
         a.took_ms = elapsed_ms(started);
         a
     };
-    let addr = match resolve(&q.address) {
+    let addrs = match resolve(&q.address) {
         Ok(a) => a,
         Err(why) => return fail(RasFailure::Io, why),
     };
-    let stream = match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
-        Ok(s) => s,
-        Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+    // `localhost` is whichever loopback NCCL's resolver picked: each is tried.
+    let mut last_error = None;
+    let mut connected = None;
+    for addr in &addrs {
+        match TcpStream::connect_timeout(addr, CONNECT_TIMEOUT) {
+            Ok(s) => {
+                connected = Some(s);
+                break;
+            }
+            Err(e) => last_error = Some(e),
+        }
+    }
+    let stream = match (connected, last_error) {
+        (Some(s), _) => s,
+        (None, Some(e)) if e.kind() == ErrorKind::ConnectionRefused => {
             return fail(
                 RasFailure::Refused,
                 format!(
@@ -131,7 +143,7 @@ pub fn query(q: &RasQuery) -> RasAnswer {
                 ),
             );
         }
-        Err(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => {
+        (None, Some(e)) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => {
             return fail(
                 RasFailure::TimedOut,
                 format!(
@@ -140,7 +152,13 @@ pub fn query(q: &RasQuery) -> RasAnswer {
                 ),
             );
         }
-        Err(e) => return fail(RasFailure::Io, format!("connecting to {}: {e}", q.address)),
+        (None, e) => {
+            let why = e.map_or_else(|| "no address".to_owned(), |e| e.to_string());
+            return fail(
+                RasFailure::Io,
+                format!("connecting to {}: {why}", q.address),
+            );
+        }
     };
     let mut conn = Conn {
         stream,
@@ -170,9 +188,9 @@ fn elapsed_ms(since: Instant) -> u64 {
 }
 
 /// A numeric address, or `localhost`: a name needing DNS could block past any deadline.
-fn resolve(address: &str) -> Result<SocketAddr, String> {
+fn resolve(address: &str) -> Result<Vec<SocketAddr>, String> {
     if let Ok(a) = address.parse::<SocketAddr>() {
-        return Ok(a);
+        return Ok(vec![a]);
     }
     let quoted = gpudiag_model::ras::clip(address);
     let (host, port) = address
@@ -182,7 +200,10 @@ fn resolve(address: &str) -> Result<SocketAddr, String> {
         .parse()
         .map_err(|_| format!("RAS address {quoted} has no valid port"))?;
     if host.eq_ignore_ascii_case("localhost") || host.is_empty() {
-        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+        return Ok(vec![
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+            SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST), port),
+        ]);
     }
     Err(format!(
         "RAS address {quoted} is a host name; gpudiag asks numeric addresses only"
