@@ -579,3 +579,100 @@ mod captured {
         );
     }
 }
+
+/// The second capture (`tests/fixtures/ras/h100x2/README.txt`): two jobs of one user, several
+/// communicators, a stopped rank.
+mod captured_more {
+    use super::*;
+
+    fn real(name: &str) -> RasAnswer {
+        let bytes = report_of(&fixture(&format!("h100x2/{name}.txt")));
+        if name.ends_with("-json") {
+            parse_json(&bytes)
+        } else {
+            parse_text(&bytes)
+        }
+    }
+
+    #[test]
+    fn each_of_two_jobs_of_one_user_tells_its_answer_from_the_others() {
+        let job_a = [(633, 0)];
+        let job_b = [(634, 1)];
+        let first = real("twojobs-1-json");
+        let second = real("twojobs-2-json");
+        assert_eq!(matches_job(&first, &job_a), RasMatch::Same);
+        assert_eq!(matches_job(&first, &job_b), RasMatch::Other);
+        assert_eq!(matches_job(&second, &job_b), RasMatch::Same);
+        assert_eq!(matches_job(&second, &job_a), RasMatch::Other);
+    }
+
+    #[test]
+    fn several_communicators_of_one_job_each_count_their_own() {
+        let a = real("multicomm-1-json");
+        assert_eq!(a.communicators_total, Some(2));
+        let kinds: Vec<Vec<(&str, u64)>> = a
+            .communicators
+            .iter()
+            .map(|c| {
+                c.ranks[0]
+                    .operations
+                    .iter()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(k, n)| (k.as_str(), *n))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(kinds.len(), 2);
+        assert!(
+            kinds
+                .iter()
+                .any(|k| k.iter().any(|(n, _)| *n == "AllReduce"))
+        );
+        assert!(
+            kinds
+                .iter()
+                .any(|k| k.iter().any(|(n, _)| *n == "Broadcast"))
+        );
+        let t = real("multicomm-1-verbose");
+        assert_eq!(t.not_answered, None, "{t:?}");
+        assert_eq!(t.communicators_total, Some(2));
+    }
+
+    #[test]
+    fn a_stopped_rank_is_missing_from_every_communicator() {
+        let a = real("stopped-1-json");
+        assert_eq!(a.not_answered, None, "{a:?}");
+        assert_eq!(a.communicators.len(), 2);
+        for c in &a.communicators {
+            let missing: Vec<_> = c
+                .missing_ranks
+                .iter()
+                .map(|r| (r.rank, r.pid, r.state))
+                .collect();
+            assert_eq!(missing, [(1, Some(670), RasRankState::Unresponsive)]);
+        }
+    }
+
+    /// NCCL's own text for a stopped rank carried a communicator of garbage: it is kept
+    /// bounded, and the real one is still read.
+    #[test]
+    fn nccls_garbage_ranks_stay_bounded() {
+        let t = real("stopped-2-verbose");
+        assert_eq!(t.not_answered, None, "{t:?}");
+        assert_eq!(t.missing_processes, Some(1));
+        let real_comm = t
+            .communicators
+            .iter()
+            .find(|c| c.hash == "0xd88ed0abab795d3f")
+            .expect("the world");
+        assert_eq!(real_comm.missing_ranks.len(), 1);
+        assert_eq!(real_comm.missing_ranks[0].pid, Some(670));
+        let garbage = t
+            .communicators
+            .iter()
+            .find(|c| c.hash == "0xffe0000200000001")
+            .expect("the garbage one");
+        assert!(garbage.missing_ranks.len() <= gpudiag_model::ras::MAX_RANKS);
+        assert!(garbage.missing_ranks.iter().all(|r| r.pid.is_none()));
+    }
+}

@@ -203,12 +203,24 @@ pub fn ras_evidence(log: &RasLog, members: &[JobMember], now_ms: TimeMs) -> RasE
     }
 }
 
-/// The communicator with the most ranks (the job's world).
+/// The job's world: the communicator with the most ranks that answered, then the largest, then
+/// the one naming the most processes. Ranks named by no process count last: NCCL 2.28.9 has
+/// printed a communicator of 257 garbage ranks "[process information not found]" beside a
+/// stopped rank's real one (`tests/fixtures/ras/h100x2/stopped-2-verbose.txt`).
 fn main_communicator(a: &RasAnswer) -> Option<&RasCommunicator> {
     a.communicators.iter().max_by_key(|c| {
-        c.size
-            .unwrap_or(0)
-            .max((c.ranks.len() + c.missing_ranks.len()) as u32)
+        let named = c
+            .ranks
+            .iter()
+            .chain(&c.missing_ranks)
+            .filter(|r| r.pid.is_some())
+            .count();
+        (
+            c.ranks.len(),
+            c.size.unwrap_or(0),
+            named,
+            c.missing_ranks.len(),
+        )
     })
 }
 
@@ -602,6 +614,43 @@ mod tests {
         let dead: Vec<_> = e.lagging.iter().map(|r| (r.rank, r.state)).collect();
         assert_eq!(dead, [(1, RasRankState::Dead)]);
         assert!(e.summary.contains("considered dead"), "{}", e.summary);
+    }
+
+    /// A stopped rank's text answer with NCCL's garbage communicator beside the real one.
+    #[test]
+    fn a_garbage_communicator_is_not_taken_for_the_job() {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/ras/h100x2/stopped-2-verbose.txt");
+        let bytes = std::fs::read(path).expect("fixture");
+        let start = bytes
+            .windows(5)
+            .position(|w| w == b"NCCL ")
+            .expect("a text report");
+        let mut a = gpudiag_telemetry::ras::parse_text(&bytes[start..]);
+        a.time_ms = T0;
+        a.for_devices = vec![0, 1];
+        let members: Vec<JobMember> = [(668, 0), (670, 1)]
+            .iter()
+            .map(|&(pid, device)| JobMember {
+                device,
+                uuid: None,
+                pid,
+                name: None,
+                rank: Some(device),
+                local_rank: Some(device),
+                role: None,
+            })
+            .collect();
+        let mut log = RasLog::default();
+        log.push(a);
+        let e = ras_evidence(&log, &members, T0);
+        let behind: Vec<_> = e
+            .lagging
+            .iter()
+            .map(|r| (r.rank, r.pid, r.device))
+            .collect();
+        assert_eq!(behind, [(1, Some(670), Some(1))], "{e:?}");
+        assert_eq!(e.ranks.len(), 1, "{e:?}");
     }
 
     #[test]
