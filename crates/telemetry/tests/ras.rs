@@ -48,6 +48,9 @@ enum Server {
     Trickle,
     /// Accepts and says nothing.
     Silent,
+    /// Accepts a first connection and never answers it (a stopped process holding the port),
+    /// then serves the next as the inner server.
+    StoppedThen(Box<Server>),
 }
 
 fn serve(server: Server) -> (String, JoinHandle<Vec<String>>) {
@@ -55,6 +58,12 @@ fn serve(server: Server) -> (String, JoinHandle<Vec<String>>) {
     let addr = listener.local_addr().expect("addr").to_string();
     let handle = std::thread::spawn(move || {
         let (stream, _) = listener.accept().expect("accept");
+        if let Server::StoppedThen(next) = server {
+            let (answered, _) = listener.accept().expect("accept");
+            let commands = run(*next, answered);
+            drop(stream);
+            return commands;
+        }
         stream
             .set_read_timeout(Some(Duration::from_secs(30)))
             .expect("timeout");
@@ -109,7 +118,7 @@ fn run(server: Server, mut stream: TcpStream) -> Vec<String> {
                         std::thread::sleep(Duration::from_millis(50));
                     }
                 }
-                Server::Raw(_) | Server::Silent => {}
+                Server::Raw(_) | Server::Silent | Server::StoppedThen(_) => {}
             }
             return commands;
         } else {
@@ -291,6 +300,21 @@ fn failure(server: Server) -> (RasFailure, RasAnswer, Duration) {
     let took = Duration::from_millis(a.took_ms);
     let f = a.not_answered.as_ref().map(|n| n.failure);
     (f.unwrap_or_else(|| panic!("answered: {a:?}")), a, took)
+}
+
+#[test]
+fn a_process_that_does_not_answer_the_handshake_is_left_for_another() {
+    let (addr, handle) = serve(Server::StoppedThen(Box::new(nccl(
+        "synthetic-healthy-1-json.txt",
+        true,
+    ))));
+    let mut q = RasQuery::new(addr, vec![0, 1, 2, 3]);
+    q.deadline = Duration::from_secs(5);
+    let a = query(&q);
+    let commands = handle.join().unwrap();
+    assert_eq!(a.not_answered, None, "{a:?}");
+    assert_eq!(commands.last().map(String::as_str), Some("STATUS"));
+    assert!((1000..3000).contains(&a.took_ms), "{}", a.took_ms);
 }
 
 #[test]

@@ -28,6 +28,10 @@ pub const DEFAULT_TIMEOUT_S: u32 = 5;
 const NCCL_EXTRA_S: u64 = 5;
 /// Time to connect; a local listener accepts at once.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a process may take to answer the handshake before another connection is tried.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Connections tried for a handshake.
+const HANDSHAKE_TRIES: usize = 3;
 /// Slack over NCCL's own limits before gpudiag gives up.
 const SLACK: Duration = Duration::from_secs(2);
 /// The most bytes read of one report: a verbose report of a thousand-rank job is some tens of
@@ -71,8 +75,8 @@ pub struct RasQuery {
     pub for_devices: Vec<u32>,
     /// The most bytes read of the report.
     pub max_bytes: usize,
-    /// The whole exchange's limit: connecting, plus RAS's own collective (a leg and its
-    /// extra), plus slack; set from `timeout_s` by [`RasQuery::new`].
+    /// The whole exchange's limit: connecting, the handshake's tries, RAS's own collective (a
+    /// leg and its extra), and slack; set from `timeout_s` by [`RasQuery::new`].
     pub deadline: Duration,
 }
 
@@ -91,7 +95,10 @@ impl RasQuery {
 
 /// The whole exchange's limit for a `TIMEOUT` of `timeout_s`.
 pub fn deadline_for(timeout_s: u32) -> Duration {
-    CONNECT_TIMEOUT + Duration::from_secs(u64::from(timeout_s.max(1)) + NCCL_EXTRA_S) + SLACK
+    CONNECT_TIMEOUT
+        + HANDSHAKE_TIMEOUT * HANDSHAKE_TRIES as u32
+        + Duration::from_secs(u64::from(timeout_s.max(1)) + NCCL_EXTRA_S)
+        + SLACK
 }
 
 /// The address NCCL listens on for a process with `NCCL_RAS_ADDR` set to `env` (or unset).
@@ -119,55 +126,44 @@ pub fn query(q: &RasQuery) -> RasAnswer {
         Ok(a) => a,
         Err(why) => return fail(RasFailure::Io, why),
     };
-    // `localhost` is whichever loopback NCCL's resolver picked: each is tried.
-    let mut last_error = None;
-    let mut connected = None;
-    for addr in &addrs {
-        match TcpStream::connect_timeout(addr, CONNECT_TIMEOUT) {
-            Ok(s) => {
-                connected = Some(s);
-                break;
+    let deadline = started + q.deadline;
+    // As `ncclras` does: a process that does not answer the handshake within a second (one
+    // stopped by SIGSTOP still holds its listening socket, and the kernel may hand it the
+    // connection) is left for another connection, which may reach another process.
+    let mut tries = 0;
+    let (mut conn, protocol) = loop {
+        tries += 1;
+        let stream = match connect(&addrs, &q.address) {
+            Ok(s) => s,
+            Err((failure, reason)) => return fail(failure, reason),
+        };
+        let mut conn = Conn {
+            stream,
+            buf: Vec::new(),
+            deadline: deadline.min(Instant::now() + HANDSHAKE_TIMEOUT),
+            max_bytes: q.max_bytes,
+        };
+        match handshake(&mut conn) {
+            Ok(protocol) => {
+                conn.deadline = deadline;
+                break (conn, protocol);
             }
-            Err(e) => last_error = Some(e),
+            Err((RasFailure::TimedOut, _)) if tries < HANDSHAKE_TRIES => {}
+            Err((RasFailure::TimedOut, _)) => {
+                return fail(
+                    RasFailure::TimedOut,
+                    format!(
+                        "no process at {} answered the handshake within {:?} in {tries} \
+                         connections (a stopped process may hold the port)",
+                        q.address, HANDSHAKE_TIMEOUT
+                    ),
+                );
+            }
+            Err((failure, reason)) => return fail(failure, reason),
         }
-    }
-    let stream = match (connected, last_error) {
-        (Some(s), _) => s,
-        (None, Some(e)) if e.kind() == ErrorKind::ConnectionRefused => {
-            return fail(
-                RasFailure::Refused,
-                format!(
-                    "nothing listens at {} (NCCL's RAS is off, the job is gone, or NCCL_RAS_ADDR \
-                     names another address)",
-                    q.address
-                ),
-            );
-        }
-        (None, Some(e)) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => {
-            return fail(
-                RasFailure::TimedOut,
-                format!(
-                    "no connection to {} within {:?}",
-                    q.address, CONNECT_TIMEOUT
-                ),
-            );
-        }
-        (None, e) => {
-            let why = e.map_or_else(|| "no address".to_owned(), |e| e.to_string());
-            return fail(
-                RasFailure::Io,
-                format!("connecting to {}: {why}", q.address),
-            );
-        }
-    };
-    let mut conn = Conn {
-        stream,
-        buf: Vec::new(),
-        deadline: started + q.deadline,
-        max_bytes: q.max_bytes,
     };
     match exchange(&mut conn, q) {
-        Ok((protocol, format, body)) => {
+        Ok((format, body)) => {
             let mut answer = match format {
                 RasFormat::Json => parse_json(&body),
                 RasFormat::Text => parse_text(&body),
@@ -181,6 +177,35 @@ pub fn query(q: &RasQuery) -> RasAnswer {
         }
         Err((failure, reason)) => fail(failure, reason),
     }
+}
+
+/// A connection to the first of `addrs` that takes one.
+fn connect(addrs: &[SocketAddr], address: &str) -> Result<TcpStream, Failed> {
+    let mut last_error = None;
+    for addr in addrs {
+        match TcpStream::connect_timeout(addr, CONNECT_TIMEOUT) {
+            Ok(s) => return Ok(s),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(match last_error {
+        Some(e) if e.kind() == ErrorKind::ConnectionRefused => (
+            RasFailure::Refused,
+            format!(
+                "nothing listens at {address} (NCCL's RAS is off, the job is gone, or \
+                 NCCL_RAS_ADDR names another address)"
+            ),
+        ),
+        Some(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => (
+            RasFailure::TimedOut,
+            format!("no connection to {address} within {CONNECT_TIMEOUT:?}"),
+        ),
+        Some(e) => (RasFailure::Io, format!("connecting to {address}: {e}")),
+        None => (
+            RasFailure::Io,
+            format!("no address to connect to in {address}"),
+        ),
+    })
 }
 
 fn elapsed_ms(since: Instant) -> u64 {
@@ -212,15 +237,19 @@ fn resolve(address: &str) -> Result<Vec<SocketAddr>, String> {
 
 type Failed = (RasFailure, String);
 
-/// The handshake, the timeout, the format and the status; the report's bytes to the close.
-fn exchange(conn: &mut Conn, q: &RasQuery) -> Result<(u32, RasFormat, Vec<u8>), Failed> {
+/// `CLIENT PROTOCOL` and its answer: the server's protocol version.
+fn handshake(conn: &mut Conn) -> Result<u32, Failed> {
     conn.send(Command::ClientProtocol)?;
     let reply = conn.line()?;
-    let protocol = reply
+    reply
         .get(..16)
         .filter(|p| p.eq_ignore_ascii_case("SERVER PROTOCOL "))
         .and_then(|_| reply[16..].trim().parse::<u32>().ok())
-        .ok_or_else(|| unexpected("the handshake", &reply))?;
+        .ok_or_else(|| unexpected("the handshake", &reply))
+}
+
+/// The timeout, the format and the status; the report's bytes to the close.
+fn exchange(conn: &mut Conn, q: &RasQuery) -> Result<(RasFormat, Vec<u8>), Failed> {
     // Always first: with a dead peer a status waits out RAS's timeouts, and 0 would disable them.
     conn.send(Command::Timeout(q.timeout_s.max(1)))?;
     let reply = conn.line()?;
@@ -243,7 +272,7 @@ fn exchange(conn: &mut Conn, q: &RasQuery) -> Result<(u32, RasFormat, Vec<u8>), 
         RasFormat::Text => Command::VerboseStatus,
     })?;
     let body = conn.rest()?;
-    Ok((protocol, format, body))
+    Ok((format, body))
 }
 
 fn unexpected(stage: &str, reply: &str) -> Failed {
