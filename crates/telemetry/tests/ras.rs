@@ -700,3 +700,119 @@ mod captured_more {
         assert!(garbage.missing_ranks.iter().all(|r| r.pid.is_none()));
     }
 }
+
+/// Real answers of NCCL 2.28.9 on four H100s (`tests/fixtures/ras/h100x4/README.txt`).
+mod captured_four {
+    use super::*;
+
+    fn real(name: &str) -> RasAnswer {
+        let bytes = report_of(&fixture(&format!("h100x4/{name}.txt")));
+        if name.ends_with("-json") {
+            parse_json(&bytes)
+        } else {
+            parse_text(&bytes)
+        }
+    }
+
+    const SCENARIOS: [&str; 12] = [
+        "healthy-1",
+        "healthy-2",
+        "mismatch-1",
+        "mismatch-2",
+        "twojobs-1",
+        "twojobs-2",
+        "twojobs-3",
+        "twojobs-4",
+        "stopkill-1",
+        "stopkill-2",
+        "multicomm-1",
+        "ckpt-pause",
+    ];
+
+    #[test]
+    fn every_answer_reads_in_every_form() {
+        for scenario in SCENARIOS {
+            for form in ["json", "verbose", "status"] {
+                let name = format!("{scenario}-{form}");
+                let a = real(&name);
+                assert_eq!(a.not_answered, None, "{name}: {a:?}");
+                assert_eq!(
+                    a.nccl_version.as_deref().map(|v| v.starts_with("2.28.9")),
+                    Some(true),
+                    "{name}"
+                );
+                assert!(a.communicators_total.is_some_and(|n| n >= 1), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn three_ranks_ahead_and_the_one_that_stopped_calling() {
+        let t = real("mismatch-1-verbose");
+        let c = &t.communicators[0];
+        let groups: Vec<_> = c
+            .count_groups
+            .iter()
+            .map(|g| (g.ranks_count, g.operations, g.ranks.clone()))
+            .collect();
+        assert_eq!(groups, [(3, 300, vec![]), (1, 299, vec![3])]);
+        assert_eq!(c.ranks[0].pid, Some(1098));
+        let a = real("mismatch-1-json");
+        let all_reduce: Vec<_> = a.communicators[0]
+            .ranks
+            .iter()
+            .map(|r| (r.pid, r.operations["AllReduce"]))
+            .collect();
+        assert_eq!(
+            all_reduce,
+            [
+                (Some(1095), 300),
+                (Some(1096), 300),
+                (Some(1097), 300),
+                (Some(1098), 299)
+            ]
+        );
+        let healthy = real("healthy-1-json");
+        assert!(healthy.communicators[0].count_groups.is_empty());
+    }
+
+    /// Two jobs of one user: the answers name one job's pids, and each job tells them apart.
+    #[test]
+    fn two_jobs_answers_belong_to_one_of_them() {
+        let job_a = [(1609, 0), (1610, 1)];
+        let job_b = [(1381, 2), (1380, 3)];
+        for n in 1..=4 {
+            let a = real(&format!("twojobs-{n}-json"));
+            assert_eq!(matches_job(&a, &job_b), RasMatch::Same, "twojobs-{n}");
+            assert_eq!(matches_job(&a, &job_a), RasMatch::Other, "twojobs-{n}");
+        }
+        let stopped = real("stopkill-1-json");
+        assert_eq!(matches_job(&stopped, &job_a), RasMatch::Same);
+        assert_eq!(matches_job(&stopped, &job_b), RasMatch::Other);
+        let missing: Vec<_> = stopped.communicators[0]
+            .missing_ranks
+            .iter()
+            .map(|r| (r.rank, r.pid, r.state))
+            .collect();
+        assert_eq!(missing, [(1, Some(1610), RasRankState::Unresponsive)]);
+        let dead = real("stopkill-2-verbose");
+        assert_eq!(dead.dead_processes, Some(1));
+        assert_eq!(matches_job(&dead, &job_a), RasMatch::Same);
+    }
+
+    /// A rank-0 checkpoint: rank 0 one all-reduce behind its waiting peer.
+    #[test]
+    fn a_checkpointing_rank_zero_is_behind() {
+        for name in ["ckpt-pause-json", "ckpt-pause-verbose"] {
+            let a = real(name);
+            let c = &a.communicators[0];
+            let behind: Vec<_> = c
+                .count_groups
+                .iter()
+                .filter(|g| g.collective == "AllReduce")
+                .map(|g| (g.operations, g.ranks.clone()))
+                .collect();
+            assert_eq!(behind, [(227, vec![1]), (226, vec![0])], "{name}");
+        }
+    }
+}

@@ -616,6 +616,56 @@ mod tests {
         assert!(e.summary.contains("considered dead"), "{}", e.summary);
     }
 
+    /// Real answers of NCCL 2.28.9 on four H100s (`tests/fixtures/ras/h100x4/`), at the times
+    /// they were asked.
+    #[test]
+    fn four_real_ranks_moving_then_one_stopped_calling_then_a_checkpoint() {
+        let job = |pids: &[(u32, u32)]| -> Vec<JobMember> {
+            pids.iter()
+                .map(|&(pid, device)| JobMember {
+                    device,
+                    uuid: None,
+                    pid,
+                    name: None,
+                    rank: Some(device),
+                    local_rank: Some(device),
+                    role: None,
+                })
+                .collect()
+        };
+        let at = |name: &str, t: TimeMs, devices: &[u32]| {
+            let mut a = answer(&format!("h100x4/{name}-json.txt"), t);
+            a.for_devices = devices.to_vec();
+            a
+        };
+        let four = job(&[(1095, 0), (1096, 1), (1097, 2), (1098, 3)]);
+        let mut log = RasLog::default();
+        log.push(at("healthy-1", 1_795_811_682_959, &[0, 1, 2, 3]));
+        log.push(at("healthy-2", 1_795_811_685_961, &[0, 1, 2, 3]));
+        let e = ras_evidence(&log, &four, 1_795_811_686_000);
+        assert!(e.progress.as_ref().is_some_and(|p| p.moving), "{e:?}");
+        log.push(at("mismatch-1", 1_795_811_704_971, &[0, 1, 2, 3]));
+        log.push(at("mismatch-2", 1_795_811_707_973, &[0, 1, 2, 3]));
+        let e = ras_evidence(&log, &four, 1_795_811_708_000);
+        assert!(e.progress.as_ref().is_some_and(|p| !p.moving), "{e:?}");
+        let behind: Vec<_> = e
+            .lagging
+            .iter()
+            .map(|r| (r.rank, r.pid, r.device))
+            .collect();
+        assert_eq!(behind, [(3, Some(1098), Some(3))]);
+
+        // Rank 0 writing a checkpoint: behind, and unchanged 40 s apart, as a hang would be.
+        let pair = job(&[(2089, 0), (2090, 1)]);
+        let mut log = RasLog::default();
+        log.push(at("multicomm-1", 1_795_811_918_564, &[0, 1]));
+        log.push(at("ckpt-pause", 1_795_811_958_569, &[0, 1]));
+        let e = ras_evidence(&log, &pair, 1_795_811_958_600);
+        assert!(e.progress.as_ref().is_some_and(|p| !p.moving), "{e:?}");
+        let behind: Vec<_> = e.lagging.iter().map(|r| (r.rank, r.pid)).collect();
+        assert_eq!(behind, [(0, Some(2089))]);
+    }
+
     /// A stopped rank's text answer with NCCL's garbage communicator beside the real one.
     #[test]
     fn a_garbage_communicator_is_not_taken_for_the_job() {
