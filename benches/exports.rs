@@ -117,6 +117,7 @@ fn trace_export(label: &str, worst: bool) {
                 .map(|d| sample(d, i, &mut rng, worst))
                 .collect(),
             events: Vec::new(),
+            ras: Vec::new(),
         })
         .collect();
     let start = Instant::now();
@@ -289,6 +290,7 @@ fn scrape_over_http() {
             let tick = Tick {
                 samples: (0..DEVICES).map(|d| sample(d, i, &mut rng, true)).collect(),
                 events: Vec::new(),
+                ras: Vec::new(),
             };
             w.write_tick(&tick)?;
         }

@@ -115,6 +115,7 @@ fn main() {
         let tick = Tick {
             samples: (0..DEVICES).map(|d| sample(d, t, i)).collect(),
             events: Vec::new(),
+            ras: Vec::new(),
         };
         let t0 = Instant::now();
         for s in &tick.samples {
@@ -197,6 +198,7 @@ fn per_family(history: &History, devices: &[DeviceInfo]) {
         libraries: None,
         process_memory: Some(&pm),
         process_cpu: None,
+        ras: None,
         not_judged: Default::default(),
     };
     type Family = fn(&RuleInput<'_>) -> Vec<gpudiag_model::finding::Finding>;

@@ -359,6 +359,14 @@ pub fn job_lines(j: &gpudiag_model::job::JobVerdict) -> Vec<String> {
     for doubt in &j.doubts {
         lines.push(format!("    doubt: {}", esc(doubt)));
     }
+    // NCCL's own view where it was asked; "not asked" says nothing worth a line.
+    if let Some(ras) = j
+        .ras
+        .as_ref()
+        .filter(|r| r.not_judged != Some(gpudiag_model::ras::RasNotJudged::NotAsked))
+    {
+        lines.push(format!("    {}", esc(&ras.summary)));
+    }
     lines.push(format!("    what to do: {}", esc(&j.advice)));
     lines
 }
@@ -561,6 +569,7 @@ mod tests {
                 })
                 .collect(),
             stall: None,
+            ras: None,
             evidence: serde_json::Map::new(),
         }
     }
@@ -609,6 +618,35 @@ mod tests {
                 && text.contains("    peers' wait for GPU 3 estimated as its peers' utilisation"),
             "{text}"
         );
+    }
+
+    /// NCCL's view is one line before the advice, escaped; "not asked" adds none.
+    #[test]
+    fn ras_evidence_is_one_line() {
+        use gpudiag_model::ras::{RasEvidence, RasNotJudged};
+        let mut job = two_stragglers();
+        let evidence = |summary: &str, not_judged| RasEvidence {
+            answered_ms: Some(1),
+            nccl_version: Some("2.28.9".into()),
+            ranks: Vec::new(),
+            progress: None,
+            lagging: Vec::new(),
+            summary: summary.into(),
+            not_judged,
+        };
+        job.ras = Some(evidence(
+            "RAS (NCCL 2.28.9): AllReduce launched: 3 ranks up to 41; rank 3 (pid 4553) up to 30\x1b",
+            None,
+        ));
+        let lines = job_lines(&job);
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with("    RAS (NCCL 2.28.9): AllReduce launched"))
+            .unwrap_or_else(|| panic!("no RAS line in {lines:#?}"));
+        assert!(lines[at + 1].starts_with("    what to do:"), "{lines:#?}");
+        assert!(!lines[at].contains('\x1b'), "{}", lines[at]);
+        job.ras = Some(evidence("RAS: RAS not asked", Some(RasNotJudged::NotAsked)));
+        assert!(!job_lines(&job).iter().any(|l| l.contains("RAS")));
     }
 
     /// One straggler: the title names it, no line repeats it.

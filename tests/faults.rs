@@ -421,6 +421,7 @@ fn tui_marks_stalled_and_missing_gpus() {
     app.push_tick(Tick {
         samples: vec![stalled],
         events: vec![],
+        ras: Vec::new(),
     });
     let screen = render(&app, 80, 24);
     assert!(screen.contains("STALLED"), "{screen}");

@@ -985,6 +985,7 @@ impl Backend for FakeLive {
         Ok(Tick {
             samples: vec![s],
             events: Vec::new(),
+            ras: Vec::new(),
         })
     }
 }

@@ -91,7 +91,8 @@ pub fn capture(args: &ReportArgs, stop: &AtomicBool) -> Result<Captured, Error> 
     })
 }
 
-/// Keeps every tick as recording lines, events before samples as the recorder writes them.
+/// Keeps every tick as recording lines, events before samples and NCCL RAS answers after, as
+/// the recorder writes them.
 struct CaptureSink(Vec<Record>);
 
 impl Sink for CaptureSink {
@@ -100,6 +101,7 @@ impl Sink for CaptureSink {
             .extend(tick.events.iter().cloned().map(Record::Event));
         self.0
             .extend(tick.samples.iter().cloned().map(Record::Sample));
+        self.0.extend(tick.ras.iter().cloned().map(Record::Ras));
         Ok(())
     }
 }

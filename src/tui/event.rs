@@ -18,7 +18,7 @@ use crate::tick_stats;
 use gpudiag_model::stats::{self, Counter};
 use gpudiag_telemetry::Backend;
 use gpudiag_telemetry::recording::{Header, RecordingError, RecordingWriter};
-use gpudiag_telemetry::sampler::{Sampler, SamplerMsg, SamplerOptions};
+use gpudiag_telemetry::sampler::{Sampler, SamplerControl, SamplerMsg, SamplerOptions};
 
 /// Reads terminal input on its own thread, so waiting for a key never blocks drawing.
 pub fn spawn_input(tx: Sender<AppEvent>) -> std::io::Result<()> {
@@ -160,6 +160,19 @@ fn handle(
                 stats::add(Counter::Ticks, ticks.len() as u64);
             }
             app.on_feed(msg, Instant::now());
+            // NCCL RAS for the jobs that want it, as every command's loop asks.
+            let newest = app
+                .session
+                .pipeline
+                .latest
+                .values()
+                .map(|s| s.time_ms)
+                .max();
+            if let Some(now) = newest {
+                for q in app.session.pipeline.engine.ras_queries(now) {
+                    sampler.send(SamplerControl::Ras(q));
+                }
+            }
         }
         AppEvent::Terminate => app.quit = true,
         AppEvent::Probes(result) => app.on_probes(result),

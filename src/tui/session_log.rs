@@ -12,6 +12,7 @@ use flate2::read::DeflateDecoder;
 use flate2::write::DeflateEncoder;
 use serde::{Deserialize, Serialize};
 
+use gpudiag_model::ras::RasAnswer;
 use gpudiag_model::sample::{Event, Sample};
 use gpudiag_telemetry::Tick;
 
@@ -24,6 +25,8 @@ const CHUNK_TICKS: usize = 128;
 struct StoredTick {
     samples: Vec<Sample>,
     events: Vec<Event>,
+    #[serde(default)]
+    ras: Vec<RasAnswer>,
 }
 
 /// Borrowed form of [`StoredTick`] for writing, so a tick is not cloned to be kept.
@@ -31,6 +34,8 @@ struct StoredTick {
 struct StoredTickRef<'a> {
     samples: &'a [Sample],
     events: &'a [Event],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    ras: &'a [RasAnswer],
 }
 
 struct Chunk {
@@ -92,6 +97,7 @@ impl SessionLog {
         let stored = StoredTickRef {
             samples: &tick.samples,
             events: &tick.events,
+            ras: &tick.ras,
         };
         let before = self.open.len();
         if serde_json::to_writer(&mut self.open, &stored).is_err() {
@@ -145,6 +151,7 @@ impl SessionLog {
                 Ok(t) => f(&Tick {
                     samples: t.samples,
                     events: t.events,
+                    ras: t.ras,
                 })
                 .map(|()| true),
                 Err(_) => Ok(false),
@@ -216,6 +223,7 @@ mod tests {
         Tick {
             samples: vec![s],
             events,
+            ras: Vec::new(),
         }
     }
 

@@ -231,6 +231,7 @@ mod tests {
                     message: format!("tick {i}"),
                 },
             }],
+            ras: Vec::new(),
         }
     }
 

@@ -21,7 +21,7 @@ use gpudiag_telemetry::live::{self, LiveBackend, LiveOptions};
 use gpudiag_telemetry::nvml::SlowFields;
 use gpudiag_telemetry::poll_deadline::PollDeadline;
 use gpudiag_telemetry::replay::{Pace, ReplayBackend, ReplayOptions};
-use gpudiag_telemetry::sampler::{self, Sampler, SamplerMsg, SamplerOptions};
+use gpudiag_telemetry::sampler::{self, Sampler, SamplerControl, SamplerMsg, SamplerOptions};
 use gpudiag_telemetry::{Backend, BackendError, Pacing, Tick, fault};
 
 use crate::config::{Config, RulesConfig};
@@ -74,11 +74,15 @@ impl Source {
 pub struct DeviceFilter(pub BTreeSet<u32>);
 
 impl DeviceFilter {
-    /// Keeps only the selected devices' samples and events (host-wide events stay).
+    /// Keeps only the selected devices' samples, events (host-wide events stay) and RAS answers
+    /// (those asked for a job on them).
     pub fn apply(&self, mut tick: Tick) -> Tick {
         tick.samples.retain(|s| self.0.contains(&s.device));
         tick.events
             .retain(|e| e.device.is_none_or(|d| self.0.contains(&d)));
+        tick.ras.retain(|a| {
+            a.for_devices.is_empty() || a.for_devices.iter().any(|d| self.0.contains(d))
+        });
         tick
     }
 }
@@ -721,10 +725,18 @@ pub fn run_to_end(
                 if reset {
                     pipeline.rewind();
                 }
+                let mut latest = None;
                 for t in ticks {
+                    latest = latest.max(t.time_ms());
                     if let Err(e) = pipeline.push_into(filter.apply(t), sink) {
                         sampler.stop();
                         return Err(e);
+                    }
+                }
+                // NCCL RAS for the jobs that want it; a replay ignores the request.
+                if let Some(now) = latest {
+                    for q in pipeline.engine.ras_queries(now) {
+                        sampler.send(SamplerControl::Ras(q));
                     }
                 }
             }

@@ -127,6 +127,7 @@ impl Scenario {
             self.ticks.push(Tick {
                 samples: vec![s],
                 events: Vec::new(),
+                ras: Vec::new(),
             });
             self.now_ms += self.interval_ms;
         }
@@ -141,6 +142,7 @@ impl Scenario {
                 device: Some(0),
                 kind: EventKind::Xid { xid },
             }],
+            ras: Vec::new(),
         });
         self
     }

@@ -1072,6 +1072,7 @@ mod tests {
                 } else {
                     Vec::new()
                 },
+                ras: Vec::new(),
             });
         }
         b.push_finding(&finding());
@@ -1128,6 +1129,7 @@ mod tests {
             doubts: vec!["RANK 1 is read on 2 GPUs".into()],
             stall: None,
             peers: Vec::new(),
+            ras: None,
             evidence: serde_json::Map::new(),
         };
         let several = job(JobPattern::Straggler, vec![straggler(2), straggler(6)]);
@@ -1319,10 +1321,12 @@ mod tests {
         b.push_tick(&Tick {
             samples: vec![sample(0, 0, 50.0, Some(0x4)), sample(1, 0, 30.0, Some(0x4))],
             events: Vec::new(),
+            ras: Vec::new(),
         });
         b.push_tick(&Tick {
             samples: vec![sample(0, 100, 60.0, None), sample(1, 100, 40.0, Some(0x4))],
             events: Vec::new(),
+            ras: Vec::new(),
         });
         // The loss, as NVML reports it: the device_lost event and samples of `gpu_lost`.
         for at in [200, 300, 400] {
@@ -1339,6 +1343,7 @@ mod tests {
                 } else {
                     Vec::new()
                 },
+                ras: Vec::new(),
             });
         }
         let trace = b.finish();

@@ -142,6 +142,10 @@ pub struct Launch {
     /// names a job only inside one namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_namespace: Option<NetNamespace>,
+    /// `NCCL_RAS_ADDR`: where its NCCL's RAS service listens, when not the default
+    /// `localhost:28028` (redactable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl_ras_addr: Option<String>,
     /// Whose worker its command line says it is (`/proc/<pid>/cmdline`, readable by anyone;
     /// `nobody` when read and naming no launcher): what ties children of one parent into a job
     /// when no launcher variable does. Only this verdict is recorded, never the command line (it may carry paths and

@@ -281,6 +281,10 @@ pub struct JobVerdict {
     /// otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stall: Option<Stall>,
+    /// What NCCL's RAS service said about the job (counts per rank, progress between two
+    /// answers, the ranks behind), or why it could not tell. Left out where not asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ras: Option<crate::ras::RasEvidence>,
     /// The figures compared and the thresholds they were compared with.
     pub evidence: serde_json::Map<String, serde_json::Value>,
 }

@@ -21,6 +21,7 @@ pub mod job;
 pub mod metric_table;
 pub mod printable;
 pub mod prometheus_names;
+pub mod ras;
 pub mod sample;
 pub mod schema;
 pub mod stats;

@@ -337,6 +337,10 @@ impl Backend for FaultBackend {
         self.inner.playback()
     }
 
+    fn request_ras(&mut self, query: crate::ras::RasQuery) {
+        self.inner.request_ras(query);
+    }
+
     fn source_warnings(&self) -> Vec<String> {
         self.inner.source_warnings()
     }

@@ -18,6 +18,7 @@ pub mod live;
 pub mod nvml;
 pub mod poll_deadline;
 pub mod procfs;
+pub mod ras;
 pub mod recording;
 pub mod recording_error;
 pub mod replay;
@@ -35,6 +36,9 @@ use gpudiag_model::sample::{DeviceInfo, Event, HostInfo, Sample, TimeMs};
 pub struct Tick {
     pub samples: Vec<Sample>,
     pub events: Vec<Event>,
+    /// NCCL RAS answers that came since the last tick (see [`Backend::request_ras`]), or that
+    /// a recording carries at this time.
+    pub ras: Vec<gpudiag_model::ras::RasAnswer>,
 }
 
 impl Tick {
@@ -109,6 +113,10 @@ pub trait Backend: Send {
     fn playback(&mut self) -> Option<&mut dyn Playback> {
         None
     }
+    /// Live backends: asks NCCL's RAS service once, off the polling thread; the answer comes
+    /// with a later tick (`Tick::ras`). A query already running makes this one a no-op. Others
+    /// ignore it: a recording carries its answers.
+    fn request_ras(&mut self, _query: ras::RasQuery) {}
 }
 
 /// How fast a replay plays.

@@ -136,6 +136,8 @@ fn none_found(nvidia: BackendError, amd: &BackendError) -> BackendError {
 /// Several live backends as one: devices are numbered in order, the first backend's from 0, the
 /// next's after them, so indices stay distinct and `--device` selects across vendors.
 pub struct CompositeBackend {
+    /// NCCL RAS queries: a host's, whichever vendors' GPUs the job uses.
+    ras: crate::ras::Asker,
     parts: Vec<Part>,
     name: &'static str,
     host: HostInfo,
@@ -194,6 +196,7 @@ impl CompositeBackend {
             })
             .collect();
         CompositeBackend {
+            ras: crate::ras::Asker::default(),
             parts,
             name,
             host,
@@ -225,6 +228,10 @@ fn merge_host(host: &mut HostInfo, other: &HostInfo) {
 }
 
 impl Backend for CompositeBackend {
+    fn request_ras(&mut self, query: crate::ras::RasQuery) {
+        self.ras.request(query);
+    }
+
     fn name(&self) -> &'static str {
         self.name
     }
@@ -256,6 +263,7 @@ impl Backend for CompositeBackend {
                 tick.events.push(e);
             }
         }
+        tick.ras = self.ras.ready();
         Ok(tick)
     }
 
@@ -351,6 +359,7 @@ mod tests {
                         message: self.name.into(),
                     },
                 }],
+                ras: Vec::new(),
             })
         }
     }

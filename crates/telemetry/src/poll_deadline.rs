@@ -35,6 +35,8 @@ enum Request {
     Poll,
     WaitSlow(Duration, Sender<()>),
     SetSlow(Duration),
+    /// Asks NCCL's RAS service (the source runs it on a thread of its own).
+    Ras(crate::ras::RasQuery),
     /// Reads the topology; answered on the channel.
     Topology(mpsc::Sender<Option<gpudiag_model::topology::Topology>>),
     /// Runs on the source's playback; the closure answers on a channel of its own.
@@ -153,7 +155,11 @@ impl PollDeadline {
         } else {
             Vec::new()
         };
-        Tick { samples, events }
+        Tick {
+            samples,
+            events,
+            ras: Vec::new(),
+        }
     }
 
     /// Marks listed devices that the poll left out. An empty tick from a replay means "nothing
@@ -198,6 +204,7 @@ fn serve(
                 let _ = done.send(());
             }
             Request::SetSlow(t) => inner.set_slow_interval(t),
+            Request::Ras(q) => inner.request_ras(q),
             Request::Topology(reply) => {
                 let _ = reply.send(inner.topology());
             }
@@ -291,6 +298,12 @@ impl Backend for PollDeadline {
     fn set_slow_interval(&mut self, interval: Duration) {
         if let Some(tx) = &self.tx {
             let _ = tx.send(Request::SetSlow(interval));
+        }
+    }
+
+    fn request_ras(&mut self, query: crate::ras::RasQuery) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Request::Ras(query));
         }
     }
 
@@ -445,6 +458,7 @@ mod tests {
             Ok(Tick {
                 samples,
                 events: vec![],
+                ras: Vec::new(),
             })
         }
         fn topology(&self) -> Option<gpudiag_model::topology::Topology> {

@@ -52,12 +52,19 @@ enum RecordSource {
 }
 
 /// Plays a recording as a self-paced backend.
+/// RAS answers carried between two ticks at most: a live run asks every 15 s at the most, so
+/// more is a hostile file.
+const MAX_PENDING_RAS: usize = 16;
+
 pub struct ReplayBackend {
     header: Header,
     records: RecordSource,
     grouper: Grouper<Sample, Event>,
     /// The tick the next poll delivers, read ahead.
     peeked: Option<Built>,
+    /// NCCL RAS answers read since the last tick delivered, at most [`MAX_PENDING_RAS`]; they
+    /// come with the next one (each keeps its own time).
+    pending_ras: Vec<gpudiag_model::ras::RasAnswer>,
     /// The records have run out for the grouper.
     drained: bool,
     /// First and last tick in file order, and how many: of the whole recording where a first
@@ -161,6 +168,7 @@ impl ReplayBackend {
             records,
             grouper: Grouper::new(0, None),
             peeked: None,
+            pending_ras: Vec::new(),
             drained: false,
             start_ms: None,
             end_ms: None,
@@ -217,6 +225,7 @@ impl ReplayBackend {
                 Outline::Sample(t) => grouper.sample(t, at),
                 Outline::Event(t) => grouper.event(t, at),
                 Outline::Finding(f) => self.findings.add(*f, len),
+                Outline::Ras => {}
             }
             while let Some(g) = grouper.pop() {
                 take(g, self);
@@ -250,6 +259,7 @@ impl ReplayBackend {
                     Record::Sample(s) => Outline::Sample(s.time_ms),
                     Record::Event(e) => Outline::Event(e.time_ms),
                     Record::Finding(f) => Outline::Finding(Box::new(f.clone())),
+                    Record::Ras(_) => Outline::Ras,
                 };
                 Ok(Some((outline, at, 0)))
             }
@@ -311,6 +321,7 @@ impl ReplayBackend {
         }
         self.grouper = Grouper::new(ordinal, max_before);
         self.peeked = None;
+        self.pending_ras.clear();
         self.drained = false;
         self.consumed_max = max_before;
         self.next_ordinal = ordinal;
@@ -342,6 +353,11 @@ impl ReplayBackend {
                 Some((Record::Finding(f), _, len)) => {
                     if self.learning {
                         self.findings.add(f, len);
+                    }
+                }
+                Some((Record::Ras(answer), _, _)) => {
+                    if self.pending_ras.len() < MAX_PENDING_RAS {
+                        self.pending_ras.push(answer);
                     }
                 }
             }
@@ -545,6 +561,7 @@ impl Backend for ReplayBackend {
         Ok(Tick {
             samples: tick.samples,
             events: tick.events,
+            ras: std::mem::take(&mut self.pending_ras),
         })
     }
 }

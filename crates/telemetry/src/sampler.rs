@@ -57,7 +57,7 @@ pub enum SamplerMsg {
 }
 
 /// What a listener may ask of the sampler.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum SamplerControl {
     /// Stop polling (true) or go on (false).
     Pause(bool),
@@ -67,6 +67,9 @@ pub enum SamplerControl {
     Seek(i64),
     /// End the loop; an `Ended` follows unless one came already.
     Stop,
+    /// Ask NCCL's RAS service (a live source, on a thread of its own); the answer comes with a
+    /// later tick. A replay ignores it: its answers are recorded.
+    Ras(crate::ras::RasQuery),
 }
 
 /// How the sampler polls.
@@ -446,6 +449,7 @@ impl<'a> Loop<'a> {
                 }
             }
             SamplerControl::Seek(delta_ms) => return self.seek(delta_ms),
+            SamplerControl::Ras(query) => self.backend.request_ras(query),
         }
         Flow::Go
     }
@@ -545,6 +549,7 @@ mod tests {
             Ok(Tick {
                 samples: vec![Sample::new(0, n)],
                 events: Vec::new(),
+                ras: Vec::new(),
             })
         }
     }
@@ -784,6 +789,7 @@ mod tests {
             Ok(Tick {
                 samples: vec![Sample::new(0, gpudiag_model::sample::now_ms() + n)],
                 events: Vec::new(),
+                ras: Vec::new(),
             })
         }
     }

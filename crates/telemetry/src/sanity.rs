@@ -201,6 +201,7 @@ mod tests {
         Tick {
             samples: vec![s],
             events: vec![],
+            ras: Vec::new(),
         }
     }
 
@@ -285,6 +286,7 @@ mod tests {
         let mut t = Tick {
             samples: vec![a, b],
             events: vec![],
+            ras: Vec::new(),
         };
         assert_eq!(san.apply(&mut t), 0);
     }

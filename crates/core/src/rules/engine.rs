@@ -20,6 +20,10 @@ use crate::history::History;
 use gpudiag_model::cuda_libraries::LibraryInfo;
 use gpudiag_model::finding::{Finding, FindingState};
 use gpudiag_model::job::{JobId, JobVerdict};
+use gpudiag_model::ras::{RasAnswer, RasFailure};
+use gpudiag_telemetry::ras::RasQuery;
+
+use crate::rules::ras_log::RasLog;
 use gpudiag_model::sample::{DeviceInfo, Event, HostInfo, Sample, TimeMs};
 use gpudiag_model::verdict::NotJudged;
 use gpudiag_model::verdict::Verdict;
@@ -42,6 +46,8 @@ pub struct RuleEngine {
     process_launch: ProcessLaunch,
     /// The latest verdict per job of two or more GPUs over the rolling window.
     jobs: Vec<JobVerdict>,
+    /// NCCL RAS answers of this host, recent ones, and when each job was asked.
+    ras: RasLog,
     /// The GPU processes of the command `gpudiag run` started: one job.
     command: std::collections::BTreeSet<u32>,
     /// What the latest evaluation could not judge: the verdict's devices, then the rules'.
@@ -80,6 +86,7 @@ impl RuleEngine {
             verdicts: BTreeMap::new(),
             process_launch: ProcessLaunch::default(),
             jobs: Vec::new(),
+            ras: RasLog::default(),
             command: Default::default(),
             not_judged: Vec::new(),
             track_current_phase: false,
@@ -110,6 +117,9 @@ impl RuleEngine {
             let host = self.host.as_ref().and_then(|h| h.hostname.as_deref());
             self.process_launch.observe(s, host);
             self.latest.insert(s.device, s.clone());
+        }
+        for a in &tick.ras {
+            self.ras.push(a.clone());
         }
         let now = tick
             .samples
@@ -416,8 +426,56 @@ impl RuleEngine {
             libraries: self.libraries.as_deref(),
             process_memory: Some(&self.process_memory),
             process_cpu: Some(&self.process_cpu),
+            ras: Some(&self.ras),
             not_judged: Default::default(),
         }
+    }
+
+    /// NCCL RAS answers of this host, recent ones.
+    pub fn ras_log(&self) -> &RasLog {
+        &self.ras
+    }
+
+    /// The RAS queries due at `now_ms` for the jobs of the latest evaluation (see
+    /// [`RasLog::due`]), each noted as asked. A job whose processes run in a network namespace
+    /// of their own cannot be reached from the host: its answer is that reason, logged at once.
+    pub fn ras_queries(&mut self, now_ms: TimeMs) -> Vec<RasQuery> {
+        let mut queries = Vec::new();
+        for v in &self.jobs {
+            if !self.ras.due(v, now_ms) {
+                continue;
+            }
+            let devices: Vec<u32> = v.devices().collect();
+            self.ras.asked(&devices, now_ms);
+            let launches: Vec<&gpudiag_model::job::Launch> = v
+                .members
+                .iter()
+                .filter_map(|m| self.process_launch.seen.get(&(m.device, m.pid)))
+                .filter_map(|p| p.launch.as_ref())
+                .collect();
+            let address = gpudiag_telemetry::ras::address_for(
+                launches.iter().find_map(|l| l.nccl_ras_addr.as_deref()),
+            );
+            let own_namespace = launches.iter().any(|l| {
+                matches!(
+                    l.net_namespace,
+                    Some(gpudiag_model::job::NetNamespace::Own(_))
+                )
+            });
+            if own_namespace {
+                self.ras.push(RasAnswer::failed(
+                    now_ms,
+                    &address,
+                    devices,
+                    RasFailure::OwnNetNamespace,
+                    "the job runs in a network namespace of its own: its RAS port is not the \
+                     host's (run gpudiag inside its pod to ask)",
+                ));
+                continue;
+            }
+            queries.push(RasQuery::new(address, devices));
+        }
+        queries
     }
 
     /// What is wrong now: the latest windowed findings plus every event and environment finding,

@@ -414,6 +414,7 @@ mod tests {
             libraries: None,
             process_memory: None,
             process_cpu: None,
+            ras: None,
             not_judged: Default::default(),
         };
         let mut f = evaluate(&input);

@@ -212,6 +212,7 @@ mod tests {
             libraries: None,
             process_memory: None,
             process_cpu: None,
+            ras: None,
             not_judged: Default::default(),
         })
     }

@@ -19,6 +19,7 @@ pub mod pcie;
 pub mod peers;
 pub mod power;
 pub mod process_state;
+pub mod ras_log;
 pub mod thermal;
 pub mod throttle;
 pub mod utilisation;
@@ -55,6 +56,8 @@ pub struct RuleInput<'a> {
     pub process_memory: Option<&'a ProcessMemory>,
     /// Per-process CPU time for the verdict's host-side evidence; `None` when nobody kept it.
     pub process_cpu: Option<&'a ProcessCpu>,
+    /// NCCL RAS answers of this host (see `ras_log::ras_evidence`); `None` when nobody kept them.
+    pub ras: Option<&'a ras_log::RasLog>,
     /// Where rules say what they could not judge: the engine reads it after an evaluation.
     pub not_judged: NotJudgedLog,
 }

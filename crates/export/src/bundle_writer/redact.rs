@@ -141,6 +141,33 @@ impl Redactor {
         }
     }
 
+    /// A node's address, `host`, `host:port` or `[v6]:port` (NCCL RAS): its host, unless
+    /// loopback or unspecified, which name no machine.
+    pub fn learn_address(&mut self, addr: &str) {
+        let addr = addr.trim();
+        let host = if let Some(rest) = addr.strip_prefix('[') {
+            rest.split(']').next().unwrap_or(rest)
+        } else if addr.matches(':').count() == 1 {
+            addr.split(':').next().unwrap_or(addr)
+        } else {
+            addr
+        };
+        if matches!(
+            host,
+            "" | "localhost" | "127.0.0.1" | "::1" | "0.0.0.0" | "::" | "unknown"
+        ) {
+            return;
+        }
+        // An IP address has no short name: "192" of 192.168.1.5 would hit every 192.
+        if host.parse::<std::net::IpAddr>().is_ok() {
+            if self.enabled {
+                self.add(Class::Host, host);
+            }
+        } else {
+            self.learn_host(host);
+        }
+    }
+
     pub fn learn_user(&mut self, user: &str) {
         let user = user.trim();
         if self.enabled && !user.is_empty() {
@@ -266,6 +293,28 @@ impl Redactor {
                         {
                             self.learn_host(addr);
                         }
+                        if let Some(Value::String(addr)) =
+                            p.get("launch").and_then(|l| l.get("nccl_ras_addr"))
+                        {
+                            self.learn_address(addr);
+                        }
+                    }
+                }
+                // An NCCL RAS answer names the address asked and every rank's node.
+                if let Some(Value::Array(communicators)) = m.get("communicators") {
+                    if let Some(Value::String(addr)) = m.get("address") {
+                        self.learn_address(addr);
+                    }
+                    for rank in communicators
+                        .iter()
+                        .flat_map(|c| ["ranks", "missing_ranks"].map(|k| c.get(k)))
+                        .flatten()
+                        .filter_map(Value::as_array)
+                        .flatten()
+                    {
+                        if let Some(Value::String(node)) = rank.get("node") {
+                            self.learn_address(node);
+                        }
                     }
                 }
                 if let Some(Value::Array(pods)) = m.get("gpu_pods") {
@@ -386,6 +435,13 @@ impl Redactor {
             },
             Value::Array(a) => a.iter_mut().for_each(|x| self.redact_value(x)),
             Value::Object(m) => {
+                // A RAS report that could not be read may quote node addresses never learned.
+                if m.contains_key("communicators")
+                    && let Some(excerpt) = m.get_mut("excerpt")
+                    && excerpt.is_string()
+                {
+                    *excerpt = Value::String("[excerpt removed]".into());
+                }
                 m.values_mut().for_each(|x| self.redact_value(x));
                 if m.keys().any(|k| !credentials::find(k).is_empty()) {
                     *m = std::mem::take(m)
@@ -530,6 +586,32 @@ mod tests {
         assert_eq!(launch["master_addr"], "host-1");
         assert_eq!(launch["exe"], "/home/user-1/venv/bin/python3");
         assert_eq!(doc["home"], "/home/user-2/.cache");
+    }
+
+    #[test]
+    fn nccl_ras_answers_lose_their_nodes_and_excerpts() {
+        let mut doc = json!({"kind": "nccl_ras", "address": "10.1.2.3:28028",
+            "excerpt": "Rank 3 -- GPU 3 managed by process 4553 on node 10.9.9.9",
+            "errors": ["process 4553 (GPU 3) is considered dead"],
+            "communicators": [{"hash": "0x1",
+                "ranks": [{"rank": 0, "node": "10.1.2.3"}, {"rank": 1, "node": "127.0.0.1"}],
+                "missing_ranks": [{"rank": 3, "node": "fe80::1"}]}],
+            "processes": [{"pid": 1, "launch": {"nccl_ras_addr": "[fd00::7]:28028"}}]});
+        let mut r = Redactor::new(true);
+        r.learn_value(&doc);
+        r.redact_value(&mut doc);
+        let text = doc.to_string();
+        for secret in ["10.1.2.3", "10.9.9.9", "fe80::1", "fd00::7"] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        let address = doc["address"].as_str().unwrap_or_default();
+        assert!(
+            address.starts_with("host-") && address.ends_with(":28028"),
+            "{address}"
+        );
+        assert_eq!(doc["communicators"][0]["ranks"][1]["node"], "127.0.0.1");
+        assert_eq!(doc["excerpt"], "[excerpt removed]");
+        assert_eq!(doc["errors"][0], "process 4553 (GPU 3) is considered dead");
     }
 
     /// Names are personal data inside run ids, pod and job names, master addresses and job

@@ -429,6 +429,7 @@ mod tests {
             doubts: Vec::new(),
             stall: None,
             peers: Vec::new(),
+            ras: None,
             evidence: serde_json::Map::new(),
         }
     }

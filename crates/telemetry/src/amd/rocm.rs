@@ -571,6 +571,7 @@ impl Backend for RocmBackend {
         Ok(Tick {
             samples,
             events: Vec::new(),
+            ras: Vec::new(),
         })
     }
 

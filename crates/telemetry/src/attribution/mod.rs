@@ -172,6 +172,8 @@ pub struct Environ {
     pub rank: Option<u32>,
     pub local_rank: Option<u32>,
     pub world_size: Option<u32>,
+    /// `NCCL_RAS_ADDR`: where NCCL's RAS service listens, when set.
+    pub nccl_ras_addr: Option<String>,
 }
 
 /// A process's parent, executable, launcher variables, network namespace and whose worker its
@@ -226,6 +228,7 @@ pub fn launch_of(
             launch.rank = env.rank;
             launch.local_rank = env.local_rank;
             launch.world_size = env.world_size;
+            launch.nccl_ras_addr = env.nccl_ras_addr.clone();
         }
         Err(why) => {
             launch.absent.insert("environ".into(), why.clone());
@@ -360,6 +363,7 @@ pub fn parse_environ(bytes: &[u8]) -> Environ {
             "TORCHELASTIC_RUN_ID" => env.run_id = value,
             "MASTER_ADDR" => env.master_addr = value,
             "MASTER_PORT" => env.master_port = value,
+            "NCCL_RAS_ADDR" => env.nccl_ras_addr = value,
             "RANK" => env.rank = number,
             "SLURM_PROCID" => launcher.slurm_procid = number,
             "OMPI_COMM_WORLD_RANK" => launcher.ompi_rank = number,

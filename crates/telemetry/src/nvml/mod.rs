@@ -72,6 +72,8 @@ const NVML_DEVICE_MIG_ENABLE: u32 = 1;
 
 /// Live telemetry from every GPU NVML sees.
 pub struct NvmlBackend {
+    /// NCCL RAS queries, off the polling thread.
+    ras: crate::ras::Asker,
     nvml: Arc<Nvml>,
     host: HostInfo,
     devices: Vec<DeviceInfo>,
@@ -235,6 +237,7 @@ impl NvmlBackend {
             .collect();
         let handles = vec![None; opened.devices.len()];
         Ok(NvmlBackend {
+            ras: crate::ras::Asker::default(),
             gpm,
             handles,
             nvml,
@@ -319,6 +322,10 @@ impl Drop for NvmlBackend {
 }
 
 impl Backend for NvmlBackend {
+    fn request_ras(&mut self, query: crate::ras::RasQuery) {
+        self.ras.request(query);
+    }
+
     fn name(&self) -> &'static str {
         "nvml"
     }
@@ -402,6 +409,7 @@ impl Backend for NvmlBackend {
             }
             tick.samples.push(sample);
         }
+        tick.ras = self.ras.ready();
         Ok(tick)
     }
 

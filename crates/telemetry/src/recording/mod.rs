@@ -1,7 +1,8 @@
 //! The recording format: newline-delimited JSON, plain or gzip.
 //!
 //! Line 1 is a [`Header`] (`"format":"gpudiag-recording"`, a version, host and static device
-//! info); every further line is one JSON object whose `kind` says what it is: `sample`, `event`
+//! info); every further line is one JSON object whose `kind` says what it is: `sample`, `event`,
+//! `nccl_ras`
 //! or `finding`, the record's fields flattened beside `kind`. Readers skip kinds they do not know
 //! (and count them), so an old gpudiag can read a newer writer's file.
 //!
@@ -167,6 +168,9 @@ pub enum Record {
     Sample(Sample),
     Event(Event),
     Finding(Finding),
+    /// An answer of NCCL's RAS service (progress evidence of a job).
+    #[serde(rename = "nccl_ras")]
+    Ras(gpudiag_model::ras::RasAnswer),
 }
 
 impl Record {
@@ -176,6 +180,7 @@ impl Record {
             Record::Sample(_) => "sample",
             Record::Event(_) => "event",
             Record::Finding(_) => "finding",
+            Record::Ras(_) => "nccl_ras",
         }
     }
 
@@ -184,6 +189,7 @@ impl Record {
             Record::Sample(s) => s.time_ms,
             Record::Event(e) => e.time_ms,
             Record::Finding(f) => f.time_ms,
+            Record::Ras(r) => r.time_ms,
         }
     }
 }

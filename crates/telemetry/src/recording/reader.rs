@@ -197,6 +197,8 @@ pub(crate) enum Outline {
     Sample(TimeMs),
     Event(TimeMs),
     Finding(Box<Finding>),
+    /// An NCCL RAS answer: no part of a tick's outline.
+    Ras,
 }
 
 /// The input after gzip detection; `BufRead` so lines can be read with a bound.
@@ -498,6 +500,7 @@ impl RecordingReader {
                 Ok(Some(Record::Sample(s))) => Outline::Sample(s.time_ms),
                 Ok(Some(Record::Event(e))) => Outline::Event(e.time_ms),
                 Ok(Some(Record::Finding(f))) => Outline::Finding(Box::new(f)),
+                Ok(Some(Record::Ras(_))) => Outline::Ras,
                 Ok(None) => {
                     self.owe()?;
                     continue;
@@ -839,6 +842,9 @@ impl RecordingReader {
         let record = match kind.as_ref() {
             "sample" => serde_json::from_str::<Sample>(text).map(|s| Some(Record::Sample(s))),
             "finding" => serde_json::from_str::<Finding>(text).map(|f| Some(Record::Finding(f))),
+            // A file is anyone's: held to the bounds a live answer has.
+            "nccl_ras" => serde_json::from_str::<gpudiag_model::ras::RasAnswer>(text)
+                .map(|r| Some(Record::Ras(r.bounded()))),
             "event" => match serde_json::from_str::<Event>(text) {
                 Ok(e) => Ok(Some(Record::Event(e))),
                 Err(e) => {
@@ -1474,6 +1480,7 @@ mod tests {
                 Outline::Sample(t) => format!("sample {t}"),
                 Outline::Event(t) => format!("event {t}"),
                 Outline::Finding(f) => format!("finding {}", f.id),
+                Outline::Ras => "nccl_ras".to_owned(),
             });
         }
         assert_eq!(

@@ -130,7 +130,8 @@ impl RecordingWriter {
         self.push(n)
     }
 
-    /// Writes a tick: its events first, then its samples, which is the order replay groups by.
+    /// Writes a tick: its events first, then its samples, which is the order replay groups by,
+    /// then its NCCL RAS answers (replay hands them on with the tick after).
     pub fn write_tick(&mut self, tick: &Tick) -> Result<(), RecordingError> {
         let records: Vec<Record> = tick
             .events
@@ -138,6 +139,7 @@ impl RecordingWriter {
             .cloned()
             .map(Record::Event)
             .chain(tick.samples.iter().cloned().map(Record::Sample))
+            .chain(tick.ras.iter().cloned().map(Record::Ras))
             .collect();
         self.write_batch(&records)
     }
@@ -239,6 +241,7 @@ mod tests {
                     message: "hi".into(),
                 },
             }],
+            ras: Vec::new(),
         };
         w.write_tick(&tick).unwrap();
         w.finish().unwrap();

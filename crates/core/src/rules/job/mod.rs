@@ -121,6 +121,7 @@ fn judge_job(
         .and_then(|s| s.peers_wait_share)
         .is_some_and(|w| w >= config.waiting_min_share)
         && !presumed;
+    let ras = ras_of(input, members, end);
     let members = members
         .iter()
         .map(|m| JobMember {
@@ -158,6 +159,7 @@ fn judge_job(
         doubts,
         peers: comparison.gpus.iter().map(|g| g.figures.clone()).collect(),
         stall: None,
+        ras,
         evidence: comparison.evidence,
     })
 }
@@ -358,6 +360,16 @@ fn stalled_verdict(
             doubts.join("; ")
         ));
     }
+    // NCCL's own view, where it answered for this job: its counts back the verdict, and counts
+    // that moved between two answers contradict it.
+    let ras = ras_of(input, &all, end);
+    if let Some(r) = ras.as_ref().filter(|r| r.not_judged.is_none()) {
+        if r.progress.as_ref().is_some_and(|p| p.moving) {
+            confidence = Confidence::Low;
+            title.push_str("; but NCCL's RAS saw the job's collectives move between two answers");
+        }
+        title.push_str(&format!("; {}", r.summary));
+    }
     JobVerdict {
         job: job.clone(),
         presumed,
@@ -379,8 +391,20 @@ fn stalled_verdict(
             })
             .collect(),
         stall: Some(found.stall),
+        ras,
         evidence: found.evidence,
     }
+}
+
+/// What NCCL's RAS said about the job, where it was asked: a job never asked carries nothing
+/// (most jobs, most of the time: it is asked while the job looks stuck, and slowly otherwise).
+fn ras_of(
+    input: &RuleInput<'_>,
+    members: &[JobMember],
+    end: TimeMs,
+) -> Option<gpudiag_model::ras::RasEvidence> {
+    let evidence = super::ras_log::ras_evidence(input.ras?, members, end);
+    (evidence.not_judged != Some(gpudiag_model::ras::RasNotJudged::NotAsked)).then_some(evidence)
 }
 
 /// The findings the job verdicts raise, so `check --fail-on`, the findings views and `serve`'s
