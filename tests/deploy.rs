@@ -336,22 +336,56 @@ fn prolog_does_not_drain_on_a_broken_install_or_a_job_without_gpus() {
     let ran = node.run("prolog", &[]);
     assert_eq!(ran.code, 0, "{}", ran.stderr);
     assert!(ran.gpudiag_args.is_empty());
-    // Bad settings stop with a message and exit 2 before anything runs.
-    for (var, value, says) in [
+    // A typo'd setting falls back to its documented default, said in the log: the check runs
+    // as it would without the setting, and nothing is drained for it.
+    for (var, value, runs) in [
         (
             "GPUDIAG_ON_NOT_JUDGED",
             "maybe",
-            "GPUDIAG_ON_NOT_JUDGED must be",
+            "check --json --probes quick --fail-on fail --device 0",
         ),
-        ("GPUDIAG_PROBES", "long", "GPUDIAG_PROBES must be"),
-        ("GPUDIAG_GPU_IDS", "pci", "GPUDIAG_GPU_IDS must be"),
-        ("SLURM_JOB_GPUS", "1;rm", "is neither a number nor a UUID"),
+        (
+            "GPUDIAG_ON_TOOL_ERROR",
+            "Drain",
+            "check --json --probes quick --fail-on fail --device 0",
+        ),
+        (
+            "GPUDIAG_PROBES",
+            "long",
+            "check --json --probes quick --fail-on fail --device 0",
+        ),
+        (
+            "GPUDIAG_GPU_IDS",
+            "pci",
+            "check --json --probes quick --fail-on fail --device 0",
+        ),
     ] {
-        let ran = node.run("prolog", &[("SLURM_JOB_GPUS", "0"), (var, value)]);
-        assert_eq!(ran.code, 2, "{var}={value}: {}", ran.stderr);
-        assert!(ran.stderr.contains(says), "{var}={value}: {}", ran.stderr);
-        assert!(ran.gpudiag_args.is_empty(), "{var}={value} ran gpudiag");
+        let _ = std::fs::remove_file(node.path("gpudiag.args"));
+        let ran = node.run(
+            "prolog",
+            &[("SLURM_JOB_GPUS", "0"), ("FAKE_RC", "2"), (var, value)],
+        );
+        assert_eq!(ran.code, 0, "{var}={value}: {}", ran.stderr);
+        assert_eq!(ran.scontrol_args, None, "{var}={value}: {}", ran.stderr);
+        assert!(
+            ran.stderr
+                .contains(&format!("configuration: {var}='{value}' is not one of")),
+            "{var}={value}: {}",
+            ran.stderr
+        );
+        assert_eq!(ran.gpudiag_args, [runs], "{var}={value}");
     }
+    // An id that is neither a number nor a UUID is not a typo with a default: exit 2 before
+    // anything runs.
+    let _ = std::fs::remove_file(node.path("gpudiag.args"));
+    let ran = node.run("prolog", &[("SLURM_JOB_GPUS", "1;rm")]);
+    assert_eq!(ran.code, 2, "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("is neither a number nor a UUID"),
+        "{}",
+        ran.stderr
+    );
+    assert!(ran.gpudiag_args.is_empty(), "1;rm ran gpudiag");
 }
 
 /// A gpudiag that sleeps forever ignoring SIGTERM (inherited by its child), as one blocked in a

@@ -23,6 +23,19 @@ gpudiag_log() {
   fi
 }
 
+# Setting $1 must be one of $3...; a typo falls back to its documented default $2, said in the
+# log, rather than stopping the script: a failing prolog or epilog drains the node, and one
+# typo in a shared configuration would drain every node at its next job.
+gpudiag_choice() {
+  local name="$1" default="$2" allowed
+  shift 2
+  for allowed in "$@"; do
+    [ "${!name:-}" != "$allowed" ] || return 0
+  done
+  gpudiag_log "configuration: $name='${!name:-}' is not one of: $*; using $default"
+  printf -v "$name" '%s' "$default"
+}
+
 gpudiag_die_config() {
   gpudiag_log "configuration error: $*"
   exit 2
@@ -76,10 +89,6 @@ gpudiag_job_devices() {
   local ids="${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-}}" id uuid
   GPUDIAG_DEVICE_ARGS=()
   GPUDIAG_JOB_GPUS="$ids"
-  case "$GPUDIAG_GPU_IDS" in
-    minor | index) ;;
-    *) gpudiag_die_config "GPUDIAG_GPU_IDS must be 'minor' or 'index', not '$GPUDIAG_GPU_IDS'" ;;
-  esac
   [ -n "$ids" ] || return 1
   IFS=',' read -r -a _gpudiag_ids <<<"$ids"
   GPUDIAG_JOB_IDS=()
@@ -109,11 +118,13 @@ gpudiag_seconds() {
   local name="$1" default="$2"
   case "${!name:-}" in
     '' | *[!0-9]* | 0)
-      [ -z "${!name:-}" ] || gpudiag_log "$name='${!name}' is not a number of seconds: using $default"
+      [ -z "${!name:-}" ] \
+        || gpudiag_log "configuration: $name='${!name}' is not a number of seconds: using $default"
       printf -v "$name" '%s' "$default"
       ;;
   esac
 }
+gpudiag_choice GPUDIAG_GPU_IDS minor minor index
 gpudiag_seconds GPUDIAG_TIMEOUT 300
 gpudiag_seconds GPUDIAG_KILL_GRACE 10
 
