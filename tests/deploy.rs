@@ -10,7 +10,7 @@
 //! purpose (`--run-ignored only`, as CI does).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use serde_json::Value;
 
@@ -99,15 +99,42 @@ impl Node {
         self
     }
 
+    /// Replaces the fake `gpudiag` with a shell script of this body (after it records its
+    /// arguments).
+    fn gpudiag(&self, body: &str) -> &Node {
+        let path = self.path("bin/gpudiag");
+        std::fs::write(
+            &path,
+            format!("#!/bin/sh\necho \"$*\" >>\"$FAKE_DIR/gpudiag.args\"\n{body}"),
+        )
+        .unwrap();
+        self
+    }
+
     /// Runs assets/deploy/slurm/<script> with bash, as slurmd would, with `envs` on top of a
     /// job environment (job 42 on node07, no syslog, no /proc/driver/nvidia).
     fn run(&self, script: &str, envs: &[(&str, &str)]) -> Ran {
+        self.run_within(script, envs, std::time::Duration::from_secs(120))
+            .0
+    }
+
+    /// As `run`, failing the test if the script has not ended after `limit` (it is killed);
+    /// also says how long it took.
+    fn run_within(
+        &self,
+        script: &str,
+        envs: &[(&str, &str)],
+        limit: std::time::Duration,
+    ) -> (Ran, std::time::Duration) {
         let path = format!(
             "{}:{}",
             self.path("bin").display(),
             std::env::var("PATH").unwrap_or_default()
         );
-        let out: Output = Command::new("bash")
+        // Output to files, not pipes: a process the script leaves behind may hold them open.
+        let stderr_path = self.path(&format!("{script}.stderr"));
+        let started = std::time::Instant::now();
+        let mut child = Command::new("bash")
             .arg(at(&format!("assets/deploy/slurm/{script}")))
             .env_clear()
             .env("PATH", path)
@@ -121,19 +148,38 @@ impl Node {
             .env("GPUDIAG_STATE_DIR", self.path("state"))
             .env("GPUDIAG_SUMMARY_DIR", self.path("summaries"))
             .envs(envs.iter().copied())
-            .output()
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&stderr_path).unwrap())
+            .spawn()
             .unwrap();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "{script} still running after {limit:?}: {}",
+                    std::fs::read_to_string(&stderr_path).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let took = started.elapsed();
         let read = |name: &str| {
             std::fs::read_to_string(self.path(name))
                 .ok()
                 .map(|s| s.lines().map(str::to_owned).collect::<Vec<_>>())
         };
-        Ran {
-            code: out.status.code().unwrap_or(-1),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        let ran = Ran {
+            code: status.code().unwrap_or(-1),
+            stderr: std::fs::read_to_string(&stderr_path).unwrap_or_default(),
             gpudiag_args: read("gpudiag.args").unwrap_or_default(),
             scontrol_args: read("scontrol.args"),
-        }
+        };
+        (ran, took)
     }
 }
 
@@ -290,22 +336,228 @@ fn prolog_does_not_drain_on_a_broken_install_or_a_job_without_gpus() {
     let ran = node.run("prolog", &[]);
     assert_eq!(ran.code, 0, "{}", ran.stderr);
     assert!(ran.gpudiag_args.is_empty());
-    // Bad settings stop with a message and exit 2 before anything runs.
-    for (var, value, says) in [
+    // A typo'd setting falls back to its documented default, said in the log: the check runs
+    // as it would without the setting, and nothing is drained for it.
+    for (var, value, runs) in [
         (
             "GPUDIAG_ON_NOT_JUDGED",
             "maybe",
-            "GPUDIAG_ON_NOT_JUDGED must be",
+            "check --json --probes quick --fail-on fail --device 0",
         ),
-        ("GPUDIAG_PROBES", "long", "GPUDIAG_PROBES must be"),
-        ("GPUDIAG_GPU_IDS", "pci", "GPUDIAG_GPU_IDS must be"),
-        ("SLURM_JOB_GPUS", "1;rm", "is neither a number nor a UUID"),
+        (
+            "GPUDIAG_ON_TOOL_ERROR",
+            "Drain",
+            "check --json --probes quick --fail-on fail --device 0",
+        ),
+        (
+            "GPUDIAG_PROBES",
+            "long",
+            "check --json --probes quick --fail-on fail --device 0",
+        ),
+        (
+            "GPUDIAG_GPU_IDS",
+            "pci",
+            "check --json --probes quick --fail-on fail --device 0",
+        ),
     ] {
-        let ran = node.run("prolog", &[("SLURM_JOB_GPUS", "0"), (var, value)]);
-        assert_eq!(ran.code, 2, "{var}={value}: {}", ran.stderr);
-        assert!(ran.stderr.contains(says), "{var}={value}: {}", ran.stderr);
-        assert!(ran.gpudiag_args.is_empty(), "{var}={value} ran gpudiag");
+        let _ = std::fs::remove_file(node.path("gpudiag.args"));
+        let ran = node.run(
+            "prolog",
+            &[("SLURM_JOB_GPUS", "0"), ("FAKE_RC", "2"), (var, value)],
+        );
+        assert_eq!(ran.code, 0, "{var}={value}: {}", ran.stderr);
+        assert_eq!(ran.scontrol_args, None, "{var}={value}: {}", ran.stderr);
+        assert!(
+            ran.stderr
+                .contains(&format!("configuration: {var}='{value}' is not one of")),
+            "{var}={value}: {}",
+            ran.stderr
+        );
+        assert_eq!(ran.gpudiag_args, [runs], "{var}={value}");
     }
+    // An id that is neither a number nor a UUID is not a typo with a default: exit 2 before
+    // anything runs.
+    let _ = std::fs::remove_file(node.path("gpudiag.args"));
+    let ran = node.run("prolog", &[("SLURM_JOB_GPUS", "1;rm")]);
+    assert_eq!(ran.code, 2, "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("is neither a number nor a UUID"),
+        "{}",
+        ran.stderr
+    );
+    assert!(ran.gpudiag_args.is_empty(), "1;rm ran gpudiag");
+}
+
+/// A gpudiag that sleeps forever ignoring SIGTERM (inherited by its child), as one blocked in a
+/// call it does not abandon would.
+const IGNORES_SIGTERM: &str = "trap '' TERM\nsleep 1000\n";
+/// A gpudiag that sleeps forever but ends on SIGTERM.
+const NEVER_RETURNS: &str = "sleep 1000\n";
+/// A gpudiag stuck in a driver call: the (fake) /proc says it is in uninterruptible sleep, and
+/// it does not end on SIGTERM. (Only SIGKILL ends this one; a real one in state D outlives
+/// SIGKILL too, and the script leaves it behind.)
+const STUCK_IN_THE_DRIVER: &str = "mkdir -p \"$FAKE_DIR/proc/$$\"\n\
+    echo \"$$ (gpu diag) D 1 1 1\" >\"$FAKE_DIR/proc/$$/stat\"\n\
+    trap '' TERM\nsleep 1000\n";
+
+/// GPUDIAG_TIMEOUT=1, GPUDIAG_KILL_GRACE=1: the script must be done in 1 + 2 x 1 seconds and
+/// what its commands take; 20 s leaves room for a loaded machine.
+const SHORT_DEADLINE: [(&str, &str); 2] = [("GPUDIAG_TIMEOUT", "1"), ("GPUDIAG_KILL_GRACE", "1")];
+const DEADLINE_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+#[test]
+fn prolog_stops_a_gpudiag_past_its_deadline_and_only_logs_it() {
+    for (what, fake) in [
+        ("ignores SIGTERM", IGNORES_SIGTERM),
+        ("never returns", NEVER_RETURNS),
+    ] {
+        let node = Node::new();
+        node.gpudiag(fake);
+        let mut envs = vec![("SLURM_JOB_GPUS", "0")];
+        envs.extend(SHORT_DEADLINE);
+        let (ran, took) = node.run_within("prolog", &envs, DEADLINE_LIMIT);
+        // Killable means it was not stuck in the driver: gpudiag's fault, a tool error.
+        assert_eq!(ran.code, 0, "{what}: {}", ran.stderr);
+        assert_eq!(ran.scontrol_args, None, "{what}");
+        assert!(
+            ran.stderr.contains("timed_out") && ran.stderr.contains("did not finish in 1s"),
+            "{what}: {}",
+            ran.stderr
+        );
+        assert!(
+            took >= std::time::Duration::from_secs(1),
+            "{what}: stopped before its deadline ({took:?})"
+        );
+        let ran = node.run_within(
+            "prolog",
+            &[envs.as_slice(), &[("GPUDIAG_ON_TOOL_ERROR", "drain")]].concat(),
+            DEADLINE_LIMIT,
+        );
+        assert_eq!(
+            ran.0.scontrol_args,
+            Some(drain_args("gpudiag: no report (timed out after 1s)")),
+            "{what}: {}",
+            ran.0.stderr
+        );
+    }
+}
+
+#[test]
+fn prolog_drains_when_gpudiag_hangs_in_the_driver_and_does_not_wait_for_it() {
+    let node = Node::new();
+    node.gpudiag(STUCK_IN_THE_DRIVER);
+    let proc = node.path("proc");
+    let proc = proc.to_str().unwrap();
+    let mut envs = vec![("SLURM_JOB_GPUS", "0,1"), ("GPUDIAG_PROC", proc)];
+    envs.extend(SHORT_DEADLINE);
+    let (ran, _) = node.run_within("prolog", &envs, DEADLINE_LIMIT);
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    assert_eq!(
+        ran.scontrol_args,
+        Some(drain_args("gpudiag: hung in the driver past 1s (GPUs 0,1)")),
+        "{}",
+        ran.stderr
+    );
+    // A site may only log it.
+    std::fs::remove_file(node.path("scontrol.args")).unwrap();
+    envs.push(("GPUDIAG_ON_HUNG", "log"));
+    let (ran, _) = node.run_within("prolog", &envs, DEADLINE_LIMIT);
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert_eq!(ran.scontrol_args, None);
+    assert!(ran.stderr.contains("hung"), "{}", ran.stderr);
+    // The epilog says so in the summary, and does not drain either.
+    let (ran, _) = node.run_within("epilog", &envs, DEADLINE_LIMIT);
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert_eq!(ran.scontrol_args, None);
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(node.path("summaries/job-42.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["check"], Value::Null);
+    assert_eq!(
+        summary["check_error"],
+        "gpudiag hung in the driver past 1s and was left behind"
+    );
+}
+
+#[test]
+fn a_timeout_that_is_not_a_number_of_seconds_falls_back_to_the_default_and_says_so() {
+    let node = Node::new();
+    node.report(&report_of("healthy.ndjson"));
+    let ran = node.run(
+        "prolog",
+        &[("SLURM_JOB_GPUS", "0"), ("GPUDIAG_TIMEOUT", "5m")],
+    );
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert!(
+        ran.stderr
+            .contains("GPUDIAG_TIMEOUT='5m' is not a number of seconds: using 300"),
+        "{}",
+        ran.stderr
+    );
+    assert!(ran.stderr.contains("healthy"), "{}", ran.stderr);
+}
+
+#[test]
+fn epilog_attributes_only_the_jobs_xids_when_gpudiag_gives_no_report() {
+    // The fake journal has XID 48 on 19:00 and XID 79 on 3b:00; the job has GPU minor 3.
+    let node = Node::new();
+    let envs = [
+        ("SLURM_JOB_GPUS", "3"),
+        ("SLURM_JOB_START_TIME", "1767225600"),
+        ("FAKE_RC", "2"),
+    ];
+    let summary = |node: &Node| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(node.path("summaries/job-42.json")).unwrap())
+            .unwrap()
+    };
+    // No report and no /proc/driver/nvidia: which bus is the job's is unknown, so no XID is
+    // the job's; the node's are listed apart with the reason.
+    let ran = node.run("epilog", &envs);
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let s = summary(&node);
+    assert_eq!(s["check"], Value::Null);
+    assert_eq!(s["kernel_xids"]["xids"], Value::Null, "{s}");
+    let apart = &s["kernel_xids"]["not_attributed"];
+    assert!(
+        apart["reason"]
+            .as_str()
+            .unwrap()
+            .contains("job GPU(s) 3 not mapped to a PCI bus"),
+        "{apart}"
+    );
+    let xid_numbers = |v: &Value| -> Vec<u64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["xid"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(xid_numbers(&apart["xids"]), [48, 79]);
+
+    // The driver's /proc files say minor 3 is the GPU at 19:00: its XID only.
+    let dir = node.path("proc-gpus/0000:19:00.0");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("information"),
+        "Model: \t\t NVIDIA H100\nGPU UUID: \t GPU-aaaa\nBus Location: \t 0000:19:00.0\n\
+         Device Minor: \t 3\n",
+    )
+    .unwrap();
+    let ran = node.run("epilog", &envs);
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let s = summary(&node);
+    assert_eq!(xid_numbers(&s["kernel_xids"]["xids"]), [48], "{s}");
+    assert_eq!(s["kernel_xids"]["not_attributed"], Value::Null);
+
+    // A second job GPU the driver does not list: 19:00's XID is the job's, 3b:00's may be.
+    let ran = node.run("epilog", &[("SLURM_JOB_GPUS", "3,1"), envs[1], envs[2]]);
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let s = summary(&node);
+    assert_eq!(xid_numbers(&s["kernel_xids"]["xids"]), [48], "{s}");
+    assert_eq!(
+        xid_numbers(&s["kernel_xids"]["not_attributed"]["xids"]),
+        [79]
+    );
 }
 
 #[test]
