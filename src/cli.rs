@@ -46,11 +46,39 @@ summary instead (`gpudiag check`), and with no GPU it says why and exits 3 rathe
 the demo's (`gpudiag --demo | cat` asks for that). Each subcommand's --help gives its own
 exit codes; these are plain gpudiag's.
 
+Examples:
+  gpudiag                         the terminal UI on the live GPUs
+  gpudiag --demo                  the bundled demo recording, no GPU needed
+  gpudiag --interval 250ms        refresh four times a second
+
 Exit codes:
   0  the terminal UI closed; piped: healthy, or only warn and info findings
   1  piped: a fail finding
   2  usage error: a bad flag or configuration file
   3  piped: could not run (no NVIDIA driver or NVML, no GPU), or nothing judged";
+
+/// A footer with the command's examples above exit codes shared with other commands.
+fn examples_then(examples: &str, exit_codes: &str) -> String {
+    format!("{examples}\n\n{exit_codes}")
+}
+
+const RECORD_EXAMPLES: &str = "\
+Examples:
+  gpudiag record -o gpus.ndjson.gz --duration 10m   ten minutes of telemetry, gzipped
+  gpudiag record -o part.ndjson --replay rec.ndjson.gz --device 0
+                                                    one GPU's share of a recording";
+
+const TRACE_EXAMPLES: &str = "\
+Examples:
+  gpudiag trace -o gpus.json --duration 30s         30 s of live telemetry, for Perfetto UI
+  gpudiag trace -o merged.json.gz --replay rec.ndjson.gz --merge step.pt.trace.json.gz
+                                                    the recording's tracks in a profiler trace";
+
+const REPORT_EXAMPLES: &str = "\
+Examples:
+  gpudiag report                                    30 s of live telemetry, redacted
+  gpudiag report -o bug.tar.gz --replay rec.ndjson.gz
+                                                    a bundle around an existing recording";
 
 /// The footer of the commands that write a file from the telemetry: `record`, `trace`,
 /// `report`. None of them judges the GPUs into its exit code; the findings go into the file.
@@ -95,6 +123,10 @@ Exit codes:
 
 /// `replay` has no --fail-on: without a terminal its summary fails only on a `fail` finding.
 pub const REPLAY_EXIT_CODES_HELP: &str = "\
+Examples:
+  gpudiag replay rec.ndjson.gz --speed 10            ten times as fast as recorded
+  gpudiag replay gpudiag-report.tar.gz              the recording inside a bug-report bundle
+
 Keys: space pauses, <- and -> seek 10 s (with Shift 60 s), + and - change the speed, ? lists
 the rest. The refresh interval is the top-level one: gpudiag --interval 500ms replay FILE.
 
@@ -106,6 +138,11 @@ Exit codes:
   3  without a terminal: nothing judged (no finding, and a GPU gave no reading)";
 
 pub const CONFIG_HELP: &str = "\
+Examples:
+  gpudiag config                                    the configuration in effect
+  gpudiag config --default > ~/.config/gpudiag/config.toml
+                                                    a file to edit, a comment per key
+
 The file read: --config FILE, else $GPUDIAG_CONFIG, else
 $XDG_CONFIG_HOME/gpudiag/config.toml (~/.config/gpudiag/config.toml). A file holds only the
 keys it changes.
@@ -144,17 +181,17 @@ pub enum Command {
     #[command(after_help = EXIT_CODES_HELP)]
     Check(CheckArgs),
     /// Record telemetry to an NDJSON file (gzip when the name ends in .gz).
-    #[command(after_help = OUTPUT_EXIT_CODES_HELP)]
+    #[command(after_help = examples_then(RECORD_EXAMPLES, OUTPUT_EXIT_CODES_HELP))]
     Record(RecordArgs),
     /// Show the configuration (rule thresholds and windows).
     #[command(after_help = CONFIG_HELP)]
     Config(ConfigArgs),
     /// Write a Chrome trace (Perfetto UI, chrome://tracing) of live telemetry or a recording.
-    #[command(after_help = OUTPUT_EXIT_CODES_HELP)]
+    #[command(after_help = examples_then(TRACE_EXAMPLES, OUTPUT_EXIT_CODES_HELP))]
     Trace(TraceArgs),
     /// Write a bug-report bundle (.tar.gz): check report, recording, trace and environment,
     /// with host names, user names, command-line arguments and home paths redacted.
-    #[command(after_help = OUTPUT_EXIT_CODES_HELP)]
+    #[command(after_help = examples_then(REPORT_EXAMPLES, OUTPUT_EXIT_CODES_HELP))]
     Report(ReportArgs),
     /// Serve the telemetry and findings as Prometheus metrics on /metrics.
     #[command(after_help = SERVE_EXIT_CODES_HELP)]
@@ -177,21 +214,47 @@ pub enum Command {
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     #[command(after_help = COMPLETIONS_HELP)]
     Completions(CompletionsArgs),
-    /// Print the man page (roff) to stdout.
+    /// Print a man page (roff) to stdout: gpudiag(1), or gpudiag-SUBCOMMAND(1); --all writes
+    /// them all.
     #[command(after_help = MAN_HELP)]
-    Man,
+    Man(ManArgs),
 }
 
 pub const COMPLETIONS_HELP: &str = "\
+Examples:
+  gpudiag completions bash                          the bash script, on stdout
+
+Exit codes:
+  0  printed
+  2  usage error: a shell gpudiag has no script for
+
 Install:
   bash  gpudiag completions bash > ~/.local/share/bash-completion/completions/gpudiag
   zsh   gpudiag completions zsh > ~/.zfunc/_gpudiag   (with fpath+=~/.zfunc before compinit)
   fish  gpudiag completions fish > ~/.config/fish/completions/gpudiag.fish";
 
 pub const MAN_HELP: &str = "\
+Examples:
+  gpudiag man check | man -l -                      read gpudiag-check(1) without installing it
+  gpudiag man --all pkg/usr/share/man/man1          every page, for a package
+
+Exit codes:
+  0  printed, or with --all written (the files are listed on stdout)
+  2  usage error: a subcommand that has no page, or a DIR that cannot be created or written
+
 Install:
-  mkdir -p ~/.cargo/share/man/man1
-  gpudiag man > ~/.cargo/share/man/man1/gpudiag.1   (man finds it while ~/.cargo/bin is on PATH)";
+  gpudiag man --all ~/.cargo/share/man/man1   (man finds them while ~/.cargo/bin is on PATH)";
+
+#[derive(Debug, Clone, Args)]
+pub struct ManArgs {
+    /// The subcommand whose page to print, gpudiag-SUBCOMMAND(1) [default: gpudiag(1)].
+    #[arg(value_name = "SUBCOMMAND", conflicts_with = "all")]
+    pub subcommand: Option<String>,
+    /// Write every page (gpudiag.1 and a gpudiag-SUBCOMMAND.1 each) into DIR, created if
+    /// missing; pages of those names already there are replaced [default: print one page].
+    #[arg(long, value_name = "DIR")]
+    pub all: Option<PathBuf>,
+}
 
 #[derive(Debug, Clone, Args)]
 pub struct CompletionsArgs {
@@ -266,6 +329,11 @@ pub struct ConfigArgs {
 }
 
 pub const PROBE_EXIT_CODES_HELP: &str = "\
+Examples:
+  gpudiag probe                                     the quick suite on every idle GPU
+  gpudiag probe bandwidth matmul --device 0         two probes on GPU 0
+  gpudiag probe --suite standard --json             about a minute, results as JSON
+
 Exit codes:
   0  every probe passed, warned or was skipped
   1  a probe failed (wrong matmul result, memory mismatches) or errored, or a GPU was refused

@@ -78,7 +78,7 @@ fn run(cli: Cli) -> Result<i32, Error> {
         Some(Command::Fleet(ref args)) => commands::fleet::fleet(args, &stop),
         // Neither reads the config: a broken one must not stop a shell from installing these.
         Some(Command::Completions(ref args)) => commands::completions::completions(args.shell),
-        Some(Command::Man) => commands::man::man(),
+        Some(Command::Man(ref args)) => commands::man::man(args),
         None => commands::default_view::default_view(cli.demo, cli.interval, &stop, &config()?),
     }
 }

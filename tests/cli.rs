@@ -1460,8 +1460,8 @@ fn completions_name_every_subcommand_for_each_shell() {
     assert_eq!(unknown.code, 2, "{}", unknown.stderr);
 }
 
-/// The man page is roff from the CLI: a title line, every subcommand, the exit codes and the
-/// version with its commit.
+/// gpudiag(1) is roff from the CLI: a title line, every subcommand with its page, the exit
+/// codes, the pages in SEE ALSO, and the version with its commit.
 #[test]
 fn man_page_is_roff_naming_the_subcommands() {
     let run = gpudiag(&["man"]);
@@ -1471,33 +1471,259 @@ fn man_page_is_roff_naming_the_subcommands() {
         page.starts_with(".ie ") || page.starts_with(".TH "),
         "{page}"
     );
+    // The preamble once: each section is rendered alone and the repeats are dropped.
+    assert_eq!(page.matches(".ie \\n(.g").count(), 1, "{page}");
     let title = page.lines().find(|l| l.starts_with(".TH ")).unwrap();
     assert!(title.starts_with(".TH gpudiag 1 "), "{title}");
-    for section in [
-        ".SH NAME",
-        ".SH SYNOPSIS",
-        ".SH OPTIONS",
-        ".SH SUBCOMMANDS",
-        ".SH VERSION",
+    for heading in [
+        "NAME",
+        "SYNOPSIS",
+        "OPTIONS",
+        "SUBCOMMANDS",
+        "EXIT STATUS",
+        "EXAMPLES",
+        "SEE ALSO",
+        "VERSION",
     ] {
-        assert!(page.contains(section), "lacks {section}");
+        assert!(
+            !section_of(page, heading).trim().is_empty(),
+            "empty {heading}"
+        );
     }
-    for sub in [
-        "check",
-        "record",
-        "serve",
-        "run",
-        "probe",
-        "completions",
-        "man",
-    ] {
+    let see_also = section_of(page, "SEE ALSO");
+    for sub in gpudiag::commands::man::subcommand_names() {
         assert!(
             page.contains(&format!("gpudiag\\-{sub}(1)")),
             "lacks subcommand {sub}"
         );
+        assert!(
+            see_also.contains(&format!("gpudiag\\-{sub}(1)")),
+            "SEE ALSO lacks {sub}: {see_also}"
+        );
     }
-    assert!(page.contains("Exit codes:"));
+    // clap's `help` subcommand has no page, so none may be named.
+    assert!(!page.contains("gpudiag\\-help(1)"), "{page}");
     assert!(page.contains(&format!("v{}", gpudiag_model::build_info::LONG_VERSION)));
+}
+
+/// The text of a man page's section, from its .SH line to the next.
+fn section_of<'a>(page: &'a str, heading: &str) -> &'a str {
+    // roff quotes a heading of several words.
+    let line = if heading.contains(' ') {
+        format!(".SH \"{heading}\"\n")
+    } else {
+        format!(".SH {heading}\n")
+    };
+    let start = page
+        .find(&line)
+        .unwrap_or_else(|| panic!("no section {heading}: {page}"));
+    let rest = &page[start + line.len()..];
+    &rest[..rest.find("\n.SH ").unwrap_or(rest.len())]
+}
+
+/// Every subcommand has its page, gpudiag-SUBCOMMAND(1): its usage, each of its flags, its exit
+/// codes and examples, and gpudiag(1) in SEE ALSO.
+#[test]
+fn every_subcommand_has_a_man_page_with_its_flags_exit_codes_and_examples() {
+    use clap::CommandFactory;
+    let cli = gpudiag::cli::Cli::command();
+    let names = gpudiag::commands::man::subcommand_names();
+    let listed: Vec<&str> = cli
+        .get_subcommands()
+        .map(|sub| sub.get_name())
+        .filter(|name| *name != "help")
+        .collect();
+    assert_eq!(names, listed);
+    for sub in cli.get_subcommands().filter(|sub| sub.get_name() != "help") {
+        let name = sub.get_name();
+        let run = gpudiag(&["man", name]);
+        assert_eq!(run.code, 0, "man {name}: {}", run.stderr);
+        let page = &run.stdout;
+        let title = page.lines().find(|l| l.starts_with(".TH ")).unwrap();
+        assert!(
+            title.starts_with(&format!(".TH gpudiag-{name} 1 ")),
+            "{title}"
+        );
+        let synopsis = section_of(page, "SYNOPSIS");
+        assert!(synopsis.contains(&format!("gpudiag {name}")), "{synopsis}");
+        for heading in ["NAME", "OPTIONS", "EXIT STATUS", "EXAMPLES"] {
+            assert!(
+                !section_of(page, heading).trim().is_empty(),
+                "man {name}: empty {heading}"
+            );
+        }
+        let exit_status = section_of(page, "EXIT STATUS");
+        // Every command can be misused, so each page says what exit code 2 means there.
+        assert!(
+            exit_status
+                .lines()
+                .any(|line| line.trim_start().starts_with("2  ")),
+            "man {name}: {exit_status}"
+        );
+        // From OPTIONS on: flags under a help heading (TELEMETRY SOURCE, ...) get a section
+        // of that name after it.
+        let options = &page[page.find(".SH OPTIONS\n").expect("an OPTIONS section")..];
+        for arg in sub.get_arguments().filter(|a| !a.is_hide_set()) {
+            if let Some(long) = arg.get_long() {
+                let flag = format!("\\-\\-{}", long.replace('-', "\\-"));
+                assert!(
+                    options.contains(&format!("\\fB{flag}\\fR")),
+                    "man {name} lacks --{long}"
+                );
+            }
+        }
+        assert!(
+            section_of(page, "SEE ALSO").contains("gpudiag(1)"),
+            "man {name}"
+        );
+    }
+}
+
+/// Each example in the help footers (which the man pages show under EXAMPLES) parses with the
+/// CLI as it is: an example cannot keep a flag that was renamed or removed.
+#[test]
+fn every_help_example_parses() {
+    use clap::CommandFactory;
+    let cli = gpudiag::cli::Cli::command();
+    let mut footers = vec![
+        cli.get_after_help()
+            .map(|h| h.to_string())
+            .unwrap_or_default(),
+    ];
+    for sub in cli.get_subcommands() {
+        footers.push(
+            sub.get_after_help()
+                .map(|h| h.to_string())
+                .unwrap_or_default(),
+        );
+    }
+    let mut parsed = 0;
+    for footer in &footers {
+        for paragraph in footer.split("\n\n") {
+            if !paragraph.starts_with("Example") {
+                continue;
+            }
+            // A command continued on the next line with a backslash is one example.
+            let mut examples: Vec<String> = Vec::new();
+            let mut continued = false;
+            for line in paragraph.lines().skip(1) {
+                // Indented under the heading, as the other footers' lines are.
+                assert!(line.starts_with("  "), "{line:?} in {paragraph}");
+                match examples.last_mut() {
+                    Some(last) if continued => last.push_str(line.trim_start()),
+                    _ => examples.push(line.to_owned()),
+                }
+                continued = line.ends_with('\\');
+                if continued {
+                    let last = examples.last_mut().unwrap();
+                    last.pop();
+                }
+            }
+            for line in &examples {
+                let Some(command) = line.trim_start().strip_prefix("gpudiag") else {
+                    continue;
+                };
+                let words = shell_words(&format!("gpudiag{command}"));
+                let result = <gpudiag::cli::Cli as clap::Parser>::try_parse_from(&words);
+                assert!(result.is_ok(), "{line:?}: {:?}", result.err());
+                parsed += 1;
+            }
+        }
+    }
+    assert!(parsed >= 20, "only {parsed} examples found");
+}
+
+/// The words of an example: quotes as a shell reads them, and the example ends at its
+/// description (two spaces), a pipe or a redirection.
+fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut chars = line.chars().peekable();
+    let mut quote = None;
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.get_or_insert_with(String::new).push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                word.get_or_insert_with(String::new);
+            }
+            (None, ' ') => {
+                words.extend(word.take());
+                if chars.peek() == Some(&' ') {
+                    break;
+                }
+            }
+            (None, '|' | '>') => break,
+            (None, c) => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    words.extend(word);
+    words
+}
+
+/// `gpudiag man --all DIR` writes gpudiag.1 and a page per subcommand, lists them on stdout,
+/// and each is the page `gpudiag man [SUBCOMMAND]` prints.
+#[test]
+fn man_all_writes_every_page_into_a_directory() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("man-all/share/man/man1");
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = gpudiag(&["man", "--all", s(&dir)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let mut expected = vec!["gpudiag.1".to_owned()];
+    for name in gpudiag::commands::man::subcommand_names() {
+        expected.push(format!("gpudiag-{name}.1"));
+    }
+    let listed: Vec<String> = run
+        .stdout
+        .lines()
+        .map(|line| {
+            Path::new(line)
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert_eq!(listed, expected);
+    let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    on_disk.sort();
+    let mut sorted = expected.clone();
+    sorted.sort();
+    assert_eq!(on_disk, sorted);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("gpudiag.1")).unwrap(),
+        gpudiag(&["man"]).stdout
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("gpudiag-check.1")).unwrap(),
+        gpudiag(&["man", "check"]).stdout
+    );
+    // A rerun (a packaging script run twice) replaces the pages.
+    assert_eq!(gpudiag(&["man", "--all", s(&dir)]).code, 0);
+}
+
+/// A page that does not exist, a subcommand with --all, or a DIR that cannot be made are usage
+/// errors (exit 2), with nothing on stdout.
+#[test]
+fn man_of_an_unknown_subcommand_is_a_usage_error() {
+    let run = gpudiag(&["man", "nope"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stdout.is_empty(), "{}", run.stdout);
+    assert!(run.stderr.contains("\"nope\""), "{}", run.stderr);
+    assert!(run.stderr.contains("check"), "{}", run.stderr);
+
+    let both = gpudiag(&["man", "check", "--all", "/tmp"]);
+    assert_eq!(both.code, 2, "{}", both.stderr);
+
+    let file = Path::new(env!("CARGO_TARGET_TMPDIR")).join("man-a-file");
+    std::fs::write(&file, "").unwrap();
+    let blocked = gpudiag(&["man", "--all", s(&file.join("man1"))]);
+    assert_eq!(blocked.code, 2, "{}", blocked.stderr);
+    assert!(blocked.stdout.is_empty(), "{}", blocked.stdout);
 }
 
 /// A bad config's TOML error keeps its source line and the caret under the fault, each line
