@@ -104,15 +104,9 @@ fn judge_job(
     }
     let found = found.unwrap_or_else(|| detect::balanced(&comparison));
 
-    let presumed = job.joined_by.presumed();
-    let doubts = identity::doubts(members, launches);
-    let mut confidence = found.confidence;
-    if !doubts.is_empty() {
-        confidence = lower(confidence);
-    }
-    if presumed {
-        confidence = Confidence::Low;
-    }
+    let grouping = Grouping::of(job, members, launches);
+    let presumed = grouping.presumed;
+    let confidence = grouping.confidence(found.confidence);
     // A straggler's peers wait; they are marked only where the wait is long enough to matter
     // and the job is not a guess that may join strangers.
     let waits = found
@@ -133,18 +127,8 @@ fn judge_job(
             ..m.clone()
         })
         .collect();
-    let mut title = format!(
-        "{} on {} GPUs: {}",
-        capitalised(&job.label()),
-        comparison.gpus.len(),
-        found.title
-    );
-    if !doubts.is_empty() {
-        title.push_str(&format!(
-            "; but its ranks disagree ({}), so it may join separate jobs",
-            doubts.join("; ")
-        ));
-    }
+    let title = grouping.title(job, comparison.gpus.len(), &found.title);
+    let doubts = grouping.doubts;
     Ok(JobVerdict {
         job: job.clone(),
         presumed,
@@ -162,6 +146,45 @@ fn judge_job(
         ras,
         evidence: comparison.evidence,
     })
+}
+
+/// What the grouping itself makes doubtful, shared by every verdict on a job: a presumed job
+/// may join strangers, and ranks that disagree may join separate jobs.
+struct Grouping {
+    presumed: bool,
+    doubts: Vec<String>,
+}
+
+impl Grouping {
+    fn of(job: &JobId, members: &[JobMember], launches: &ProcessLaunch) -> Grouping {
+        Grouping {
+            presumed: job.joined_by.presumed(),
+            doubts: identity::doubts(members, launches),
+        }
+    }
+
+    /// A detector's confidence, as sure as the grouping allows.
+    fn confidence(&self, found: Confidence) -> Confidence {
+        if self.presumed {
+            Confidence::Low
+        } else if !self.doubts.is_empty() {
+            lower(found)
+        } else {
+            found
+        }
+    }
+
+    /// "Job … on N GPUs: FOUND", with the ranks' disagreement said after it.
+    fn title(&self, job: &JobId, gpus: usize, found: &str) -> String {
+        let mut title = format!("{} on {gpus} GPUs: {found}", capitalised(&job.label()));
+        if !self.doubts.is_empty() {
+            title.push_str(&format!(
+                "; but its ranks disagree ({}), so it may join separate jobs",
+                self.doubts.join("; ")
+            ));
+        }
+        title
+    }
 }
 
 /// One step less sure.
@@ -323,15 +346,8 @@ fn stalled_verdict(
     found: stall::StallFound,
 ) -> JobVerdict {
     let all: Vec<JobMember> = ranks.iter().map(|r| r.member.clone()).collect();
-    let presumed = job.joined_by.presumed();
-    let doubts = identity::doubts(&all, launches);
-    let mut confidence = found.confidence;
-    if !doubts.is_empty() {
-        confidence = lower(confidence);
-    }
-    if presumed {
-        confidence = Confidence::Low;
-    }
+    let grouping = Grouping::of(job, &all, launches);
+    let mut confidence = grouping.confidence(found.confidence);
     let missing: BTreeSet<u32> = found.stall.missing.iter().map(|m| m.device).collect();
     let members = all
         .iter()
@@ -348,18 +364,7 @@ fn stalled_verdict(
             ..m.clone()
         })
         .collect();
-    let mut title = format!(
-        "{} on {} GPUs: {}",
-        capitalised(&job.label()),
-        all.len(),
-        found.title
-    );
-    if !doubts.is_empty() {
-        title.push_str(&format!(
-            "; but its ranks disagree ({}), so it may join separate jobs",
-            doubts.join("; ")
-        ));
-    }
+    let mut title = grouping.title(job, all.len(), &found.title);
     // NCCL's own view, where it answered for this job: its counts back the verdict, and counts
     // that moved between two answers contradict it.
     let ras = ras_of(input, &all, end);
@@ -370,9 +375,10 @@ fn stalled_verdict(
         }
         title.push_str(&format!("; {}", r.summary));
     }
+    let pids: BTreeSet<u32> = all.iter().map(|m| m.pid).collect();
     JobVerdict {
         job: job.clone(),
-        presumed,
+        presumed: grouping.presumed,
         members,
         verdict: found.pattern,
         confidence,
@@ -381,12 +387,11 @@ fn stalled_verdict(
         title,
         advice: found.advice,
         stragglers: found.stragglers,
-        doubts,
+        doubts: grouping.doubts,
         peers: ranks
             .iter()
             .filter(|r| r.left_ms.is_none())
             .map(|r| {
-                let pids: BTreeSet<u32> = all.iter().map(|m| m.pid).collect();
                 figures::figures_of(input, &r.member, &pids, found.stall.since_ms, end).figures
             })
             .collect(),
