@@ -449,6 +449,9 @@ pub enum ProcessState {
     /// `X`, `x`: exiting.
     Dead,
     /// `I` (an idle kernel thread), `P`, `W`, `K`: not a user process's state worth telling apart.
+    /// Also any name a later gpudiag writes that this one does not know, so an older reader keeps
+    /// the sample rather than dropping it.
+    #[serde(other)]
     Other,
 }
 
@@ -1277,6 +1280,14 @@ mod tests {
         assert_eq!(stat_state("no parenthesis"), None);
         assert_eq!(stat_started_ms("1 (x) S 0", 1), None);
         assert_eq!(stat_started_ms(STAT, u64::MAX), None);
+    }
+
+    #[test]
+    fn a_state_this_gpudiag_does_not_know_reads_as_other() {
+        let p: ProcessSample =
+            serde_json::from_str(r#"{"pid":7,"name":null,"user":null,"kind":null,"used_memory_bytes":null,"sm_util_pct":null,"container_id":null,"state":"parked"}"#)
+                .unwrap();
+        assert_eq!(p.state, Some(ProcessState::Other));
     }
 
     #[test]
