@@ -138,6 +138,20 @@ fn cluster(with_rules: bool) -> Cluster {
                 .then_some(())
         });
     }
+    // The rules' alert can fire before the 8-GPU node has judged its job (a job needs
+    // `min_window_s` of samples): the node's own verdict must have been scraped too.
+    wait_until(
+        Duration::from_secs(60),
+        "the 8-GPU node's job verdict scraped",
+        || {
+            (!query(
+                &addr,
+                r#"gpudiag_job_verdict{job_key="synthetic-run",verdict="straggler"}"#,
+            )
+            .is_empty())
+            .then_some(())
+        },
+    );
     Cluster {
         _nodes: nodes,
         _exporters: exporters,
@@ -271,7 +285,10 @@ fn the_fleet_over_a_real_prometheus_names_every_node_the_straggler_and_the_alert
         1,
         "{across}"
     );
-    assert_eq!(synthetic["per_node"][0]["stragglers"][0]["gpu"], "5");
+    assert_eq!(
+        synthetic["per_node"][0]["stragglers"][0]["gpu"], "5",
+        "{synthetic}"
+    );
     let marked: Vec<&str> = synthetic["gpus"]
         .as_array()
         .unwrap()
