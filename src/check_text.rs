@@ -333,6 +333,12 @@ pub fn job_lines(j: &gpudiag_model::job::JobVerdict) -> Vec<String> {
             }
         ));
     }
+    // Ranks that must run here and were never seen have no GPU row: a line each all the same.
+    for rank in j.stall.iter().flat_map(|s| &s.absent_ranks) {
+        lines.push(format!(
+            "    rank {rank}  not running on this host  ◀ missing"
+        ));
+    }
     // The title names one straggler whole; several get a line each, with what sets each apart.
     if let [_, _, ..] = j.stragglers.as_slice() {
         lines.extend(j.stragglers.iter().map(straggler_line));

@@ -238,3 +238,31 @@ fn the_text_names_the_missing_rank_and_marks_it() {
     assert!(text.contains("◀ missing"), "{text}");
     assert!(text.contains("asleep with no CPU progress"), "{text}");
 }
+
+/// A fresh `check` after a rank of a launcher-less job was killed never sees that rank: the one
+/// left spins alone. Its ranks meet at 127.0.0.1, so the rank it lacks must run on this host and
+/// does not: it exited before the window.
+#[test]
+fn a_rank_gone_before_the_window_is_named_by_its_rank() {
+    let (r, code) = check("lone-rank", &[]);
+    let job = job_on(&r, 2);
+    assert_eq!(job.verdict, JobPattern::RankExited, "{}", job.title);
+    assert_eq!(job.confidence, Confidence::Medium);
+    assert_eq!(job.members.len(), 1);
+    assert_eq!(job.members[0].role, Some(GpuRole::Waiting));
+    let stall = job.stall.as_ref().unwrap();
+    assert!(stall.missing.is_empty());
+    assert_eq!(stall.absent_ranks, [1]);
+    assert!(
+        job.title.contains(
+            "waiting for rank 1 of its 2, which does not run: its ranks meet at 127.0.0.1"
+        ),
+        "{}",
+        job.title
+    );
+    assert_eq!(verdict_of(&r, 2), Bottleneck::WaitingForPeer);
+    assert!(has_finding(&r, "job.rank_exited", Severity::Fail));
+    // The hung job beside it keeps its own verdict.
+    assert_eq!(job_on(&r, 0).verdict, JobPattern::Hung);
+    assert_eq!(code, 1);
+}

@@ -301,6 +301,11 @@ pub struct Stall {
     pub waiting: Vec<u32>,
     /// The ranks they wait for, and why each does not come; empty where every rank waits.
     pub missing: Vec<MissingRank>,
+    /// Ranks of the job that no process on this host carries, where every rank must run here
+    /// (they meet at a loopback address): they exited before gpudiag looked, or never started.
+    /// Left out when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub absent_ranks: Vec<u32>,
     /// The job's mean draw while stuck against its own working draw before, per GPU summed.
     pub stuck_power_w: Option<f64>,
     pub working_power_w: Option<f64>,

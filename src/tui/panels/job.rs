@@ -48,6 +48,15 @@ fn gpu_name(device: u32, rank: Option<u32>) -> String {
 fn brief(job: &JobVerdict) -> String {
     if let Some(stall) = job.stall.as_ref().filter(|_| job.verdict.stalled()) {
         let whom = match stall.missing.as_slice() {
+            [] if !stall.absent_ranks.is_empty() => format!(
+                "waits for rank {} (not running)",
+                stall
+                    .absent_ranks
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             [] => "every rank waits".to_owned(),
             missing => format!(
                 "waits for {}",

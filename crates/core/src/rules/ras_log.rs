@@ -190,7 +190,10 @@ pub fn ras_evidence(log: &RasLog, members: &[JobMember], now_ms: TimeMs) -> RasE
         }
     }
     if let Some(n) = answer.dead_processes.filter(|&n| n > 0) {
-        summary.push_str(&format!("; {n} process(es) considered dead"));
+        summary.push_str(&format!(
+            "; {n} {} considered dead",
+            if n == 1 { "process" } else { "processes" }
+        ));
     }
     RasEvidence {
         answered_ms: Some(answer.time_ms),
@@ -304,12 +307,10 @@ fn describe_counts(comm: Option<&RasCommunicator>) -> String {
         .filter_map(|r| r.operations_total())
         .collect();
     match totals.first() {
-        Some(&n) if totals.iter().all(|&t| t == n) => {
-            format!(
-                "all {} ranks launched {n} collective operations",
-                totals.len()
-            )
-        }
+        Some(&n) if totals.iter().all(|&t| t == n) => match totals.len() {
+            1 => format!("its one rank seen launched {n} collective operations"),
+            ranks => format!("all {ranks} ranks launched {n} collective operations"),
+        },
         _ if c.missing_ranks.is_empty() => "no counts reported (healthy text report)".to_owned(),
         _ => format!("{} rank(s) missing", c.missing_ranks.len()),
     }

@@ -219,6 +219,13 @@ fn job_verdict_series(x: &mut Exposition, snap: &Snapshot) {
             }
             missing.push((l, 1.0));
         }
+        // A rank that must run here and does not (gone before gpudiag looked): no GPU, no pid.
+        for &rank in &stall.absent_ranks {
+            let mut l = base.clone();
+            l.push((label::RANK, rank.to_string()));
+            l.push((label::STATE, "absent".to_owned()));
+            missing.push((l, 1.0));
+        }
     }
     x.family(
         series::GPUDIAG_JOB_VERDICT,
@@ -251,7 +258,8 @@ fn job_verdict_series(x: &mut Exposition, snap: &Snapshot) {
         Kind::Gauge,
         "Always 1: a rank a stalled job's GPUs wait for, on this host: its GPU, global rank \
          (where known), host pid and process state (sleeping, stopped, disk_sleep, running, \
-         zombie, ... or exited once its process left). Absent while the job makes progress.",
+         zombie, ... or exited once its process left; absent, with no GPU or pid, for a rank \
+         that must run on this host and was never seen). Absent while the job makes progress.",
         &missing,
     );
     x.family(
@@ -612,6 +620,7 @@ mod tests {
                 cpu_pct: Some(0.0),
                 inspect: Some("py-spy dump --pid 13".into()),
             }],
+            absent_ranks: Vec::new(),
             stuck_power_w: Some(500.0),
             working_power_w: Some(2400.0),
         });
@@ -696,6 +705,26 @@ mod tests {
         );
         assert!(text.contains("# TYPE gpudiag_job_stuck_seconds gauge"));
         assert!(!text.contains("# TYPE gpudiag_job_peers_wait_ratio"));
+    }
+
+    /// A rank that must run here and was never seen is named by rank alone.
+    #[test]
+    fn an_absent_rank_is_a_missing_rank_without_gpu_or_pid() {
+        let mut snap = stalled();
+        snap.jobs.truncate(1);
+        let stall = snap.jobs[0].stall.as_mut().unwrap();
+        stall.missing.clear();
+        stall.absent_ranks = vec![1, 3];
+        let text = render(&snap, Instant::now());
+        assert_eq!(
+            lines(&text, series::GPUDIAG_JOB_MISSING_RANK_INFO),
+            [
+                "gpudiag_job_missing_rank_info{Hostname=\"node-a\",job_key=\"9001\",\
+                 joined_by=\"slurm_job\",rank=\"1\",state=\"absent\"} 1",
+                "gpudiag_job_missing_rank_info{Hostname=\"node-a\",job_key=\"9001\",\
+                 joined_by=\"slurm_job\",rank=\"3\",state=\"absent\"} 1",
+            ]
+        );
     }
 
     /// Every stalled pattern, and the missing role, reach the exposition by their names.

@@ -77,6 +77,86 @@ pub(crate) fn group(
     end: TimeMs,
     command: &BTreeSet<u32>,
 ) -> BTreeMap<JobId, Vec<JobMember>> {
+    group_of_at_least(launches, memory, start, end, command, 2)
+}
+
+/// As [`group`], with the jobs of one GPU too: a rank left alone by peers that are gone.
+pub(crate) fn group_with_lone_ranks(
+    launches: &ProcessLaunch,
+    memory: Option<&ProcessMemory>,
+    start: TimeMs,
+    end: TimeMs,
+    command: &BTreeSet<u32>,
+) -> BTreeMap<JobId, Vec<JobMember>> {
+    group_of_at_least(launches, memory, start, end, command, 1)
+}
+
+/// The ranks of a job that no process on this host carries, where they all must run here: every
+/// member's launcher says the ranks meet at a loopback address, which a rank on another host
+/// cannot reach. Empty where that cannot be told (a rank or the world size unread, world sizes
+/// that disagree, a master address that names a host).
+pub(crate) fn absent_ranks(members: &[JobMember], launches: &ProcessLaunch) -> AbsentRanks {
+    // More ranks than this on one host is not a job gpudiag could have seen whole.
+    const MAX_LOCAL_WORLD: u32 = 1024;
+    let none = AbsentRanks::default();
+    let mut world = None;
+    let mut master = None;
+    let mut seen = BTreeSet::new();
+    for m in members {
+        let Some(launch) = launches
+            .seen
+            .get(&(m.device, m.pid))
+            .and_then(|p| p.launch.as_ref())
+        else {
+            return none;
+        };
+        let (Some(rank), Some(w), Some(addr)) =
+            (m.rank, launch.world_size, launch.master_addr.as_deref())
+        else {
+            return none;
+        };
+        if !is_loopback(addr) || world.is_some_and(|x| x != w) {
+            return none;
+        }
+        world = Some(w);
+        master.get_or_insert_with(|| addr.to_owned());
+        seen.insert(rank);
+    }
+    match (world, master) {
+        (Some(world), Some(master)) if world <= MAX_LOCAL_WORLD => AbsentRanks {
+            ranks: (0..world).filter(|r| !seen.contains(r)).collect(),
+            world,
+            master,
+        },
+        _ => none,
+    }
+}
+
+/// Ranks a job lacks on this host (see [`absent_ranks`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct AbsentRanks {
+    pub(crate) ranks: Vec<u32>,
+    pub(crate) world: u32,
+    /// The loopback address the ranks meet at, as the launcher wrote it.
+    pub(crate) master: String,
+}
+
+fn is_loopback(addr: &str) -> bool {
+    let bare = addr.trim_start_matches('[').trim_end_matches(']');
+    bare.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+fn group_of_at_least(
+    launches: &ProcessLaunch,
+    memory: Option<&ProcessMemory>,
+    start: TimeMs,
+    end: TimeMs,
+    command: &BTreeSet<u32>,
+    min_gpus: usize,
+) -> BTreeMap<JobId, Vec<JobMember>> {
     let held = |device: u32, pid: u32| {
         memory
             .map(|m| m.holders_in(device, start, end, 0.0))
@@ -113,7 +193,7 @@ pub(crate) fn group(
         *users_of.entry(key.clone()).or_default() += 1;
     }
     jobs.into_iter()
-        .filter(|(_, gpus)| gpus.len() >= 2)
+        .filter(|(_, gpus)| gpus.len() >= min_gpus)
         .map(|((mut key, user), gpus)| {
             if users_of.get(&key).is_some_and(|&n| n > 1) {
                 key.key = format!("{}, user {}", key.key, user.as_deref().unwrap_or("unknown"));

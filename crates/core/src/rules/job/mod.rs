@@ -176,7 +176,12 @@ impl Grouping {
 
     /// "Job … on N GPUs: FOUND", with the ranks' disagreement said after it.
     fn title(&self, job: &JobId, gpus: usize, found: &str) -> String {
-        let mut title = format!("{} on {gpus} GPUs: {found}", capitalised(&job.label()));
+        let gpus = if gpus == 1 {
+            "1 GPU".to_owned()
+        } else {
+            format!("{gpus} GPUs")
+        };
+        let mut title = format!("{} on {gpus}: {found}", capitalised(&job.label()));
         if !self.doubts.is_empty() {
             title.push_str(&format!(
                 "; but its ranks disagree ({}), so it may join separate jobs",
@@ -239,8 +244,13 @@ pub fn judge_all(
     // A rank that exited before the window began is still one its peers wait for: the stall
     // looks back as far as the process table keeps it.
     let look_back = end.saturating_sub(stall::LOOK_BACK_MS).min(start);
-    let with_gone = identity::group(launches, input.process_memory, look_back, end, command);
+    let with_gone =
+        identity::group_with_lone_ranks(launches, input.process_memory, look_back, end, command);
     for (job, members) in with_gone {
+        let absent = identity::absent_ranks(&members, launches);
+        if members.len() < 2 && absent.ranks.is_empty() {
+            continue;
+        }
         let ranks: Vec<stall::Rank> = members
             .into_iter()
             .map(|m| {
@@ -272,7 +282,7 @@ pub fn judge_all(
         if ranks.iter().all(|r| r.left_ms.is_some_and(|t| t < start)) {
             continue;
         }
-        let seen = stall::detect(input, &ranks, start, end);
+        let seen = stall::detect(input, &ranks, &absent, start, end);
         let current = groups.get(&job);
         match seen {
             stall::Seen::Found(found) => {
@@ -529,8 +539,16 @@ pub fn findings(jobs: &[JobVerdict], config: &JobConfig) -> Vec<gpudiag_model::f
                         "missing_pids".into(),
                         json!(stall.missing.iter().map(|m| m.pid).collect::<Vec<_>>()),
                     );
-                    // On the missing rank's GPU where there is one: that is the GPU to look at.
-                    f.device = stall.missing.first().map(|m| m.device);
+                    if !stall.absent_ranks.is_empty() {
+                        v.insert("absent_ranks".into(), json!(stall.absent_ranks));
+                    }
+                    // On the missing rank's GPU where there is one: that is the GPU to look at;
+                    // else on a waiting one, where a rank that left before gpudiag looked holds it.
+                    f.device = stall.missing.first().map(|m| m.device).or_else(|| {
+                        (!stall.absent_ranks.is_empty())
+                            .then(|| stall.waiting.first().copied())
+                            .flatten()
+                    });
                 }
                 out.push(f);
             }
@@ -578,7 +596,17 @@ pub fn explain_by_job(verdicts: &mut BTreeMap<u32, Verdict>, jobs: &[JobVerdict]
         if !job.verdict.stalled() {
             continue;
         }
-        let whom = if stall.missing.is_empty() {
+        let whom = if stall.missing.is_empty() && !stall.absent_ranks.is_empty() {
+            format!(
+                "{} {}, which does not run on this host (it left before gpudiag looked)",
+                if stall.absent_ranks.len() == 1 {
+                    "rank"
+                } else {
+                    "ranks"
+                },
+                stall::names(stall.absent_ranks.iter().map(u32::to_string))
+            )
+        } else if stall.missing.is_empty() {
             "a rank that never comes (every rank of the job on this host waits)".to_owned()
         } else {
             stall::names(stall.missing.iter().map(|m| gpu_name(m.device, m.rank)))

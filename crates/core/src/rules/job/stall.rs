@@ -15,6 +15,7 @@
 use serde_json::json;
 
 use super::figures::gpu_name;
+use super::identity::AbsentRanks;
 use crate::config::JobConfig;
 use crate::history::Window;
 use crate::rules::{RuleInput, round2};
@@ -176,11 +177,13 @@ enum Why {
 pub(super) fn detect(
     input: &RuleInput<'_>,
     ranks: &[Rank],
+    absent: &AbsentRanks,
     window_start: TimeMs,
     end: TimeMs,
 ) -> Seen {
     let config = &input.config.job;
-    if ranks.len() < 2 {
+    // One GPU is a job's only where ranks it needs are absent: alone it may be anything.
+    if ranks.len() < 2 && absent.ranks.is_empty() {
         return Seen::Moving;
     }
     let oldest = end.saturating_sub(LOOK_BACK_MS);
@@ -350,6 +353,7 @@ pub(super) fn detect(
         stuck_s: round2(stuck_s),
         waiting: waiting.clone(),
         missing,
+        absent_ranks: absent.ranks.clone(),
         stuck_power_w: stuck_power.map(round2),
         working_power_w: working_power.map(round2),
     };
@@ -400,7 +404,14 @@ pub(super) fn detect(
         }));
     }
 
-    let pattern = if whys.contains(&Why::Exited) {
+    // No rank here keeps the others waiting, but ranks that must run here do not: they left
+    // before gpudiag looked (a fresh `check` after a rank died under a launcher that does not
+    // tear the job down).
+    let gone_before = whys.is_empty() && !absent.ranks.is_empty();
+    if gone_before {
+        confidence = Confidence::Medium.min(confidence);
+    }
+    let pattern = if whys.contains(&Why::Exited) || gone_before {
         JobPattern::RankExited
     } else if whys.contains(&Why::Stopped) {
         JobPattern::RankStopped
@@ -410,6 +421,21 @@ pub(super) fn detect(
     let list: Vec<MissingRank> = missing.iter().map(|(m, _)| m.clone()).collect();
     let described = names(missing.iter().map(|(m, w)| describe(m, *w)));
     let inspect: Vec<String> = list.iter().filter_map(|m| m.inspect.clone()).collect();
+    let described = if gone_before {
+        let which = names(absent.ranks.iter().map(u32::to_string));
+        let (rank, does, it) = if absent.ranks.len() == 1 {
+            ("rank", "does", "it")
+        } else {
+            ("ranks", "do", "they")
+        };
+        format!(
+            "{rank} {which} of its {}, which {does} not run: its ranks meet at {}, so all run \
+             on this host; {it} exited before gpudiag began watching, or never started",
+            absent.world, absent.master
+        )
+    } else {
+        described
+    };
     let (title, advice) = match pattern {
         JobPattern::RankExited => (
             format!("{inside}, waiting for {described}"),
