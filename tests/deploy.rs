@@ -78,10 +78,18 @@ impl Node {
             ),
             (
                 "journalctl",
-                "echo \"$*\" >>\"$FAKE_DIR/journalctl.args\"\n\
+                "[ -z \"${FAKE_NO_JOURNAL:-}\" ] || exit 1\n\
+                 echo \"$*\" >>\"$FAKE_DIR/journalctl.args\"\n\
                  echo '2026-01-01T00:00:01+0000 n kernel: NVRM: Xid (PCI:0000:19:00): 48, pid=51007, DBE'\n\
                  echo '2026-01-01T00:00:02+0000 n kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, off the bus'\n\
                  echo '2026-01-01T00:00:03+0000 n kernel: usb 1-1: new device'\n",
+            ),
+            // The whole ring buffer, one XID of the job's GPU before the job and one after.
+            (
+                "dmesg",
+                "echo '2025-12-31T23:59:59,000001+00:00 NVRM: Xid (PCI:0000:19:00): 31, before'\n\
+                 echo '2026-01-01T00:59:59,000001+01:00 NVRM: Xid (PCI:0000:19:00): 94, before'\n\
+                 echo '2026-01-01T00:00:05,000001+00:00 NVRM: Xid (PCI:0000:19:00): 48, DBE'\n",
             ),
             // The scripts need no python3: one that is called says so.
             (
@@ -941,6 +949,32 @@ fn epilog_writes_the_job_summary() {
     )
     .unwrap();
     assert_eq!(full, report);
+}
+
+#[test]
+fn epilog_reads_dmesg_where_journald_cannot_and_keeps_only_what_came_after_the_job_began() {
+    let node = Node::new();
+    let ran = node.report(&report_of("ecc_error.ndjson")).run(
+        "epilog",
+        &[
+            ("SLURM_JOB_GPUS", "0"),
+            ("SLURM_JOB_START_TIME", "1767225600"),
+            ("FAKE_NO_JOURNAL", "1"),
+        ],
+    );
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(node.path("summaries/job-42.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["kernel_xids"]["source"], "dmesg");
+    // 31 and 94 (00:59:59 at +01:00 is 23:59:59 UTC the day before) came before the job.
+    let xids: Vec<u64> = summary["kernel_xids"]["xids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["xid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(xids, [48], "{summary}");
 }
 
 #[test]
