@@ -32,10 +32,11 @@ Exit codes:
      recording, a newer format, a bundle that is ambiguous or inflates past
      --max-inflated-size); a recording damaged part way is read, its bad lines skipped and
      reported as warnings
-  3  could not run: no NVIDIA driver or NVML, no GPU, NVML initialisation hung, or a probe's
-     CUDA call hung well past the suite's deadline (`check --json` still prints a report,
-     status could_not_run); or nothing judged: no finding and a GPU gave no reading
-     (status not_judged)";
+  3  could not run: no NVIDIA driver or NVML, no GPU, a --device that matches no GPU (the
+     report lists it in devices_not_found), NVML initialisation hung, or a probe's CUDA call
+     hung well past the suite's deadline (`check --json` still prints a report, status
+     could_not_run); or nothing judged: no finding and a GPU gave no reading (status
+     not_judged)";
 
 /// `gpudiag --help`'s footer. Plain `gpudiag` has no --fail-on: piped, its summary fails only
 /// on a `fail` finding, as `check` does by default.
@@ -88,7 +89,8 @@ Exit codes:
   2  usage error: a bad flag, an output file that exists without --force or cannot be
      written, or an input file that cannot be read or understood (not a recording, a newer
      format, a bundle that is ambiguous or inflates past --max-inflated-size)
-  3  could not run: no NVIDIA driver or NVML, no GPU, or NVML initialisation hung";
+  3  could not run: no NVIDIA driver or NVML, no GPU (or none matching --device), or NVML
+     initialisation hung";
 
 pub const SERVE_EXIT_CODES_HELP: &str = "\
 Example:
@@ -98,8 +100,8 @@ Exit codes:
   0  stopped by Ctrl-C or SIGTERM (a replay that ends keeps serving its last values)
   2  usage error: a bad flag, a web config file that cannot be read or asks for what gpudiag
      does not implement, or a --replay input that cannot be read or understood
-  3  could not run: no NVIDIA driver or NVML, no GPU, NVML initialisation hung, or the
-     address cannot be listened on";
+  3  could not run: no NVIDIA driver or NVML, no GPU (or none matching --device), NVML
+     initialisation hung, or the address cannot be listened on";
 
 pub const FLEET_EXIT_CODES_HELP: &str = "\
 Examples:
@@ -211,6 +213,10 @@ pub enum Command {
     // The probe list comes from the probe registry, so help cannot fall behind a new probe.
     #[command(about = probe_about(), after_help = PROBE_EXIT_CODES_HELP)]
     Probe(ProbeArgs),
+    /// What the Slurm prolog and epilog (assets/deploy/slurm) read from gpudiag besides the
+    /// check: the job's GPUs, the prolog's verdict, the epilog's summary. Opens no GPU.
+    #[command(after_help = SLURM_HELP)]
+    Slurm(SlurmArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     #[command(after_help = COMPLETIONS_HELP)]
     Completions(CompletionsArgs),
@@ -244,6 +250,108 @@ Exit codes:
 
 Install:
   gpudiag man --all ~/.cargo/share/man/man1   (man finds them while ~/.cargo/bin is on PATH)";
+
+pub const SLURM_HELP: &str = "\
+Examples:
+  gpudiag slurm devices                         the job's GPUs as check --device values
+  gpudiag slurm prolog --report report.json     the prolog's verdict on a check report
+  gpudiag slurm epilog --report report.json --kernel-log klog --job 42 -o job-42.json
+
+The job's GPUs are SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES: numbers (device minors, or NVML
+indices with --ids index), ranges (0-3), GPU or MIG UUIDs, separated by commas. A device minor
+is mapped to its GPU's UUID through the driver's /proc files, never taken as an NVML index,
+which follows PCI order and can name another job's GPU. The prolog's verdict is one line:
+CLASS, drain reason and detail separated by the byte 0x1f; CLASS is healthy, warn, fail,
+not_judged or could_not_run (the report's status), gpu_lost (a job GPU the driver lists and
+NVML does not enumerate), cannot_tell (one NVML does not enumerate where the driver's listing
+cannot say), config_error (the job's GPU list cannot be used) or tool_error (no report). The
+scripts' policy table is in assets/deploy/README.md.
+
+Exit codes:
+  0  done: the GPUs printed (none for a job without GPUs), the verdict printed (whatever it
+     is), the summary written
+  2  usage or configuration error: a bad flag; a job GPU list that does not parse, or a UUID
+     or device minor the driver does not list (devices); a summary that cannot be written
+  3  cannot tell the job's GPUs: device minors, and the driver's /proc listing cannot be
+     read (devices)";
+
+/// `gpudiag slurm`.
+#[derive(Debug, Clone, Args)]
+pub struct SlurmArgs {
+    #[command(subcommand)]
+    pub action: SlurmAction,
+    /// How the job's GPU list numbers GPUs: `minor` (/dev/nvidiaN, what gres.conf counts by),
+    /// or `index` (NVML's index).
+    #[arg(long, value_enum, default_value = "minor", global = true)]
+    pub ids: GpuIds,
+    /// The driver's per-GPU directory, read to map device minors and tell a lost GPU.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/proc/driver/nvidia/gpus",
+        global = true
+    )]
+    pub proc_gpus: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GpuIds {
+    Minor,
+    Index,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum SlurmAction {
+    /// The job's GPUs as `check --device` values, one a line.
+    Devices,
+    /// The prolog's verdict on a `check --json` report, one line (see below).
+    Prolog {
+        /// The report `gpudiag check --json` wrote (empty or missing: a tool error).
+        #[arg(long, value_name = "FILE")]
+        report: PathBuf,
+    },
+    /// The epilog's job summary (JSON): the post-job check, the job's kernel XIDs, processes
+    /// left behind.
+    Epilog(Box<SlurmEpilogArgs>),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SlurmEpilogArgs {
+    /// The report `gpudiag check --json` wrote (empty or missing: said in check_error).
+    #[arg(long, value_name = "FILE")]
+    pub report: PathBuf,
+    /// Why there is no report to read, when the script knows better (a gpudiag it stopped).
+    #[arg(long, value_name = "TEXT")]
+    pub check_error: Option<String>,
+    /// gpudiag check's exit code, quoted where there is no report.
+    #[arg(long, value_name = "CODE", allow_negative_numbers = true)]
+    pub check_exit: Option<i32>,
+    /// The kernel log since the job began (journalctl -k, or dmesg --time-format iso).
+    #[arg(long, value_name = "FILE")]
+    pub kernel_log: Option<PathBuf>,
+    /// Where the kernel log came from: journalctl, dmesg (its lines before --job-start are left
+    /// out) or none.
+    #[arg(long, value_name = "NAME", default_value = "none")]
+    pub kernel_log_source: String,
+    /// Why the kernel log could not be read.
+    #[arg(long, value_name = "TEXT")]
+    pub kernel_log_error: Option<String>,
+    /// When the job began, seconds since the epoch.
+    #[arg(long, value_name = "SECONDS")]
+    pub job_start: Option<u64>,
+    /// The job's id.
+    #[arg(long, value_name = "ID")]
+    pub job: String,
+    /// The job's user.
+    #[arg(long, value_name = "NAME", default_value = "")]
+    pub user: String,
+    /// The node's name.
+    #[arg(long, value_name = "NAME", default_value = "")]
+    pub node: String,
+    /// Where the summary goes (written beside, then renamed).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+}
 
 #[derive(Debug, Clone, Args)]
 pub struct ManArgs {

@@ -76,6 +76,8 @@ fn run(cli: Cli) -> Result<i32, Error> {
         // `run` handles its signals itself: it forwards them to its command.
         Some(Command::Run(ref args)) => commands::run::run(args, &config()?),
         Some(Command::Fleet(ref args)) => commands::fleet::fleet(args, &stop),
+        // Reads files the Slurm scripts hand it, never the config: it judges nothing itself.
+        Some(Command::Slurm(ref args)) => commands::slurm::slurm(args),
         // Neither reads the config: a broken one must not stop a shell from installing these.
         Some(Command::Completions(ref args)) => commands::completions::completions(args.shell),
         Some(Command::Man(ref args)) => commands::man::man(args),

@@ -371,17 +371,33 @@ fn damage_anywhere_is_counted_and_only_a_short_excerpt_is_quoted() {
     assert_eq!(report.window.ticks as usize, lines.len() - 2);
 }
 
+/// A `--device` that matches no GPU: could not run what was asked (exit 3), the devices there
+/// are listed; `--json` still prints the document, naming the selectors not found, so that a
+/// script can tell a GPU it was given and cannot see.
 #[test]
-fn unknown_device_exits_2_listing_the_devices() {
-    let run = check_replay(&fixture("two_gpus.ndjson"), &["--device", "7"]);
-    let line = run.one_line_error(2);
+fn unknown_device_exits_3_listing_the_devices() {
+    let run = gpudiag(&[
+        "check",
+        "--replay",
+        s(&fixture("two_gpus.ndjson")),
+        "--device",
+        "7",
+    ]);
+    let line = run.one_line_error(3);
     assert!(line.contains("no GPU matches --device '7'"), "{line}");
     assert!(line.contains(&format!("0 ({UUID0})")), "{line}");
     assert!(line.contains(&format!("1 ({UUID1})")), "{line}");
 
-    let run = check_replay(&fixture("two_gpus.ndjson"), &["--device", "GPU-nope"]);
-    let line = run.one_line_error(2);
-    assert!(line.contains("'GPU-nope'"), "{line}");
+    let run = check_replay(
+        &fixture("two_gpus.ndjson"),
+        &["--device", "GPU-nope", "--device", "0", "--device", "9"],
+    );
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert!(run.stderr.contains("'GPU-nope', '9'"), "{}", run.stderr);
+    let report = run.report();
+    assert_eq!(report.status, gpudiag_model::finding::Status::CouldNotRun);
+    assert_eq!(report.devices_not_found, ["GPU-nope", "9"]);
+    assert!(report.devices.is_empty());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -42,6 +42,10 @@ fn report_with_status(status: &str) -> Value {
     r
 }
 
+/// The fake gpudiag's first line: `gpudiag slurm ...` (what the scripts read besides the check)
+/// is the real binary's, not recorded with the check's arguments.
+const REAL_SLURM: &str = "case \"$1\" in slurm) exec \"$REAL_GPUDIAG\" \"$@\" ;; esac\n";
+
 /// A scratch node: fake `gpudiag`, `scontrol` and `journalctl` first on PATH, each recording
 /// its arguments; the report the fake gpudiag prints; a state and a summary directory.
 struct Node {
@@ -62,22 +66,35 @@ impl Node {
         let dir = tempfile::tempdir().unwrap();
         let bin = dir.path().join("bin");
         std::fs::create_dir(&bin).unwrap();
+        let gpudiag = format!(
+            "{REAL_SLURM}echo \"$*\" >>\"$FAKE_DIR/gpudiag.args\"\n\
+             cat \"$FAKE_DIR/report.json\" 2>/dev/null\nexit \"${{FAKE_RC:-0}}\"\n"
+        );
         let fakes = [
-            (
-                "gpudiag",
-                "echo \"$*\" >>\"$FAKE_DIR/gpudiag.args\"\n\
-                 cat \"$FAKE_DIR/report.json\" 2>/dev/null\nexit \"${FAKE_RC:-0}\"\n",
-            ),
+            ("gpudiag", gpudiag.as_str()),
             (
                 "scontrol",
                 "for a in \"$@\"; do printf '%s\\n' \"$a\"; done >>\"$FAKE_DIR/scontrol.args\"\n",
             ),
             (
                 "journalctl",
-                "echo \"$*\" >>\"$FAKE_DIR/journalctl.args\"\n\
+                "[ -z \"${FAKE_NO_JOURNAL:-}\" ] || exit 1\n\
+                 echo \"$*\" >>\"$FAKE_DIR/journalctl.args\"\n\
                  echo '2026-01-01T00:00:01+0000 n kernel: NVRM: Xid (PCI:0000:19:00): 48, pid=51007, DBE'\n\
                  echo '2026-01-01T00:00:02+0000 n kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, off the bus'\n\
                  echo '2026-01-01T00:00:03+0000 n kernel: usb 1-1: new device'\n",
+            ),
+            // The whole ring buffer, one XID of the job's GPU before the job and one after.
+            (
+                "dmesg",
+                "echo '2025-12-31T23:59:59,000001+00:00 NVRM: Xid (PCI:0000:19:00): 31, before'\n\
+                 echo '2026-01-01T00:59:59,000001+01:00 NVRM: Xid (PCI:0000:19:00): 94, before'\n\
+                 echo '2026-01-01T00:00:05,000001+00:00 NVRM: Xid (PCI:0000:19:00): 48, DBE'\n",
+            ),
+            // The scripts need no python3: one that is called says so.
+            (
+                "python3",
+                "echo \"$*\" >>\"$FAKE_DIR/python3.called\"\nexit 1\n",
             ),
         ];
         for (name, body) in fakes {
@@ -105,10 +122,51 @@ impl Node {
         let path = self.path("bin/gpudiag");
         std::fs::write(
             &path,
-            format!("#!/bin/sh\necho \"$*\" >>\"$FAKE_DIR/gpudiag.args\"\n{body}"),
+            format!("#!/bin/sh\n{REAL_SLURM}echo \"$*\" >>\"$FAKE_DIR/gpudiag.args\"\n{body}"),
         )
         .unwrap();
         self
+    }
+
+    /// Replaces the fake `gpudiag` with one whose `check` is the real binary's on `recording`
+    /// (without `--probes`, which a recording cannot run): the document and the exit code the
+    /// real `check --device ...` gives.
+    fn real_check_of(&self, recording: &str) -> &Node {
+        let path = self.path("bin/gpudiag");
+        std::fs::write(
+            &path,
+            format!(
+                "#!/usr/bin/env bash\n{REAL_SLURM}echo \"$*\" >>\"$FAKE_DIR/gpudiag.args\"\n\
+                 args=()\nwhile [ $# -gt 0 ]; do\n  case \"$1\" in --probes) shift 2 ;; \
+                 *) args+=(\"$1\"); shift ;; esac\ndone\n\
+                 exec \"$REAL_GPUDIAG\" \"${{args[@]}}\" --replay {}\n",
+                at(&format!("tests/fixtures/recordings/{recording}")).display()
+            ),
+        )
+        .unwrap();
+        self
+    }
+
+    /// Writes a fake /proc/driver/nvidia/gpus: (bus, uuid, device minor) each.
+    fn driver_lists(&self, gpus: &[(&str, &str, u32)]) -> &Node {
+        for (bus, uuid, minor) in gpus {
+            let dir = self.path(&format!("proc-gpus/{bus}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(
+                dir.join("information"),
+                format!(
+                    "Model: \t\t NVIDIA H100\nGPU UUID: \t {uuid}\nBus Location: \t {bus}\n\
+                     Device Minor: \t {minor}\nGPU Excluded:\t No\n"
+                ),
+            )
+            .unwrap();
+        }
+        self
+    }
+
+    /// Whether anything ran python3.
+    fn python3_called(&self) -> bool {
+        self.path("python3.called").exists()
     }
 
     /// Runs assets/deploy/slurm/<script> with bash, as slurmd would, with `envs` on top of a
@@ -147,6 +205,11 @@ impl Node {
             .env("GPUDIAG_PROC_GPUS", self.path("proc-gpus"))
             .env("GPUDIAG_STATE_DIR", self.path("state"))
             .env("GPUDIAG_SUMMARY_DIR", self.path("summaries"))
+            .env("REAL_GPUDIAG", env!("CARGO_BIN_EXE_gpudiag"))
+            // The scripts' defaults are device minors and a node comment; the tests that need
+            // either say so, the others name GPUs by NVML index and leave scontrol to drains.
+            .env("GPUDIAG_GPU_IDS", "index")
+            .env("GPUDIAG_NODE_COMMENT", "0")
             .envs(envs.iter().copied())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -248,42 +311,292 @@ fn prolog_maps_slurm_gpu_numbers_to_the_uuids_of_those_device_files() {
     let node = Node::new();
     // /proc/driver/nvidia/gpus as the driver writes it: NVML index (PCI order) and device minor
     // differ, so minor 1 is the GPU at 3b:00 and minor 3 the one at 19:00.
-    for (bus, uuid, minor) in [
+    node.driver_lists(&[
         ("0000:19:00.0", "GPU-aaaa", 3),
         ("0000:3b:00.0", "GPU-bbbb", 1),
         ("0000:5d:00.0", "GPU-cccc", 0),
-    ] {
-        let dir = node.path(&format!("proc-gpus/{bus}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("information"),
-            format!(
-                "Model: \t\t NVIDIA H100\nGPU UUID: \t {uuid}\nBus Location: \t {bus}\n\
-                 Device Minor: \t {minor}\nGPU Excluded:\t No\n"
-            ),
-        )
-        .unwrap();
-    }
+    ]);
     node.report(&report_of("healthy.ndjson"));
-    let ran = node.run("prolog", &[("SLURM_JOB_GPUS", "1,3")]);
+    let minors = ("GPUDIAG_GPU_IDS", "minor");
+    let ran = node.run("prolog", &[minors, ("SLURM_JOB_GPUS", "1,3")]);
     assert_eq!(ran.code, 0, "{}", ran.stderr);
     assert_eq!(
         ran.gpudiag_args.last().unwrap(),
         "check --json --probes quick --fail-on fail --device GPU-bbbb --device GPU-aaaa"
     );
-    // GPUDIAG_GPU_IDS=index takes the numbers as NVML indices; CUDA_VISIBLE_DEVICES is read when
-    // SLURM_JOB_GPUS is absent, and UUIDs in it pass through.
-    let ran = node.run(
-        "prolog",
-        &[
-            ("GPUDIAG_GPU_IDS", "index"),
-            ("CUDA_VISIBLE_DEVICES", "2, GPU-dddd"),
-        ],
-    );
+    // A range is read as its numbers.
+    let ran = node.run("prolog", &[minors, ("SLURM_JOB_GPUS", "0-1")]);
     assert_eq!(ran.code, 0, "{}", ran.stderr);
     assert_eq!(
         ran.gpudiag_args.last().unwrap(),
-        "check --json --probes quick --fail-on fail --device 2 --device GPU-dddd"
+        "check --json --probes quick --fail-on fail --device GPU-cccc --device GPU-bbbb"
+    );
+    // GPUDIAG_GPU_IDS=index takes the numbers as NVML indices; CUDA_VISIBLE_DEVICES is read when
+    // SLURM_JOB_GPUS is absent, and UUIDs the driver lists pass through.
+    let ran = node.run("prolog", &[("CUDA_VISIBLE_DEVICES", "2, GPU-cccc")]);
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert_eq!(
+        ran.gpudiag_args.last().unwrap(),
+        "check --json --probes quick --fail-on fail --device 2 --device GPU-cccc"
+    );
+    assert!(!node.python3_called());
+}
+
+/// A node whose driver lists the two GPUs of tests/fixtures/recordings/two_gpus.ndjson (minors
+/// 0 and 1) and a third at minor 2 that the recording, NVML's view, lacks: fallen off the bus.
+fn node_with_a_lost_gpu() -> Node {
+    let node = Node::new();
+    node.real_check_of("two_gpus.ndjson").driver_lists(&[
+        (
+            "0000:19:00.0",
+            "GPU-3f8a2c71-9b4e-5d06-a1c2-7e9f0b4d2a11",
+            0,
+        ),
+        (
+            "0000:3b:00.0",
+            "GPU-8c41d0e5-2f7a-4b93-86de-15ab3c9e7f42",
+            1,
+        ),
+        (
+            "0000:5d:00.0",
+            "GPU-0dead000-0000-4000-8000-00000000beef",
+            2,
+        ),
+    ]);
+    node
+}
+
+#[test]
+fn prolog_drains_when_a_job_gpu_the_driver_lists_is_lost_to_nvml() {
+    let node = node_with_a_lost_gpu();
+    let ran = node.run(
+        "prolog",
+        &[("GPUDIAG_GPU_IDS", "minor"), ("SLURM_JOB_GPUS", "0,2")],
+    );
+    assert_eq!(ran.code, 1, "a lost job GPU drains: {}", ran.stderr);
+    assert_eq!(
+        ran.scontrol_args,
+        Some(drain_args(
+            "gpudiag: GPU 2 (GPU-0dead000-0000-4000-8000-00000000beef, 0000:5d:00) listed by \
+             the driver, not by NVML"
+        )),
+        "{}",
+        ran.stderr
+    );
+    // The real check was asked for both GPUs by UUID, and named the one it could not find.
+    assert_eq!(
+        ran.gpudiag_args,
+        ["check --json --probes quick --fail-on fail \
+          --device GPU-3f8a2c71-9b4e-5d06-a1c2-7e9f0b4d2a11 \
+          --device GPU-0dead000-0000-4000-8000-00000000beef"]
+    );
+    assert!(ran.stderr.contains("gpu_lost"), "{}", ran.stderr);
+    assert!(!node.python3_called());
+}
+
+#[test]
+fn check_with_a_device_that_matches_nothing_prints_its_document_and_exits_3() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpudiag"))
+        .args(["check", "--json", "--device", "0", "--device", "GPU-gone"])
+        .arg("--replay")
+        .arg(at("tests/fixtures/recordings/two_gpus.ndjson"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("a JSON document");
+    assert_eq!(report["status"], "could_not_run");
+    assert_eq!(report["exit_code"], 3);
+    assert_eq!(report["devices_not_found"], serde_json::json!(["GPU-gone"]));
+    let why = report["could_not_run"].as_str().unwrap();
+    assert!(why.contains("no GPU matches --device 'GPU-gone'"), "{why}");
+}
+
+#[test]
+fn prolog_logs_a_job_gpu_nobody_knows_or_one_it_cannot_place_and_never_drains_for_it() {
+    let node = node_with_a_lost_gpu();
+    // A UUID the driver does not list: the job's GPUs and the node's disagree (gres, or an id
+    // mapping): a configuration error, logged and made loud, and no check of another GPU.
+    let ran = node.run(
+        "prolog",
+        &[(
+            "CUDA_VISIBLE_DEVICES",
+            "GPU-0000aaaa-0000-4000-8000-000000000001",
+        )],
+    );
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert_eq!(ran.scontrol_args, None, "{}", ran.stderr);
+    assert!(ran.gpudiag_args.is_empty(), "{:?}", ran.gpudiag_args);
+    assert!(
+        ran.stderr.contains("config_error") && ran.stderr.contains("is no GPU the driver lists"),
+        "{}",
+        ran.stderr
+    );
+    let fault = std::fs::read_to_string(node.path("state/gpudiag-prolog.fault")).unwrap();
+    assert!(fault.contains("is no GPU the driver lists"), "{fault}");
+    // A device minor the driver does not list: the same.
+    let ran = node.run(
+        "prolog",
+        &[("GPUDIAG_GPU_IDS", "minor"), ("SLURM_JOB_GPUS", "7")],
+    );
+    assert_eq!((ran.code, &ran.scontrol_args), (0, &None), "{}", ran.stderr);
+    assert!(
+        ran.stderr
+            .contains("is a device minor the driver does not list (it lists 0, 1, 2)"),
+        "{}",
+        ran.stderr
+    );
+    // No /proc/driver/nvidia (a container): a device minor cannot be placed, and is not taken
+    // as an NVML index, which could be another job's GPU: nothing is checked, logged.
+    let no_proc = ("GPUDIAG_PROC_GPUS", "/nonexistent/gpus");
+    let ran = node.run(
+        "prolog",
+        &[
+            no_proc,
+            ("GPUDIAG_GPU_IDS", "minor"),
+            ("SLURM_JOB_GPUS", "2"),
+        ],
+    );
+    assert_eq!((ran.code, &ran.scontrol_args), (0, &None), "{}", ran.stderr);
+    assert!(ran.gpudiag_args.is_empty(), "{:?}", ran.gpudiag_args);
+    assert!(ran.stderr.contains("cannot_tell"), "{}", ran.stderr);
+    // ... and a UUID NVML does not enumerate, with no listing to say whether the driver has it:
+    // lost or never there cannot be told, so it is logged, not drained.
+    let ran = node.run(
+        "prolog",
+        &[
+            no_proc,
+            ("SLURM_JOB_GPUS", "GPU-0dead000-0000-4000-8000-00000000beef"),
+        ],
+    );
+    assert_eq!((ran.code, &ran.scontrol_args), (0, &None), "{}", ran.stderr);
+    assert_eq!(ran.gpudiag_args.len(), 1, "checked: {}", ran.stderr);
+    assert!(ran.stderr.contains("cannot_tell"), "{}", ran.stderr);
+}
+
+#[test]
+fn a_broken_install_is_loud_in_the_log_a_state_file_and_the_node_comment_and_never_drains() {
+    let node = Node::new();
+    let fault_file = node.path("state/gpudiag-prolog.fault");
+    let comment = ("GPUDIAG_NODE_COMMENT", "1");
+    // gpudiag not on PATH.
+    let missing = ("GPUDIAG_BIN", "gpudiag-not-installed");
+    let ran = node.run("prolog", &[comment, missing, ("SLURM_JOB_GPUS", "0")]);
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("gpudiag-not-installed not found"),
+        "{}",
+        ran.stderr
+    );
+    let args = ran.scontrol_args.expect("the node's comment is set");
+    assert!(!args.iter().any(|a| a.starts_with("state=")), "{args:?}");
+    assert!(
+        args.iter()
+            .any(|a| a.starts_with("comment=gpudiag-prolog: ")
+                && a.contains("gpudiag-not-installed not found")),
+        "{args:?}"
+    );
+    assert!(
+        std::fs::read_to_string(&fault_file)
+            .unwrap()
+            .contains("not found")
+    );
+    // The same fault at the next job: the comment is not set again.
+    std::fs::remove_file(node.path("scontrol.args")).unwrap();
+    let ran = node.run("prolog", &[comment, missing, ("SLURM_JOB_GPUS", "0")]);
+    assert_eq!((ran.code, &ran.scontrol_args), (0, &None), "{}", ran.stderr);
+    // Fixed: the first run without a fault clears the file and the comment.
+    node.report(&report_of("healthy.ndjson"));
+    let ran = node.run("prolog", &[comment, ("SLURM_JOB_GPUS", "0")]);
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert_eq!(
+        ran.scontrol_args,
+        Some(vec![
+            "update".into(),
+            "nodename=node07".into(),
+            "comment=".into()
+        ])
+    );
+    assert!(!fault_file.exists());
+    // The epilog: a job id that is not one, and gpudiag missing, are its faults; exit 0.
+    std::fs::remove_file(node.path("scontrol.args")).unwrap();
+    for envs in [
+        vec![("SLURM_JOB_ID", "../x"), ("SLURM_JOB_GPUS", "0")],
+        vec![missing, ("SLURM_JOB_GPUS", "0")],
+    ] {
+        let ran = node.run("epilog", &envs);
+        assert_eq!(
+            (ran.code, &ran.scontrol_args),
+            (0, &None),
+            "{envs:?}: {}",
+            ran.stderr
+        );
+        assert!(node.path("state/gpudiag-epilog.fault").exists(), "{envs:?}");
+    }
+    assert!(!node.python3_called());
+}
+
+#[test]
+fn check_config_finds_the_slips_and_says_what_the_prolog_would_do_changing_nothing() {
+    let node = node_with_a_lost_gpu();
+    let ran = |envs: &[(&str, &str)]| {
+        let out = Command::new("bash")
+            .arg(at("assets/deploy/slurm/prolog"))
+            .arg("--check-config")
+            .env_clear()
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    node.path("bin").display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .env("FAKE_DIR", node.path(""))
+            .env("REAL_GPUDIAG", env!("CARGO_BIN_EXE_gpudiag"))
+            .env("GPUDIAG_SLURM_CONF", node.path("no-such.conf"))
+            .env("GPUDIAG_PROC_GPUS", node.path("proc-gpus"))
+            .env("GPUDIAG_STATE_DIR", node.path("state"))
+            .envs(envs.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    // Without a job, every GPU the driver lists stands in: the lost one makes it a drain.
+    let (code, out) = ran(&[("GPUDIAG_ON_WARN", "Log")]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("problem: configuration: GPUDIAG_ON_WARN='Log' is not one of: drain log"),
+        "{out}"
+    );
+    assert!(out.contains("the driver lists 3 GPU(s)"), "{out}");
+    assert!(out.contains("the prolog would: drain (gpu_lost)"), "{out}");
+    // The GPUs NVML has, and no slip: exit 0.
+    let (code, out) = ran(&[("SLURM_JOB_GPUS", "0,1")]);
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains("problem:"), "{out}");
+    assert!(out.contains("the prolog would: "), "{out}");
+    // Nothing was changed: no drain, no comment, no state.
+    assert!(!node.path("scontrol.args").exists());
+    assert!(!node.path("state").exists());
+    // The epilog's: its settings and tools.
+    let out = Command::new("bash")
+        .arg(at("assets/deploy/slurm/epilog"))
+        .arg("--check-config")
+        .env("GPUDIAG_SLURM_CONF", node.path("no-such.conf"))
+        .env("GPUDIAG_BIN", "gpudiag-not-installed")
+        .env("GPUDIAG_SYSLOG", "0")
+        .env("GPUDIAG_STATE_DIR", node.path("state"))
+        .env("GPUDIAG_SUMMARY_DIR", node.path("summaries"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("problem: GPUDIAG_BIN=gpudiag-not-installed is not on PATH"),
+        "{text}"
     );
 }
 
@@ -355,8 +668,8 @@ fn prolog_does_not_drain_on_a_broken_install_or_a_job_without_gpus() {
             "check --json --probes quick --fail-on fail --device 0",
         ),
         (
-            "GPUDIAG_GPU_IDS",
-            "pci",
+            "GPUDIAG_ON_HUNG",
+            "Drain",
             "check --json --probes quick --fail-on fail --device 0",
         ),
     ] {
@@ -375,17 +688,37 @@ fn prolog_does_not_drain_on_a_broken_install_or_a_job_without_gpus() {
         );
         assert_eq!(ran.gpudiag_args, [runs], "{var}={value}");
     }
-    // An id that is neither a number nor a UUID is not a typo with a default: exit 2 before
-    // anything runs.
+    // GPUDIAG_GPU_IDS falls back to `minor`, which without the driver's /proc files cannot
+    // be placed: nothing is checked, logged.
     let _ = std::fs::remove_file(node.path("gpudiag.args"));
-    let ran = node.run("prolog", &[("SLURM_JOB_GPUS", "1;rm")]);
-    assert_eq!(ran.code, 2, "{}", ran.stderr);
+    let ran = node.run(
+        "prolog",
+        &[("SLURM_JOB_GPUS", "0"), ("GPUDIAG_GPU_IDS", "pci")],
+    );
+    assert_eq!((ran.code, &ran.scontrol_args), (0, &None), "{}", ran.stderr);
     assert!(
-        ran.stderr.contains("is neither a number nor a UUID"),
+        ran.stderr.contains(
+            "configuration: GPUDIAG_GPU_IDS='pci' is not one of: minor index; using minor"
+        ),
         "{}",
         ran.stderr
     );
-    assert!(ran.gpudiag_args.is_empty(), "1;rm ran gpudiag");
+    assert!(ran.gpudiag_args.is_empty());
+    // A job GPU list that does not parse: a configuration error, logged, never a drain, and
+    // nothing run with it.
+    for list in ["1;rm", "-1", "GPU-zz", "0-99999"] {
+        let _ = std::fs::remove_file(node.path("gpudiag.args"));
+        let ran = node.run("prolog", &[("SLURM_JOB_GPUS", list)]);
+        assert_eq!(ran.code, 0, "{list}: {}", ran.stderr);
+        assert_eq!(ran.scontrol_args, None, "{list}");
+        assert!(
+            ran.stderr.contains("config_error") && ran.stderr.contains("in SLURM_JOB_GPUS="),
+            "{list}: {}",
+            ran.stderr
+        );
+        assert!(ran.gpudiag_args.is_empty(), "{list} ran gpudiag");
+    }
+    assert!(!node.python3_called());
 }
 
 /// A gpudiag that sleeps forever ignoring SIGTERM (inherited by its child), as one blocked in a
@@ -506,12 +839,14 @@ fn epilog_attributes_only_the_jobs_xids_when_gpudiag_gives_no_report() {
         ("SLURM_JOB_START_TIME", "1767225600"),
         ("FAKE_RC", "2"),
     ];
+    let minors = ("GPUDIAG_GPU_IDS", "minor");
     let summary = |node: &Node| -> Value {
         serde_json::from_str(&std::fs::read_to_string(node.path("summaries/job-42.json")).unwrap())
             .unwrap()
     };
-    // No report and no /proc/driver/nvidia: which bus is the job's is unknown, so no XID is
-    // the job's; the node's are listed apart with the reason.
+    // No report, and GPUs numbered by NVML index, which the driver's files do not name: which
+    // bus is the job's is unknown, so no XID is the job's; the node's are listed apart with the
+    // reason.
     let ran = node.run("epilog", &envs);
     assert_eq!(ran.code, 0, "{}", ran.stderr);
     let s = summary(&node);
@@ -535,29 +870,34 @@ fn epilog_attributes_only_the_jobs_xids_when_gpudiag_gives_no_report() {
     assert_eq!(xid_numbers(&apart["xids"]), [48, 79]);
 
     // The driver's /proc files say minor 3 is the GPU at 19:00: its XID only.
-    let dir = node.path("proc-gpus/0000:19:00.0");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("information"),
-        "Model: \t\t NVIDIA H100\nGPU UUID: \t GPU-aaaa\nBus Location: \t 0000:19:00.0\n\
-         Device Minor: \t 3\n",
-    )
-    .unwrap();
-    let ran = node.run("epilog", &envs);
+    node.driver_lists(&[("0000:19:00.0", "GPU-aaaa", 3)]);
+    let ran = node.run("epilog", &[envs[0], envs[1], envs[2], minors]);
     assert_eq!(ran.code, 0, "{}", ran.stderr);
     let s = summary(&node);
     assert_eq!(xid_numbers(&s["kernel_xids"]["xids"]), [48], "{s}");
     assert_eq!(s["kernel_xids"]["not_attributed"], Value::Null);
 
-    // A second job GPU the driver does not list: 19:00's XID is the job's, 3b:00's may be.
-    let ran = node.run("epilog", &[("SLURM_JOB_GPUS", "3,1"), envs[1], envs[2]]);
+    // A second job GPU the driver does not list: the job's GPUs are not known (a configuration
+    // error, logged), nothing is checked, and no XID is the job's.
+    let ran = node.run(
+        "epilog",
+        &[("SLURM_JOB_GPUS", "3,1"), envs[1], envs[2], minors],
+    );
     assert_eq!(ran.code, 0, "{}", ran.stderr);
     let s = summary(&node);
-    assert_eq!(xid_numbers(&s["kernel_xids"]["xids"]), [48], "{s}");
+    assert_eq!(s["kernel_xids"]["xids"], Value::Null, "{s}");
     assert_eq!(
         xid_numbers(&s["kernel_xids"]["not_attributed"]["xids"]),
-        [79]
+        [48, 79]
     );
+    assert!(
+        s["check_error"]
+            .as_str()
+            .unwrap()
+            .starts_with("not checked: "),
+        "{s}"
+    );
+    assert!(!node.python3_called());
 }
 
 #[test]
@@ -612,6 +952,32 @@ fn epilog_writes_the_job_summary() {
 }
 
 #[test]
+fn epilog_reads_dmesg_where_journald_cannot_and_keeps_only_what_came_after_the_job_began() {
+    let node = Node::new();
+    let ran = node.report(&report_of("ecc_error.ndjson")).run(
+        "epilog",
+        &[
+            ("SLURM_JOB_GPUS", "0"),
+            ("SLURM_JOB_START_TIME", "1767225600"),
+            ("FAKE_NO_JOURNAL", "1"),
+        ],
+    );
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(node.path("summaries/job-42.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["kernel_xids"]["source"], "dmesg");
+    // 31 and 94 (00:59:59 at +01:00 is 23:59:59 UTC the day before) came before the job.
+    let xids: Vec<u64> = summary["kernel_xids"]["xids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["xid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(xids, [48], "{summary}");
+}
+
+#[test]
 fn epilog_start_time_comes_from_the_prolog_when_slurm_gives_none() {
     let node = Node::new();
     node.report(&report_of("healthy.ndjson"));
@@ -633,9 +999,9 @@ fn epilog_start_time_comes_from_the_prolog_when_slurm_gives_none() {
         serde_json::from_str(&std::fs::read_to_string(node.path("summaries/job-42.json")).unwrap())
             .unwrap();
     assert_eq!(summary["check"]["status"], "healthy");
-    // A job id that is not one stops before a path is made of it.
+    // A job id that is not one stops before a path is made of it, and fails nothing.
     let ran = node.run("epilog", &[gpus, ("SLURM_JOB_ID", "../x")]);
-    assert_eq!(ran.code, 2, "{}", ran.stderr);
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
     assert!(ran.stderr.contains("is not a job id"), "{}", ran.stderr);
 }
 

@@ -44,10 +44,16 @@ pub fn print_check(
 ) -> Result<i32, Error> {
     let report = match check_request(request, stop, config) {
         // A script reading `--json` always gets a document; the reason goes to stderr as well,
-        // for the person watching.
-        Err(Error::CannotRun(why)) if json => {
+        // for the person watching. A `--device` that matches no GPU is one of these: a GPU the
+        // caller was given and cannot be seen is for the caller to judge, from the selectors
+        // listed apart.
+        Err(e @ (Error::CannotRun(_) | Error::NoSuchDevice { .. })) if json => {
+            let why = e.to_string();
             eprint!("{}", printable::error_lines(&why));
             let mut report = CheckReport::could_not_run(why, backend_name, request.fail_on);
+            if let Error::NoSuchDevice { selectors, .. } = e {
+                report.devices_not_found = selectors;
+            }
             report.host.hostname = gethostname::gethostname().into_string().ok();
             report
         }

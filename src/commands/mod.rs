@@ -1,8 +1,8 @@
 //! One module per subcommand, each the whole of it: what it reads from the flags, what it asks
 //! core for, and what it prints. `check`, `config`, `probe`, `record`, `trace`, `serve` (served by
-//! `gpudiag-http`), `report` (the bug-report bundle), `replay`, `run`, `fleet`, `completions`,
-//! `man`, and `default_view` (`gpudiag` with no subcommand). `main` only parses the command
-//! line and calls one of them.
+//! `gpudiag-http`), `report` (the bug-report bundle), `replay`, `run`, `fleet`, `slurm` (what
+//! the Slurm prolog and epilog read), `completions`, `man`, and `default_view` (`gpudiag` with
+//! no subcommand). `main` only parses the command line and calls one of them.
 
 pub mod check;
 pub mod completions;
@@ -16,6 +16,7 @@ pub mod replay;
 pub mod report;
 pub mod run;
 pub mod serve;
+pub mod slurm;
 pub mod trace;
 
 use std::io::{IsTerminal, Write};

@@ -227,42 +227,46 @@ pub fn with_faults_and_deadline(
 }
 
 /// Resolves `--device` selectors (an index or a UUID) to device indices; none selects all.
+/// Selectors that match no device are all named in one [`Error::NoSuchDevice`].
 pub fn select_devices(devices: &[DeviceInfo], selectors: &[String]) -> Result<DeviceFilter, Error> {
     if selectors.is_empty() {
         return Ok(DeviceFilter(devices.iter().map(|d| d.index).collect()));
     }
-    selectors
+    let mut selected = Vec::new();
+    let mut unmatched = Vec::new();
+    for sel in selectors {
+        let sel = sel.trim();
+        let found = devices.iter().find(|d| {
+            sel.parse::<u32>().is_ok_and(|i| i == d.index)
+                || d.uuid
+                    .as_deref()
+                    .is_some_and(|u| u.eq_ignore_ascii_case(sel))
+        });
+        match found {
+            Some(d) => selected.push(d.index),
+            None => unmatched.push(sel.to_owned()),
+        }
+    }
+    if unmatched.is_empty() {
+        return Ok(DeviceFilter(selected.into_iter().collect()));
+    }
+    let have: Vec<String> = devices
         .iter()
-        .map(|sel| {
-            let sel = sel.trim();
-            devices
-                .iter()
-                .find(|d| {
-                    sel.parse::<u32>().is_ok_and(|i| i == d.index)
-                        || d.uuid
-                            .as_deref()
-                            .is_some_and(|u| u.eq_ignore_ascii_case(sel))
-                })
-                .map(|d| d.index)
-                .ok_or_else(|| {
-                    let have: Vec<String> = devices
-                        .iter()
-                        .map(|d| {
-                            format!("{} ({})", d.index, d.uuid.as_deref().unwrap_or("no uuid"))
-                        })
-                        .collect();
-                    Error::Usage(format!(
-                        "no GPU matches --device '{sel}'; this source has: {}",
-                        if have.is_empty() {
-                            "none".into()
-                        } else {
-                            have.join(", ")
-                        }
-                    ))
-                })
-        })
-        .collect::<Result<_, _>>()
-        .map(DeviceFilter)
+        .map(|d| format!("{} ({})", d.index, d.uuid.as_deref().unwrap_or("no uuid")))
+        .collect();
+    let quoted: Vec<String> = unmatched.iter().map(|s| format!("'{s}'")).collect();
+    Err(Error::NoSuchDevice {
+        message: format!(
+            "no GPU matches --device {}; this source has: {}",
+            quoted.join(", "),
+            if have.is_empty() {
+                "none".into()
+            } else {
+                have.join(", ")
+            }
+        ),
+        selectors: unmatched,
+    })
 }
 
 /// The one way a command opens a source and sets up what judges it: the source, a pipeline

@@ -74,6 +74,11 @@ pub struct CheckReport {
     /// with status `could_not_run`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub could_not_run: Option<String>,
+    /// The `--device` selectors that matched no GPU of the source, when that is why the check
+    /// could not run: a GPU the driver no longer enumerates (fallen off the bus), or a name
+    /// that is no GPU's here. Left out when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices_not_found: Vec<String>,
     /// The severity at which `status` turns into exit code 1.
     pub fail_on: Severity,
     /// 1 when a finding is at or above `fail_on`; 3 when nothing could be judged or the check
@@ -113,6 +118,7 @@ impl CheckReport {
             not_judged: Vec::new(),
             status: Status::CouldNotRun,
             could_not_run: Some(why),
+            devices_not_found: Vec::new(),
             fail_on,
             exit_code: exit::CANNOT_RUN,
         }

@@ -210,6 +210,7 @@ pub fn run(
         not_judged: judged.not_judged,
         status,
         could_not_run: None,
+        devices_not_found: Vec::new(),
         fail_on: request.fail_on,
         exit_code,
     };
