@@ -2,9 +2,11 @@
 # The feasibility gate of `run --kernels` (issue 37), on a GPU host with PyTorch, about 4 minutes:
 #
 #   benches/kernels_gate.sh [GPUDIAG_BINARY]
-#   GATE_PART=second benches/kernels_gate.sh [GPUDIAG_BINARY]   about 3 minutes: three rounds of the
+#   GATE_PART=second benches/kernels_gate.sh [GPUDIAG_BINARY]   about 4 minutes: three rounds of the
 #       launch-heavy loop (base, collector, 10% duty cycle by kinds and by detaching CUPTI,
 #       Kineto) and the torch.profiler runs, nothing else
+#   GATE_PART=profiler benches/kernels_gate.sh                  about 1 minute: the torch.profiler
+#       runs alone
 #
 # 1. cost: steps/s of a launch-heavy loop (40 small elementwise kernels and one .item() a step)
 #    without a collector, with the collector under several settings (activity kinds, buffer size,
@@ -13,7 +15,8 @@
 #    matmul loop and a copy loop with and without the collector.
 # 2. torch.profiler beside the collector: the kernels in two torch.profiler traces of one script
 #    without a collector, with the collector loaded by injection only (the naive way) and also
-#    preloaded (Kineto's calls go through the collector), and what the collector counted.
+#    preloaded (Kineto's calls go through the collector, which steps aside while Kineto traces),
+#    and what the collector counted.
 # 3. a missing path: CUDA_INJECTION64_PATH and LD_PRELOAD naming a file that does not exist; a
 #    CUDA program that loads no libcupti (CuPy).
 # 4. gpudiag's profiling counters (GPM) while the collector records.
@@ -167,13 +170,13 @@ for pair in (("matmul-base", "matmul-all"), ("copies-base", "copies-all")):
           (s[0].get("kernels"), s[0].get("copies"), s[0].get("pageable_copies"), s[0].get("copy_by_kind")) if s else "")
 print("== torch.profiler beside the collector")
 for name in ("profiler-none", "profiler-injection-only", "profiler-preloaded", "profiler-preloaded-teardown",
-             "profiler-preloaded-detach"):
+             ):
     rc, res = runs.get(name, ("?", {}))
     s = summaries(name)
     k = s[0] if s else {}
     print(name, rc, [(t["session"], t["steps"], t["events"]) for t in res.get("traces", [])],
-          {x: k.get(x) for x in ("kernels", "syncs", "guest_registrations", "guest_records",
-                                 "guest_buffers", "guest_lost", "finalize_calls", "dropped", "detaches")})
+          {x: k.get(x) for x in ("kernels", "syncs", "guest_registrations", "finalize_calls",
+                                 "dropped", "asides", "aside_ns")})
     if k.get("top"):
         print("   top:", [(t["name"][:40], t["count"]) for t in k["top"][:4]])
     err = os.path.join(d, "summaries", name, "stderr.txt")

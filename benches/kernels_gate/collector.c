@@ -9,10 +9,13 @@
 //   * living beside torch.profiler: CUPTI has one pair of activity-buffer callbacks per process.
 //     Kineto (torch.profiler) registers its own when a trace starts, which silently took the
 //     naive collector's buffers away from both. Loaded also through LD_PRELOAD, this file
-//     defines cuptiActivityRegisterCallbacks, cuptiActivityEnable, cuptiActivityDisable and
-//     cuptiFinalize, so Kineto's calls land here first: its callbacks are kept as a guest, ours
-//     stay registered with CUPTI, every completed buffer is read for us and the records of the
-//     kinds Kineto enabled are copied into buffers Kineto hands out, so its trace stays whole.
+//     defines cuptiActivityRegisterCallbacks, cuptiActivityEnable, cuptiActivityDisable,
+//     cuptiActivityFlushAll and cuptiFinalize, so Kineto's calls land here first. When Kineto
+//     registers, ours are flushed and CUPTI is handed to Kineto for real; at Kineto's flush
+//     after it disabled its kinds, CUPTI is taken back. Its trace is its own; ours has a hole,
+//     counted. (Sharing instead — ours kept registered, Kineto's records copied into buffers it
+//     hands out — left its trace empty and crashed the program: benches/RESULTS.md; the code is
+//     in the commit that added this file.)
 //
 // Settings (environment):
 //   GPUDIAG_KERNELS_OUT      directory for <pid>.json summaries (required; nothing is written
@@ -22,7 +25,7 @@
 //   GPUDIAG_KERNELS_DUTY     ON_MS/PERIOD_MS: record ON_MS of every PERIOD_MS (default always)
 //   GPUDIAG_KERNELS_DETACH   1: during the off part of the duty cycle detach CUPTI altogether
 //                            (flush, cuptiFinalize) instead of disabling the kinds
-//   GPUDIAG_KERNELS_GUEST    0: do not route records to Kineto (to measure what routing costs)
+//   GPUDIAG_KERNELS_GUEST    none: Kineto's calls pass through (the naive collector)
 #define _GNU_SOURCE
 #include <cupti.h>
 #include <dlfcn.h>
@@ -67,15 +70,14 @@ static struct {
 static atomic_uchar ours_wanted[MAX_KIND];
 static atomic_uchar ours_on[MAX_KIND];
 static atomic_uchar guest_on[MAX_KIND];
-// The kinds whose records go to the guest: Kineto disables its kinds before it flushes at the
-// end of a trace, so a kind stays routed until the guest's next flush after its disable.
-static atomic_uchar guest_wants[MAX_KIND];
 static int detach_when_off;
 static pthread_mutex_t attach_lock = PTHREAD_MUTEX_INITIALIZER;
 static int detached;
 static atomic_int active;
 static size_t buffer_bytes = 8u << 20;
-static int route_to_guest = 1;
+static int step_aside_for_guest = 1;
+static int stepped_aside;
+static struct timespec aside_since;
 static const char *out_dir;
 
 static pthread_mutex_t guest_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -84,10 +86,10 @@ static CUpti_BuffersCallbackCompleteFunc guest_complete;
 
 static pthread_mutex_t stats_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
-  uint64_t buffers, bytes, records, dropped, guest_records, guest_buffers, guest_lost;
+  uint64_t buffers, bytes, records, dropped;
   uint64_t kernels, kernel_ns, copies, copy_bytes, copy_ns, pageable_copies, sets, set_ns;
   uint64_t syncs, sync_ns;
-  uint64_t finalize_calls, guest_registrations, detaches, reattaches;
+  uint64_t finalize_calls, guest_registrations, detaches, reattaches, asides, aside_ns;
 } stats;
 
 // Kernel names by the pointer CUPTI hands out (it keeps one string per function); enough for
@@ -227,39 +229,6 @@ static void count_record(const CUpti_Activity *r) {
   }
 }
 
-// Copies the guest's records out of one of our buffers into buffers the guest hands out, and
-// gives each back through its own completion callback: Kineto frees only buffers it allocated.
-struct guest_buffer {
-  uint8_t *data;
-  size_t size, used;
-};
-
-static void guest_deliver(CUcontext ctx, uint32_t stream, struct guest_buffer *g) {
-  if (g->data) {
-    guest_complete(ctx, stream, g->data, g->size, g->used);
-    stats.guest_buffers++;
-  }
-  g->data = NULL;
-  g->size = g->used = 0;
-}
-
-static void guest_copy(CUcontext ctx, uint32_t stream, struct guest_buffer *g,
-                       const uint8_t *record, size_t bytes) {
-  if (g->data && g->used + bytes > g->size) guest_deliver(ctx, stream, g);
-  if (!g->data) {
-    size_t max_records = 0;
-    guest_request(&g->data, &g->size, &max_records);
-    if (!g->data || g->size < bytes) {
-      stats.guest_lost++;
-      g->data = NULL;
-      return;
-    }
-  }
-  memcpy(g->data + g->used, record, bytes);
-  g->used += bytes;
-  stats.guest_records++;
-}
-
 static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
                                       size_t valid) {
   if (!track(buffer, 0)) {
@@ -268,34 +237,20 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
     pthread_mutex_unlock(&guest_lock);
     return;
   }
-  pthread_mutex_lock(&guest_lock);
-  int routing = route_to_guest && guest_request && guest_complete;
-  struct guest_buffer g = {0};
   pthread_mutex_lock(&stats_lock);
   stats.buffers++;
   stats.bytes += valid;
   CUpti_Activity *record = NULL;
-  uint8_t *previous = NULL;
-  unsigned char previous_kind = 0;
-  // A record's size is where the next one starts: CUPTI lays them out back to back.
   while (real.next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
-    if (routing && previous && guest_wants[previous_kind])
-      guest_copy(ctx, stream, &g, previous, (uint8_t *)record - previous);
     stats.records++;
     unsigned kind = record->kind;
     if (kind < MAX_KIND && ours_wanted[kind]) count_record(record);
-    previous = (uint8_t *)record;
-    previous_kind = kind < MAX_KIND ? kind : 0;
   }
-  if (routing && previous && guest_wants[previous_kind])
-    guest_copy(ctx, stream, &g, previous, buffer + valid - previous);
   if (real.dropped) {
     size_t dropped = 0;
     if (real.dropped(ctx, stream, &dropped) == CUPTI_SUCCESS) stats.dropped += dropped;
   }
   pthread_mutex_unlock(&stats_lock);
-  if (routing) guest_deliver(ctx, stream, &g);
-  pthread_mutex_unlock(&guest_lock);
   free(buffer);
 }
 
@@ -396,7 +351,8 @@ static int by_ns(const void *a, const void *b) {
 static void write_summary(void) {
   if (!out_dir || !active) return;
   pthread_mutex_lock(&attach_lock);
-  if (real.flush_all && !detached) real.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  // Stepped aside, what CUPTI holds is Kineto's.
+  if (real.flush_all && !detached && !stepped_aside) real.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   pthread_mutex_unlock(&attach_lock);
   char path[4096];
   snprintf(path, sizeof path, "%s/%d.json", out_dir, getpid());
@@ -416,16 +372,17 @@ static void write_summary(void) {
   fprintf(f,
           "{\"pid\":%d,\"cupti_api\":%u,\"cupti_from\":\"%s\",\"kinds\":[%s],\"buffer_kb\":%zu,"
           "\"duty\":[%ld,%ld],\"buffers\":%lu,\"bytes\":%lu,\"records\":%lu,\"dropped\":%lu,"
-          "\"guest_registrations\":%lu,\"guest_records\":%lu,\"guest_buffers\":%lu,"
-          "\"guest_lost\":%lu,\"finalize_calls\":%lu,\"detaches\":%lu,\"reattaches\":%lu,"
+          "\"guest_registrations\":%lu,\"finalize_calls\":%lu,\"detaches\":%lu,\"reattaches\":%lu,"
+          "\"asides\":%lu,\"aside_ns\":%lu,"
           "\"kernels\":%lu,\"kernel_ns\":%lu,"
           "\"copies\":%lu,\"copy_bytes\":%lu,\"copy_ns\":%lu,\"pageable_copies\":%lu,"
           "\"sets\":%lu,\"syncs\":%lu,\"sync_ns\":%lu,\"distinct_kernels\":%zu,"
           "\"other_kernels\":%lu,",
           getpid(), version, real.cupti_from ? real.cupti_from : "", kinds, buffer_bytes >> 10,
           duty_on_ms, duty_period_ms, stats.buffers, stats.bytes, stats.records, stats.dropped,
-          stats.guest_registrations, stats.guest_records, stats.guest_buffers, stats.guest_lost,
-          stats.finalize_calls, stats.detaches, stats.reattaches, stats.kernels, stats.kernel_ns, stats.copies, stats.copy_bytes,
+          stats.guest_registrations,
+          stats.finalize_calls, stats.detaches, stats.reattaches, stats.asides, stats.aside_ns,
+          stats.kernels, stats.kernel_ns, stats.copies, stats.copy_bytes,
           stats.copy_ns, stats.pageable_copies, stats.sets, stats.syncs, stats.sync_ns, n,
           other_count);
   fprintf(f, "\"sync_by_type\":{");
@@ -455,7 +412,7 @@ static void parse_settings(void) {
   const char *kb = getenv("GPUDIAG_KERNELS_BUFFER_KB");
   if (kb && atol(kb) >= 64) buffer_bytes = (size_t)atol(kb) << 10;
   const char *guest = getenv("GPUDIAG_KERNELS_GUEST");
-  if (guest && !strcmp(guest, "0")) route_to_guest = 0;
+  if (guest && !strcmp(guest, "none")) step_aside_for_guest = 0;
   const char *detach_setting = getenv("GPUDIAG_KERNELS_DETACH");
   detach_when_off = detach_setting && !strcmp(detach_setting, "1");
   const char *kinds = getenv("GPUDIAG_KERNELS_KINDS");
@@ -499,6 +456,36 @@ EXPORT int InitializeInjection(void) {
 
 // ---- Kineto's calls, when this file is also in LD_PRELOAD ----
 
+// Hands CUPTI to the guest: what ours hold is flushed to us first, and our kinds the guest did
+// not ask for are turned off, so its trace holds what it asked for.
+static void step_aside(void) {
+  pthread_mutex_lock(&attach_lock);
+  if (!stepped_aside && !detached && guest_request && guest_complete) {
+    real.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    for (unsigned k = 0; k < MAX_KIND; k++)
+      if (ours_on[k] && !guest_on[k]) real.disable((CUpti_ActivityKind)k);
+    real.register_callbacks(guest_request, guest_complete);
+    stepped_aside = 1;
+    clock_gettime(CLOCK_MONOTONIC, &aside_since);
+    stats.asides++;
+  }
+  pthread_mutex_unlock(&attach_lock);
+}
+
+// The guest's trace is over (it flushed with none of its kinds on): CUPTI comes back to us.
+static void take_back(void) {
+  pthread_mutex_lock(&attach_lock);
+  if (stepped_aside) {
+    attach();
+    stepped_aside = 0;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    stats.aside_ns += (uint64_t)(now.tv_sec - aside_since.tv_sec) * 1000000000u +
+                      (uint64_t)(now.tv_nsec - aside_since.tv_nsec);
+  }
+  pthread_mutex_unlock(&attach_lock);
+}
+
 EXPORT CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc request,
                                                   CUpti_BuffersCallbackCompleteFunc complete) {
   pthread_mutex_lock(&guest_lock);
@@ -506,38 +493,40 @@ EXPORT CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFu
   guest_complete = complete;
   stats.guest_registrations++;
   pthread_mutex_unlock(&guest_lock);
-  if (active) return CUPTI_SUCCESS;
+  if (active && step_aside_for_guest) {
+    int aside = stepped_aside;
+    if (aside) real.register_callbacks(request, complete);
+    else step_aside();
+    return CUPTI_SUCCESS;
+  }
   register_fn f = real.register_callbacks ? real.register_callbacks
                                           : (register_fn)sym("cuptiActivityRegisterCallbacks");
   return f ? f(request, complete) : CUPTI_ERROR_NOT_INITIALIZED;
 }
 
 EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
-  if ((unsigned)kind < MAX_KIND) guest_on[kind] = guest_wants[kind] = 1;
+  if ((unsigned)kind < MAX_KIND) guest_on[kind] = 1;
   if (active) reattach();
+  // A guest that registered once and traces again without registering.
+  if (active && step_aside_for_guest && !stepped_aside) step_aside();
   kind_fn f = real.enable ? real.enable : (kind_fn)sym("cuptiActivityEnable");
   return f ? f(kind) : CUPTI_ERROR_NOT_INITIALIZED;
 }
 
 EXPORT CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind) {
-  // The guest's trace ends: what CUPTI holds so far is delivered while still routed to it.
-  if (active && guest_tracing()) real.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   if ((unsigned)kind < MAX_KIND) {
     guest_on[kind] = 0;
-    if (active && ours_on[kind]) return CUPTI_SUCCESS;
+    if (active && !stepped_aside && ours_on[kind]) return CUPTI_SUCCESS;
   }
   kind_fn f = real.disable ? real.disable : (kind_fn)sym("cuptiActivityDisable");
   return f ? f(kind) : CUPTI_ERROR_NOT_INITIALIZED;
 }
 
-// Kineto flushes after it disabled its kinds: the records of that flush are still its own.
+// Kineto flushes after it disabled its kinds: the end of its trace, so CUPTI comes back.
 EXPORT CUptiResult cuptiActivityFlushAll(uint32_t flag) {
   flush_all_fn f = real.flush_all ? real.flush_all : (flush_all_fn)sym("cuptiActivityFlushAll");
-  // Forced: our buffers are large and rarely full, and the guest expects its records now.
-  CUptiResult result = f ? f(active ? (flag | CUPTI_ACTIVITY_FLAG_FLUSH_FORCED) : flag)
-                         : CUPTI_ERROR_NOT_INITIALIZED;
-  for (unsigned k = 0; k < MAX_KIND; k++)
-    if (!guest_on[k]) guest_wants[k] = 0;
+  CUptiResult result = f ? f(flag) : CUPTI_ERROR_NOT_INITIALIZED;
+  if (stepped_aside && !guest_tracing()) take_back();
   return result;
 }
 
@@ -545,6 +534,7 @@ EXPORT CUptiResult cuptiActivityFlushAll(uint32_t flag) {
 // Its records are flushed to it first, as finalising would have done.
 EXPORT CUptiResult cuptiFinalize(void) {
   stats.finalize_calls++;
+  if (stepped_aside) take_back();
   if (active) {
     real.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     return CUPTI_SUCCESS;
