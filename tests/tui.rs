@@ -512,6 +512,31 @@ fn a_finding_longer_than_the_screen_scrolls_to_its_last_word() {
     ));
 }
 
+/// Without a live GPU the UI opens the demo and says why: the whole notice, wrapped on lines of
+/// its own, with the key hints still there; a key press (or time) takes it away.
+#[test]
+fn the_no_gpu_notice_is_whole_and_keeps_the_key_hints() {
+    let mut app = loaded("demo");
+    let notice = "no live NVIDIA GPU here (NVML could not be loaded: libnvidia-ml.so.1: cannot \
+                  open shared object file: No such file or directory); opening the bundled demo \
+                  recording (gpudiag --demo)";
+    app.show_notice(notice.to_owned());
+    let screen = render(&app, 80, 24);
+    let rows: Vec<&str> = screen.lines().map(|r| r.trim_matches('"')).collect();
+    let footer = rows[rows.len() - 1];
+    assert!(
+        footer.contains("?:help") && footer.contains("q:quit"),
+        "{screen}"
+    );
+    // The rows just above the hints hold the notice whole, nothing cut.
+    let above = rows[rows.len() - 4..rows.len() - 1].join(" ");
+    assert_eq!(words(&above), words(notice), "{screen}");
+    assert!(rows[rows.len() - 5].contains('┘'), "{screen}");
+    press(&mut app, &[KeyCode::Char('2')]);
+    let screen = render(&app, 80, 24);
+    assert!(!screen.contains("no live NVIDIA GPU"), "{screen}");
+}
+
 #[test]
 fn tiny_terminal_says_so() {
     let app = loaded("demo");

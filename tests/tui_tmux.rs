@@ -209,3 +209,28 @@ fn sigterm_restores_the_terminal() {
     assert_eq!(tmux.display("#{alternate_on}"), "0");
     assert_eq!(tmux.display("#{mouse_any_flag}"), "0");
 }
+
+/// `gpudiag` with no live GPU (this machine has no NVML) opens the demo and says why: the whole
+/// notice above the key hints, gone after a key press.
+#[test]
+#[ignore = "needs tmux; CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
+fn without_a_gpu_the_notice_is_whole_and_the_hints_stay() {
+    let tmux = Tmux::start(80, 24, "nogpu");
+    let bin = env!("CARGO_BIN_EXE_gpudiag");
+    tmux.type_line(&format!("{bin}; echo \"exit=$?\""));
+    let screen = tmux.wait_for(&["[1 Devices]", "no live NVIDIA GPU here", "?:help"], WAIT);
+    let words: String = screen.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words.contains("opening the bundled demo recording (gpudiag --demo)"),
+        "{screen}"
+    );
+    assert!(screen.contains("q:quit"), "{screen}");
+    tmux.keys(&["2"]);
+    let after = tmux.wait_without("no live NVIDIA GPU here", WAIT);
+    assert!(
+        after.contains("[2 Detail]") && after.contains("?:help"),
+        "{after}"
+    );
+    tmux.keys(&["q"]);
+    tmux.wait_for(&["exit=0"], WAIT);
+}

@@ -350,8 +350,29 @@ pub struct App {
     pub viewport: (u16, u16),
     /// A one-line message in the footer until the next key.
     pub status: Option<String>,
+    /// What the session opened instead of what was asked (no live GPU, so the demo), shown
+    /// whole on its own lines above the key hints until a key is pressed or `NOTICE_FOR` passed.
+    pub notice: Option<(String, std::time::Instant)>,
     pub probes: ProbesState,
     pub quit: bool,
+}
+
+/// How long the opening notice stays without a key press: long enough to read twice.
+pub const NOTICE_FOR: std::time::Duration = std::time::Duration::from_secs(20);
+
+impl App {
+    /// Shows `text` above the key hints from now for `NOTICE_FOR`.
+    pub fn show_notice(&mut self, text: String) {
+        self.notice = Some((text, std::time::Instant::now() + NOTICE_FOR));
+    }
+
+    /// The notice, while it is still shown.
+    pub fn current_notice(&self) -> Option<&str> {
+        self.notice
+            .as_ref()
+            .filter(|(_, until)| std::time::Instant::now() < *until)
+            .map(|(text, _)| text.as_str())
+    }
 }
 
 impl From<judgement::Judgement> for Judged {
@@ -409,6 +430,7 @@ impl App {
             overlay: None,
             viewport: (80, 24),
             status: None,
+            notice: None,
             probes: if init_is_live {
                 ProbesState::Ready {
                     suite: SuiteName::Quick,
@@ -874,6 +896,7 @@ impl App {
     /// Handles one key press and says what the event loop must do.
     pub fn on_key(&mut self, key: KeyEvent) -> Option<Effect> {
         self.status = None;
+        self.notice = None;
         let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
         if ctrl && matches!(key.code, KeyCode::Char('c')) {
             self.quit = true;

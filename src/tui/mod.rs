@@ -156,7 +156,9 @@ fn run(
     app.set_rules(config.rules.clone(), libraries);
     app.set_recorded(source.recorded);
     app.speed = speed;
-    app.status = notice;
+    if let Some(text) = notice {
+        app.show_notice(text);
+    }
     if let Some(log) = kernel_xids {
         app.set_kernel_xids(log);
     }

@@ -33,10 +33,17 @@ pub fn draw(f: &mut Frame, app: &App) {
         );
         return;
     }
-    let [header, tabs, body, footer] = Layout::vertical([
+    // The opening notice gets rows of its own, wrapped whole (up to a quarter of the screen),
+    // so the key hints stay.
+    let notice = app.current_notice().map(|text| {
+        let lines = wrapped_lines(&super::format::text(text), area.width);
+        (text, lines.min((area.height / 4).max(3)))
+    });
+    let [header, tabs, body, notice_area, footer] = Layout::vertical([
         Constraint::Length(header_rows(app)),
         Constraint::Length(1),
         Constraint::Min(0),
+        Constraint::Length(notice.map_or(0, |(_, rows)| rows)),
         Constraint::Length(1),
     ])
     .areas(area);
@@ -53,6 +60,14 @@ pub fn draw(f: &mut Frame, app: &App) {
         Panel::Probes => panels::probes::render(f, body, app),
         Panel::Topology => panels::topology::render(f, body, app),
         Panel::Job => panels::job::render(f, body, app),
+    }
+    if let Some((text, _)) = notice {
+        f.render_widget(
+            Paragraph::new(super::format::text(text))
+                .style(app.theme.warn())
+                .wrap(ratatui::widgets::Wrap { trim: true }),
+            notice_area,
+        );
     }
     f.render_widget(footer_line(app, footer.width), footer);
     match &app.overlay {
@@ -129,6 +144,28 @@ pub fn tab_at(width: u16, header_rows: u16, col: u16, row: u16) -> Option<Panel>
         x += len + 1;
     }
     None
+}
+
+/// How many rows `text` takes wrapped at word boundaries in `width` columns.
+fn wrapped_lines(text: &str, width: u16) -> u16 {
+    let width = usize::from(width.max(1));
+    let mut lines = 1u16;
+    let mut used = 0usize;
+    for word in text.split_whitespace() {
+        let w = super::format::width_of(word);
+        if used > 0 && used + 1 + w > width {
+            lines = lines.saturating_add(1);
+            used = w.min(width);
+        } else {
+            used += if used > 0 { 1 } else { 0 } + w;
+        }
+        // A word longer than the line spills over whole lines.
+        while used > width {
+            lines = lines.saturating_add(1);
+            used -= width;
+        }
+    }
+    lines
 }
 
 fn footer_line(app: &App, width: u16) -> Line<'static> {

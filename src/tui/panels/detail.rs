@@ -50,6 +50,22 @@ impl ChartSpec {
             };
             Some(m.format.show(v?, rate))
         });
+        // NVIDIA's two odd cadences, said where they show: NVML's PCIe throughput is a 20 ms
+        // window read every few seconds (the Devices row shows the profiling counters' interval
+        // mean where the GPU has them, and says so), and the graphics-engine share costs ms of
+        // CPU per read, so it is a mean over 10 s that changes that often.
+        let nvidia = d
+            .vendor
+            .as_deref()
+            .is_some_and(|v| v.eq_ignore_ascii_case("nvidia"));
+        let title = match chart {
+            metric_table::Chart::Pcie if nvidia => format!("{title} (20-ms reads)"),
+            metric_table::Chart::Profile if nvidia => match title.split_once(" · ") {
+                Some((engine, rest)) => format!("{engine} (10-s mean) · {rest}"),
+                None => title,
+            },
+            _ => title,
+        };
         let y_max = ceiling.and_then(|c| Some(first?.chart?.scale.apply(c)));
         ChartSpec {
             title,

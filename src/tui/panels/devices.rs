@@ -186,12 +186,15 @@ fn device_lines(
     }
     // The profiling counters' PCIe rates cover the whole interval between two samples, NVML's
     // throughput a 20 ms window read every few seconds: the first where the GPU has them.
+    let profiled = s.is_some_and(|s| s.prof_pcie_rx_bytes_per_s.is_some());
     let rx = s.and_then(|s| s.prof_pcie_rx_bytes_per_s.or(s.pcie_rx_bytes_per_s));
     let tx = s.and_then(|s| s.prof_pcie_tx_bytes_per_s.or(s.pcie_tx_bytes_per_s));
+    // Labelled where it is not the chart's counter, so the two figures do not contradict.
     spans.push(Span::raw(format!(
-        " rx {} tx {}",
+        " rx {} tx {}{}",
         format::rate(rx),
-        format::rate(tx)
+        format::rate(tx),
+        if profiled { " (GPM)" } else { "" }
     )));
     if let Some((m, severity)) = health_marker(s) {
         // Said first and instead of the throttle marker, whose "n/a" would only repeat it.
