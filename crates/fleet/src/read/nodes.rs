@@ -145,8 +145,9 @@ fn duplicated_notes(duplicated: &BTreeMap<String, BTreeSet<String>>) -> Vec<Stri
             }
             format!(
                 "{} GPU UUID(s) reported by each of the nodes {}: {named}; their GPUs are listed \
-                 on each node, but the shipped rules join on UUID alone and mix them up (a \
-                 cloned VM image or a relabelling slip?)",
+                 on each node, and the shipped rules keep them apart by node, but anything \
+                 keyed on the UUID alone mixes them up (a cloned VM image or a relabelling \
+                 slip?)",
                 uuids.len(),
                 nodes.join(", ")
             )
