@@ -88,7 +88,11 @@ fn per_gpu_figures(rule_series: &[Series]) -> PerGpu<'_> {
 
 /// A GPU's figure: the one recorded on its node, else the only one there is (the fleet's nodes
 /// may be named by another label than the rules' `Hostname`).
-fn figure_of(per_gpu: &PerGpu<'_>, (name, uuid, key): (&str, &str, &str), node: &str) -> Option<f64> {
+fn figure_of(
+    per_gpu: &PerGpu<'_>,
+    (name, uuid, key): (&str, &str, &str),
+    node: &str,
+) -> Option<f64> {
     let figures = per_gpu.get(&(name, uuid, key))?;
     figures
         .iter()
@@ -649,7 +653,14 @@ mod tests {
         let gpus: Vec<(&str, Option<f64>, bool, Option<&str>)> = k
             .gpus
             .iter()
-            .map(|g| (g.node.as_str(), g.sm_active_pct, g.straggler, g.role.as_deref()))
+            .map(|g| {
+                (
+                    g.node.as_str(),
+                    g.sm_active_pct,
+                    g.straggler,
+                    g.role.as_deref(),
+                )
+            })
             .collect();
         assert_eq!(
             gpus,
