@@ -598,6 +598,8 @@ fn vector_of(series: usize) -> Vec<u8> {
 
 /// `gpudiag fleet` with `args`, its peak resident memory (MiB) taken from its own rusage:
 /// the exit code, stdout and the peak.
+// The child is reaped by `wait4`, which also gives its rusage (`Child::wait` gives no rusage).
+#[allow(clippy::zombie_processes)]
 fn fleet_peak_rss(args: &[&str]) -> (i32, Vec<u8>, f64) {
     use std::io::Read;
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpudiag"))
