@@ -3,9 +3,12 @@
 //! and a client certificate, a tenant header for Mimir, Cortex or Thanos).
 //!
 //! Every request has a deadline and every answer a size cap; credentials and headers go to the
-//! given URL's origin only (a redirect elsewhere is refused). Every way it can go wrong
-//! (refused, timed out, a 4xx/5xx, a redirect to another origin, an answer that is not
-//! Prometheus's JSON) is one [`ApiError`] whose text is the one line a user sees.
+//! given URL's origin only (a redirect elsewhere is refused). Answers are parsed as they arrive,
+//! never held whole: what one look keeps of them (series with the labels asked for, each text
+//! once; the worst alerts) is counted against one cap, so no answer, however large or hostile,
+//! takes more. Every way it can go wrong (refused, timed out, a 4xx/5xx, a redirect to another
+//! origin, an answer that is not Prometheus's JSON, more than a look keeps) is one [`ApiError`]
+//! whose text is the one line a user sees.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
