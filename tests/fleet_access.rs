@@ -577,3 +577,184 @@ fn a_redirect_to_another_origin_carries_no_credentials() {
         "{doc}"
     );
 }
+
+/// An instant answer of `series`, each a GPU utilisation series whose labels are all ones the
+/// fleet keeps (the most it can be made to hold per byte received).
+fn vector_of(series: usize) -> Vec<u8> {
+    let mut body = String::from(r#"{"status":"success","data":{"resultType":"vector","result":["#);
+    for i in 0..series {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(&format!(
+            r#"{{"metric":{{"__name__":"DCGM_FI_DEV_GPU_UTIL","Hostname":"node-{n:06}","UUID":"GPU-{i:012}","gpu":"{g}","instance":"node-{n:06}:9835","job":"gpudiag"}},"value":[1,"50"]}}"#,
+            n = i / 8,
+            g = i % 8
+        ));
+    }
+    body.push_str("]}}");
+    body.into_bytes()
+}
+
+/// `gpudiag fleet` with `args`, its peak resident memory (MiB) taken from its own rusage:
+/// the exit code, stdout and the peak.
+// The child is reaped by `wait4`, which also gives its rusage (`Child::wait` gives no rusage).
+#[allow(clippy::zombie_processes)]
+fn fleet_peak_rss(args: &[&str]) -> (i32, Vec<u8>, f64) {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpudiag"))
+        .arg("fleet")
+        .args(args)
+        .env_remove("GPUDIAG_PROMETHEUS_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        stdout.read_to_end(&mut out).unwrap();
+        out
+    });
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: wait4 fills the status and rusage it is given; zeroed is a valid rusage.
+    let (status, usage) = unsafe {
+        let mut status = 0;
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::wait4(pid, &mut status, 0, &mut usage), pid);
+        (status, usage)
+    };
+    let out = reader.join().unwrap();
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        -1
+    };
+    (code, out, usage.ru_maxrss as f64 / 1024.0)
+}
+
+/// Every core query answered with 40 MiB of series the fleet keeps, four at once: the whole
+/// read stays under 128 MB (it held each answer whole, and its copy, and every series: gigabytes),
+/// and a fleet larger than one look keeps is exit 3 asking for a narrower selector.
+#[test]
+fn a_prometheus_answering_at_the_cap_is_read_within_128_mb() {
+    // Built on the first request, after gpudiag started: Linux counts a parent's resident set
+    // into its child's peak at exec, and this test would then hold the answer.
+    let body: std::sync::Arc<std::sync::OnceLock<Vec<u8>>> = Default::default();
+    let server = fake_http::start(move |path| {
+        if !path.starts_with("GET /api/v1/query?") {
+            return response("200 OK", "application/json", EMPTY_VECTOR);
+        }
+        let body = body.get_or_init(|| vector_of(250_000));
+        let mut answer = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        answer.extend_from_slice(body);
+        Answer::Bytes(answer)
+    });
+    let url = format!("http://{}", server.addr);
+    let (code, out, peak_mib) =
+        fleet_peak_rss(&["--json", "--prometheus", &url, "--query-timeout", "60s"]);
+    assert!(
+        vector_of(250_000).len() > 40 << 20,
+        "each answer is over 40 MiB"
+    );
+    let doc: Value = serde_json::from_slice(&out).unwrap();
+    eprintln!("peak RSS {peak_mib:.0} MiB: {}", doc["could_not_run"]);
+    assert!(peak_mib * 1.048_576 <= 128.0, "peak RSS {peak_mib:.0} MiB");
+    assert_eq!(code, 3, "{doc}");
+    assert!(
+        doc["could_not_run"]
+            .as_str()
+            .unwrap()
+            .contains("narrow --selector"),
+        "{doc}"
+    );
+}
+
+/// 5,000 firing alerts on one GPU: the worst 1,000 are read and listed, and the document and
+/// the text say how many were left out.
+#[test]
+fn alerts_past_the_cap_are_left_out_and_counted() {
+    let gpu = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"DCGM_FI_DEV_GPU_UTIL","Hostname":"node-0","UUID":"GPU-0","gpu":"0","instance":"node-0:9835","job":"gpudiag"},"value":[1,"50"]}]}}"#;
+    let alerts: Vec<String> = (0..5000)
+        .map(|i| {
+            // One in five is critical: those are the ones kept.
+            let severity = if i % 5 == 0 { "critical" } else { "warning" };
+            format!(
+                r#"{{"labels":{{"alertname":"GpuAlert{i}","severity":"{severity}","Hostname":"node-0","UUID":"GPU-0","gpu":"0","rule_group":"g{i}"}},"annotations":{{"summary":"alert {i}","description":"not read"}},"state":"firing","activeAt":"2026-11-27T10:00:00Z","value":"1e+00"}}"#
+            )
+        })
+        .collect();
+    let alerts = format!(
+        r#"{{"status":"success","data":{{"alerts":[{}]}}}}"#,
+        alerts.join(",")
+    );
+    let server = fake_http::start(move |head| {
+        let body = if head.starts_with("GET /api/v1/alerts") {
+            alerts.as_str()
+        } else if head.contains("DCGM_FI_DEV_GPU_UTIL") {
+            gpu
+        } else if head.starts_with("GET /api/v1/rules") {
+            r#"{"status":"success","data":{"groups":[]}}"#
+        } else {
+            EMPTY_VECTOR
+        };
+        response("200 OK", "application/json", body)
+    });
+    let url = format!("http://{}", server.addr);
+    let (code, doc, _) = fleet_json(&url, &[]);
+    assert_eq!(code, 1, "the critical alerts fail: {doc}");
+    let listed = doc["nodes"][0]["gpus"][0]["alerts"].as_array().unwrap();
+    assert_eq!(listed.len(), 1000);
+    assert!(
+        listed.iter().all(|a| a["severity"] == "fail"),
+        "the worst are kept"
+    );
+    assert_eq!(doc["left_out"]["alerts"], 4000, "{}", doc["left_out"]);
+    assert_eq!(doc["counts"]["alerts_firing"], 1000);
+    assert!(doc["findings"].as_array().unwrap().len() <= 1000);
+    let said = doc["degraded"].to_string();
+    assert!(
+        said.contains("Prometheus holds 5000") && said.contains("4000 left out"),
+        "{said}"
+    );
+
+    let out = fleet(&["--prometheus", &url]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("note: alerts: Prometheus holds 5000;") && text.contains("4000 left out"),
+        "{text}"
+    );
+}
+
+/// More GPUs than one look reads (16,384) is exit 3 asking for a narrower selector, however
+/// little memory their series take.
+#[test]
+fn more_gpus_than_a_look_reads_is_exit_3() {
+    let device = String::from_utf8(vector_of(16_385)).unwrap();
+    let server = fake_http::start(move |head| {
+        let body = if head.contains("DCGM_FI_DEV_GPU_UTIL") {
+            device.as_str()
+        } else if head.starts_with("GET /api/v1/rules") {
+            r#"{"status":"success","data":{"groups":[]}}"#
+        } else if head.starts_with("GET /api/v1/alerts") {
+            r#"{"status":"success","data":{"alerts":[]}}"#
+        } else {
+            EMPTY_VECTOR
+        };
+        response("200 OK", "application/json", body)
+    });
+    let (code, doc, err) = fleet_json(&format!("http://{}", server.addr), &[]);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        doc["could_not_run"]
+            .as_str()
+            .unwrap()
+            .contains("more than 16384 GPUs under the selector"),
+        "{doc}"
+    );
+}

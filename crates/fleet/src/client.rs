@@ -3,20 +3,23 @@
 //! and a client certificate, a tenant header for Mimir, Cortex or Thanos).
 //!
 //! Every request has a deadline and every answer a size cap; credentials and headers go to the
-//! given URL's origin only (a redirect elsewhere is refused). Every way it can go wrong
-//! (refused, timed out, a 4xx/5xx, a redirect to another origin, an answer that is not
-//! Prometheus's JSON) is one [`ApiError`] whose text is the one line a user sees.
+//! given URL's origin only (a redirect elsewhere is refused). Answers are parsed as they arrive,
+//! never held whole: what one look keeps of them (series with the labels asked for, each text
+//! once; the worst alerts) is counted against one cap, so no answer, however large or hostile,
+//! takes more. Every way it can go wrong (refused, timed out, a 4xx/5xx, a redirect to another
+//! origin, an answer that is not Prometheus's JSON, more than a look keeps) is one [`ApiError`]
+//! whose text is the one line a user sees.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use serde::Deserialize;
-use serde::de::{
-    DeserializeOwned, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor,
-};
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use crate::model::QueryCost;
 
@@ -36,12 +39,17 @@ pub struct Access {
     pub timeout: Duration,
     /// The largest answer read; a larger one is an error asking for a narrower selector.
     pub max_answer_bytes: u64,
+    /// The most one look keeps of every answer together; past it the look is an error asking
+    /// for a narrower selector.
+    pub max_kept_bytes: u64,
 }
 
 /// Same-origin redirects followed for one read before it is called a loop.
 const MAX_REDIRECTS: u32 = 10;
 
-/// The default cap on one answer: a 2,048-GPU fleet's largest query answers about 3 MB.
+/// The default cap on one answer as received: a 2,048-GPU fleet's largest query answers about
+/// 3 MB. Answers are parsed as they arrive, so this bounds the time and traffic of a read; what
+/// memory holds is bounded by [`DEFAULT_MAX_KEPT_BYTES`].
 pub const DEFAULT_MAX_ANSWER_BYTES: u64 = 64 << 20;
 
 impl Access {
@@ -55,6 +63,7 @@ impl Access {
             headers: Vec::new(),
             timeout: Duration::from_secs(10),
             max_answer_bytes: DEFAULT_MAX_ANSWER_BYTES,
+            max_kept_bytes: DEFAULT_MAX_KEPT_BYTES,
         }
     }
 }
@@ -102,6 +111,18 @@ pub enum ApiError {
         what: String,
         limit_mib: u64,
     },
+    #[error(
+        "Prometheus at {url} answered {what} with more than gpudiag keeps of one look ({limit_mib} MiB of series, labels and alerts); narrow --selector"
+    )]
+    KeptTooMuch {
+        url: String,
+        what: String,
+        limit_mib: u64,
+    },
+    #[error(
+        "Prometheus at {url} holds more than {limit} GPUs under the selector, more than gpudiag reads in one look; narrow --selector"
+    )]
+    TooManyGpus { url: String, limit: usize },
     /// A redirect elsewhere is not followed: the user's credentials and headers were meant
     /// for the URL they gave, and the target may be anyone.
     #[error(
@@ -122,44 +143,8 @@ pub enum ApiError {
     Setup(String),
 }
 
-/// One series of an instant vector: its labels and value.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Series {
-    pub labels: BTreeMap<String, String>,
-    pub value: f64,
-}
-
-impl Series {
-    pub fn label(&self, name: &str) -> Option<&str> {
-        self.labels
-            .get(name)
-            .map(String::as_str)
-            .filter(|v| !v.is_empty())
-    }
-}
-
-/// One series of a range query: its labels and (ms, value) points.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RangeSeries {
-    pub labels: BTreeMap<String, String>,
-    pub points: Vec<(i64, f64)>,
-}
-
-/// An alert as `/api/v1/alerts` lists it.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-pub struct ApiAlert {
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
-    #[serde(default)]
-    pub annotations: BTreeMap<String, String>,
-    #[serde(default)]
-    pub state: String,
-    #[serde(default, rename = "activeAt")]
-    pub active_at: Option<String>,
-}
-
 /// A client of one Prometheus, counting what it asks. A clone shares the connection pool and
-/// counts on its own.
+/// what the current look keeps, and counts its queries on its own.
 #[derive(Clone)]
 pub struct Client {
     agent: ureq::Agent,
@@ -170,30 +155,284 @@ pub struct Client {
     max_answer_bytes: u64,
     /// The labels instant queries keep; all when `None`.
     keep_labels: Option<Arc<BTreeSet<String>>>,
+    max_kept_bytes: u64,
+    /// What the current look keeps, shared with the clones that read for it.
+    kept: Arc<Kept>,
     pub cost: QueryCost,
 }
 
-#[derive(Deserialize)]
+/// A series' labels, each kept once per look however many series carry it (a node's name, a
+/// model, a job key): on a large fleet the same few strings label every series.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Labels(Vec<(Arc<str>, Arc<str>)>);
+
+impl Labels {
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| &**k == name).map(|(_, v)| &**v)
+    }
+
+    /// Sets `name` to `value`, replacing what it held.
+    pub fn insert(&mut self, name: &str, value: &str) {
+        match self.0.iter_mut().find(|(k, _)| &**k == name) {
+            Some((_, v)) => *v = Arc::from(value),
+            None => self.0.push((Arc::from(name), Arc::from(value))),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (&**k, &**v))
+    }
+}
+
+impl<'a> FromIterator<(&'a str, &'a str)> for Labels {
+    fn from_iter<I: IntoIterator<Item = (&'a str, &'a str)>>(iter: I) -> Labels {
+        let mut labels = Labels::default();
+        for (k, v) in iter {
+            labels.insert(k, v);
+        }
+        labels
+    }
+}
+
+/// One series of an instant vector: its labels and value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    pub labels: Labels,
+    pub value: f64,
+}
+
+impl Series {
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels.get(name).filter(|v| !v.is_empty())
+    }
+}
+
+/// One series of a range query: its labels and (ms, value) points.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RangeSeries {
+    pub labels: Labels,
+    pub points: Vec<(i64, f64)>,
+}
+
+/// An alert as `/api/v1/alerts` lists it, with the labels the fleet reads and its summary.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiAlert {
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub state: String,
+    pub active_at: Option<String>,
+}
+
+/// The alerts `/api/v1/alerts` held: the worst [`MAX_ALERTS_KEPT`] of them, and how many
+/// there were in all.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Alerts {
+    pub kept: Vec<ApiAlert>,
+    pub total: u64,
+}
+
+/// The most alerts one look keeps, worst first (firing before pending, then by severity): a
+/// Prometheus holding 200,000 alerts is read in the memory of this many.
+pub const MAX_ALERTS_KEPT: usize = 1000;
+
+/// The labels of an alert the fleet reads (its node label aside); the others are dropped as
+/// the answer is parsed.
+const ALERT_LABELS: [&str; 10] = [
+    "alertname",
+    "severity",
+    "Hostname",
+    "instance",
+    "gpu",
+    "UUID",
+    "job_key",
+    "pace",
+    "scope",
+    "node",
+];
+
+/// The one annotation the fleet shows, and the most of it kept.
+const ALERT_SUMMARY: &str = "summary";
+const MAX_SUMMARY_CHARS: usize = 300;
+
+/// The default cap on what one look at the fleet keeps of every answer together (series,
+/// labels, alerts), counted as they are parsed: a 2,048-GPU fleet read through gpudiag and
+/// dcgm-exporter keeps about 12 MiB (benches/RESULTS.md).
+pub const DEFAULT_MAX_KEPT_BYTES: u64 = 48 << 20;
+
+/// The longest string (a label, a summary) an answer may hold: no reader of the fleet needs
+/// more, and the parser buffers a string whole.
+const MAX_STRING_BYTES: u64 = 64 << 10;
+
+/// What one look keeps, shared by the clients that read at once: the memory its answers hold,
+/// counted as they are parsed, and every label string kept once.
+#[derive(Debug)]
+struct Kept {
+    limit: u64,
+    used: AtomicU64,
+    over: AtomicBool,
+    strings: Mutex<HashSet<Arc<str>>>,
+}
+
+impl Kept {
+    fn new(limit: u64) -> Arc<Kept> {
+        Arc::new(Kept {
+            limit,
+            used: AtomicU64::new(0),
+            over: AtomicBool::new(false),
+            strings: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// Counts `bytes` more kept; false (and from then on `over`) past the limit.
+    fn charge(&self, bytes: usize) -> bool {
+        let bytes = bytes as u64;
+        let ok = self.used.fetch_add(bytes, Ordering::Relaxed) + bytes <= self.limit;
+        if !ok {
+            self.over.store(true, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    /// Gives back what was counted for something no longer kept.
+    fn release(&self, bytes: usize) {
+        self.used.fetch_sub(bytes as u64, Ordering::Relaxed);
+    }
+
+    fn over(&self) -> bool {
+        self.over.load(Ordering::Relaxed)
+    }
+
+    /// `s`, shared with every other label that holds the same text; `None` past the limit.
+    fn string(&self, s: &str) -> Option<Arc<str>> {
+        let mut strings = self.strings.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(known) = strings.get(s) {
+            return Some(known.clone());
+        }
+        // The text, its reference counts and its slot in the set.
+        if !self.charge(s.len() + 64) {
+            return None;
+        }
+        let kept: Arc<str> = Arc::from(s);
+        strings.insert(kept.clone());
+        Some(kept)
+    }
+}
+
+/// Past the limit of what a look keeps: the parse stops with this (the error is replaced by
+/// [`ApiError::KeptTooMuch`]).
+fn over_limit<E: serde::de::Error>() -> E {
+    E::custom("over the limit of what a look keeps")
+}
+
+/// What a parse needs beside the text: the labels to keep (all when `None`) and the look's
+/// count of what it keeps.
+#[derive(Clone, Copy)]
+struct Keep<'k> {
+    labels: Option<&'k BTreeSet<String>>,
+    kept: &'k Kept,
+}
+
+/// What a kept series costs beside its strings: its slot in the answer (with the slack of a
+/// growing list) and each label's pair of references.
+const SERIES_BYTES: usize = 64;
+const LABEL_BYTES: usize = 32;
+
+/// A Prometheus API answer, `{"status", "data", "errorType", "error"}`, its data parsed by `S`.
 struct Envelope<T> {
     status: String,
     data: Option<T>,
-    #[serde(rename = "errorType")]
     error_type: Option<String>,
     error: Option<String>,
 }
 
-#[derive(Deserialize)]
-struct QueryData {
-    #[serde(rename = "resultType")]
-    result_type: String,
-    /// Parsed once its type is known: a large answer is not built as a generic tree first.
-    result: Box<serde_json::value::RawValue>,
+struct EnvelopeSeed<S>(S);
+
+impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for EnvelopeSeed<S> {
+    type Value = Envelope<S::Value>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
 }
 
-/// An instant vector, parsed keeping only the labels `keep` names (all when `None`): on a large
-/// fleet the labels nobody reads (`pci_bus_id`, `device`, the driver version, …) are most of the
-/// answer's allocations.
-struct VectorSeed<'k>(Option<&'k BTreeSet<String>>);
+impl<'de, S: DeserializeSeed<'de>> Visitor<'de> for EnvelopeSeed<S> {
+    type Value = Envelope<S::Value>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a Prometheus API answer")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut seed = Some(self.0);
+        let mut out = Envelope {
+            status: String::new(),
+            data: None,
+            error_type: None,
+            error: None,
+        };
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            match key.0.as_ref() {
+                "status" => out.status = map.next_value()?,
+                "errorType" => out.error_type = map.next_value()?,
+                "error" => out.error = map.next_value()?,
+                "data" => match seed.take() {
+                    Some(seed) => out.data = Some(map.next_value_seed(seed)?),
+                    None => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                },
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A query's `data`: its `resultType` and, parsed by `S` when that type is `expected`, its
+/// `result`.
+struct ResultSeed<S> {
+    expected: &'static str,
+    result: S,
+}
+
+impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for ResultSeed<S> {
+    type Value = (String, Option<S::Value>);
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de, S: DeserializeSeed<'de>> Visitor<'de> for ResultSeed<S> {
+    type Value = (String, Option<S::Value>);
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a query result")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut result_type: Option<String> = None;
+        let mut seed = Some(self.result);
+        let mut result = None;
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            match key.0.as_ref() {
+                "resultType" => result_type = Some(map.next_value()?),
+                // Prometheus writes the type first; a result of another type is not parsed.
+                "result" if result_type.as_deref().is_none_or(|t| t == self.expected) => {
+                    if let Some(seed) = seed.take() {
+                        result = Some(map.next_value_seed(seed)?);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok((result_type.unwrap_or_default(), result))
+    }
+}
+
+/// An instant vector, keeping only the labels asked for: on a large fleet the labels nobody
+/// reads (`pci_bus_id`, `device`, the driver version, …) are most of the answer.
+struct VectorSeed<'k>(Keep<'k>);
 
 impl<'de> DeserializeSeed<'de> for VectorSeed<'_> {
     type Value = Vec<Series>;
@@ -208,7 +447,7 @@ impl<'de> Visitor<'de> for VectorSeed<'_> {
         f.write_str("a list of series")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+        let mut out = Vec::new();
         while let Some(item) = seq.next_element_seed(ItemSeed(self.0))? {
             out.extend(item);
         }
@@ -217,7 +456,7 @@ impl<'de> Visitor<'de> for VectorSeed<'_> {
 }
 
 /// One `{"metric": {…}, "value": [t, "v"]}`; a NaN value makes no series.
-struct ItemSeed<'k>(Option<&'k BTreeSet<String>>);
+struct ItemSeed<'k>(Keep<'k>);
 
 impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
     type Value = Option<Series>;
@@ -232,46 +471,66 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
         f.write_str("a series with its metric and value")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut labels = BTreeMap::new();
-        let mut value: Option<(f64, String)> = None;
+        let mut labels = Labels::default();
+        let mut value: Option<(f64, Cow<'de, str>)> = None;
         while let Some(key) = map.next_key::<Key<'de>>()? {
             match key.0.as_ref() {
                 "metric" => labels = map.next_value_seed(LabelsSeed(self.0))?,
-                "value" => value = Some(map.next_value()?),
+                "value" => {
+                    value = Some(
+                        map.next_value::<(f64, Text<'de>)>()
+                            .map(|(t, v)| (t, v.0))?,
+                    )
+                }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
         }
         let (_, v) = value.ok_or_else(|| serde::de::Error::missing_field("value"))?;
-        Ok(parse_value(&v).map(|value| Series { labels, value }))
+        let Some(value) = parse_value(&v) else {
+            return Ok(None);
+        };
+        if !self.0.kept.charge(SERIES_BYTES) {
+            return Err(over_limit());
+        }
+        Ok(Some(Series { labels, value }))
     }
 }
 
-struct LabelsSeed<'k>(Option<&'k BTreeSet<String>>);
+struct LabelsSeed<'k>(Keep<'k>);
 
 impl<'de> DeserializeSeed<'de> for LabelsSeed<'_> {
-    type Value = BTreeMap<String, String>;
+    type Value = Labels;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_map(self)
     }
 }
 
 impl<'de> Visitor<'de> for LabelsSeed<'_> {
-    type Value = BTreeMap<String, String>;
+    type Value = Labels;
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("labels")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut out = BTreeMap::new();
+        let Keep { labels: keep, kept } = self.0;
+        let mut out = Vec::new();
         while let Some(key) = map.next_key::<Key<'de>>()? {
-            if self.0.is_none_or(|keep| keep.contains(key.0.as_ref())) {
-                out.insert(key.0.into_owned(), map.next_value::<String>()?);
+            if keep.is_none_or(|keep| keep.contains(key.0.as_ref())) {
+                let value = map.next_value::<Text<'de>>()?;
+                let (Some(k), Some(v)) = (kept.string(&key.0), kept.string(&value.0)) else {
+                    return Err(over_limit());
+                };
+                if !kept.charge(LABEL_BYTES) {
+                    return Err(over_limit());
+                }
+                out.push((k, v));
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
         }
-        Ok(out)
+        out.shrink_to_fit();
+        Ok(Labels(out))
     }
 }
 
@@ -280,53 +539,341 @@ struct Key<'de>(Cow<'de, str>);
 
 impl<'de> Deserialize<'de> for Key<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Text::deserialize(d).map(|t| Key(t.0))
+    }
+}
+
+/// A string, borrowed from the answer where it can be.
+struct Text<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Text<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = Key<'de>;
+            type Value = Text<'de>;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a string")
             }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Borrowed(v)))
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(v)))
             }
-            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(v.to_owned())))
+            fn visit_str<E>(self, v: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(v.to_owned())))
             }
         }
         d.deserialize_str(V)
     }
 }
 
-#[derive(Deserialize)]
-struct MatrixItem {
-    #[serde(default)]
-    metric: BTreeMap<String, String>,
-    #[serde(default)]
-    values: Vec<(f64, String)>,
+/// A range query's matrix: each series' labels and points.
+struct MatrixSeed<'k>(Keep<'k>);
+
+impl<'de> DeserializeSeed<'de> for MatrixSeed<'_> {
+    type Value = Vec<RangeSeries>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
 }
 
-#[derive(Deserialize)]
-struct AlertsData {
-    #[serde(default)]
-    alerts: Vec<ApiAlert>,
+impl<'de> Visitor<'de> for MatrixSeed<'_> {
+    type Value = Vec<RangeSeries>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of series")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(item) = seq.next_element_seed(MatrixItemSeed(self.0))? {
+            out.push(item);
+        }
+        Ok(out)
+    }
 }
 
-#[derive(Deserialize)]
-struct RulesData {
-    #[serde(default)]
-    groups: Vec<RuleGroup>,
+struct MatrixItemSeed<'k>(Keep<'k>);
+
+impl<'de> DeserializeSeed<'de> for MatrixItemSeed<'_> {
+    type Value = RangeSeries;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
 }
 
-#[derive(Deserialize)]
-struct RuleGroup {
-    #[serde(default)]
-    rules: Vec<RuleItem>,
+impl<'de> Visitor<'de> for MatrixItemSeed<'_> {
+    type Value = RangeSeries;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a series with its metric and values")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        if !self.0.kept.charge(SERIES_BYTES) {
+            return Err(over_limit());
+        }
+        let mut out = RangeSeries {
+            labels: Labels::default(),
+            points: Vec::new(),
+        };
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            match key.0.as_ref() {
+                "metric" => out.labels = map.next_value_seed(LabelsSeed(self.0))?,
+                "values" => out.points = map.next_value_seed(PointsSeed(self.0.kept))?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
-#[derive(Deserialize)]
-struct RuleItem {
-    #[serde(default)]
-    name: String,
+/// `[[t, "v"], …]` as (ms, value); a NaN is no point.
+struct PointsSeed<'k>(&'k Kept);
+
+impl<'de> DeserializeSeed<'de> for PointsSeed<'_> {
+    type Value = Vec<(i64, f64)>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PointsSeed<'_> {
+    type Value = Vec<(i64, f64)>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of points")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some((t, v)) = seq.next_element::<(f64, Text<'de>)>()? {
+            if let Some(v) = parse_value(&v.0) {
+                // A point and the slack of a growing list.
+                if !self.0.charge(32) {
+                    return Err(over_limit());
+                }
+                out.push(((t * 1000.0).round() as i64, v));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `/api/v1/alerts`' data: the worst [`MAX_ALERTS_KEPT`] alerts, with the labels the fleet
+/// reads, and how many there were.
+struct AlertsSeed<'k> {
+    keep: Keep<'k>,
+}
+
+impl<'de> DeserializeSeed<'de> for AlertsSeed<'_> {
+    type Value = Alerts;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for AlertsSeed<'_> {
+    type Value = Alerts;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("the alerts")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = Alerts::default();
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            match key.0.as_ref() {
+                "alerts" => out = map.next_value_seed(AlertListSeed(self.keep))?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+struct AlertListSeed<'k>(Keep<'k>);
+
+impl<'de> DeserializeSeed<'de> for AlertListSeed<'_> {
+    type Value = Alerts;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+/// How an alert ranks for keeping: firing before pending, then by severity.
+fn alert_priority(a: &ApiAlert) -> (bool, u8) {
+    let severity = match a.labels.get("severity").map(|s| s.to_ascii_lowercase()) {
+        Some(s) if matches!(s.as_str(), "fail" | "critical" | "error" | "page") => 3,
+        Some(s) if matches!(s.as_str(), "warn" | "warning") => 2,
+        Some(s) if matches!(s.as_str(), "info" | "none") => 1,
+        _ => 0,
+    };
+    (a.state == "firing", severity)
+}
+
+/// What an alert kept costs: its strings and their slots.
+fn alert_bytes(a: &ApiAlert) -> usize {
+    let strings = a
+        .labels
+        .iter()
+        .chain(a.annotations.iter())
+        .map(|(k, v)| k.len() + v.len() + 96)
+        .sum::<usize>();
+    strings + a.state.len() + a.active_at.as_ref().map_or(0, String::len) + 128
+}
+
+impl<'de> Visitor<'de> for AlertListSeed<'_> {
+    type Value = Alerts;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of alerts")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let kept = self.0.kept;
+        let mut out = Alerts::default();
+        // Kept in a list twice the cap, cut back to the worst `MAX_ALERTS_KEPT` whenever it
+        // fills: the memory of the cap, in the time of a sort every thousand alerts.
+        while let Some(alert) = seq.next_element_seed(AlertSeed(self.0))? {
+            out.total += 1;
+            if !kept.charge(alert_bytes(&alert)) {
+                return Err(over_limit());
+            }
+            out.kept.push(alert);
+            if out.kept.len() >= 2 * MAX_ALERTS_KEPT {
+                keep_worst(&mut out.kept, kept);
+            }
+        }
+        keep_worst(&mut out.kept, kept);
+        Ok(out)
+    }
+}
+
+/// Cuts `alerts` to the worst [`MAX_ALERTS_KEPT`], the order of equals kept.
+fn keep_worst(alerts: &mut Vec<ApiAlert>, kept: &Kept) {
+    alerts.sort_by_key(|a| std::cmp::Reverse(alert_priority(a)));
+    for gone in alerts.drain(alerts.len().min(MAX_ALERTS_KEPT)..) {
+        kept.release(alert_bytes(&gone));
+    }
+}
+
+struct AlertSeed<'k>(Keep<'k>);
+
+impl<'de> DeserializeSeed<'de> for AlertSeed<'_> {
+    type Value = ApiAlert;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for AlertSeed<'_> {
+    type Value = ApiAlert;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an alert")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let node_label = self.0.labels;
+        let wanted =
+            |k: &str| ALERT_LABELS.contains(&k) || node_label.is_some_and(|keep| keep.contains(k));
+        let mut out = ApiAlert {
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            state: String::new(),
+            active_at: None,
+        };
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            match key.0.as_ref() {
+                "labels" => {
+                    out.labels = map.next_value_seed(StringMapSeed {
+                        wanted: &wanted,
+                        max_chars: usize::MAX,
+                    })?
+                }
+                "annotations" => {
+                    out.annotations = map.next_value_seed(StringMapSeed {
+                        wanted: &|k: &str| k == ALERT_SUMMARY,
+                        max_chars: MAX_SUMMARY_CHARS,
+                    })?
+                }
+                "state" => out.state = map.next_value()?,
+                "activeAt" => out.active_at = map.next_value()?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A map of strings, keeping the keys `wanted` says, each value cut to `max_chars`.
+struct StringMapSeed<'w> {
+    wanted: &'w dyn Fn(&str) -> bool,
+    max_chars: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for StringMapSeed<'_> {
+    type Value = BTreeMap<String, String>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StringMapSeed<'_> {
+    type Value = BTreeMap<String, String>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a map of strings")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = BTreeMap::new();
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            if (self.wanted)(&key.0) {
+                let value = map.next_value::<Text<'de>>()?;
+                out.insert(
+                    key.0.into_owned(),
+                    value.0.chars().take(self.max_chars).collect(),
+                );
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `/api/v1/rules`' data, read for whether one rule is loaded: the rest passes by unkept.
+struct RuleSeed<'n>(&'n str);
+
+impl<'de> DeserializeSeed<'de> for RuleSeed<'_> {
+    type Value = bool;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RuleSeed<'_> {
+    type Value = bool;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("the rules")
+    }
+    /// Any `"name": "<the rule>"` at any depth (data.groups[].rules[].name).
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        let mut found = false;
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            found |= match key.0.as_ref() {
+                "groups" | "rules" => map.next_value_seed(RuleSeed(self.0))?,
+                "name" => map.next_value::<Text<'de>>()?.0 == self.0,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                    false
+                }
+            };
+        }
+        Ok(found)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+        let mut found = false;
+        while let Some(f) = seq.next_element_seed(RuleSeed(self.0))? {
+            found |= f;
+        }
+        Ok(found)
+    }
+    fn visit_unit<E>(self) -> Result<bool, E> {
+        Ok(false)
+    }
 }
 
 /// The URL without user and password, for showing.
@@ -449,6 +996,8 @@ impl Client {
             timeout: access.timeout,
             max_answer_bytes: access.max_answer_bytes,
             keep_labels: None,
+            max_kept_bytes: access.max_kept_bytes,
+            kept: Kept::new(access.max_kept_bytes),
             cost: QueryCost::default(),
         })
     }
@@ -464,20 +1013,32 @@ impl Client {
         &self.shown
     }
 
+    /// Starts a look: what it keeps is counted from nought, apart from the looks before (whose
+    /// answers are gone by then). Clones made after share the count.
+    pub fn begin_look(&mut self) {
+        self.kept = Kept::new(self.max_kept_bytes);
+    }
+
     /// An instant vector at `at_ms` (now when `None`).
     pub fn instant(&mut self, query: &str, at_ms: Option<i64>) -> Result<Vec<Series>, ApiError> {
         let mut params = vec![("query", query.to_owned())];
         if let Some(ms) = at_ms {
             params.push(("time", api_time(ms)));
         }
-        let data: QueryData = self.get("/api/v1/query", &params, query)?;
-        if data.result_type != "vector" {
-            return Err(self.garbage(query, format!("a {} result", data.result_type)));
+        let (kept, labels) = (self.kept.clone(), self.keep_labels.clone());
+        let keep = Keep {
+            labels: labels.as_deref(),
+            kept: &kept,
+        };
+        let seed = ResultSeed {
+            expected: "vector",
+            result: VectorSeed(keep),
+        };
+        match self.get("/api/v1/query", &params, query, seed)? {
+            (_, Some(series)) => Ok(series),
+            (t, None) if t != "vector" => Err(self.garbage(query, format!("a {t} result"))),
+            _ => Err(self.garbage(query, "no result".to_owned())),
         }
-        let mut parser = serde_json::Deserializer::from_str(data.result.get());
-        VectorSeed(self.keep_labels.as_deref())
-            .deserialize(&mut parser)
-            .map_err(|e| self.garbage(query, e.to_string()))
     }
 
     /// Instant queries at one instant, asked at once (one connection each) rather than one
@@ -535,39 +1096,36 @@ impl Client {
             ("end", api_time(end_ms)),
             ("step", format!("{:.3}", step.as_secs_f64().max(0.001))),
         ];
-        let data: QueryData = self.get("/api/v1/query_range", &params, query)?;
-        if data.result_type != "matrix" {
-            return Err(self.garbage(query, format!("a {} result", data.result_type)));
+        let (kept, labels) = (self.kept.clone(), self.keep_labels.clone());
+        let keep = Keep {
+            labels: labels.as_deref(),
+            kept: &kept,
+        };
+        let seed = ResultSeed {
+            expected: "matrix",
+            result: MatrixSeed(keep),
+        };
+        match self.get("/api/v1/query_range", &params, query, seed)? {
+            (_, Some(series)) => Ok(series),
+            (t, None) if t != "matrix" => Err(self.garbage(query, format!("a {t} result"))),
+            _ => Err(self.garbage(query, "no result".to_owned())),
         }
-        let items: Vec<MatrixItem> = serde_json::from_str(data.result.get())
-            .map_err(|e| self.garbage(query, e.to_string()))?;
-        Ok(items
-            .into_iter()
-            .map(|i| RangeSeries {
-                labels: i.metric,
-                points: i
-                    .values
-                    .into_iter()
-                    .filter_map(|(t, v)| Some(((t * 1000.0).round() as i64, parse_value(&v)?)))
-                    .collect(),
-            })
-            .collect())
     }
 
-    /// Every alert Prometheus holds, firing and pending.
-    pub fn alerts(&mut self) -> Result<Vec<ApiAlert>, ApiError> {
-        let data: AlertsData = self.get("/api/v1/alerts", &[], "the alerts")?;
-        Ok(data.alerts)
+    /// The alerts Prometheus holds, firing and pending: the worst [`MAX_ALERTS_KEPT`], with
+    /// how many there were.
+    pub fn alerts(&mut self) -> Result<Alerts, ApiError> {
+        let (kept, labels) = (self.kept.clone(), self.keep_labels.clone());
+        let keep = Keep {
+            labels: labels.as_deref(),
+            kept: &kept,
+        };
+        self.get("/api/v1/alerts", &[], "the alerts", AlertsSeed { keep })
     }
 
-    /// The names of every rule loaded, recording and alerting.
-    pub fn rule_names(&mut self) -> Result<Vec<String>, ApiError> {
-        let data: RulesData = self.get("/api/v1/rules", &[], "the rules")?;
-        Ok(data
-            .groups
-            .into_iter()
-            .flat_map(|g| g.rules.into_iter().map(|r| r.name))
-            .collect())
+    /// Whether a rule of this name (recording or alerting) is loaded.
+    pub fn has_rule(&mut self, name: &str) -> Result<bool, ApiError> {
+        self.get("/api/v1/rules", &[], "the rules", RuleSeed(name))
     }
 
     fn garbage(&self, what: &str, detail: String) -> ApiError {
@@ -578,12 +1136,18 @@ impl Client {
         }
     }
 
-    fn get<T: DeserializeOwned>(
+    /// GETs `path` and parses the answer's `data` with `seed` as it arrives: no answer is held
+    /// whole, only what the seed keeps.
+    fn get<S, T>(
         &mut self,
         path: &str,
         params: &[(&str, String)],
         what: &str,
-    ) -> Result<T, ApiError> {
+        seed: S,
+    ) -> Result<T, ApiError>
+    where
+        S: for<'de> DeserializeSeed<'de, Value = T>,
+    {
         let mut url = format!("{}{path}", self.shown);
         for (i, (k, v)) in params.iter().enumerate() {
             url.push(if i == 0 { '?' } else { '&' });
@@ -592,54 +1156,116 @@ impl Client {
             url.push_str(&encode(v));
         }
         let started = Instant::now();
-        let fetched = self.follow(url, what, started);
+        let answer = self.follow(url, what, started);
+        let result = answer.and_then(|(status, body)| self.parse(status, body, what, seed));
         self.cost.seconds += started.elapsed().as_secs_f64();
-        let (status, body) = fetched?;
-        self.cost.bytes += body.len() as u64;
-        // Prometheus answers 400 and 422 (bad query, bad data) and 503 with its own JSON
-        // envelope, whose error says more than the status.
-        let envelope: Result<Envelope<T>, _> = serde_json::from_slice(&body);
-        match envelope {
+        result
+    }
+
+    /// An answer's body, parsed as it is read: Prometheus's envelope around `seed`'s data on
+    /// a 200, its error (or the start of whatever came) otherwise.
+    fn parse<S, T>(
+        &mut self,
+        status: u16,
+        mut body: ureq::Body,
+        what: &str,
+        seed: S,
+    ) -> Result<T, ApiError>
+    where
+        S: for<'de> DeserializeSeed<'de, Value = T>,
+    {
+        let reader = body
+            .with_config()
+            .limit(if status == 200 {
+                self.max_answer_bytes
+            } else {
+                MAX_ERROR_BODY
+            })
+            .reader();
+        let mut reader = std::io::BufReader::with_capacity(64 << 10, Guarded::new(reader));
+        if status != 200 {
+            // Prometheus answers 400 and 422 (bad query, bad data) and 503 with its own JSON
+            // envelope, whose error says more than the status.
+            let mut text = Vec::new();
+            let read = (&mut reader).take(MAX_ERROR_BODY).read_to_end(&mut text);
+            self.cost.bytes += reader.get_ref().bytes;
+            read.map_err(|e| self.read_error(e, what))?;
+            let envelope = serde_json::from_slice(&text)
+                .ok()
+                .and_then(|v: serde_json::Value| {
+                    v.get("error").and_then(|e| e.as_str()).map(|error| {
+                        let error_type = v.get("errorType").and_then(|t| t.as_str());
+                        (error_type.map(str::to_owned), error.to_owned())
+                    })
+                });
+            return Err(match envelope {
+                Some((error_type, error)) => self.refused(what, error_type, Some(error)),
+                None => ApiError::Status {
+                    url: self.shown.clone(),
+                    status,
+                    what: short(what),
+                    hint: match status {
+                        401 | 403 => " (check --basic-auth-user, --bearer-token-file or --header)",
+                        404 => " (is the URL Prometheus's base, without /api/v1?)",
+                        _ => "",
+                    },
+                    detail: short(&String::from_utf8_lossy(&text)),
+                },
+            });
+        }
+        let mut parser = serde_json::Deserializer::from_reader(&mut reader);
+        let parsed = EnvelopeSeed(seed)
+            .deserialize(&mut parser)
+            .and_then(|envelope| parser.end().map(|()| envelope));
+        self.cost.bytes += reader.get_ref().bytes;
+        match parsed {
             Ok(Envelope {
                 status: s,
                 data: Some(data),
                 ..
-            }) if s == "success" && status == 200 => Ok(data),
+            }) if s == "success" => Ok(data),
             Ok(Envelope {
                 error_type, error, ..
-            }) if status == 200 || error.is_some() => Err(ApiError::Refused {
+            }) => Err(self.refused(what, error_type, error)),
+            Err(_) if self.kept.over() => Err(ApiError::KeptTooMuch {
                 url: self.shown.clone(),
                 what: short(what),
-                detail: short(&format!(
-                    "{}{}",
-                    error_type.map(|t| format!("{t}: ")).unwrap_or_default(),
-                    error.unwrap_or_else(|| "no data in the answer".to_owned())
-                )),
+                limit_mib: self.max_kept_bytes >> 20,
             }),
-            _ if status != 200 => Err(ApiError::Status {
-                url: self.shown.clone(),
-                status,
-                what: short(what),
-                hint: match status {
-                    401 | 403 => " (check --basic-auth-user, --bearer-token-file or --header)",
-                    404 => " (is the URL Prometheus's base, without /api/v1?)",
-                    _ => "",
-                },
-                detail: short(&String::from_utf8_lossy(&body)),
-            }),
-            Ok(_) => Err(self.garbage(what, "no data".to_owned())),
+            Err(e) if e.is_io() => Err(self.read_error(e.into(), what)),
             Err(e) => Err(self.garbage(what, e.to_string())),
         }
     }
 
+    fn refused(&self, what: &str, error_type: Option<String>, error: Option<String>) -> ApiError {
+        ApiError::Refused {
+            url: self.shown.clone(),
+            what: short(what),
+            detail: short(&format!(
+                "{}{}",
+                error_type.map(|t| format!("{t}: ")).unwrap_or_default(),
+                error.unwrap_or_else(|| "no data in the answer".to_owned())
+            )),
+        }
+    }
+
+    /// A failed read of a body: the transport's error, or a string longer than any the fleet
+    /// reads.
+    fn read_error(&self, e: std::io::Error, what: &str) -> ApiError {
+        if e.get_ref().is_some_and(|inner| inner.is::<LongString>()) {
+            return self.garbage(what, e.to_string());
+        }
+        self.transport_error(ureq::Error::from(e), what)
+    }
+
     /// GETs `url`, following same-origin redirects, within one deadline from `started`: the
-    /// status and body of the last answer.
+    /// status and body of the last answer, unread.
     fn follow(
         &mut self,
         mut url: String,
         what: &str,
         started: Instant,
-    ) -> Result<(u16, Vec<u8>), ApiError> {
+    ) -> Result<(u16, ureq::Body), ApiError> {
         let mut hops = 0;
         loop {
             let left = self.timeout.saturating_sub(started.elapsed());
@@ -656,24 +1282,10 @@ impl Client {
                 request = request.header(name.as_str(), value.as_str());
             }
             self.cost.count += 1;
-            let answer = request
-                .call()
-                .and_then(|mut answer| {
-                    if let Some(location) = redirect_location(&answer) {
-                        return Ok(Answer::Redirect(location));
-                    }
-                    let status = answer.status().as_u16();
-                    let body = answer
-                        .body_mut()
-                        .with_config()
-                        .limit(self.max_answer_bytes)
-                        .read_to_vec()?;
-                    Ok(Answer::Body(status, body))
-                })
-                .map_err(|e| self.transport_error(e, what))?;
-            let location = match answer {
-                Answer::Body(status, body) => return Ok((status, body)),
-                Answer::Redirect(location) => location,
+            let answer = request.call().map_err(|e| self.transport_error(e, what))?;
+            let Some(location) = redirect_location(&answer) else {
+                let status = answer.status().as_u16();
+                return Ok((status, answer.into_body()));
             };
             let target = resolve_location(&url, &location);
             if !same_origin(&self.shown, &target) {
@@ -726,10 +1338,68 @@ impl Client {
     }
 }
 
-/// What one request brought back: a body, or where to look instead.
-enum Answer {
-    Body(u16, Vec<u8>),
-    Redirect(String),
+/// The most of an error answer (a 4xx or 5xx) read: its first line is all that is shown.
+const MAX_ERROR_BODY: u64 = 64 << 10;
+
+/// Why a read stopped at a string longer than [`MAX_STRING_BYTES`].
+#[derive(Debug)]
+struct LongString;
+
+impl std::fmt::Display for LongString {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "a string longer than {} KiB", MAX_STRING_BYTES >> 10)
+    }
+}
+
+impl std::error::Error for LongString {}
+
+/// A body as read, counting its bytes and stopping at a JSON string longer than
+/// [`MAX_STRING_BYTES`]: the parser buffers each string whole, so one 60 MiB label would be
+/// held (twice, as its buffer grows) however little of it is kept.
+struct Guarded<R> {
+    inner: R,
+    bytes: u64,
+    in_string: bool,
+    escaped: bool,
+    run: u64,
+}
+
+impl<R> Guarded<R> {
+    fn new(inner: R) -> Guarded<R> {
+        Guarded {
+            inner,
+            bytes: 0,
+            in_string: false,
+            escaped: false,
+            run: 0,
+        }
+    }
+}
+
+impl<R: Read> Read for Guarded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        for &b in &buf[..n] {
+            if self.in_string {
+                self.run += 1;
+                if self.escaped {
+                    self.escaped = false;
+                } else if b == b'\\' {
+                    self.escaped = true;
+                } else if b == b'"' {
+                    self.in_string = false;
+                }
+                if self.run > MAX_STRING_BYTES {
+                    return Err(std::io::Error::other(LongString));
+                }
+            } else if b == b'"' {
+                self.in_string = true;
+                self.run = 0;
+            }
+        }
+        Ok(n)
+    }
 }
 
 /// The `Location` of a redirect (301, 302, 303, 307, 308); `None` for any other answer, and
@@ -906,6 +1576,94 @@ mod tests {
         ] {
             assert!(!same_origin(base, other), "{other}");
         }
+    }
+
+    fn keep(kept: &Kept) -> Keep<'_> {
+        Keep { labels: None, kept }
+    }
+
+    #[test]
+    fn the_worst_alerts_are_kept_and_all_counted() {
+        let kept = Kept::new(DEFAULT_MAX_KEPT_BYTES);
+        let alerts: Vec<String> = (0..2500)
+            .map(|i| {
+                let (state, severity) = match i % 5 {
+                    0 => ("firing", "critical"),
+                    1 => ("pending", "critical"),
+                    _ => ("firing", "warning"),
+                };
+                format!(
+                    r#"{{"labels":{{"alertname":"A{i}","severity":"{severity}","unread":"x"}},"annotations":{{"summary":"{}","description":"y"}},"state":"{state}"}}"#,
+                    "s".repeat(400)
+                )
+            })
+            .collect();
+        let text = format!(r#"{{"alerts":[{}]}}"#, alerts.join(","));
+        let got = AlertsSeed { keep: keep(&kept) }
+            .deserialize(&mut serde_json::Deserializer::from_str(&text))
+            .unwrap();
+        assert_eq!((got.total, got.kept.len()), (2500, MAX_ALERTS_KEPT));
+        let firing_critical = got
+            .kept
+            .iter()
+            .filter(|a| a.state == "firing" && a.labels["severity"] == "critical")
+            .count();
+        assert_eq!(firing_critical, 500, "all of the worst kind are kept first");
+        let a = &got.kept[0];
+        assert!(!a.labels.contains_key("unread") && !a.annotations.contains_key("description"));
+        assert_eq!(a.annotations["summary"].chars().count(), MAX_SUMMARY_CHARS);
+        // What the dropped alerts held is given back.
+        let held: usize = got.kept.iter().map(alert_bytes).sum();
+        assert_eq!(kept.used.load(Ordering::Relaxed), held as u64);
+    }
+
+    #[test]
+    fn series_past_what_a_look_keeps_stop_the_parse() {
+        let kept = Kept::new(64 << 10);
+        let items: Vec<String> = (0..2000)
+            .map(|i| format!(r#"{{"metric":{{"UUID":"GPU-{i}"}},"value":[1,"1"]}}"#))
+            .collect();
+        let text = format!("[{}]", items.join(","));
+        let got =
+            VectorSeed(keep(&kept)).deserialize(&mut serde_json::Deserializer::from_str(&text));
+        assert!(got.is_err() && kept.over());
+
+        // Labels repeated across series are kept once.
+        let kept = Kept::new(DEFAULT_MAX_KEPT_BYTES);
+        let got = VectorSeed(keep(&kept))
+            .deserialize(&mut serde_json::Deserializer::from_str(
+                r#"[{"metric":{"Hostname":"n"},"value":[1,"1"]},{"metric":{"Hostname":"n"},"value":[1,"2"]}]"#,
+            ))
+            .unwrap();
+        assert!(Arc::ptr_eq(&got[0].labels.0[0].1, &got[1].labels.0[0].1));
+    }
+
+    #[test]
+    fn a_string_longer_than_any_read_stops_the_read() {
+        let long = format!(r#"{{"a":"{}\"x"}}"#, "y".repeat(MAX_STRING_BYTES as usize));
+        let mut out = Vec::new();
+        let e = Guarded::new(long.as_bytes())
+            .read_to_end(&mut out)
+            .unwrap_err();
+        assert!(e.get_ref().is_some_and(|i| i.is::<LongString>()), "{e}");
+        let fine = format!(
+            r#"{{"a":"{}\"","b":"{}"}}"#,
+            "y".repeat(60 << 10),
+            "z".repeat(60 << 10)
+        );
+        Guarded::new(fine.as_bytes()).read_to_end(&mut out).unwrap();
+    }
+
+    #[test]
+    fn the_rules_answer_says_whether_a_rule_is_loaded() {
+        let text = r#"{"groups":[{"name":"g","rules":[{"name":"other","labels":{"name":"x"},"alerts":[]},{"name":"gpudiag_job:gpus:count","health":"ok"}]}]}"#;
+        let found = |name| {
+            RuleSeed(name)
+                .deserialize(&mut serde_json::Deserializer::from_str(text))
+                .unwrap()
+        };
+        assert!(found("gpudiag_job:gpus:count"));
+        assert!(!found("x"));
     }
 
     #[test]

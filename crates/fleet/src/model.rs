@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 /// 2: a job's judgement lists its `stragglers` (version 1 had one `straggler`), a node's
 /// verdict lists the `stragglers` it names (version 1 had `straggler_gpu` and
 /// `straggler_UUID`), and each of a job's GPUs has the `role` its node gave it. Since added,
-/// keeping 2: a job's `stall`.
+/// keeping 2: a job's `stall`; the fleet's `left_out`.
 pub const FLEET_SCHEMA_VERSION: u32 = 2;
 
 /// The fleet at one instant, as Prometheus knows it.
@@ -56,9 +56,31 @@ pub struct Fleet {
     pub findings: Vec<FleetFinding>,
     /// Reads that failed without sinking the whole look (the alerts API, the rules API): what
     /// is missing and why; and GPU UUIDs that one exporter reports from two or more nodes
-    /// (each node's GPU is listed, but the shipped rules cannot tell them apart).
+    /// (each node's GPU is listed, and the shipped rules keep them apart by node); and lists
+    /// cut at their caps (`left_out`).
     pub degraded: Vec<String>,
+    /// What was read but is not listed, past the fleet's caps (also said in `degraded`).
+    #[serde(default)]
+    pub left_out: LeftOut,
     pub queries: QueryCost,
+}
+
+/// How many of each list the fleet leaves out, past its caps: 0 where all is listed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct LeftOut {
+    /// Alerts Prometheus held beyond the 1,000 worst the fleet reads (firing before pending,
+    /// then by severity); `counts.alerts_firing` counts the firing ones read.
+    pub alerts: u64,
+    /// Findings and alerts beyond the 10,000 worst listed in `findings` (`status` and the exit
+    /// code are computed from them all).
+    pub findings: u64,
+    /// Nodes past the 8,192 GPUs listed (whole nodes, worst first), and their GPUs; `counts`
+    /// counts them all.
+    pub nodes: u64,
+    pub gpus: u64,
+    /// Jobs beyond the 2,000 listed (stalled, then worst first).
+    pub jobs: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]

@@ -136,6 +136,10 @@ pub(super) fn gather(
     gpudiag_instances: &BTreeSet<String>,
 ) {
     for s in device.iter().filter(|s| chosen.keeps(s)) {
+        // Past the most GPUs a look reads the look fails (`read`): no more drafts are made.
+        if g.drafts.len() > super::MAX_GPUS_READ {
+            return;
+        }
         let Some(node) = node_of(s, node_label) else {
             continue;
         };

@@ -61,6 +61,10 @@ pub(super) fn gather(g: &mut Gathered, gpudiag: &[Series], node_label: &str, cho
         if !on_gpu || !chosen.keeps(s) || name == series::GPUDIAG_INFO {
             continue;
         }
+        // Past the most GPUs a look reads the look fails (`read`): no more drafts are made.
+        if g.drafts.len() > super::MAX_GPUS_READ {
+            return;
+        }
         let d = draft(&mut g.drafts, &g.duplicated, &node, s);
         d.exporters.insert(Exporter::Gpudiag);
         if let Some(i) = s.label(label::INSTANCE) {

@@ -13,8 +13,9 @@ use crate::model::*;
 /// A job's identity: its key and what joined its GPUs.
 type JobId = (String, String);
 
-/// The rules' per-GPU averages by (series, UUID, job key).
-type PerGpu<'a> = HashMap<(&'a str, &'a str, &'a str), f64>;
+/// The rules' per-GPU averages by (series, UUID, job key), each with the node (`Hostname`) it
+/// was recorded on: a UUID a cloned image gave two nodes has one figure per node.
+type PerGpu<'a> = HashMap<(&'a str, &'a str, &'a str), Vec<(Option<&'a str>, f64)>>;
 
 pub(super) fn jobs(
     fleet: &Fleet,
@@ -69,19 +70,35 @@ pub(super) fn jobs(
 
 /// The rules' per-GPU averages, looked up once per GPU of a job.
 fn per_gpu_figures(rule_series: &[Series]) -> PerGpu<'_> {
-    rule_series
+    let mut out: PerGpu<'_> = HashMap::new();
+    for s in rule_series {
+        let (Some(name), Some(uuid), Some(key)) = (
+            s.label(label::NAME),
+            s.label(label::UUID),
+            s.label(label::JOB_KEY),
+        ) else {
+            continue;
+        };
+        out.entry((name, uuid, key))
+            .or_default()
+            .push((s.label(label::HOSTNAME), s.value));
+    }
+    out
+}
+
+/// A GPU's figure: the one recorded on its node, else the only one there is (the fleet's nodes
+/// may be named by another label than the rules' `Hostname`).
+fn figure_of(
+    per_gpu: &PerGpu<'_>,
+    (name, uuid, key): (&str, &str, &str),
+    node: &str,
+) -> Option<f64> {
+    let figures = per_gpu.get(&(name, uuid, key))?;
+    figures
         .iter()
-        .filter_map(|s| {
-            Some((
-                (
-                    s.label(label::NAME)?,
-                    s.label(label::UUID)?,
-                    s.label(label::JOB_KEY)?,
-                ),
-                s.value,
-            ))
-        })
-        .collect()
+        .find(|(host, _)| *host == Some(node))
+        .or_else(|| figures.first().filter(|_| figures.len() == 1))
+        .map(|(_, v)| *v)
 }
 
 /// The jobs a GPU belongs to; a GPU seen only through dcgm-exporter's pod labels belongs to
@@ -129,9 +146,11 @@ fn add_gpu(jobs: &mut BTreeMap<JobId, Job>, node: &Node, gpu: &Gpu, per_gpu: &Pe
             job.nodes.push(node.name.clone());
         }
         let rule = |name: &str| {
-            per_gpu
-                .get(&(name, uuid.as_str(), r.job_key.as_str()))
-                .copied()
+            figure_of(
+                per_gpu,
+                (name, uuid.as_str(), r.job_key.as_str()),
+                &node.name,
+            )
         };
         job.gpus.push(JobGpu {
             node: node.name.clone(),
@@ -219,7 +238,11 @@ fn add_node_verdicts(jobs: &mut BTreeMap<JobId, Job>, node_jobs: Vec<(String, Se
             uuid: s.label(label::UUID).map(str::to_owned),
         };
         if let Some(uuid) = &gpu.uuid {
-            for g in job.gpus.iter_mut().filter(|g| &g.uuid == uuid) {
+            for g in job
+                .gpus
+                .iter_mut()
+                .filter(|g| &g.uuid == uuid && g.node == *node)
+            {
                 g.role = Some(role.to_owned());
             }
         }
@@ -403,7 +426,8 @@ fn mark_stragglers(job: &mut Job) {
     let named: Vec<_> = by_rules.chain(by_nodes).collect();
     for g in &mut job.gpus {
         g.straggler = named.iter().any(|(node, gpu, uuid)| match uuid {
-            Some(u) => *u == g.uuid,
+            // A UUID a cloned image gave two nodes is the named node's GPU alone.
+            Some(u) => *u == g.uuid && node.as_ref().is_none_or(|n| *n == g.node),
             // An older node's verdict may name the GPU by index alone.
             None => node.as_deref() == Some(g.node.as_str()) && gpu.is_some() && *gpu == g.gpu,
         });
@@ -592,6 +616,59 @@ mod tests {
             .map(|g| g.uuid.as_str())
             .collect();
         assert_eq!(marked, ["GPU-1"]);
+    }
+
+    /// A cloned image gave nodes a and b the same UUID, both in job `k`: the rules record a
+    /// figure for each node's GPU, the straggler alert and a node's role name one of them, and
+    /// each stays on its own node.
+    #[test]
+    fn a_uuid_on_two_nodes_is_two_gpus_of_the_job() {
+        let mut f = fleet();
+        f.nodes = vec![
+            node("a", vec![gpu("GPU-clone", "0", &[("k", "0")])]),
+            node("b", vec![gpu("GPU-clone", "0", &[("k", "1")])]),
+        ];
+        f.rules = RulesState::Loaded;
+        let figures = [
+            s(
+                rules::JOB_GPU_SM_ACTIVE_AVG,
+                &[("Hostname", "a"), ("UUID", "GPU-clone"), ("job_key", "k")],
+                0.45,
+            ),
+            s(
+                rules::JOB_GPU_SM_ACTIVE_AVG,
+                &[("Hostname", "b"), ("UUID", "GPU-clone"), ("job_key", "k")],
+                0.9,
+            ),
+        ];
+        let mut alert = straggler_alert("firing");
+        alert.uuid = Some("GPU-clone".to_owned());
+        let jobs = jobs(
+            &f,
+            vec![role("b", "GPU-clone", "0", "straggler")],
+            &[alert],
+            &figures,
+        );
+        let k = jobs.iter().find(|j| j.job_key == "k").unwrap();
+        let gpus: Vec<(&str, Option<f64>, bool, Option<&str>)> = k
+            .gpus
+            .iter()
+            .map(|g| {
+                (
+                    g.node.as_str(),
+                    g.sm_active_pct,
+                    g.straggler,
+                    g.role.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            gpus,
+            [
+                ("a", Some(45.0), false, None),
+                ("b", Some(90.0), true, Some("straggler"))
+            ]
+        );
     }
 
     fn verdict(node: &str, v: &str, labels: &[(&'static str, &'static str)]) -> (String, Series) {

@@ -61,6 +61,7 @@ pub fn rfc3339(ms: i64) -> String {
 
 /// Reads the fleet. Never fails: what went wrong is in the result.
 pub fn read_fleet(client: &mut Client, req: &ReadRequest) -> Fleet {
+    client.begin_look();
     keep_labels_read(client, &req.node_label);
     let at = req.at_ms.unwrap_or_else(now_ms);
     let mut fleet = unread_fleet(client.url(), req, at);
@@ -76,6 +77,8 @@ pub fn read_fleet(client: &mut Client, req: &ReadRequest) -> Fleet {
         }
     }
     fleet.queries = client.cost.since(&started);
+    // The strings this look kept go with it, before the fleet is printed or drawn.
+    client.begin_look();
     fleet
 }
 
@@ -103,9 +106,14 @@ fn unread_fleet(prometheus: &str, req: &ReadRequest, at: i64) -> Fleet {
         unplaced_alerts: Vec::new(),
         findings: Vec::new(),
         degraded: Vec::new(),
+        left_out: LeftOut::default(),
         queries: QueryCost::default(),
     }
 }
+
+/// The most GPUs one look reads; more is an error asking for a narrower selector, as the
+/// fleet's listing and its merge hold every GPU they read.
+pub const MAX_GPUS_READ: usize = 16_384;
 
 /// The four reads every look needs.
 struct CoreAnswers {
@@ -153,8 +161,16 @@ impl<'a> Reader<'a> {
             &gpudiag_instances,
         );
         gpudiag_series::gather(&mut gathered, &core.gpudiag, node_label, &chosen);
+        if gathered.drafts.len() > MAX_GPUS_READ {
+            return Err(ApiError::TooManyGpus {
+                url: self.client.url().to_owned(),
+                limit: MAX_GPUS_READ,
+            });
+        }
 
         let mut targets = self.scrape_targets(&core, &gathered)?;
+        // The series are in the drafts now: their memory goes before the rest is read.
+        drop(core);
         if !chosen.all() {
             targets.retain(|t| {
                 t.series
@@ -296,12 +312,12 @@ impl<'a> Reader<'a> {
         }
         let answers = std::thread::scope(|scope| {
             let alerts = scope.spawn(|| alerts_now.then(|| for_alerts.alerts()));
-            let names = scope.spawn(|| for_rules.rule_names());
+            let listed = scope.spawn(|| for_rules.has_rule(optional::RULES_MARKER));
             let series = scope.spawn(|| for_series.instant(&rule_query, Some(at)));
             let failed = || ApiError::Setup("a query's thread failed".to_owned());
             optional::Answers {
                 alerts: alerts.join().unwrap_or_else(|_| Some(Err(failed()))),
-                rule_names: names.join().unwrap_or_else(|_| Err(failed())),
+                rules_listed: listed.join().unwrap_or_else(|_| Err(failed())),
                 rule_series: series.join().unwrap_or_else(|_| Err(failed())),
             }
         });
@@ -332,14 +348,11 @@ pub(crate) mod answer {
     /// A series named `name` with these labels and value.
     pub fn series(name: &str, labels: &[(&str, &str)], value: f64) -> Series {
         let mut s = Series {
-            labels: labels
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
+            labels: labels.iter().copied().collect(),
             value,
         };
         if !name.is_empty() {
-            s.labels.insert("__name__".to_owned(), name.to_owned());
+            s.labels.insert("__name__", name);
         }
         s
     }

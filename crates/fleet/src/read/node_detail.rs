@@ -35,6 +35,7 @@ pub fn read_node(
     at_ms: i64,
     span: Duration,
 ) -> NodeDetail {
+    client.begin_look();
     keep_labels_read(client, node_label);
     let started = client.cost.clone();
     // About 120 points per chart, never finer than 15 s (a typical scrape interval).
@@ -85,7 +86,7 @@ pub fn read_node(
 /// and dcgm-exporter may both report a GPU: the longer series wins.
 fn add_charts(detail: &mut NodeDetail, answer: Vec<RangeSeries>) {
     for s in answer {
-        let name = s.labels.get(label::NAME).map(String::as_str);
+        let name = s.labels.get(label::NAME);
         let Some((chart, _, scale)) = CHART_SERIES.iter().find(|(_, n, _)| name == Some(*n)) else {
             continue;
         };
@@ -93,8 +94,8 @@ fn add_charts(detail: &mut NodeDetail, answer: Vec<RangeSeries>) {
             .labels
             .get(label::UUID)
             .or_else(|| s.labels.get(label::GPU))
-            .cloned()
-            .unwrap_or_default();
+            .unwrap_or_default()
+            .to_owned();
         let points: Vec<(i64, f64)> = s.points.iter().map(|(t, v)| (*t, v * scale)).collect();
         let slot = detail
             .charts
@@ -158,11 +159,8 @@ mod tests {
     use crate::read::answer::series as s;
 
     fn range(name: &str, labels: &[(&str, &str)], points: &[(i64, f64)]) -> RangeSeries {
-        let mut labels: BTreeMap<String, String> = labels
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        labels.insert("__name__".to_owned(), name.to_owned());
+        let mut labels: crate::client::Labels = labels.iter().copied().collect();
+        labels.insert("__name__", name);
         RangeSeries {
             labels,
             points: points.to_vec(),

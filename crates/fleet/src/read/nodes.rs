@@ -107,6 +107,54 @@ pub(super) fn assemble(fleet: &mut Fleet, gathered: Gathered, reads: Reads<'_>) 
 
     fleet.jobs = jobs::jobs(fleet, node_jobs, &placed.job, &reads.rule_series);
     status::findings_and_status(fleet);
+    list_within_caps(fleet);
+}
+
+/// The most GPUs the fleet lists: whole nodes, worst first, up to this many GPUs.
+pub const MAX_GPUS_LISTED: usize = 8192;
+
+/// The most jobs the fleet lists, stalled and worst first.
+pub const MAX_JOBS_LISTED: usize = 2000;
+
+/// Cuts the nodes (whole, worst first) and jobs past their caps, counting what is left out;
+/// the counts, findings and status were taken from them all.
+fn list_within_caps(fleet: &mut Fleet) {
+    let mut room = MAX_GPUS_LISTED;
+    let mut listed = 0;
+    for node in &mut fleet.nodes {
+        if node.gpus.len() > room {
+            // A first node larger than the cap is listed in part.
+            if listed == 0 {
+                fleet.left_out.gpus += (node.gpus.len() - room) as u64;
+                node.gpus.truncate(room);
+                listed += 1;
+            }
+            break;
+        }
+        room -= node.gpus.len();
+        listed += 1;
+    }
+    let gone = fleet.nodes.split_off(listed.min(fleet.nodes.len()));
+    if !gone.is_empty() {
+        fleet.left_out.nodes = gone.len() as u64;
+        fleet.left_out.gpus += gone.iter().map(|n| n.gpus.len() as u64).sum::<u64>();
+    }
+    if fleet.left_out.gpus > 0 {
+        fleet.degraded.push(format!(
+            "GPUs: {MAX_GPUS_LISTED} at most are listed, worst nodes first; {} GPU(s) on {} more \
+             node(s) left out (counted in the header and the status; narrow --selector to see them)",
+            fleet.left_out.gpus, fleet.left_out.nodes
+        ));
+    }
+    if fleet.jobs.len() > MAX_JOBS_LISTED {
+        let left = fleet.jobs.len() - MAX_JOBS_LISTED;
+        fleet.jobs.truncate(MAX_JOBS_LISTED);
+        fleet.left_out.jobs = left as u64;
+        fleet.degraded.push(format!(
+            "jobs: the first {MAX_JOBS_LISTED} are listed (stalled, then worst first), {left} \
+             more left out"
+        ));
+    }
 }
 
 /// The firing alerts on a duplicated UUID that name this node.
@@ -145,8 +193,9 @@ fn duplicated_notes(duplicated: &BTreeMap<String, BTreeSet<String>>) -> Vec<Stri
             }
             format!(
                 "{} GPU UUID(s) reported by each of the nodes {}: {named}; their GPUs are listed \
-                 on each node, but the shipped rules join on UUID alone and mix them up (a \
-                 cloned VM image or a relabelling slip?)",
+                 on each node, and the shipped rules keep them apart by node, but anything \
+                 keyed on the UUID alone mixes them up (a cloned VM image or a relabelling \
+                 slip?)",
                 uuids.len(),
                 nodes.join(", ")
             )
@@ -456,6 +505,60 @@ mod tests {
         assert_eq!(g.verdict, GpuVerdict::DcgmExporterOnly);
         assert_eq!(g.rank, Rank::Warn);
         assert_eq!(g.last_scrape_age_s, Some(3.0), "the freshest target counts");
+    }
+
+    fn node_of_gpus(name: &str, gpus: usize) -> Node {
+        let gpu = Gpu {
+            gpu: None,
+            uuid: None,
+            model: None,
+            exporters: Vec::new(),
+            util_pct: None,
+            sm_active_pct: None,
+            tensor_active_pct: None,
+            memory_used_mib: None,
+            memory_total_mib: None,
+            power_w: None,
+            temperature_c: None,
+            verdict: GpuVerdict::NotJudgedYet,
+            findings: Vec::new(),
+            jobs: Vec::new(),
+            pod: None,
+            alerts: Vec::new(),
+            last_scrape_age_s: None,
+            rank: Rank::Unknown,
+        };
+        let mut node = empty_node(name);
+        node.gpus = vec![gpu; gpus];
+        node
+    }
+
+    /// Whole nodes, worst first, up to the cap; a first node past it alone is cut; what is
+    /// left out is counted and said.
+    #[test]
+    fn nodes_past_the_gpu_cap_are_left_out_and_counted() {
+        let mut f = crate::read::answer::fleet();
+        f.nodes = vec![
+            node_of_gpus("a", 5000),
+            node_of_gpus("b", 3000),
+            node_of_gpus("c", 1000),
+            node_of_gpus("d", 8),
+        ];
+        list_within_caps(&mut f);
+        let listed: Vec<&str> = f.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(listed, ["a", "b"]);
+        assert_eq!((f.left_out.nodes, f.left_out.gpus), (2, 1008));
+        assert!(f.degraded[0].contains("1008 GPU(s) on 2 more node(s) left out"));
+
+        let mut f = crate::read::answer::fleet();
+        f.nodes = vec![
+            node_of_gpus("huge", MAX_GPUS_LISTED + 3),
+            node_of_gpus("b", 1),
+        ];
+        list_within_caps(&mut f);
+        assert_eq!(f.nodes.len(), 1);
+        assert_eq!(f.nodes[0].gpus.len(), MAX_GPUS_LISTED);
+        assert_eq!((f.left_out.nodes, f.left_out.gpus), (1, 4));
     }
 
     #[test]

@@ -5,7 +5,7 @@ use gpudiag_model::prometheus_names::{label, rules};
 
 use super::labels::{instance_host, severity_of};
 use super::promql::any_of;
-use crate::client::{ApiAlert, ApiError, Series};
+use crate::client::{Alerts, ApiAlert, ApiError, MAX_ALERTS_KEPT, Series};
 use crate::model::{Alert, Fleet, RulesState};
 
 /// The shipped rules' series the job view reads.
@@ -21,7 +21,7 @@ const RULE_SERIES: [&str; 4] = [
 pub const GPUDIAG_ALERTS: [&str; 8] = rules::ALERTS;
 
 /// A rule whose presence means the shipped rules are loaded.
-const RULES_MARKER: &str = rules::JOB_GPUS_COUNT;
+pub(super) const RULES_MARKER: &str = rules::JOB_GPUS_COUNT;
 
 /// The rules' job figures.
 pub(super) fn rule_query() -> String {
@@ -31,8 +31,9 @@ pub(super) fn rule_query() -> String {
 /// The three answers, as they came back.
 pub(super) struct Answers {
     /// `None`: not asked, the instant being more than 5 minutes from now.
-    pub alerts: Option<Result<Vec<ApiAlert>, ApiError>>,
-    pub rule_names: Result<Vec<String>, ApiError>,
+    pub alerts: Option<Result<Alerts, ApiError>>,
+    /// Whether the rules API lists the shipped rules' marker.
+    pub rules_listed: Result<bool, ApiError>,
     pub rule_series: Result<Vec<Series>, ApiError>,
 }
 
@@ -47,16 +48,24 @@ pub(super) fn decode(answers: Answers, fleet: &mut Fleet) -> (Vec<ApiAlert>, Vec
             );
             Vec::new()
         }
-        Some(Ok(a)) => a,
+        Some(Ok(a)) => {
+            let left = a.total.saturating_sub(a.kept.len() as u64);
+            if left > 0 {
+                fleet.left_out.alerts = left;
+                fleet.degraded.push(format!(
+                    "alerts: Prometheus holds {}; the worst {MAX_ALERTS_KEPT} are read (firing \
+                     before pending, then by severity), {left} left out",
+                    a.total
+                ));
+            }
+            a.kept
+        }
         Some(Err(e)) => {
             fleet.degraded.push(format!("alerts: {e}"));
             Vec::new()
         }
     };
-    let rules_listed = match &answers.rule_names {
-        Ok(names) => Some(names.iter().any(|n| n == RULES_MARKER)),
-        Err(_) => None,
-    };
+    let rules_listed = answers.rules_listed.as_ref().ok().copied();
     let rule_series: Vec<Series> = match answers.rule_series {
         _ if rules_listed == Some(false) => Vec::new(),
         Ok(s) => s,
@@ -65,17 +74,13 @@ pub(super) fn decode(answers: Answers, fleet: &mut Fleet) -> (Vec<ApiAlert>, Vec
             Vec::new()
         }
     };
-    fleet.rules = rules_state(rules_listed, &answers.rule_names, !rule_series.is_empty());
+    fleet.rules = rules_state(rules_listed, &answers.rules_listed, !rule_series.is_empty());
     (alerts, rule_series)
 }
 
 /// Loaded when the rules API lists the marker; when it cannot be asked, loaded if their
 /// figures are there.
-fn rules_state(
-    listed: Option<bool>,
-    names: &Result<Vec<String>, ApiError>,
-    figures: bool,
-) -> RulesState {
+fn rules_state(listed: Option<bool>, names: &Result<bool, ApiError>, figures: bool) -> RulesState {
     match (listed, names) {
         (Some(true), _) => RulesState::Loaded,
         (Some(false), _) => RulesState::NotLoaded,
@@ -126,8 +131,11 @@ mod tests {
         let mut f = fleet();
         let figure = series(rules::JOB_SM_ACTIVE_MEDIAN, &[("job_key", "k")], 0.5);
         let answers = Answers {
-            alerts: Some(Ok(vec![alert("firing", &[("alertname", "GpuLost")])])),
-            rule_names: Ok(vec![rules::JOB_GPUS_COUNT.to_owned()]),
+            alerts: Some(Ok(Alerts {
+                kept: vec![alert("firing", &[("alertname", "GpuLost")])],
+                total: 1,
+            })),
+            rules_listed: Ok(true),
             rule_series: Ok(vec![figure.clone()]),
         };
         let (alerts, figures) = decode(answers, &mut f);
@@ -141,7 +149,7 @@ mod tests {
         let mut f = fleet();
         let answers = Answers {
             alerts: None,
-            rule_names: Ok(vec!["other".to_owned()]),
+            rules_listed: Ok(false),
             rule_series: Ok(vec![series(rules::JOB_SM_ACTIVE_MEDIAN, &[], 0.5)]),
         };
         let (_, figures) = decode(answers, &mut f);
@@ -156,7 +164,7 @@ mod tests {
         let mut f = fleet();
         let answers = Answers {
             alerts: Some(Err(failed())),
-            rule_names: Err(failed()),
+            rules_listed: Err(failed()),
             rule_series: Ok(vec![series(rules::JOB_SM_ACTIVE_MEDIAN, &[], 0.5)]),
         };
         decode(answers, &mut f);
@@ -165,8 +173,8 @@ mod tests {
 
         let mut f = fleet();
         let answers = Answers {
-            alerts: Some(Ok(Vec::new())),
-            rule_names: Err(failed()),
+            alerts: Some(Ok(Alerts::default())),
+            rules_listed: Err(failed()),
             rule_series: Err(failed()),
         };
         decode(answers, &mut f);

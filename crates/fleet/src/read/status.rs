@@ -26,8 +26,20 @@ pub(super) fn findings_and_status(fleet: &mut Fleet) {
     all.dedup();
     fleet.status = status_of(fleet, &all, &counts);
     fleet.counts = counts;
+    if all.len() > MAX_FINDINGS_LISTED {
+        let left = (all.len() - MAX_FINDINGS_LISTED) as u64;
+        all.truncate(MAX_FINDINGS_LISTED);
+        fleet.left_out.findings = left;
+        fleet.degraded.push(format!(
+            "findings: the worst {MAX_FINDINGS_LISTED} are listed, {left} more left out (the \
+             status counts them all)"
+        ));
+    }
     fleet.findings = all;
 }
+
+/// The most findings (and alerts) `findings` lists, worst first.
+pub const MAX_FINDINGS_LISTED: usize = 10_000;
 
 /// A node's down targets, findings and alerts, and its GPUs'.
 fn count_node(node: &Node, all: &mut Vec<FleetFinding>, counts: &mut Counts) {
@@ -144,6 +156,35 @@ mod tests {
             scope: None,
             active_since: None,
         }
+    }
+
+    /// Past the cap the worst findings are listed and the rest counted; the status still
+    /// comes from them all.
+    #[test]
+    fn findings_past_the_cap_are_counted_not_listed() {
+        let mut f = fleet();
+        let mut a = node("a", &[true]);
+        a.findings = (0..MAX_FINDINGS_LISTED + 5)
+            .map(|i| FindingRef {
+                severity: Severity::Info,
+                id: format!("x.{i:05}"),
+            })
+            .collect();
+        a.findings.push(FindingRef {
+            severity: Severity::Fail,
+            id: "z.last".to_owned(),
+        });
+        f.nodes.push(a);
+        findings_and_status(&mut f);
+        assert_eq!(f.findings.len(), MAX_FINDINGS_LISTED);
+        assert_eq!(f.findings[0].id, "z.last", "the worst first");
+        assert_eq!(f.left_out.findings, 6);
+        assert_eq!(f.status, Status::Fail);
+        assert!(
+            f.degraded[0].contains("6 more left out"),
+            "{:?}",
+            f.degraded
+        );
     }
 
     #[test]
