@@ -368,6 +368,10 @@ impl JobStall {
                 .missing
                 .iter()
                 .map(|m| {
+                    // A rank that must run on its node and was never seen there has no GPU.
+                    if m.gpu.is_none() && m.state.as_deref() == Some("absent") {
+                        return format!("rank {} (not running on {})", or(&m.rank), m.node);
+                    }
                     let state = m
                         .state
                         .as_deref()
@@ -568,4 +572,32 @@ pub struct Process {
     pub memory_used_bytes: Option<f64>,
     pub sm_util_pct: Option<f64>,
     pub verdict: Option<String>,
+}
+
+#[cfg(test)]
+mod stall_words {
+    use super::*;
+
+    /// A rank its node says must run there and never did is named by rank and node alone.
+    #[test]
+    fn an_absent_rank_is_named_without_gpu_or_pid() {
+        let stall = JobStall {
+            verdict: "rank_exited".into(),
+            nodes: vec!["node-a".into()],
+            stuck_s: Some(40.0),
+            missing: vec![MissingRank {
+                node: "node-a".into(),
+                gpu: None,
+                uuid: None,
+                rank: Some("1".into()),
+                pid: None,
+                state: Some("absent".into()),
+            }],
+            across_nodes: None,
+        };
+        assert_eq!(
+            stall.words(),
+            "rank_exited for 40 s, seen by node-a; waits for rank 1 (not running on node-a)"
+        );
+    }
 }
