@@ -89,7 +89,11 @@ fn the_version_is_cargo_tomls_wherever_a_file_names_it() {
     // The manifest runs that image.
     let manifest = std::fs::read_to_string(at("assets/deploy/kubernetes/gpudiag.yaml")).unwrap();
     let tags = image_tags(&manifest);
-    assert_eq!(tags, [version.clone()], "gpudiag.yaml's image tags");
+    assert_eq!(
+        tags,
+        std::slice::from_ref(&version),
+        "gpudiag.yaml's image tags"
+    );
 
     // The install page names the artifacts of this version.
     let install = std::fs::read_to_string(at("docs/install.md")).unwrap();
