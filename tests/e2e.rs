@@ -29,6 +29,7 @@ mod profiler_merge;
 mod prometheus;
 mod prometheus_rules;
 mod readme;
+mod release;
 mod replay_inputs;
 mod rules_cli;
 mod run;
