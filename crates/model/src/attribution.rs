@@ -152,6 +152,10 @@ pub struct Launch {
     /// secrets).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_of: Option<WorkerOf>,
+    /// The run id, master address and world size come from its torchrun parent's command line
+    /// (readable by anyone), its own environment being unreadable: no rank is known then.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_cmdline: bool,
     /// Why a part is unknown, keyed by its name; left out when nothing is.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub absent: BTreeMap<String, String>,

@@ -323,6 +323,8 @@ fn worker_and_network_namespace_from_a_proc_tree() {
         "/usr/local/bin/torchrun",
         "--nproc-per-node",
         "4",
+        "--rdzv-id",
+        "job-7",
         "train.py",
     ];
     tree.process(100, 1, &torchrun).namespace(100, 4026531840);
@@ -359,6 +361,13 @@ fn worker_and_network_namespace_from_a_proc_tree() {
 
     let worker = tree.launch(101);
     assert_eq!(worker.worker_of, Some(WorkerOf::Torchrun));
+    // Its environment unread (another user's, under a service that may not trace it), the
+    // torchrun parent's command line still names its job: the run id and the world size.
+    assert!(worker.absent.contains_key("environ"), "{:?}", worker.absent);
+    assert_eq!(worker.run_id.as_deref(), Some("job-7"));
+    assert_eq!(worker.world_size, Some(4));
+    assert_eq!(worker.rank, None);
+    assert!(worker.from_cmdline);
     assert_eq!(worker.net_namespace, Some(NetNamespace::Host));
     assert!(
         !worker.absent.contains_key("cmdline") && !worker.absent.contains_key("net_namespace"),

@@ -42,6 +42,102 @@ pub fn worker_of(child: &[String], parent: Option<&[String]>) -> WorkerOf {
     }
 }
 
+/// What torchrun's own command line says of the job it launches, for workers whose environment
+/// cannot be read (another user's process, under a service without the right to trace it):
+/// `/proc/<pid>/cmdline` is readable by anyone. Only these values leave here.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TorchrunJob {
+    /// `--rdzv-id`: what its workers' `TORCHELASTIC_RUN_ID` say, the same on every node.
+    pub run_id: Option<String>,
+    /// `--master-addr` and `--master-port`, which the static rendezvous hands its workers.
+    pub master_addr: Option<String>,
+    pub master_port: Option<String>,
+    /// `--nnodes` × `--nproc-per-node` where both are fixed numbers (an elastic `1:4` is not).
+    pub world_size: Option<u32>,
+}
+
+/// torchrun's options that take the next argument as their value: the script is the first
+/// argument that is neither an option nor such a value.
+const TORCHRUN_VALUED: [&str; 16] = [
+    "--rdzv-id",
+    "--rdzv-endpoint",
+    "--rdzv-backend",
+    "--rdzv-conf",
+    "--master-addr",
+    "--master-port",
+    "--nnodes",
+    "--nproc-per-node",
+    "--node-rank",
+    "--max-restarts",
+    "--monitor-interval",
+    "--log-dir",
+    "--start-method",
+    "--local-addr",
+    "--role",
+    "--redirects",
+];
+
+/// The job a torchrun command line launches; `None` when `args` is not torchrun's.
+pub fn torchrun_job(args: &[String]) -> Option<TorchrunJob> {
+    if !runs_torchrun(args) {
+        return None;
+    }
+    // torchrun's own options: after the launcher (the program, or the interpreter's module or
+    // script argument) and before the user's script, whose arguments are the user's.
+    let launcher_at = match python_runs(args) {
+        Some(PythonRuns::Module(m)) => args.iter().position(|a| a == m || a.ends_with(m))?,
+        Some(PythonRuns::Script(path)) => args.iter().position(|a| a == path)?,
+        _ => 0,
+    };
+    let mut options: Vec<(String, Option<String>)> = Vec::new();
+    let mut rest = args[launcher_at + 1..].iter();
+    while let Some(arg) = rest.next() {
+        let Some(flag) = arg.strip_prefix("--") else {
+            break;
+        };
+        // Both spellings are torchrun's: `--rdzv-id` and `--rdzv_id`.
+        let (name, inline) = match flag.split_once('=') {
+            Some((n, v)) => (n.replace('_', "-"), Some(v.to_owned())),
+            None => (flag.replace('_', "-"), None),
+        };
+        let value = match inline {
+            Some(v) => Some(v),
+            None if TORCHRUN_VALUED.contains(&format!("--{name}").as_str()) => rest.next().cloned(),
+            None => None,
+        };
+        options.push((name, value));
+    }
+    let value = |name: &str| {
+        options
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| v.clone())
+    };
+    // Anything but one short printable token is not an id this reads.
+    let token = |v: Option<String>| {
+        v.filter(|v| !v.is_empty() && v.len() <= 256 && v.chars().all(|c| c.is_ascii_graphic()))
+    };
+    let number = |name: &str| value(name).and_then(|v| v.parse::<u32>().ok());
+    let world_size = match (value("nnodes"), number("nproc-per-node")) {
+        (Some(nodes), Some(per_node)) => nodes
+            .parse::<u32>()
+            .ok()
+            .and_then(|n| n.checked_mul(per_node)),
+        // A run on one node names no --nnodes.
+        (None, Some(per_node)) => Some(per_node),
+        _ => None,
+    }
+    .filter(|&w| w > 0);
+    Some(TorchrunJob {
+        // torchrun's default id, shared by every run that names none.
+        run_id: token(value("rdzv-id")).filter(|v| v != "none"),
+        master_addr: token(value("master-addr")),
+        master_port: token(value("master-port")),
+        world_size,
+    })
+}
+
 /// What a Python interpreter's command line runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PythonRuns<'a> {
@@ -244,6 +340,74 @@ mod tests {
 
     /// A sweep agent or a Jupyter kernel starts independent Python children: nothing in the
     /// command lines ties them, and the command lines say so.
+    /// The job torchrun launches, from its command line in each form it is started.
+    #[test]
+    fn torchruns_command_line_names_its_job() {
+        let installed = cmdline(&[
+            "/usr/bin/python3",
+            "/usr/local/bin/torchrun",
+            "--nnodes",
+            "2",
+            "--nproc-per-node=4",
+            "--rdzv_id",
+            "job-7",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "node-0:29400",
+            "train.py",
+            "--rdzv-id",
+            "not-torchruns",
+        ]);
+        assert_eq!(
+            torchrun_job(&installed),
+            Some(TorchrunJob {
+                run_id: Some("job-7".into()),
+                master_addr: None,
+                master_port: None,
+                world_size: Some(8),
+            })
+        );
+        let module = cmdline(&[
+            "python",
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "--master_addr=127.0.0.1",
+            "--master-port",
+            "29500",
+            "ddp.py",
+        ]);
+        let job = torchrun_job(&module).unwrap();
+        assert_eq!(job.run_id, None);
+        assert_eq!(job.master_addr.as_deref(), Some("127.0.0.1"));
+        assert_eq!(job.master_port.as_deref(), Some("29500"));
+        assert_eq!(job.world_size, Some(2));
+        // Elastic node counts and torchrun's default id say nothing; a script's own flags are
+        // its own; a program that is not torchrun has no job here.
+        let elastic = cmdline(&[
+            "torchrun",
+            "--nnodes=1:4",
+            "--nproc-per-node",
+            "8",
+            "--rdzv-id",
+            "none",
+            "t.py",
+        ]);
+        let job = torchrun_job(&elastic).unwrap();
+        assert_eq!((job.run_id, job.world_size), (None, None));
+        let script_flags = cmdline(&["torchrun", "t.py", "--master-addr", "evil"]);
+        assert_eq!(torchrun_job(&script_flags).unwrap().master_addr, None);
+        let odd = cmdline(&["torchrun", "--rdzv-id", "a b\u{1b}[2J", "t.py"]);
+        assert_eq!(torchrun_job(&odd).unwrap().run_id, None);
+        assert_eq!(
+            torchrun_job(&cmdline(&["python", "train.py", "--rdzv-id", "x"])),
+            None
+        );
+    }
+
     #[test]
     fn a_sweep_agents_or_a_kernels_children_are_nobodys_workers() {
         let agent = cmdline(&["python", "sweep.py"]);

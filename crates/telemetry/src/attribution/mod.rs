@@ -252,6 +252,17 @@ pub fn launch_of(
             match parents {
                 Ok(parents) => {
                     launch.worker_of = Some(cmdline::worker_of(&own, parents.as_deref()));
+                    // The environment says more, and per rank; where it could not be read, the
+                    // torchrun parent's command line (readable by anyone) still names the job.
+                    if launch.absent.contains_key("environ")
+                        && let Some(job) = parents.as_deref().and_then(cmdline::torchrun_job)
+                    {
+                        launch.run_id = job.run_id;
+                        launch.master_addr = job.master_addr;
+                        launch.master_port = job.master_port;
+                        launch.world_size = job.world_size;
+                        launch.from_cmdline = true;
+                    }
                 }
                 // Only a `multiprocessing` child names its launcher itself; anything else
                 // could be a worker of the parent that could not be read.
