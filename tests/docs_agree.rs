@@ -17,9 +17,13 @@ use clap::CommandFactory;
 use crate::support::{root, run as gpudiag};
 
 /// Other tools' flags the documents quote alone, with the tool that takes each.
-const OTHER_TOOLS_FLAGS: [(&str, &str); 8] = [
+const OTHER_TOOLS_FLAGS: [(&str, &str); 12] = [
     ("--run-ignored", "cargo nextest"),
     ("--rdzv-id", "torchrun"),
+    ("--master-addr", "torchrun"),
+    ("--master-port", "torchrun"),
+    ("--nnodes", "torchrun"),
+    ("--nproc-per-node", "torchrun"),
     ("--standalone", "torchrun"),
     ("--multiprocessing-fork", "Python's multiprocessing"),
     ("--locked", "cargo"),
