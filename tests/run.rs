@@ -32,6 +32,10 @@ fn the_commands_exit_code_comes_back_and_not_watching_is_said() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("err\n"), "{err}");
     assert!(err.contains("exited with code 7"), "{err}");
+    assert!(
+        err.contains("`sh -c 'echo out; echo err >&2; exit 7'` exited"),
+        "{err}"
+    );
     assert!(err.contains("could not watch the GPUs"), "{err}");
 }
 

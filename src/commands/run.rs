@@ -821,7 +821,7 @@ fn summary(r: &RunReport) -> String {
     let _ = writeln!(
         out,
         "\ngpudiag: `{}` {how} after {took:.1} s",
-        printable::line(&r.command.join(" "))
+        printable::line(&shell_words(&r.command))
     );
     if let Some(why) = &r.not_watched {
         let _ = writeln!(out, "gpudiag: the GPUs were not watched: {why}");
@@ -1040,9 +1040,35 @@ impl Sink for RunSink {
     }
 }
 
+/// The command as a shell would take it back: an argument with anything but the characters no
+/// shell treats specially goes in single quotes (`sh -c 'exit 7'`, not `sh -c exit 7`). Written
+/// here: eight lines for a message, where a quoting crate would be a dependency for one line.
+fn shell_words(args: &[String]) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "@%+=:,./_-".contains(c);
+    args.iter()
+        .map(|a| match a.as_str() {
+            "" => "''".to_owned(),
+            a if a.chars().all(plain) => a.to_owned(),
+            a => format!("'{}'", a.replace('\'', "'\\''")),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_command_is_shown_as_a_shell_would_take_it_back() {
+        let words = |a: &[&str]| shell_words(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(words(&["sh", "-c", "exit 7"]), "sh -c 'exit 7'");
+        assert_eq!(
+            words(&["python3", "train.py", "--lr=0.1"]),
+            "python3 train.py --lr=0.1"
+        );
+        assert_eq!(words(&["echo", "it's", ""]), "echo 'it'\\''s' ''");
+    }
 
     #[test]
     fn the_process_that_left_a_second_before_the_others_left_first() {

@@ -88,6 +88,15 @@ pub struct LeftOut {
 pub struct Tool {
     pub name: String,
     pub version: String,
+    /// The git commit it was built from, and whether tracked files differed from it; null
+    /// where not known (a build outside git). Added within schema version 2, as in the check
+    /// report: absent in documents of earlier builds.
+    #[serde(default)]
+    #[schemars(skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    #[serde(default)]
+    #[schemars(skip_serializing_if = "Option::is_none")]
+    pub dirty: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

@@ -89,6 +89,8 @@ fn unread_fleet(prometheus: &str, req: &ReadRequest, at: i64) -> Fleet {
         tool: Tool {
             name: "gpudiag".to_owned(),
             version: gpudiag_model::build_info::VERSION.to_owned(),
+            commit: gpudiag_model::build_info::COMMIT.map(Into::into),
+            dirty: gpudiag_model::build_info::DIRTY,
         },
         prometheus: prometheus.to_owned(),
         selector: req.selector.text(),
