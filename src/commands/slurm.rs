@@ -320,11 +320,7 @@ impl Verdict {
     /// a row, an empty reason, would merge), each escaped so that no field holds a separator
     /// or a newline. The reason is cut to what `scontrol` and `sinfo -R` show well.
     fn line(&self) -> String {
-        let field = |s: &str, max: usize| {
-            let one: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
-            let cut: String = one.chars().take(max).collect();
-            printable::line(&cut).into_owned()
-        };
+        let field = |s: &str, max: usize| printable::line(&words_within(s, max)).into_owned();
         format!(
             "{}\x1f{}\x1f{}",
             self.class,
@@ -341,12 +337,23 @@ fn clean(v: Option<&Value>, max: usize) -> String {
         Some(Value::Null) | None => "?".into(),
         Some(other) => other.to_string(),
     };
-    s.split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-        .chars()
-        .take(max)
-        .collect()
+    words_within(&s, max)
+}
+
+/// `s` on one line, at most `max` characters, cut after a whole word with "…" where it is
+/// longer: a drain reason cut mid-word ("…the NVIDIA driver installe") reads as a typo.
+fn words_within(s: &str, max: usize) -> String {
+    let one = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one.chars().count() <= max {
+        return one;
+    }
+    let room: String = one.chars().take(max.saturating_sub(1)).collect();
+    // A single word longer than the room is cut where the room ends.
+    let kept = match room.rfind(' ') {
+        Some(at) if at > 0 => &room[..at],
+        _ => room.as_str(),
+    };
+    format!("{}…", kept.trim_end_matches([',', ';', ':']))
 }
 
 /// `gpudiag slurm prolog --report FILE`.
@@ -491,7 +498,7 @@ fn verdict_of(report: &Value, gpus: &[JobGpu]) -> Verdict {
             "could_not_run",
             format!(
                 "gpudiag: could not run: {}",
-                could_not_run.chars().take(80).collect::<String>()
+                words_within(&could_not_run, 80)
             ),
             could_not_run,
         ),
@@ -814,6 +821,21 @@ fn iso_seconds(s: &str) -> Option<i64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_reason_is_cut_after_a_whole_word() {
+        use super::words_within;
+        let why =
+            "NVIDIA driver library libnvidia-ml.so.1 not found: is the NVIDIA driver installed?";
+        let cut = words_within(why, 70);
+        assert_eq!(
+            cut,
+            "NVIDIA driver library libnvidia-ml.so.1 not found: is the NVIDIA…"
+        );
+        assert!(cut.chars().count() <= 70);
+        assert_eq!(words_within("short  and\nplain", 70), "short and plain");
+        assert_eq!(words_within("abcdefghij", 5), "abcd…");
+    }
+
     use super::*;
 
     #[test]
