@@ -18,6 +18,7 @@ pub mod error;
 pub mod finding;
 pub mod gpu_state;
 pub mod job;
+pub mod kernels;
 pub mod metric_table;
 pub mod printable;
 pub mod prometheus_names;
