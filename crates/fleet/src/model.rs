@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use gpudiag_model::build_info::ToolInfo;
 use gpudiag_model::finding::Severity;
 use gpudiag_model::finding::Status;
 use schemars::JsonSchema;
@@ -24,7 +25,7 @@ pub const FLEET_SCHEMA_VERSION: u32 = 2;
 #[schemars(deny_unknown_fields)]
 pub struct Fleet {
     pub schema_version: u32,
-    pub tool: Tool,
+    pub tool: ToolInfo,
     /// The Prometheus read, without credentials.
     pub prometheus: String,
     /// The selector every device series was read with (`{}` for all).
@@ -81,22 +82,6 @@ pub struct LeftOut {
     pub gpus: u64,
     /// Jobs beyond the 2,000 listed (stalled, then worst first).
     pub jobs: u64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[schemars(deny_unknown_fields)]
-pub struct Tool {
-    pub name: String,
-    pub version: String,
-    /// The git commit it was built from, and whether tracked files differed from it; null
-    /// where not known (a build outside git). Added within schema version 2, as in the check
-    /// report: absent in documents of earlier builds.
-    #[serde(default)]
-    #[schemars(skip_serializing_if = "Option::is_none")]
-    pub commit: Option<String>,
-    #[serde(default)]
-    #[schemars(skip_serializing_if = "Option::is_none")]
-    pub dirty: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

@@ -152,46 +152,14 @@ impl CheckReport {
     }
 }
 
+pub use gpudiag_model::build_info::ToolInfo;
+
 /// How one job's verdict changed over the window.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct JobPhases {
     pub job: gpudiag_model::job::JobId,
     pub phases: Vec<gpudiag_model::job::JobVerdict>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[schemars(deny_unknown_fields)]
-pub struct ToolInfo {
-    #[schemars(extend("const" = "gpudiag"))]
-    pub name: String,
-    /// The package version ("0.1.0"); the build is named by `commit` and `dirty`.
-    #[schemars(length(min = 1))]
-    pub version: String,
-    /// The full git commit gpudiag was built from; null for a build outside git (a source
-    /// tarball). Added within schema version 2: absent in reports of earlier builds.
-    // Always written; the schema's skip_serializing_if only leaves it out of `required`, so
-    // reports of earlier builds still validate.
-    #[serde(default)]
-    #[schemars(skip_serializing_if = "Option::is_none")]
-    pub commit: Option<String>,
-    /// Whether tracked files differed from `commit` when it was built; null when not known.
-    /// Added within schema version 2: absent in reports of earlier builds.
-    #[serde(default)]
-    #[schemars(skip_serializing_if = "Option::is_none")]
-    pub dirty: Option<bool>,
-}
-
-impl ToolInfo {
-    pub fn this() -> Self {
-        use gpudiag_model::build_info;
-        ToolInfo {
-            name: "gpudiag".into(),
-            version: build_info::VERSION.into(),
-            commit: build_info::COMMIT.map(Into::into),
-            dirty: build_info::DIRTY,
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

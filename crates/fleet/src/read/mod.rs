@@ -36,6 +36,7 @@ use crate::client::{ApiError, Client, Series};
 use crate::model::*;
 use crate::selector::Selector;
 use devices::Gathered;
+use gpudiag_model::build_info::ToolInfo;
 use labels::{Chosen, keep_labels_read};
 use targets::Target as ScrapeTarget;
 
@@ -86,12 +87,7 @@ pub fn read_fleet(client: &mut Client, req: &ReadRequest) -> Fleet {
 fn unread_fleet(prometheus: &str, req: &ReadRequest, at: i64) -> Fleet {
     Fleet {
         schema_version: FLEET_SCHEMA_VERSION,
-        tool: Tool {
-            name: "gpudiag".to_owned(),
-            version: gpudiag_model::build_info::VERSION.to_owned(),
-            commit: gpudiag_model::build_info::COMMIT.map(Into::into),
-            dirty: gpudiag_model::build_info::DIRTY,
-        },
+        tool: ToolInfo::this(),
         prometheus: prometheus.to_owned(),
         selector: req.selector.text(),
         node_label: req.node_label.clone(),
