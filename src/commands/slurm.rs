@@ -445,15 +445,18 @@ fn verdict_of(report: &Value, gpus: &[JobGpu]) -> Verdict {
         };
     }
     let on_gpu = |d: &Value| clean(d.pointer("/info/index"), 20);
-    let mut fails: Vec<(Option<String>, &Value)> = devices
-        .iter()
-        .flat_map(|d| {
+    let no_findings: &Vec<Value> = &empty;
+    let device_findings = || {
+        devices.iter().flat_map(move |d| {
             d["findings"]
                 .as_array()
-                .unwrap_or(&empty)
+                .unwrap_or(no_findings)
                 .iter()
-                .map(move |f| (Some(on_gpu(d)), f))
+                .map(move |f| (on_gpu(d), f))
         })
+    };
+    let mut fails: Vec<(Option<String>, &Value)> = device_findings()
+        .map(|(gpu, f)| (Some(gpu), f))
         .chain(
             report["host_findings"]
                 .as_array()
@@ -524,15 +527,8 @@ fn verdict_of(report: &Value, gpus: &[JobGpu]) -> Verdict {
             )
         }
         "healthy" | "warn" => {
-            let all: Vec<String> = devices
-                .iter()
-                .flat_map(|d| {
-                    d["findings"]
-                        .as_array()
-                        .unwrap_or(&empty)
-                        .iter()
-                        .map(move |f| format!("{} GPU {}", clean(f.get("id"), 60), on_gpu(d)))
-                })
+            let all: Vec<String> = device_findings()
+                .map(|(gpu, f)| format!("{} GPU {gpu}", clean(f.get("id"), 60)))
                 .collect();
             (
                 if status == "warn" { "warn" } else { "healthy" },
