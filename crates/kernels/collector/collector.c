@@ -667,6 +667,7 @@ EXPORT int InitializeInjection(void) {
     return 1;
   }
   pthread_atfork(NULL, NULL, forked_child);
+  atexit(goodbye);
   int found = find_cupti();
   uint32_t version = 0;
   if (found && real.version) real.version(&version);
@@ -692,13 +693,27 @@ EXPORT int InitializeInjection(void) {
     cannot_record(why);
     return 1;
   }
+  // A guest that began tracing before the process's first cuInit (its calls passed through
+  // us while we were not recording) keeps CUPTI: we start stood aside and take it at its
+  // flush, as if we had handed it over.
+  pthread_mutex_lock(&guest_lock);
+  int guest_first = guest_request && guest_complete && guest_tracing();
+  pthread_mutex_unlock(&guest_lock);
+  if (guest_first) {
+    pthread_mutex_lock(&attach_lock);
+    stepped_aside = 1;
+    aside_from_ns = clock_pair().cupti_ns;
+    active = 1;
+    pthread_mutex_unlock(&attach_lock);
+    note("another CUPTI client traces: standing aside until it is done");
+    return 1;
+  }
   if (real.register_callbacks(buffer_requested, buffer_completed) != GD_CUPTI_SUCCESS) {
     cannot_record("cuptiActivityRegisterCallbacks failed (another tool may hold CUPTI)");
     return 1;
   }
   active = 1;
   attach();
-  atexit(goodbye);
   note("recording");
   return 1;
 }

@@ -4,17 +4,26 @@
 /// Whether `pid`'s chain of parents reaches `root` (at most 64 steps: trees are shallow, and a
 /// bound keeps a malformed /proc from looping).
 pub fn descends_from(pid: u32, root: u32) -> bool {
-    let mut at = pid;
+    lineage(pid, root) == Some(true)
+}
+
+/// Whether `pid`'s chain of parents reaches `root`; `None` when `pid` itself is already gone
+/// (its /proc entry unreadable), so nothing can be said.
+pub fn lineage(pid: u32, root: u32) -> Option<bool> {
+    if pid == root {
+        return Some(true);
+    }
+    let mut at = parent_of(pid)?;
     for _ in 0..64 {
         if at == root {
-            return true;
+            return Some(true);
         }
         match parent_of(at) {
-            Some(p) if p > 1 => at = p,
-            _ => return false,
+            Some(p) if p > 1 && at > 1 => at = p,
+            _ => return Some(false),
         }
     }
-    false
+    Some(false)
 }
 
 /// The parent of `pid`, from `/proc/<pid>/stat`; `None` when it is gone or unreadable.
@@ -49,7 +58,10 @@ mod tests {
             .unwrap();
         assert!(descends_from(child.id(), me));
         assert!(!descends_from(1, me));
+        let pid = child.id();
         let _ = child.kill();
         let _ = child.wait();
+        // Reaped: nothing can be said of it any more.
+        assert_eq!(lineage(pid, me), None);
     }
 }

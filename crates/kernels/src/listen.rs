@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use gpudiag_model::kernels::CollectorMessage;
 
-use crate::ancestry::{descends_from, parent_of};
+use crate::ancestry::{lineage, parent_of};
 use crate::wire::{Decoder, MAX_MESSAGE, NameBudget};
 
 /// Connections open at once; more are refused (each costs a file descriptor and its names).
@@ -27,27 +27,49 @@ const MAX_REJECTED_KEPT: usize = 64;
 
 /// Who may send: processes of this user (or root) that descend from one of `roots`, other
 /// than `excluded` (gpudiag itself).
+///
+/// A process that exited before its connection was looked at cannot be placed in the tree any
+/// more; it is taken when its uid is ours, and counted apart. Only this user can reach the
+/// socket at all (its directory is 0700), so the check keeps other processes' records out of
+/// the command's, rather than keeping anyone out.
 #[derive(Debug, Clone)]
 pub struct Admission {
     pub roots: Vec<u32>,
     pub excluded: Option<u32>,
 }
 
+/// What [`Admission::judge`] decided about a peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Admit,
+    /// Gone before its ancestry could be read.
+    AdmitUnverified,
+    Refuse(String),
+}
+
 impl Admission {
-    /// Why a peer is refused; `None` when it may send.
-    pub fn refuse(&self, pid: u32, uid: u32) -> Option<String> {
+    pub fn judge(&self, pid: u32, uid: u32) -> Verdict {
         // SAFETY: geteuid takes nothing and cannot fail.
         let ours = unsafe { libc::geteuid() };
         if uid != ours && uid != 0 {
-            return Some(format!("uid {uid}, not gpudiag's {ours}"));
+            return Verdict::Refuse(format!("uid {uid}, not gpudiag's {ours}"));
         }
         if Some(pid) == self.excluded {
-            return Some("gpudiag itself".into());
+            return Verdict::Refuse("gpudiag itself".into());
         }
-        if !self.roots.iter().any(|&root| descends_from(pid, root)) {
-            return Some("not a process of the command".into());
+        let mut gone = false;
+        for &root in &self.roots {
+            match lineage(pid, root) {
+                Some(true) => return Verdict::Admit,
+                Some(false) => {}
+                None => gone = true,
+            }
         }
-        None
+        if gone {
+            Verdict::AdmitUnverified
+        } else {
+            Verdict::Refuse("not a process of the command".into())
+        }
     }
 }
 
@@ -56,6 +78,9 @@ impl Admission {
 pub struct ListenerReport {
     /// Processes whose collector connected and was admitted.
     pub connected: BTreeSet<u32>,
+    /// Of those, the ones already gone when their connection was looked at (admitted on their
+    /// uid alone).
+    pub unverified: BTreeSet<u32>,
     /// Refused senders by pid (the first [`MAX_REJECTED_KEPT`]) and why.
     pub rejected: BTreeMap<u32, String>,
     pub rejected_count: u64,
@@ -345,27 +370,30 @@ fn accept_all(
             report.over_limit += 1;
             continue;
         }
-        let refusal = match peer_credentials(raw) {
-            Some((pid, uid)) => admission.refuse(pid, uid).map(|why| (pid, why)),
-            None => Some((0, "its credentials could not be read".into())),
+        let (pid, verdict) = match peer_credentials(raw) {
+            Some((pid, uid)) => (pid, admission.judge(pid, uid)),
+            None => (
+                0,
+                Verdict::Refuse("its credentials could not be read".into()),
+            ),
         };
-        match refusal {
-            Some((pid, why)) => {
+        match verdict {
+            Verdict::Refuse(why) => {
                 report.rejected_count += 1;
                 if report.rejected.len() < MAX_REJECTED_KEPT {
                     report.rejected.insert(pid, why);
                 }
+                continue;
             }
-            None => {
-                let Some((pid, _)) = peer_credentials(raw) else {
-                    continue;
-                };
-                report.connected.insert(pid);
-                connections.push(Connection {
-                    fd,
-                    decoder: Decoder::new(pid, budget.clone()),
-                });
+            Verdict::AdmitUnverified => {
+                report.unverified.insert(pid);
             }
+            Verdict::Admit => {}
         }
+        report.connected.insert(pid);
+        connections.push(Connection {
+            fd,
+            decoder: Decoder::new(pid, budget.clone()),
+        });
     }
 }
