@@ -21,7 +21,7 @@ pub mod listen;
 pub mod tally;
 pub mod wire;
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, sync_channel};
 
@@ -178,16 +178,81 @@ impl KernelsSession {
     }
 }
 
-/// The variables as `KEY=VALUE` text, for messages.
-pub fn describe_env(env: &[(OsString, OsString)]) -> String {
-    env.iter()
-        .map(|(k, v)| {
-            format!(
-                "{}={}",
-                k.to_string_lossy(),
-                OsStr::new(v).to_string_lossy()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |key| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| OsString::from(v))
+        }
+    }
+
+    fn value(env: &[(OsString, OsString)], key: &str) -> String {
+        env.iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn the_command_gets_the_collector_the_preload_and_the_socket() {
+        let so = Path::new("/run/user/1000/gpudiag-kernels-1/libgpudiag_collector.so");
+        let sock = Path::new("/run/user/1000/gpudiag-kernels-1/collector.sock");
+        let env = child_env(so, sock, env_of(&[])).unwrap();
+        assert_eq!(value(&env, INJECTION_VAR), so.to_str().unwrap());
+        assert_eq!(value(&env, PRELOAD_VAR), so.to_str().unwrap());
+        assert_eq!(value(&env, SOCKET_VAR), sock.to_str().unwrap());
+        // An existing preload list (ld.so splits at spaces and colons) keeps all it had, after
+        // ours.
+        let env = child_env(
+            so,
+            sock,
+            env_of(&[(PRELOAD_VAR, "liba.so libb.so:libc.so")]),
+        )
+        .unwrap();
+        assert_eq!(
+            value(&env, PRELOAD_VAR),
+            format!("{}:liba.so libb.so:libc.so", so.display())
+        );
+        // An empty one is no list.
+        let env = child_env(so, sock, env_of(&[(PRELOAD_VAR, ""), (INJECTION_VAR, "")])).unwrap();
+        assert_eq!(value(&env, PRELOAD_VAR), so.to_str().unwrap());
+        assert_eq!(value(&env, INJECTION_VAR), so.to_str().unwrap());
+    }
+
+    #[test]
+    fn another_injector_keeps_its_slot() {
+        let so = Path::new("/tmp/x/libgpudiag_collector.so");
+        let nsys = "/opt/nvidia/nsight-systems/target-linux-x64/libToolsInjection64.so";
+        let refused =
+            child_env(so, Path::new("/tmp/x/s"), env_of(&[(INJECTION_VAR, nsys)])).unwrap_err();
+        assert_eq!(refused, NotRecorded::AnotherInjector(nsys.into()));
+        assert!(refused.to_string().contains("--kernels steps aside"));
+        assert!(matches!(
+            KernelsSession::prepare(env_of(&[(INJECTION_VAR, nsys)])),
+            Err(NotRecorded::AnotherInjector(_))
+        ));
+    }
+
+    #[test]
+    fn a_session_removes_its_directory_when_it_stops() {
+        let (mut session, messages) = KernelsSession::prepare(env_of(&[])).unwrap();
+        let so = session.collector_path();
+        assert!(so.exists());
+        session.watch(std::process::id()).unwrap();
+        let report = session.stop();
+        assert!(report.nothing_connected());
+        assert!(!so.exists());
+        assert!(so.parent().is_some_and(|d| !d.exists()));
+        // The channel ends with the session.
+        assert!(messages.recv().is_err());
+    }
 }

@@ -84,7 +84,8 @@ pub struct ListenerReport {
     /// Refused senders by pid (the first [`MAX_REJECTED_KEPT`]) and why.
     pub rejected: BTreeMap<u32, String>,
     pub rejected_count: u64,
-    /// Connections refused because [`MAX_CONNECTIONS`] were open.
+    /// Connections still waiting when the listener stopped because [`MAX_CONNECTIONS`] were
+    /// open all along.
     pub over_limit: u64,
     /// Messages refused as malformed, and the first reason.
     pub malformed: u64,
@@ -263,7 +264,11 @@ fn serve(
     loop {
         // Once stopping, one last pass reads whatever is queued, without waiting.
         let last_pass = stop.load(Ordering::Relaxed);
-        let mut fds: Vec<libc::pollfd> = std::iter::once(socket.fd.as_raw_fd())
+        // At the limit, new connections wait in the listen backlog until one closes (a
+        // negative descriptor is one poll skips).
+        let accepting = connections.len() < max_connections;
+        let listening = if accepting { socket.fd.as_raw_fd() } else { -1 };
+        let mut fds: Vec<libc::pollfd> = std::iter::once(listening)
             .chain(connections.iter().map(|c| c.fd.as_raw_fd()))
             .map(|fd| libc::pollfd {
                 fd,
@@ -286,6 +291,7 @@ fn serve(
                 &mut connections,
                 &mut local,
                 max_connections,
+                last_pass,
             );
         }
         let mut closed = Vec::new();
@@ -350,8 +356,13 @@ fn accept_all(
     connections: &mut Vec<Connection>,
     report: &mut ListenerReport,
     max_connections: usize,
+    last_pass: bool,
 ) {
     loop {
+        // Left in the backlog, unless this is the end: then they are refused, counted.
+        if connections.len() >= max_connections && !last_pass {
+            return;
+        }
         // SAFETY: accept4 on our listening socket; the returned descriptor is owned at once.
         let raw = unsafe {
             libc::accept4(

@@ -735,3 +735,334 @@ pub mod encode {
         header(TYPE_GOODBYE, pid, 0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::encode::Kernel;
+    use super::*;
+
+    const CLOCK: ClockPair = ClockPair {
+        cupti_ns: 5000,
+        unix_ns: 1_700_000_000_000_000_000,
+    };
+
+    fn decoder() -> Decoder {
+        Decoder::new(42, NameBudget::new(1 << 20))
+    }
+
+    /// A kernels message written out byte by byte as collector.c's structs lay it out, so the
+    /// decoder is held to the C side and not only to `encode`.
+    #[test]
+    fn golden_bytes_of_a_kernels_message_decode_to_their_fields() {
+        let mut bytes: Vec<u8> = vec![
+            0x47, 0x50, 0x44, 0x4b, // magic "GPDK"
+            0x01, 0x00, 0x03, 0x00, // version 1, type 3 (kernels)
+            0x39, 0x05, 0x00, 0x00, // pid 1337 (ignored: SO_PEERCRED's is used)
+            0x01, 0x00, 0x00, 0x00, // one record
+            0x88, 0x13, 0, 0, 0, 0, 0, 0, // CUPTI ns 5000
+            0x00, 0x00, 0x10, 0x63, 0x2d, 0x5e, 0xc7, 0x6b, // Unix ns
+            0x01, 0x00, 0x00, 0x00, // one name
+            0x0a, 0x00, 0x00, 0x00, // of 10 bytes in all
+            0x05, 0x00, 0x00, 0x00, 0x04, 0x00, b'g', b'e', b'm', b'm', // id 5, "gemm"
+        ];
+        // The record: start 100, end 250, device 1, context 2, stream 7, name 5, grid 64×2×1,
+        // block 128×1×1, 32 registers, 4096 bytes of shared memory, graph 9, correlation 11.
+        for v in [100u64, 250] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [1u32, 2, 7, 5, 64, 2, 1, 128, 1, 1] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        bytes.extend_from_slice(&[32, 0, 0, 0]);
+        for v in [4096u32, 9, 11] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        assert_eq!(bytes.len(), 16 + 16 + 8 + 10 + KERNEL_BYTES);
+        let Some(CollectorMessage::Kernels {
+            pid,
+            clock,
+            records,
+        }) = decoder().decode(&bytes).unwrap()
+        else {
+            panic!("not a kernels message");
+        };
+        assert_eq!(pid, 42);
+        assert_eq!(clock.cupti_ns, 5000);
+        assert_eq!(clock.unix_ns, 0x6bc7_5e2d_6310_0000);
+        assert_eq!(
+            records,
+            vec![KernelRecord {
+                start_ns: 100,
+                end_ns: 250,
+                device: 1,
+                context: 2,
+                stream: 7,
+                name: Arc::from("gemm"),
+                grid: [64, 2, 1],
+                block: [128, 1, 1],
+                registers_per_thread: 32,
+                shared_memory_bytes: 4096,
+                graph_id: Some(9),
+                correlation_id: 11,
+            }]
+        );
+    }
+
+    fn every_kind_of_message() -> Vec<Vec<u8>> {
+        let k = Kernel {
+            start: 1,
+            end: 2,
+            name: 1,
+            ..Kernel::default()
+        };
+        vec![
+            encode::hello(1, 2, 130001, "already loaded", CLOCK),
+            encode::device(1, 0, Some([0xab; 16])),
+            encode::kernels(1, CLOCK, &[(1, b"k".as_slice())], &[k, k]),
+            encode::copies(1, CLOCK, &[(1, 2, 0, 3, 7, 9, 4096, 1, 1, 3, 0)]),
+            encode::sets(1, CLOCK, &[(1, 2, 0, 3, 7, 9, 512)]),
+            encode::syncs(1, CLOCK, &[(1, 2, 3, 7, 9, 3, u32::MAX)]),
+            encode::losses(1, CollectorLosses::default()),
+            encode::stepped_aside(1, 10, Some(20)),
+            encode::cannot_record(1, "no libcupti"),
+            encode::goodbye(1),
+        ]
+    }
+
+    #[test]
+    fn every_kind_of_message_decodes() {
+        let mut d = decoder();
+        let decoded: Vec<CollectorMessage> = every_kind_of_message()
+            .iter()
+            .map(|m| d.decode(m).unwrap().unwrap())
+            .collect();
+        assert!(matches!(&decoded[0], CollectorMessage::Hello(h)
+            if h.cupti_api_version == 130001 && h.cupti_source == "already loaded" && h.parent_pid == 2));
+        assert_eq!(
+            decoded[1],
+            CollectorMessage::Device {
+                pid: 42,
+                device: CudaDevice {
+                    ordinal: 0,
+                    uuid: Some("GPU-abababab-abab-abab-abab-abababababab".into())
+                }
+            }
+        );
+        let CollectorMessage::Copies { records, .. } = &decoded[3] else {
+            panic!()
+        };
+        assert_eq!(records[0].direction, CopyDirection::HostToDevice);
+        assert_eq!(records[0].host_memory, HostMemory::Pageable);
+        assert_eq!(records[0].graph_id, None);
+        let CollectorMessage::Syncs { records, .. } = &decoded[5] else {
+            panic!()
+        };
+        // The context's device, learned from the copy and set on it.
+        assert_eq!(records[0].device, Some(0));
+        assert_eq!(records[0].stream, Some(7));
+        assert_eq!(records[0].call, SyncCall::StreamSynchronize);
+        assert_eq!(
+            decoded[7],
+            CollectorMessage::SteppedAside {
+                pid: 42,
+                from_ns: 10,
+                to_ns: Some(20)
+            }
+        );
+        assert_eq!(decoded[9], CollectorMessage::Goodbye { pid: 42 });
+    }
+
+    #[test]
+    fn a_message_cut_anywhere_is_refused_never_half_read() {
+        for message in every_kind_of_message() {
+            for len in 0..message.len() {
+                assert!(
+                    decoder().decode(&message[..len]).is_err(),
+                    "{len} of {} bytes accepted",
+                    message.len()
+                );
+            }
+            // A byte too many is refused as well.
+            let mut longer = message.clone();
+            longer.push(0);
+            assert!(decoder().decode(&longer).is_err());
+        }
+    }
+
+    #[test]
+    fn wrong_magic_version_or_type_is_refused() {
+        let good = encode::goodbye(1);
+        let mut m = good.clone();
+        m[0] ^= 0xff;
+        assert!(decoder().decode(&m).unwrap_err().0.contains("magic"));
+        let mut m = good.clone();
+        m[4] = 2;
+        assert!(decoder().decode(&m).unwrap_err().0.contains("version"));
+        let mut m = good;
+        m[6] = 99;
+        assert!(decoder().decode(&m).unwrap_err().0.contains("type"));
+        assert!(decoder().decode(&vec![0; MAX_MESSAGE + 1]).is_err());
+    }
+
+    #[test]
+    fn an_absurd_count_is_refused_before_anything_is_allocated() {
+        for kind in [TYPE_KERNELS, TYPE_COPIES, TYPE_SETS, TYPE_SYNCS] {
+            let mut m = encode::header(kind, 1, u32::MAX);
+            m.extend_from_slice(&[0; 16 + 8]);
+            assert!(decoder().decode(&m).is_err());
+        }
+        // A names count far beyond the names given.
+        let mut m = encode::kernels(1, CLOCK, &[], &[]);
+        m[32..36].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decoder().decode(&m).is_err());
+    }
+
+    #[test]
+    fn names_are_bounded_checked_and_must_be_defined() {
+        let k = Kernel {
+            name: 3,
+            ..Kernel::default()
+        };
+        // Used before any definition.
+        let err = decoder()
+            .decode(&encode::kernels(1, CLOCK, &[], &[k]))
+            .unwrap_err();
+        assert!(err.0.contains("never defined"), "{err}");
+        // A name longer than the collector ever sends.
+        let long = vec![b'x'; MAX_KERNEL_NAME_BYTES + 1];
+        assert!(
+            decoder()
+                .decode(&encode::kernels(1, CLOCK, &[(3, &long)], &[k]))
+                .is_err()
+        );
+        // Id 0 is reserved for "the table was full".
+        assert!(
+            decoder()
+                .decode(&encode::kernels(1, CLOCK, &[(0, b"a")], &[]))
+                .is_err()
+        );
+        let full = Kernel {
+            name: 0,
+            ..Kernel::default()
+        };
+        let Some(CollectorMessage::Kernels { records, .. }) = decoder()
+            .decode(&encode::kernels(1, CLOCK, &[], &[full]))
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(&*records[0].name, NAME_TABLE_FULL);
+        // Bytes that are not UTF-8 are kept, replaced.
+        let Some(CollectorMessage::Kernels { records, .. }) = decoder()
+            .decode(&encode::kernels(1, CLOCK, &[(3, b"a\xffb")], &[k]))
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(&*records[0].name, "a\u{fffd}b");
+        // A refused message defines nothing: its names are read whole before any is kept.
+        let mut d = decoder();
+        let mut m = encode::kernels(1, CLOCK, &[(3, b"gemm")], &[k]);
+        m.push(0);
+        assert!(d.decode(&m).is_err());
+        assert!(d.decode(&encode::kernels(1, CLOCK, &[], &[k])).is_err());
+    }
+
+    #[test]
+    fn names_across_connections_stay_within_the_budget() {
+        let budget = NameBudget::new(10_000);
+        let name = vec![b'n'; 1000];
+        let mut decoders: Vec<Decoder> = (0..20)
+            .map(|pid| Decoder::new(pid, budget.clone()))
+            .collect();
+        let mut kept = 0;
+        for (i, d) in decoders.iter_mut().enumerate() {
+            let k = Kernel {
+                name: 1,
+                ..Kernel::default()
+            };
+            if d.decode(&encode::kernels(i as u32, CLOCK, &[(1, &name)], &[k]))
+                .is_ok()
+            {
+                kept += 1;
+            }
+        }
+        assert_eq!(kept, 10);
+        assert_eq!(budget.used.load(Ordering::Relaxed), 10_000);
+        // A connection that ends gives its names' bytes back.
+        decoders.truncate(5);
+        assert_eq!(budget.used.load(Ordering::Relaxed), 5_000);
+        // One connection cannot define more than its share of names, however small.
+        let mut d = decoder();
+        let many: Vec<(u32, &[u8])> = (1..=2000u32).map(|id| (id, b"k".as_slice())).collect();
+        for chunk in 0..10 {
+            let defs: Vec<(u32, &[u8])> =
+                many.iter().map(|&(id, t)| (id + chunk * 2000, t)).collect();
+            let _ = d.decode(&encode::kernels(1, CLOCK, &defs, &[]));
+        }
+        assert_eq!(d.names.len(), MAX_NAMES_PER_CONNECTION);
+    }
+
+    #[test]
+    fn random_bytes_never_panic() {
+        // xorshift: the same bytes every run.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut d = decoder();
+        for i in 0..20_000 {
+            let len = (next() % 300) as usize;
+            let mut m: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            // Half of them with a valid header, so the bodies get read.
+            if i % 2 == 0 && m.len() >= 16 {
+                m[..4].copy_from_slice(&MAGIC.to_le_bytes());
+                m[4..6].copy_from_slice(&VERSION.to_le_bytes());
+                m[6..8].copy_from_slice(&((next() % 12) as u16).to_le_bytes());
+                m[12..16].copy_from_slice(&((next() % 4) as u32).to_le_bytes());
+            }
+            let _ = d.decode(&m);
+        }
+    }
+
+    #[test]
+    fn copies_say_which_side_was_the_host_and_how_it_was_held() {
+        use CopyDirection::*;
+        assert_eq!(host_memory(HostToDevice, 1, 3), HostMemory::Pageable);
+        assert_eq!(host_memory(HostToDevice, 2, 3), HostMemory::Pinned);
+        assert_eq!(host_memory(DeviceToHost, 3, 1), HostMemory::Pageable);
+        assert_eq!(host_memory(DeviceToHost, 3, 5), HostMemory::Managed);
+        assert_eq!(host_memory(DeviceToDevice, 3, 3), HostMemory::NoHostSide);
+        assert_eq!(host_memory(PeerToPeer, 3, 3), HostMemory::NoHostSide);
+        assert_eq!(host_memory(HostToHost, 2, 1), HostMemory::Pageable);
+        assert_eq!(host_memory(Other, 4, 2), HostMemory::Pinned);
+        assert_eq!(host_memory(HostToDevice, 0, 3), HostMemory::Unknown);
+        assert_eq!(copy_direction(3), Other);
+        assert_eq!(copy_direction(200), Other);
+        assert_eq!(sync_call(4), SyncCall::ContextSynchronize);
+        assert_eq!(sync_call(0), SyncCall::Unknown);
+    }
+
+    #[test]
+    fn a_context_synchronisation_names_no_stream() {
+        let m = encode::syncs(1, CLOCK, &[(1, 2, 3, 0, 9, 4, u32::MAX)]);
+        let Some(CollectorMessage::Syncs { records, .. }) = decoder().decode(&m).unwrap() else {
+            panic!()
+        };
+        assert_eq!(records[0].stream, None);
+        // No kernel, copy or set told which device context 3 is on.
+        assert_eq!(records[0].device, None);
+    }
+
+    #[test]
+    fn the_uuid_is_spelled_as_nvml_spells_it() {
+        let bytes: [u8; 16] = core::array::from_fn(|i| i as u8);
+        assert_eq!(
+            nvml_uuid(&bytes),
+            "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+        );
+    }
+}

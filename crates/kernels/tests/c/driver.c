@@ -6,6 +6,8 @@
 //             many records reached it
 //   fork      forks; the child emits and exits, the parent emits after it
 //   guest-first  the second client traces from before InitializeInjection, then stops
+//   gone      waits for a line on stdin (gpudiag goes away meanwhile), emits, and says whether
+//             the kernel kind is still on
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,6 +90,14 @@ int main(int argc, char **argv) {
            enabled(GD_KIND_MEMCPY));
     emit(2);  // ours again
     printf("guest got %zu\n", guest_records);
+    return 0;
+  }
+  if (!strcmp(argv[2], "gone")) {
+    char line[16];
+    if (!fgets(line, sizeof line, stdin)) return 5;
+    emit(1);
+    for (int i = 0; i < 100 && enabled(GD_KIND_CONCURRENT_KERNEL); i++) usleep(10000);
+    printf("kernel kind %d\n", enabled(GD_KIND_CONCURRENT_KERNEL));
     return 0;
   }
   if (!strcmp(argv[2], "fork")) {
