@@ -42,9 +42,10 @@ fn main() {
             // Fortified calls (`__*_chk`) would raise the glibc the object needs.
             "-U_FORTIFY_SOURCE",
             "-D_FORTIFY_SOURCE=0",
+            // Warnings are held at zero by a test (tests/collector.rs), not here: a newer
+            // compiler's new warning must not fail someone's `cargo install`.
             "-Wall",
             "-Wextra",
-            "-Werror",
             "-o",
         ])
         .arg(&object)

@@ -76,9 +76,9 @@
 // Built on a newer glibc, dlopen, dlsym and the pthread calls would bind to their 2.34
 // versions (libdl and libpthread moved into libc). The original versions are still exported by
 // every glibc, so binding to them keeps the object loadable down to the binary's floor (2.28).
-#if defined(__x86_64__)
+#if defined(__GLIBC__) && defined(__x86_64__)
 #define GD_OLD_GLIBC "GLIBC_2.2.5"
-#elif defined(__aarch64__)
+#elif defined(__GLIBC__) && defined(__aarch64__)
 #define GD_OLD_GLIBC "GLIBC_2.17"
 #endif
 #ifdef GD_OLD_GLIBC

@@ -402,6 +402,26 @@ fn a_program_with_the_variables_set_runs_as_before() {
     }
 }
 
+#[test]
+fn the_collector_compiles_without_a_warning() {
+    let out = tempfile::tempdir().unwrap();
+    compile(&[
+        "-std=gnu11",
+        "-shared",
+        "-fPIC",
+        "-O2",
+        "-fvisibility=hidden",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-o",
+        out.path().join("c.so").to_str().unwrap(),
+        &format!("{HERE}/collector/collector.c"),
+        "-ldl",
+        "-lpthread",
+    ]);
+}
+
 /// The object exports what the driver and the loader look for, and nothing newer than the
 /// glibc gpudiag's release binary needs (2.28).
 #[test]
