@@ -226,6 +226,8 @@ static int connect_socket(void) {
 }
 
 static void stop_recording(void);
+EXPORT gd_result cuptiActivityRegisterCallbacks(gd_buffer_request_fn request,
+                                                gd_buffer_complete_fn complete);
 
 // Sends one message; 0 when it could not go (a full socket: counted by the caller).
 static int send_parts(uint16_t type, uint32_t count, const void *a, size_t a_len, const void *b,
@@ -691,6 +693,19 @@ EXPORT int InitializeInjection(void) {
              "CUPTI API version %u: its record layout has not been checked by this gpudiag",
              version);
     cannot_record(why);
+    return 1;
+  }
+  // Without LD_PRELOAD (a launcher dropped it on the way) another client's CUPTI calls would
+  // bypass us: its registration would silently take our buffers and ours its, emptying its
+  // trace (the naive collector of the feasibility gate did). Its trace comes first.
+  // (Looked up from the program's own handle: RTLD_DEFAULT from here would search our local
+  // scope too and always find us.)
+  void *program = dlopen(NULL, RTLD_NOW);
+  void *first = program ? dlsym(program, "cuptiActivityRegisterCallbacks") : NULL;
+  if (program) dlclose(program);
+  if (first != (void *)cuptiActivityRegisterCallbacks) {
+    cannot_record("loaded without LD_PRELOAD (a launcher dropped it): recording could empty "
+                  "another profiler's trace, so nothing is recorded");
     return 1;
   }
   // A guest that began tracing before the process's first cuInit (its calls passed through

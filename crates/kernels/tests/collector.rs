@@ -361,6 +361,24 @@ fn a_client_tracing_before_cuinit_keeps_cupti_until_it_is_done() {
 }
 
 #[test]
+fn without_ld_preload_it_records_nothing_rather_than_risk_another_profilers_trace() {
+    let h = harness();
+    let run = h.run(&["init"], &[("DRIVER_LOCAL", "1")]);
+    assert!(run.output.status.success());
+    assert!(run.messages.iter().any(|m| matches!(m,
+        CollectorMessage::CannotRecord { why, .. } if why.contains("without LD_PRELOAD"))));
+    assert_eq!(kernels(&run.messages).len(), 0);
+    // Preloaded as well, as run --kernels does, the same local load records.
+    let collector = h.collector.to_str().unwrap().to_owned();
+    let run = h.run(
+        &["records", "10"],
+        &[("DRIVER_LOCAL", "1"), ("LD_PRELOAD", &collector)],
+    );
+    assert!(run.output.status.success());
+    assert_eq!(kernels(&run.messages).len(), 10);
+}
+
+#[test]
 fn a_forked_child_stays_out_of_its_parents_stream() {
     let h = harness();
     let run = h.run(&["fork"], &[]);

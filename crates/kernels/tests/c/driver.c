@@ -34,7 +34,10 @@ static void guest_complete(gd_cucontext c, uint32_t s, uint8_t *buffer, size_t s
 
 int main(int argc, char **argv) {
   if (argc < 3) return 2;
-  void *collector = dlopen(argv[1], RTLD_NOW | RTLD_GLOBAL);
+  // DRIVER_LOCAL: loaded as a library nobody else's symbols resolve to, as the CUDA driver
+  // loads it when LD_PRELOAD did not load it first.
+  int scope = getenv("DRIVER_LOCAL") ? RTLD_LOCAL : RTLD_GLOBAL;
+  void *collector = dlopen(argv[1], RTLD_NOW | scope);
   if (!collector) {
     fprintf(stderr, "%s\n", dlerror());
     return 3;
