@@ -313,7 +313,7 @@ static void announce_device(uint32_t ordinal) {
 
 // ---- kernel names, interned per process ----
 
-#define NAME_SLOTS 16384  // at most ~16 MiB of names in the worst case of 1 KiB each
+#define NAME_SLOTS 16384  // filled to 3/4: at most 12 MiB of names, at 1 KiB each
 static struct name_slot {
   uint64_t hash;
   char *text;
