@@ -423,3 +423,101 @@ fn terminal_ctrl_backslash_and_ctrl_c_reach_the_command_once() {
         "{screen}"
     );
 }
+
+#[test]
+fn kernels_gives_the_command_its_collector_and_says_when_no_process_loaded_it() {
+    let out = gpudiag()
+        .args(["run", "--kernels", "--", "sh", "-c"])
+        .arg(
+            "test -f \"$CUDA_INJECTION64_PATH\" && test -S \"$GPUDIAG_KERNELS_SOCKET\" && \
+             case \"$LD_PRELOAD\" in \"$CUDA_INJECTION64_PATH:/keep.so\") \
+             dirname \"$CUDA_INJECTION64_PATH\";; esac",
+        )
+        .env_remove("CUDA_INJECTION64_PATH")
+        .env("LD_PRELOAD", "/keep.so")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let dir = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(dir.contains("gpudiag-kernels-"), "{dir} / {err}");
+    // Removed when gpudiag ends.
+    assert!(!Path::new(&dir).exists());
+    assert!(err.contains("the collector loaded in no process"), "{err}");
+}
+
+#[test]
+fn kernels_steps_aside_for_a_tool_that_already_injects_into_cuda() {
+    let out = gpudiag()
+        .args([
+            "run",
+            "--kernels",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$CUDA_INJECTION64_PATH\"",
+        ])
+        .env("CUDA_INJECTION64_PATH", "/opt/other/libinjection.so")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "/opt/other/libinjection.so\n"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--kernels steps aside"), "{err}");
+}
+
+/// The whole path without a GPU: the collector gpudiag installs, loaded by a C driver as the
+/// CUDA driver would load it, reads records from a stand-in libcupti
+/// (crates/kernels/tests/c) and reports them over the socket; gpudiag counts them.
+#[test]
+fn kernels_counts_what_the_collector_in_the_command_sent() {
+    let c = concat!(env!("CARGO_MANIFEST_DIR"), "/crates/kernels");
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("libfakecupti.so");
+    let driver = dir.path().join("driver");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    for args in [
+        vec![
+            "-shared".to_owned(),
+            "-fPIC".into(),
+            format!("-I{c}/collector"),
+            "-o".into(),
+            fake.display().to_string(),
+            format!("{c}/tests/c/fake_cupti.c"),
+        ],
+        vec![
+            format!("-I{c}/collector"),
+            "-o".into(),
+            driver.display().to_string(),
+            format!("{c}/tests/c/driver.c"),
+            "-ldl".into(),
+        ],
+    ] {
+        let built = Command::new(&cc).args(&args).output().unwrap();
+        assert!(
+            built.status.success(),
+            "{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+    }
+    let out = gpudiag()
+        .args(["run", "--kernels", "--", "sh", "-c"])
+        .arg(format!(
+            "{} \"$CUDA_INJECTION64_PATH\" records 10",
+            driver.display()
+        ))
+        .env("GPUDIAG_CUPTI", &fake)
+        .env_remove("CUDA_INJECTION64_PATH")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("10 kernels, 1 copies, 1 sets, 1 syncs"),
+        "{err}"
+    );
+    assert!(err.contains("gpudiag: kernels: 1 process(es)"), "{err}");
+}

@@ -32,6 +32,7 @@ use gpudiag_core::session::{Limit, RunOptions, Session, Source, open_source};
 use gpudiag_export::chrome_trace::{Trace, TraceBuilder};
 use gpudiag_export::profiler_merge;
 use gpudiag_export::{refuse_existing, write_json_atomic};
+use gpudiag_kernels::ancestry::descends_from;
 use gpudiag_model::error::Error;
 use gpudiag_model::finding::Finding;
 use gpudiag_model::printable;
@@ -238,6 +239,10 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
     catch_forwarded_signals();
     let mut command = ChildCommand::new(program);
     command.args(&args.command[1..]);
+    let mut kernels = args.kernels.then(KernelsRun::prepare).flatten();
+    if let Some(k) = &kernels {
+        command.envs(k.session.env().iter().map(|(key, value)| (key, value)));
+    }
     let parent = std::process::id();
     // SAFETY: the closure runs in the forked child before exec and calls only prctl and
     // getppid, which are async-signal-safe, and allocates nothing.
@@ -270,6 +275,9 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
             "gpudiag: could not watch the GPUs ({}); running the command anyway",
             printable::line(why)
         );
+    }
+    if let Some(k) = &mut kernels {
+        k.watch(child.id());
     }
     let start_ms = now_ms();
     let started = Instant::now();
@@ -333,6 +341,9 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
         }
     } else {
         eprint!("{}", printable::text(&summary(&report)));
+    }
+    if let Some(k) = kernels {
+        k.finish();
     }
     // From here on the command has run: a failure is a warning and the exit code stays its own.
     if let Some(path) = &args.report_file
@@ -983,34 +994,6 @@ impl ProcessTree {
     }
 }
 
-/// Whether `pid`'s chain of parents reaches `root` (at most 64 steps: trees are shallow, and a
-/// bound keeps a malformed /proc from looping).
-fn descends_from(pid: u32, root: u32) -> bool {
-    let mut at = pid;
-    for _ in 0..64 {
-        if at == root {
-            return true;
-        }
-        match parent_of(at) {
-            Some(p) if p > 1 => at = p,
-            _ => return false,
-        }
-    }
-    false
-}
-
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parent_from_stat(&stat)
-}
-
-/// The parent pid (field 4) of a `/proc/<pid>/stat` line; the name before it may hold spaces and
-/// parentheses, so fields resume after the last ')'.
-fn parent_from_stat(stat: &str) -> Option<u32> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_ascii_whitespace().nth(1)?.parse().ok()
-}
-
 struct RunSink {
     writer: Option<RecordingWriter>,
     /// Why the recording stopped (a full disk): the verdict goes on without it.
@@ -1038,6 +1021,124 @@ impl Sink for RunSink {
         self.tree.observe(tick);
         Ok(())
     }
+}
+
+/// `--kernels`: the collector session and the thread that consumes its messages while the
+/// command runs. For now it counts them and prints one line at the end.
+struct KernelsRun {
+    session: gpudiag_kernels::KernelsSession,
+    consumer: std::thread::JoinHandle<gpudiag_kernels::tally::Tally>,
+}
+
+impl KernelsRun {
+    /// `None`, with a warning saying why, when it cannot record: the command runs anyway.
+    fn prepare() -> Option<KernelsRun> {
+        let prepared = gpudiag_kernels::KernelsSession::prepare(|key| std::env::var_os(key));
+        let (session, messages) = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                warn(&e.to_string());
+                return None;
+            }
+        };
+        let mut tally = gpudiag_kernels::tally::Tally::default();
+        let consumer = std::thread::Builder::new()
+            .name("gpudiag-kernels-consume".into())
+            .spawn(move || {
+                on_collector_messages(messages, |m| tally.add(&m));
+                tally
+            });
+        match consumer {
+            Ok(consumer) => Some(KernelsRun { session, consumer }),
+            Err(e) => {
+                warn(&format!("--kernels could not start a thread: {e}"));
+                None
+            }
+        }
+    }
+
+    fn watch(&mut self, command_pid: u32) {
+        if let Err(e) = self.session.watch(command_pid) {
+            warn(&e.to_string());
+        }
+    }
+
+    fn finish(self) {
+        let report = self.session.stop();
+        let Ok(tally) = self.consumer.join() else {
+            warn("--kernels: its consumer thread failed");
+            return;
+        };
+        eprintln!(
+            "{}",
+            printable::line(&kernels_line(&tally, &report.listener))
+        );
+    }
+}
+
+/// Hands each message the collectors sent to `on_message`, in each process's order, until the
+/// session stops.
+fn on_collector_messages(
+    messages: std::sync::mpsc::Receiver<gpudiag_model::kernels::CollectorMessage>,
+    mut on_message: impl FnMut(gpudiag_model::kernels::CollectorMessage),
+) {
+    for message in messages {
+        on_message(message);
+    }
+}
+
+fn kernels_line(
+    tally: &gpudiag_kernels::tally::Tally,
+    listener: &gpudiag_kernels::listen::ListenerReport,
+) -> String {
+    if listener.connected.is_empty() {
+        let mut line = "gpudiag: kernels: the collector loaded in no process (no CUDA process, \
+                        or one the variables did not reach: docker run, sudo and env -i drop them)"
+            .to_string();
+        if listener.rejected_count > 0 {
+            line.push_str(&format!(
+                "; {} connection(s) refused, e.g. {}",
+                listener.rejected_count,
+                listener
+                    .rejected
+                    .iter()
+                    .next()
+                    .map(|(pid, why)| format!("pid {pid}: {why}"))
+                    .unwrap_or_default()
+            ));
+        }
+        return line;
+    }
+    let losses = tally.total_losses();
+    let mut line = format!(
+        "gpudiag: kernels: {} process(es) {:?}; {} kernels, {} copies, {} sets, {} syncs",
+        listener.connected.len(),
+        listener.connected,
+        tally.kernels,
+        tally.copies,
+        tally.sets,
+        tally.syncs
+    );
+    line.push_str(&format!(
+        "; lost: {} by CUPTI, {} not sent, {} dropped by gpudiag, {} malformed",
+        losses.cupti_dropped, losses.send_dropped, listener.queue_dropped, listener.malformed
+    ));
+    if tally.stepped_aside > 0 {
+        line.push_str(&format!(
+            "; stepped aside {} time(s) for another CUPTI client (torch.profiler)",
+            tally.stepped_aside
+        ));
+    }
+    for (pid, why) in &tally.cannot_record {
+        line.push_str(&format!("; pid {pid} could not record: {why}"));
+    }
+    if listener.rejected_count > 0 {
+        line.push_str(&format!(
+            "; {} connection(s) refused",
+            listener.rejected_count
+        ));
+    }
+    line
 }
 
 /// The command as a shell would take it back: an argument with anything but the characters no
@@ -1086,22 +1187,6 @@ mod tests {
         // One process is no order at all.
         let one: BTreeMap<_, _> = [((0, 100), life(1, None))].into_iter().collect();
         assert!(first_to_leave(&one, 10_500).is_none());
-    }
-
-    #[test]
-    fn the_parent_comes_after_the_last_parenthesis() {
-        assert_eq!(parent_from_stat("42 (py) thon) S 7 42 42 0"), Some(7));
-        assert_eq!(parent_from_stat("garbage"), None);
-    }
-
-    #[test]
-    fn our_own_children_descend_from_us_and_init_does_not() {
-        let me = std::process::id();
-        let mut child = ChildCommand::new("sleep").arg("5").spawn().unwrap();
-        assert!(descends_from(child.id(), me));
-        assert!(!descends_from(1, me));
-        let _ = child.kill();
-        let _ = child.wait();
     }
 
     #[test]

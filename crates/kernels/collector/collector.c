@@ -1,0 +1,820 @@
+// The kernels collector of `gpudiag run --kernels`: a CUPTI activity collector that the CUDA
+// driver loads into each CUDA process of the command (CUDA_INJECTION64_PATH names this file; the
+// driver dlopens it during cuInit and calls InitializeInjection), and that LD_PRELOAD also loads
+// so the process's own CUPTI client (torch.profiler's Kineto) reaches our interposed CUPTI
+// calls first. It records kernels (concurrent-kernel kind), copies, sets and synchronisations
+// and sends them to gpudiag over a Unix socket. Derived from the feasibility gate
+// (benches/kernels_gate/collector.c, docs/kernels-collector.md), whose stepping aside for
+// another CUPTI client is kept as it was measured.
+//
+// Rules it keeps:
+//   * nothing of CUDA is linked: libcupti and libcuda are looked up at run time, and CUPTI's
+//     types are declared by hand (cupti_types.h, held to the real headers by layout_check.c);
+//     records are read only for a CUPTI API version whose layout was checked;
+//   * no callback-API subscription, ever (that one slot is Kineto's), and never cuptiFinalize;
+//   * the command never waits on gpudiag: sends are non-blocking and a full socket drops the
+//     batch, counted; with GPUDIAG_KERNELS_SOCKET unset, no libcupti, or gpudiag gone, it does
+//     nothing and prints nothing (unless GPUDIAG_KERNELS_VERBOSE is set).
+//
+// Wire format (version 1; decoded by crates/kernels/src/wire.rs, which says the same). One
+// SOCK_SEQPACKET message per datagram, at most 65536 bytes, little-endian, fields naturally
+// aligned. Every message starts with a 16-byte header:
+//   u32 magic 0x4B445047 ("GPDK"), u16 version 1, u16 type, u32 pid (getpid(), informative:
+//   gpudiag takes the pid from SO_PEERCRED), u32 count (records in the message, else 0).
+// Types and bodies:
+//   1 HELLO     u32 parent pid, u32 CUPTI API version (0: none found), u32 collector version,
+//               u32 0, u64 CUPTI ns, u64 Unix ns, u16 length, the libcupti source (UTF-8)
+//   2 DEVICE    u32 CUDA ordinal, u32 1 when the UUID is known, 16 bytes of UUID
+//   3 KERNELS   u64 CUPTI ns, u64 Unix ns, u32 names, u32 bytes of names, the names (each u32
+//               id, u16 length, the bytes, no terminator; ids from 1, each sent once per
+//               process before its first use, 0 = "the collector's name table was full"),
+//               then count records of 72 bytes: u64 start, u64 end, u32 device, u32 context,
+//               u32 stream, u32 name id, u32 grid x y z, u32 block x y z, u16 registers per
+//               thread, u16 0, u32 shared memory bytes (static + dynamic), u32 graph id (0:
+//               not a graph launch), u32 correlation id
+//   4 COPIES    u64 CUPTI ns, u64 Unix ns, then count records of 48 bytes: u64 start, u64 end,
+//               u32 device, u32 context, u32 stream, u32 correlation id, u64 bytes, u8 CUPTI
+//               copy kind, u8 source memory kind, u8 destination memory kind, u8 flags, u32
+//               graph id
+//   5 SETS      u64 CUPTI ns, u64 Unix ns, then count records of 40 bytes: u64 start, u64 end,
+//               u32 device, u32 context, u32 stream, u32 correlation id, u64 bytes
+//   6 SYNCS     u64 CUPTI ns, u64 Unix ns, then count records of 40 bytes: u64 start, u64 end,
+//               u32 context, u32 stream, u32 correlation id, u32 CUPTI synchronization type,
+//               u32 CUDA event id, u32 0 (0xFFFFFFFF: the field does not apply)
+//   7 LOSSES    u64 records CUPTI dropped, u64 records not sent, u64 names cut (cumulative)
+//   8 ASIDE     u64 from (CUPTI ns), u64 to, u32 1 when `to` is known, u32 0: another CUPTI
+//               client traced over that span; sent once, when it ended (or at exit, `to`
+//               unknown, while it still traced)
+//   9 CANNOT    u16 length, why (UTF-8)
+//   10 GOODBYE  nothing
+// The CUPTI ns/Unix ns pair is read at send time, one after the other, so gpudiag maps CUPTI's
+// clock (which another client may replace) to the wall clock per batch.
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cupti_types.h"
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the wire format is little-endian and written in host order"
+#endif
+
+#define EXPORT __attribute__((visibility("default")))
+
+// Built on a newer glibc, dlopen, dlsym and the pthread calls would bind to their 2.34
+// versions (libdl and libpthread moved into libc). The original versions are still exported by
+// every glibc, so binding to them keeps the object loadable down to the binary's floor (2.28).
+#if defined(__GLIBC__) && defined(__x86_64__)
+#define GD_OLD_GLIBC "GLIBC_2.2.5"
+#elif defined(__GLIBC__) && defined(__aarch64__)
+#define GD_OLD_GLIBC "GLIBC_2.17"
+#endif
+#ifdef GD_OLD_GLIBC
+__asm__(".symver dlopen,dlopen@" GD_OLD_GLIBC);
+__asm__(".symver dlsym,dlsym@" GD_OLD_GLIBC);
+__asm__(".symver pthread_create,pthread_create@" GD_OLD_GLIBC);
+__asm__(".symver pthread_detach,pthread_detach@" GD_OLD_GLIBC);
+__asm__(".symver dlclose,dlclose@" GD_OLD_GLIBC);
+#endif
+
+enum {
+  WIRE_MAGIC = 0x4B445047u,
+  WIRE_VERSION = 1,
+  COLLECTOR_VERSION = 1,
+  MSG_HELLO = 1,
+  MSG_DEVICE = 2,
+  MSG_KERNELS = 3,
+  MSG_COPIES = 4,
+  MSG_SETS = 5,
+  MSG_SYNCS = 6,
+  MSG_LOSSES = 7,
+  MSG_ASIDE = 8,
+  MSG_CANNOT = 9,
+  MSG_GOODBYE = 10,
+  MAX_MESSAGE = 65536,
+  MAX_NAME = 1024,  // gpudiag_model::kernels::MAX_KERNEL_NAME_BYTES
+};
+
+struct wire_header {
+  uint32_t magic;
+  uint16_t version, type;
+  uint32_t pid, count;
+};
+struct wire_clock {
+  uint64_t cupti_ns, unix_ns;
+};
+struct wire_kernel {
+  uint64_t start, end;
+  uint32_t device, context, stream, name;
+  uint32_t grid[3], block[3];
+  uint16_t registers, zero;
+  uint32_t shared, graph, correlation;
+};
+struct wire_copy {
+  uint64_t start, end;
+  uint32_t device, context, stream, correlation;
+  uint64_t bytes;
+  uint8_t copy_kind, src_kind, dst_kind, flags;
+  uint32_t graph;
+};
+struct wire_set {
+  uint64_t start, end;
+  uint32_t device, context, stream, correlation;
+  uint64_t bytes;
+};
+struct wire_sync {
+  uint64_t start, end;
+  uint32_t context, stream, correlation, type, event, zero;
+};
+_Static_assert(sizeof(struct wire_header) == 16, "header");
+_Static_assert(sizeof(struct wire_kernel) == 72, "kernel");
+_Static_assert(sizeof(struct wire_copy) == 48, "copy");
+_Static_assert(sizeof(struct wire_set) == 40, "set");
+_Static_assert(sizeof(struct wire_sync) == 40, "sync");
+
+// The CUPTI API versions whose record layouts layout_check.c held to the real headers.
+static const uint32_t checked_versions[] = {18, 20, 21, 22, 23, 24, 26, 28,
+                                            130001, 130101, 130202, 130301, 130401, 130500};
+
+typedef gd_result (*register_fn)(gd_buffer_request_fn, gd_buffer_complete_fn);
+typedef gd_result (*kind_fn)(gd_activity_kind);
+typedef gd_result (*finalize_fn)(void);
+typedef gd_result (*next_record_fn)(uint8_t *, size_t, gd_activity **);
+typedef gd_result (*flag_fn)(uint32_t);
+typedef gd_result (*u32_out_fn)(uint32_t *);
+typedef gd_result (*u64_out_fn)(uint64_t *);
+typedef gd_result (*dropped_fn)(gd_cucontext, uint32_t, size_t *);
+
+static struct {
+  void *cupti;
+  const char *cupti_from;
+  register_fn register_callbacks;
+  kind_fn enable, disable;
+  finalize_fn finalize;
+  next_record_fn next_record;
+  flag_fn flush_all, flush_period;
+  u32_out_fn version;
+  u64_out_fn timestamp;
+  dropped_fn dropped;
+} real;
+
+// Which kinds we record, and which the guest (Kineto) has enabled: a kind stays enabled in
+// CUPTI while either wants it.
+#define MAX_KIND 128
+static const gd_activity_kind our_kinds[] = {GD_KIND_CONCURRENT_KERNEL, GD_KIND_MEMCPY,
+                                             GD_KIND_MEMSET, GD_KIND_SYNCHRONIZATION};
+static atomic_uchar ours_on[MAX_KIND];
+static atomic_uchar guest_on[MAX_KIND];
+static pthread_mutex_t attach_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int active;      // CUPTI is ours to record with
+static atomic_int stopped;     // gpudiag went away, or this is a forked child
+static atomic_int exiting;
+static atomic_int stepped_aside;
+static uint64_t aside_from_ns;
+static int our_pid;
+static const size_t buffer_bytes = 8u << 20;
+
+static pthread_mutex_t guest_lock = PTHREAD_MUTEX_INITIALIZER;
+static gd_buffer_request_fn guest_request;
+static gd_buffer_complete_fn guest_complete;
+
+static int verbose;
+static void note(const char *what) {
+  if (verbose) fprintf(stderr, "gpudiag collector[%d]: %s\n", (int)getpid(), what);
+}
+
+static void *sym(const char *name) {
+  void *f = real.cupti ? dlsym(real.cupti, name) : NULL;
+  return f ? f : dlsym(RTLD_NEXT, name);
+}
+
+// ---- transport ----
+
+static pthread_mutex_t send_lock = PTHREAD_MUTEX_INITIALIZER;
+static int sock = -1;
+static struct {
+  uint64_t cupti_dropped, send_dropped, names_cut;
+} losses, losses_sent;
+
+static int connect_socket(void) {
+  const char *path = getenv("GPUDIAG_KERNELS_SOCKET");
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  if (!path || !*path || strlen(path) >= sizeof addr.sun_path) return -1;
+  memcpy(addr.sun_path, path, strlen(path) + 1);
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  // Bounds connect() when gpudiag's backlog is full: the command's cuInit waits at most this.
+  struct timeval bound = {0, 200000};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &bound, sizeof bound);
+  if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static void stop_recording(void);
+EXPORT gd_result cuptiActivityRegisterCallbacks(gd_buffer_request_fn request,
+                                                gd_buffer_complete_fn complete);
+
+// Sends one message; 0 when it could not go (a full socket: counted by the caller).
+static int send_parts(uint16_t type, uint32_t count, const void *a, size_t a_len, const void *b,
+                      size_t b_len, const void *c, size_t c_len) {
+  if (sock < 0) return 0;
+  struct wire_header header = {WIRE_MAGIC, WIRE_VERSION, type, (uint32_t)our_pid, count};
+  struct iovec parts[4] = {{&header, sizeof header},
+                           {(void *)a, a_len},
+                           {(void *)b, b_len},
+                           {(void *)c, c_len}};
+  struct msghdr msg = {.msg_iov = parts, .msg_iovlen = 4};
+  if (sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return 1;
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS || errno == EINTR) return 0;
+  // gpudiag is gone: recording for nobody only costs the command.
+  close(sock);
+  sock = -1;
+  stop_recording();
+  return 0;
+}
+
+static int send_simple(uint16_t type, const void *body, size_t len) {
+  pthread_mutex_lock(&send_lock);
+  int sent = send_parts(type, 0, body, len, NULL, 0, NULL, 0);
+  pthread_mutex_unlock(&send_lock);
+  return sent;
+}
+
+static void send_text(uint16_t type, const char *text, const void *prefix, size_t prefix_len) {
+  size_t len = strlen(text);
+  if (len > 4000) len = 4000;
+  uint16_t len16 = (uint16_t)len;
+  pthread_mutex_lock(&send_lock);
+  if (prefix)
+    send_parts(type, 0, prefix, prefix_len, &len16, sizeof len16, text, len);
+  else
+    send_parts(type, 0, &len16, sizeof len16, text, len, NULL, 0);
+  pthread_mutex_unlock(&send_lock);
+}
+
+static void cannot_record(const char *why) {
+  note(why);
+  send_text(MSG_CANNOT, why, NULL, 0);
+}
+
+static struct wire_clock clock_pair(void) {
+  struct wire_clock c = {0, 0};
+  if (real.timestamp) real.timestamp(&c.cupti_ns);
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  c.unix_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+  return c;
+}
+
+// ---- devices: CUDA ordinal → UUID, as NVML names the GPU ----
+
+#define MAX_DEVICES 64
+static unsigned char device_state[MAX_DEVICES];  // 0 unseen, 1 sent
+
+typedef int (*cu_device_get_fn)(int *, int);
+typedef int (*cu_device_get_uuid_fn)(unsigned char *, int);
+
+// Resolved lazily from the buffer-completion path: InitializeInjection runs inside cuInit,
+// when the driver cannot be called yet. Never at exit, when the driver may be going away.
+static void announce_device(uint32_t ordinal) {
+  if (ordinal >= MAX_DEVICES || device_state[ordinal]) return;
+  device_state[ordinal] = 1;
+  struct {
+    uint32_t ordinal, known;
+    unsigned char uuid[16];
+  } body = {ordinal, 0, {0}};
+  void *cuda = exiting ? NULL : dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (cuda) {
+    cu_device_get_fn get = (cu_device_get_fn)dlsym(cuda, "cuDeviceGet");
+    cu_device_get_uuid_fn uuid = (cu_device_get_uuid_fn)dlsym(cuda, "cuDeviceGetUuid_v2");
+    if (!uuid) uuid = (cu_device_get_uuid_fn)dlsym(cuda, "cuDeviceGetUuid");
+    int device = 0;
+    if (get && uuid && get(&device, (int)ordinal) == 0 && uuid(body.uuid, device) == 0)
+      body.known = 1;
+    dlclose(cuda);
+  }
+  send_parts(MSG_DEVICE, 0, &body, sizeof body, NULL, 0, NULL, 0);
+}
+
+// ---- kernel names, interned per process ----
+
+#define NAME_SLOTS 16384  // filled to 3/4: at most 12 MiB of names, at 1 KiB each
+static struct name_slot {
+  uint64_t hash;
+  char *text;
+  uint16_t len;
+  uint8_t sent;
+} names[NAME_SLOTS];
+static unsigned names_used;
+
+static uint64_t fnv1a(const char *s, size_t len) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  return h;
+}
+
+// The name's id (its slot + 1), or 0 when the table is full. Names are cut at MAX_NAME bytes,
+// the cut ones ending in "…".
+static uint32_t intern(const char *name) {
+  if (!name) name = "";
+  size_t len = strnlen(name, 1u << 16);
+  char cut[MAX_NAME];
+  int was_cut = len > MAX_NAME;
+  if (was_cut) {
+    size_t keep = MAX_NAME - 3;
+    while (keep > 0 && ((unsigned char)name[keep] & 0xC0) == 0x80) keep--;  // whole UTF-8 only
+    memcpy(cut, name, keep);
+    memcpy(cut + keep, "\xE2\x80\xA6", 3);
+    name = cut;
+    len = keep + 3;
+  }
+  uint64_t h = fnv1a(name, len);
+  for (unsigned probe = 0, i = (unsigned)(h % NAME_SLOTS); probe < NAME_SLOTS;
+       probe++, i = (i + 1) % NAME_SLOTS) {
+    struct name_slot *s = &names[i];
+    if (s->text && s->hash == h && s->len == len && !memcmp(s->text, name, len)) return i + 1;
+    if (!s->text) {
+      if (names_used >= NAME_SLOTS * 3 / 4) return 0;
+      s->text = malloc(len ? len : 1);
+      if (!s->text) return 0;
+      memcpy(s->text, name, len);
+      s->len = (uint16_t)len;
+      s->hash = h;
+      s->sent = 0;
+      names_used++;
+      if (was_cut) losses.names_cut++;
+      return i + 1;
+    }
+  }
+  return 0;
+}
+
+// ---- batches, one per kind, sent when full and at the end of each completed buffer ----
+
+#define NAMES_CAP 16384
+#define RECORDS_CAP (MAX_MESSAGE - NAMES_CAP - 64)
+static struct {
+  unsigned char records[RECORDS_CAP];
+  size_t used;
+  uint32_t count;
+} batch[4];  // kernels, copies, sets, syncs
+static unsigned char name_defs[NAMES_CAP];
+static size_t name_defs_used;
+static uint32_t name_defs_count;
+static uint32_t pending_names[NAMES_CAP / 6];
+
+static const uint16_t batch_type[4] = {MSG_KERNELS, MSG_COPIES, MSG_SETS, MSG_SYNCS};
+
+static void send_batch(int which) {
+  if (!batch[which].count) return;
+  struct wire_clock clock = clock_pair();
+  int sent;
+  if (which == 0) {
+    uint32_t counts[2] = {name_defs_count, (uint32_t)name_defs_used};
+    unsigned char head[sizeof clock + sizeof counts];
+    memcpy(head, &clock, sizeof clock);
+    memcpy(head + sizeof clock, counts, sizeof counts);
+    sent = send_parts(MSG_KERNELS, batch[0].count, head, sizeof head, name_defs, name_defs_used,
+                      batch[0].records, batch[0].used);
+    // Names that did not go are sent again with the next batch that uses them.
+    for (uint32_t i = 0; i < name_defs_count; i++) names[pending_names[i] - 1].sent = (uint8_t)sent;
+    name_defs_used = 0;
+    name_defs_count = 0;
+  } else {
+    sent = send_parts(batch_type[which], batch[which].count, &clock, sizeof clock,
+                      batch[which].records, batch[which].used, NULL, 0);
+  }
+  if (!sent) losses.send_dropped += batch[which].count;
+  batch[which].used = 0;
+  batch[which].count = 0;
+}
+
+static void *batch_slot(int which, size_t size) {
+  if (batch[which].used + size > RECORDS_CAP) send_batch(which);
+  void *slot = batch[which].records + batch[which].used;
+  memset(slot, 0, size);
+  batch[which].used += size;
+  batch[which].count++;
+  return slot;
+}
+
+static uint32_t name_for_batch(const char *name) {
+  uint32_t id = intern(name);
+  if (!id || names[id - 1].sent) return id;
+  struct name_slot *s = &names[id - 1];
+  size_t need = 6 + s->len;
+  if (name_defs_used + need > NAMES_CAP) send_batch(0);
+  uint16_t len = s->len;
+  memcpy(name_defs + name_defs_used, &id, 4);
+  memcpy(name_defs + name_defs_used + 4, &len, 2);
+  memcpy(name_defs + name_defs_used + 6, s->text, len);
+  name_defs_used += need;
+  pending_names[name_defs_count++] = id;
+  s->sent = 1;  // in this batch; reset if it fails to go
+  return id;
+}
+
+static uint32_t nonnegative(int32_t v) { return v < 0 ? 0 : (uint32_t)v; }
+
+static void encode(const gd_activity *r) {
+  switch (r->kind) {
+    case GD_KIND_CONCURRENT_KERNEL: {
+      const gd_kernel *k = (const gd_kernel *)r;
+      announce_device(k->deviceId);
+      uint32_t name = name_for_batch(k->name);
+      struct wire_kernel *w = batch_slot(0, sizeof *w);
+      *w = (struct wire_kernel){k->start, k->end, k->deviceId, k->contextId, k->streamId, name,
+                                {nonnegative(k->gridX), nonnegative(k->gridY), nonnegative(k->gridZ)},
+                                {nonnegative(k->blockX), nonnegative(k->blockY), nonnegative(k->blockZ)},
+                                k->registersPerThread, 0,
+                                nonnegative(k->staticSharedMemory) + nonnegative(k->dynamicSharedMemory),
+                                k->graphId, k->correlationId};
+      break;
+    }
+    case GD_KIND_MEMCPY: {
+      const gd_memcpy *m = (const gd_memcpy *)r;
+      announce_device(m->deviceId);
+      struct wire_copy *w = batch_slot(1, sizeof *w);
+      *w = (struct wire_copy){m->start, m->end, m->deviceId, m->contextId, m->streamId,
+                              m->correlationId, m->bytes, m->copyKind, m->srcKind, m->dstKind,
+                              m->flags, m->graphId};
+      break;
+    }
+    case GD_KIND_MEMSET: {
+      const gd_memset *s = (const gd_memset *)r;
+      announce_device(s->deviceId);
+      struct wire_set *w = batch_slot(2, sizeof *w);
+      *w = (struct wire_set){s->start, s->end, s->deviceId, s->contextId, s->streamId,
+                             s->correlationId, s->bytes};
+      break;
+    }
+    case GD_KIND_SYNCHRONIZATION: {
+      const gd_synchronization *s = (const gd_synchronization *)r;
+      struct wire_sync *w = batch_slot(3, sizeof *w);
+      *w = (struct wire_sync){s->start, s->end, s->contextId, s->streamId, s->correlationId,
+                              s->type, s->cudaEventId, 0};
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+static void send_losses_if_changed(void) {
+  if (!memcmp(&losses, &losses_sent, sizeof losses)) return;
+  if (send_parts(MSG_LOSSES, 0, &losses, sizeof losses, NULL, 0, NULL, 0)) losses_sent = losses;
+}
+
+// ---- CUPTI's buffers ----
+
+// The buffers we handed CUPTI. One the guest got from CUPTI before our callbacks replaced its
+// own comes back to us too: it goes back to the guest whole, never to free(). At most this many
+// are out at once (8 MiB each), so the process holds at most 48 MiB of them; past that CUPTI
+// drops records and counts them.
+#define OUTSTANDING 6
+static pthread_mutex_t outstanding_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint8_t *outstanding[OUTSTANDING];
+
+static int track(uint8_t *buffer, int add) {
+  pthread_mutex_lock(&outstanding_lock);
+  int found = 0;
+  for (int i = 0; i < OUTSTANDING && !found; i++)
+    if (outstanding[i] == (add ? NULL : buffer)) {
+      outstanding[i] = add ? buffer : NULL;
+      found = 1;
+    }
+  pthread_mutex_unlock(&outstanding_lock);
+  return found;
+}
+
+static void buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
+  *buffer = aligned_alloc(8, buffer_bytes);
+  if (*buffer && !track(*buffer, 1)) {
+    free(*buffer);
+    *buffer = NULL;
+  }
+  *size = *buffer ? buffer_bytes : 0;
+  *max_records = 0;
+}
+
+static void buffer_completed(gd_cucontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
+                             size_t valid) {
+  if (!track(buffer, 0)) {
+    pthread_mutex_lock(&guest_lock);
+    gd_buffer_complete_fn complete = guest_complete;
+    pthread_mutex_unlock(&guest_lock);
+    if (complete) complete(ctx, stream, buffer, size, valid);
+    return;
+  }
+  pthread_mutex_lock(&send_lock);
+  if (!stopped) {
+    gd_activity *record = NULL;
+    while (real.next_record(buffer, valid, &record) == GD_CUPTI_SUCCESS) {
+      unsigned kind = (unsigned)record->kind;
+      if (kind < MAX_KIND && ours_on[kind]) encode(record);
+    }
+    for (int which = 0; which < 4; which++) send_batch(which);
+    size_t dropped = 0;
+    if (real.dropped && real.dropped(ctx, stream, &dropped) == GD_CUPTI_SUCCESS)
+      losses.cupti_dropped += dropped;
+    send_losses_if_changed();
+  }
+  pthread_mutex_unlock(&send_lock);
+  free(buffer);
+}
+
+// ---- recording on and off ----
+
+static void set_kind(gd_activity_kind kind, int on) {
+  if ((unsigned)kind >= MAX_KIND) return;
+  ours_on[kind] = (unsigned char)on;
+  if (on)
+    real.enable(kind);
+  else if (!guest_on[kind])
+    real.disable(kind);
+}
+
+static int guest_tracing(void) {
+  for (unsigned k = 0; k < MAX_KIND; k++)
+    if (guest_on[k]) return 1;
+  return 0;
+}
+
+static void attach(void) {
+  real.register_callbacks(buffer_requested, buffer_completed);
+  for (size_t i = 0; i < sizeof our_kinds / sizeof *our_kinds; i++) set_kind(our_kinds[i], 1);
+  // Records reach gpudiag at least once a second even from a process that never fills a
+  // buffer, so a SIGKILLed rank loses at most its last second.
+  if (real.flush_period) real.flush_period(1000);
+}
+
+// Turning kinds off from inside CUPTI's completion callback could re-enter CUPTI: a thread of
+// its own does it.
+static void *turn_off(void *unused) {
+  (void)unused;
+  pthread_mutex_lock(&attach_lock);
+  if (!stepped_aside)
+    for (size_t i = 0; i < sizeof our_kinds / sizeof *our_kinds; i++) set_kind(our_kinds[i], 0);
+  pthread_mutex_unlock(&attach_lock);
+  return NULL;
+}
+
+static void stop_recording(void) {
+  if (atomic_exchange(&stopped, 1) || !active) return;
+  note("gpudiag is gone: recording stops");
+  pthread_t t;
+  if (pthread_create(&t, NULL, turn_off, NULL) == 0) pthread_detach(t);
+}
+
+static int version_checked(uint32_t version) {
+  for (size_t i = 0; i < sizeof checked_versions / sizeof *checked_versions; i++)
+    if (checked_versions[i] == version) return 1;
+  return 0;
+}
+
+// The libcupti the process already has (PyTorch loads its wheel's copy: two copies in one
+// process are undefined), else GPUDIAG_CUPTI, else the one the loader finds.
+static int find_cupti(void) {
+  static const char *sonames[] = {"libcupti.so.13", "libcupti.so.12", "libcupti.so.11.8",
+                                  "libcupti.so"};
+  for (size_t i = 0; i < sizeof sonames / sizeof *sonames && !real.cupti; i++) {
+    real.cupti = dlopen(sonames[i], RTLD_NOW | RTLD_NOLOAD);
+    if (real.cupti) real.cupti_from = "already loaded";
+  }
+  const char *given = getenv("GPUDIAG_CUPTI");
+  if (!real.cupti && given && *given) {
+    real.cupti = dlopen(given, RTLD_NOW);
+    if (real.cupti) real.cupti_from = "GPUDIAG_CUPTI";
+  }
+  for (size_t i = 0; i < sizeof sonames / sizeof *sonames && !real.cupti; i++) {
+    real.cupti = dlopen(sonames[i], RTLD_NOW);
+    if (real.cupti) real.cupti_from = "loader search";
+  }
+  if (!real.cupti) return 0;
+  real.register_callbacks = (register_fn)dlsym(real.cupti, "cuptiActivityRegisterCallbacks");
+  real.enable = (kind_fn)dlsym(real.cupti, "cuptiActivityEnable");
+  real.disable = (kind_fn)dlsym(real.cupti, "cuptiActivityDisable");
+  real.finalize = (finalize_fn)dlsym(real.cupti, "cuptiFinalize");
+  real.next_record = (next_record_fn)dlsym(real.cupti, "cuptiActivityGetNextRecord");
+  real.flush_all = (flag_fn)dlsym(real.cupti, "cuptiActivityFlushAll");
+  real.flush_period = (flag_fn)dlsym(real.cupti, "cuptiActivityFlushPeriod");
+  real.version = (u32_out_fn)dlsym(real.cupti, "cuptiGetVersion");
+  real.timestamp = (u64_out_fn)dlsym(real.cupti, "cuptiGetTimestamp");
+  real.dropped = (dropped_fn)dlsym(real.cupti, "cuptiActivityGetNumDroppedRecords");
+  return 1;
+}
+
+static void send_aside(uint64_t from, uint64_t to, uint32_t to_known) {
+  struct {
+    uint64_t from, to;
+    uint32_t known, zero;
+  } body = {from, to, to_known, 0};
+  send_simple(MSG_ASIDE, &body, sizeof body);
+}
+
+static void goodbye(void) {
+  if (getpid() != our_pid) return;  // a forked child that never exec'd: the parent says it
+  exiting = 1;
+  pthread_mutex_lock(&attach_lock);
+  // Stepped aside, what CUPTI holds is the guest's to flush.
+  if (active && !stepped_aside && !stopped) real.flush_all(GD_FLUSH_FORCED);
+  int aside = stepped_aside;
+  pthread_mutex_unlock(&attach_lock);
+  if (aside) send_aside(aside_from_ns, 0, 0);
+  pthread_mutex_lock(&send_lock);
+  send_losses_if_changed();
+  send_parts(MSG_GOODBYE, 0, NULL, 0, NULL, 0, NULL, 0);
+  pthread_mutex_unlock(&send_lock);
+}
+
+// fork() without exec: CUDA cannot be used in the child of a process that initialised it (the
+// CUDA programming guide), and CUPTI's state there is undefined, so the child records nothing.
+// It closes its copy of the parent's connection, so nothing it does can be mixed into the
+// parent's stream. A child that execs starts over: the environment loads us again, and its own
+// cuInit connects it under its own pid. (A fork before the parent's cuInit never gets here: the
+// child initialises CUDA, and so us, itself.)
+static void forked_child(void) {
+  pthread_mutex_init(&send_lock, NULL);
+  pthread_mutex_init(&attach_lock, NULL);
+  pthread_mutex_init(&guest_lock, NULL);
+  pthread_mutex_init(&outstanding_lock, NULL);
+  if (sock >= 0) close(sock);
+  sock = -1;
+  stopped = 1;
+}
+
+EXPORT int InitializeInjection(void) {
+  static atomic_int once;
+  if (atomic_exchange(&once, 1)) return 1;
+  verbose = getenv("GPUDIAG_KERNELS_VERBOSE") != NULL;
+  our_pid = (int)getpid();
+  sock = connect_socket();
+  if (sock < 0) {
+    note("no gpudiag socket: nothing recorded");
+    return 1;
+  }
+  pthread_atfork(NULL, NULL, forked_child);
+  atexit(goodbye);
+  int found = find_cupti();
+  uint32_t version = 0;
+  if (found && real.version) real.version(&version);
+  struct {
+    uint32_t parent, version, collector, zero;
+    struct wire_clock clock;
+  } hello = {(uint32_t)getppid(), version, COLLECTOR_VERSION, 0, clock_pair()};
+  send_text(MSG_HELLO, found ? real.cupti_from : "", &hello, sizeof hello);
+  if (!found) {
+    cannot_record("no libcupti in the process or the loader's path (set GPUDIAG_CUPTI to one)");
+    return 1;
+  }
+  if (!real.register_callbacks || !real.enable || !real.disable || !real.next_record ||
+      !real.flush_all) {
+    cannot_record("this libcupti lacks the activity API");
+    return 1;
+  }
+  if (!version_checked(version)) {
+    char why[160];
+    snprintf(why, sizeof why,
+             "CUPTI API version %u: its record layout has not been checked by this gpudiag",
+             version);
+    cannot_record(why);
+    return 1;
+  }
+  // Without LD_PRELOAD (a launcher dropped it on the way) another client's CUPTI calls would
+  // bypass us: its registration would silently take our buffers and ours its, emptying its
+  // trace (the naive collector of the feasibility gate did). Its trace comes first.
+  // (Looked up from the program's own handle: RTLD_DEFAULT from here would search our local
+  // scope too and always find us.)
+  void *program = dlopen(NULL, RTLD_NOW);
+  void *first = program ? dlsym(program, "cuptiActivityRegisterCallbacks") : NULL;
+  if (program) dlclose(program);
+  if (first != (void *)cuptiActivityRegisterCallbacks) {
+    cannot_record("loaded without LD_PRELOAD (a launcher dropped it): recording could empty "
+                  "another profiler's trace, so nothing is recorded");
+    return 1;
+  }
+  // A guest that began tracing before the process's first cuInit (its calls passed through
+  // us while we were not recording) keeps CUPTI: we start stood aside and take it at its
+  // flush, as if we had handed it over.
+  pthread_mutex_lock(&guest_lock);
+  int guest_first = guest_request && guest_complete && guest_tracing();
+  pthread_mutex_unlock(&guest_lock);
+  if (guest_first) {
+    pthread_mutex_lock(&attach_lock);
+    stepped_aside = 1;
+    aside_from_ns = clock_pair().cupti_ns;
+    active = 1;
+    pthread_mutex_unlock(&attach_lock);
+    note("another CUPTI client traces: standing aside until it is done");
+    return 1;
+  }
+  if (real.register_callbacks(buffer_requested, buffer_completed) != GD_CUPTI_SUCCESS) {
+    cannot_record("cuptiActivityRegisterCallbacks failed (another tool may hold CUPTI)");
+    return 1;
+  }
+  active = 1;
+  attach();
+  note("recording");
+  return 1;
+}
+
+// ---- the guest's calls (Kineto), which reach us first through LD_PRELOAD ----
+
+// Hands CUPTI to the guest: what ours hold is flushed to us first, and our kinds the guest did
+// not ask for are turned off, so its trace holds what it asked for.
+static void step_aside(void) {
+  pthread_mutex_lock(&attach_lock);
+  if (!stepped_aside && guest_request && guest_complete) {
+    real.flush_all(GD_FLUSH_FORCED);
+    for (unsigned k = 0; k < MAX_KIND; k++)
+      if (ours_on[k] && !guest_on[k]) real.disable((gd_activity_kind)k);
+    real.register_callbacks(guest_request, guest_complete);
+    stepped_aside = 1;
+    aside_from_ns = clock_pair().cupti_ns;
+  }
+  pthread_mutex_unlock(&attach_lock);
+}
+
+// The guest's trace is over (it flushed with none of its kinds on): CUPTI comes back to us.
+static void take_back(void) {
+  pthread_mutex_lock(&attach_lock);
+  uint64_t from = aside_from_ns, to = 0;
+  int was_aside = stepped_aside;
+  if (was_aside) {
+    if (!stopped) attach();
+    stepped_aside = 0;
+    to = clock_pair().cupti_ns;
+  }
+  pthread_mutex_unlock(&attach_lock);
+  if (was_aside) send_aside(from, to, 1);
+}
+
+EXPORT gd_result cuptiActivityRegisterCallbacks(gd_buffer_request_fn request,
+                                                gd_buffer_complete_fn complete) {
+  pthread_mutex_lock(&guest_lock);
+  guest_request = request;
+  guest_complete = complete;
+  pthread_mutex_unlock(&guest_lock);
+  if (active) {
+    if (stepped_aside)
+      real.register_callbacks(request, complete);
+    else
+      step_aside();
+    return GD_CUPTI_SUCCESS;
+  }
+  register_fn f = real.register_callbacks ? real.register_callbacks
+                                          : (register_fn)sym("cuptiActivityRegisterCallbacks");
+  return f ? f(request, complete) : 1;  // CUPTI_ERROR_INVALID_PARAMETER: no CUPTI at all
+}
+
+EXPORT gd_result cuptiActivityEnable(gd_activity_kind kind) {
+  if ((unsigned)kind < MAX_KIND) guest_on[kind] = 1;
+  // A guest that registered once and traces again without registering.
+  if (active && !stepped_aside) step_aside();
+  kind_fn f = real.enable ? real.enable : (kind_fn)sym("cuptiActivityEnable");
+  return f ? f(kind) : 1;
+}
+
+EXPORT gd_result cuptiActivityDisable(gd_activity_kind kind) {
+  if ((unsigned)kind < MAX_KIND) {
+    guest_on[kind] = 0;
+    if (active && !stepped_aside && ours_on[kind]) return GD_CUPTI_SUCCESS;
+  }
+  kind_fn f = real.disable ? real.disable : (kind_fn)sym("cuptiActivityDisable");
+  return f ? f(kind) : 1;
+}
+
+// The guest flushes after it disabled its kinds: the end of its trace, so CUPTI comes back.
+EXPORT gd_result cuptiActivityFlushAll(uint32_t flag) {
+  flag_fn f = real.flush_all ? real.flush_all : (flag_fn)sym("cuptiActivityFlushAll");
+  gd_result result = f ? f(flag) : 1;
+  if (stepped_aside && !guest_tracing()) take_back();
+  return result;
+}
+
+// The guest finalises CUPTI when a trace ends (Kineto's TEARDOWN_CUPTI): that would end our
+// recording too. Its records are flushed to it first, as finalising would have done.
+EXPORT gd_result cuptiFinalize(void) {
+  if (stepped_aside) take_back();
+  if (active) {
+    real.flush_all(GD_FLUSH_FORCED);
+    return GD_CUPTI_SUCCESS;
+  }
+  finalize_fn f = real.finalize ? real.finalize : (finalize_fn)sym("cuptiFinalize");
+  return f ? f() : 1;
+}

@@ -1,0 +1,142 @@
+// Holds cupti_types.h to the real CUPTI headers: every field the collector reads must sit at
+// the offset the CUPTI release's own record type has. Compiled, never run:
+// `scripts/check-cupti-layout INCLUDE_DIR...` builds it once per CUPTI include directory, and a
+// failed _Static_assert names the field that moved. The record type of each activity kind is
+// the one that CUPTI release fills (cupti_activity.h names it at each CUpti_ActivityKind); a
+// release whose API version is not listed here stops the check with #error, so a new CUPTI is
+// looked at before collector.c is told to accept it.
+#include <cupti_activity.h>
+#include <cupti_version.h>
+#include <stddef.h>
+
+#include "cupti_types.h"
+
+#if CUPTI_API_VERSION == 130401 || CUPTI_API_VERSION == 130500
+typedef CUpti_ActivityKernel13 real_kernel;
+typedef CUpti_ActivityMemcpy7 real_memcpy;
+typedef CUpti_ActivityMemset5 real_memset;
+typedef CUpti_ActivitySynchronization2 real_sync;
+#elif CUPTI_API_VERSION == 130301
+typedef CUpti_ActivityKernel12 real_kernel;
+typedef CUpti_ActivityMemcpy6 real_memcpy;
+typedef CUpti_ActivityMemset4 real_memset;
+typedef CUpti_ActivitySynchronization2 real_sync;
+#elif CUPTI_API_VERSION == 130101 || CUPTI_API_VERSION == 130202
+typedef CUpti_ActivityKernel11 real_kernel;
+typedef CUpti_ActivityMemcpy6 real_memcpy;
+typedef CUpti_ActivityMemset4 real_memset;
+typedef CUpti_ActivitySynchronization2 real_sync;
+#elif CUPTI_API_VERSION == 130001
+typedef CUpti_ActivityKernel10 real_kernel;
+typedef CUpti_ActivityMemcpy6 real_memcpy;
+typedef CUpti_ActivityMemset4 real_memset;
+typedef CUpti_ActivitySynchronization2 real_sync;
+#elif CUPTI_API_VERSION == 26 || CUPTI_API_VERSION == 28
+typedef CUpti_ActivityKernel9 real_kernel;
+typedef CUpti_ActivityMemcpy6 real_memcpy;
+typedef CUpti_ActivityMemset4 real_memset;
+typedef CUpti_ActivitySynchronization2 real_sync;
+#elif CUPTI_API_VERSION >= 20 && CUPTI_API_VERSION <= 24
+typedef CUpti_ActivityKernel9 real_kernel;
+typedef CUpti_ActivityMemcpy5 real_memcpy;
+typedef CUpti_ActivityMemset4 real_memset;
+typedef CUpti_ActivitySynchronization real_sync;
+#elif CUPTI_API_VERSION == 18
+// 11.8, 12.0 and 12.1 all say 18: 11.8 fills Kernel8, 12.0 and 12.1 Kernel9. Both have the
+// fields read at the same offsets (checked against each release's headers), so Kernel8, which
+// every one of them declares, stands for both here.
+typedef CUpti_ActivityKernel8 real_kernel;
+typedef CUpti_ActivityMemcpy5 real_memcpy;
+typedef CUpti_ActivityMemset4 real_memset;
+typedef CUpti_ActivitySynchronization real_sync;
+#else
+#error "a CUPTI API version whose record layouts gpudiag has not checked: add its record types here, check them, then accept the version in collector.c"
+#endif
+
+#define SAME(ours, real, field)                                                         \
+  _Static_assert(offsetof(ours, field) == offsetof(real, field), #real "." #field " moved"); \
+  _Static_assert(sizeof(((ours *)0)->field) == sizeof(((real *)0)->field),              \
+                 #real "." #field " changed size")
+
+SAME(gd_activity, CUpti_Activity, kind);
+
+SAME(gd_kernel, real_kernel, kind);
+SAME(gd_kernel, real_kernel, registersPerThread);
+SAME(gd_kernel, real_kernel, start);
+SAME(gd_kernel, real_kernel, end);
+SAME(gd_kernel, real_kernel, deviceId);
+SAME(gd_kernel, real_kernel, contextId);
+SAME(gd_kernel, real_kernel, streamId);
+SAME(gd_kernel, real_kernel, gridX);
+SAME(gd_kernel, real_kernel, gridY);
+SAME(gd_kernel, real_kernel, gridZ);
+SAME(gd_kernel, real_kernel, blockX);
+SAME(gd_kernel, real_kernel, blockY);
+SAME(gd_kernel, real_kernel, blockZ);
+SAME(gd_kernel, real_kernel, staticSharedMemory);
+SAME(gd_kernel, real_kernel, dynamicSharedMemory);
+SAME(gd_kernel, real_kernel, correlationId);
+SAME(gd_kernel, real_kernel, name);
+SAME(gd_kernel, real_kernel, graphNodeId);
+SAME(gd_kernel, real_kernel, graphId);
+
+SAME(gd_memcpy, real_memcpy, kind);
+SAME(gd_memcpy, real_memcpy, copyKind);
+SAME(gd_memcpy, real_memcpy, srcKind);
+SAME(gd_memcpy, real_memcpy, dstKind);
+SAME(gd_memcpy, real_memcpy, flags);
+SAME(gd_memcpy, real_memcpy, bytes);
+SAME(gd_memcpy, real_memcpy, start);
+SAME(gd_memcpy, real_memcpy, end);
+SAME(gd_memcpy, real_memcpy, deviceId);
+SAME(gd_memcpy, real_memcpy, contextId);
+SAME(gd_memcpy, real_memcpy, streamId);
+SAME(gd_memcpy, real_memcpy, correlationId);
+SAME(gd_memcpy, real_memcpy, graphId);
+
+SAME(gd_memset, real_memset, kind);
+SAME(gd_memset, real_memset, bytes);
+SAME(gd_memset, real_memset, start);
+SAME(gd_memset, real_memset, end);
+SAME(gd_memset, real_memset, deviceId);
+SAME(gd_memset, real_memset, contextId);
+SAME(gd_memset, real_memset, streamId);
+SAME(gd_memset, real_memset, correlationId);
+SAME(gd_memset, real_memset, graphId);
+
+SAME(gd_synchronization, real_sync, kind);
+SAME(gd_synchronization, real_sync, type);
+SAME(gd_synchronization, real_sync, start);
+SAME(gd_synchronization, real_sync, end);
+SAME(gd_synchronization, real_sync, correlationId);
+SAME(gd_synchronization, real_sync, contextId);
+SAME(gd_synchronization, real_sync, streamId);
+SAME(gd_synchronization, real_sync, cudaEventId);
+
+// The enum values collector.c uses by number.
+_Static_assert(GD_KIND_MEMCPY == CUPTI_ACTIVITY_KIND_MEMCPY, "memcpy kind");
+_Static_assert(GD_KIND_MEMSET == CUPTI_ACTIVITY_KIND_MEMSET, "memset kind");
+_Static_assert(GD_KIND_CONCURRENT_KERNEL == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, "kernel kind");
+_Static_assert(GD_KIND_SYNCHRONIZATION == CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, "sync kind");
+_Static_assert(GD_FLUSH_FORCED == CUPTI_ACTIVITY_FLAG_FLUSH_FORCED, "forced flush");
+_Static_assert(GD_CUPTI_SUCCESS == CUPTI_SUCCESS, "success");
+_Static_assert(GD_SYNC_INVALID == CUPTI_SYNCHRONIZATION_INVALID_VALUE, "invalid sync value");
+_Static_assert(sizeof(gd_activity_kind) == sizeof(CUpti_ActivityKind), "kind size");
+_Static_assert(sizeof(gd_result) == sizeof(CUptiResult), "result size");
+// The wire's copy and sync codes are CUPTI's own numbers (decoded in src/wire.rs).
+_Static_assert(CUPTI_ACTIVITY_MEMCPY_KIND_HTOD == 1 && CUPTI_ACTIVITY_MEMCPY_KIND_DTOH == 2 &&
+                   CUPTI_ACTIVITY_MEMCPY_KIND_DTOD == 8 && CUPTI_ACTIVITY_MEMCPY_KIND_HTOH == 9 &&
+                   CUPTI_ACTIVITY_MEMCPY_KIND_PTOP == 10,
+               "copy kinds");
+_Static_assert(CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE == 1 && CUPTI_ACTIVITY_MEMORY_KIND_PINNED == 2 &&
+                   CUPTI_ACTIVITY_MEMORY_KIND_DEVICE == 3 &&
+                   CUPTI_ACTIVITY_MEMORY_KIND_MANAGED == 5,
+               "memory kinds");
+_Static_assert(CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_EVENT_SYNCHRONIZE == 1 &&
+                   CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT == 2 &&
+                   CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE == 3 &&
+                   CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_CONTEXT_SYNCHRONIZE == 4,
+               "sync types");
+
+// CUPTI_API_VERSION of this header, for the script to print.
+const unsigned checked_cupti_api_version = CUPTI_API_VERSION;

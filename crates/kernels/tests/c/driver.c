@@ -1,0 +1,117 @@
+// Runs the collector as the CUDA driver would, against fake_cupti.c: loads it, calls
+// InitializeInjection, and then does what argv[2] says.
+//   init      nothing more
+//   records N fake_emit(N) once
+//   guest     a second CUPTI client (as Kineto) registers and traces, then stops; prints how
+//             many records reached it
+//   fork      forks; the child emits and exits, the parent emits after it
+//   guest-first  the second client traces from before InitializeInjection, then stops
+//   gone      waits for a line on stdin (gpudiag goes away meanwhile), emits, and says whether
+//             the kernel kind is still on
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cupti_types.h"
+
+static size_t guest_records;
+static void guest_request(uint8_t **buffer, size_t *size, size_t *max) {
+  *buffer = malloc(1 << 20);
+  *size = 1 << 20;
+  *max = 0;
+}
+static void guest_complete(gd_cucontext c, uint32_t s, uint8_t *buffer, size_t size,
+                           size_t valid) {
+  (void)c;
+  (void)s;
+  (void)size;
+  guest_records += valid / 256;
+  free(buffer);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 3) return 2;
+  // DRIVER_LOCAL: loaded as a library nobody else's symbols resolve to, as the CUDA driver
+  // loads it when LD_PRELOAD did not load it first.
+  int scope = getenv("DRIVER_LOCAL") ? RTLD_LOCAL : RTLD_GLOBAL;
+  void *collector = dlopen(argv[1], RTLD_NOW | scope);
+  if (!collector) {
+    fprintf(stderr, "%s\n", dlerror());
+    return 3;
+  }
+  int (*init)(void) = (int (*)(void))dlsym(collector, "InitializeInjection");
+  gd_result (*reg)(gd_buffer_request_fn, gd_buffer_complete_fn) =
+      (gd_result(*)(gd_buffer_request_fn, gd_buffer_complete_fn))dlsym(
+          collector, "cuptiActivityRegisterCallbacks");
+  gd_result (*enable)(gd_activity_kind) =
+      (gd_result(*)(gd_activity_kind))dlsym(collector, "cuptiActivityEnable");
+  gd_result (*disable)(gd_activity_kind) =
+      (gd_result(*)(gd_activity_kind))dlsym(collector, "cuptiActivityDisable");
+  gd_result (*flush)(uint32_t) = (gd_result(*)(uint32_t))dlsym(collector, "cuptiActivityFlushAll");
+  gd_result (*finalize)(void) = (gd_result(*)(void))dlsym(collector, "cuptiFinalize");
+  if (!strcmp(argv[2], "guest-first")) {
+    // Loaded after the collector, so its calls pass through to this one, as to a libcupti.
+    if (!dlopen(getenv("GPUDIAG_CUPTI"), RTLD_NOW | RTLD_GLOBAL)) return 4;
+    reg(guest_request, guest_complete);
+    enable(GD_KIND_CONCURRENT_KERNEL);
+  }
+  printf("init %d\n", init());
+  fflush(stdout);
+  if (!strcmp(argv[2], "init")) return 0;
+  void *fake = dlopen(getenv("GPUDIAG_CUPTI"), RTLD_NOW | RTLD_NOLOAD);
+  if (!fake) return 4;
+  int (*emit)(int) = (int (*)(int))dlsym(fake, "fake_emit");
+  int (*enabled)(int) = (int (*)(int))dlsym(fake, "fake_enabled");
+  if (!strcmp(argv[2], "records")) {
+    printf("emitted %d\n", emit(argc > 3 ? atoi(argv[3]) : 1));
+    return 0;
+  }
+  if (!strcmp(argv[2], "guest-first")) {
+    emit(5);  // the guest's
+    disable(GD_KIND_CONCURRENT_KERNEL);
+    flush(0);
+    emit(2);  // ours
+    printf("guest got %zu\n", guest_records);
+    return 0;
+  }
+  if (!strcmp(argv[2], "guest")) {
+    emit(3);  // ours
+    reg(guest_request, guest_complete);
+    enable(GD_KIND_CONCURRENT_KERNEL);
+    // The guest's kinds only: our memcpy kind went off when it took CUPTI.
+    printf("while aside: kernel kind %d, memcpy kind %d\n", enabled(GD_KIND_CONCURRENT_KERNEL),
+           enabled(GD_KIND_MEMCPY));
+    emit(5);  // the guest's
+    disable(GD_KIND_CONCURRENT_KERNEL);
+    flush(0);
+    // Kineto's TEARDOWN_CUPTI: must not end our recording.
+    finalize();
+    printf("after: kernel kind %d, memcpy kind %d\n", enabled(GD_KIND_CONCURRENT_KERNEL),
+           enabled(GD_KIND_MEMCPY));
+    emit(2);  // ours again
+    printf("guest got %zu\n", guest_records);
+    return 0;
+  }
+  if (!strcmp(argv[2], "gone")) {
+    char line[16];
+    if (!fgets(line, sizeof line, stdin)) return 5;
+    emit(1);
+    for (int i = 0; i < 100 && enabled(GD_KIND_CONCURRENT_KERNEL); i++) usleep(10000);
+    printf("kernel kind %d\n", enabled(GD_KIND_CONCURRENT_KERNEL));
+    return 0;
+  }
+  if (!strcmp(argv[2], "fork")) {
+    pid_t child = fork();
+    if (child == 0) {
+      emit(4);
+      exit(0);
+    }
+    waitpid(child, NULL, 0);
+    emit(1);
+    return 0;
+  }
+  return 2;
+}

@@ -1,0 +1,135 @@
+// A stand-in libcupti for the collector's tests on machines without a GPU: it keeps the
+// callbacks registered with it, and fake_emit() fills one buffer with records laid out as
+// cupti_types.h declares them (the real layouts are held to that header by layout_check.c),
+// then completes it, as CUPTI does when a buffer is full or flushed.
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cupti_types.h"
+
+#define SLOT 256  // every fake record takes this much, as a real record takes its own size
+
+static gd_buffer_request_fn request;
+static gd_buffer_complete_fn complete;
+static int enabled[64];
+static int registrations;
+
+gd_result cuptiGetVersion(uint32_t *version) {
+  const char *v = getenv("FAKE_CUPTI_VERSION");
+  *version = v ? (uint32_t)strtoul(v, NULL, 10) : 130001;
+  return 0;
+}
+gd_result cuptiGetTimestamp(uint64_t *t) {
+  *t = 5000;
+  return 0;
+}
+gd_result cuptiActivityRegisterCallbacks(gd_buffer_request_fn r, gd_buffer_complete_fn c) {
+  request = r;
+  complete = c;
+  registrations++;
+  return 0;
+}
+gd_result cuptiActivityEnable(gd_activity_kind k) {
+  if (k >= 0 && k < 64) enabled[k] = 1;
+  return 0;
+}
+gd_result cuptiActivityDisable(gd_activity_kind k) {
+  if (k >= 0 && k < 64) enabled[k] = 0;
+  return 0;
+}
+gd_result cuptiActivityFlushPeriod(uint32_t ms) {
+  (void)ms;
+  return 0;
+}
+gd_result cuptiActivityFlushAll(uint32_t flag) {
+  (void)flag;
+  return 0;
+}
+gd_result cuptiFinalize(void) { return 0; }
+gd_result cuptiActivityGetNumDroppedRecords(gd_cucontext c, uint32_t s, size_t *dropped) {
+  (void)c;
+  (void)s;
+  *dropped = 2;
+  return 0;
+}
+gd_result cuptiActivityGetNextRecord(uint8_t *buffer, size_t valid, gd_activity **record) {
+  uint8_t *next = *record ? (uint8_t *)*record + SLOT : buffer;
+  if (next + SLOT > buffer + valid) return 12;  // CUPTI_ERROR_MAX_LIMIT_REACHED
+  *record = (gd_activity *)next;
+  return 0;
+}
+
+int fake_enabled(int kind) { return kind >= 0 && kind < 64 && enabled[kind]; }
+int fake_registrations(void) { return registrations; }
+
+static char long_name[3000];
+
+// `kernels` kernels named kernel_a / kernel_b alternately (the first one with a 2,999-byte
+// name), then one pageable host-to-device copy, one set and one stream synchronisation. What
+// of it is enabled is what a real CUPTI would have recorded.
+int fake_emit(int kernels) {
+  uint8_t *buffer = NULL;
+  size_t size = 0, max_records = 0;
+  request(&buffer, &size, &max_records);
+  if (!buffer) return -1;
+  memset(long_name, 'x', sizeof long_name - 1);
+  size_t at = 0;
+  for (int i = 0; i < kernels && (at + 1) * SLOT <= size; i++, at++) {
+    gd_kernel *k = (gd_kernel *)(buffer + at * SLOT);
+    memset(k, 0, SLOT);
+    k->kind = GD_KIND_CONCURRENT_KERNEL;
+    k->start = 1000 + (uint64_t)i * 10;
+    k->end = k->start + 7;
+    k->deviceId = 1;
+    k->contextId = 3;
+    k->streamId = 7;
+    k->gridX = 128;
+    k->gridY = 2;
+    k->gridZ = 1;
+    k->blockX = 256;
+    k->blockY = 1;
+    k->blockZ = 1;
+    k->registersPerThread = 40;
+    k->staticSharedMemory = 1024;
+    k->dynamicSharedMemory = 2048;
+    k->correlationId = (uint32_t)i + 1;
+    k->graphId = i == 1 ? 9 : 0;
+    k->name = i == 0 ? long_name : i % 2 ? "kernel_b" : "kernel_a";
+  }
+  gd_memcpy *m = (gd_memcpy *)(buffer + at++ * SLOT);
+  memset(m, 0, SLOT);
+  m->kind = GD_KIND_MEMCPY;
+  m->copyKind = 1;
+  m->srcKind = 1;
+  m->dstKind = 3;
+  m->bytes = 4096;
+  m->start = 50;
+  m->end = 60;
+  m->deviceId = 1;
+  m->contextId = 3;
+  m->streamId = 7;
+  m->correlationId = 77;
+  gd_memset *s = (gd_memset *)(buffer + at++ * SLOT);
+  memset(s, 0, SLOT);
+  s->kind = GD_KIND_MEMSET;
+  s->bytes = 512;
+  s->start = 70;
+  s->end = 71;
+  s->deviceId = 1;
+  s->contextId = 3;
+  s->streamId = 7;
+  s->correlationId = 78;
+  gd_synchronization *y = (gd_synchronization *)(buffer + at++ * SLOT);
+  memset(y, 0, SLOT);
+  y->kind = GD_KIND_SYNCHRONIZATION;
+  y->type = 3;
+  y->start = 80;
+  y->end = 95;
+  y->contextId = 3;
+  y->streamId = 7;
+  y->correlationId = 79;
+  y->cudaEventId = GD_SYNC_INVALID;
+  complete(NULL, 0, buffer, size, at * SLOT);
+  return (int)at;
+}

@@ -1,0 +1,481 @@
+//! The collector itself, without a GPU: the embedded shared object is loaded by a small C
+//! driver (tests/c/driver.c) as the CUDA driver would load it, against a stand-in libcupti
+//! (tests/c/fake_cupti.c) that hands it records laid out as CUPTI's. What it sends goes through
+//! the real socket and decoder.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::mpsc::sync_channel;
+
+use gpudiag_kernels::install::PrivateDir;
+use gpudiag_kernels::listen::{Admission, Listener, ListenerReport, Socket};
+use gpudiag_kernels::wire::NAME_TABLE_FULL;
+use gpudiag_model::kernels::{
+    CollectorMessage, CopyDirection, HostMemory, MAX_KERNEL_NAME_BYTES, SyncCall,
+};
+
+const HERE: &str = env!("CARGO_MANIFEST_DIR");
+
+struct Harness {
+    _build: tempfile::TempDir,
+    dir: PrivateDir,
+    fake: PathBuf,
+    driver: PathBuf,
+    collector: PathBuf,
+}
+
+fn compile(args: &[&str]) {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = Command::new(&cc).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cc} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn harness() -> Harness {
+    let build = tempfile::tempdir().unwrap();
+    let include = format!("-I{HERE}/collector");
+    let fake = build.path().join("libfakecupti.so");
+    let driver = build.path().join("driver");
+    compile(&[
+        "-shared",
+        "-fPIC",
+        &include,
+        "-o",
+        fake.to_str().unwrap(),
+        &format!("{HERE}/tests/c/fake_cupti.c"),
+    ]);
+    compile(&[
+        &include,
+        "-o",
+        driver.to_str().unwrap(),
+        &format!("{HERE}/tests/c/driver.c"),
+        "-ldl",
+    ]);
+    let dir = PrivateDir::create_in(build.path()).unwrap();
+    let collector = dir.install_collector().unwrap();
+    Harness {
+        _build: build,
+        dir,
+        fake,
+        driver,
+        collector,
+    }
+}
+
+struct Run {
+    output: Output,
+    messages: Vec<CollectorMessage>,
+    report: ListenerReport,
+}
+
+impl Run {
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.output.stdout).into_owned()
+    }
+}
+
+impl Harness {
+    /// Runs the driver with the socket listening; `env` adds to (or with an empty value,
+    /// removes from) what it gets.
+    fn run(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
+        let socket_path = self.dir.path().join("collector.sock");
+        let _ = std::fs::remove_file(&socket_path);
+        let socket = Socket::bind(&socket_path).unwrap();
+        let (tx, rx) = sync_channel(10_000);
+        let me = std::process::id();
+        let admission = Admission {
+            roots: vec![me],
+            excluded: Some(me),
+        };
+        let listener = Listener::start(socket, admission, tx, 64).unwrap();
+        let mut command = Command::new(&self.driver);
+        command
+            .arg(&self.collector)
+            .args(args)
+            .env("GPUDIAG_KERNELS_SOCKET", &socket_path)
+            .env("GPUDIAG_CUPTI", &self.fake)
+            .env_remove("FAKE_CUPTI_VERSION");
+        for (k, v) in env {
+            if v.is_empty() {
+                command.env_remove(k);
+            } else {
+                command.env(k, v);
+            }
+        }
+        let output = command.output().unwrap();
+        let report = listener.stop();
+        Run {
+            output,
+            messages: rx.try_iter().collect(),
+            report,
+        }
+    }
+}
+
+fn kernels(messages: &[CollectorMessage]) -> Vec<&gpudiag_model::kernels::KernelRecord> {
+    messages
+        .iter()
+        .flat_map(|m| match m {
+            CollectorMessage::Kernels { records, .. } => records.iter().collect(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+#[test]
+fn records_reach_gpudiag_with_every_field_the_collector_reads() {
+    let h = harness();
+    let run = h.run(&["records", "1000"], &[]);
+    assert!(run.output.status.success(), "{run:?}", run = run.output);
+    assert!(run.stdout().contains("emitted 1003"), "{}", run.stdout());
+    let m = &run.messages;
+    let pid = m[0].pid();
+    assert!(run.report.connected.contains(&pid));
+    let CollectorMessage::Hello(hello) = &m[0] else {
+        panic!("first: {:?}", m[0])
+    };
+    assert_eq!(hello.cupti_api_version, 130001);
+    assert_eq!(hello.cupti_source, "GPUDIAG_CUPTI");
+    assert_eq!(hello.collector_version, 1);
+    assert_eq!(hello.clock.cupti_ns, 5000);
+    // No libcuda here: the device is named by its ordinal alone.
+    assert!(
+        m.iter()
+            .any(|x| matches!(x, CollectorMessage::Device { device, .. }
+        if device.ordinal == 1 && device.uuid.is_none()))
+    );
+    let ks = kernels(m);
+    assert_eq!(ks.len(), 1000);
+    // 1,000 kernels do not fit one 64 KiB message.
+    let batches = m
+        .iter()
+        .filter(|x| matches!(x, CollectorMessage::Kernels { .. }))
+        .count();
+    assert!(batches >= 2, "{batches}");
+    let first = ks[0];
+    assert_eq!((first.start_ns, first.end_ns), (1000, 1007));
+    assert_eq!((first.device, first.context, first.stream), (1, 3, 7));
+    assert_eq!(first.grid, [128, 2, 1]);
+    assert_eq!(first.block, [256, 1, 1]);
+    assert_eq!(first.registers_per_thread, 40);
+    assert_eq!(first.shared_memory_bytes, 3072);
+    assert_eq!(first.correlation_id, 1);
+    assert_eq!(first.graph_id, None);
+    assert_eq!(ks[1].graph_id, Some(9));
+    // The 2,999-byte name is cut to the limit and says so.
+    assert_eq!(first.name.len(), MAX_KERNEL_NAME_BYTES);
+    assert!(first.name.ends_with('…'));
+    assert_eq!(&*ks[1].name, "kernel_b");
+    assert_eq!(&*ks[2].name, "kernel_a");
+    assert_eq!(&*ks[999].name, "kernel_b");
+    assert!(ks.iter().all(|k| &*k.name != NAME_TABLE_FULL));
+    // Interned: one string per name, shared by its records.
+    assert!(std::sync::Arc::ptr_eq(&ks[2].name, &ks[4].name));
+    let copies: Vec<_> = m
+        .iter()
+        .filter_map(|x| match x {
+            CollectorMessage::Copies { records, .. } => Some(records),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(copies.len(), 1);
+    assert_eq!(copies[0].direction, CopyDirection::HostToDevice);
+    assert_eq!(copies[0].host_memory, HostMemory::Pageable);
+    assert_eq!(copies[0].bytes, 4096);
+    assert_eq!(copies[0].correlation_id, 77);
+    let sets: Vec<_> = m
+        .iter()
+        .filter_map(|x| match x {
+            CollectorMessage::Sets { records, .. } => Some(records),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!((sets[0].bytes, sets[0].correlation_id), (512, 78));
+    let syncs: Vec<_> = m
+        .iter()
+        .filter_map(|x| match x {
+            CollectorMessage::Syncs { records, .. } => Some(records),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(syncs[0].call, SyncCall::StreamSynchronize);
+    assert_eq!(syncs[0].stream, Some(7));
+    assert_eq!(syncs[0].device, Some(1));
+    assert_eq!((syncs[0].start_ns, syncs[0].end_ns), (80, 95));
+    let losses = m
+        .iter()
+        .rev()
+        .find_map(|x| match x {
+            CollectorMessage::Losses { losses, .. } => Some(*losses),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(losses.cupti_dropped, 2);
+    assert_eq!(losses.send_dropped, 0);
+    assert_eq!(losses.names_cut, 1);
+    assert_eq!(m.last(), Some(&CollectorMessage::Goodbye { pid }));
+    assert_eq!(run.report.malformed, 0);
+}
+
+#[test]
+fn a_cupti_whose_layout_was_not_checked_is_refused() {
+    let h = harness();
+    let run = h.run(&["init"], &[("FAKE_CUPTI_VERSION", "99")]);
+    assert!(run.output.status.success());
+    assert!(run.messages.iter().any(|m| matches!(m,
+        CollectorMessage::CannotRecord { why, .. } if why.contains("CUPTI API version 99"))));
+    assert_eq!(kernels(&run.messages).len(), 0);
+}
+
+#[test]
+fn without_libcupti_the_collector_says_so_and_the_program_runs() {
+    let h = harness();
+    let run = h.run(&["init"], &[("GPUDIAG_CUPTI", ""), ("LD_LIBRARY_PATH", "")]);
+    assert!(run.output.status.success());
+    assert!(run.stdout().contains("init 1"));
+    assert!(run.output.stderr.is_empty());
+    let CollectorMessage::Hello(hello) = &run.messages[0] else {
+        panic!("{:?}", run.messages)
+    };
+    // A machine with a CUDA toolkit in the loader's cache (a GPU host) has a libcupti to find.
+    let cache = Command::new("ldconfig").arg("-p").output();
+    let loader_has_one =
+        cache.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("libcupti"));
+    if loader_has_one {
+        assert_eq!(hello.cupti_source, "loader search");
+    } else {
+        assert_eq!(hello.cupti_api_version, 0);
+        assert!(run.messages.iter().any(|m| matches!(m,
+            CollectorMessage::CannotRecord { why, .. } if why.contains("no libcupti"))));
+    }
+}
+
+#[test]
+fn when_gpudiag_goes_away_recording_stops() {
+    use std::io::{BufRead, Write};
+    let h = harness();
+    let socket_path = h.dir.path().join("gone.sock");
+    let socket = Socket::bind(&socket_path).unwrap();
+    let (tx, rx) = sync_channel(1000);
+    let me = std::process::id();
+    let admission = Admission {
+        roots: vec![me],
+        excluded: Some(me),
+    };
+    let listener = Listener::start(socket, admission, tx, 64).unwrap();
+    let mut child = Command::new(&h.driver)
+        .arg(&h.collector)
+        .arg("gone")
+        .env("GPUDIAG_KERNELS_SOCKET", &socket_path)
+        .env("GPUDIAG_CUPTI", &h.fake)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "init 1\n");
+    // gpudiag ends: its socket and every connection close.
+    let report = listener.stop();
+    assert_eq!(report.connected.len(), 1);
+    assert!(matches!(
+        rx.try_iter().next(),
+        Some(CollectorMessage::Hello(_))
+    ));
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(rest, "kernel kind 0\n");
+}
+
+#[test]
+fn without_gpudiag_the_collector_does_nothing_and_says_nothing() {
+    let h = harness();
+    for socket in ["", "/nonexistent/gpudiag.sock"] {
+        let run = h.run(&["init"], &[("GPUDIAG_KERNELS_SOCKET", socket)]);
+        assert!(run.output.status.success());
+        assert_eq!(run.stdout(), "init 1\n");
+        assert!(run.output.stderr.is_empty());
+        assert!(run.messages.is_empty());
+        assert!(run.report.connected.is_empty());
+    }
+}
+
+#[test]
+fn it_steps_aside_for_another_cupti_client_and_takes_cupti_back() {
+    let h = harness();
+    let run = h.run(&["guest"], &[]);
+    let out = run.stdout();
+    assert!(run.output.status.success(), "{out}");
+    // The other client's kinds only while it traces, ours again after.
+    assert!(
+        out.contains("while aside: kernel kind 1, memcpy kind 0"),
+        "{out}"
+    );
+    assert!(out.contains("after: kernel kind 1, memcpy kind 1"), "{out}");
+    // Its buffer came back to it whole: 5 kernels, a copy, a set and a sync.
+    assert!(out.contains("guest got 8"), "{out}");
+    // Ours: 3 before, 2 after; none of the guest's.
+    assert_eq!(kernels(&run.messages).len(), 5);
+    let asides: Vec<_> = run
+        .messages
+        .iter()
+        .filter(|m| matches!(m, CollectorMessage::SteppedAside { .. }))
+        .collect();
+    assert_eq!(asides.len(), 1);
+    assert!(matches!(
+        asides[0],
+        CollectorMessage::SteppedAside {
+            from_ns: 5000,
+            to_ns: Some(5000),
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_client_tracing_before_cuinit_keeps_cupti_until_it_is_done() {
+    let h = harness();
+    // Preloaded, as run --kernels loads it, so the client's calls reach the collector first.
+    let collector = h.collector.to_str().unwrap().to_owned();
+    let run = h.run(&["guest-first"], &[("LD_PRELOAD", &collector)]);
+    let out = run.stdout();
+    assert!(run.output.status.success(), "{out}");
+    assert!(out.contains("guest got 8"), "{out}");
+    assert_eq!(kernels(&run.messages).len(), 2);
+    assert!(
+        run.messages
+            .iter()
+            .any(|m| matches!(m, CollectorMessage::SteppedAside { to_ns: Some(_), .. }))
+    );
+}
+
+#[test]
+fn without_ld_preload_it_records_nothing_rather_than_risk_another_profilers_trace() {
+    let h = harness();
+    let run = h.run(&["init"], &[("DRIVER_LOCAL", "1")]);
+    assert!(run.output.status.success());
+    assert!(run.messages.iter().any(|m| matches!(m,
+        CollectorMessage::CannotRecord { why, .. } if why.contains("without LD_PRELOAD"))));
+    assert_eq!(kernels(&run.messages).len(), 0);
+    // Preloaded as well, as run --kernels does, the same local load records.
+    let collector = h.collector.to_str().unwrap().to_owned();
+    let run = h.run(
+        &["records", "10"],
+        &[("DRIVER_LOCAL", "1"), ("LD_PRELOAD", &collector)],
+    );
+    assert!(run.output.status.success());
+    assert_eq!(kernels(&run.messages).len(), 10);
+}
+
+#[test]
+fn a_forked_child_stays_out_of_its_parents_stream() {
+    let h = harness();
+    let run = h.run(&["fork"], &[]);
+    assert!(run.output.status.success());
+    let pids: std::collections::BTreeSet<u32> = run.messages.iter().map(|m| m.pid()).collect();
+    assert_eq!(pids.len(), 1, "{:?}", run.messages);
+    // The parent's one kernel; the child's four went nowhere.
+    assert_eq!(kernels(&run.messages).len(), 1);
+    let goodbyes = run
+        .messages
+        .iter()
+        .filter(|m| matches!(m, CollectorMessage::Goodbye { .. }))
+        .count();
+    assert_eq!(goodbyes, 1);
+    assert_eq!(run.report.malformed, 0);
+}
+
+#[test]
+fn a_program_with_the_variables_set_runs_as_before() {
+    let h = harness();
+    let env =
+        gpudiag_kernels::child_env(&h.collector, Path::new("/nonexistent.sock"), |_| None).unwrap();
+    for program in ["/bin/true", "/bin/sh"] {
+        let out = Command::new(program)
+            .args(if program == "/bin/sh" {
+                vec!["-c", "echo ok"]
+            } else {
+                vec![]
+            })
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert!(
+            out.stderr.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn the_collector_compiles_without_a_warning() {
+    let out = tempfile::tempdir().unwrap();
+    compile(&[
+        "-std=gnu11",
+        "-shared",
+        "-fPIC",
+        "-O2",
+        "-fvisibility=hidden",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-o",
+        out.path().join("c.so").to_str().unwrap(),
+        &format!("{HERE}/collector/collector.c"),
+        "-ldl",
+        "-lpthread",
+    ]);
+}
+
+/// The object exports what the driver and the loader look for, and nothing newer than the
+/// glibc gpudiag's release binary needs (2.28).
+#[test]
+fn the_collector_exports_six_functions_and_needs_no_newer_glibc() {
+    let h = harness();
+    let out = Command::new("objdump")
+        .arg("-T")
+        .arg(&h.collector)
+        .output()
+        .expect("objdump (binutils) runs");
+    let table = String::from_utf8_lossy(&out.stdout);
+    let mut exported: Vec<&str> = table
+        .lines()
+        .filter(|l| l.contains(" g ") && l.contains(".text"))
+        .filter_map(|l| l.split_whitespace().last())
+        .collect();
+    exported.sort_unstable();
+    assert_eq!(
+        exported,
+        [
+            "InitializeInjection",
+            "cuptiActivityDisable",
+            "cuptiActivityEnable",
+            "cuptiActivityFlushAll",
+            "cuptiActivityRegisterCallbacks",
+            "cuptiFinalize"
+        ]
+    );
+    for line in table.lines() {
+        let Some(version) = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("(GLIBC_").and_then(|v| v.strip_suffix(')')))
+        else {
+            continue;
+        };
+        let parts: Vec<u32> = version.split('.').filter_map(|p| p.parse().ok()).collect();
+        assert!(parts.as_slice() <= [2, 28].as_slice(), "{line}");
+    }
+}
