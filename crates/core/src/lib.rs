@@ -4,6 +4,7 @@
 pub mod check;
 pub mod config;
 pub mod history;
+pub mod kernels;
 pub mod host_facts;
 pub mod judgement;
 pub mod pipeline;
