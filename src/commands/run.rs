@@ -26,6 +26,7 @@ use crate::cli::RunArgs;
 use gpudiag_core::check::ToolInfo;
 use gpudiag_core::config::Config;
 use gpudiag_core::judgement::Span;
+use gpudiag_core::kernels::KernelsAggregator;
 use gpudiag_core::pipeline::{Pipeline, Sink};
 use gpudiag_core::rules::families::is_workload;
 use gpudiag_core::session::{Limit, RunOptions, Session, Source, open_source};
@@ -34,7 +35,9 @@ use gpudiag_export::profiler_merge;
 use gpudiag_export::{refuse_existing, write_json_atomic};
 use gpudiag_model::error::Error;
 use gpudiag_model::finding::Finding;
+use gpudiag_model::kernels::KernelsSummary;
 use gpudiag_model::printable;
+use gpudiag_model::sample::DeviceInfo;
 use gpudiag_model::sample::{TimeMs, now_ms};
 use gpudiag_model::verdict::{NotJudged, Verdict};
 use gpudiag_telemetry::Tick;
@@ -42,7 +45,7 @@ use gpudiag_telemetry::recording::{Header, Record, RecordingWriter};
 use gpudiag_telemetry::replay::Pace;
 
 /// Bumped on any change that removes or retypes a field of `RunReport`.
-pub const RUN_SCHEMA_VERSION: u32 = 2;
+pub const RUN_SCHEMA_VERSION: u32 = 3;
 
 /// After the command exits, sampling goes on this long, so the process list shows who still
 /// holds a GPU (it refreshes on the slow cadence, about a second).
@@ -88,6 +91,11 @@ pub struct RunReport {
     /// to look. `None` where no process left clearly first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_to_leave: Option<FirstToLeave>,
+    /// What `--kernels` recorded: per GPU the time split, top kernels and copies, per process
+    /// its synchronisations and NCCL share, and the collector's state (`not_recorded` says why
+    /// when nothing was). Absent without `--kernels`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<KernelsSummary>,
 }
 
 /// The process that left its GPU first.
@@ -319,6 +327,7 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
         gpu_processes: Vec::new(),
         still_holding: Vec::new(),
         first_to_leave: None,
+        kernels: None,
     };
     let mut ours = None;
     if let Some(mut w) = watched {
@@ -791,6 +800,7 @@ pub fn conclusion_of(source: Source, config: &Config) -> RunConclusion {
         gpu_processes: Vec::new(),
         still_holding: Vec::new(),
         first_to_leave: None,
+        kernels: None,
     };
     watched.conclude(&mut report, start_ms, end_ms);
     RunConclusion {
@@ -909,7 +919,49 @@ fn summary(r: &RunReport) -> String {
             p.used_memory_bytes.unwrap_or_default() as f64 / (1u64 << 30) as f64
         );
     }
+    if let Some(k) = &r.kernels {
+        out.push_str(&crate::kernels_text::kernels_section(k));
+    }
     out
+}
+
+/// `--kernels`: puts what the collectors sent in the report (`aggregator` is `None` when
+/// `--kernels` was not given) and, on each GPU whose records show a waste clearly, the verdict
+/// they support in place of the counters' (basis `kernels`; the counters' bottleneck stays in
+/// its evidence). `devices` are the GPUs watched, to match the records' UUIDs to indices.
+pub fn conclude_kernels(
+    report: &mut RunReport,
+    aggregator: Option<&KernelsAggregator>,
+    devices: &[DeviceInfo],
+) {
+    let Some(aggregator) = aggregator else {
+        return;
+    };
+    let mut summary = aggregator.summary();
+    gpudiag_core::kernels::match_devices(&mut summary, devices);
+    for d in &mut report.devices {
+        let Some(gpu) = summary.gpus.iter().find(|g| g.index == Some(d.index)) else {
+            continue;
+        };
+        let judged = gpudiag_core::kernels::verdict::judge(
+            d.index,
+            gpu,
+            &summary.processes,
+            d.verdict.as_ref(),
+            report.start_ms,
+            report.end_ms,
+        );
+        if let Some(mut v) = judged {
+            if let Some(counters) = &d.verdict {
+                v.evidence.insert(
+                    "counters_bottleneck".into(),
+                    counters.bottleneck.name().into(),
+                );
+            }
+            d.verdict = Some(v);
+        }
+    }
+    report.kernels = Some(summary);
 }
 
 /// The processes on the GPUs that descend from gpudiag (the command and, through the subreaper,
@@ -1102,6 +1154,94 @@ mod tests {
         assert!(!descends_from(1, me));
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    fn report_with(verdict: Option<Verdict>) -> RunReport {
+        RunReport {
+            schema_version: RUN_SCHEMA_VERSION,
+            tool: ToolInfo::this(),
+            command: vec!["python".into(), "train.py".into()],
+            pid: 1,
+            start_ms: 1_700_000_000_000,
+            end_ms: 1_700_000_001_000,
+            exit_code: Some(0),
+            signal: None,
+            not_watched: None,
+            devices: vec![RunDevice {
+                index: 3,
+                name: Some("NVIDIA H100".into()),
+                verdict,
+                phases: Vec::new(),
+            }],
+            jobs: Vec::new(),
+            job_phases: Vec::new(),
+            findings: Vec::new(),
+            not_judged: Vec::new(),
+            gpu_processes: Vec::new(),
+            still_holding: Vec::new(),
+            first_to_leave: None,
+            kernels: None,
+        }
+    }
+
+    #[test]
+    fn kernel_records_that_show_a_waste_give_the_verdict_and_the_rest_stays() {
+        use gpudiag_core::kernels::synthetic::sync_bound_stream;
+        use gpudiag_model::verdict::{Basis, Bottleneck, Confidence};
+        let counters = Verdict {
+            device: 3,
+            bottleneck: Bottleneck::HostBound,
+            confidence: Confidence::Medium,
+            basis: Basis::ProfilingCounters,
+            start_ms: 1_700_000_000_000,
+            end_ms: 1_700_000_001_000,
+            title: "the GPU waits on the host".into(),
+            evidence: serde_json::Map::new(),
+            advice: "look at the host".into(),
+            pid: None,
+            processes: Vec::new(),
+        };
+        let devices = [DeviceInfo {
+            index: 3,
+            uuid: Some("GPU-aaaa".into()),
+            ..DeviceInfo::default()
+        }];
+        let mut aggregator = KernelsAggregator::default();
+        for m in sync_bound_stream(100) {
+            aggregator.push(&m);
+        }
+        // Without --kernels nothing changes.
+        let mut plain = report_with(Some(counters.clone()));
+        conclude_kernels(&mut plain, None, &devices);
+        assert_eq!(plain, report_with(Some(counters.clone())));
+        assert!(!serde_json::to_string(&plain).unwrap().contains("kernels"));
+
+        let mut report = report_with(Some(counters.clone()));
+        conclude_kernels(&mut report, Some(&aggregator), &devices);
+        let v = report.devices[0].verdict.as_ref().unwrap();
+        assert_eq!(
+            (v.bottleneck, v.basis, v.confidence),
+            (Bottleneck::SyncBound, Basis::Kernels, Confidence::High)
+        );
+        assert_eq!((v.start_ms, v.end_ms), (counters.start_ms, counters.end_ms));
+        assert_eq!(v.evidence["counters_bottleneck"], "host_bound");
+        let kernels = report.kernels.as_ref().unwrap();
+        assert_eq!(kernels.gpus[0].index, Some(3));
+        let text = summary(&report);
+        assert!(
+            text.contains(
+                "GPU 3 verdict: sync_bound (high confidence) — cudaStreamSynchronize 334 a second"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpudiag: kernels on GPU 3 (pid 100)"),
+            "{text}"
+        );
+        // The report reads back.
+        let back: RunReport =
+            serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
+        assert_eq!(back, report);
     }
 
     #[test]

@@ -4,9 +4,9 @@
 pub mod check;
 pub mod config;
 pub mod history;
-pub mod kernels;
 pub mod host_facts;
 pub mod judgement;
+pub mod kernels;
 pub mod pipeline;
 pub mod rules;
 pub mod session;

@@ -251,7 +251,6 @@ impl CollectorMessage {
 // What gpudiag makes of the records: the summary `run --kernels` puts in its report. Built by
 // `gpudiag_core::kernels` as the records arrive; every list here is bounded there.
 
-
 /// What the kernels mode saw over a run, per GPU and per process, and what the collector said
 /// of itself. `not_recorded` says why the rest is empty when nothing was recorded.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

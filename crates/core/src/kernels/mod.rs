@@ -9,6 +9,7 @@
 
 pub mod intervals;
 pub mod names;
+pub mod synthetic;
 pub mod verdict;
 
 use std::collections::{BTreeMap, HashMap};
@@ -16,9 +17,9 @@ use std::sync::Arc;
 
 use gpudiag_model::kernels::{
     ClockPair, CollectorLosses, CollectorMessage, CopyDirection, CopyRecord, CopyStat, CudaDevice,
-    HostMemory, KernelRecord, KernelStat, KernelsGpu, KernelsProcess, KernelsSummary,
-    NcclLaggard, OtherKernels, ProcessOrdinal, SetRecord, SetStat, SteppedAsideSpan, SyncCall,
-    SyncRecord, SyncStat, TOP_KERNELS, TimeSplit,
+    HostMemory, KernelRecord, KernelStat, KernelsGpu, KernelsProcess, KernelsSummary, NcclLaggard,
+    OtherKernels, ProcessOrdinal, SetRecord, SetStat, SteppedAsideSpan, SyncCall, SyncRecord,
+    SyncStat, TOP_KERNELS, TimeSplit,
 };
 use gpudiag_model::sample::DeviceInfo;
 
@@ -391,7 +392,10 @@ impl KernelsAggregator {
                 p.cupti_source = Some(names::capped(&hello.cupti_source).to_owned());
                 p.cupti_api_version = Some(hello.cupti_api_version);
                 p.clock = Some(hello.clock);
-                p.start = Some(p.start.map_or(hello.clock.unix_ns, |s| s.min(hello.clock.unix_ns)));
+                p.start = Some(
+                    p.start
+                        .map_or(hello.clock.unix_ns, |s| s.min(hello.clock.unix_ns)),
+                );
                 for d in &hello.devices {
                     add_device(p, d, &limits);
                 }
@@ -548,7 +552,14 @@ impl KernelsAggregator {
     }
 
     /// A copy or a set: GPU time that is not a kernel's. Returns its GPU's key.
-    fn transfer(&mut self, pid: u32, device: u32, clock: ClockPair, start: u64, end: u64) -> Option<GpuKey> {
+    fn transfer(
+        &mut self,
+        pid: u32,
+        device: u32,
+        clock: ClockPair,
+        start: u64,
+        end: u64,
+    ) -> Option<GpuKey> {
         let limits = self.limits;
         let p = self.process(pid)?;
         p.span(start, end);
@@ -656,7 +667,7 @@ impl KernelsAggregator {
             .iter()
             .map(|(key, g)| (g.all.total_ns(), gpu_summary(key, g)))
             .collect();
-        gpus.sort_by(|a, b| b.0.cmp(&a.0));
+        gpus.sort_by_key(|g| std::cmp::Reverse(g.0));
         let processes: Vec<KernelsProcess> = self
             .processes
             .iter()
@@ -820,10 +831,10 @@ fn gpu_summary(key: &GpuKey, g: &GpuAcc) -> KernelsGpu {
         b.total_s
             .total_cmp(&a.total_s)
             .then(b.bytes.cmp(&a.bytes))
-            .then(format!("{:?}{:?}", a.direction, a.host_memory).cmp(&format!(
-                "{:?}{:?}",
-                b.direction, b.host_memory
-            )))
+            .then(
+                format!("{:?}{:?}", a.direction, a.host_memory)
+                    .cmp(&format!("{:?}{:?}", b.direction, b.host_memory)),
+            )
     });
     let (uuid, only_as) = match key {
         GpuKey::Uuid(u) => (Some(u.to_string()), None),
@@ -873,7 +884,9 @@ fn process_summary(pid: u32, p: &ProcessAcc) -> KernelsProcess {
             total_s: secs(s.ns),
             per_s: span_s.map(|span| s.count as f64 / span),
             // A stream waiting on an event costs the host nothing.
-            share_of_host: span_s.filter(|_| call.blocks_host()).map(|span| secs(s.ns) / span),
+            share_of_host: span_s
+                .filter(|_| call.blocks_host())
+                .map(|span| secs(s.ns) / span),
         })
         .collect();
     syncs.sort_by(|a, b| b.total_s.total_cmp(&a.total_s).then(b.count.cmp(&a.count)));
@@ -914,7 +927,7 @@ pub fn nccl_laggard(processes: &[KernelsProcess], min_gap: f64) -> Option<NcclLa
     let mut peers: Vec<f64> = shares[1..].iter().map(|s| s.1).collect();
     peers.sort_by(f64::total_cmp);
     let mid = peers.len() / 2;
-    let median = if peers.len() % 2 == 0 {
+    let median = if peers.len().is_multiple_of(2) {
         (peers[mid - 1] + peers[mid]) / 2.0
     } else {
         peers[mid]

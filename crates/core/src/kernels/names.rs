@@ -128,15 +128,21 @@ mod tests {
         // Cut by the collector: not a whole symbol any more.
         assert_eq!(demangle("_ZN2at6nat…"), "_ZN2at6nat…");
         assert_eq!(
-            shorten("void (anonymous namespace)::softmax_warp_forward<float, float, float, 8, false, false>(float*, float const*, int, int, int, bool const*, int, bool)"),
+            shorten(
+                "void (anonymous namespace)::softmax_warp_forward<float, float, float, 8, false, false>(float*, float const*, int, int, int, bool const*, int, bool)"
+            ),
             "(anonymous namespace)::softmax_warp_forward<…>"
         );
     }
 
     #[test]
     fn nccl_kernels_are_known_mangled_or_not() {
-        assert!(is_nccl("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"));
-        assert!(is_nccl("_Z29ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE"));
+        assert!(is_nccl(
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+        ));
+        assert!(is_nccl(
+            "_Z29ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE"
+        ));
         assert!(is_nccl("ncclKernel_AllGather_RING_LL_Sum_int8_t"));
         assert!(!is_nccl("_ZN2at6native13reduce_kernelILi512ELi1E"));
         assert!(!is_nccl("my_ncclDevKernel"));

@@ -3,120 +3,14 @@
 use std::sync::Arc;
 
 use gpudiag_model::kernels::{
-    ClockPair, CollectorHello, CollectorLosses, CollectorMessage, CopyDirection, CopyRecord,
-    CudaDevice, HostMemory, KernelRecord, SetRecord, SyncCall, SyncRecord,
+    ClockPair, CollectorLosses, CollectorMessage, CudaDevice, HostMemory, KernelRecord, SetRecord,
+    SyncCall,
 };
 use gpudiag_model::verdict::{Basis, Bottleneck};
 
+use super::synthetic::*;
 use super::verdict::{evidence_of, judge};
 use super::*;
-
-/// CUPTI's clock starts at 1 s; the Unix clock at 1.7e18 ns.
-pub(crate) const CUPTI0: u64 = 1_000_000_000;
-pub(crate) const UNIX0: u64 = 1_700_000_000_000_000_000;
-pub(crate) const CLOCK: ClockPair = ClockPair {
-    cupti_ns: CUPTI0,
-    unix_ns: UNIX0,
-};
-const MS: u64 = 1_000_000;
-const US: u64 = 1_000;
-
-pub(crate) fn hello(pid: u32, uuid: &str) -> CollectorMessage {
-    CollectorMessage::Hello(CollectorHello {
-        pid,
-        parent_pid: 1,
-        cupti_api_version: 130_000,
-        cupti_source: "already loaded".into(),
-        collector_version: 1,
-        devices: vec![CudaDevice {
-            ordinal: 0,
-            uuid: Some(uuid.into()),
-        }],
-        clock: CLOCK,
-    })
-}
-
-pub(crate) fn kernel(name: &Arc<str>, start: u64, end: u64, stream: u32) -> KernelRecord {
-    KernelRecord {
-        start_ns: CUPTI0 + start,
-        end_ns: CUPTI0 + end,
-        device: 0,
-        context: 1,
-        stream,
-        name: name.clone(),
-        grid: [128, 1, 1],
-        block: [256, 1, 1],
-        registers_per_thread: 32,
-        shared_memory_bytes: 0,
-        graph_id: None,
-        correlation_id: 1,
-    }
-}
-
-pub(crate) fn kernels(pid: u32, records: Vec<KernelRecord>) -> CollectorMessage {
-    CollectorMessage::Kernels {
-        pid,
-        clock: CLOCK,
-        records,
-    }
-}
-
-pub(crate) fn sync(start: u64, end: u64, call: SyncCall) -> SyncRecord {
-    SyncRecord {
-        start_ns: CUPTI0 + start,
-        end_ns: CUPTI0 + end,
-        device: Some(0),
-        context: 1,
-        stream: Some(7),
-        call,
-        correlation_id: 2,
-    }
-}
-
-pub(crate) fn copy(start: u64, end: u64, bytes: u64, host_memory: HostMemory) -> CopyRecord {
-    CopyRecord {
-        start_ns: CUPTI0 + start,
-        end_ns: CUPTI0 + end,
-        device: 0,
-        context: 1,
-        stream: 7,
-        bytes,
-        direction: CopyDirection::HostToDevice,
-        host_memory,
-        graph_id: None,
-        correlation_id: 3,
-    }
-}
-
-fn name(s: &str) -> Arc<str> {
-    Arc::from(s)
-}
-
-const MATMUL: &str = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64";
-const ADD: &str = "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEESt5arrayIPcLm1EEEEviT0_T1_";
-const ALLREDUCE: &str = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)";
-
-/// A loop that does 1 ms of matmul then waits 2 ms in `cudaStreamSynchronize` on the host,
-/// while the GPU idles (`.item()` and the Python around it), for 1 s.
-pub(crate) fn sync_bound_stream(pid: u32) -> Vec<CollectorMessage> {
-    let m = name(MATMUL);
-    let mut out = vec![hello(pid, "GPU-aaaa")];
-    let mut ks = Vec::new();
-    let mut ss = Vec::new();
-    for step in 0..333u64 {
-        let t = step * 3 * MS;
-        ks.push(kernel(&m, t, t + MS, 7));
-        ss.push(sync(t + 50 * US, t + 2 * MS, SyncCall::StreamSynchronize));
-    }
-    out.push(kernels(pid, ks));
-    out.push(CollectorMessage::Syncs {
-        pid,
-        clock: CLOCK,
-        records: ss,
-    });
-    out.push(CollectorMessage::Goodbye { pid });
-    out
-}
 
 fn aggregate(messages: &[CollectorMessage]) -> KernelsSummary {
     let mut a = KernelsAggregator::default();
@@ -150,28 +44,15 @@ fn a_sync_bound_loop_names_the_call_its_rate_and_share() {
     assert_eq!(v.bottleneck, Bottleneck::SyncBound);
     assert_eq!(v.basis, Basis::Kernels);
     assert!(
-        v.title.starts_with("cudaStreamSynchronize 334 a second, 65% of the host's time"),
+        v.title
+            .starts_with("cudaStreamSynchronize 334 a second, 65% of the host's time"),
         "{}",
         v.title
     );
-    assert_eq!(evidence_of(&v, "sync_call").unwrap(), "cudaStreamSynchronize");
-}
-
-/// Tiny kernels back to back with gaps: 4 µs kernels every 10 µs, 100,000 a second.
-pub(crate) fn launch_bound_stream(pid: u32) -> Vec<CollectorMessage> {
-    let add = name(ADD);
-    let mut out = vec![hello(pid, "GPU-bbbb")];
-    for batch in 0..10u64 {
-        let records = (0..10_000u64)
-            .map(|i| {
-                let t = (batch * 10_000 + i) * 10 * US;
-                kernel(&add, t, t + 4 * US, 7)
-            })
-            .collect();
-        out.push(kernels(pid, records));
-    }
-    out.push(CollectorMessage::Goodbye { pid });
-    out
+    assert_eq!(
+        evidence_of(&v, "sync_call").unwrap(),
+        "cudaStreamSynchronize"
+    );
 }
 
 #[test]
@@ -184,7 +65,10 @@ fn a_launch_bound_loop_gives_the_launch_rate_and_mean_length() {
     assert!((gpu.mean_kernel_us.unwrap() - 4.0).abs() < 1e-9);
     let k = &gpu.top_kernels[0];
     assert_eq!(k.short_name, "at::native::vectorized_elementwise_kernel<…>");
-    assert!(k.name.starts_with("void at::native::vectorized_elementwise_kernel<4,"));
+    assert!(
+        k.name
+            .starts_with("void at::native::vectorized_elementwise_kernel<4,")
+    );
     assert!((k.share_of_busy - 1.0).abs() < 1e-9);
     let v = judge(0, gpu, &s.processes, None, 0, 1).unwrap();
     assert_eq!(v.bottleneck, Bottleneck::LaunchBound);
@@ -197,20 +81,7 @@ fn a_launch_bound_loop_gives_the_launch_rate_and_mean_length() {
 
 #[test]
 fn pageable_copies_are_called_out_by_size() {
-    let mut records = Vec::new();
-    for i in 0..100u64 {
-        let t = i * 10 * MS;
-        records.push(copy(t, t + 6 * MS, 64 << 20, HostMemory::Pageable));
-        records.push(copy(t + 6 * MS, t + 6 * MS + 100 * US, 1 << 20, HostMemory::Pinned));
-    }
-    let msgs = vec![
-        hello(5, "GPU-cccc"),
-        CollectorMessage::Copies {
-            pid: 5,
-            clock: CLOCK,
-            records,
-        },
-    ];
+    let msgs = pageable_copies_stream(5);
     let s = aggregate(&msgs);
     let gpu = &s.gpus[0];
     assert_eq!(gpu.copies.len(), 2);
@@ -221,7 +92,8 @@ fn pageable_copies_are_called_out_by_size() {
     let v = judge(0, gpu, &s.processes, None, 0, 1).unwrap();
     assert_eq!(v.bottleneck, Bottleneck::CopyBound);
     assert!(
-        v.title.contains("100 pageable host→device copies of 64.0 MiB on average"),
+        v.title
+            .contains("100 pageable host→device copies of 64.0 MiB on average"),
         "{}",
         v.title
     );
@@ -230,32 +102,20 @@ fn pageable_copies_are_called_out_by_size() {
     assert!(!s.processes[0].said_goodbye);
 }
 
-/// Two ranks on two GPUs: rank A waits in its all-reduce 40% of each step, rank B (the slow
-/// one) 10%.
-fn two_ranks() -> Vec<CollectorMessage> {
-    let m = name(MATMUL);
-    let ar = name(ALLREDUCE);
-    let mut out = Vec::new();
-    for (pid, uuid, wait) in [(200u32, "GPU-r0", 4 * MS), (201, "GPU-r1", MS)] {
-        out.push(hello(pid, uuid));
-        let mut records = Vec::new();
-        for step in 0..100u64 {
-            let t = step * 10 * MS;
-            records.push(kernel(&m, t, t + 10 * MS - wait, 7));
-            records.push(kernel(&ar, t + 10 * MS - wait, t + 10 * MS, 20));
-        }
-        out.push(kernels(pid, records));
-    }
-    out
-}
-
 #[test]
 fn the_rank_with_the_least_nccl_time_is_named() {
     let s = aggregate(&two_ranks());
     let laggard = s.nccl_laggard.clone().unwrap();
     assert_eq!(laggard.pid, 201);
-    assert!(laggard.peers_median_share > 0.35 && laggard.nccl_share < 0.15, "{laggard:?}");
-    let gpu = s.gpus.iter().find(|g| g.uuid.as_deref() == Some("GPU-r0")).unwrap();
+    assert!(
+        laggard.peers_median_share > 0.35 && laggard.nccl_share < 0.15,
+        "{laggard:?}"
+    );
+    let gpu = s
+        .gpus
+        .iter()
+        .find(|g| g.uuid.as_deref() == Some("GPU-r0"))
+        .unwrap();
     assert!((gpu.time.nccl_s - 0.4).abs() < 1e-6, "{:?}", gpu.time);
     assert!(gpu.top_kernels.iter().any(|k| k.nccl));
     // Shares within the gap: nobody is named.
@@ -478,17 +338,37 @@ fn hostile_input_never_panics_and_stays_bounded() {
     assert!(a.processes.len() <= 8);
     for g in a.gpus.values() {
         assert!(g.names.len() <= 100);
-        assert!(g.names.keys().all(|n| n.len() <= gpudiag_model::kernels::MAX_KERNEL_NAME_BYTES));
+        assert!(
+            g.names
+                .keys()
+                .all(|n| n.len() <= gpudiag_model::kernels::MAX_KERNEL_NAME_BYTES)
+        );
         assert!(g.all.held() <= 257 && g.compute.held() <= 257);
     }
     let kept = a.take_kept().unwrap();
     assert_eq!(kept.records.len(), 1_000);
     assert!(kept.left_out > 990_000);
     let s = a.summary();
-    assert!(s.left_out.iter().any(|l| l.contains("ended before they started")));
-    assert!(s.left_out.iter().any(|l| l.contains("processes past the first 8")));
-    assert!(s.left_out.iter().any(|l| l.contains("GPUs past the first 4")));
-    let h = s.gpus.iter().find(|g| g.uuid.as_deref() == Some("GPU-h")).unwrap();
+    assert!(
+        s.left_out
+            .iter()
+            .any(|l| l.contains("ended before they started"))
+    );
+    assert!(
+        s.left_out
+            .iter()
+            .any(|l| l.contains("processes past the first 8"))
+    );
+    assert!(
+        s.left_out
+            .iter()
+            .any(|l| l.contains("GPUs past the first 4"))
+    );
+    let h = s
+        .gpus
+        .iter()
+        .find(|g| g.uuid.as_deref() == Some("GPU-h"))
+        .unwrap();
     assert!(h.other_kernels.past_name_cap > 900_000);
     assert_eq!(h.top_kernels.len(), TOP_KERNELS);
     serde_json::to_string(&s).unwrap();

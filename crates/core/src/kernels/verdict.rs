@@ -63,7 +63,10 @@ pub fn judge(
         let share = sync.share_of_host.unwrap_or_default();
         evidence.insert("sync_call".into(), json!(sync.call_name));
         evidence.insert("sync_pid".into(), json!(pid));
-        evidence.insert("sync_per_s".into(), json!(round(sync.per_s.unwrap_or_default(), 1)));
+        evidence.insert(
+            "sync_per_s".into(),
+            json!(round(sync.per_s.unwrap_or_default(), 1)),
+        );
         evidence.insert("sync_host_share".into(), json!(round(share, 3)));
         (
             Bottleneck::SyncBound,
@@ -156,7 +159,10 @@ pub fn judge(
             || counters.is_some_and(|v| v.bottleneck == Bottleneck::Underfilled))
     {
         evidence.insert("kernel".into(), json!(k.name));
-        evidence.insert("kernel_share_of_busy".into(), json!(round(k.share_of_busy, 3)));
+        evidence.insert(
+            "kernel_share_of_busy".into(),
+            json!(round(k.share_of_busy, 3)),
+        );
         evidence.insert("grid".into(), json!(k.grid));
         evidence.insert("block".into(), json!(k.block));
         (
@@ -228,7 +234,7 @@ pub fn grouped(v: f64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
