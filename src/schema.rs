@@ -64,7 +64,9 @@ const CHROME_TRACE_DESCRIPTION: &str = "A Chrome trace written by `gpudiag trace
     `gpudiag report` bundles: the Trace Event Format's JSON object form, with otherData.format \
     \"gpudiag-trace\" version 1. One process per GPU (pid = index + 1) and one for the host \
     (pid 1000000), named by metadata events; counters per metric group; findings, XIDs and \
-    events as instant events; throttle intervals and probe phases as complete events. Times are \
+    events as instant events; throttle intervals and probe phases as complete events; with \
+    `run --kernels`, kernels, copies, memsets and host waits as complete events in Kineto's \
+    layout (otherData.kernel_records counts them). Times are \
     integer microseconds since otherData.start_ms (epoch milliseconds). Generated from gpudiag's \
     types (src/schema.rs): change those, not this file.";
 

@@ -53,7 +53,10 @@ impl Default for Limits {
             gpu_spans: 32_768,
             process_spans: 4_096,
             per_process_list: 64,
-            kept_records: 2_000_000,
+            // A trace holds every event in memory until it is written (about 1 kB each with
+            // its args): 250,000 rows is minutes of a training step, seconds of a loop of tiny
+            // kernels, and a quarter of a gigabyte at most.
+            kept_records: 250_000,
         }
     }
 }
