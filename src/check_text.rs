@@ -258,6 +258,7 @@ fn render_verdicts(out: &mut String, report: &CheckReport) {
             match v.basis {
                 Basis::ProfilingCounters => "",
                 Basis::Utilisation => ", utilisation only",
+                Basis::Kernels => ", from the kernels recorded",
             },
             esc(&v.title),
             esc(&v.advice)

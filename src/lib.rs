@@ -11,6 +11,7 @@ pub mod check_text;
 pub mod cli;
 pub mod commands;
 pub mod format;
+pub mod kernels_text;
 pub mod probe_run;
 pub mod schema;
 pub mod stop;

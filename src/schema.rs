@@ -35,9 +35,9 @@ const FLEET_REPORT_DESCRIPTION: &str = "The JSON document `gpudiag fleet --json`
     0; a GPU seen only through dcgm-exporter has the verdict state `dcgm_exporter_only`. \
     Generated from gpudiag's types (src/schema.rs): change those, not this file.";
 
-const RUN_REPORT_ID: &str = "urn:gpudiag:schema:run-report:2";
+const RUN_REPORT_ID: &str = "urn:gpudiag:schema:run-report:3";
 const RUN_REPORT_TITLE: &str = "gpudiag run report";
-const RUN_REPORT_DESCRIPTION: &str = "The JSON document `gpudiag run --json -- CMD` prints on stderr (one line) and `gpudiag run --report-file FILE -- CMD` writes, when the command ends: its exit, the verdict on each GPU it used over the run and how the     verdict changed (phases), the findings, and its processes on the GPUs. schema_version 2 (version 1's job verdicts had one `straggler`; version 2 lists `stragglers`, each GPU's `role` and the grouping's `doubts`).     Generated from gpudiag's types (src/schema.rs): change those, not this file.";
+const RUN_REPORT_DESCRIPTION: &str = "The JSON document `gpudiag run --json -- CMD` prints on stderr (one line) and `gpudiag run --report-file FILE -- CMD` writes, when the command ends: its exit, the verdict on each GPU it used over the run and how the     verdict changed (phases), the findings, and its processes on the GPUs. and, with `--kernels`, what the kernels, copies and synchronisations recorded (`kernels`). schema_version 3 (version 3 adds `kernels` and the verdict basis `kernels`, a verdict judged from those records; version 1's job verdicts had one `straggler`; version 2 lists `stragglers`, each GPU's `role` and the grouping's `doubts`).     Generated from gpudiag's types (src/schema.rs): change those, not this file.";
 
 const CHECK_REPORT_ID: &str = "urn:gpudiag:schema:check-report:3";
 const CHECK_REPORT_TITLE: &str = "gpudiag check report";
@@ -64,7 +64,9 @@ const CHROME_TRACE_DESCRIPTION: &str = "A Chrome trace written by `gpudiag trace
     `gpudiag report` bundles: the Trace Event Format's JSON object form, with otherData.format \
     \"gpudiag-trace\" version 1. One process per GPU (pid = index + 1) and one for the host \
     (pid 1000000), named by metadata events; counters per metric group; findings, XIDs and \
-    events as instant events; throttle intervals and probe phases as complete events. Times are \
+    events as instant events; throttle intervals and probe phases as complete events; with \
+    `run --kernels`, kernels, copies, memsets and host waits as complete events in Kineto's \
+    layout (otherData.kernel_records counts them). Times are \
     integer microseconds since otherData.start_ms (epoch milliseconds). Generated from gpudiag's \
     types (src/schema.rs): change those, not this file.";
 

@@ -533,6 +533,79 @@ fn holistic_trace_analysis_breakdowns_run_on_the_merged_trace_and_match_the_orig
     }
 }
 
+/// `run --kernels --trace` writes kernel, copy, memset and host-wait rows in Kineto's layout:
+/// HolisticTraceAnalysis's temporal breakdown and idle-time analysis run on gpudiag's own trace
+/// and find the GPU time gpudiag's summary found (a training step of the synthetic collector
+/// stream: matmul and small kernels on one stream, an all-reduce on another, pageable copies,
+/// memsets, `.item()` waits).
+#[test]
+#[ignore = "needs the HolisticTraceAnalysis venv .ci/run makes (target/hta-venv); CI runs it: cargo nextest run --run-ignored only -E 'binary(e2e)'"]
+fn holistic_trace_analysis_reads_the_kernel_rows_of_gpudiags_trace() {
+    use gpudiag_core::kernels::synthetic::{UNIX0, training_stream};
+    use gpudiag_core::kernels::{KernelsAggregator, Limits};
+    use gpudiag_export::chrome_trace::TraceBuilder;
+    use gpudiag_model::sample::{DeviceInfo, HostInfo, Sample};
+
+    let python = hta_python();
+    let mut aggregator = KernelsAggregator::new(Limits::default(), true);
+    for m in training_stream(4242, "GPU-1111") {
+        aggregator.push(&m);
+    }
+    let gpu = DeviceInfo {
+        index: 0,
+        uuid: Some("GPU-1111".into()),
+        name: Some("NVIDIA H100".into()),
+        ..DeviceInfo::default()
+    };
+    let mut builder = TraceBuilder::new("nvml", None, &HostInfo::default(), vec![gpu]);
+    for i in 0..6u32 {
+        builder.push_sample(&Sample {
+            gpu_util_pct: Some(60.0 + f64::from(i)),
+            ..Sample::new(0, UNIX0 / 1_000_000 + 100 * u64::from(i))
+        });
+    }
+    builder.push_kernel_records(&aggregator.take_kept().unwrap());
+    let trace = builder.finish();
+    assert!(chrome_trace::validate(&trace).is_empty());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpudiag_kernels.json");
+    std::fs::write(&path, serde_json::to_vec(&trace).unwrap()).unwrap();
+    let hta = breakdowns(&python, &path);
+
+    let summary = aggregator.summary();
+    let ours = &summary.gpus[0].time;
+    let temporal = &hta["temporal"][0];
+    let us = |key: &str| {
+        temporal[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key}: {hta}"))
+    };
+    let close =
+        |theirs: f64, ours_s: f64| (theirs - ours_s * 1e6).abs() <= 0.005 * ours_s * 1e6 + 50.0;
+    // HTA's compute is the union of kernels neither NCCL's nor copies; its idle the gaps where
+    // no kernel, copy or memset ran; a host wait is not GPU time.
+    assert!(
+        close(us("compute_time(us)"), ours.compute_s),
+        "{hta}\n{ours:?}"
+    );
+    assert!(close(us("idle_time(us)"), ours.idle_s), "{hta}\n{ours:?}");
+    assert!(
+        close(us("non_compute_time(us)"), ours.nccl_s + ours.copy_s),
+        "{hta}\n{ours:?}"
+    );
+    assert!(close(us("kernel_time(us)"), ours.span_s), "{hta}\n{ours:?}");
+    // The idle-time analysis runs per stream: the compute stream and the NCCL one.
+    let idle = hta["idle"].as_array().unwrap();
+    let streams: std::collections::BTreeSet<i64> =
+        idle.iter().filter_map(|r| r["stream"].as_i64()).collect();
+    assert_eq!(streams, [7, 20].into_iter().collect(), "{hta}");
+    assert!(
+        idle.iter()
+            .any(|r| r["idle_time"].as_f64().unwrap_or(0.0) > 0.0),
+        "{hta}"
+    );
+}
+
 /// One profiler event with a time that cannot be real (1e300 µs, or a day after the rest) once
 /// made the merge fail with a 39-digit number of nanoseconds, or widened the overlap to all of
 /// the recording. Such events are left out of the trace's span, counted and said, and still

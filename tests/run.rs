@@ -515,9 +515,18 @@ fn kernels_counts_what_the_collector_in_the_command_sent() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("  10 kernels, "), "{err}");
     assert!(
-        err.contains("10 kernels, 1 copies, 1 sets, 1 syncs"),
+        err.contains("kernel_a") && err.contains("kernel_b"),
         "{err}"
     );
-    assert!(err.contains("gpudiag: kernels: 1 process(es)"), "{err}");
+    assert!(
+        err.contains("copies host→device pageable: 1 of 4 KiB"),
+        "{err}"
+    );
+    assert!(err.contains("1 × cudaStreamSynchronize"), "{err}");
+    assert!(
+        err.contains("gpudiag: kernels: the collector ran in 1 process"),
+        "{err}"
+    );
 }

@@ -26,6 +26,7 @@ use crate::cli::RunArgs;
 use gpudiag_core::check::ToolInfo;
 use gpudiag_core::config::Config;
 use gpudiag_core::judgement::Span;
+use gpudiag_core::kernels::KernelsAggregator;
 use gpudiag_core::pipeline::{Pipeline, Sink};
 use gpudiag_core::rules::families::is_workload;
 use gpudiag_core::session::{Limit, RunOptions, Session, Source, open_source};
@@ -35,7 +36,9 @@ use gpudiag_export::{refuse_existing, write_json_atomic};
 use gpudiag_kernels::ancestry::descends_from;
 use gpudiag_model::error::Error;
 use gpudiag_model::finding::Finding;
+use gpudiag_model::kernels::KernelsSummary;
 use gpudiag_model::printable;
+use gpudiag_model::sample::DeviceInfo;
 use gpudiag_model::sample::{TimeMs, now_ms};
 use gpudiag_model::verdict::{NotJudged, Verdict};
 use gpudiag_telemetry::Tick;
@@ -43,7 +46,7 @@ use gpudiag_telemetry::recording::{Header, Record, RecordingWriter};
 use gpudiag_telemetry::replay::Pace;
 
 /// Bumped on any change that removes or retypes a field of `RunReport`.
-pub const RUN_SCHEMA_VERSION: u32 = 2;
+pub const RUN_SCHEMA_VERSION: u32 = 3;
 
 /// After the command exits, sampling goes on this long, so the process list shows who still
 /// holds a GPU (it refreshes on the slow cadence, about a second).
@@ -89,6 +92,11 @@ pub struct RunReport {
     /// to look. `None` where no process left clearly first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_to_leave: Option<FirstToLeave>,
+    /// What `--kernels` recorded: per GPU the time split, top kernels and copies, per process
+    /// its synchronisations and NCCL share, and the collector's state (`not_recorded` says why
+    /// when nothing was). Absent without `--kernels`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<KernelsSummary>,
 }
 
 /// The process that left its GPU first.
@@ -239,7 +247,10 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
     catch_forwarded_signals();
     let mut command = ChildCommand::new(program);
     command.args(&args.command[1..]);
-    let mut kernels = args.kernels.then(KernelsRun::prepare).flatten();
+    let mut kernels = args
+        .kernels
+        .then(|| KernelsRun::prepare(args.trace.is_some()))
+        .flatten();
     if let Some(k) = &kernels {
         command.envs(k.session.env().iter().map(|(key, value)| (key, value)));
     }
@@ -327,12 +338,22 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
         gpu_processes: Vec::new(),
         still_holding: Vec::new(),
         first_to_leave: None,
+        kernels: None,
     };
-    let mut ours = None;
+    let mut trace = None;
+    let mut devices = Vec::new();
     if let Some(mut w) = watched {
-        ours = w.trace.take();
+        trace = w.trace.take();
+        devices = w.session.devices.clone();
         w.conclude(&mut report, start_ms, end_ms);
     }
+    if let Some(k) = kernels {
+        let kept = k.conclude(&mut report, &devices);
+        if let (Some(trace), Some(kept)) = (&mut trace, kept) {
+            trace.push_kernel_records(&kept);
+        }
+    }
+    let trace = trace.map(TraceBuilder::finish);
     if args.json {
         // One line, so a reader can pick it out of the command's own stderr.
         match serde_json::to_string(&report) {
@@ -342,16 +363,20 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
     } else {
         eprint!("{}", printable::text(&summary(&report)));
     }
-    if let Some(k) = kernels {
-        k.finish();
-    }
     // From here on the command has run: a failure is a warning and the exit code stays its own.
     if let Some(path) = &args.report_file
         && let Err(e) = write_json_atomic(path, &report)
     {
         warn(&e.to_string());
     }
-    if let (Some(ours), Some(profiler), Some(path)) = (ours, &args.profiler_trace, &args.trace)
+    if let (Some(ours), Some(path)) = (&trace, &args.trace)
+        && args.profiler_trace.is_none()
+        && let Err(e) = write_json_atomic(path, ours)
+    {
+        warn(&e.to_string());
+    }
+    // With a profiler trace, gpudiag's is merged into the one the command wrote.
+    if let (Some(ours), Some(profiler), Some(path)) = (trace, &args.profiler_trace, &args.trace)
         && let Err(e) = merge_profiler_traces(&ours, profiler, path, started_wall, args.force)
     {
         let own = merged_name(path, Path::new("gpudiag.json"));
@@ -624,8 +649,9 @@ struct Watched {
     session: Session,
     tree: ProcessTree,
     warnings: Vec<String>,
-    /// gpudiag's trace, kept for `--profiler-trace`.
-    trace: Option<Trace>,
+    /// gpudiag's trace with the findings in it, finished once `--kernels` has added its
+    /// records (they arrive until the command's last process has gone).
+    trace: Option<TraceBuilder>,
 }
 
 fn header_for(source: &Source, args: &RunArgs) -> Header {
@@ -641,12 +667,10 @@ fn header_for(source: &Source, args: &RunArgs) -> Header {
 
 /// Samples until `stop`. The command is running: every failure here is a warning, so that
 /// gpudiag still waits for the command and exits with its code.
-/// How `run` watches: the sampling interval, and the trace it writes (and whether that trace
-/// waits for a profiler trace to be merged into).
+/// How `run` watches: the sampling interval, and whether it builds a trace.
 struct WatchOptions<'a> {
     interval: Duration,
     trace: Option<&'a Path>,
-    merge_later: bool,
 }
 
 impl<'a> WatchOptions<'a> {
@@ -654,7 +678,6 @@ impl<'a> WatchOptions<'a> {
         WatchOptions {
             interval: args.interval,
             trace: args.trace.as_deref(),
-            merge_later: args.profiler_trace.is_some(),
         }
     }
 }
@@ -701,20 +724,12 @@ fn watch(
     {
         warn(&format!("the recording could not be finished: {e}"));
     }
-    let mut trace = None;
-    if let (Some(builder), Some(path)) = (sink.trace.take(), options.trace) {
-        let mut builder = builder;
+    let trace = sink.trace.take().map(|mut builder| {
         for f in session.pipeline.engine.raised() {
             builder.push_finding(&f);
         }
-        let finished = builder.finish();
-        // With a profiler trace, the trace is merged once the command has written it.
-        if options.merge_later {
-            trace = Some(finished);
-        } else if let Err(e) = write_json_atomic(path, &finished) {
-            warn(&e.to_string());
-        }
-    }
+        builder
+    });
     Watched {
         session,
         tree: sink.tree,
@@ -775,7 +790,6 @@ pub fn conclusion_of(source: Source, config: &Config) -> RunConclusion {
     let options = WatchOptions {
         interval: Duration::from_millis(100),
         trace: None,
-        merge_later: false,
     };
     let watched = watch(source, None, &options, config, &stop);
     let (Some(start_ms), Some(end_ms)) = (
@@ -802,6 +816,7 @@ pub fn conclusion_of(source: Source, config: &Config) -> RunConclusion {
         gpu_processes: Vec::new(),
         still_holding: Vec::new(),
         first_to_leave: None,
+        kernels: None,
     };
     watched.conclude(&mut report, start_ms, end_ms);
     RunConclusion {
@@ -836,6 +851,10 @@ fn summary(r: &RunReport) -> String {
     );
     if let Some(why) = &r.not_watched {
         let _ = writeln!(out, "gpudiag: the GPUs were not watched: {why}");
+        // The kernels were recorded all the same: they need no NVML.
+        if let Some(k) = &r.kernels {
+            out.push_str(&crate::kernels_text::kernels_section(k));
+        }
         return out;
     }
     // A job torn down after one rank died: that rank is where to look.
@@ -920,7 +939,49 @@ fn summary(r: &RunReport) -> String {
             p.used_memory_bytes.unwrap_or_default() as f64 / (1u64 << 30) as f64
         );
     }
+    if let Some(k) = &r.kernels {
+        out.push_str(&crate::kernels_text::kernels_section(k));
+    }
     out
+}
+
+/// `--kernels`: puts what the collectors sent in the report (`aggregator` is `None` when
+/// `--kernels` was not given) and, on each GPU whose records show a waste clearly, the verdict
+/// they support in place of the counters' (basis `kernels`; the counters' bottleneck stays in
+/// its evidence). `devices` are the GPUs watched, to match the records' UUIDs to indices.
+pub fn conclude_kernels(
+    report: &mut RunReport,
+    aggregator: Option<&KernelsAggregator>,
+    devices: &[DeviceInfo],
+) {
+    let Some(aggregator) = aggregator else {
+        return;
+    };
+    let mut summary = aggregator.summary();
+    gpudiag_core::kernels::match_devices(&mut summary, devices);
+    for d in &mut report.devices {
+        let Some(gpu) = summary.gpus.iter().find(|g| g.index == Some(d.index)) else {
+            continue;
+        };
+        let judged = gpudiag_core::kernels::verdict::judge(
+            d.index,
+            gpu,
+            &summary.processes,
+            d.verdict.as_ref(),
+            report.start_ms,
+            report.end_ms,
+        );
+        if let Some(mut v) = judged {
+            if let Some(counters) = &d.verdict {
+                v.evidence.insert(
+                    "counters_bottleneck".into(),
+                    counters.bottleneck.name().into(),
+                );
+            }
+            d.verdict = Some(v);
+        }
+    }
+    report.kernels = Some(summary);
 }
 
 /// The processes on the GPUs that descend from gpudiag (the command and, through the subreaper,
@@ -1023,16 +1084,17 @@ impl Sink for RunSink {
     }
 }
 
-/// `--kernels`: the collector session and the thread that consumes its messages while the
-/// command runs. For now it counts them and prints one line at the end.
+/// `--kernels`: the collector session and the thread that folds its messages into the
+/// aggregate while the command runs.
 struct KernelsRun {
     session: gpudiag_kernels::KernelsSession,
-    consumer: std::thread::JoinHandle<gpudiag_kernels::tally::Tally>,
+    consumer: std::thread::JoinHandle<KernelsAggregator>,
 }
 
 impl KernelsRun {
     /// `None`, with a warning saying why, when it cannot record: the command runs anyway.
-    fn prepare() -> Option<KernelsRun> {
+    /// `keep_records`: every record is kept (up to a cap) for `--trace`.
+    fn prepare(keep_records: bool) -> Option<KernelsRun> {
         let prepared = gpudiag_kernels::KernelsSession::prepare(|key| std::env::var_os(key));
         let (session, messages) = match prepared {
             Ok(p) => p,
@@ -1041,12 +1103,15 @@ impl KernelsRun {
                 return None;
             }
         };
-        let mut tally = gpudiag_kernels::tally::Tally::default();
         let consumer = std::thread::Builder::new()
             .name("gpudiag-kernels-consume".into())
             .spawn(move || {
-                on_collector_messages(messages, |m| tally.add(&m));
-                tally
+                let mut aggregator =
+                    KernelsAggregator::new(gpudiag_core::kernels::Limits::default(), keep_records);
+                for message in messages {
+                    aggregator.push(&message);
+                }
+                aggregator
             });
         match consumer {
             Ok(consumer) => Some(KernelsRun { session, consumer }),
@@ -1063,82 +1128,84 @@ impl KernelsRun {
         }
     }
 
-    fn finish(self) {
-        let report = self.session.stop();
-        let Ok(tally) = self.consumer.join() else {
+    /// Stops listening, puts what was recorded in the report (and the verdicts it supports),
+    /// and hands back the records kept for the trace.
+    fn conclude(
+        self,
+        report: &mut RunReport,
+        devices: &[DeviceInfo],
+    ) -> Option<gpudiag_core::kernels::KeptRecords> {
+        let listener = self.session.stop();
+        let Ok(mut aggregator) = self.consumer.join() else {
             warn("--kernels: its consumer thread failed");
-            return;
+            return None;
         };
-        eprintln!(
-            "{}",
-            printable::line(&kernels_line(&tally, &report.listener))
-        );
+        conclude_kernels(report, Some(&aggregator), devices);
+        if let Some(summary) = &mut report.kernels {
+            note_transport(summary, &listener.listener);
+        }
+        aggregator.take_kept()
     }
 }
 
-/// Hands each message the collectors sent to `on_message`, in each process's order, until the
-/// session stops.
-fn on_collector_messages(
-    messages: std::sync::mpsc::Receiver<gpudiag_model::kernels::CollectorMessage>,
-    mut on_message: impl FnMut(gpudiag_model::kernels::CollectorMessage),
-) {
-    for message in messages {
-        on_message(message);
-    }
-}
-
-fn kernels_line(
-    tally: &gpudiag_kernels::tally::Tally,
+/// What the socket's side lost or refused goes with the summary; with no process connected
+/// at all, that is why nothing was recorded.
+fn note_transport(
+    summary: &mut KernelsSummary,
     listener: &gpudiag_kernels::listen::ListenerReport,
-) -> String {
+) {
+    let refused = || {
+        listener
+            .rejected
+            .iter()
+            .next()
+            .map(|(pid, why)| format!(", e.g. pid {pid}: {why}"))
+            .unwrap_or_default()
+    };
     if listener.connected.is_empty() {
-        let mut line = "gpudiag: kernels: the collector loaded in no process (no CUDA process, \
-                        or one the variables did not reach: docker run, sudo and env -i drop them)"
+        let mut why = "the collector loaded in no process (no CUDA process ran, or the \
+                       variables did not reach it: docker run, sudo and env -i drop them)"
             .to_string();
         if listener.rejected_count > 0 {
-            line.push_str(&format!(
-                "; {} connection(s) refused, e.g. {}",
+            why.push_str(&format!(
+                "; {} connection(s) refused{}",
                 listener.rejected_count,
-                listener
-                    .rejected
-                    .iter()
-                    .next()
-                    .map(|(pid, why)| format!("pid {pid}: {why}"))
-                    .unwrap_or_default()
+                refused()
             ));
         }
-        return line;
-    }
-    let losses = tally.total_losses();
-    let mut line = format!(
-        "gpudiag: kernels: {} process(es) {:?}; {} kernels, {} copies, {} sets, {} syncs",
-        listener.connected.len(),
-        listener.connected,
-        tally.kernels,
-        tally.copies,
-        tally.sets,
-        tally.syncs
-    );
-    line.push_str(&format!(
-        "; lost: {} by CUPTI, {} not sent, {} dropped by gpudiag, {} malformed",
-        losses.cupti_dropped, losses.send_dropped, listener.queue_dropped, listener.malformed
-    ));
-    if tally.stepped_aside > 0 {
-        line.push_str(&format!(
-            "; stepped aside {} time(s) for another CUPTI client (torch.profiler)",
-            tally.stepped_aside
-        ));
-    }
-    for (pid, why) in &tally.cannot_record {
-        line.push_str(&format!("; pid {pid} could not record: {why}"));
+        summary.not_recorded = Some(why);
+        return;
     }
     if listener.rejected_count > 0 {
-        line.push_str(&format!(
-            "; {} connection(s) refused",
-            listener.rejected_count
+        summary.left_out.push(format!(
+            "{} connection(s) refused as not the command's{}",
+            listener.rejected_count,
+            refused()
         ));
     }
-    line
+    if listener.queue_dropped > 0 {
+        summary.left_out.push(format!(
+            "{} batch(es) gpudiag could not take in time",
+            listener.queue_dropped
+        ));
+    }
+    if listener.malformed > 0 {
+        summary.left_out.push(format!(
+            "{} malformed message(s) refused{}",
+            listener.malformed,
+            listener
+                .first_malformed
+                .as_deref()
+                .map(|m| format!(", the first: {m}"))
+                .unwrap_or_default()
+        ));
+    }
+    if listener.over_limit > 0 {
+        summary.left_out.push(format!(
+            "{} connection(s) past the limit were not read",
+            listener.over_limit
+        ));
+    }
 }
 
 /// The command as a shell would take it back: an argument with anything but the characters no
@@ -1187,6 +1254,94 @@ mod tests {
         // One process is no order at all.
         let one: BTreeMap<_, _> = [((0, 100), life(1, None))].into_iter().collect();
         assert!(first_to_leave(&one, 10_500).is_none());
+    }
+
+    fn report_with(verdict: Option<Verdict>) -> RunReport {
+        RunReport {
+            schema_version: RUN_SCHEMA_VERSION,
+            tool: ToolInfo::this(),
+            command: vec!["python".into(), "train.py".into()],
+            pid: 1,
+            start_ms: 1_700_000_000_000,
+            end_ms: 1_700_000_001_000,
+            exit_code: Some(0),
+            signal: None,
+            not_watched: None,
+            devices: vec![RunDevice {
+                index: 3,
+                name: Some("NVIDIA H100".into()),
+                verdict,
+                phases: Vec::new(),
+            }],
+            jobs: Vec::new(),
+            job_phases: Vec::new(),
+            findings: Vec::new(),
+            not_judged: Vec::new(),
+            gpu_processes: Vec::new(),
+            still_holding: Vec::new(),
+            first_to_leave: None,
+            kernels: None,
+        }
+    }
+
+    #[test]
+    fn kernel_records_that_show_a_waste_give_the_verdict_and_the_rest_stays() {
+        use gpudiag_core::kernels::synthetic::sync_bound_stream;
+        use gpudiag_model::verdict::{Basis, Bottleneck, Confidence};
+        let counters = Verdict {
+            device: 3,
+            bottleneck: Bottleneck::HostBound,
+            confidence: Confidence::Medium,
+            basis: Basis::ProfilingCounters,
+            start_ms: 1_700_000_000_000,
+            end_ms: 1_700_000_001_000,
+            title: "the GPU waits on the host".into(),
+            evidence: serde_json::Map::new(),
+            advice: "look at the host".into(),
+            pid: None,
+            processes: Vec::new(),
+        };
+        let devices = [DeviceInfo {
+            index: 3,
+            uuid: Some("GPU-aaaa".into()),
+            ..DeviceInfo::default()
+        }];
+        let mut aggregator = KernelsAggregator::default();
+        for m in sync_bound_stream(100) {
+            aggregator.push(&m);
+        }
+        // Without --kernels nothing changes.
+        let mut plain = report_with(Some(counters.clone()));
+        conclude_kernels(&mut plain, None, &devices);
+        assert_eq!(plain, report_with(Some(counters.clone())));
+        assert!(!serde_json::to_string(&plain).unwrap().contains("kernels"));
+
+        let mut report = report_with(Some(counters.clone()));
+        conclude_kernels(&mut report, Some(&aggregator), &devices);
+        let v = report.devices[0].verdict.as_ref().unwrap();
+        assert_eq!(
+            (v.bottleneck, v.basis, v.confidence),
+            (Bottleneck::SyncBound, Basis::Kernels, Confidence::High)
+        );
+        assert_eq!((v.start_ms, v.end_ms), (counters.start_ms, counters.end_ms));
+        assert_eq!(v.evidence["counters_bottleneck"], "host_bound");
+        let kernels = report.kernels.as_ref().unwrap();
+        assert_eq!(kernels.gpus[0].index, Some(3));
+        let text = summary(&report);
+        assert!(
+            text.contains(
+                "GPU 3 verdict: sync_bound (high confidence) — cudaStreamSynchronize 334 a second"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpudiag: kernels on GPU 3 (pid 100)"),
+            "{text}"
+        );
+        // The report reads back.
+        let back: RunReport =
+            serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
+        assert_eq!(back, report);
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod config;
 pub mod history;
 pub mod host_facts;
 pub mod judgement;
+pub mod kernels;
 pub mod pipeline;
 pub mod rules;
 pub mod session;

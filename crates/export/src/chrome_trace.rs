@@ -94,6 +94,19 @@ pub struct TraceInfo {
     /// Host name (redactable).
     pub host: Option<String>,
     pub driver_version: Option<String>,
+    /// `run --kernels --trace`: the kernel, copy, set and synchronisation records written as
+    /// complete events, and those left out (past the cap on records kept, or with times that
+    /// cannot be real). Absent without `--kernels`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_records: Option<KernelRecordsInfo>,
+}
+
+/// How many of the kernels mode's records the trace holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct KernelRecordsInfo {
+    pub written: u64,
+    pub left_out: u64,
 }
 
 /// An event phase (`ph`).
@@ -254,11 +267,75 @@ pub struct TraceBuilder {
     events: Vec<Pending>,
     /// Threads used per process, for their name metadata.
     threads: BTreeMap<(u32, u32), Cow<'static, str>>,
+    /// The kernels mode's rows, on the Unix clock in ns: kernels last microseconds, so they
+    /// cannot wait in `events` with millisecond times.
+    kernel_rows: Vec<KernelRow>,
+    /// Each GPU process's threads for those rows, by what they carry.
+    kernel_threads: BTreeMap<(u32, KernelThread), u32>,
 }
+
+/// A kernel, copy, set or synchronisation row.
+struct KernelRow {
+    name: Cow<'static, str>,
+    cat: &'static str,
+    start_ns: u64,
+    end_ns: u64,
+    pid: u32,
+    tid: u32,
+    args: Args,
+}
+
+/// What a kernels-mode thread carries: one CUDA stream of one process (Kineto's layout: a
+/// thread per stream), or one process's host waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum KernelThread {
+    Stream { pid: u32, stream: u32 },
+    HostWaits { pid: u32 },
+}
+
+/// The kernels mode's threads are numbered from here, past the throttle reasons' 100–163.
+pub const TID_KERNELS_BASE: u32 = 1_000;
+/// Rows stamped before this (2001) come from a clock pair that cannot be real.
+const EARLIEST_REAL_NS: u64 = 1_000_000_000_000_000_000;
 
 /// The pid of a device (`None`: the host process).
 pub fn pid_of(device: Option<u32>) -> u32 {
     device.map_or(HOST_PID, |d| d.saturating_add(1))
+}
+
+/// Kineto's name of a copy: "Memcpy HtoD (Pageable -> Device)".
+fn copy_name(
+    direction: gpudiag_model::kernels::CopyDirection,
+    host: gpudiag_model::kernels::HostMemory,
+) -> String {
+    use gpudiag_model::kernels::{CopyDirection as D, HostMemory as H};
+    let host = match host {
+        H::Pageable => "Pageable",
+        H::Pinned => "Pinned",
+        H::Managed => "Managed",
+        H::NoHostSide | H::Unknown => "Device",
+    };
+    let (short, from, to) = match direction {
+        D::HostToDevice => ("HtoD", host, "Device"),
+        D::DeviceToHost => ("DtoH", "Device", host),
+        D::DeviceToDevice => ("DtoD", "Device", "Device"),
+        D::HostToHost => ("HtoH", host, host),
+        D::PeerToPeer => ("PtoP", "Device", "Device"),
+        D::Other => ("Unknown", "Unknown", "Unknown"),
+    };
+    format!("Memcpy {short} ({from} -> {to})")
+}
+
+/// Kineto's name of a synchronisation.
+fn sync_name(call: gpudiag_model::kernels::SyncCall) -> &'static str {
+    use gpudiag_model::kernels::SyncCall as S;
+    match call {
+        S::EventSynchronize => "Event Sync",
+        S::StreamWaitEvent => "Stream Wait Event",
+        S::StreamSynchronize => "Stream Sync",
+        S::ContextSynchronize => "Context Sync",
+        S::Unknown => "Unknown Sync",
+    }
 }
 
 fn throttle_name(bit: u32) -> Cow<'static, str> {
@@ -294,10 +371,13 @@ impl TraceBuilder {
                 recording,
                 host: host.hostname.clone(),
                 driver_version: host.driver_version.clone(),
+                kernel_records: None,
             },
             state: BTreeMap::new(),
             events: Vec::new(),
             threads: BTreeMap::new(),
+            kernel_rows: Vec::new(),
+            kernel_threads: BTreeMap::new(),
         }
     }
 
@@ -629,6 +709,184 @@ impl TraceBuilder {
         });
     }
 
+    /// `run --kernels --trace`: the kernel, copy, set and synchronisation records as complete
+    /// events in Kineto's layout, so HolisticTraceAnalysis reads them as it reads a PyTorch
+    /// profiler trace: `cat` `kernel`, `gpu_memcpy`, `gpu_memset` or `cuda_sync`, and the args
+    /// Kineto writes (`device` is the CUDA ordinal inside the process, `stream`, `correlation`,
+    /// `grid`, `block`, `registers per thread`, `shared memory`, `bytes`). One thing differs:
+    /// the rows go in their GPU's process (pid = gpudiag's index + 1, beside its counters)
+    /// rather than Kineto's pid = CUDA ordinal, which names a different GPU in every process
+    /// once `CUDA_VISIBLE_DEVICES` differs, and would fall in another GPU's process here; each
+    /// stream of each process is a thread of its own. A synchronisation is the host's wait,
+    /// not GPU work: its `stream` is -1 (the stream waited for is `wait_on_stream`, as Kineto
+    /// names it), or HTA would count the wait as GPU time. Rows of a GPU gpudiag does not
+    /// watch (no UUID matched) go in the host process.
+    pub fn push_kernel_records(&mut self, kept: &gpudiag_core::kernels::KeptRecords) {
+        use gpudiag_core::kernels::{Kept, names};
+        let mut left_out = kept.left_out;
+        let mut demangled: BTreeMap<std::sync::Arc<str>, std::sync::Arc<str>> = BTreeMap::new();
+        let mut name_of = |raw: &std::sync::Arc<str>| -> String {
+            if let Some(d) = demangled.get(raw) {
+                return d.to_string();
+            }
+            let d = names::demangle(raw);
+            // Bounded: past it each name is demangled again, no more kept.
+            if demangled.len() < 65_536 {
+                demangled.insert(raw.clone(), std::sync::Arc::from(d.as_str()));
+            }
+            d
+        };
+        for r in &kept.records {
+            if r.start_unix_ns < EARLIEST_REAL_NS || r.end_unix_ns < r.start_unix_ns {
+                left_out = left_out.saturating_add(1);
+                continue;
+            }
+            let index = r.gpu.as_ref().and_then(|g| g.uuid()).and_then(|u| {
+                self.devices
+                    .iter()
+                    .find(|d| d.uuid.as_deref().is_some_and(|d| d.eq_ignore_ascii_case(u)))
+                    .map(|d| d.index)
+            });
+            let pid = pid_of(index);
+            let mut args = Args::new();
+            if let Some(ordinal) = r.cuda_ordinal {
+                args.insert("device".into(), Value::from(ordinal));
+            }
+            args.insert("pid".into(), Value::from(r.pid));
+            let (name, cat, thread): (String, &'static str, KernelThread) = match &r.what {
+                Kept::Kernel {
+                    name,
+                    context,
+                    stream,
+                    grid,
+                    block,
+                    registers_per_thread,
+                    shared_memory_bytes,
+                    graph_id,
+                    correlation_id,
+                } => {
+                    args.insert("context".into(), Value::from(*context));
+                    args.insert("stream".into(), Value::from(*stream));
+                    args.insert("correlation".into(), Value::from(*correlation_id));
+                    args.insert("grid".into(), json!(grid));
+                    args.insert("block".into(), json!(block));
+                    args.insert(
+                        "registers per thread".into(),
+                        Value::from(*registers_per_thread),
+                    );
+                    args.insert("shared memory".into(), Value::from(*shared_memory_bytes));
+                    if let Some(g) = graph_id {
+                        args.insert("graph id".into(), Value::from(*g));
+                    }
+                    (
+                        name_of(name),
+                        "kernel",
+                        KernelThread::Stream {
+                            pid: r.pid,
+                            stream: *stream,
+                        },
+                    )
+                }
+                Kept::Copy {
+                    context,
+                    stream,
+                    bytes,
+                    direction,
+                    host_memory,
+                    correlation_id,
+                } => {
+                    args.insert("context".into(), Value::from(*context));
+                    args.insert("stream".into(), Value::from(*stream));
+                    args.insert("correlation".into(), Value::from(*correlation_id));
+                    args.insert("bytes".into(), Value::from(*bytes));
+                    let ns = r.end_unix_ns - r.start_unix_ns;
+                    if ns > 0 {
+                        args.insert(
+                            "memory bandwidth (GB/s)".into(),
+                            Value::from(*bytes as f64 / ns as f64),
+                        );
+                    }
+                    (
+                        copy_name(*direction, *host_memory),
+                        "gpu_memcpy",
+                        KernelThread::Stream {
+                            pid: r.pid,
+                            stream: *stream,
+                        },
+                    )
+                }
+                Kept::Set {
+                    context,
+                    stream,
+                    bytes,
+                    correlation_id,
+                } => {
+                    args.insert("context".into(), Value::from(*context));
+                    args.insert("stream".into(), Value::from(*stream));
+                    args.insert("correlation".into(), Value::from(*correlation_id));
+                    args.insert("bytes".into(), Value::from(*bytes));
+                    (
+                        "Memset (Device)".into(),
+                        "gpu_memset",
+                        KernelThread::Stream {
+                            pid: r.pid,
+                            stream: *stream,
+                        },
+                    )
+                }
+                Kept::Sync {
+                    context,
+                    stream,
+                    call,
+                    correlation_id,
+                } => {
+                    args.insert("context".into(), Value::from(*context));
+                    args.insert("stream".into(), Value::from(-1));
+                    args.insert(
+                        "wait_on_stream".into(),
+                        stream.map_or(Value::from(-1), Value::from),
+                    );
+                    args.insert("correlation".into(), Value::from(*correlation_id));
+                    args.insert("call".into(), Value::from(call.call_name()));
+                    (
+                        sync_name(*call).into(),
+                        "cuda_sync",
+                        KernelThread::HostWaits { pid: r.pid },
+                    )
+                }
+            };
+            let next = TID_KERNELS_BASE
+                + self
+                    .kernel_threads
+                    .keys()
+                    .filter(|(p, _)| *p == pid)
+                    .count() as u32;
+            let tid = *self.kernel_threads.entry((pid, thread)).or_insert(next);
+            if tid == next {
+                let label = match thread {
+                    KernelThread::Stream { pid, stream } => format!("stream {stream} (pid {pid})"),
+                    KernelThread::HostWaits { pid } => format!("host waits (pid {pid})"),
+                };
+                self.thread(pid, tid, Cow::Owned(label));
+            }
+            self.kernel_rows.push(KernelRow {
+                name: Cow::Owned(name),
+                cat,
+                start_ns: r.start_unix_ns,
+                end_ns: r.end_unix_ns,
+                pid,
+                tid,
+                args,
+            });
+        }
+        let info = self.info.kernel_records.get_or_insert(KernelRecordsInfo {
+            written: 0,
+            left_out: 0,
+        });
+        info.written = self.kernel_rows.len() as u64;
+        info.left_out = info.left_out.saturating_add(left_out);
+    }
+
     /// A probe phase as a complete event with its results in `args`.
     pub fn push_probe(&mut self, p: &ProbeSpan) {
         let pid = pid_of(p.device);
@@ -707,7 +965,12 @@ impl TraceBuilder {
             }
         }
         self.events.extend(closing);
-        let start = self.events.iter().map(|e| e.time_ms).min();
+        let start = self
+            .events
+            .iter()
+            .map(|e| e.time_ms)
+            .chain(self.kernel_rows.iter().map(|r| r.start_ns / 1_000_000))
+            .min();
         self.info.start_ms = start;
         let origin = start.unwrap_or_default();
 
@@ -750,7 +1013,12 @@ impl TraceBuilder {
                 "telemetry".into(),
             );
         }
-        let host_used = self.events.iter().any(|e| e.pid == HOST_PID);
+        let host_used = self
+            .events
+            .iter()
+            .map(|e| e.pid)
+            .chain(self.kernel_rows.iter().map(|r| r.pid))
+            .any(|p| p == HOST_PID);
         if host_used {
             let name = match &self.info.host {
                 Some(h) => format!("host {h}"),
@@ -771,6 +1039,7 @@ impl TraceBuilder {
             .events
             .iter()
             .map(|e| e.pid)
+            .chain(self.kernel_rows.iter().map(|r| r.pid))
             .filter(|p| *p != HOST_PID && !named.contains(p))
             .collect();
         unnamed.sort_unstable();
@@ -818,6 +1087,21 @@ impl TraceBuilder {
                 args: e.args,
             })
             .collect();
+        let origin_us = origin.saturating_mul(1000);
+        events.extend(self.kernel_rows.into_iter().map(|r| {
+            let start_us = r.start_ns / 1000;
+            TraceEvent {
+                name: r.name,
+                cat: Some(Cow::Borrowed(r.cat)),
+                ph: Phase::Complete,
+                ts: start_us.saturating_sub(origin_us),
+                dur: Some((r.end_ns / 1000).saturating_sub(start_us)),
+                pid: r.pid,
+                tid: r.tid,
+                s: None,
+                args: r.args,
+            }
+        }));
         // Stable: events of one time keep the order they were added in.
         events.sort_by_key(|e| e.ts);
         meta.extend(events);
@@ -965,8 +1249,11 @@ pub(crate) fn trace_event_phases(schema: &mut Schema) {
         },
         {
             "description": "Complete: a throttle interval (cat throttle, args.reason_bit), a \
-                probe phase (cat probe, args: its results), or the time a lost GPU had no \
-                telemetry (name GPU lost, cat event, args.reason) on its telemetry thread.",
+                probe phase (cat probe, args: its results), the time a lost GPU had no \
+                telemetry (name GPU lost, cat event, args.reason) on its telemetry thread, or \
+                with run --kernels a kernel, copy, memset or host wait in synchronisation (cat \
+                kernel, gpu_memcpy, gpu_memset, cuda_sync; args as Kineto writes them) on a \
+                thread per CUDA stream (or per process's host waits) numbered from 1000.",
             "properties": { "ph": { "const": ph(Phase::Complete) }, "s": false },
             "required": ["dur"]
         }
@@ -1415,6 +1702,126 @@ mod tests {
         assert_eq!(
             counters_of(&trace, 1).iter().map(|e| e.ts).max(),
             Some(300_000)
+        );
+    }
+
+    /// The trace of `run --kernels`: every kernel, copy, set and host wait beside the GPU's
+    /// counters, on one clock, with microsecond durations and Kineto's fields.
+    pub(crate) fn kernels_trace(keep: usize) -> (Trace, gpudiag_model::kernels::KernelsSummary) {
+        use gpudiag_core::kernels::synthetic::{UNIX0, training_stream};
+        use gpudiag_core::kernels::{KernelsAggregator, Limits};
+        let mut a = KernelsAggregator::new(
+            Limits {
+                kept_records: keep,
+                ..Limits::default()
+            },
+            true,
+        );
+        for m in training_stream(4242, "GPU-1111") {
+            a.push(&m);
+        }
+        let gpu = DeviceInfo {
+            uuid: Some("GPU-1111".into()),
+            ..device(2)
+        };
+        let mut b = TraceBuilder::new("nvml", None, &HostInfo::default(), vec![gpu]);
+        let first_ms = UNIX0 / 1_000_000;
+        for i in 0..6u32 {
+            b.push_sample(&Sample {
+                gpu_util_pct: Some(60.0 + f64::from(i)),
+                ..Sample::new(2, first_ms + 100 * u64::from(i))
+            });
+        }
+        b.push_kernel_records(&a.take_kept().unwrap_or_default());
+        (b.finish(), a.summary())
+    }
+
+    #[test]
+    fn kernel_rows_sit_beside_the_counters_in_kinetos_layout() {
+        let (t, summary) = kernels_trace(1_000_000);
+        assert!(validate(&t).is_empty(), "{:?}", validate(&t));
+        let rows = |cat: &str| -> Vec<&TraceEvent> {
+            t.trace_events
+                .iter()
+                .filter(|e| e.cat.as_deref() == Some(cat))
+                .collect()
+        };
+        let kernels = rows("kernel");
+        assert_eq!(kernels.len() as u64, summary.gpus[0].kernels);
+        // On the GPU's own process, beside its counters, one thread per stream.
+        assert!(
+            kernels
+                .iter()
+                .all(|e| e.pid == 3 && e.ph == Phase::Complete)
+        );
+        let add = kernels
+            .iter()
+            .find(|e| {
+                e.name
+                    .starts_with("void at::native::vectorized_elementwise_kernel<4,")
+            })
+            .unwrap();
+        assert_eq!(add.dur, Some(2));
+        for key in [
+            "device",
+            "stream",
+            "correlation",
+            "grid",
+            "block",
+            "registers per thread",
+            "shared memory",
+        ] {
+            assert!(add.args.contains_key(key), "{key}: {:?}", add.args);
+        }
+        assert_eq!(add.args["stream"], 7);
+        let streams: std::collections::BTreeSet<u32> = kernels.iter().map(|e| e.tid).collect();
+        assert_eq!(streams.len(), 2);
+        // The matmul starts 600 µs after the first copy, on the counters' clock.
+        let first_counter = of(&t, Phase::Counter, 3)[0].ts;
+        let matmul = kernels
+            .iter()
+            .find(|e| e.name.starts_with("sm90_xmma"))
+            .unwrap();
+        assert_eq!(matmul.ts - first_counter, 600);
+        assert_eq!(matmul.dur, Some(5_000));
+        let copies = rows("gpu_memcpy");
+        assert_eq!(copies[0].name, "Memcpy HtoD (Pageable -> Device)");
+        assert_eq!(copies[0].args["bytes"], 4 << 20);
+        assert_eq!(rows("gpu_memset")[0].name, "Memset (Device)");
+        let syncs = rows("cuda_sync");
+        assert_eq!(syncs[0].name, "Stream Sync");
+        assert_eq!(syncs[0].args["stream"], -1);
+        assert_eq!(syncs[0].args["wait_on_stream"], 7);
+        let named: Vec<&str> = t
+            .trace_events
+            .iter()
+            .filter(|e| e.name == "thread_name" && e.pid == 3)
+            .filter_map(|e| e.args["name"].as_str())
+            .collect();
+        assert!(named.contains(&"stream 20 (pid 4242)"), "{named:?}");
+        assert!(named.contains(&"host waits (pid 4242)"), "{named:?}");
+        let info = t.other_data.kernel_records.unwrap();
+        assert_eq!(info.left_out, 0);
+        assert_eq!(
+            info.written as usize,
+            kernels.len() + copies.len() + 47 + syncs.len()
+        );
+    }
+
+    #[test]
+    fn kernel_rows_past_the_cap_are_counted_in_the_metadata() {
+        let (t, _) = kernels_trace(100);
+        let info = t.other_data.kernel_records.unwrap();
+        assert_eq!(info.written, 100);
+        assert!(info.left_out > 1_000, "{info:?}");
+        assert!(validate(&t).is_empty());
+        // Without --kernels the metadata says nothing of them.
+        let plain = build();
+        assert_eq!(plain.other_data.kernel_records, None);
+        assert!(
+            !serde_json::to_string(&plain)
+                .unwrap()
+                .contains("kernel_records")
         );
     }
 

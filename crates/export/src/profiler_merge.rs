@@ -972,6 +972,7 @@ mod tests {
                 recording: None,
                 host: None,
                 driver_version: None,
+                kernel_records: None,
             },
         }
     }

@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The GPU a record ran on: the CUDA ordinal inside the process (remapped by
@@ -47,7 +48,7 @@ pub struct KernelRecord {
 pub const MAX_KERNEL_NAME_BYTES: usize = 1024;
 
 /// Which way a copy went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CopyDirection {
     HostToDevice,
@@ -61,7 +62,7 @@ pub enum CopyDirection {
 
 /// What the host side of a copy was; a pageable buffer makes the driver stage the copy and
 /// blocks the host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum HostMemory {
     Pageable,
@@ -98,7 +99,7 @@ pub struct SetRecord {
 }
 
 /// The synchronisation call the host blocked in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SyncCall {
     /// `cudaEventSynchronize`
@@ -166,7 +167,7 @@ pub struct CollectorHello {
 }
 
 /// What a collector lost, cumulative for its process.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct CollectorLosses {
     /// Records CUPTI dropped (its buffers were full).
     pub cupti_dropped: u64,
@@ -242,6 +243,251 @@ impl CollectorMessage {
             | CollectorMessage::SteppedAside { pid, .. }
             | CollectorMessage::CannotRecord { pid, .. }
             | CollectorMessage::Goodbye { pid } => *pid,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// What gpudiag makes of the records: the summary `run --kernels` puts in its report. Built by
+// `gpudiag_core::kernels` as the records arrive; every list here is bounded there.
+
+/// What the kernels mode saw over a run, per GPU and per process, and what the collector said
+/// of itself. `not_recorded` says why the rest is empty when nothing was recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct KernelsSummary {
+    /// Why no kernel, copy or synchronisation was recorded although `--kernels` was asked
+    /// ("the collector loaded in no process", every process's `CannotRecord`); `None` when
+    /// records arrived.
+    pub not_recorded: Option<String>,
+    /// Per GPU the records ran on, busiest first.
+    pub gpus: Vec<KernelsGpu>,
+    /// Per process whose collector said hello (or sent records), by pid.
+    pub processes: Vec<KernelsProcess>,
+    /// The process that spends clearly less of its time in NCCL kernels than its peers: the
+    /// others wait for it in their collectives, so it is the slow rank. `None` when fewer than
+    /// two processes ran NCCL kernels or their shares are within the threshold.
+    pub nccl_laggard: Option<NcclLaggard>,
+    /// What was left out to keep memory bounded (GPUs or processes past the caps, records that
+    /// arrived too late to place in the time split); empty when nothing was.
+    pub left_out: Vec<String>,
+}
+
+/// One GPU's time and work, from the records of every process that used it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct KernelsGpu {
+    /// The GPU's UUID as NVML spells it, where the collector resolved it.
+    pub uuid: Option<String>,
+    /// gpudiag's index of the GPU (NVML's), once matched by UUID; `None` when it could not be.
+    pub index: Option<u32>,
+    /// Without a UUID the GPU is known only as a process's CUDA ordinal: that process and
+    /// ordinal. `None` when the UUID names it.
+    pub only_as: Option<ProcessOrdinal>,
+    /// The processes whose records ran on it.
+    pub pids: Vec<u32>,
+    /// The span judged: from the first record's start to the last one's end, ns since the Unix
+    /// epoch.
+    pub start_unix_ns: u64,
+    pub end_unix_ns: u64,
+    pub time: TimeSplit,
+    pub kernels: u64,
+    /// Kernels started per second of the span.
+    #[schemars(range(min = 0))]
+    pub kernels_per_s: Option<f64>,
+    #[schemars(range(min = 0))]
+    pub mean_kernel_us: Option<f64>,
+    /// The kernels that took the most GPU time, most first (at most `TOP_KERNELS`).
+    pub top_kernels: Vec<KernelStat>,
+    /// The kernels not listed in `top_kernels`, together.
+    pub other_kernels: OtherKernels,
+    /// Copies by direction and host memory, most time first.
+    pub copies: Vec<CopyStat>,
+    pub sets: SetStat,
+}
+
+/// A GPU known only by a process's CUDA ordinal (its UUID was not resolved).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct ProcessOrdinal {
+    pub pid: u32,
+    pub cuda_ordinal: u32,
+}
+
+/// A GPU's span split by what ran: every instant counts once, in the first of compute kernels,
+/// NCCL kernels, copies and sets, idle that covers it (kernels of several streams overlap; an
+/// all-reduce hidden behind a matmul is compute time, not NCCL time).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct TimeSplit {
+    #[schemars(range(min = 0))]
+    pub span_s: f64,
+    /// Some kernel other than NCCL's ran.
+    #[schemars(range(min = 0))]
+    pub compute_s: f64,
+    /// Only NCCL kernels ran (names starting `ncclDevKernel` or `ncclKernel`).
+    #[schemars(range(min = 0))]
+    pub nccl_s: f64,
+    /// No kernel ran, a copy or a set did.
+    #[schemars(range(min = 0))]
+    pub copy_s: f64,
+    /// Nothing ran.
+    #[schemars(range(min = 0))]
+    pub idle_s: f64,
+}
+
+/// One kernel (by name) on one GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct KernelStat {
+    /// Demangled where the name is a C++ symbol, in full (templates and arguments kept).
+    pub name: String,
+    /// `name` with template arguments and parameters elided, for text.
+    pub short_name: String,
+    pub count: u64,
+    #[schemars(range(min = 0))]
+    pub total_s: f64,
+    #[schemars(range(min = 0))]
+    pub mean_us: f64,
+    /// Of the GPU's busy time (compute + NCCL + copies), 0–1; kernels on several streams may
+    /// add up to more than 1.
+    #[schemars(range(min = 0))]
+    pub share_of_busy: f64,
+    /// The launch configuration of its first run.
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    /// Whether its launches used other grids or blocks too.
+    pub configs_vary: bool,
+    pub registers_per_thread: u16,
+    pub shared_memory_bytes: u32,
+    /// How many of its runs were launched as part of a CUDA graph.
+    pub in_graphs: u64,
+    pub nccl: bool,
+}
+
+/// Kernels past the top list, and past the cap on distinct names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct OtherKernels {
+    pub count: u64,
+    #[schemars(range(min = 0))]
+    pub total_s: f64,
+    /// Distinct names among them that were still told apart.
+    pub names: u64,
+    /// Runs of kernels whose names came after the cap on distinct names was reached: their
+    /// names were not kept.
+    pub past_name_cap: u64,
+}
+
+/// Copies of one direction and host memory kind on one GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct CopyStat {
+    pub direction: CopyDirection,
+    pub host_memory: HostMemory,
+    pub count: u64,
+    pub bytes: u64,
+    #[schemars(range(min = 0))]
+    pub total_s: f64,
+    /// Bytes per second of copy time, in GB/s; `None` when they took no measurable time.
+    #[schemars(range(min = 0))]
+    pub gb_per_s: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct SetStat {
+    pub count: u64,
+    pub bytes: u64,
+    #[schemars(range(min = 0))]
+    pub total_s: f64,
+}
+
+/// One process's collector and what its host threads waited for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct KernelsProcess {
+    pub pid: u32,
+    /// `None` when records came from a process that never said hello.
+    pub parent_pid: Option<u32>,
+    pub said_hello: bool,
+    /// `false`: it never said goodbye (killed, or `os._exit`); its last second may be missing.
+    pub said_goodbye: bool,
+    pub cupti_source: Option<String>,
+    pub cupti_api_version: Option<u32>,
+    /// Why its collector could not record, when it said so.
+    pub cannot_record: Option<String>,
+    /// The latest cumulative losses it reported.
+    pub losses: CollectorLosses,
+    /// Where another CUPTI client (torch.profiler, Nsight) traced and the collector stood
+    /// aside: those records are in that client's trace, not here.
+    pub stepped_aside: Vec<SteppedAsideSpan>,
+    /// Its span: from its hello (or first record) to its last record, ns since the Unix epoch.
+    pub start_unix_ns: Option<u64>,
+    pub end_unix_ns: Option<u64>,
+    pub kernels: u64,
+    /// Time in NCCL kernels (union over its streams), and its share of the span.
+    #[schemars(range(min = 0))]
+    pub nccl_s: f64,
+    #[schemars(range(min = 0, max = 1))]
+    pub nccl_share: Option<f64>,
+    /// Host time blocked in synchronisation, by call, most first.
+    pub syncs: Vec<SyncStat>,
+}
+
+/// Where a process's collector stood aside for another profiler, ns since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct SteppedAsideSpan {
+    pub from_unix_ns: u64,
+    /// `None`: the other profiler was still tracing when the process ended.
+    pub to_unix_ns: Option<u64>,
+}
+
+/// One synchronisation call of one process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct SyncStat {
+    pub call: SyncCall,
+    /// The CUDA call as the user would search for it (`cudaStreamSynchronize`).
+    pub call_name: String,
+    pub count: u64,
+    /// Host time blocked in it (summed over the process's threads).
+    #[schemars(range(min = 0))]
+    pub total_s: f64,
+    #[schemars(range(min = 0))]
+    pub per_s: Option<f64>,
+    /// `total_s` over the process's span; several threads waiting at once may add up past 1.
+    #[schemars(range(min = 0))]
+    pub share_of_host: Option<f64>,
+}
+
+/// The rank the others wait for, from each process's share of time in NCCL kernels.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct NcclLaggard {
+    pub pid: u32,
+    #[schemars(range(min = 0, max = 1))]
+    pub nccl_share: f64,
+    /// The median share of the other processes that ran NCCL kernels.
+    #[schemars(range(min = 0, max = 1))]
+    pub peers_median_share: f64,
+    /// Every process's share, by pid.
+    pub shares: Vec<(u32, f64)>,
+}
+
+/// The kernels listed by name per GPU in a summary; the rest are `OtherKernels`.
+pub const TOP_KERNELS: usize = 10;
+
+impl KernelsSummary {
+    /// A summary of nothing, and why.
+    pub fn not_recorded(why: impl Into<String>) -> Self {
+        KernelsSummary {
+            not_recorded: Some(why.into()),
+            gpus: Vec::new(),
+            processes: Vec::new(),
+            nccl_laggard: None,
+            left_out: Vec::new(),
         }
     }
 }

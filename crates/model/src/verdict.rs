@@ -112,6 +112,9 @@ pub enum Basis {
     /// NVML utilisation, PCIe and power only: "a kernel ran" cannot tell full SMs from one warp,
     /// so the verdict is weaker.
     Utilisation,
+    /// The kernels, copies and synchronisations `run --kernels` recorded: which kernel, copy or
+    /// call took the time, measured, so the verdict is the firmest.
+    Kernels,
 }
 
 impl Basis {
@@ -120,6 +123,7 @@ impl Basis {
         match self {
             Basis::ProfilingCounters => "profiling_counters",
             Basis::Utilisation => "utilisation",
+            Basis::Kernels => "kernels",
         }
     }
 }
@@ -194,7 +198,7 @@ mod tests {
         for b in Bottleneck::ALL {
             assert_eq!(json(serde_json::json!(b)).as_deref(), Some(b.name()));
         }
-        for b in [Basis::ProfilingCounters, Basis::Utilisation] {
+        for b in [Basis::ProfilingCounters, Basis::Utilisation, Basis::Kernels] {
             assert_eq!(json(serde_json::json!(b)).as_deref(), Some(b.name()));
         }
         for c in [Confidence::Low, Confidence::Medium, Confidence::High] {

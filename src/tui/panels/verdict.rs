@@ -72,6 +72,7 @@ fn strength(v: &Verdict) -> String {
     let basis = match v.basis {
         Basis::ProfilingCounters => "",
         Basis::Utilisation => ", utilisation only",
+        Basis::Kernels => ", from the kernels recorded",
     };
     format!("({}{basis})", v.confidence)
 }

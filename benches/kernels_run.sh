@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# `gpudiag run --kernels` on a GPU host with PyTorch (issue 37): what it names against what
+# torch.profiler names for the same loops, what it costs, and whether the user's own profiler
+# keeps its trace.
+#
+#   KRUN_PART=single benches/kernels_run.sh [GPUDIAG_BINARY]   about 7 minutes, one GPU
+#   KRUN_PART=ddp    benches/kernels_run.sh [GPUDIAG_BINARY]   about 3 minutes, two GPUs or more
+#   KRUN_PART=smoke  benches/kernels_run.sh [GPUDIAG_BINARY]   under a minute: one loop, one report
+#
+# single: for each loop of benches/kernels_run/workloads.py (sync, launch, pageable, resnet,
+#   gpt2): steps a second under `run` and under `run --kernels`, two rounds interleaved; the run
+#   report of the --kernels runs; torch.profiler's top kernels, copies and syncs of the same loop
+#   (TOP_OUT); then the user's own torch.profiler inside `run --kernels` (both traces whole?).
+# ddp: torchrun on two GPUs (benches/workloads/job.py), balanced and with rank 1 doing 1.3x the
+#   work, under `run` and `run --kernels`: steps, each rank's NCCL time, the job verdict.
+# Everything lands in $OUT/kernels_run.tar.gz; benches/kernels_run/compare.py prints the tables.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=$(realpath "${1:-.gpu-bundle/gpudiag}")
+out=${OUT:-$PWD/kernels-run-out}
+here=$PWD/benches/kernels_run
+work=$(mktemp -d)
+dir=$work/kernels_run
+mkdir -p "$dir/reports" "$dir/logs" "$dir/refs" "$dir/traces" "$out"
+{
+  date -u +'%Y-%m-%dT%H:%M:%SZ'
+  nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+  "$bin" --version
+} >"$dir/host.txt" 2>&1
+cat "$dir/host.txt"
+part=${KRUN_PART:-single}
+secs=${KRUN_SECONDS:-8}
+
+one() { # NAME KERNELS(0|1) -- COMMAND...
+  local name=$1 kernels=$2
+  shift 3
+  local flags=()
+  [ "$kernels" = 1 ] && flags=(--kernels --trace "$dir/traces/$name.json")
+  timeout 300 "$bin" run "${flags[@]}" --report-file "$dir/reports/$name.json" -- "$@" \
+    >"$dir/logs/$name.out" 2>"$dir/logs/$name.err"
+  echo "$name rc=$? $(tail -n1 "$dir/logs/$name.out")" >>"$dir/runs.txt"
+}
+
+if [ "$part" = smoke ]; then
+  one smoke-sync 1 -- python3 "$here/workloads.py" sync 4
+  tail -n 40 "$dir/logs/smoke-sync.err"
+fi
+
+if [ "$part" = single ]; then
+  for mode in sync launch pageable resnet gpt2; do
+    TOP_OUT="$dir/refs/$mode.json" python3 "$here/workloads.py" "$mode" 3 \
+      >"$dir/logs/ref-$mode.out" 2>"$dir/logs/ref-$mode.err"
+    for round in 1 2; do
+      one "$mode-plain-$round" 0 -- python3 "$here/workloads.py" "$mode" "$secs"
+      one "$mode-kernels-$round" 1 -- python3 "$here/workloads.py" "$mode" "$secs"
+    done
+  done
+  # The user's own torch.profiler inside the command, with and without --kernels.
+  mkdir -p "$dir/traces/profiler-plain" "$dir/traces/profiler-kernels"
+  python3 "$here/workloads.py" profiler "$dir/traces/profiler-plain" \
+    >"$dir/logs/profiler-plain.out" 2>"$dir/logs/profiler-plain.err"
+  echo "profiler-plain rc=$? $(tail -n1 "$dir/logs/profiler-plain.out")" >>"$dir/runs.txt"
+  one profiler-kernels 1 -- python3 "$here/workloads.py" profiler "$dir/traces/profiler-kernels"
+fi
+
+if [ "$part" = ddp ]; then
+  job=$PWD/benches/workloads/job.py
+  for round in 1 2; do
+    for mode in balanced slow13; do
+      for kernels in 0 1; do
+        tag=plain
+        [ "$kernels" = 1 ] && tag=kernels
+        one "ddp-$mode-$tag-$round" "$kernels" -- torchrun --standalone --nproc-per-node 2 \
+          "$job" "$mode" --seconds 15 --slow-rank 1
+      done
+    done
+  done
+fi
+
+rm -f "$dir"/traces/*.json.tmp
+# Traces are large: keep the ones of the first round only.
+rm -f "$dir"/traces/*-2.json
+python3 "$here/compare.py" "$dir" | tee "$dir/summary.txt"
+tar -czf "$out/kernels_run.tar.gz" -C "$work" kernels_run

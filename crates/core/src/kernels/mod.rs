@@ -1,0 +1,963 @@
+//! `run --kernels`: what the collectors in the command's processes send, aggregated as it
+//! arrives into the summary the run report carries (per GPU: the time split, the top kernels,
+//! the copies; per process: its synchronisations, its NCCL share, what its collector said).
+//!
+//! Memory stays bounded whatever arrives: a 10-minute run of 10⁷ kernels is folded into
+//! per-name tables capped in names and bytes, and into interval unions that keep only their
+//! recent part (`intervals`). Every record is kept only for `--trace`, up to a cap, and what
+//! was left out is counted and said.
+
+pub mod intervals;
+pub mod names;
+pub mod synthetic;
+pub mod verdict;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use gpudiag_model::kernels::{
+    ClockPair, CollectorLosses, CollectorMessage, CopyDirection, CopyRecord, CopyStat, CudaDevice,
+    HostMemory, KernelRecord, KernelStat, KernelsGpu, KernelsProcess, KernelsSummary, NcclLaggard,
+    OtherKernels, ProcessOrdinal, SetRecord, SetStat, SteppedAsideSpan, SyncCall, SyncRecord,
+    SyncStat, TOP_KERNELS, TimeSplit,
+};
+use gpudiag_model::sample::DeviceInfo;
+
+use intervals::IntervalUnion;
+
+/// The caps that keep the aggregation's memory bounded.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// GPUs told apart (a host has at most 8 or 16; GPUs without a UUID are one per process
+    /// and ordinal).
+    pub gpus: usize,
+    pub processes: usize,
+    /// Distinct kernel names per GPU; runs of names past it count as "other".
+    pub names_per_gpu: usize,
+    /// Spans each GPU's interval unions hold before committing their older half.
+    pub gpu_spans: usize,
+    /// The same for each process's NCCL union.
+    pub process_spans: usize,
+    /// Stepped-aside intervals and devices kept per process.
+    pub per_process_list: usize,
+    /// Records kept for the trace (only when it is asked for).
+    pub kept_records: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            gpus: 32,
+            processes: 512,
+            names_per_gpu: 2_048,
+            gpu_spans: 32_768,
+            process_spans: 4_096,
+            per_process_list: 64,
+            // A trace holds every event in memory until it is written (about 1 kB each with
+            // its args): 250,000 rows is minutes of a training step, seconds of a loop of tiny
+            // kernels, and a quarter of a gigabyte at most.
+            kept_records: 250_000,
+        }
+    }
+}
+
+/// A process shares less time in NCCL than its peers' median by at least this much of its span
+/// before it is named: below it, the shares differ by noise (step boundaries, start-up).
+pub const NCCL_LAGGARD_MIN_GAP: f64 = 0.05;
+
+/// How a GPU is told apart: its UUID, else the process and the CUDA ordinal it used.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum GpuKey {
+    Uuid(Arc<str>),
+    Ordinal { pid: u32, ordinal: u32 },
+}
+
+impl GpuKey {
+    pub fn uuid(&self) -> Option<&str> {
+        match self {
+            GpuKey::Uuid(u) => Some(u),
+            GpuKey::Ordinal { .. } => None,
+        }
+    }
+}
+
+/// A record kept for the trace, on the Unix clock.
+#[derive(Debug, Clone)]
+pub struct KeptRecord {
+    pub pid: u32,
+    /// `None` for a synchronisation CUPTI gave no device for.
+    pub gpu: Option<GpuKey>,
+    /// The CUDA ordinal inside the process (what Kineto calls the device).
+    pub cuda_ordinal: Option<u32>,
+    pub start_unix_ns: u64,
+    pub end_unix_ns: u64,
+    pub what: Kept,
+}
+
+#[derive(Debug, Clone)]
+pub enum Kept {
+    Kernel {
+        name: Arc<str>,
+        context: u32,
+        stream: u32,
+        grid: [u32; 3],
+        block: [u32; 3],
+        registers_per_thread: u16,
+        shared_memory_bytes: u32,
+        graph_id: Option<u32>,
+        correlation_id: u32,
+    },
+    Copy {
+        context: u32,
+        stream: u32,
+        bytes: u64,
+        direction: CopyDirection,
+        host_memory: HostMemory,
+        correlation_id: u32,
+    },
+    Set {
+        context: u32,
+        stream: u32,
+        bytes: u64,
+        correlation_id: u32,
+    },
+    Sync {
+        context: u32,
+        stream: Option<u32>,
+        call: SyncCall,
+        correlation_id: u32,
+    },
+}
+
+/// The records kept for `--trace`, and how many were not.
+#[derive(Debug, Clone, Default)]
+pub struct KeptRecords {
+    pub records: Vec<KeptRecord>,
+    pub left_out: u64,
+    pub cap: usize,
+}
+
+#[derive(Debug, Clone)]
+struct NameAcc {
+    count: u64,
+    total_ns: u64,
+    grid: [u32; 3],
+    block: [u32; 3],
+    configs_vary: bool,
+    registers_per_thread: u16,
+    shared_memory_bytes: u32,
+    in_graphs: u64,
+    nccl: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Acc {
+    count: u64,
+    bytes: u64,
+    ns: u64,
+}
+
+impl Acc {
+    fn add(&mut self, bytes: u64, ns: u64) {
+        self.count = self.count.saturating_add(1);
+        self.bytes = self.bytes.saturating_add(bytes);
+        self.ns = self.ns.saturating_add(ns);
+    }
+}
+
+/// One GPU while records arrive.
+#[derive(Debug)]
+struct GpuAcc {
+    pids: Vec<u32>,
+    start: u64,
+    end: u64,
+    /// Compute kernels; all kernels; everything (kernels, copies, sets).
+    compute: IntervalUnion,
+    kernels_union: IntervalUnion,
+    all: IntervalUnion,
+    kernels: u64,
+    kernel_ns: u64,
+    names: HashMap<Arc<str>, NameAcc>,
+    past_name_cap: Acc,
+    copies: HashMap<(CopyDirection, HostMemory), Acc>,
+    sets: Acc,
+}
+
+impl GpuAcc {
+    fn new(limits: &Limits) -> Self {
+        GpuAcc {
+            pids: Vec::new(),
+            start: u64::MAX,
+            end: 0,
+            compute: IntervalUnion::new(limits.gpu_spans),
+            kernels_union: IntervalUnion::new(limits.gpu_spans),
+            all: IntervalUnion::new(limits.gpu_spans),
+            kernels: 0,
+            kernel_ns: 0,
+            names: HashMap::new(),
+            past_name_cap: Acc::default(),
+            copies: HashMap::new(),
+            sets: Acc::default(),
+        }
+    }
+
+    fn span(&mut self, pid: u32, start: u64, end: u64, limits: &Limits) {
+        self.start = self.start.min(start);
+        self.end = self.end.max(end);
+        if !self.pids.contains(&pid) && self.pids.len() < limits.per_process_list {
+            self.pids.push(pid);
+        }
+    }
+
+    fn late(&self) -> u64 {
+        self.compute.late + self.kernels_union.late + self.all.late
+    }
+}
+
+/// Host waits of one call.
+#[derive(Debug, Clone, Copy, Default)]
+struct SyncAcc {
+    count: u64,
+    ns: u64,
+}
+
+const SYNC_CALLS: [SyncCall; 5] = [
+    SyncCall::StreamSynchronize,
+    SyncCall::EventSynchronize,
+    SyncCall::ContextSynchronize,
+    SyncCall::StreamWaitEvent,
+    SyncCall::Unknown,
+];
+
+fn sync_slot(call: SyncCall) -> usize {
+    match call {
+        SyncCall::StreamSynchronize => 0,
+        SyncCall::EventSynchronize => 1,
+        SyncCall::ContextSynchronize => 2,
+        SyncCall::StreamWaitEvent => 3,
+        SyncCall::Unknown => 4,
+    }
+}
+
+/// One process while records arrive.
+#[derive(Debug)]
+struct ProcessAcc {
+    parent_pid: Option<u32>,
+    said_hello: bool,
+    said_goodbye: bool,
+    cupti_source: Option<String>,
+    cupti_api_version: Option<u32>,
+    cannot_record: Option<String>,
+    losses: CollectorLosses,
+    devices: Vec<CudaDevice>,
+    /// Stepped-aside intervals: (CUPTI ns the collector gave as their start, the span).
+    stepped_aside: Vec<(u64, SteppedAsideSpan)>,
+    clock: Option<ClockPair>,
+    start: Option<u64>,
+    end: Option<u64>,
+    kernels: u64,
+    nccl: IntervalUnion,
+    syncs: [SyncAcc; 5],
+}
+
+impl ProcessAcc {
+    fn new(limits: &Limits) -> Self {
+        ProcessAcc {
+            parent_pid: None,
+            said_hello: false,
+            said_goodbye: false,
+            cupti_source: None,
+            cupti_api_version: None,
+            cannot_record: None,
+            losses: CollectorLosses::default(),
+            devices: Vec::new(),
+            stepped_aside: Vec::new(),
+            clock: None,
+            start: None,
+            end: None,
+            kernels: 0,
+            nccl: IntervalUnion::new(limits.process_spans),
+            syncs: [SyncAcc::default(); 5],
+        }
+    }
+
+    fn span(&mut self, start: u64, end: u64) {
+        self.start = Some(self.start.map_or(start, |s| s.min(start)));
+        self.end = Some(self.end.map_or(end, |e| e.max(end)));
+    }
+
+    fn gpu_key(&self, pid: u32, ordinal: u32) -> GpuKey {
+        match self
+            .devices
+            .iter()
+            .find(|d| d.ordinal == ordinal)
+            .and_then(|d| d.uuid.as_deref())
+        {
+            Some(uuid) => GpuKey::Uuid(Arc::from(names::capped(uuid))),
+            None => GpuKey::Ordinal { pid, ordinal },
+        }
+    }
+
+    fn span_s(&self) -> Option<f64> {
+        let (s, e) = (self.start?, self.end?);
+        (e > s).then(|| (e - s) as f64 / 1e9)
+    }
+}
+
+/// CUPTI ns to Unix ns through the batch's clock pair, saturating (a pair that jumps, or a
+/// record far from it, gives a time far off, never an overflow).
+fn to_unix(ns: u64, clock: ClockPair) -> u64 {
+    let t = i128::from(ns) - i128::from(clock.cupti_ns) + i128::from(clock.unix_ns);
+    t.clamp(0, i128::from(u64::MAX)) as u64
+}
+
+/// Folds collector messages into a [`KernelsSummary`] as they arrive.
+#[derive(Debug)]
+pub struct KernelsAggregator {
+    limits: Limits,
+    gpus: BTreeMap<GpuKey, GpuAcc>,
+    processes: BTreeMap<u32, ProcessAcc>,
+    kept: Option<KeptRecords>,
+    records: u64,
+    gpus_past_cap: u64,
+    processes_past_cap: u64,
+    reversed: u64,
+}
+
+impl Default for KernelsAggregator {
+    fn default() -> Self {
+        Self::new(Limits::default(), false)
+    }
+}
+
+impl KernelsAggregator {
+    /// `keep_records`: keep every record (up to `limits.kept_records`) for the trace.
+    pub fn new(limits: Limits, keep_records: bool) -> Self {
+        KernelsAggregator {
+            limits,
+            gpus: BTreeMap::new(),
+            processes: BTreeMap::new(),
+            kept: keep_records.then(|| KeptRecords {
+                records: Vec::new(),
+                left_out: 0,
+                cap: limits.kept_records,
+            }),
+            records: 0,
+            gpus_past_cap: 0,
+            processes_past_cap: 0,
+            reversed: 0,
+        }
+    }
+
+    /// The process's state, created on its first message while under the cap.
+    fn process(&mut self, pid: u32) -> Option<&mut ProcessAcc> {
+        if !self.processes.contains_key(&pid) {
+            if self.processes.len() >= self.limits.processes {
+                self.processes_past_cap = self.processes_past_cap.saturating_add(1);
+                return None;
+            }
+            self.processes.insert(pid, ProcessAcc::new(&self.limits));
+        }
+        self.processes.get_mut(&pid)
+    }
+
+    /// The GPU's state, created on its first record while under the cap.
+    fn gpu(&mut self, key: &GpuKey) -> Option<&mut GpuAcc> {
+        if !self.gpus.contains_key(key) {
+            if self.gpus.len() >= self.limits.gpus {
+                self.gpus_past_cap = self.gpus_past_cap.saturating_add(1);
+                return None;
+            }
+            self.gpus.insert(key.clone(), GpuAcc::new(&self.limits));
+        }
+        self.gpus.get_mut(key)
+    }
+
+    fn keep(&mut self, record: impl FnOnce() -> KeptRecord) {
+        if let Some(kept) = &mut self.kept {
+            if kept.records.len() < kept.cap {
+                kept.records.push(record());
+            } else {
+                kept.left_out = kept.left_out.saturating_add(1);
+            }
+        }
+    }
+
+    /// Takes one message.
+    pub fn push(&mut self, message: &CollectorMessage) {
+        let pid = message.pid();
+        let limits = self.limits;
+        match message {
+            CollectorMessage::Hello(hello) => {
+                let Some(p) = self.process(pid) else { return };
+                p.said_hello = true;
+                p.parent_pid = Some(hello.parent_pid);
+                p.cupti_source = Some(names::capped(&hello.cupti_source).to_owned());
+                p.cupti_api_version = Some(hello.cupti_api_version);
+                p.clock = Some(hello.clock);
+                p.start = Some(
+                    p.start
+                        .map_or(hello.clock.unix_ns, |s| s.min(hello.clock.unix_ns)),
+                );
+                for d in &hello.devices {
+                    add_device(p, d, &limits);
+                }
+            }
+            CollectorMessage::Device { device, .. } => {
+                if let Some(p) = self.process(pid) {
+                    add_device(p, device, &limits);
+                }
+            }
+            CollectorMessage::Kernels { clock, records, .. } => {
+                for r in records {
+                    self.kernel(pid, *clock, r);
+                }
+            }
+            CollectorMessage::Copies { clock, records, .. } => {
+                for r in records {
+                    self.copy(pid, *clock, r);
+                }
+            }
+            CollectorMessage::Sets { clock, records, .. } => {
+                for r in records {
+                    self.set(pid, *clock, r);
+                }
+            }
+            CollectorMessage::Syncs { clock, records, .. } => {
+                for r in records {
+                    self.sync(pid, *clock, r);
+                }
+            }
+            CollectorMessage::Losses { losses, .. } => {
+                if let Some(p) = self.process(pid) {
+                    // Cumulative: the latest is the largest, whatever order they came in.
+                    p.losses.cupti_dropped = p.losses.cupti_dropped.max(losses.cupti_dropped);
+                    p.losses.send_dropped = p.losses.send_dropped.max(losses.send_dropped);
+                    p.losses.names_cut = p.losses.names_cut.max(losses.names_cut);
+                }
+            }
+            CollectorMessage::SteppedAside { from_ns, to_ns, .. } => {
+                let Some(p) = self.process(pid) else { return };
+                let Some(clock) = p.clock else { return };
+                let span = SteppedAsideSpan {
+                    from_unix_ns: to_unix(*from_ns, clock),
+                    to_unix_ns: to_ns.map(|t| to_unix(t, clock)),
+                };
+                // The end of an interval said open before.
+                if let Some(open) = p
+                    .stepped_aside
+                    .iter_mut()
+                    .find(|(from, s)| *from == *from_ns && s.to_unix_ns.is_none())
+                {
+                    open.1 = span;
+                } else if p.stepped_aside.len() < limits.per_process_list {
+                    p.stepped_aside.push((*from_ns, span));
+                }
+            }
+            CollectorMessage::CannotRecord { why, .. } => {
+                if let Some(p) = self.process(pid) {
+                    p.cannot_record = Some(names::capped(why).to_owned());
+                }
+            }
+            CollectorMessage::Goodbye { .. } => {
+                if let Some(p) = self.process(pid) {
+                    p.said_goodbye = true;
+                }
+            }
+        }
+    }
+
+    /// Unix times of a record, or `None` (counted) when it ends before it starts.
+    fn times(&mut self, start: u64, end: u64, clock: ClockPair) -> Option<(u64, u64)> {
+        if end < start {
+            self.reversed = self.reversed.saturating_add(1);
+            return None;
+        }
+        self.records = self.records.saturating_add(1);
+        Some((to_unix(start, clock), to_unix(end, clock)))
+    }
+
+    fn kernel(&mut self, pid: u32, clock: ClockPair, r: &KernelRecord) {
+        let Some((start, end)) = self.times(r.start_ns, r.end_ns, clock) else {
+            return;
+        };
+        let limits = self.limits;
+        let nccl = names::is_nccl(&r.name);
+        let Some(p) = self.process(pid) else { return };
+        p.span(start, end);
+        p.clock = Some(clock);
+        p.kernels = p.kernels.saturating_add(1);
+        if nccl {
+            p.nccl.insert(start, end);
+        }
+        let key = p.gpu_key(pid, r.device);
+        if let Some(g) = self.gpu(&key) {
+            g.span(pid, start, end, &limits);
+            g.kernels = g.kernels.saturating_add(1);
+            let ns = end - start;
+            g.kernel_ns = g.kernel_ns.saturating_add(ns);
+            if !nccl {
+                g.compute.insert(start, end);
+            }
+            g.kernels_union.insert(start, end);
+            g.all.insert(start, end);
+            let name = names::capped(&r.name);
+            let room = g.names.len() < limits.names_per_gpu;
+            match g.names.get_mut(name) {
+                Some(n) => {
+                    n.count = n.count.saturating_add(1);
+                    n.total_ns = n.total_ns.saturating_add(ns);
+                    n.configs_vary |= n.grid != r.grid || n.block != r.block;
+                    n.in_graphs += u64::from(r.graph_id.is_some());
+                }
+                None if room => {
+                    let shared = if name.len() == r.name.len() {
+                        r.name.clone()
+                    } else {
+                        Arc::from(name)
+                    };
+                    g.names.insert(
+                        shared,
+                        NameAcc {
+                            count: 1,
+                            total_ns: ns,
+                            grid: r.grid,
+                            block: r.block,
+                            configs_vary: false,
+                            registers_per_thread: r.registers_per_thread,
+                            shared_memory_bytes: r.shared_memory_bytes,
+                            in_graphs: u64::from(r.graph_id.is_some()),
+                            nccl,
+                        },
+                    );
+                }
+                None => g.past_name_cap.add(0, ns),
+            }
+        }
+        self.keep(|| KeptRecord {
+            pid,
+            gpu: Some(key),
+            cuda_ordinal: Some(r.device),
+            start_unix_ns: start,
+            end_unix_ns: end,
+            what: Kept::Kernel {
+                name: r.name.clone(),
+                context: r.context,
+                stream: r.stream,
+                grid: r.grid,
+                block: r.block,
+                registers_per_thread: r.registers_per_thread,
+                shared_memory_bytes: r.shared_memory_bytes,
+                graph_id: r.graph_id,
+                correlation_id: r.correlation_id,
+            },
+        });
+    }
+
+    /// A copy or a set: GPU time that is not a kernel's. Returns its GPU's key.
+    fn transfer(
+        &mut self,
+        pid: u32,
+        device: u32,
+        clock: ClockPair,
+        start: u64,
+        end: u64,
+    ) -> Option<GpuKey> {
+        let limits = self.limits;
+        let p = self.process(pid)?;
+        p.span(start, end);
+        p.clock = Some(clock);
+        let key = p.gpu_key(pid, device);
+        let g = self.gpu(&key)?;
+        g.span(pid, start, end, &limits);
+        g.all.insert(start, end);
+        Some(key)
+    }
+
+    fn copy(&mut self, pid: u32, clock: ClockPair, r: &CopyRecord) {
+        let Some((start, end)) = self.times(r.start_ns, r.end_ns, clock) else {
+            return;
+        };
+        let Some(key) = self.transfer(pid, r.device, clock, start, end) else {
+            return;
+        };
+        let Some(g) = self.gpus.get_mut(&key) else {
+            return;
+        };
+        if g.copies.len() < 64 || g.copies.contains_key(&(r.direction, r.host_memory)) {
+            g.copies
+                .entry((r.direction, r.host_memory))
+                .or_default()
+                .add(r.bytes, end - start);
+        }
+        self.keep(|| KeptRecord {
+            pid,
+            gpu: Some(key),
+            cuda_ordinal: Some(r.device),
+            start_unix_ns: start,
+            end_unix_ns: end,
+            what: Kept::Copy {
+                context: r.context,
+                stream: r.stream,
+                bytes: r.bytes,
+                direction: r.direction,
+                host_memory: r.host_memory,
+                correlation_id: r.correlation_id,
+            },
+        });
+    }
+
+    fn set(&mut self, pid: u32, clock: ClockPair, r: &SetRecord) {
+        let Some((start, end)) = self.times(r.start_ns, r.end_ns, clock) else {
+            return;
+        };
+        let Some(key) = self.transfer(pid, r.device, clock, start, end) else {
+            return;
+        };
+        if let Some(g) = self.gpus.get_mut(&key) {
+            g.sets.add(r.bytes, end - start);
+        }
+        self.keep(|| KeptRecord {
+            pid,
+            gpu: Some(key),
+            cuda_ordinal: Some(r.device),
+            start_unix_ns: start,
+            end_unix_ns: end,
+            what: Kept::Set {
+                context: r.context,
+                stream: r.stream,
+                bytes: r.bytes,
+                correlation_id: r.correlation_id,
+            },
+        });
+    }
+
+    fn sync(&mut self, pid: u32, clock: ClockPair, r: &SyncRecord) {
+        let Some((start, end)) = self.times(r.start_ns, r.end_ns, clock) else {
+            return;
+        };
+        let Some(p) = self.process(pid) else { return };
+        p.span(start, end);
+        p.clock = Some(clock);
+        let s = &mut p.syncs[sync_slot(r.call)];
+        s.count = s.count.saturating_add(1);
+        s.ns = s.ns.saturating_add(end - start);
+        let key = r.device.map(|d| (p.gpu_key(pid, d), d));
+        self.keep(|| KeptRecord {
+            pid,
+            cuda_ordinal: key.as_ref().map(|(_, d)| *d),
+            gpu: key.map(|(k, _)| k),
+            start_unix_ns: start,
+            end_unix_ns: end,
+            what: Kept::Sync {
+                context: r.context,
+                stream: r.stream,
+                call: r.call,
+                correlation_id: r.correlation_id,
+            },
+        });
+    }
+
+    /// The records kept for the trace (`None` when keeping was not asked for).
+    pub fn take_kept(&mut self) -> Option<KeptRecords> {
+        self.kept.take()
+    }
+
+    /// The summary of everything pushed so far.
+    pub fn summary(&self) -> KernelsSummary {
+        let mut gpus: Vec<(u64, KernelsGpu)> = self
+            .gpus
+            .iter()
+            .map(|(key, g)| (g.all.total_ns(), gpu_summary(key, g)))
+            .collect();
+        gpus.sort_by_key(|g| std::cmp::Reverse(g.0));
+        let processes: Vec<KernelsProcess> = self
+            .processes
+            .iter()
+            .map(|(&pid, p)| process_summary(pid, p))
+            .collect();
+        let mut left_out = Vec::new();
+        if self.gpus_past_cap > 0 {
+            left_out.push(format!(
+                "{} record(s) of GPUs past the first {}",
+                self.gpus_past_cap, self.limits.gpus
+            ));
+        }
+        if self.processes_past_cap > 0 {
+            left_out.push(format!(
+                "{} message(s) of processes past the first {}",
+                self.processes_past_cap, self.limits.processes
+            ));
+        }
+        if self.reversed > 0 {
+            left_out.push(format!(
+                "{} record(s) that ended before they started",
+                self.reversed
+            ));
+        }
+        let late: u64 = self.gpus.values().map(GpuAcc::late).sum();
+        if late > 0 {
+            left_out.push(format!(
+                "{late} record(s) arrived too late to place in the time split"
+            ));
+        }
+        let not_recorded = (self.records == 0).then(|| self.why_nothing());
+        KernelsSummary {
+            not_recorded,
+            gpus: gpus.into_iter().map(|(_, g)| g).collect(),
+            nccl_laggard: nccl_laggard(&processes, NCCL_LAGGARD_MIN_GAP),
+            processes,
+            left_out,
+        }
+    }
+
+    /// Why no record arrived, from what the collectors said.
+    fn why_nothing(&self) -> String {
+        if self.processes.is_empty() {
+            return "the collector loaded in no process: the command ran no CUDA, or its \
+                    launcher did not pass the environment on (docker run, sudo, env -i, a Ray \
+                    or Dask daemon)"
+                .into();
+        }
+        let refused: Vec<String> = self
+            .processes
+            .iter()
+            .filter_map(|(pid, p)| Some(format!("pid {pid}: {}", p.cannot_record.as_deref()?)))
+            .collect();
+        if !refused.is_empty() {
+            return format!("the collector could not record ({})", refused.join("; "));
+        }
+        let aside = self.processes.values().any(|p| !p.stepped_aside.is_empty());
+        if aside {
+            return "another profiler (torch.profiler, Nsight) held CUPTI while the GPUs ran: \
+                    its trace has the kernels"
+                .into();
+        }
+        format!(
+            "the collector loaded in {} process(es) but they ran no kernel, copy or \
+             synchronisation",
+            self.processes.len()
+        )
+    }
+}
+
+fn add_device(p: &mut ProcessAcc, d: &CudaDevice, limits: &Limits) {
+    if let Some(known) = p.devices.iter_mut().find(|k| k.ordinal == d.ordinal) {
+        if known.uuid.is_none() {
+            known.uuid = d.uuid.as_deref().map(|u| names::capped(u).to_owned());
+        }
+    } else if p.devices.len() < limits.per_process_list {
+        p.devices.push(CudaDevice {
+            ordinal: d.ordinal,
+            uuid: d.uuid.as_deref().map(|u| names::capped(u).to_owned()),
+        });
+    }
+}
+
+fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+fn gpu_summary(key: &GpuKey, g: &GpuAcc) -> KernelsGpu {
+    let (start, end) = if g.start <= g.end {
+        (g.start, g.end)
+    } else {
+        (0, 0)
+    };
+    let span = end - start;
+    let compute = g.compute.total_ns();
+    let kernels = g.kernels_union.total_ns().max(compute);
+    let all = g.all.total_ns().max(kernels);
+    let time = TimeSplit {
+        span_s: secs(span),
+        compute_s: secs(compute),
+        nccl_s: secs(kernels - compute),
+        copy_s: secs(all - kernels),
+        idle_s: secs(span.saturating_sub(all)),
+    };
+    let busy_s = secs(all);
+    let mut ranked: Vec<(&Arc<str>, &NameAcc)> = g.names.iter().collect();
+    ranked.sort_by(|a, b| b.1.total_ns.cmp(&a.1.total_ns).then(a.0.cmp(b.0)));
+    let top_kernels: Vec<KernelStat> = ranked
+        .iter()
+        .take(TOP_KERNELS)
+        .map(|(name, n)| {
+            let full = names::demangle(name);
+            KernelStat {
+                short_name: names::shorten(&full),
+                name: full,
+                count: n.count,
+                total_s: secs(n.total_ns),
+                mean_us: n.total_ns as f64 / n.count.max(1) as f64 / 1e3,
+                share_of_busy: if busy_s > 0.0 {
+                    secs(n.total_ns) / busy_s
+                } else {
+                    0.0
+                },
+                grid: n.grid,
+                block: n.block,
+                configs_vary: n.configs_vary,
+                registers_per_thread: n.registers_per_thread,
+                shared_memory_bytes: n.shared_memory_bytes,
+                in_graphs: n.in_graphs,
+                nccl: n.nccl,
+            }
+        })
+        .collect();
+    let rest = ranked.iter().skip(TOP_KERNELS);
+    let mut other = OtherKernels {
+        count: g.past_name_cap.count,
+        total_s: 0.0,
+        names: 0,
+        past_name_cap: g.past_name_cap.count,
+    };
+    let mut other_ns = g.past_name_cap.ns;
+    for (_, n) in rest {
+        other.count = other.count.saturating_add(n.count);
+        other.names += 1;
+        other_ns = other_ns.saturating_add(n.total_ns);
+    }
+    other.total_s = secs(other_ns);
+    let mut copies: Vec<CopyStat> = g
+        .copies
+        .iter()
+        .map(|(&(direction, host_memory), a)| CopyStat {
+            direction,
+            host_memory,
+            count: a.count,
+            bytes: a.bytes,
+            total_s: secs(a.ns),
+            gb_per_s: (a.ns > 0).then(|| a.bytes as f64 / a.ns as f64),
+        })
+        .collect();
+    copies.sort_by(|a, b| {
+        b.total_s
+            .total_cmp(&a.total_s)
+            .then(b.bytes.cmp(&a.bytes))
+            .then(
+                format!("{:?}{:?}", a.direction, a.host_memory)
+                    .cmp(&format!("{:?}{:?}", b.direction, b.host_memory)),
+            )
+    });
+    let (uuid, only_as) = match key {
+        GpuKey::Uuid(u) => (Some(u.to_string()), None),
+        GpuKey::Ordinal { pid, ordinal } => (
+            None,
+            Some(ProcessOrdinal {
+                pid: *pid,
+                cuda_ordinal: *ordinal,
+            }),
+        ),
+    };
+    let mut pids = g.pids.clone();
+    pids.sort_unstable();
+    KernelsGpu {
+        uuid,
+        index: None,
+        only_as,
+        pids,
+        start_unix_ns: start,
+        end_unix_ns: end,
+        time,
+        kernels: g.kernels,
+        kernels_per_s: (span > 0).then(|| g.kernels as f64 / secs(span)),
+        mean_kernel_us: (g.kernels > 0).then(|| g.kernel_ns as f64 / g.kernels as f64 / 1e3),
+        top_kernels,
+        other_kernels: other,
+        copies,
+        sets: SetStat {
+            count: g.sets.count,
+            bytes: g.sets.bytes,
+            total_s: secs(g.sets.ns),
+        },
+    }
+}
+
+fn process_summary(pid: u32, p: &ProcessAcc) -> KernelsProcess {
+    let span_s = p.span_s();
+    let nccl_s = secs(p.nccl.total_ns());
+    let mut syncs: Vec<SyncStat> = SYNC_CALLS
+        .iter()
+        .zip(p.syncs.iter())
+        .filter(|(_, s)| s.count > 0)
+        .map(|(&call, s)| SyncStat {
+            call,
+            call_name: call.call_name().to_owned(),
+            count: s.count,
+            total_s: secs(s.ns),
+            per_s: span_s.map(|span| s.count as f64 / span),
+            // A stream waiting on an event costs the host nothing.
+            share_of_host: span_s
+                .filter(|_| call.blocks_host())
+                .map(|span| secs(s.ns) / span),
+        })
+        .collect();
+    syncs.sort_by(|a, b| b.total_s.total_cmp(&a.total_s).then(b.count.cmp(&a.count)));
+    KernelsProcess {
+        pid,
+        parent_pid: p.parent_pid,
+        said_hello: p.said_hello,
+        said_goodbye: p.said_goodbye,
+        cupti_source: p.cupti_source.clone(),
+        cupti_api_version: p.cupti_api_version,
+        cannot_record: p.cannot_record.clone(),
+        losses: p.losses,
+        stepped_aside: p.stepped_aside.iter().map(|(_, s)| *s).collect(),
+        start_unix_ns: p.start,
+        end_unix_ns: p.end,
+        kernels: p.kernels,
+        nccl_s,
+        nccl_share: span_s.map(|span| (nccl_s / span).min(1.0)),
+        syncs,
+    }
+}
+
+/// The process that spends clearly less of its span in NCCL kernels than the median of its
+/// peers: in a data-parallel job every rank waits in its collectives for the slowest, which
+/// arrives last and waits least. Among processes that ran NCCL kernels, two at least; named
+/// when its share is below the others' median by `min_gap` (a fraction of the span) or more.
+pub fn nccl_laggard(processes: &[KernelsProcess], min_gap: f64) -> Option<NcclLaggard> {
+    let mut shares: Vec<(u32, f64)> = processes
+        .iter()
+        .filter(|p| p.nccl_s > 0.0)
+        .filter_map(|p| Some((p.pid, p.nccl_share?)))
+        .collect();
+    if shares.len() < 2 {
+        return None;
+    }
+    shares.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    let (pid, lowest) = shares[0];
+    let mut peers: Vec<f64> = shares[1..].iter().map(|s| s.1).collect();
+    peers.sort_by(f64::total_cmp);
+    let mid = peers.len() / 2;
+    let median = if peers.len().is_multiple_of(2) {
+        (peers[mid - 1] + peers[mid]) / 2.0
+    } else {
+        peers[mid]
+    };
+    if median - lowest < min_gap {
+        return None;
+    }
+    shares.sort_by_key(|s| s.0);
+    Some(NcclLaggard {
+        pid,
+        nccl_share: lowest,
+        peers_median_share: median,
+        shares,
+    })
+}
+
+/// Gives each GPU of the summary gpudiag's index, by UUID.
+pub fn match_devices(summary: &mut KernelsSummary, devices: &[DeviceInfo]) {
+    for g in &mut summary.gpus {
+        g.index = g.uuid.as_deref().and_then(|u| {
+            devices
+                .iter()
+                .find(|d| d.uuid.as_deref().is_some_and(|d| d.eq_ignore_ascii_case(u)))
+                .map(|d| d.index)
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,375 @@
+//! Synthetic message streams: the shapes `run --kernels` must tell apart, and hostile input.
+
+use std::sync::Arc;
+
+use gpudiag_model::kernels::{
+    ClockPair, CollectorLosses, CollectorMessage, CudaDevice, HostMemory, KernelRecord, SetRecord,
+    SyncCall,
+};
+use gpudiag_model::verdict::{Basis, Bottleneck};
+
+use super::synthetic::*;
+use super::verdict::{evidence_of, judge};
+use super::*;
+
+fn aggregate(messages: &[CollectorMessage]) -> KernelsSummary {
+    let mut a = KernelsAggregator::default();
+    for m in messages {
+        a.push(m);
+    }
+    a.summary()
+}
+
+#[test]
+fn a_sync_bound_loop_names_the_call_its_rate_and_share() {
+    let s = aggregate(&sync_bound_stream(100));
+    assert_eq!(s.not_recorded, None);
+    let gpu = &s.gpus[0];
+    assert_eq!(gpu.uuid.as_deref(), Some("GPU-aaaa"));
+    assert_eq!(gpu.kernels, 333);
+    let t = gpu.time;
+    assert!((t.compute_s - 0.333).abs() < 1e-9, "{t:?}");
+    assert!((t.idle_s - (t.span_s - 0.333)).abs() < 1e-9, "{t:?}");
+    let p = &s.processes[0];
+    assert!(p.said_hello && p.said_goodbye);
+    let sync = &p.syncs[0];
+    assert_eq!(sync.call, SyncCall::StreamSynchronize);
+    assert_eq!(sync.count, 333);
+    // The span runs from the hello (CUPTI 0) to the last kernel's end.
+    let span = (p.end_unix_ns.unwrap() - p.start_unix_ns.unwrap()) as f64 / 1e9;
+    assert!((sync.per_s.unwrap() - 333.0 / span).abs() < 1e-6);
+    let share = sync.share_of_host.unwrap();
+    assert!((share - 333.0 * 1.95e-3 / span).abs() < 1e-6, "{share}");
+    let v = judge(0, gpu, &s.processes, None, 0, 1).unwrap();
+    assert_eq!(v.bottleneck, Bottleneck::SyncBound);
+    assert_eq!(v.basis, Basis::Kernels);
+    assert!(
+        v.title
+            .starts_with("cudaStreamSynchronize 334 a second, 65% of the host's time"),
+        "{}",
+        v.title
+    );
+    assert_eq!(
+        evidence_of(&v, "sync_call").unwrap(),
+        "cudaStreamSynchronize"
+    );
+}
+
+#[test]
+fn a_launch_bound_loop_gives_the_launch_rate_and_mean_length() {
+    let s = aggregate(&launch_bound_stream(7));
+    let gpu = &s.gpus[0];
+    assert_eq!(gpu.kernels, 100_000);
+    let rate = gpu.kernels_per_s.unwrap();
+    assert!((rate - 100_000.0).abs() < 100.0, "{rate}");
+    assert!((gpu.mean_kernel_us.unwrap() - 4.0).abs() < 1e-9);
+    let k = &gpu.top_kernels[0];
+    assert_eq!(k.short_name, "at::native::vectorized_elementwise_kernel<…>");
+    assert!(
+        k.name
+            .starts_with("void at::native::vectorized_elementwise_kernel<4,")
+    );
+    assert!((k.share_of_busy - 1.0).abs() < 1e-9);
+    let v = judge(0, gpu, &s.processes, None, 0, 1).unwrap();
+    assert_eq!(v.bottleneck, Bottleneck::LaunchBound);
+    assert!(
+        v.title.starts_with("100,0") && v.title.contains("averaging 4.0 µs"),
+        "{}",
+        v.title
+    );
+}
+
+#[test]
+fn pageable_copies_are_called_out_by_size() {
+    let msgs = pageable_copies_stream(5);
+    let s = aggregate(&msgs);
+    let gpu = &s.gpus[0];
+    assert_eq!(gpu.copies.len(), 2);
+    let c = &gpu.copies[0];
+    assert_eq!(c.host_memory, HostMemory::Pageable);
+    assert_eq!((c.count, c.bytes), (100, 100 * (64 << 20)));
+    assert!((c.gb_per_s.unwrap() - (64u64 << 20) as f64 / 6e6).abs() < 1e-6);
+    let v = judge(0, gpu, &s.processes, None, 0, 1).unwrap();
+    assert_eq!(v.bottleneck, Bottleneck::CopyBound);
+    assert!(
+        v.title
+            .contains("100 pageable host→device copies of 64.0 MiB on average"),
+        "{}",
+        v.title
+    );
+    assert!(v.advice.contains("pin_memory=True"));
+    // Never said goodbye: killed, or os._exit.
+    assert!(!s.processes[0].said_goodbye);
+}
+
+#[test]
+fn the_rank_with_the_least_nccl_time_is_named() {
+    let s = aggregate(&two_ranks());
+    let laggard = s.nccl_laggard.clone().unwrap();
+    assert_eq!(laggard.pid, 201);
+    assert!(
+        laggard.peers_median_share > 0.35 && laggard.nccl_share < 0.15,
+        "{laggard:?}"
+    );
+    let gpu = s
+        .gpus
+        .iter()
+        .find(|g| g.uuid.as_deref() == Some("GPU-r0"))
+        .unwrap();
+    assert!((gpu.time.nccl_s - 0.4).abs() < 1e-6, "{:?}", gpu.time);
+    assert!(gpu.top_kernels.iter().any(|k| k.nccl));
+    // Shares within the gap: nobody is named.
+    assert!(nccl_laggard(&s.processes, 0.5).is_none());
+}
+
+#[test]
+fn overlapping_streams_count_once_and_nccl_behind_compute_is_compute() {
+    let m = name(MATMUL);
+    let ar = name(ALLREDUCE);
+    let records = vec![
+        kernel(&m, 0, 10 * MS, 7),
+        kernel(&m, 5 * MS, 15 * MS, 8),
+        // Hidden behind the matmuls for 5 ms, alone for 5 ms.
+        kernel(&ar, 10 * MS, 20 * MS, 20),
+    ];
+    let sets = CollectorMessage::Sets {
+        pid: 1,
+        clock: CLOCK,
+        records: vec![SetRecord {
+            start_ns: CUPTI0 + 18 * MS,
+            end_ns: CUPTI0 + 25 * MS,
+            device: 0,
+            context: 1,
+            stream: 7,
+            bytes: 4,
+            correlation_id: 9,
+        }],
+    };
+    let s = aggregate(&[hello(1, "GPU-x"), kernels(1, records), sets]);
+    let t = s.gpus[0].time;
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    assert!(close(t.span_s, 0.025), "{t:?}");
+    assert!(close(t.compute_s, 0.015), "{t:?}");
+    assert!(close(t.nccl_s, 0.005), "{t:?}");
+    assert!(close(t.copy_s, 0.005), "{t:?}");
+    assert!(close(t.idle_s, 0.0), "{t:?}");
+    assert_eq!(s.gpus[0].sets.count, 1);
+}
+
+#[test]
+fn batches_out_of_order_give_the_same_summary() {
+    let msgs = launch_bound_stream(7);
+    let mut shuffled = msgs.clone();
+    // Each pair of batches arrives the later one first (two buffers flushed in either order).
+    for i in (1..11).step_by(2) {
+        shuffled.swap(i, i + 1);
+    }
+    let a = aggregate(&msgs);
+    let b = aggregate(&shuffled);
+    assert_eq!(a.gpus[0].time, b.gpus[0].time);
+    assert_eq!(a.gpus[0].kernels, b.gpus[0].kernels);
+    assert!(b.left_out.is_empty(), "{:?}", b.left_out);
+    // A whole second of 100,000 gaps reversed is more than the union holds: what could not be
+    // placed is said, not silently dropped.
+    let mut reversed = msgs.clone();
+    reversed[1..11].reverse();
+    let c = aggregate(&reversed);
+    assert_eq!(c.gpus[0].kernels, 100_000);
+    assert!(
+        c.left_out.iter().any(|l| l.contains("too late to place")),
+        "{:?}",
+        c.left_out
+    );
+}
+
+#[test]
+fn a_stepped_aside_interval_and_the_collectors_state_are_reported() {
+    let mut msgs = sync_bound_stream(300);
+    msgs.pop(); // killed: no goodbye
+    msgs.push(CollectorMessage::SteppedAside {
+        pid: 300,
+        from_ns: CUPTI0 + 100 * MS,
+        to_ns: None,
+    });
+    msgs.push(CollectorMessage::SteppedAside {
+        pid: 300,
+        from_ns: CUPTI0 + 100 * MS,
+        to_ns: Some(CUPTI0 + 150 * MS),
+    });
+    msgs.push(CollectorMessage::Losses {
+        pid: 300,
+        losses: CollectorLosses {
+            cupti_dropped: 5,
+            send_dropped: 2,
+            names_cut: 0,
+        },
+    });
+    msgs.push(CollectorMessage::CannotRecord {
+        pid: 301,
+        why: "no libcupti".into(),
+    });
+    let s = aggregate(&msgs);
+    let p = s.processes.iter().find(|p| p.pid == 300).unwrap();
+    assert!(!p.said_goodbye);
+    assert_eq!(
+        p.stepped_aside,
+        vec![SteppedAsideSpan {
+            from_unix_ns: UNIX0 + 100 * MS,
+            to_unix_ns: Some(UNIX0 + 150 * MS),
+        }]
+    );
+    assert_eq!(p.losses.cupti_dropped, 5);
+    let q = s.processes.iter().find(|p| p.pid == 301).unwrap();
+    assert_eq!(q.cannot_record.as_deref(), Some("no libcupti"));
+}
+
+#[test]
+fn nothing_recorded_says_why() {
+    let none = aggregate(&[]);
+    assert!(none.not_recorded.unwrap().contains("loaded in no process"));
+    let refused = aggregate(&[CollectorMessage::CannotRecord {
+        pid: 4,
+        why: "no libcupti was found".into(),
+    }]);
+    assert_eq!(
+        refused.not_recorded.as_deref(),
+        Some("the collector could not record (pid 4: no libcupti was found)")
+    );
+    let quiet = aggregate(&[hello(4, "GPU-q"), CollectorMessage::Goodbye { pid: 4 }]);
+    assert!(quiet.not_recorded.unwrap().contains("ran no kernel"));
+}
+
+#[test]
+fn the_gpus_are_matched_to_gpudiags_indices_by_uuid() {
+    let mut s = aggregate(&sync_bound_stream(100));
+    let device = |index, uuid: &str| gpudiag_model::sample::DeviceInfo {
+        index,
+        uuid: Some(uuid.into()),
+        ..Default::default()
+    };
+    match_devices(&mut s, &[device(0, "GPU-zzzz"), device(3, "GPU-AAAA")]);
+    assert_eq!(s.gpus[0].index, Some(3));
+}
+
+#[test]
+fn a_verdict_needs_a_clear_waste_and_leaves_busy_gpus_to_the_counters() {
+    let m = name(MATMUL);
+    let records = (0..1000u64)
+        .map(|i| kernel(&m, i * MS, (i + 1) * MS, 7))
+        .collect();
+    let s = aggregate(&[hello(1, "GPU-busy"), kernels(1, records)]);
+    assert!(judge(0, &s.gpus[0], &s.processes, None, 0, 1).is_none());
+}
+
+#[test]
+fn hostile_input_never_panics_and_stays_bounded() {
+    let limits = Limits {
+        gpus: 4,
+        processes: 8,
+        names_per_gpu: 100,
+        gpu_spans: 256,
+        process_spans: 64,
+        per_process_list: 4,
+        kept_records: 1_000,
+    };
+    let mut a = KernelsAggregator::new(limits, true);
+    a.push(&hello(1, "GPU-h"));
+    // Reversed records, extreme times, a clock that jumps back and forth.
+    let m = name(MATMUL);
+    let mut wild = vec![kernel(&m, 10, 5, 7)];
+    wild.push(KernelRecord {
+        start_ns: u64::MAX - 1,
+        end_ns: u64::MAX,
+        ..kernel(&m, 0, 1, 7)
+    });
+    wild.push(KernelRecord {
+        start_ns: 0,
+        end_ns: u64::MAX,
+        ..kernel(&m, 0, 1, 7)
+    });
+    for jump in [0, u64::MAX, 1, u64::MAX / 2] {
+        a.push(&CollectorMessage::Kernels {
+            pid: 1,
+            clock: ClockPair {
+                cupti_ns: jump,
+                unix_ns: u64::MAX - jump,
+            },
+            records: wild.clone(),
+        });
+    }
+    // 10^6 distinct names, each longer than the cap.
+    let long_tail = "x".repeat(gpudiag_model::kernels::MAX_KERNEL_NAME_BYTES + 10);
+    for batch in 0..100u64 {
+        let records = (0..10_000u64)
+            .map(|i| {
+                let n: Arc<str> = Arc::from(format!("k{}_{}{long_tail}", batch, i).as_str());
+                let t = (batch * 10_000 + i) * 1_000;
+                kernel(&n, t, t + 500, (i % 4) as u32)
+            })
+            .collect();
+        a.push(&kernels(1, records));
+    }
+    // Many processes and GPUs (one per process and ordinal without a UUID).
+    for pid in 10..1_000u32 {
+        a.push(&CollectorMessage::Device {
+            pid,
+            device: CudaDevice {
+                ordinal: pid,
+                uuid: None,
+            },
+        });
+        a.push(&kernels(pid, vec![kernel(&m, 0, 10, 1)]));
+        a.push(&CollectorMessage::SteppedAside {
+            pid,
+            from_ns: 0,
+            to_ns: None,
+        });
+    }
+    // Huge counts.
+    a.push(&CollectorMessage::Losses {
+        pid: 1,
+        losses: CollectorLosses {
+            cupti_dropped: u64::MAX,
+            send_dropped: u64::MAX,
+            names_cut: u64::MAX,
+        },
+    });
+    assert!(a.gpus.len() <= 4);
+    assert!(a.processes.len() <= 8);
+    for g in a.gpus.values() {
+        assert!(g.names.len() <= 100);
+        assert!(
+            g.names
+                .keys()
+                .all(|n| n.len() <= gpudiag_model::kernels::MAX_KERNEL_NAME_BYTES)
+        );
+        assert!(g.all.held() <= 257 && g.compute.held() <= 257);
+    }
+    let kept = a.take_kept().unwrap();
+    assert_eq!(kept.records.len(), 1_000);
+    assert!(kept.left_out > 990_000);
+    let s = a.summary();
+    assert!(
+        s.left_out
+            .iter()
+            .any(|l| l.contains("ended before they started"))
+    );
+    assert!(
+        s.left_out
+            .iter()
+            .any(|l| l.contains("processes past the first 8"))
+    );
+    assert!(
+        s.left_out
+            .iter()
+            .any(|l| l.contains("GPUs past the first 4"))
+    );
+    let h = s
+        .gpus
+        .iter()
+        .find(|g| g.uuid.as_deref() == Some("GPU-h"))
+        .unwrap();
+    assert!(h.other_kernels.past_name_cap > 900_000);
+    assert_eq!(h.top_kernels.len(), TOP_KERNELS);
+    serde_json::to_string(&s).unwrap();
+}

@@ -1,0 +1,328 @@
+//! The kernels section `run --kernels` prints at the end: per GPU where its time went, the
+//! kernels and copies that took it, the host's waits, and what the collector missed, worded
+//! for someone who knows PyTorch rather than CUPTI.
+
+use std::fmt::Write;
+
+use gpudiag_core::kernels::verdict::{bytes, direction_label, grouped, memory_name};
+use gpudiag_model::kernels::{HostMemory, KernelsGpu, KernelsProcess, KernelsSummary};
+use gpudiag_model::printable;
+
+/// The kernels listed per GPU in text (the report has more).
+const TEXT_KERNELS: usize = 5;
+const TEXT_COPIES: usize = 3;
+
+/// The section, each line starting with `gpudiag:` or indented under one.
+pub fn kernels_section(s: &KernelsSummary) -> String {
+    let mut out = String::new();
+    if let Some(why) = &s.not_recorded {
+        let _ = writeln!(
+            out,
+            "gpudiag: kernels: nothing recorded: {}",
+            printable::line(why)
+        );
+        collector_state(&mut out, s);
+        return out;
+    }
+    for g in &s.gpus {
+        gpu_block(&mut out, g, s);
+    }
+    if let Some(l) = &s.nccl_laggard {
+        let shares: Vec<String> = l
+            .shares
+            .iter()
+            .map(|(pid, share)| format!("pid {pid} {}", pct(*share)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "gpudiag: kernels: pid {} spends {} of its time in NCCL kernels, its peers {}: the \
+             others wait for it in their collectives, so it is the slow rank ({})",
+            l.pid,
+            pct(l.nccl_share),
+            pct(l.peers_median_share),
+            shares.join(", ")
+        );
+    }
+    collector_state(&mut out, s);
+    out
+}
+
+fn pct(share: f64) -> String {
+    let p = share * 100.0;
+    if p > 0.0 && p < 1.0 {
+        "<1%".into()
+    } else {
+        format!("{p:.0}%")
+    }
+}
+
+/// "1.23 s", "4.5 ms", "12 µs".
+fn duration(s: f64) -> String {
+    if s >= 1.0 {
+        format!("{s:.2} s")
+    } else if s >= 1e-3 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{:.1} µs", s * 1e6)
+    }
+}
+
+fn gpu_name(g: &KernelsGpu) -> String {
+    match (g.index, &g.uuid, &g.only_as) {
+        (Some(i), _, _) => format!("GPU {i}"),
+        (None, Some(u), _) => printable::line(u).into_owned(),
+        (None, None, Some(o)) => format!("CUDA device {} of pid {}", o.cuda_ordinal, o.pid),
+        (None, None, None) => "a GPU".into(),
+    }
+}
+
+fn gpu_block(out: &mut String, g: &KernelsGpu, s: &KernelsSummary) {
+    let t = &g.time;
+    let share = |x: f64| {
+        if t.span_s > 0.0 {
+            pct(x / t.span_s)
+        } else {
+            "–".into()
+        }
+    };
+    let pids: Vec<String> = g.pids.iter().map(u32::to_string).collect();
+    let _ = writeln!(
+        out,
+        "gpudiag: kernels on {} (pid {}) over {}: compute {} · NCCL {} · copies {} · idle {}",
+        gpu_name(g),
+        pids.join(", "),
+        duration(t.span_s),
+        share(t.compute_s),
+        share(t.nccl_s),
+        share(t.copy_s),
+        share(t.idle_s)
+    );
+    if let (Some(rate), Some(mean)) = (g.kernels_per_s, g.mean_kernel_us) {
+        let _ = writeln!(
+            out,
+            "  {} kernels, {} a second, {} on average",
+            grouped(g.kernels as f64),
+            grouped(rate),
+            duration(mean / 1e6)
+        );
+    }
+    if !g.top_kernels.is_empty() {
+        let _ = writeln!(out, "  top kernels by GPU time (share of busy time):");
+    }
+    for k in g.top_kernels.iter().take(TEXT_KERNELS) {
+        let mut notes = Vec::new();
+        if k.nccl {
+            notes.push("NCCL".to_owned());
+        }
+        if k.in_graphs > 0 {
+            notes.push(if k.in_graphs == k.count {
+                "CUDA graph".to_owned()
+            } else {
+                format!("{} in CUDA graphs", grouped(k.in_graphs as f64))
+            });
+        }
+        let grid = |d: [u32; 3]| format!("{}×{}×{}", d[0], d[1], d[2]);
+        let _ = writeln!(
+            out,
+            "    {:>4}  {:>9} × {:>8}  {}  grid {} block {}{}{}",
+            pct(k.share_of_busy),
+            grouped(k.count as f64),
+            duration(k.mean_us / 1e6),
+            printable::line(&k.short_name),
+            grid(k.grid),
+            grid(k.block),
+            if k.configs_vary { " (and others)" } else { "" },
+            if notes.is_empty() {
+                String::new()
+            } else {
+                format!(" [{}]", notes.join(", "))
+            }
+        );
+    }
+    let other = &g.other_kernels;
+    if other.count > 0 {
+        let _ = writeln!(
+            out,
+            "    and {} more run{} of other kernels, {}",
+            grouped(other.count as f64),
+            if other.count == 1 { "" } else { "s" },
+            duration(other.total_s)
+        );
+    }
+    for c in g.copies.iter().take(TEXT_COPIES) {
+        let rate = c
+            .gb_per_s
+            .map(|r| format!(" at {r:.1} GB/s"))
+            .unwrap_or_default();
+        let pageable = if c.host_memory == HostMemory::Pageable {
+            " — pageable: the driver stages it and the host waits; pin the memory"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "  copies {} {}: {} of {} on average, {}{rate}{pageable}",
+            direction_label(c.direction),
+            memory_name(c.host_memory),
+            grouped(c.count as f64),
+            bytes(c.bytes / c.count.max(1)),
+            duration(c.total_s)
+        );
+    }
+    if g.sets.count > 0 {
+        let _ = writeln!(
+            out,
+            "  memsets: {}, {}",
+            grouped(g.sets.count as f64),
+            duration(g.sets.total_s)
+        );
+    }
+    for p in s.processes.iter().filter(|p| g.pids.contains(&p.pid)) {
+        sync_lines(out, p);
+    }
+}
+
+fn sync_lines(out: &mut String, p: &KernelsProcess) {
+    for sync in &p.syncs {
+        let rate = sync
+            .per_s
+            .map(|r| format!(" ({} a second)", grouped(r)))
+            .unwrap_or_default();
+        let blocked = match sync.share_of_host {
+            Some(share) => format!(
+                ", the host blocked {} in all, {} of its time",
+                duration(sync.total_s),
+                pct(share)
+            ),
+            None if !sync.call.blocks_host() => ", a stream waits, not the host".into(),
+            None => format!(", the host blocked {} in all", duration(sync.total_s)),
+        };
+        let _ = writeln!(
+            out,
+            "  pid {}: {} × {}{rate}{blocked}",
+            p.pid,
+            grouped(sync.count as f64),
+            sync.call_name
+        );
+    }
+}
+
+/// Wall-clock time of day, UTC, to the millisecond.
+fn clock(unix_ns: u64) -> String {
+    let ms = unix_ns / 1_000_000;
+    let day_ms = ms % 86_400_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03} UTC",
+        day_ms / 3_600_000,
+        day_ms / 60_000 % 60,
+        day_ms / 1_000 % 60,
+        day_ms % 1_000
+    )
+}
+
+/// What the collector said of itself, where it matters: processes it could not record in,
+/// records lost, stepped-aside intervals, processes that ended without a goodbye.
+fn collector_state(out: &mut String, s: &KernelsSummary) {
+    let hello = s.processes.iter().filter(|p| p.said_hello).count();
+    let mut notes = Vec::new();
+    for p in &s.processes {
+        if let Some(why) = &p.cannot_record {
+            notes.push(format!(
+                "pid {}: could not record: {}",
+                p.pid,
+                printable::line(why)
+            ));
+        }
+        let l = p.losses;
+        let mut lost = Vec::new();
+        if l.cupti_dropped > 0 {
+            lost.push(format!(
+                "{} dropped by CUPTI (its buffers were full)",
+                grouped(l.cupti_dropped as f64)
+            ));
+        }
+        if l.send_dropped > 0 {
+            lost.push(format!(
+                "{} not sent (gpudiag's socket was full; the command never waits for it)",
+                grouped(l.send_dropped as f64)
+            ));
+        }
+        if !lost.is_empty() {
+            notes.push(format!("pid {}: records lost: {}", p.pid, lost.join(", ")));
+        }
+        for a in &p.stepped_aside {
+            let to = a.to_unix_ns.map_or_else(|| "its end".to_owned(), clock);
+            notes.push(format!(
+                "pid {}: another profiler (torch.profiler, Nsight) traced from {} to {to}: \
+                 those kernels are in its trace, not here",
+                p.pid,
+                clock(a.from_unix_ns)
+            ));
+        }
+        if p.said_hello && !p.said_goodbye && p.cannot_record.is_none() {
+            notes.push(format!(
+                "pid {}: ended without a goodbye (killed, or os._exit): its last second may be \
+                 missing",
+                p.pid
+            ));
+        }
+    }
+    for l in &s.left_out {
+        notes.push(format!("left out: {}", printable::line(l)));
+    }
+    if hello == 0 && notes.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "gpudiag: kernels: the collector ran in {hello} process{}{}",
+        if hello == 1 { "" } else { "es" },
+        if notes.is_empty() { "" } else { ":" }
+    );
+    for n in notes {
+        let _ = writeln!(out, "  {n}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpudiag_core::kernels::KernelsAggregator;
+    use gpudiag_core::kernels::synthetic::{sync_bound_stream, training_stream, two_ranks};
+
+    fn summary_of(streams: &[Vec<gpudiag_model::kernels::CollectorMessage>]) -> KernelsSummary {
+        let mut a = KernelsAggregator::default();
+        for m in streams.iter().flatten() {
+            a.push(m);
+        }
+        a.summary()
+    }
+
+    #[test]
+    fn a_training_loop_reads_as_where_the_time_went() {
+        let mut s = summary_of(&[training_stream(4242, "GPU-1111"), sync_bound_stream(4300)]);
+        s.gpus[0].index = Some(0);
+        insta::assert_snapshot!(kernels_section(&s));
+    }
+
+    #[test]
+    fn two_ranks_name_the_slow_one_from_their_nccl_time() {
+        let s = summary_of(&[two_ranks()]);
+        let text = kernels_section(&s);
+        assert!(
+            text.contains("pid 201 spends 10% of its time in NCCL kernels, its peers 40%"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn nothing_recorded_says_why() {
+        let s = summary_of(&[]);
+        assert_eq!(
+            kernels_section(&s),
+            "gpudiag: kernels: nothing recorded: the collector loaded in no process: the \
+             command ran no CUDA, or its launcher did not pass the environment on (docker run, \
+             sudo, env -i, a Ray or Dask daemon)\n"
+        );
+    }
+}
