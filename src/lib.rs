@@ -12,6 +12,7 @@ pub mod cli;
 pub mod commands;
 pub mod format;
 pub mod probe_run;
+pub mod resident;
 pub mod schema;
 pub mod stop;
 pub mod tick_stats;
