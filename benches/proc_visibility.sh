@@ -32,12 +32,15 @@ for u in $OWNER $READER; do
     made+=("$u")
   fi
 done
-cg=""
+cg="" cg_top=""
 cleanup() {
   [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true
   sleep 0.2
-  [ -n "$cg" ] && rmdir "$cg" "$(dirname "$cg")" "$(dirname "$(dirname "$cg")")" \
-    "$(dirname "$(dirname "$(dirname "$cg")")")" 2>/dev/null || true
+  # The directories this script made, innermost first, up to the first one it made.
+  if [ -n "$cg" ] && [ -n "$cg_top" ]; then
+    d=$cg
+    while :; do rmdir "$d" 2>/dev/null || true; [ "$d" = "$cg_top" ] && break; d=$(dirname "$d"); done
+  fi
   for u in "${made[@]}"; do userdel "$u" 2>/dev/null || true; done
 }
 trap cleanup EXIT
@@ -55,17 +58,23 @@ runuser -u "$TARGET" -- "${drop[@]}" env -i PATH=/usr/bin:/bin MASTER_ADDR=10.1.
 sleep 0.5
 pid=$(pgrep -u "$TARGET" -n -f 'rdzv-id job-77')
 
+# The outermost directory of $1 that does not exist yet.
+first_missing() { local d=$1 top=""; while [ ! -e "$d" ]; do top=$d; d=$(dirname "$d"); done; echo "$top"; }
 for h in /sys/fs/cgroup/pids /sys/fs/cgroup/memory /sys/fs/cgroup/cpu; do
-  if [ -d "$h" ] && mkdir -p "$h/slurm/uid_$uid/job_4242/step_0/task_0" 2>/dev/null \
-     && echo "$pid" > "$h/slurm/uid_$uid/job_4242/step_0/task_0/cgroup.procs" 2>/dev/null; then
-    cg="$h/slurm/uid_$uid/job_4242/step_0/task_0"
-    break
+  want="$h/slurm/uid_$uid/job_4242/step_0/task_0"
+  top=$(first_missing "$want")
+  if [ -d "$h" ] && mkdir -p "$want" 2>/dev/null; then
+    cg=$want cg_top=$top
+    echo "$pid" > "$want/cgroup.procs" 2>/dev/null && break
+    cleanup_cg=$cg; cg=""; d=$cleanup_cg
+    while [ -n "$top" ]; do rmdir "$d" 2>/dev/null || true; [ "$d" = "$top" ] && break; d=$(dirname "$d"); done
   fi
 done
 if [ -z "$cg" ] && [ -f /sys/fs/cgroup/cgroup.controllers ]; then
-  if mkdir -p /sys/fs/cgroup/system.slice/train-4242.service 2>/dev/null \
-     && echo "$pid" > /sys/fs/cgroup/system.slice/train-4242.service/cgroup.procs 2>/dev/null; then
-    cg=/sys/fs/cgroup/system.slice/train-4242.service
+  want=/sys/fs/cgroup/system.slice/train-4242.service
+  top=$(first_missing "$want")
+  if mkdir -p "$want" 2>/dev/null && echo "$pid" > "$want/cgroup.procs" 2>/dev/null; then
+    cg=$want cg_top=$top
   fi
 fi
 

@@ -20,6 +20,8 @@ const READER_UID: u32 = 64_012;
 struct Target {
     child: Child,
     cgroup: Option<std::path::PathBuf>,
+    /// The outermost directory this test made, removed last.
+    made_from: Option<std::path::PathBuf>,
 }
 
 impl Drop for Target {
@@ -27,10 +29,7 @@ impl Drop for Target {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if let Some(dir) = &self.cgroup {
-            // The job's directories, innermost first; the hierarchy's own root stays.
-            for d in dir.ancestors().take(4) {
-                let _ = std::fs::remove_dir(d);
-            }
+            drop_dirs(dir, self.made_from.as_deref());
         }
     }
 }
@@ -52,26 +51,58 @@ fn start_target() -> Target {
         .spawn()
         .expect("run sleep as another uid");
     let job = format!("slurm/uid_{OWNER_UID}/job_4242/step_0/task_0");
-    let cgroup = [
+    let mut target = Target {
+        child,
+        cgroup: None,
+        made_from: None,
+    };
+    for hierarchy in [
         "/sys/fs/cgroup/pids",
         "/sys/fs/cgroup/memory",
         "/sys/fs/cgroup",
-    ]
-    .iter()
-    .map(|h| std::path::Path::new(h).join(&job))
-    .find(|dir| {
-        std::fs::create_dir_all(dir).is_ok()
-            && std::fs::write(dir.join("cgroup.procs"), child.id().to_string()).is_ok()
-    });
-    if cgroup.is_none() {
-        eprintln!("no cgroup hierarchy here lets root make a job's group: cgroup not checked");
+    ] {
+        let dir = std::path::Path::new(hierarchy).join(&job);
+        // The outermost directory of the job's path that does not exist yet: ours to remove.
+        let made_from = dir
+            .ancestors()
+            .take_while(|d| !d.exists())
+            .last()
+            .map(std::path::Path::to_path_buf);
+        if std::fs::create_dir_all(&dir).is_ok() {
+            if std::fs::write(dir.join("cgroup.procs"), target.child.id().to_string()).is_ok() {
+                target.cgroup = Some(dir);
+                target.made_from = made_from;
+                return target;
+            }
+            drop_dirs(&dir, made_from.as_deref());
+        }
     }
-    Target { child, cgroup }
+    eprintln!("no cgroup hierarchy here lets root make a job's group: cgroup not checked");
+    target
 }
 
-/// Reads `pid` on a thread of its own that first becomes `uid` (when given) and mounts its own
-/// `/proc` with `hidepid=2` (when asked).
+/// Removes `dir` and its parents up to `outer`, where they are empty.
+fn drop_dirs(dir: &std::path::Path, outer: Option<&std::path::Path>) {
+    let Some(outer) = outer else { return };
+    for d in dir.ancestors() {
+        let _ = std::fs::remove_dir(d);
+        if d == outer {
+            break;
+        }
+    }
+}
+
+const CAP_DAC_READ_SEARCH: u32 = 2;
+const CAP_SYS_PTRACE: u32 = 19;
+
+/// Reads `pid` on a thread of its own that first becomes `uid` (when given) keeping only the
+/// capabilities `caps` (bit numbers), and mounts its own `/proc` with `hidepid=2` (when asked).
 fn read_as(pid: u32, uid: Option<u32>, hidepid: bool) -> ProcessSample {
+    read_with_caps(pid, uid, &[], hidepid)
+}
+
+fn read_with_caps(pid: u32, uid: Option<u32>, caps: &[u32], hidepid: bool) -> ProcessSample {
+    let caps = caps.to_vec();
     std::thread::spawn(move || {
         if hidepid {
             // SAFETY: plain system calls on this thread's own namespace and mounts.
@@ -109,14 +140,25 @@ fn read_as(pid: u32, uid: Option<u32>, hidepid: bool) -> ProcessSample {
         }
         if let Some(uid) = uid {
             // SAFETY: the raw system calls change this thread's credentials only (glibc's
-            // wrappers would change every thread's); leaving uid 0 clears the capabilities.
+            // wrappers would change every thread's). Leaving uid 0 clears the capabilities but
+            // those kept: KEEPCAPS keeps the permitted set, capset then sets what stays.
             unsafe {
-                assert_eq!(
-                    libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<u32>()),
-                    0
-                );
+                assert_eq!(libc::prctl(libc::PR_SET_KEEPCAPS, 1 as libc::c_ulong), 0);
+                let no_groups = std::ptr::null::<u32>();
+                assert_eq!(libc::syscall(libc::SYS_setgroups, 0, no_groups), 0);
                 assert_eq!(libc::syscall(libc::SYS_setresgid, uid, uid, uid), 0);
                 assert_eq!(libc::syscall(libc::SYS_setresuid, uid, uid, uid), 0);
+                let mask = caps.iter().fold(0u32, |m, c| m | 1 << c);
+                // _LINUX_CAPABILITY_VERSION_3 for this thread; two 32-bit words of each set
+                // (effective, permitted, inheritable).
+                let header: [u32; 2] = [0x2008_0522, 0];
+                let data: [[u32; 3]; 2] = [[mask, mask, 0], [0, 0, 0]];
+                assert_eq!(
+                    libc::syscall(libc::SYS_capset, header.as_ptr(), data.as_ptr()),
+                    0,
+                    "capset: {}",
+                    std::io::Error::last_os_error()
+                );
             }
         }
         let attributor = Attributor::new(AttributionOptions::default());
@@ -159,6 +201,23 @@ fn another_users_process_as_each_deployment_reads_it() {
         assert_eq!(job.id, "4242");
         assert_eq!(job.found_in, FoundIn::Cgroup);
     }
+
+    // With CAP_SYS_PTRACE the executable link opens, the environment still not: it is a file of
+    // mode 0400. With CAP_DAC_READ_SEARCH as well, everything root reads.
+    let ptrace = read_with_caps(pid, Some(READER_UID), &[CAP_SYS_PTRACE], false);
+    let launch = ptrace.launch.as_ref().unwrap();
+    assert!(launch.exe.is_some(), "{launch:?}");
+    assert!(launch.absent.contains_key("environ"), "{launch:?}");
+    assert_eq!(launch.rank, None);
+    let both = read_with_caps(
+        pid,
+        Some(READER_UID),
+        &[CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH],
+        false,
+    );
+    let launch = both.launch.as_ref().unwrap();
+    assert_eq!(launch.rank, Some(3), "{launch:?}");
+    assert_eq!(launch.master_addr.as_deref(), Some("10.1.2.3"));
 
     // The same user under hidepid=2: nothing of the process but its pid.
     let hidden = read_as(pid, Some(READER_UID), true);
