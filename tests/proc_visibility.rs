@@ -1,6 +1,7 @@
 //! What gpudiag's own process reader (`Attributor::process`, as `serve` and the TUI use it)
 //! makes of another user's training process, read as a user without capabilities (the systemd
-//! unit), as root (the Slurm prolog), and as that user under `/proc` mounted `hidepid=2`. The
+//! unit), with `CAP_SYS_PTRACE`, with it and `CAP_DAC_READ_SEARCH` (docs/attribution.md's
+//! drop-in), as root (the Slurm prolog), and as that user under `/proc` mounted `hidepid=2`. The
 //! same cases as `benches/proc_visibility.sh`, through the code rather than `cat`. The reader is
 //! a thread whose own credentials (and mount namespace, for hidepid) are changed with raw
 //! system calls, which on Linux act on the calling thread only; the test process is its own
