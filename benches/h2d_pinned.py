@@ -81,7 +81,9 @@ def numa_pages_of(size):
 def torch_child(sizes, local_cpus):
     """Runs in a child: PyTorch's pinned H2D and D2H at each size; prints one JSON line."""
     if local_cpus:
-        os.sched_setaffinity(0, parse_cpulist(local_cpus))
+        allowed = parse_cpulist(local_cpus) & os.sched_getaffinity(0)
+        if allowed:
+            os.sched_setaffinity(0, allowed)
     import torch
 
     def timed(op, samples=5, copies=16, warm=4):
@@ -112,7 +114,7 @@ def torch_child(sizes, local_cpus):
 
 
 def run_torch(sizes, device, local_cpus):
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(device))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(device), CUDA_DEVICE_ORDER="PCI_BUS_ID")
     cmd = [sys.executable, os.path.abspath(__file__), "--torch-child",
            ",".join(map(str, sizes))] + (["--local-cpus", local_cpus] if local_cpus else [])
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
