@@ -13,6 +13,7 @@ pub mod commands;
 pub mod format;
 pub mod kernels_text;
 pub mod probe_run;
+pub mod resident;
 pub mod schema;
 pub mod stop;
 pub mod tick_stats;

@@ -25,6 +25,7 @@ mod jobs;
 mod judgement;
 mod kernel_log;
 mod probes_report;
+mod proc_visibility;
 mod profiler_merge;
 mod prometheus;
 mod prometheus_rules;

@@ -80,6 +80,8 @@ where
 {
     draw(terminal, app)?;
     tick_stats::mark("first_frame");
+    let started = Instant::now();
+    let mut trimmed = false;
     while let Ok(first) = rx.recv() {
         stats::add(Counter::LoopWakes, 1);
         let mut next = Some(first);
@@ -101,9 +103,19 @@ where
         } else {
             stats::add(Counter::DrawsSkipped, 1);
         }
+        // Once start-up's work is behind (the driver opened, the first slow round read, a few
+        // frames drawn), give back the pages only it used.
+        if !trimmed && started.elapsed() >= TRIM_AFTER {
+            trimmed = true;
+            crate::resident::trim();
+        }
     }
     Ok(())
 }
+
+/// When the UI gives back start-up's pages (`crate::resident`): past the first slow-field
+/// round and the first few ticks at any refresh.
+const TRIM_AFTER: Duration = Duration::from_secs(5);
 
 fn draw<B: TermBackend>(terminal: &mut Terminal<B>, app: &App) -> std::io::Result<()>
 where

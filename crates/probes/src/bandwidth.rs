@@ -1,12 +1,15 @@
 //! Bandwidth: host↔device with pinned and pageable memory, both directions at once, and device
 //! to device by memcpy, by a copy kernel and by a STREAM triad. Timed the nvbandwidth way:
 //! device events around 16 copies after 4 warm-ups, several samples, the median; GB = 1e9.
+//! Host buffers are made and copied from a thread kept on the GPU's CPUs (`placement`), as
+//! nvbandwidth does, so their pages sit on the GPU's NUMA node.
 
 use std::ffi::c_void;
 
 use cudarc::driver::sys;
 
 use super::gpu::{DeviceBuffer, Event, Gpu, PinnedBuffer, Stream, ck, grid_for, launch};
+use super::placement::NearGpu;
 use super::suite::{BandwidthParams, ModelRef};
 use super::{
     Measurement, ProbeDeadline, ProbeError, ProbeResult, SpanTimer, Verdict, gb_per_s, median,
@@ -20,6 +23,14 @@ pub const COPIES: u32 = 16;
 /// the probe's host memory stays at two such buffers: with the copy size (1 GiB in `standard`)
 /// for two pinned buffers and a pageable one held together, the suite peaked at 3.45 GB.
 pub const HOST_BYTES_MAX: usize = 256 << 20;
+
+/// Bytes of a host↔device copy in place of the suite's, for a benchmark's size sweep:
+/// `GPUDIAG_PROBE_HOST_BYTES=67108864`. Hidden; still capped by the device buffer's size.
+pub const HOST_BYTES_ENV: &str = "GPUDIAG_PROBE_HOST_BYTES";
+
+/// Tests to run in place of the suite's, comma-separated, for a benchmark that wants only some
+/// (`GPUDIAG_PROBE_BANDWIDTH_TESTS=h2d_pinned,d2h_pinned`). Hidden.
+pub const TESTS_ENV: &str = "GPUDIAG_PROBE_BANDWIDTH_TESTS";
 
 /// Page-locked buffers, made when a test first needs them and freed before the pageable tests,
 /// so pinned and pageable host memory are never held at once.
@@ -113,11 +124,30 @@ pub fn run(
         )));
     }
     r.param("bytes", bytes as u64);
-    let host_bytes = bytes
-        .min(HOST_BYTES_MAX)
-        .min(p.host_bytes.map_or(usize::MAX, |h| (h / 16 * 16) as usize))
-        .max(16);
+    let host_bytes = match std::env::var(HOST_BYTES_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        Some(h) => bytes.min((h / 16 * 16) as usize),
+        None => bytes
+            .min(HOST_BYTES_MAX)
+            .min(p.host_bytes.map_or(usize::MAX, |h| (h / 16 * 16) as usize)),
+    }
+    .max(16);
     r.param("host_bytes", host_bytes as u64);
+    // Before any host buffer is made: its pages come from the node of the CPU that makes it.
+    let near = NearGpu::bind(&gpu.info.pci_bus_id);
+    let place = &near.placement;
+    r.param("host_placement", place.placement);
+    if let Some(node) = place.numa_node {
+        r.param("gpu_numa_node", node);
+    }
+    if let Some(cpus) = &place.cpus {
+        r.param("host_cpus", cpus.as_str());
+    }
+    if let Some(why) = &place.why {
+        r.param("host_placement_why", why.as_str());
+    }
     r.param("samples", p.samples);
     r.param("warmups", WARMUPS);
     r.param("copies_per_sample", COPIES);
@@ -130,7 +160,11 @@ pub fn run(
     let b = DeviceBuffer::new(bytes)?;
     a.memset(0x5a, s)?;
     b.memset(0xa5, s)?;
-    let want = |t: &str| p.tests.iter().any(|x| x == t);
+    let only = std::env::var(TESTS_ENV).ok();
+    let want = |t: &str| match &only {
+        Some(list) => list.split(',').any(|x| x.trim() == t),
+        None => p.tests.iter().any(|x| x == t),
+    };
     let mut pinned = PinnedPool {
         bytes: host_bytes,
         buffers: Vec::new(),
@@ -247,6 +281,8 @@ pub fn run(
         t.finish(r);
     }
     s.synchronize()?;
+    drop(pinned);
+    drop(near);
     judge(r);
     Ok(())
 }

@@ -12,6 +12,7 @@ pub mod matmul;
 pub mod memory;
 pub mod nccl;
 pub mod p2p;
+pub mod placement;
 pub mod ptx;
 pub mod runner;
 pub mod suite;
