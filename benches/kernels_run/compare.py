@@ -64,16 +64,65 @@ for mode in modes:
     print(f"{mode:22} " + "; ".join(rows))
 
 print()
-print("## top kernels: torch.profiler against run --kernels")
+print("## top kernels: torch.profiler against run --kernels (first round)")
+
+
+def short(name, n=70):
+    return name if len(name) <= n else name[: n - 1] + "…"
+
+
 for ref_path in sorted(glob.glob(os.path.join(d, "refs", "*.json"))):
     mode = os.path.basename(ref_path)[:-5]
     ref = load(ref_path) or {}
-    ours = kernels_of(load(os.path.join(d, "reports", f"{mode}-kernels-1.json")))
+    report = load(os.path.join(d, "reports", f"{mode}-kernels-1.json")) or {}
+    ours = kernels_of(report) or {}
     print(f"### {mode}")
-    print("torch.profiler:", [k["name"][:60] for k in ref.get("kernels", [])[:5]])
-    print("  copies:", [(c["name"], c["count"]) for c in ref.get("copies", [])[:3]])
-    print("  syncs:", [(s["name"], s["count"]) for s in ref.get("syncs", [])[:3]])
-    print("run --kernels:", json.dumps(ours)[:3000] if ours is not None else None)
+    ref_kernels = [k["name"] for k in ref.get("kernels", [])[:5]]
+    our_kernels = [k["name"] for g in ours.get("gpus", [])[:1] for k in g.get("top_kernels", [])[:5]]
+    print("torch.profiler top 5 kernels (3 s):")
+    for k in ref.get("kernels", [])[:5]:
+        print(f"  {k['count']:>8} × {k['total_us'] / max(k['count'], 1):9.1f} µs  {short(k['name'])}")
+    print("run --kernels top 5 kernels:")
+    for g in ours.get("gpus", [])[:1]:
+        for k in g.get("top_kernels", [])[:5]:
+            print(f"  {k['count']:>8} × {k['mean_us']:9.1f} µs  {k['share_of_busy'] * 100:5.1f}%  "
+                  f"{short(k['name'])}")
+        t = g.get("time", {})
+        print(f"  time: span {t.get('span_s')} s, compute {t.get('compute_s')}, nccl {t.get('nccl_s')}, "
+              f"copies {t.get('copy_s')}, idle {t.get('idle_s')}; {g.get('kernels_per_s')} kernels/s, "
+              f"mean {g.get('mean_kernel_us')} µs")
+        for c in g.get("copies", [])[:3]:
+            print(f"  copies {c['direction']} {c['host_memory']}: {c['count']} × {c['bytes'] // max(c['count'], 1)} B, "
+                  f"{c.get('gb_per_s')} GB/s")
+    same = len(set(ref_kernels[:3]) & set(our_kernels[:5]))
+    print(f"of torch.profiler's top 3, in run --kernels' top 5: {same}")
+    print("torch.profiler copies:", [(c["name"], c["count"]) for c in ref.get("copies", [])[:3]])
+    print("torch.profiler syncs:", [(s_["name"], s_["count"]) for s_ in ref.get("syncs", [])[:3]])
+    for p in ours.get("processes", []):
+        print(f"run --kernels pid {p['pid']}: {p['kernels']} kernels, losses {p.get('losses')}, "
+              f"cupti {p.get('cupti_source')} {p.get('cupti_api_version')}, "
+              f"stepped aside {len(p.get('stepped_aside', []))}")
+        for s_ in p.get("syncs", [])[:3]:
+            print(f"  sync {s_['call_name']}: {s_['count']}, {s_.get('per_s')}/s, "
+                  f"{s_.get('share_of_host')} of host time")
+    if ours.get("not_recorded"):
+        print("not recorded:", ours["not_recorded"])
+    if ours.get("left_out"):
+        print("left out:", ours["left_out"])
+    for dev in report.get("devices", []):
+        v = dev.get("verdict") or {}
+        print(f"verdict GPU {dev.get('index')}: {v.get('bottleneck')} ({v.get('basis')}, "
+              f"{v.get('confidence')}): {v.get('title')}")
+
+print()
+print("## each rank's NCCL time (ddp)")
+for path in sorted(glob.glob(os.path.join(d, "reports", "ddp-*-kernels-*.json"))):
+    report = load(path) or {}
+    ours = kernels_of(report) or {}
+    shares = [(p["pid"], p.get("nccl_share"), p.get("nccl_s")) for p in ours.get("processes", [])]
+    print(os.path.basename(path), "shares:", shares, "laggard:", ours.get("nccl_laggard"))
+    for job in report.get("jobs", []):
+        print("  job:", job.get("verdict", job.get("kind")), str(job.get("title", ""))[:200])
 
 print()
 print("## the user's torch.profiler inside run --kernels")
