@@ -1123,6 +1123,16 @@ fn kernels_line(
         "; lost: {} by CUPTI, {} not sent, {} dropped by gpudiag, {} malformed",
         losses.cupti_dropped, losses.send_dropped, listener.queue_dropped, listener.malformed
     ));
+    for (ordinal, uuid) in &tally.devices {
+        line.push_str(&format!(
+            "; CUDA device {ordinal} is {}",
+            uuid.as_deref()
+                .unwrap_or("a GPU whose UUID the driver did not give")
+        ));
+    }
+    for (version, source) in &tally.cupti {
+        line.push_str(&format!("; CUPTI API {version} ({source})"));
+    }
     if tally.stepped_aside > 0 {
         line.push_str(&format!(
             "; stepped aside {} time(s) for another CUPTI client (torch.profiler)",
