@@ -1714,6 +1714,10 @@ fn compile_time_includes(dir: &Path, found: &mut Vec<PathBuf>) {
         for macro_ in ["include_str!(", "include_bytes!("] {
             for (at, _) in text.match_indices(macro_) {
                 let rest = &text[at + macro_.len()..];
+                // A file the build script writes (the kernels collector) is built, not copied.
+                if rest.starts_with("concat!(env!(\"OUT_DIR\")") {
+                    continue;
+                }
                 let literal = rest.split('"').nth(1).unwrap();
                 found.push(path.parent().unwrap().join(literal));
             }

@@ -145,8 +145,8 @@ _Static_assert(sizeof(struct wire_set) == 40, "set");
 _Static_assert(sizeof(struct wire_sync) == 40, "sync");
 
 // The CUPTI API versions whose record layouts layout_check.c held to the real headers.
-static const uint32_t checked_versions[] = {18, 20, 21, 22, 23, 24, 26, 28,
-                                            130001, 130101, 130202, 130301, 130401, 130500};
+#define GD_AS_ELEMENT(v) v,
+static const uint32_t checked_versions[] = {GD_CHECKED_CUPTI_VERSIONS(GD_AS_ELEMENT)};
 
 typedef gd_result (*register_fn)(gd_buffer_request_fn, gd_buffer_complete_fn);
 typedef gd_result (*kind_fn)(gd_activity_kind);

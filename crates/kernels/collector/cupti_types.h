@@ -3,12 +3,11 @@
 // reads are declared; a record is always reached through cuptiActivityGetNextRecord, which knows
 // the real size, so the trailing fields (which grow with CUPTI versions) never matter.
 //
-// Every offset here is held to the real headers by layout_check.c (scripts/check-cupti-layout).
-// Checked, with identical offsets for every field below: CUPTI 11.8 (API 18, Kernel8), 12.0 and
-// 12.1 (API 18), 12.2 (20), 12.3 (21), 12.4 (22), 12.5 (23), 12.6 (24), 12.8 (26), 12.9 (28),
-// 13.0 (130001), 13.1 (130101), 13.2 (130202), 13.3 (130301), 13.4 (130401), 13.5 (130500):
-// the kernel record of each (Kernel8 to Kernel13), Memcpy5 to 7, Memset4 and 5,
-// Synchronization and Synchronization2. collector.c accepts exactly those API versions.
+// Every offset here is held to the real headers by layout_check.c (scripts/check-cupti-layout),
+// checked against the headers of the NVIDIA pip wheels of CUPTI 11.8, 12.0 to 12.6, 12.8, 12.9
+// and 13.0 to 13.5, first releases and updates (their API versions are listed below): the
+// fields below sit at the same offsets in the record each of them fills (Kernel8 to Kernel13,
+// Memcpy5 to 7, Memset4 and 5, Synchronization and Synchronization2).
 #ifndef GPUDIAG_CUPTI_TYPES_H
 #define GPUDIAG_CUPTI_TYPES_H
 
@@ -28,6 +27,13 @@ typedef int gd_activity_kind;  // CUpti_ActivityKind
 #define GD_KIND_SYNCHRONIZATION 38
 
 #define GD_FLUSH_FORCED 1  // CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
+
+// The CUPTI API versions (cuptiGetVersion) whose headers layout_check.c was compiled against;
+// collector.c records only for these. 18 is 11.8, 12.0 and 12.1; 27 is 12.9's first release,
+// 28 its update; 13.x says 13MMUU (130000 is 13.0, 130001 its update).
+#define GD_CHECKED_CUPTI_VERSIONS(X)                                                        \
+  X(18) X(20) X(21) X(22) X(23) X(24) X(26) X(27) X(28) X(130000) X(130001) X(130100)      \
+  X(130101) X(130200) X(130201) X(130202) X(130300) X(130301) X(130400) X(130401) X(130500)
 
 typedef void *gd_cucontext;  // CUcontext
 

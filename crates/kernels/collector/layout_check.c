@@ -2,36 +2,38 @@
 // the offset the CUPTI release's own record type has. Compiled, never run:
 // `scripts/check-cupti-layout INCLUDE_DIR...` builds it once per CUPTI include directory, and a
 // failed _Static_assert names the field that moved. The record type of each activity kind is
-// the one that CUPTI release fills (cupti_activity.h names it at each CUpti_ActivityKind); a
-// release whose API version is not listed here stops the check with #error, so a new CUPTI is
-// looked at before collector.c is told to accept it.
+// the one that CUPTI release fills; a release whose API version is outside the ranges below
+// stops the check with #error, and one that checks out but that collector.c does not accept
+// yet says so, so a new CUPTI is looked at before the collector is told to accept it.
 #include <cupti_activity.h>
 #include <cupti_version.h>
 #include <stddef.h>
 
 #include "cupti_types.h"
 
-#if CUPTI_API_VERSION == 130401 || CUPTI_API_VERSION == 130500
+// The record each kind's records are in, by the API version's range (cupti_activity.h names
+// it at each CUpti_ActivityKind).
+#if CUPTI_API_VERSION >= 130400 && CUPTI_API_VERSION < 130600
 typedef CUpti_ActivityKernel13 real_kernel;
 typedef CUpti_ActivityMemcpy7 real_memcpy;
 typedef CUpti_ActivityMemset5 real_memset;
 typedef CUpti_ActivitySynchronization2 real_sync;
-#elif CUPTI_API_VERSION == 130301
+#elif CUPTI_API_VERSION >= 130300 && CUPTI_API_VERSION < 130400
 typedef CUpti_ActivityKernel12 real_kernel;
 typedef CUpti_ActivityMemcpy6 real_memcpy;
 typedef CUpti_ActivityMemset4 real_memset;
 typedef CUpti_ActivitySynchronization2 real_sync;
-#elif CUPTI_API_VERSION == 130101 || CUPTI_API_VERSION == 130202
+#elif CUPTI_API_VERSION >= 130100 && CUPTI_API_VERSION < 130300
 typedef CUpti_ActivityKernel11 real_kernel;
 typedef CUpti_ActivityMemcpy6 real_memcpy;
 typedef CUpti_ActivityMemset4 real_memset;
 typedef CUpti_ActivitySynchronization2 real_sync;
-#elif CUPTI_API_VERSION == 130001
+#elif CUPTI_API_VERSION >= 130000 && CUPTI_API_VERSION < 130100
 typedef CUpti_ActivityKernel10 real_kernel;
 typedef CUpti_ActivityMemcpy6 real_memcpy;
 typedef CUpti_ActivityMemset4 real_memset;
 typedef CUpti_ActivitySynchronization2 real_sync;
-#elif CUPTI_API_VERSION == 26 || CUPTI_API_VERSION == 28
+#elif CUPTI_API_VERSION >= 26 && CUPTI_API_VERSION <= 28
 typedef CUpti_ActivityKernel9 real_kernel;
 typedef CUpti_ActivityMemcpy6 real_memcpy;
 typedef CUpti_ActivityMemset4 real_memset;
@@ -50,8 +52,14 @@ typedef CUpti_ActivityMemcpy5 real_memcpy;
 typedef CUpti_ActivityMemset4 real_memset;
 typedef CUpti_ActivitySynchronization real_sync;
 #else
-#error "a CUPTI API version whose record layouts gpudiag has not checked: add its record types here, check them, then accept the version in collector.c"
+#error "a CUPTI API version whose record layouts gpudiag has not looked at: add its record types here"
 #endif
+
+// And collector.c accepts it: a version checked here but not listed there records nothing.
+#define GD_IS_THIS_VERSION(v) || CUPTI_API_VERSION == v
+_Static_assert(0 GD_CHECKED_CUPTI_VERSIONS(GD_IS_THIS_VERSION),
+               "this CUPTI API version is not in GD_CHECKED_CUPTI_VERSIONS (cupti_types.h): "
+               "once this check passes, add it there");
 
 #define SAME(ours, real, field)                                                         \
   _Static_assert(offsetof(ours, field) == offsetof(real, field), #real "." #field " moved"); \

@@ -10,9 +10,11 @@
 //! process's collector connects on its own ([`listen`]); its messages ([`wire`]) come out of
 //! the channel [`KernelsSession::start`] returns, in the order each process sent them.
 //!
-//! The record layouts the collector reads are checked (layout_check.c, `scripts/check-cupti-
-//! layout`) against the CUPTI headers of 11.8, 12.0–12.6, 12.8, 12.9 and 13.0–13.5 (API versions
-//! 18, 20–24, 26, 28, 130001, 130101, 130202, 130301, 130401, 130500); for any other version the
+//! The record layouts the collector reads are checked (collector/layout_check.c,
+//! `scripts/check-cupti-layout`) against the headers of the NVIDIA pip wheels of CUPTI 11.8,
+//! 12.0–12.6, 12.8, 12.9 and 13.0–13.5, first releases and updates: API versions 18, 20–24,
+//! 26–28, 130000, 130001, 130100, 130101, 130200–130202, 130300, 130301, 130400, 130401 and
+//! 130500 (`GD_CHECKED_CUPTI_VERSIONS` in collector/cupti_types.h). For any other version the
 //! collector sends `CannotRecord` and records nothing.
 
 pub mod ancestry;

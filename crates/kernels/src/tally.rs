@@ -18,6 +18,10 @@ pub struct Tally {
     /// Why a process's collector could not record, by pid.
     pub cannot_record: BTreeMap<u32, String>,
     pub goodbyes: u64,
+    /// The GPUs the processes used: CUDA ordinal and UUID (`None`: not resolved).
+    pub devices: BTreeSet<(u32, Option<String>)>,
+    /// Which CUPTI the processes recorded with: API version and where it came from.
+    pub cupti: BTreeSet<(u32, String)>,
 }
 
 impl Tally {
@@ -36,7 +40,13 @@ impl Tally {
                 self.cannot_record.insert(*pid, why.clone());
             }
             CollectorMessage::Goodbye { .. } => self.goodbyes += 1,
-            CollectorMessage::Hello(_) | CollectorMessage::Device { .. } => {}
+            CollectorMessage::Hello(hello) => {
+                self.cupti
+                    .insert((hello.cupti_api_version, hello.cupti_source.clone()));
+            }
+            CollectorMessage::Device { device, .. } => {
+                self.devices.insert((device.ordinal, device.uuid.clone()));
+            }
         }
     }
 

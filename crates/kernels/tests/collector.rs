@@ -233,6 +233,12 @@ fn a_cupti_whose_layout_was_not_checked_is_refused() {
     assert!(run.messages.iter().any(|m| matches!(m,
         CollectorMessage::CannotRecord { why, .. } if why.contains("CUPTI API version 99"))));
     assert_eq!(kernels(&run.messages).len(), 0);
+    // A first release and an update of the same CUDA version say different numbers; both
+    // were checked.
+    for version in ["27", "28", "130000", "130001"] {
+        let run = h.run(&["records", "3"], &[("FAKE_CUPTI_VERSION", version)]);
+        assert_eq!(kernels(&run.messages).len(), 3, "{version}");
+    }
 }
 
 #[test]
