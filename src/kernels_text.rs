@@ -27,6 +27,16 @@ pub fn kernels_section(s: &KernelsSummary) -> String {
     for g in &s.gpus {
         gpu_block(&mut out, g, s);
     }
+    // Waits of processes whose records reached no GPU listed above (they ran no kernel, or
+    // their GPU was past the cap).
+    for p in s
+        .processes
+        .iter()
+        .filter(|p| !p.syncs.is_empty() && !s.gpus.iter().any(|g| g.pids.contains(&p.pid)))
+    {
+        let _ = writeln!(out, "gpudiag: kernels: host waits of pid {}:", p.pid);
+        sync_lines(&mut out, p);
+    }
     if let Some(l) = &s.nccl_laggard {
         let shares: Vec<String> = l
             .shares
@@ -311,6 +321,27 @@ mod tests {
         let text = kernels_section(&s);
         assert!(
             text.contains("pid 201 spends 10% of its time in NCCL kernels, its peers 40%"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn waits_of_a_process_that_ran_no_kernel_are_still_shown() {
+        use gpudiag_core::kernels::synthetic::{CLOCK, MS, hello, sync};
+        use gpudiag_model::kernels::{CollectorMessage, SyncCall};
+        let s = summary_of(&[vec![
+            hello(9, "GPU-9"),
+            CollectorMessage::Syncs {
+                pid: 9,
+                clock: CLOCK,
+                records: vec![sync(0, 3 * MS, SyncCall::ContextSynchronize)],
+            },
+        ]]);
+        let text = kernels_section(&s);
+        assert!(
+            text.contains(
+                "gpudiag: kernels: host waits of pid 9:\n  pid 9: 1 × cudaDeviceSynchronize"
+            ),
             "{text}"
         );
     }

@@ -249,7 +249,8 @@ struct ProcessAcc {
     cupti_api_version: Option<u32>,
     cannot_record: Option<String>,
     losses: CollectorLosses,
-    devices: Vec<CudaDevice>,
+    /// CUDA ordinal → UUID, shared by every record's key.
+    devices: Vec<(u32, Option<Arc<str>>)>,
     /// Stepped-aside intervals: (CUPTI ns the collector gave as their start, the span).
     stepped_aside: Vec<(u64, SteppedAsideSpan)>,
     clock: Option<ClockPair>,
@@ -287,14 +288,9 @@ impl ProcessAcc {
     }
 
     fn gpu_key(&self, pid: u32, ordinal: u32) -> GpuKey {
-        match self
-            .devices
-            .iter()
-            .find(|d| d.ordinal == ordinal)
-            .and_then(|d| d.uuid.as_deref())
-        {
-            Some(uuid) => GpuKey::Uuid(Arc::from(names::capped(uuid))),
-            None => GpuKey::Ordinal { pid, ordinal },
+        match self.devices.iter().find(|d| d.0 == ordinal) {
+            Some((_, Some(uuid))) => GpuKey::Uuid(uuid.clone()),
+            _ => GpuKey::Ordinal { pid, ordinal },
         }
     }
 
@@ -742,15 +738,13 @@ impl KernelsAggregator {
 }
 
 fn add_device(p: &mut ProcessAcc, d: &CudaDevice, limits: &Limits) {
-    if let Some(known) = p.devices.iter_mut().find(|k| k.ordinal == d.ordinal) {
-        if known.uuid.is_none() {
-            known.uuid = d.uuid.as_deref().map(|u| names::capped(u).to_owned());
+    let uuid = d.uuid.as_deref().map(|u| Arc::from(names::capped(u)));
+    if let Some(known) = p.devices.iter_mut().find(|k| k.0 == d.ordinal) {
+        if known.1.is_none() {
+            known.1 = uuid;
         }
     } else if p.devices.len() < limits.per_process_list {
-        p.devices.push(CudaDevice {
-            ordinal: d.ordinal,
-            uuid: d.uuid.as_deref().map(|u| names::capped(u).to_owned()),
-        });
+        p.devices.push((d.ordinal, uuid));
     }
 }
 
