@@ -76,6 +76,26 @@ impl ProcessMemory {
             .collect()
     }
 
+    /// The last time within `[start, end]` that a process other than `except` held at least
+    /// `min_bytes` on `device`, to the second (a series keeps an unchanged value once a
+    /// second); `None` when none did.
+    pub fn last_held(
+        &self,
+        device: u32,
+        start: TimeMs,
+        end: TimeMs,
+        min_bytes: f64,
+        except: u32,
+    ) -> Option<TimeMs> {
+        self.series
+            .range((device, 0)..=(device, u32::MAX))
+            .filter(|&(&(_, pid), _)| pid != except)
+            .flat_map(|(_, series)| series.points.iter())
+            .filter(|&&(t, b)| (start..=end).contains(&t) && b >= min_bytes)
+            .map(|&(t, _)| t)
+            .max()
+    }
+
     /// When `pid` was first seen on `device` within the retained window.
     pub fn first_seen(&self, device: u32, pid: u32) -> Option<TimeMs> {
         self.series
