@@ -16,6 +16,9 @@ pub struct ProcessMemory {
 pub(crate) struct ProcessSeries {
     pub(crate) name: Option<String>,
     pub(crate) points: VecDeque<(TimeMs, f64)>,
+    /// The last sample that listed the process: an unchanged value is kept once a second, so
+    /// the points alone would place its exit up to a second early.
+    pub(crate) last_seen_ms: TimeMs,
 }
 
 impl ProcessMemory {
@@ -40,6 +43,7 @@ impl ProcessMemory {
             if keep {
                 series.points.push_back((s.time_ms, v));
             }
+            series.last_seen_ms = series.last_seen_ms.max(s.time_ms);
         }
         // Forget processes not seen for a whole window, and points older than the window.
         let cutoff = s.time_ms.saturating_sub(window_ms);
@@ -76,9 +80,9 @@ impl ProcessMemory {
             .collect()
     }
 
-    /// The last time within `[start, end]` that a process other than `except` held at least
-    /// `min_bytes` on `device`, to the second (a series keeps an unchanged value once a
-    /// second); `None` when none did.
+    /// The last time within `[start, end]` that a process other than `except` was seen
+    /// holding at least `min_bytes` on `device`; `None` when none did. A process whose last
+    /// value held that much held it until the last sample that listed it.
     pub fn last_held(
         &self,
         device: u32,
@@ -90,9 +94,21 @@ impl ProcessMemory {
         self.series
             .range((device, 0)..=(device, u32::MAX))
             .filter(|&(&(_, pid), _)| pid != except)
-            .flat_map(|(_, series)| series.points.iter())
-            .filter(|&&(t, b)| (start..=end).contains(&t) && b >= min_bytes)
-            .map(|&(t, _)| t)
+            .filter_map(|(_, series)| {
+                let last_point = series.points.back()?;
+                let held_to_the_end = last_point.1 >= min_bytes;
+                let until = if held_to_the_end {
+                    series.last_seen_ms
+                } else {
+                    series
+                        .points
+                        .iter()
+                        .filter(|&&(_, b)| b >= min_bytes)
+                        .map(|&(t, _)| t)
+                        .max()?
+                };
+                (start..=end).contains(&until).then_some(until)
+            })
             .max()
     }
 
