@@ -8,6 +8,7 @@
 //! fenced code blocks of the documents and code spans holding `=` (`nearly_full_pct = 90`).
 //! The documents are docs/*.md, the README and every README under assets/deploy; the knob
 //! figures are also read in the shipped Prometheus rules, whose thresholds copy the defaults.
+//! The messages the troubleshooting page quotes are ones the code prints.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -498,4 +499,144 @@ fn the_checks_catch_a_wrong_default_and_an_unknown_flag() {
     );
     assert!(wrong[0].starts_with("t.md:5: "), "{wrong:?}");
     assert!(wrong[2].starts_with("t.md:2: "), "{wrong:?}");
+}
+
+/// The page whose quotes are all gpudiag's messages.
+const TROUBLESHOOTING: &str = "docs/troubleshooting.md";
+
+/// The Rust sources of the binary and the crates, test modules left out (each file up to its
+/// first `#[cfg(test)]`), with string literals continued by a trailing `\` joined to their
+/// next line as the compiler joins them.
+fn sources() -> String {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                if path.file_name().is_none_or(|n| n != "tests") {
+                    walk(&path, out);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&root().join("src"), &mut files);
+    for entry in std::fs::read_dir(root().join("crates")).unwrap() {
+        let src = entry.unwrap().path().join("src");
+        if src.is_dir() {
+            walk(&src, &mut files);
+        }
+    }
+    let mut out = String::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        out.push_str(&joined_continuations(code));
+        out.push('\n');
+    }
+    out
+}
+
+fn joined_continuations(code: &str) -> String {
+    let mut out = String::with_capacity(code.len());
+    let mut continued = false;
+    for line in code.lines() {
+        let line = if continued { line.trim_start() } else { line };
+        match line.strip_suffix('\\') {
+            Some(head) => {
+                out.push_str(head);
+                continued = true;
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+                continued = false;
+            }
+        }
+    }
+    out
+}
+
+/// The texts in straight double quotes of a Markdown page's prose (code spans and fenced
+/// blocks left out, a quote may break across lines), each with its line.
+fn quoted(text: &str) -> Vec<(usize, String)> {
+    let mut prose = String::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            // Code spans say how to type something, not what gpudiag prints.
+            let mut in_span = false;
+            prose.extend(line.chars().map(|c| {
+                if c == '`' {
+                    in_span = !in_span;
+                }
+                if in_span || c == '`' { ' ' } else { c }
+            }));
+        }
+        prose.push('\n');
+    }
+    let mut out = Vec::new();
+    let mut rest = prose.as_str();
+    let mut line = 1;
+    while let Some(open) = rest.find('"') {
+        line += rest[..open].matches('\n').count();
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('"') else { break };
+        let quote = &after[..close];
+        out.push((line, quote.split_whitespace().collect::<Vec<_>>().join(" ")));
+        line += quote.matches('\n').count();
+        rest = &after[close + 1..];
+    }
+    out
+}
+
+/// The quotes of `text` that the sources do not print: a piece between two "…" (which stands
+/// for what varies) of three characters or more that no source line holds.
+fn unprinted(path: &str, text: &str, sources: &str) -> Vec<String> {
+    quoted(text)
+        .into_iter()
+        .filter(|(_, quote)| {
+            quote
+                .split('…')
+                .map(str::trim)
+                .filter(|piece| piece.chars().count() >= 3)
+                .any(|piece| !sources.contains(piece))
+        })
+        .map(|(line, quote)| format!("{path}:{line}: \"{quote}\""))
+        .collect()
+}
+
+#[test]
+fn every_message_the_troubleshooting_page_quotes_is_one_gpudiag_prints() {
+    let text = read(Path::new(TROUBLESHOOTING));
+    let sources = sources();
+    assert!(
+        quoted(&text).len() >= 15,
+        "{TROUBLESHOOTING} quotes fewer messages than it did: {:?}",
+        quoted(&text)
+    );
+    let wrong = unprinted(TROUBLESHOOTING, &text, &sources);
+    assert!(
+        wrong.is_empty(),
+        "messages quoted that the code does not print (reworded in the code?):\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_message_check_catches_a_reworded_message() {
+    let sources = joined_continuations(
+        "let e = format!(\n    \"NVML initialisation did not finish within {} s: the \\\n     \
+         driver may be hung\",\n);\n",
+    );
+    let text = "It says \"NVML initialisation did not finish within … s: the driver may\n\
+                be hung\" and then \"NVML init timed out\"; `\"in code\"` is left alone.\n\
+                ```\n\"in a block\"\n```\n";
+    assert_eq!(
+        unprinted("t.md", text, &sources),
+        ["t.md:2: \"NVML init timed out\""]
+    );
 }

@@ -1755,3 +1755,99 @@ fn header_leads_with_the_phase_the_window_ends_in() {
         "{line}"
     );
 }
+
+/// The demo's process runs as root in a Slurm job of `demo` (its recording made it so): the
+/// Processes panel names the one user `serve`'s per-process series name (so `fleet` too), the
+/// job's, rather than a second one.
+#[test]
+fn the_demo_names_one_user_for_its_process_in_the_ui_and_in_prometheus() {
+    let mut b = open("demo");
+    let mut app = new_app(&b, "demo", false);
+    while let Ok(t) = b.poll() {
+        let holds = t
+            .samples
+            .iter()
+            .any(|s| s.processes.as_ref().is_some_and(|p| !p.is_empty()));
+        app.push_tick(t);
+        if holds {
+            break;
+        }
+    }
+    let latest = app.session.pipeline.latest.clone();
+    let recorded = latest[&0].processes.as_ref().unwrap()[0].clone();
+    assert_eq!(
+        recorded.user.as_deref(),
+        Some("root"),
+        "the recording as made"
+    );
+    let snapshot = gpudiag_export::prometheus::Snapshot {
+        host: b.host().clone(),
+        devices: b.devices().to_vec(),
+        latest,
+        ..Default::default()
+    };
+    let exposition = gpudiag_export::prometheus::render(&snapshot, Instant::now());
+    let series = exposition
+        .lines()
+        .find(|l| l.starts_with("gpudiag_process_memory_used_bytes{"))
+        .expect("a per-process series");
+    let label = series
+        .split("user=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a user label");
+    assert_eq!(label, "demo", "{series}");
+
+    app.panel = Panel::Processes;
+    let screen = render(&app, 160, 48);
+    let row = screen
+        .lines()
+        .find(|l| l.contains("python3"))
+        .unwrap_or_else(|| panic!("no process row: {screen}"));
+    let user = row
+        .trim_matches(|c: char| c == '"' || c == '│' || c == '▶' || c.is_whitespace())
+        .split_whitespace()
+        .nth(2);
+    assert_eq!(user, Some(label), "{row}");
+    assert!(!row.contains("root"), "{row}");
+}
+
+/// The header follows the process's exit: on the demo's first tick whose process list is
+/// empty (its process had held 33 GiB idle, then exited), the header no longer calls the GPU
+/// idle while holding memory beside "memory 0.0 GiB", but idle since the process left, and
+/// stays so to the end of the recording; over the window, idle holding memory stays true.
+#[test]
+fn the_header_follows_the_process_exit_in_the_demo() {
+    let mut b = open("demo");
+    let mut app = new_app(&b, "demo", false);
+    let mut held = false;
+    let mut after_exit = Vec::new();
+    while let Ok(t) = b.poll() {
+        let listed = t.samples.first().and_then(|s| s.processes.clone());
+        app.push_tick(t);
+        match listed {
+            Some(p) if !p.is_empty() => held = true,
+            Some(_) if held => {
+                let screen = render(&app, 200, 30);
+                let header = screen.lines().nth(2).unwrap_or_default();
+                after_exit.push(header.trim_matches(['"', ' ']).to_owned());
+            }
+            _ => {}
+        }
+    }
+    assert!(after_exit.len() >= 10, "{after_exit:#?}");
+    for line in &after_exit {
+        assert!(
+            line.starts_with("verdict GPU 0: now idle, "),
+            "after the exit: {after_exit:#?}"
+        );
+        assert!(
+            !line.contains("now idle_holding_memory"),
+            "after the exit: {after_exit:#?}"
+        );
+    }
+    assert!(
+        after_exit[0].contains("over 30 s: idle_holding_memory"),
+        "{after_exit:#?}"
+    );
+}

@@ -5,6 +5,8 @@
 #
 # The load runs as a Slurm job would see it (SLURM_JOB_ID and SLURM_JOB_USER in its
 # environment), so the demo shows the job column; the recording host has no Slurm of its own.
+# The load itself runs as whoever runs this (root on the GPU hosts used so far): every view names
+# a process by its job's user, `demo` where USER is unset, so the demo still shows one user.
 # The demo is compiled into the binary: keep it under 400 KB (250 ms over about two minutes of
 # one GPU is about a tenth of that).
 set -euo pipefail

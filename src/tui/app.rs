@@ -256,6 +256,7 @@ pub enum ProbesState {
 pub struct ProcRow {
     pub device: u32,
     pub pid: u32,
+    /// The user every view names for it: its job's, else the one it runs as.
     pub user: Option<String>,
     pub name: Option<String>,
     pub container_id: Option<String>,
@@ -675,7 +676,7 @@ impl App {
             rows.extend(procs.iter().map(|p| ProcRow {
                 device: s.device,
                 pid: p.pid,
-                user: p.user.clone(),
+                user: p.charged_user().map(str::to_owned),
                 name: p.name.clone(),
                 container_id: p.container_id.clone(),
                 attribution: p.attribution.clone(),

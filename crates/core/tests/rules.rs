@@ -830,3 +830,67 @@ fn per_tick_cost_does_not_depend_on_history_length() {
     }
     assert!((1150..=1250).contains(&evaluations), "{evaluations}");
 }
+
+/// The phase the live views lead with, after each of `scenario`'s ticks up to `upto` of them:
+/// (bottleneck, seconds since it began), or `None` where the window is one phase.
+fn current_phase_after(scenario: &Scenario, upto: usize) -> Option<(String, f64)> {
+    let mut engine = RuleEngine::new(
+        scenario.config.clone(),
+        vec![scenario.device.clone()],
+        Some(scenario.host.clone()),
+        None,
+    )
+    .with_current_phase();
+    let mut history = History::default();
+    for t in &scenario.ticks[..upto] {
+        for s in &t.samples {
+            history.push_sample(s);
+        }
+        engine.on_tick(&history, t);
+    }
+    engine.finish(&history);
+    engine
+        .current_phase(0)
+        .map(|p| (p.verdict.bottleneck.to_string(), p.duration_s()))
+}
+
+/// A process that held 8 GiB on an idle GPU for 25 s exits: from the first process list
+/// without it, the phase the live views lead with is `idle` since it left, not the window's
+/// `idle_holding_memory`; a GPU busy until its process exited is not called idle on figures
+/// from before the exit, and is once the seconds after it can be judged alone.
+#[test]
+fn a_process_that_exits_ends_its_phase_where_it_left() {
+    let held = |_: f64, s: &mut Sample| {
+        s.mem_used_bytes = Some(8 * GIB);
+        s.processes = Some(vec![process(4242, 8 * GIB)]);
+    };
+    let parked = Scenario::new().phase(25.0, held).phase(10.0, |_, _| {});
+    let exit_tick = 100; // 25 s of ticks at 250 ms
+    assert_eq!(current_phase_after(&parked, exit_tick), None, "one phase");
+    for after in [1, 4, 12, 40] {
+        let (bottleneck, since) =
+            current_phase_after(&parked, exit_tick + after).expect("a phase since the exit");
+        assert_eq!(bottleneck, "idle", "{after} ticks after the exit");
+        assert!(
+            since <= after as f64 * 0.25 + 1.0,
+            "{after} ticks after the exit, idle for {since} s"
+        );
+    }
+
+    let busy = |_: f64, s: &mut Sample| {
+        held(0.0, s);
+        s.gpu_util_pct = Some(100.0);
+        s.sm_active_pct = Some(95.0);
+        s.sm_occupancy_pct = Some(60.0);
+        s.power_w = Some(650.0);
+    };
+    let training = Scenario::new().phase(25.0, busy).phase(10.0, |_, _| {});
+    let just_after = current_phase_after(&training, exit_tick + 2);
+    assert_ne!(
+        just_after.as_ref().map(|(b, _)| b.as_str()),
+        Some("idle"),
+        "half a second after a busy process left: {just_after:?}"
+    );
+    let later = current_phase_after(&training, exit_tick + 20).expect("a phase since the exit");
+    assert_eq!(later.0, "idle", "{later:?}");
+}

@@ -432,6 +432,21 @@ pub struct ProcessSample {
     pub started_ms: Option<TimeMs>,
 }
 
+impl ProcessSample {
+    /// The one user a view names for this process: its Slurm job's user where the job names
+    /// one (the account the GPU is charged to, and what a scheduler acts on), else the user it
+    /// runs as. Every view that shows a single user per process takes this one (the terminal
+    /// UI's USER column, `serve`'s `user` label and so `fleet`), so they never name two people
+    /// for one process; the check report keeps both (`user`, `attribution.job.user`).
+    pub fn charged_user(&self) -> Option<&str> {
+        self.attribution
+            .as_ref()
+            .and_then(|a| a.job.as_ref())
+            .and_then(|j| j.user.as_deref())
+            .or(self.user.as_deref())
+    }
+}
+
 /// A process's scheduling state as `/proc/<pid>/stat` gives it. Stable names: JSON values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -1257,6 +1272,30 @@ mod tests {
             .unwrap_or_default();
         keys.retain(|k| k != "time_ms" && k != "device");
         keys
+    }
+
+    /// A process run as root in a Slurm job of `demo` (as the bundled demo recorded it) is
+    /// `demo`'s; outside a job, or in one whose user is unknown, it is the user it runs as.
+    #[test]
+    fn a_process_is_charged_to_its_jobs_user_else_its_own() {
+        let mut p: ProcessSample = serde_json::from_value(serde_json::json!({
+            "pid": 477, "name": "python3", "user": "root", "kind": "compute",
+            "used_memory_bytes": 1, "sm_util_pct": null, "container_id": null,
+            "attribution": {
+                "job": {"id": "4242", "step": null, "user": "demo", "found_in": "environ"},
+                "pod": null
+            }
+        }))
+        .unwrap();
+        assert_eq!(p.charged_user(), Some("demo"));
+        if let Some(job) = p.attribution.as_mut().and_then(|a| a.job.as_mut()) {
+            job.user = None;
+        }
+        assert_eq!(p.charged_user(), Some("root"));
+        p.attribution = None;
+        assert_eq!(p.charged_user(), Some("root"));
+        p.user = None;
+        assert_eq!(p.charged_user(), None);
     }
 
     /// A real line of a python rank (pid 4553) asleep, its name holding a space and a ')'.

@@ -111,6 +111,20 @@ pub fn judge(
     start_ms: TimeMs,
     end_ms: TimeMs,
 ) -> Result<Verdict, NotJudged> {
+    judge_holders_from(input, cpu, device, start_ms, end_ms, start_ms)
+}
+
+/// The verdict on `device` over `[start_ms, end_ms]`, with the processes that hold memory
+/// looked for from `holders_from` on: after a process let go of its memory, the figures of a
+/// short span may reach back before that, but whether anyone holds memory is a question of now.
+fn judge_holders_from(
+    input: &RuleInput<'_>,
+    cpu: Option<&ProcessCpu>,
+    device: &DeviceInfo,
+    start_ms: TimeMs,
+    end_ms: TimeMs,
+    holders_from: TimeMs,
+) -> Result<Verdict, NotJudged> {
     let cfg = &input.config.utilisation;
     let d = device.index;
     let not_judged = |reason: String| NotJudged {
@@ -204,7 +218,7 @@ pub fn judge(
         }),
     };
 
-    let holders = holders(input, cpu, d, start_ms, end_ms);
+    let holders = holders(input, cpu, d, holders_from.max(start_ms), end_ms);
 
     let (bottleneck, mut confidence, basis) = decide(&figures, !holders.is_empty(), cfg);
     let mut evidence = figures.evidence();
@@ -718,8 +732,9 @@ impl CurrentPhase {
 /// The phase `[start_ms, end_ms]` ends in, when the window holds more than one: a window's
 /// verdict blends what came before with what runs now (idle seconds then a one-warp spin read
 /// as launch-bound, utilisation 36%, while the spin itself reads 100%), so a live view leads
-/// with this one. `None` when the window is one phase (its verdict already says what runs
-/// now) or no slice of it could be judged.
+/// with this one. A process that let go of the GPU's memory ends a phase where it left, not at
+/// a slice's edge ([`since_release`]). `None` when the window is one phase (its verdict
+/// already says what runs now) or no slice of it could be judged.
 pub fn current_phase(
     input: &RuleInput<'_>,
     cpu: Option<&ProcessCpu>,
@@ -727,6 +742,9 @@ pub fn current_phase(
     start_ms: TimeMs,
     end_ms: TimeMs,
 ) -> Option<CurrentPhase> {
+    if let Some(idle) = since_release(input, cpu, device, start_ms, end_ms) {
+        return Some(idle);
+    }
     // The merged phases unjudged again: only the last one's start is used, and its figures
     // come from its latest slice below (this runs each second in the TUI).
     let all = merged_slices(input, cpu, device, start_ms, end_ms);
@@ -743,6 +761,49 @@ pub fn current_phase(
         .unwrap_or_else(|| last.clone());
     Some(CurrentPhase {
         since_ms: last.start_ms,
+        verdict,
+    })
+}
+
+/// The GPU idle since the last process holding its memory let go of it within the window,
+/// while nothing holds memory now: the window, and the slice it ends in, still count that
+/// process among the holders for up to a window, and would call the GPU
+/// `idle_holding_memory` beside a process list that is empty. The span judged starts where the
+/// process left, or reaches back the shortest span a verdict needs while that is not yet
+/// over; only an `idle` verdict is taken, so a GPU busy until the process left is not called
+/// idle on figures from before it. `None` where no process left, one still holds memory, or
+/// the process lists are not kept.
+fn since_release(
+    input: &RuleInput<'_>,
+    cpu: Option<&ProcessCpu>,
+    device: &DeviceInfo,
+    start_ms: TimeMs,
+    end_ms: TimeMs,
+) -> Option<CurrentPhase> {
+    let cfg = &input.config.utilisation;
+    let min_bytes = cfg.min_process_memory_mib * MIB;
+    let own_pid = std::process::id();
+    let listed = input.latest.get(&device.index)?.processes.as_ref()?;
+    let held_now = listed
+        .iter()
+        .any(|p| p.pid != own_pid && p.used_memory_bytes.is_some_and(|b| b as f64 >= min_bytes));
+    if held_now {
+        return None;
+    }
+    let released =
+        input
+            .process_memory?
+            .last_held(device.index, start_ms, end_ms, min_bytes, own_pid)?;
+    let since = released.saturating_add(1);
+    let min_span_ms = (cfg.min_span_s * 1000.0) as u64;
+    let from = if end_ms.saturating_sub(since) >= min_span_ms {
+        since
+    } else {
+        end_ms.saturating_sub(min_span_ms).max(start_ms)
+    };
+    let verdict = judge_holders_from(input, cpu, device, from, end_ms, since).ok()?;
+    (verdict.bottleneck == Bottleneck::Idle).then_some(CurrentPhase {
+        since_ms: since,
         verdict,
     })
 }

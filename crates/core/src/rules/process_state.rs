@@ -16,6 +16,9 @@ pub struct ProcessMemory {
 pub(crate) struct ProcessSeries {
     pub(crate) name: Option<String>,
     pub(crate) points: VecDeque<(TimeMs, f64)>,
+    /// The last sample that listed the process: an unchanged value is kept once a second, so
+    /// the points alone would place its exit up to a second early.
+    pub(crate) last_seen_ms: TimeMs,
 }
 
 impl ProcessMemory {
@@ -40,6 +43,7 @@ impl ProcessMemory {
             if keep {
                 series.points.push_back((s.time_ms, v));
             }
+            series.last_seen_ms = series.last_seen_ms.max(s.time_ms);
         }
         // Forget processes not seen for a whole window, and points older than the window.
         let cutoff = s.time_ms.saturating_sub(window_ms);
@@ -74,6 +78,38 @@ impl ProcessMemory {
                 (most >= min_bytes).then(|| (pid, series.name.clone(), most))
             })
             .collect()
+    }
+
+    /// The last time within `[start, end]` that a process other than `except` was seen
+    /// holding at least `min_bytes` on `device`; `None` when none did. A process whose last
+    /// value held that much held it until the last sample that listed it.
+    pub fn last_held(
+        &self,
+        device: u32,
+        start: TimeMs,
+        end: TimeMs,
+        min_bytes: f64,
+        except: u32,
+    ) -> Option<TimeMs> {
+        self.series
+            .range((device, 0)..=(device, u32::MAX))
+            .filter(|&(&(_, pid), _)| pid != except)
+            .filter_map(|(_, series)| {
+                let last_point = series.points.back()?;
+                let held_to_the_end = last_point.1 >= min_bytes;
+                let until = if held_to_the_end {
+                    series.last_seen_ms
+                } else {
+                    series
+                        .points
+                        .iter()
+                        .filter(|&&(_, b)| b >= min_bytes)
+                        .map(|&(t, _)| t)
+                        .max()?
+                };
+                (start..=end).contains(&until).then_some(until)
+            })
+            .max()
     }
 
     /// When `pid` was first seen on `device` within the retained window.

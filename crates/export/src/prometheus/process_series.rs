@@ -55,12 +55,11 @@ fn owner_labels(p: &ProcessSample) -> Labels {
         l.push((label::PROCESS, name.clone()));
     }
     let a: Option<&Attribution> = p.attribution.as_ref();
-    let job = a.and_then(|a| a.job.as_ref());
-    if let Some(job) = job {
+    if let Some(job) = a.and_then(|a| a.job.as_ref()) {
         l.push((label::SLURM_JOB, job.id.clone()));
     }
-    if let Some(user) = job.and_then(|j| j.user.as_ref()).or(p.user.as_ref()) {
-        l.push((label::USER, user.clone()));
+    if let Some(user) = p.charged_user() {
+        l.push((label::USER, user.to_owned()));
     }
     if let Some(pod) = a.and_then(|a| a.pod.as_ref()) {
         if let Some(name) = &pod.name {
