@@ -96,11 +96,16 @@ fn gpu_block(out: &mut String, g: &KernelsGpu, s: &KernelsSummary) {
         }
     };
     let pids: Vec<String> = g.pids.iter().map(u32::to_string).collect();
+    // A GPU known only as one process's ordinal already names that process.
+    let by = if g.only_as.is_some() && g.pids.len() <= 1 {
+        String::new()
+    } else {
+        format!(" (pid {})", pids.join(", "))
+    };
     let _ = writeln!(
         out,
-        "gpudiag: kernels on {} (pid {}) over {}: compute {} · NCCL {} · copies {} · idle {}",
+        "gpudiag: kernels on {}{by} over {}: compute {} · NCCL {} · copies {} · idle {}",
         gpu_name(g),
-        pids.join(", "),
         duration(t.span_s),
         share(t.compute_s),
         share(t.nccl_s),

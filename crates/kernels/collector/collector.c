@@ -52,6 +52,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -202,6 +203,8 @@ static void *sym(const char *name) {
 
 // ---- transport ----
 
+#define SEND_POLL_MS 5
+#define SEND_PATIENCE_MS 200
 static pthread_mutex_t send_lock = PTHREAD_MUTEX_INITIALIZER;
 static int sock = -1;
 static struct {
@@ -218,6 +221,9 @@ static int connect_socket(void) {
   // Bounds connect() when gpudiag's backlog is full: the command's cuInit waits at most this.
   struct timeval bound = {0, 200000};
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &bound, sizeof bound);
+  // As much room as the kernel grants (it caps at wmem_max without CAP_NET_ADMIN).
+  int room = 4 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &room, sizeof room);
   if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
     close(fd);
     return -1;
@@ -239,8 +245,18 @@ static int send_parts(uint16_t type, uint32_t count, const void *a, size_t a_len
                            {(void *)b, b_len},
                            {(void *)c, c_len}};
   struct msghdr msg = {.msg_iov = parts, .msg_iovlen = 4};
-  if (sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return 1;
-  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS || errno == EINTR) return 0;
+  // A full socket is waited on briefly: records come in bursts (a whole CUPTI buffer at a
+  // time, most often on CUPTI's own thread, not the command's), larger than the socket's
+  // buffer (wmem_max, about 208 KiB, caps it), and gpudiag drains them within milliseconds.
+  // At most SEND_PATIENCE_MS per message, so a gpudiag that stopped reading costs the
+  // command little and the batch is dropped and counted instead.
+  for (int waited_ms = 0;; waited_ms += SEND_POLL_MS) {
+    if (sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return 1;
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ENOBUFS && errno != EINTR) break;
+    if (waited_ms >= SEND_PATIENCE_MS) return 0;
+    struct pollfd writable = {.fd = sock, .events = POLLOUT};
+    poll(&writable, 1, SEND_POLL_MS);
+  }
   // gpudiag is gone: recording for nobody only costs the command.
   close(sock);
   sock = -1;

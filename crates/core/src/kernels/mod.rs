@@ -50,7 +50,11 @@ impl Default for Limits {
             gpus: 32,
             processes: 512,
             names_per_gpu: 2_048,
-            gpu_spans: 32_768,
+            // Records reach gpudiag a CUPTI buffer at a time and kind by kind (a second of
+            // kernels, then that second's copies), so the recent part must hold seconds of a
+            // launch-bound loop: 46,000 tiny kernels a second on an H100 left 1,118 copies
+            // late at 32,768 (benches/RESULTS.md). About 20 bytes a span: 5 MB a busy GPU.
+            gpu_spans: 262_144,
             process_spans: 4_096,
             per_process_list: 64,
             // A trace holds every event in memory until it is written (about 1 kB each with
