@@ -6,6 +6,7 @@
 #   KRUN_PART=single benches/kernels_run.sh [GPUDIAG_BINARY]   about 7 minutes, one GPU
 #   KRUN_PART=ddp    benches/kernels_run.sh [GPUDIAG_BINARY]   about 3 minutes, two GPUs or more
 #   KRUN_PART=smoke  benches/kernels_run.sh [GPUDIAG_BINARY]   under a minute: one loop, one report
+#   KRUN_PART=cost   benches/kernels_run.sh [GPUDIAG_BINARY]   about 3 minutes, one GPU
 #
 # single: for each loop of benches/kernels_run/workloads.py (sync, launch, pageable, resnet,
 #   gpt2): steps a second under `run` and under `run --kernels`, two rounds interleaved; the run
@@ -13,6 +14,10 @@
 #   (TOP_OUT); then the user's own torch.profiler inside `run --kernels` (both traces whole?).
 # ddp: torchrun on two GPUs (benches/workloads/job.py), balanced and with rank 1 doing 1.3x the
 #   work, under `run` and `run --kernels`: steps, each rank's NCCL time, the job verdict.
+# cost: ResNet-50 training at batch 64 and 256, and the launch loop: steps a second under `run`,
+#   under `run --kernels`, and under torch.profiler recording CUDA activity only (no gpudiag),
+#   KRUN_ROUNDS rounds (default 1) interleaved; KRUN_LOADS picks loops (MODE:BATCH ...);
+#   runs.txt has one line each.
 # Everything lands in $OUT/kernels_run.tar.gz; benches/kernels_run/compare.py prints the tables.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -62,6 +67,26 @@ if [ "$part" = single ]; then
     >"$dir/logs/profiler-plain.out" 2>"$dir/logs/profiler-plain.err"
   echo "profiler-plain rc=$? $(tail -n1 "$dir/logs/profiler-plain.out")" >>"$dir/runs.txt"
   one profiler-kernels 1 -- python3 "$here/workloads.py" profiler "$dir/traces/profiler-kernels"
+fi
+
+if [ "$part" = cost ]; then
+  for round in $(seq "${KRUN_ROUNDS:-1}"); do
+    for load in ${KRUN_LOADS:-resnet:64 resnet:256 launch:0}; do
+      mode=${load%%:*} batch=${load##*:}
+      for how in plain kernels profiler; do
+        name="cost-$mode-$batch-$how-$round"
+        case $how in
+          plain) KRUN_BATCH=$batch one "$name" 0 -- python3 "$here/workloads.py" "$mode" "$secs" ;;
+          kernels) KRUN_BATCH=$batch one "$name" 1 -- python3 "$here/workloads.py" "$mode" "$secs" ;;
+          profiler)
+            KRUN_BATCH=$batch KRUN_UNDER_PROFILER=1 python3 "$here/workloads.py" "$mode" "$secs" \
+              >"$dir/logs/$name.out" 2>"$dir/logs/$name.err"
+            echo "$name rc=$? $(tail -n1 "$dir/logs/$name.out")" >>"$dir/runs.txt" ;;
+        esac
+      done
+    done
+  done
+  cat "$dir/runs.txt"
 fi
 
 if [ "$part" = ddp ]; then

@@ -421,9 +421,10 @@ pub struct RunArgs {
     pub profiler_trace: Option<PathBuf>,
     /// Record the kernels, copies, sets and synchronisations of the command's CUDA processes,
     /// with no code change: a CUPTI collector is loaded into each (CUDA_INJECTION64_PATH and
-    /// LD_PRELOAD) and reports to gpudiag. It costs what torch.profiler costs: launch-heavy code
-    /// (many tiny kernels) runs a third to a half slower; compute-heavy code is unaffected. Steps
-    /// aside while torch.profiler traces, and for another tool that set CUDA_INJECTION64_PATH.
+    /// LD_PRELOAD) and reports to gpudiag. It costs what torch.profiler costs, a few µs a kernel
+    /// launch: code whose launches set its pace (many tiny kernels, small batches) runs up to a
+    /// third slower; code that keeps the GPU busy is barely affected. Steps aside while
+    /// torch.profiler traces, and for another tool that set CUDA_INJECTION64_PATH.
     #[arg(long)]
     pub kernels: bool,
     /// Replace the output files if they exist.

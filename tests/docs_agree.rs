@@ -357,7 +357,8 @@ fn flags_in(s: &str) -> Vec<&str> {
 }
 
 /// Each `gpudiag …` of `scope` with its subcommand ("" for none) and the flags given to it: up
-/// to the next command of a pipeline or list, a comment, or the next `gpudiag`.
+/// to the next command of a pipeline or list, a comment, the next `gpudiag`, or ` -- ` (what
+/// follows is `run`'s command and its own flags).
 fn gpudiag_commands<'a>(
     scope: &'a str,
     subcommands: &BTreeMap<String, BTreeSet<String>>,
@@ -371,7 +372,7 @@ fn gpudiag_commands<'a>(
             continue;
         }
         let mut rest = &scope[i + 7..];
-        for end in [" | ", " && ", " || ", "; ", " # ", "$(", "gpudiag"] {
+        for end in [" | ", " && ", " || ", "; ", " # ", "$(", "gpudiag", " -- "] {
             if let Some(at) = rest.find(end) {
                 rest = &rest[..at];
             }
@@ -480,7 +481,8 @@ fn the_checks_catch_a_wrong_default_and_an_unknown_flag() {
     let text = "Run `gpudiag fleet --prometheus URL --query-timout 5s | jq` or\n\
                 `gpudiag check\n--jsn`; `--no-such-flag` alone, `--locked` is cargo's.\n\
                 ```sh\ngpudiag serve --listen 0.0.0.0:9835 \\\n  --max-proces-series 10 # --x\n```\n\
-                `cargo test -- --nocapture`, `gpudiag --demo replay` and `--selector`.\n";
+                `cargo test -- --nocapture`, `gpudiag --demo replay` and `--selector`;\n\
+                `gpudiag run --kernels -- torchrun --nproc-per-node 2 x.py` is torchrun's.\n";
     let wrong = unknown_flags("t.md", text, &subcommands);
     let found: Vec<&str> = wrong
         .iter()

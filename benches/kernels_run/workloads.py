@@ -6,15 +6,18 @@ Modes, each a loop with a known shape on GPU 0:
   sync       tiny kernels and an .item() every step (sync-bound)
   launch     40 tiny element-wise kernels a step, one .item() every 50 steps (launch-bound)
   pageable   a 64 MiB pageable host-to-device copy, then a small kernel (copy-bound)
-  resnet     timm ResNet-50 training, batch 64, bf16 autocast, SGD (random data, no download)
+  resnet     timm ResNet-50 training, batch 64 (KRUN_BATCH), bf16 autocast, SGD (random data,
+             no download)
   gpt2       HF GPT-2 (124M, random weights: no download) generate, batch 1, 32 new tokens
   profiler   two torch.profiler sessions between unprofiled steps (the user's own profiler)
 
-Prints one JSON line: steps a second and the mode. With TOP_OUT=FILE, the loop's last
+Prints one JSON line: steps a second and the mode. With KRUN_UNDER_PROFILER=1 the timed loop
+runs inside torch.profiler recording CUDA activity only (the reference for what recording costs). With TOP_OUT=FILE, the loop's last
 few seconds run under torch.profiler and FILE gets the reference: the top kernels by
 GPU time, the copies by kind, and the synchronisation calls with their counts.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -69,8 +72,9 @@ def resnet_mode():
 
     model = timm.create_model("resnet50", pretrained=False).to(DEV)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    data = torch.randn(64, 3, 224, 224, device=DEV)
-    labels = torch.randint(0, 1000, (64,), device=DEV)
+    batch = int(os.environ.get("KRUN_BATCH", "64"))
+    data = torch.randn(batch, 3, 224, 224, device=DEV)
+    labels = torch.randint(0, 1000, (batch,), device=DEV)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step():
@@ -171,15 +175,22 @@ def profiler_mode(trace_dir):
 
 
 def main():
-    mode, seconds = sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
+    mode = sys.argv[1]
     if mode == "profiler":
         result = profiler_mode(sys.argv[2])
     else:
+        seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
         step = {"sync": sync_mode, "launch": launch_mode, "pageable": pageable_mode,
                 "resnet": resnet_mode, "gpt2": gpt2_mode}[mode]()
         for _ in range(3):
             step()
         torch.cuda.synchronize()
+        under = contextlib.nullcontext()
+        if os.environ.get("KRUN_UNDER_PROFILER") == "1":
+            from torch.profiler import ProfilerActivity, profile
+
+            under = profile(activities=[ProfilerActivity.CUDA])
+        under.__enter__()
         warm_end = time.perf_counter() + min(2.0, seconds / 4)
         while time.perf_counter() < warm_end:
             step()
@@ -191,6 +202,8 @@ def main():
             steps += 1
         torch.cuda.synchronize()
         result = {"steps_per_s": steps / (time.perf_counter() - start), "steps": steps}
+        # Out of the timed span: Kineto's processing of its records at the end.
+        under.__exit__(None, None, None)
         top_out = os.environ.get("TOP_OUT")
         if top_out:
             reference(step, min(3.0, seconds), top_out)

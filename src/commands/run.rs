@@ -958,7 +958,12 @@ pub fn conclude_kernels(
         return;
     };
     let mut summary = aggregator.summary();
-    gpudiag_core::kernels::match_devices(&mut summary, devices);
+    let seen: Vec<(u32, u32)> = report
+        .gpu_processes
+        .iter()
+        .map(|p| (p.pid, p.device))
+        .collect();
+    gpudiag_core::kernels::match_devices(&mut summary, devices, &seen);
     for d in &mut report.devices {
         let Some(gpu) = summary.gpus.iter().find(|g| g.index == Some(d.index)) else {
             continue;
@@ -981,6 +986,7 @@ pub fn conclude_kernels(
             d.verdict = Some(v);
         }
     }
+    gpudiag_core::kernels::jobs::note_nccl_shares(&mut report.jobs, &summary);
     report.kernels = Some(summary);
 }
 

@@ -48,10 +48,13 @@
 //   9 CANNOT    u16 length, why (UTF-8)
 //   10 GOODBYE  nothing
 // The CUPTI ns/Unix ns pair is read at send time, one after the other, so gpudiag maps CUPTI's
-// clock (which another client may replace) to the wall clock per batch.
+// clock to the wall clock per batch. Once another client has CUPTI time records with its own
+// clock, CUPTI's is carried on with CLOCK_MONOTONIC and the records are put back on it (see
+// "the clock records are timed on").
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -157,6 +160,7 @@ typedef gd_result (*flag_fn)(uint32_t);
 typedef gd_result (*u32_out_fn)(uint32_t *);
 typedef gd_result (*u64_out_fn)(uint64_t *);
 typedef gd_result (*dropped_fn)(gd_cucontext, uint32_t, size_t *);
+typedef gd_result (*timestamp_register_fn)(gd_timestamp_fn);
 
 static struct {
   void *cupti;
@@ -169,6 +173,7 @@ static struct {
   u32_out_fn version;
   u64_out_fn timestamp;
   dropped_fn dropped;
+  timestamp_register_fn register_timestamp;
 } real;
 
 // Which kinds we record, and which the guest (Kineto) has enabled: a kind stays enabled in
@@ -288,9 +293,83 @@ static void cannot_record(const char *why) {
   send_text(MSG_CANNOT, why, NULL, 0);
 }
 
+// ---- the clock records are timed on ----
+
+// Kineto (torch.profiler) has CUPTI time every record with a clock of its own from its first
+// trace on (cuptiActivityRegisterTimestampCallback; on Linux the CPU's time-stamp counter, in
+// ticks, not ns), for the rest of the process, and cuptiGetTimestamp no longer matches the
+// records. From that switch on the collector carries CUPTI's clock on with CLOCK_MONOTONIC (both
+// count ns) and puts each record's times on it through the guest clock's rate, fitted from the
+// switch to the buffer's completion: gpudiag sees one clock before and after, and a record's
+// error is about one clock reading's, since what was recorded before the switch was flushed
+// first. (A record handed over without times keeps its 0s: gpudiag counts it apart.)
+static pthread_mutex_t clock_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  gd_timestamp_fn fn;          // NULL: records are on CUPTI's own clock
+  uint64_t guest0, mono0;      // read together when it was registered
+  int64_t cupti_minus_mono;    // at the first switch; CUPTI's clock is carried on with it
+} guest_clock;
+
+static uint64_t monotonic_ns(void) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
+// The guest's clock and CLOCK_MONOTONIC, read together.
+static void read_both(gd_timestamp_fn fn, uint64_t *guest, uint64_t *mono) {
+  uint64_t before = monotonic_ns();
+  *guest = fn();
+  uint64_t after = monotonic_ns();
+  *mono = before + (after - before) / 2;
+}
+
+// How one completed buffer's records go onto CUPTI's clock.
+struct clock_map {
+  int guest;  // 0: they are on it already
+  uint64_t guest_now;
+  int64_t cupti_now;
+  double ns_per_tick;
+};
+
+static struct clock_map clock_map_now(void) {
+  struct clock_map map = {0, 0, 0, 1.0};
+  pthread_mutex_lock(&clock_lock);
+  gd_timestamp_fn fn = guest_clock.fn;
+  uint64_t guest0 = guest_clock.guest0, mono0 = guest_clock.mono0;
+  int64_t offset = guest_clock.cupti_minus_mono;
+  pthread_mutex_unlock(&clock_lock);
+  if (!fn) return map;
+  uint64_t mono = 0;
+  read_both(fn, &map.guest_now, &mono);
+  map.guest = 1;
+  map.cupti_now = (int64_t)mono + offset;
+  if (map.guest_now > guest0 && mono > mono0)
+    map.ns_per_tick = (double)(mono - mono0) / (double)(map.guest_now - guest0);
+  return map;
+}
+
+static uint64_t on_cupti_clock(const struct clock_map *map, uint64_t t) {
+  // 0: CUPTI could not time the record, on any clock; gpudiag says so.
+  if (!map->guest || t == 0) return t;
+  // Signed and small: a record is never much older than the reading, nor newer.
+  double back = (double)(int64_t)(map->guest_now - t) * map->ns_per_tick;
+  double v = (double)map->cupti_now - back;
+  if (v <= 0) return 0;
+  if (v >= 1.8e19) return UINT64_MAX;
+  return (uint64_t)v;
+}
+
 static struct wire_clock clock_pair(void) {
   struct wire_clock c = {0, 0};
-  if (real.timestamp) real.timestamp(&c.cupti_ns);
+  pthread_mutex_lock(&clock_lock);
+  int carried = guest_clock.fn != NULL;
+  int64_t offset = guest_clock.cupti_minus_mono;
+  pthread_mutex_unlock(&clock_lock);
+  if (carried)
+    c.cupti_ns = (uint64_t)((int64_t)monotonic_ns() + offset);
+  else if (real.timestamp)
+    real.timestamp(&c.cupti_ns);
   struct timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   c.unix_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
@@ -315,13 +394,19 @@ static void announce_device(uint32_t ordinal) {
     unsigned char uuid[16];
   } body = {ordinal, 0, {0}};
   void *cuda = exiting ? NULL : dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!cuda && verbose)
+    fprintf(stderr, "gpudiag collector[%d]: no libcuda.so.1 loaded to name CUDA device %u\n",
+            (int)getpid(), ordinal);
   if (cuda) {
     cu_device_get_fn get = (cu_device_get_fn)dlsym(cuda, "cuDeviceGet");
     cu_device_get_uuid_fn uuid = (cu_device_get_uuid_fn)dlsym(cuda, "cuDeviceGetUuid_v2");
     if (!uuid) uuid = (cu_device_get_uuid_fn)dlsym(cuda, "cuDeviceGetUuid");
-    int device = 0;
-    if (get && uuid && get(&device, (int)ordinal) == 0 && uuid(body.uuid, device) == 0)
-      body.known = 1;
+    int device = 0, got = get ? get(&device, (int)ordinal) : -1;
+    int read = got == 0 && uuid ? uuid(body.uuid, device) : -1;
+    body.known = read == 0;
+    if (verbose && !body.known)
+      fprintf(stderr, "gpudiag collector[%d]: no UUID for CUDA device %u (cuDeviceGet %d, UUID %d)\n",
+              (int)getpid(), ordinal, got, read);
     dlclose(cuda);
   }
   send_parts(MSG_DEVICE, 0, &body, sizeof body, NULL, 0, NULL, 0);
@@ -447,14 +532,15 @@ static uint32_t name_for_batch(const char *name) {
 
 static uint32_t nonnegative(int32_t v) { return v < 0 ? 0 : (uint32_t)v; }
 
-static void encode(const gd_activity *r) {
+static void encode(const gd_activity *r, const struct clock_map *clock) {
+#define GD_ON_CLOCK(t) on_cupti_clock(clock, (t))
   switch (r->kind) {
     case GD_KIND_CONCURRENT_KERNEL: {
       const gd_kernel *k = (const gd_kernel *)r;
       announce_device(k->deviceId);
       uint32_t name = name_for_batch(k->name);
       struct wire_kernel *w = batch_slot(0, sizeof *w);
-      *w = (struct wire_kernel){k->start, k->end, k->deviceId, k->contextId, k->streamId, name,
+      *w = (struct wire_kernel){GD_ON_CLOCK(k->start), GD_ON_CLOCK(k->end), k->deviceId, k->contextId, k->streamId, name,
                                 {nonnegative(k->gridX), nonnegative(k->gridY), nonnegative(k->gridZ)},
                                 {nonnegative(k->blockX), nonnegative(k->blockY), nonnegative(k->blockZ)},
                                 k->registersPerThread, 0,
@@ -466,7 +552,7 @@ static void encode(const gd_activity *r) {
       const gd_memcpy *m = (const gd_memcpy *)r;
       announce_device(m->deviceId);
       struct wire_copy *w = batch_slot(1, sizeof *w);
-      *w = (struct wire_copy){m->start, m->end, m->deviceId, m->contextId, m->streamId,
+      *w = (struct wire_copy){GD_ON_CLOCK(m->start), GD_ON_CLOCK(m->end), m->deviceId, m->contextId, m->streamId,
                               m->correlationId, m->bytes, m->copyKind, m->srcKind, m->dstKind,
                               m->flags, m->graphId};
       break;
@@ -475,20 +561,21 @@ static void encode(const gd_activity *r) {
       const gd_memset *s = (const gd_memset *)r;
       announce_device(s->deviceId);
       struct wire_set *w = batch_slot(2, sizeof *w);
-      *w = (struct wire_set){s->start, s->end, s->deviceId, s->contextId, s->streamId,
+      *w = (struct wire_set){GD_ON_CLOCK(s->start), GD_ON_CLOCK(s->end), s->deviceId, s->contextId, s->streamId,
                              s->correlationId, s->bytes};
       break;
     }
     case GD_KIND_SYNCHRONIZATION: {
       const gd_synchronization *s = (const gd_synchronization *)r;
       struct wire_sync *w = batch_slot(3, sizeof *w);
-      *w = (struct wire_sync){s->start, s->end, s->contextId, s->streamId, s->correlationId,
+      *w = (struct wire_sync){GD_ON_CLOCK(s->start), GD_ON_CLOCK(s->end), s->contextId, s->streamId, s->correlationId,
                               s->type, s->cudaEventId, 0};
       break;
     }
     default:
       break;
   }
+#undef GD_ON_CLOCK
 }
 
 static void send_losses_if_changed(void) {
@@ -539,10 +626,23 @@ static void buffer_completed(gd_cucontext ctx, uint32_t stream, uint8_t *buffer,
   }
   pthread_mutex_lock(&send_lock);
   if (!stopped) {
+    struct clock_map clock = clock_map_now();
     gd_activity *record = NULL;
+    int logged = 0;
     while (real.next_record(buffer, valid, &record) == GD_CUPTI_SUCCESS) {
       unsigned kind = (unsigned)record->kind;
-      if (kind < MAX_KIND && ours_on[kind]) encode(record);
+      if (verbose && !logged && kind == GD_KIND_CONCURRENT_KERNEL) {
+        const gd_kernel *k = (const gd_kernel *)record;
+        fprintf(stderr,
+                "gpudiag collector[%d]: buffer: guest clock %d now %" PRIu64 ", CUPTI clock now %" PRId64
+                " (CLOCK_MONOTONIC %" PRIu64 "), %.6f ns a tick; first kernel %" PRIu64 "..%" PRIu64
+                " -> %" PRIu64 "..%" PRIu64 "\n",
+                (int)getpid(), clock.guest, clock.guest_now, clock.cupti_now, monotonic_ns(),
+                clock.ns_per_tick, k->start, k->end,
+                on_cupti_clock(&clock, k->start), on_cupti_clock(&clock, k->end));
+        logged = 1;
+      }
+      if (kind < MAX_KIND && ours_on[kind]) encode(record, &clock);
     }
     for (int which = 0; which < 4; which++) send_batch(which);
     size_t dropped = 0;
@@ -574,9 +674,29 @@ static int guest_tracing(void) {
 static void attach(void) {
   real.register_callbacks(buffer_requested, buffer_completed);
   for (size_t i = 0; i < sizeof our_kinds / sizeof *our_kinds; i++) set_kind(our_kinds[i], 1);
-  // Records reach gpudiag at least once a second even from a process that never fills a
-  // buffer, so a SIGKILLed rank loses at most its last second.
   if (real.flush_period) real.flush_period(1000);
+}
+
+// Records reach gpudiag at least once a second even from a process that never fills a buffer,
+// so a SIGKILLed rank loses at most its last second, and each GPU is named (by UUID) while the
+// driver can still be asked. cuptiActivityFlushPeriod alone did not do it: on an H200 with CUPTI
+// 13.0 a partly full buffer waited 7 s, until the next forced flush. Flushing without FORCED
+// hands over only records CUPTI has completed, never one still missing its times.
+static void *flusher(void *unused) {
+  (void)unused;
+  struct timespec second = {1, 0};
+  while (!stopped && !exiting) {
+    nanosleep(&second, NULL);
+    pthread_mutex_lock(&attach_lock);
+    if (active && !stepped_aside && !stopped && !exiting) real.flush_all(0);
+    pthread_mutex_unlock(&attach_lock);
+  }
+  return NULL;
+}
+
+static void start_flusher(void) {
+  pthread_t t;
+  if (pthread_create(&t, NULL, flusher, NULL) == 0) pthread_detach(t);
 }
 
 // Turning kinds off from inside CUPTI's completion callback could re-enter CUPTI: a thread of
@@ -632,6 +752,8 @@ static int find_cupti(void) {
   real.version = (u32_out_fn)dlsym(real.cupti, "cuptiGetVersion");
   real.timestamp = (u64_out_fn)dlsym(real.cupti, "cuptiGetTimestamp");
   real.dropped = (dropped_fn)dlsym(real.cupti, "cuptiActivityGetNumDroppedRecords");
+  real.register_timestamp =
+      (timestamp_register_fn)dlsym(real.cupti, "cuptiActivityRegisterTimestampCallback");
   return 1;
 }
 
@@ -736,6 +858,7 @@ EXPORT int InitializeInjection(void) {
     aside_from_ns = clock_pair().cupti_ns;
     active = 1;
     pthread_mutex_unlock(&attach_lock);
+    start_flusher();
     note("another CUPTI client traces: standing aside until it is done");
     return 1;
   }
@@ -745,6 +868,7 @@ EXPORT int InitializeInjection(void) {
   }
   active = 1;
   attach();
+  start_flusher();
   note("recording");
   return 1;
 }
@@ -820,6 +944,42 @@ EXPORT gd_result cuptiActivityFlushAll(uint32_t flag) {
   flag_fn f = real.flush_all ? real.flush_all : (flag_fn)sym("cuptiActivityFlushAll");
   gd_result result = f ? f(flag) : 1;
   if (stepped_aside && !guest_tracing()) take_back();
+  return result;
+}
+
+// The guest times CUPTI's records with its own clock from now on (Kineto does, as its first
+// trace starts): what we hold was timed on the clock in force and goes first, then the switch
+// is noted so later records are put back on CUPTI's clock (see clock_map_now).
+EXPORT gd_result cuptiActivityRegisterTimestampCallback(gd_timestamp_fn fn) {
+  timestamp_register_fn f = real.register_timestamp
+                                ? real.register_timestamp
+                                : (timestamp_register_fn)sym("cuptiActivityRegisterTimestampCallback");
+  if (!f) return 1;
+  pthread_mutex_lock(&clock_lock);
+  int same = guest_clock.fn == fn;
+  pthread_mutex_unlock(&clock_lock);
+  if (same) return f(fn);
+  pthread_mutex_lock(&attach_lock);
+  if (active && !stepped_aside && !stopped) real.flush_all(GD_FLUSH_FORCED);
+  struct wire_clock before = clock_pair();
+  uint64_t mono_before = monotonic_ns();
+  gd_result result = f(fn);
+  if (result == GD_CUPTI_SUCCESS) {
+    pthread_mutex_lock(&clock_lock);
+    // CUPTI's clock is carried on from the first switch; before CUPTI was found (a guest that
+    // traced before cuInit), nothing was timed yet and CLOCK_MONOTONIC is the clock.
+    if (!guest_clock.fn && fn)
+      guest_clock.cupti_minus_mono = before.cupti_ns ? (int64_t)(before.cupti_ns - mono_before) : 0;
+    guest_clock.fn = fn;
+    if (fn) read_both(fn, &guest_clock.guest0, &guest_clock.mono0);
+    if (verbose)
+      fprintf(stderr,
+              "gpudiag collector[%d]: another client's clock: it reads %" PRIu64
+              " at CLOCK_MONOTONIC %" PRIu64 "; CUPTI's read %" PRIu64 " at %" PRIu64 "\n",
+              (int)getpid(), guest_clock.guest0, guest_clock.mono0, before.cupti_ns, mono_before);
+    pthread_mutex_unlock(&clock_lock);
+  }
+  pthread_mutex_unlock(&attach_lock);
   return result;
 }
 

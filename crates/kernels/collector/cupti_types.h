@@ -139,5 +139,7 @@ typedef struct GD_PACKED {
 typedef void (*gd_buffer_request_fn)(uint8_t **buffer, size_t *size, size_t *max_records);
 typedef void (*gd_buffer_complete_fn)(gd_cucontext context, uint32_t stream, uint8_t *buffer,
                                       size_t size, size_t valid);
+// CUpti_TimestampCallbackFunc: a clock another client has CUPTI time every record with.
+typedef uint64_t (*gd_timestamp_fn)(void);
 
 #endif

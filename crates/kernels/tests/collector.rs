@@ -349,6 +349,61 @@ fn it_steps_aside_for_another_cupti_client_and_takes_cupti_back() {
     ));
 }
 
+/// Kineto has CUPTI time records with its own clock (the CPU's TSC, in ticks) from its first
+/// trace on: our records after it still reach gpudiag on CUPTI's clock, in ns, where the wall
+/// clock places them.
+#[test]
+fn records_timed_on_another_clients_clock_come_back_on_cuptis() {
+    let h = harness();
+    let run = h.run(&["guest-clock"], &[]);
+    let out = run.stdout();
+    assert!(run.output.status.success(), "{out}");
+    assert!(out.contains("guest got 8"), "{out}");
+    let batches: Vec<_> = run
+        .messages
+        .iter()
+        .filter_map(|m| match m {
+            CollectorMessage::Kernels { clock, records, .. } => Some((clock, records)),
+            _ => None,
+        })
+        .collect();
+    let now_unix_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i128;
+    let mut after = 0;
+    for (clock, records) in batches {
+        for k in records {
+            // Before the switch as CUPTI timed them; after it, back in ns at CUPTI's clock (the
+            // stand-in's reads 5,000 and the carried clock runs on from there).
+            let ns = k.end_ns - k.start_ns;
+            assert!((6..=8).contains(&ns), "{k:?}");
+            let unix = clock.unix_ns as i128 + k.start_ns as i128 - clock.cupti_ns as i128;
+            assert!(
+                (unix - now_unix_ns).abs() < 60_000_000_000,
+                "{k:?} {clock:?}"
+            );
+            if clock.cupti_ns > 5000 {
+                after += 1;
+                assert!(
+                    k.start_ns > 5000 && k.start_ns < 5000 + 60_000_000_000,
+                    "{k:?}"
+                );
+            }
+        }
+    }
+    assert_eq!(after, 2);
+    let aside = run
+        .messages
+        .iter()
+        .find_map(|m| match m {
+            CollectorMessage::SteppedAside { from_ns, to_ns, .. } => Some((*from_ns, *to_ns)),
+            _ => None,
+        })
+        .unwrap();
+    assert!(aside.0 >= 5000 && aside.1.unwrap() >= aside.0, "{aside:?}");
+}
+
 #[test]
 fn a_client_tracing_before_cuinit_keeps_cupti_until_it_is_done() {
     let h = harness();
@@ -449,7 +504,7 @@ fn the_collector_compiles_without_a_warning() {
 /// The object exports what the driver and the loader look for, and nothing newer than the
 /// glibc gpudiag's release binary needs (2.28).
 #[test]
-fn the_collector_exports_six_functions_and_needs_no_newer_glibc() {
+fn the_collector_exports_seven_functions_and_needs_no_newer_glibc() {
     let h = harness();
     let out = Command::new("objdump")
         .arg("-T")
@@ -471,6 +526,7 @@ fn the_collector_exports_six_functions_and_needs_no_newer_glibc() {
             "cuptiActivityEnable",
             "cuptiActivityFlushAll",
             "cuptiActivityRegisterCallbacks",
+            "cuptiActivityRegisterTimestampCallback",
             "cuptiFinalize"
         ]
     );

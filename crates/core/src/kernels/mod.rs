@@ -8,6 +8,7 @@
 //! was left out is counted and said.
 
 pub mod intervals;
+pub mod jobs;
 pub mod names;
 pub mod synthetic;
 pub mod verdict;
@@ -304,6 +305,15 @@ impl ProcessAcc {
     }
 }
 
+/// How far after its batch's clock pair a record may end. The collector reads the pair as the
+/// batch is sent, after every record in it ended, so a few ms would do; a wider bound keeps
+/// streams that carry one pair for a whole run (fixtures, older collectors) placeable and still
+/// catches a clock another client put in place, which is off by far more.
+const CLOCK_SLACK_AHEAD_NS: u64 = 600_000_000_000;
+/// How long before its batch was sent a record may have ended: buffers are flushed every
+/// second, but a full socket, a process stopped or a collector stood aside delays them.
+const CLOCK_SLACK_BEHIND_NS: u64 = 600_000_000_000;
+
 /// CUPTI ns to Unix ns through the batch's clock pair, saturating (a pair that jumps, or a
 /// record far from it, gives a time far off, never an overflow).
 fn to_unix(ns: u64, clock: ClockPair) -> u64 {
@@ -322,6 +332,10 @@ pub struct KernelsAggregator {
     gpus_past_cap: u64,
     processes_past_cap: u64,
     reversed: u64,
+    /// Records whose times were on another clock than their batch's pair.
+    off_clock: u64,
+    /// Records CUPTI handed over without times (zero timestamps).
+    untimed: u64,
 }
 
 impl Default for KernelsAggregator {
@@ -346,6 +360,8 @@ impl KernelsAggregator {
             gpus_past_cap: 0,
             processes_past_cap: 0,
             reversed: 0,
+            off_clock: 0,
+            untimed: 0,
         }
     }
 
@@ -467,14 +483,35 @@ impl KernelsAggregator {
         }
     }
 
-    /// Unix times of a record, or `None` (counted) when it ends before it starts.
+    /// Unix times of a record, or `None` (counted) when CUPTI could not time it, when it ends
+    /// before it starts, or when its times are on another clock than its batch's pair.
     fn times(&mut self, start: u64, end: u64, clock: ClockPair) -> Option<(u64, u64)> {
+        // CUPTI's way of saying it has no time for a record (its documentation: "may contain
+        // invalid (0) timestamps"); on a clock pair it would read as the Unix epoch or as the
+        // host's boot.
+        if start == 0 || end == 0 {
+            self.untimed = self.untimed.saturating_add(1);
+            return None;
+        }
         if end < start {
             self.reversed = self.reversed.saturating_add(1);
             return None;
         }
+        let (start, end) = (to_unix(start, clock), to_unix(end, clock));
+        // A record ends before the batch holding it was sent, and CUPTI hands buffers over at
+        // least once a second. One minutes outside that was timed on a clock another CUPTI client
+        // put in place that the collector did not see (it carries CUPTI's clock across the
+        // ones it sees: before it did, on an H200 with torch 2.11, the records after
+        // torch.profiler's first trace landed 21 minutes off): its times cannot be placed, nor
+        // its length trusted.
+        if end > clock.unix_ns.saturating_add(CLOCK_SLACK_AHEAD_NS)
+            || end.saturating_add(CLOCK_SLACK_BEHIND_NS) < clock.unix_ns
+        {
+            self.off_clock = self.off_clock.saturating_add(1);
+            return None;
+        }
         self.records = self.records.saturating_add(1);
-        Some((to_unix(start, clock), to_unix(end, clock)))
+        Some((start, end))
     }
 
     fn kernel(&mut self, pid: u32, clock: ClockPair, r: &KernelRecord) {
@@ -693,6 +730,19 @@ impl KernelsAggregator {
             left_out.push(format!(
                 "{} record(s) that ended before they started",
                 self.reversed
+            ));
+        }
+        if self.untimed > 0 {
+            left_out.push(format!(
+                "{} record(s) CUPTI handed over without times (it could not time them)",
+                self.untimed
+            ));
+        }
+        if self.off_clock > 0 {
+            left_out.push(format!(
+                "{} record(s) timed on another clock than CUPTI's (another profiler in the \
+                 process set its own): left out of the tables and the time split",
+                self.off_clock
             ));
         }
         let late: u64 = self.gpus.values().map(GpuAcc::late).sum();
@@ -945,8 +995,12 @@ pub fn nccl_laggard(processes: &[KernelsProcess], min_gap: f64) -> Option<NcclLa
     })
 }
 
-/// Gives each GPU of the summary gpudiag's index, by UUID.
-pub fn match_devices(summary: &mut KernelsSummary, devices: &[DeviceInfo]) {
+/// Gives each GPU of the summary gpudiag's index, by UUID. A GPU whose UUID the collector
+/// could not read (the driver refused the call where the collector made it: seen in every rank
+/// of a torchrun job on two H200s) and that is known only as one process's CUDA ordinal gets
+/// the GPU the run saw that process on, where it saw it on exactly one: `seen` is (pid,
+/// gpudiag's index) for each process the driver listed on a GPU.
+pub fn match_devices(summary: &mut KernelsSummary, devices: &[DeviceInfo], seen: &[(u32, u32)]) {
     for g in &mut summary.gpus {
         g.index = g.uuid.as_deref().and_then(|u| {
             devices
@@ -954,6 +1008,21 @@ pub fn match_devices(summary: &mut KernelsSummary, devices: &[DeviceInfo]) {
                 .find(|d| d.uuid.as_deref().is_some_and(|d| d.eq_ignore_ascii_case(u)))
                 .map(|d| d.index)
         });
+        if g.index.is_some() || g.uuid.is_some() {
+            continue;
+        }
+        let Some(only) = g.only_as else { continue };
+        let mut on = seen
+            .iter()
+            .filter(|(pid, _)| *pid == only.pid)
+            .map(|&(_, index)| index);
+        if let (Some(index), None) = (on.next(), on.next()) {
+            g.index = Some(index);
+            g.uuid = devices
+                .iter()
+                .find(|d| d.index == index)
+                .and_then(|d| d.uuid.clone());
+        }
     }
 }
 

@@ -257,8 +257,58 @@ fn the_gpus_are_matched_to_gpudiags_indices_by_uuid() {
         uuid: Some(uuid.into()),
         ..Default::default()
     };
-    match_devices(&mut s, &[device(0, "GPU-zzzz"), device(3, "GPU-AAAA")]);
+    match_devices(&mut s, &[device(0, "GPU-zzzz"), device(3, "GPU-AAAA")], &[]);
     assert_eq!(s.gpus[0].index, Some(3));
+}
+
+#[test]
+fn a_gpu_without_its_uuid_is_the_one_the_run_saw_its_process_on() {
+    let name = name(MATMUL);
+    let without_uuid = |pid| {
+        vec![
+            CollectorMessage::Hello(gpudiag_model::kernels::CollectorHello {
+                pid,
+                parent_pid: 1,
+                cupti_api_version: 130001,
+                cupti_source: "already loaded".into(),
+                collector_version: 1,
+                devices: Vec::new(),
+                clock: CLOCK,
+            }),
+            CollectorMessage::Device {
+                pid,
+                device: gpudiag_model::kernels::CudaDevice {
+                    ordinal: 0,
+                    uuid: None,
+                },
+            },
+            kernels(pid, vec![kernel(&name, MS, 2 * MS, 7)]),
+        ]
+    };
+    let mut msgs = without_uuid(10);
+    msgs.extend(without_uuid(11));
+    let mut s = aggregate(&msgs);
+    assert!(s.gpus.iter().all(|g| g.only_as.is_some()));
+    let device = |index, uuid: &str| gpudiag_model::sample::DeviceInfo {
+        index,
+        uuid: Some(uuid.into()),
+        ..Default::default()
+    };
+    // pid 10 was seen on GPU 1 alone; pid 11 on two GPUs, so its ordinal cannot be placed.
+    match_devices(
+        &mut s,
+        &[device(0, "GPU-a"), device(1, "GPU-b")],
+        &[(10, 1), (11, 0), (11, 1)],
+    );
+    let of = |pid| {
+        s.gpus
+            .iter()
+            .find(|g| g.only_as.is_some_and(|o| o.pid == pid))
+            .unwrap()
+    };
+    assert_eq!(of(10).index, Some(1));
+    assert_eq!(of(10).uuid.as_deref(), Some("GPU-b"));
+    assert_eq!(of(11).index, None);
 }
 
 #[test]
@@ -382,4 +432,54 @@ fn hostile_input_never_panics_and_stays_bounded() {
     assert!(h.other_kernels.past_name_cap > 900_000);
     assert_eq!(h.top_kernels.len(), TOP_KERNELS);
     serde_json::to_string(&s).unwrap();
+}
+
+/// A sync-bound stream with `records` of pid 400 slipped in before its goodbye: they must
+/// change neither the time split nor the kernel count, and `left_out` must say so, starting
+/// with `said`.
+fn left_out_whole(records: Vec<gpudiag_model::kernels::KernelRecord>, said: &str) {
+    let mut msgs = sync_bound_stream(400);
+    let clean = aggregate(&msgs);
+    msgs.insert(
+        msgs.len() - 1,
+        CollectorMessage::Kernels {
+            pid: 400,
+            clock: CLOCK,
+            records,
+        },
+    );
+    let s = aggregate(&msgs);
+    assert_eq!(s.gpus[0].time, clean.gpus[0].time);
+    assert_eq!(s.gpus[0].kernels, clean.gpus[0].kernels);
+    assert!(
+        s.left_out.iter().any(|l| l.starts_with(said)),
+        "{:?}",
+        s.left_out
+    );
+}
+
+#[test]
+fn records_on_another_clock_are_left_out_and_said() {
+    // Timed on a clock 21 minutes off its pair (another CUPTI client set its own).
+    let name: Arc<str> = Arc::from("kernel_on_another_clock");
+    let off = 1_276 * 1_000 * MS;
+    left_out_whole(
+        vec![kernel(&name, off, off + 5 * US, 7)],
+        "1 record(s) timed on another clock",
+    );
+}
+
+#[test]
+fn records_cupti_could_not_time_are_left_out_and_said() {
+    // As CUPTI gives a record it could not time: 0 where a time is missing.
+    let name: Arc<str> = Arc::from("kernel_without_times");
+    let untimed = |start_ns, end_ns| gpudiag_model::kernels::KernelRecord {
+        start_ns,
+        end_ns,
+        ..kernel(&name, 0, 0, 7)
+    };
+    left_out_whole(
+        vec![untimed(0, 0), untimed(0, CUPTI0 + 5 * US)],
+        "2 record(s) CUPTI handed over without times",
+    );
 }

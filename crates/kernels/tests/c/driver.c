@@ -4,6 +4,8 @@
 //   records N fake_emit(N) once
 //   guest     a second CUPTI client (as Kineto) registers and traces, then stops; prints how
 //             many records reached it
+//   guest-clock  the same, the client first having CUPTI time records with a clock of its own
+//             (as Kineto's TSC: 3 ticks a ns, far from CUPTI's), as Kineto does
 //   fork      forks; the child emits and exits, the parent emits after it
 //   guest-first  the second client traces from before InitializeInjection, then stops
 //   gone      waits for a line on stdin (gpudiag goes away meanwhile), emits, and says whether
@@ -13,11 +15,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cupti_types.h"
 
 static size_t guest_records;
+static uint64_t guest_ticks(void) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return 3 * ((uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec) + 77777777777ull;
+}
 static void guest_request(uint8_t **buffer, size_t *size, size_t *max) {
   *buffer = malloc(1 << 20);
   *size = 1 << 20;
@@ -52,6 +60,8 @@ int main(int argc, char **argv) {
       (gd_result(*)(gd_activity_kind))dlsym(collector, "cuptiActivityDisable");
   gd_result (*flush)(uint32_t) = (gd_result(*)(uint32_t))dlsym(collector, "cuptiActivityFlushAll");
   gd_result (*finalize)(void) = (gd_result(*)(void))dlsym(collector, "cuptiFinalize");
+  gd_result (*set_clock)(gd_timestamp_fn) = (gd_result(*)(gd_timestamp_fn))dlsym(
+      collector, "cuptiActivityRegisterTimestampCallback");
   if (!strcmp(argv[2], "guest-first")) {
     // Loaded after the collector, so its calls pass through to this one, as to a libcupti.
     if (!dlopen(getenv("GPUDIAG_CUPTI"), RTLD_NOW | RTLD_GLOBAL)) return 4;
@@ -77,8 +87,9 @@ int main(int argc, char **argv) {
     printf("guest got %zu\n", guest_records);
     return 0;
   }
-  if (!strcmp(argv[2], "guest")) {
+  if (!strcmp(argv[2], "guest") || !strcmp(argv[2], "guest-clock")) {
     emit(3);  // ours
+    if (!strcmp(argv[2], "guest-clock")) set_clock(guest_ticks);
     reg(guest_request, guest_complete);
     enable(GD_KIND_CONCURRENT_KERNEL);
     // The guest's kinds only: our memcpy kind went off when it took CUPTI.

@@ -14,6 +14,7 @@ static gd_buffer_request_fn request;
 static gd_buffer_complete_fn complete;
 static int enabled[64];
 static int registrations;
+static gd_timestamp_fn timestamp;
 
 gd_result cuptiGetVersion(uint32_t *version) {
   const char *v = getenv("FAKE_CUPTI_VERSION");
@@ -47,6 +48,10 @@ gd_result cuptiActivityFlushAll(uint32_t flag) {
   return 0;
 }
 gd_result cuptiFinalize(void) { return 0; }
+gd_result cuptiActivityRegisterTimestampCallback(gd_timestamp_fn fn) {
+  timestamp = fn;
+  return 0;
+}
 gd_result cuptiActivityGetNumDroppedRecords(gd_cucontext c, uint32_t s, size_t *dropped) {
   (void)c;
   (void)s;
@@ -67,8 +72,13 @@ static char long_name[3000];
 
 // `kernels` kernels named kernel_a / kernel_b alternately (the first one with a 2,999-byte
 // name), then one pageable host-to-device copy, one set and one stream synchronisation. What
-// of it is enabled is what a real CUPTI would have recorded.
+// of it is enabled is what a real CUPTI would have recorded. Times are in ns from 0, or, once
+// a client registered a clock, on that clock from its reading now, at its rate (the driver's
+// guest clock ticks 3 times a ns).
 int fake_emit(int kernels) {
+  uint64_t base = timestamp ? timestamp() : 0;
+  uint64_t per_ns = timestamp ? 3 : 1;
+#define T(ns) (base + per_ns * (uint64_t)(ns))
   uint8_t *buffer = NULL;
   size_t size = 0, max_records = 0;
   request(&buffer, &size, &max_records);
@@ -79,8 +89,8 @@ int fake_emit(int kernels) {
     gd_kernel *k = (gd_kernel *)(buffer + at * SLOT);
     memset(k, 0, SLOT);
     k->kind = GD_KIND_CONCURRENT_KERNEL;
-    k->start = 1000 + (uint64_t)i * 10;
-    k->end = k->start + 7;
+    k->start = T(1000 + (uint64_t)i * 10);
+    k->end = k->start + per_ns * 7;
     k->deviceId = 1;
     k->contextId = 3;
     k->streamId = 7;
@@ -104,8 +114,8 @@ int fake_emit(int kernels) {
   m->srcKind = 1;
   m->dstKind = 3;
   m->bytes = 4096;
-  m->start = 50;
-  m->end = 60;
+  m->start = T(50);
+  m->end = T(60);
   m->deviceId = 1;
   m->contextId = 3;
   m->streamId = 7;
@@ -114,8 +124,8 @@ int fake_emit(int kernels) {
   memset(s, 0, SLOT);
   s->kind = GD_KIND_MEMSET;
   s->bytes = 512;
-  s->start = 70;
-  s->end = 71;
+  s->start = T(70);
+  s->end = T(71);
   s->deviceId = 1;
   s->contextId = 3;
   s->streamId = 7;
@@ -124,12 +134,13 @@ int fake_emit(int kernels) {
   memset(y, 0, SLOT);
   y->kind = GD_KIND_SYNCHRONIZATION;
   y->type = 3;
-  y->start = 80;
-  y->end = 95;
+  y->start = T(80);
+  y->end = T(95);
   y->contextId = 3;
   y->streamId = 7;
   y->correlationId = 79;
   y->cudaEventId = GD_SYNC_INVALID;
   complete(NULL, 0, buffer, size, at * SLOT);
   return (int)at;
+#undef T
 }

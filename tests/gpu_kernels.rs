@@ -1,0 +1,334 @@
+//! GPU tests of `gpudiag run --kernels` (`.gpu-bundle/run-gpu-tests`), ignored elsewhere: a
+//! PyTorch script with a known mix gives the kernels, copies and synchronisations it is known
+//! to make; `torch.profiler` in the same command keeps its whole trace and gpudiag keeps
+//! recording after it, on the right clock; on two GPUs or more, each rank's NCCL time is shown
+//! and the slow rank is named from it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "support/gpu.rs"]
+mod gpu;
+use gpu::{gpu_count, gpudiag};
+use std::path::Path;
+use std::process::{Command, Output};
+
+use gpudiag_model::kernels::{CopyDirection, HostMemory, KernelsSummary, SyncCall};
+
+fn has_torch() -> bool {
+    Command::new("python3")
+        .args(["-c", "import torch; assert torch.cuda.is_available()"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// `gpudiag run --kernels --report-file` over `command`; the run's output, its summary and the
+/// whole report.
+fn run_kernels(dir: &Path, command: &[&str]) -> (Output, KernelsSummary, serde_json::Value) {
+    let report = dir.join("run.json");
+    let out = gpudiag()
+        .args(["run", "--kernels", "--report-file"])
+        .arg(&report)
+        .arg("--")
+        .args(command)
+        .output()
+        .unwrap();
+    let text = std::fs::read_to_string(&report)
+        .unwrap_or_else(|e| panic!("no report ({e}): {}", String::from_utf8_lossy(&out.stderr)));
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let summary: KernelsSummary = serde_json::from_value(value["kernels"].clone()).unwrap();
+    (out, summary, value)
+}
+
+fn write_script(dir: &Path, text: &str) -> String {
+    let path = dir.join("script.py");
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+const STEPS: u64 = 60;
+
+/// Per step: one fp32 2048² matmul, 20 in-place adds on a small tensor, a 16 MiB copy from
+/// pageable host memory, and a `.item()` (a reduction, a 4-byte copy back and a stream sync).
+const KNOWN_MIX: &str = r#"
+import sys, numpy as np, torch
+steps = int(sys.argv[1])
+x = torch.randn(2048, 2048, device="cuda")
+small = torch.zeros(1024, device="cuda")
+host = np.ones(4 << 20, dtype=np.float32)
+torch.cuda.synchronize()
+for _ in range(steps):
+    y = x @ x
+    for _ in range(20):
+        small.add_(1.0)
+    d = torch.from_numpy(host).to("cuda")
+    v = small.sum().item()
+torch.cuda.synchronize()
+print("done", v)
+"#;
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and PyTorch"]
+fn a_known_mix_gives_its_kernels_copies_and_syncs() {
+    if !has_torch() {
+        eprintln!("no PyTorch with CUDA here: skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = write_script(dir.path(), KNOWN_MIX);
+    let steps = STEPS.to_string();
+    let (out, s, _) = run_kernels(dir.path(), &["python3", &script, &steps]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(s.not_recorded.is_none(), "{s:?}");
+    let gpu = s
+        .gpus
+        .iter()
+        .find(|g| g.kernels > 0)
+        .unwrap_or_else(|| panic!("no GPU with kernels: {s:?}"));
+    eprintln!(
+        "known mix: {} kernels, split {:?}, top {:?}, copies {:?}, syncs {:?}",
+        gpu.kernels,
+        gpu.time,
+        gpu.top_kernels
+            .iter()
+            .take(3)
+            .map(|k| (k.short_name.as_str(), k.count, k.mean_us))
+            .collect::<Vec<_>>(),
+        gpu.copies
+            .iter()
+            .map(|c| (c.direction, c.host_memory, c.count, c.bytes))
+            .collect::<Vec<_>>(),
+        s.processes
+            .iter()
+            .flat_map(|p| p.syncs.iter().map(|y| (y.call_name.as_str(), y.count)))
+            .collect::<Vec<_>>()
+    );
+    // The matmul is most of the GPU's busy time, once a step.
+    let top = &gpu.top_kernels[0];
+    assert!(top.name.to_lowercase().contains("gemm"), "{top:?}");
+    assert_eq!(top.count, STEPS, "{top:?}");
+    // The adds: one elementwise kernel each.
+    assert!(
+        gpu.top_kernels
+            .iter()
+            .any(|k| k.name.contains("elementwise") && k.count >= 20 * STEPS),
+        "{:#?}",
+        gpu.top_kernels
+    );
+    let copy = |direction, memory| {
+        gpu.copies
+            .iter()
+            .find(|c| c.direction == direction && c.host_memory == memory)
+    };
+    let pageable = copy(CopyDirection::HostToDevice, HostMemory::Pageable)
+        .unwrap_or_else(|| panic!("{:#?}", gpu.copies));
+    assert_eq!(pageable.count, STEPS, "{pageable:?}");
+    assert_eq!(pageable.bytes, STEPS * (16 << 20), "{pageable:?}");
+    let back = gpu
+        .copies
+        .iter()
+        .filter(|c| c.direction == CopyDirection::DeviceToHost)
+        .map(|c| c.count)
+        .sum::<u64>();
+    assert!(back >= STEPS, "{:#?}", gpu.copies);
+    // `.item()` waits on the stream each step.
+    let process = s
+        .processes
+        .iter()
+        .find(|p| p.kernels > 0)
+        .expect("the process that ran them");
+    let syncs = process
+        .syncs
+        .iter()
+        .find(|y| y.call == SyncCall::StreamSynchronize)
+        .unwrap_or_else(|| panic!("{:#?}", process.syncs));
+    assert!(syncs.count >= STEPS, "{syncs:?}");
+    assert_eq!(process.losses.cupti_dropped, 0, "{process:?}");
+    assert_eq!(process.losses.send_dropped, 0, "{process:?}");
+    // The span is the script's, not the time since boot on another clock.
+    assert!(
+        gpu.time.span_s > 0.0 && gpu.time.span_s < 120.0,
+        "{:?}",
+        gpu.time
+    );
+    assert!(s.left_out.is_empty(), "{:?}", s.left_out);
+    // And the end of the run says so.
+    assert!(err.contains("top kernels by GPU time"), "{err}");
+    assert!(err.contains("cudaStreamSynchronize"), "{err}");
+}
+
+/// 50 steps, a torch.profiler trace of 20, 50 more, a second trace of 10, 50 more; each step
+/// one matmul. Prints how many kernel events each trace holds.
+const WITH_PROFILER: &str = r#"
+import json, os, sys, torch
+from torch.profiler import ProfilerActivity, profile
+out = sys.argv[1]
+a = torch.randn(2048, 2048, device="cuda")
+def step():
+    b = a @ a
+    torch.cuda.synchronize()
+for _ in range(50):
+    step()
+counts = []
+for name, steps in (("first", 20), ("second", 10)):
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+    path = os.path.join(out, name + ".json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    counts.append(sum(1 for e in events if e.get("cat") == "kernel"))
+    for _ in range(50):
+        step()
+torch.cuda.synchronize()
+print("kernels in traces", *counts)
+"#;
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and PyTorch"]
+fn torch_profiler_keeps_its_trace_and_recording_goes_on_after_it() {
+    if !has_torch() {
+        eprintln!("no PyTorch with CUDA here: skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = write_script(dir.path(), WITH_PROFILER);
+    let traces = dir.path().to_str().unwrap();
+    let plain = Command::new("python3")
+        .args([&script, traces])
+        .output()
+        .unwrap();
+    let plain_says = String::from_utf8_lossy(&plain.stdout).trim().to_owned();
+    assert!(plain_says.starts_with("kernels in traces"), "{plain_says}");
+    let (out, s, _) = run_kernels(dir.path(), &["python3", &script, traces]);
+    let says = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The user's traces hold what they hold without gpudiag (20 and 10 matmuls, at least).
+    assert_eq!(says, plain_says);
+    let counts: Vec<u64> = says
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(counts[0] >= 20 && counts[1] >= 10, "{says}");
+    let process = s
+        .processes
+        .iter()
+        .find(|p| p.kernels > 0)
+        .unwrap_or_else(|| panic!("{s:?}"));
+    assert_eq!(process.stepped_aside.len(), 2, "{process:?}");
+    assert!(
+        process.stepped_aside.iter().all(|a| a.to_unix_ns.is_some()),
+        "{process:?}"
+    );
+    // Ours: every matmul outside the two traces, including the 100 after them, which CUPTI
+    // timed on Kineto's clock. Records still in CUPTI's hands when the profiler starts are
+    // flushed to us first, and CUPTI may hand them over without times (50, the steps just
+    // before the first trace, on two H200s): those are counted and said, never placed.
+    let gpu = s.gpus.iter().find(|g| g.kernels > 0).unwrap();
+    let gemm = gpu
+        .top_kernels
+        .iter()
+        .find(|k| k.name.to_lowercase().contains("gemm"))
+        .unwrap_or_else(|| panic!("{:#?}", gpu.top_kernels));
+    eprintln!(
+        "with torch.profiler: traces {says:?}; ours: gemm {} × {:.1} µs, span {:.2} s, \
+         stepped aside {:?}, left out {:?}",
+        gemm.count, gemm.mean_us, gpu.time.span_s, process.stepped_aside, s.left_out
+    );
+    let untimed: u64 = s
+        .left_out
+        .iter()
+        .find_map(|l| {
+            l.strip_suffix(" record(s) CUPTI handed over without times (it could not time them)")
+        })
+        .map_or(0, |n| n.parse().unwrap());
+    assert_eq!(gemm.count + untimed, 150, "{gemm:?} {:?}", s.left_out);
+    assert!(untimed <= 50, "{:?}", s.left_out);
+    // On one clock: a span of seconds, a matmul's mean of the same order before and after.
+    assert!(gpu.time.span_s < 120.0, "{:?}", gpu.time);
+    assert!(gemm.mean_us > 10.0 && gemm.mean_us < 10_000.0, "{gemm:?}");
+    assert!(!gemm.configs_vary, "{gemm:?}");
+    assert!(
+        s.left_out.iter().all(|l| l.contains("without times")),
+        "{:?}",
+        s.left_out
+    );
+}
+
+#[test]
+#[ignore = "needs two NVIDIA GPUs and PyTorch"]
+fn on_two_gpus_each_ranks_nccl_time_is_shown_and_the_slow_rank_named() {
+    if gpu_count() < 2 || !has_torch() {
+        eprintln!("fewer than two GPUs, or no PyTorch: skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let job = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/workloads/job.py");
+    let job = if Path::new(job).exists() {
+        job.to_owned()
+    } else {
+        "benches/workloads/job.py".to_owned()
+    };
+    // Rank 1 does 1.3x the matmuls of rank 0: rank 0 waits for it in the all-reduce.
+    let (out, s, report) = run_kernels(
+        dir.path(),
+        &[
+            "python3",
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            &job,
+            "slow13",
+            "--seconds",
+            "10",
+            "--slow-rank",
+            "1",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let ranks: Vec<_> = s.processes.iter().filter(|p| p.kernels > 0).collect();
+    assert_eq!(ranks.len(), 2, "{s:?}");
+    assert!(ranks.iter().all(|p| p.nccl_share.is_some()), "{ranks:?}");
+    eprintln!(
+        "two GPUs: shares {:?}, laggard {:?}, job {}",
+        ranks
+            .iter()
+            .map(|p| (p.pid, p.nccl_share))
+            .collect::<Vec<_>>(),
+        s.nccl_laggard,
+        report["jobs"][0]["title"]
+    );
+    let laggard = s
+        .nccl_laggard
+        .as_ref()
+        .unwrap_or_else(|| panic!("no laggard named: {ranks:#?}"));
+    // Rank 1 runs on GPU 1 (torchrun's LOCAL_RANK, no CUDA_VISIBLE_DEVICES).
+    let gpu1 = s
+        .gpus
+        .iter()
+        .find(|g| g.index == Some(1))
+        .unwrap_or_else(|| panic!("{s:?}"));
+    assert!(gpu1.pids.contains(&laggard.pid), "{laggard:?} {gpu1:?}");
+    assert!(
+        laggard.nccl_share + 0.05 <= laggard.peers_median_share,
+        "{laggard:?}"
+    );
+    assert!(err.contains("NCCL"), "{err}");
+    // The job's verdict carries the measured shares and the rank they name.
+    let job = report["jobs"]
+        .as_array()
+        .and_then(|jobs| jobs.first())
+        .unwrap_or_else(|| panic!("no job: {err}"));
+    assert_eq!(job["evidence"]["nccl_laggard_pid"], laggard.pid, "{job}");
+    assert!(
+        job["title"].as_str().unwrap().contains("--kernels"),
+        "{job}"
+    );
+}
