@@ -10,6 +10,7 @@ use gpudiag_model::job::{JobPattern, JobVerdict};
 use gpudiag_model::kernels::{KernelsProcess, KernelsSummary};
 
 use super::{NCCL_LAGGARD_MIN_GAP, nccl_laggard};
+use crate::rules::job::gpu_name;
 
 /// Notes on each job the NCCL shares of its members that the collector recorded (two at
 /// least): the shares in its evidence (`nccl_shares`, and `nccl_laggard_pid` where one rank has
@@ -56,7 +57,7 @@ pub fn note_nccl_shares(jobs: &mut [JobVerdict], summary: &KernelsSummary) {
                 let Some((m, _)) = members.iter().find(|(m, _)| m.pid == l.pid) else {
                     continue;
                 };
-                let who = name(m.device, m.rank);
+                let who = gpu_name(m.device, m.rank);
                 let figures = format!(
                     "{who} spends {} of its time in NCCL kernels against its peers' {}",
                     pct(l.nccl_share),
@@ -81,14 +82,6 @@ pub fn note_nccl_shares(jobs: &mut [JobVerdict], summary: &KernelsSummary) {
             None => continue,
         };
         job.title.push_str(&clause);
-    }
-}
-
-/// "GPU 2 (rank 2)".
-fn name(device: u32, rank: Option<u32>) -> String {
-    match rank {
-        Some(r) => format!("GPU {device} (rank {r})"),
-        None => format!("GPU {device}"),
     }
 }
 

@@ -132,7 +132,7 @@ pub(super) fn gbps(bytes_per_s: f64) -> String {
 }
 
 /// "GPU 2 (rank 2)".
-pub(super) fn gpu_name(device: u32, rank: Option<u32>) -> String {
+pub(crate) fn gpu_name(device: u32, rank: Option<u32>) -> String {
     match rank {
         Some(r) => format!("GPU {device} (rank {r})"),
         None => format!("GPU {device}"),
