@@ -15,9 +15,11 @@
 # ddp: torchrun on two GPUs (benches/workloads/job.py), balanced and with rank 1 doing 1.3x the
 #   work, under `run` and `run --kernels`: steps, each rank's NCCL time, the job verdict.
 # cost: ResNet-50 training at batch 64 and 256, and the launch loop: steps a second under `run`,
-#   under `run --kernels`, and under torch.profiler recording CUDA activity only (no gpudiag),
-#   KRUN_ROUNDS rounds (default 1) interleaved; KRUN_LOADS picks loops (MODE:BATCH ...);
-#   runs.txt has one line each.
+#   under `run --kernels`, under `run --kernels=sample` (KRUN_SAMPLE gives another mode, e.g.
+#   sample:1s/10s), and under torch.profiler recording CUDA activity only (no gpudiag),
+#   KRUN_ROUNDS rounds (default 1) interleaved; KRUN_LOADS picks loops (MODE:BATCH ...),
+#   KRUN_HOWS the settings; runs.txt has one line each. With the default schedule (1 s of every
+#   20 s) give KRUN_SECONDS=20 or more, so each timed run holds a whole period.
 # Everything lands in $OUT/kernels_run.tar.gz; benches/kernels_run/compare.py prints the tables.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,11 +39,12 @@ cat "$dir/host.txt"
 part=${KRUN_PART:-single}
 secs=${KRUN_SECONDS:-8}
 
-one() { # NAME KERNELS(0|1) -- COMMAND...
+one() { # NAME KERNELS(0|1|sample) -- COMMAND...
   local name=$1 kernels=$2
   shift 3
   local flags=()
   [ "$kernels" = 1 ] && flags=(--kernels --trace "$dir/traces/$name.json")
+  [ "$kernels" = sample ] && flags=("--kernels=${KRUN_SAMPLE:-sample}" --trace "$dir/traces/$name.json")
   timeout 300 "$bin" run "${flags[@]}" --report-file "$dir/reports/$name.json" -- "$@" \
     >"$dir/logs/$name.out" 2>"$dir/logs/$name.err"
   echo "$name rc=$? $(tail -n1 "$dir/logs/$name.out")" >>"$dir/runs.txt"
@@ -73,11 +76,12 @@ if [ "$part" = cost ]; then
   for round in $(seq "${KRUN_ROUNDS:-1}"); do
     for load in ${KRUN_LOADS:-resnet:64 resnet:256 launch:0}; do
       mode=${load%%:*} batch=${load##*:}
-      for how in plain kernels profiler; do
+      for how in ${KRUN_HOWS:-plain kernels sample profiler}; do
         name="cost-$mode-$batch-$how-$round"
         case $how in
           plain) KRUN_BATCH=$batch one "$name" 0 -- python3 "$here/workloads.py" "$mode" "$secs" ;;
           kernels) KRUN_BATCH=$batch one "$name" 1 -- python3 "$here/workloads.py" "$mode" "$secs" ;;
+          sample) KRUN_BATCH=$batch one "$name" sample -- python3 "$here/workloads.py" "$mode" "$secs" ;;
           profiler)
             KRUN_BATCH=$batch KRUN_UNDER_PROFILER=1 python3 "$here/workloads.py" "$mode" "$secs" \
               >"$dir/logs/$name.out" 2>"$dir/logs/$name.err"

@@ -421,12 +421,15 @@ pub struct RunArgs {
     pub profiler_trace: Option<PathBuf>,
     /// Record the kernels, copies, sets and synchronisations of the command's CUDA processes,
     /// with no code change: a CUPTI collector is loaded into each (CUDA_INJECTION64_PATH and
-    /// LD_PRELOAD) and reports to gpudiag. It costs what torch.profiler costs, a few µs a kernel
-    /// launch: code whose launches set its pace (many tiny kernels, small batches) runs up to a
-    /// third slower; code that keeps the GPU busy is barely affected. Steps aside while
+    /// LD_PRELOAD) and reports to gpudiag. Recording costs what torch.profiler costs, a few µs a
+    /// kernel launch: code whose launches set its pace (many tiny kernels, small batches) runs up
+    /// to a third slower; code that keeps the GPU busy is barely affected. `--kernels=sample`
+    /// records 1s of every 20s and detaches CUPTI in between, so the cost is paid only then;
+    /// `sample:ON/PERIOD` picks the windows (e.g. sample:2s/30s). Steps aside while
     /// torch.profiler traces, and for another tool that set CUDA_INJECTION64_PATH.
-    #[arg(long)]
-    pub kernels: bool,
+    #[arg(long, value_name = "MODE", num_args = 0..=1, require_equals = true,
+          default_missing_value = "full", value_parser = parse_kernels_mode)]
+    pub kernels: Option<KernelsMode>,
     /// Replace the output files if they exist.
     #[arg(long)]
     pub force: bool,
@@ -985,6 +988,62 @@ pub fn parse_kubelet_timeout(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// What `run --kernels` records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelsMode {
+    /// Everything, all the time.
+    Full,
+    /// Only in the schedule's windows, CUPTI detached in between.
+    Sample(gpudiag_model::kernels::SampleSchedule),
+}
+
+impl KernelsMode {
+    pub fn schedule(&self) -> Option<gpudiag_model::kernels::SampleSchedule> {
+        match self {
+            KernelsMode::Full => None,
+            KernelsMode::Sample(s) => Some(*s),
+        }
+    }
+}
+
+/// `full`, `sample` or `sample:ON/PERIOD` (durations). A window shorter than 100 ms would be
+/// mostly the attaching and detaching; a period past an hour would leave most runs with one
+/// window or none.
+pub fn parse_kernels_mode(s: &str) -> Result<KernelsMode, String> {
+    use gpudiag_model::kernels::SampleSchedule;
+    let t = s.trim();
+    if t == "full" {
+        return Ok(KernelsMode::Full);
+    }
+    if t == "sample" {
+        return Ok(KernelsMode::Sample(SampleSchedule::DEFAULT));
+    }
+    let Some(spec) = t.strip_prefix("sample:") else {
+        return Err(format!(
+            "'{s}' is not a kernels mode: use full, sample, or sample:ON/PERIOD (e.g. sample:1s/20s)"
+        ));
+    };
+    let Some((on, period)) = spec.split_once('/') else {
+        return Err(format!(
+            "'{s}': give the windows as sample:ON/PERIOD, e.g. sample:1s/20s"
+        ));
+    };
+    let (on, period) = (parse_duration(on)?, parse_duration(period)?);
+    if on < Duration::from_millis(100) {
+        return Err(format!("'{s}': a window under 100ms records too little"));
+    }
+    if period <= on {
+        return Err(format!("'{s}': the period must be longer than the window"));
+    }
+    if period > Duration::from_secs(3600) {
+        return Err(format!("'{s}': a period over 1h leaves too few windows"));
+    }
+    Ok(KernelsMode::Sample(SampleSchedule {
+        on_ms: on.as_millis() as u32,
+        period_ms: period.as_millis() as u32,
+    }))
+}
+
 /// A sampling interval: at least 50 ms, because NVML's fast fields update no faster than that
 /// and polling quicker only costs CPU.
 pub fn parse_interval(s: &str) -> Result<Duration, String> {
@@ -999,6 +1058,52 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn kernels_modes_parse_and_bad_ones_say_what_to_write() {
+        use gpudiag_model::kernels::SampleSchedule;
+        assert_eq!(parse_kernels_mode("full"), Ok(KernelsMode::Full));
+        assert_eq!(
+            parse_kernels_mode("sample"),
+            Ok(KernelsMode::Sample(SampleSchedule::DEFAULT))
+        );
+        assert_eq!(
+            parse_kernels_mode("sample:500ms/10s"),
+            Ok(KernelsMode::Sample(SampleSchedule {
+                on_ms: 500,
+                period_ms: 10_000
+            }))
+        );
+        for bad in [
+            "",
+            "yes",
+            "sample:",
+            "sample:1s",
+            "sample:10ms/1s",
+            "sample:2s/2s",
+            "sample:1s/2h",
+            "sample:x/1s",
+        ] {
+            let e = parse_kernels_mode(bad).unwrap_err();
+            assert!(!e.is_empty(), "{bad}");
+        }
+        // Bare `--kernels` is full recording, and takes no value from the command after it.
+        let cli =
+            Cli::try_parse_from(["gpudiag", "run", "--kernels", "--", "python3", "x.py"]).unwrap();
+        let Some(Command::Run(run)) = cli.command else {
+            panic!()
+        };
+        assert_eq!(run.kernels, Some(KernelsMode::Full));
+        assert_eq!(run.command, vec!["python3", "x.py"]);
+        let cli = Cli::try_parse_from(["gpudiag", "run", "--kernels=sample", "--", "x"]).unwrap();
+        let Some(Command::Run(run)) = cli.command else {
+            panic!()
+        };
+        assert_eq!(
+            run.kernels,
+            Some(KernelsMode::Sample(SampleSchedule::DEFAULT))
+        );
+    }
 
     #[test]
     fn cli_definition_is_consistent() {

@@ -24,6 +24,22 @@ pub fn kernels_section(s: &KernelsSummary) -> String {
         collector_state(&mut out, s);
         return out;
     }
+    if let Some(schedule) = &s.sampling {
+        let recorded: f64 = s
+            .processes
+            .iter()
+            .filter_map(|p| p.sampling.map(|w| w.recorded_s))
+            .fold(0.0, f64::max);
+        let _ = writeln!(
+            out,
+            "gpudiag: kernels: sampled, {} of every {} (CUPTI detached in between, so the cost \
+             is paid only then); {} recorded: every time, rate and share below is of the \
+             windows",
+            whole_seconds(schedule.on_ms),
+            whole_seconds(schedule.period_ms),
+            duration(recorded)
+        );
+    }
     for g in &s.gpus {
         gpu_block(&mut out, g, s);
     }
@@ -66,6 +82,15 @@ fn pct(share: f64) -> String {
     }
 }
 
+/// A schedule's length as the user gave it: "1 s", "0.5 s", "20 s".
+fn whole_seconds(ms: u32) -> String {
+    if ms.is_multiple_of(1000) {
+        format!("{} s", ms / 1000)
+    } else {
+        format!("{} s", f64::from(ms) / 1e3)
+    }
+}
+
 /// "1.23 s", "4.5 ms", "12 µs".
 fn duration(s: f64) -> String {
     if s >= 1.0 {
@@ -104,9 +129,14 @@ fn gpu_block(out: &mut String, g: &KernelsGpu, s: &KernelsSummary) {
     };
     let _ = writeln!(
         out,
-        "gpudiag: kernels on {}{by} over {}: compute {} · NCCL {} · copies {} · idle {}",
+        "gpudiag: kernels on {}{by} over {}{}: compute {} · NCCL {} · copies {} · idle {}",
         gpu_name(g),
         duration(t.span_s),
+        if s.sampling.is_some() {
+            " recorded"
+        } else {
+            ""
+        },
         share(t.compute_s),
         share(t.nccl_s),
         share(t.copy_s),
@@ -274,6 +304,14 @@ fn collector_state(out: &mut String, s: &KernelsSummary) {
                 clock(a.from_unix_ns)
             ));
         }
+        if let Some(from) = p.sampling.and_then(|w| w.full_from_unix_ns) {
+            notes.push(format!(
+                "pid {}: another CUPTI client (torch.profiler, Nsight) appeared at {}: sampling \
+                 gave way, and the process was recorded in full from then (and paid for it)",
+                p.pid,
+                clock(from)
+            ));
+        }
         if p.said_hello && !p.said_goodbye && p.cannot_record.is_none() {
             notes.push(format!(
                 "pid {}: ended without a goodbye (killed, or os._exit): its last second may be \
@@ -318,6 +356,43 @@ mod tests {
         let mut s = summary_of(&[training_stream(4242, "GPU-1111"), sync_bound_stream(4300)]);
         s.gpus[0].index = Some(0);
         insta::assert_snapshot!(kernels_section(&s));
+    }
+
+    #[test]
+    fn a_sampled_run_says_its_windows_and_that_figures_are_of_them() {
+        use gpudiag_core::kernels::synthetic::sampled_stream;
+        use gpudiag_model::kernels::SampleSchedule;
+        let mut a = KernelsAggregator::default();
+        a.sampled(SampleSchedule {
+            on_ms: 100,
+            period_ms: 1000,
+        });
+        let mut stream = sampled_stream(300);
+        stream.push(gpudiag_model::kernels::CollectorMessage::Window {
+            pid: 300,
+            from_unix_ns: 1_700_000_000_000_000_000 + 2_049_000_000,
+            to_unix_ns: None,
+            gave_way: true,
+        });
+        for m in &stream {
+            a.push(m);
+        }
+        let text = kernels_section(&a.summary());
+        assert!(
+            text.contains(
+                "gpudiag: kernels: sampled, 0.1 s of every 1 s (CUPTI detached in between, so \
+                 the cost is paid only then); 249.0 ms recorded"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("over 249.0 ms recorded: compute 50%"),
+            "{text}"
+        );
+        assert!(
+            text.contains("pid 300: another CUPTI client (torch.profiler, Nsight) appeared at"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! PyTorch script with a known mix gives the kernels, copies and synchronisations it is known
 //! to make; `torch.profiler` in the same command keeps its whole trace and gpudiag keeps
 //! recording after it, on the right clock; on two GPUs or more, each rank's NCCL time is shown
-//! and the slow rank is named from it.
+//! and the slow rank is named from it; sampling records only in its windows, detaches CUPTI in
+//! between without harm, and gives way to torch.profiler.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "support/gpu.rs"]
@@ -23,9 +24,17 @@ fn has_torch() -> bool {
 /// `gpudiag run --kernels --report-file` over `command`; the run's output, its summary and the
 /// whole report.
 fn run_kernels(dir: &Path, command: &[&str]) -> (Output, KernelsSummary, serde_json::Value) {
+    run_kernels_as(dir, "--kernels", command)
+}
+
+fn run_kernels_as(
+    dir: &Path,
+    mode: &str,
+    command: &[&str],
+) -> (Output, KernelsSummary, serde_json::Value) {
     let report = dir.join("run.json");
     let out = gpudiag()
-        .args(["run", "--kernels", "--report-file"])
+        .args(["run", mode, "--report-file"])
         .arg(&report)
         .arg("--")
         .args(command)
@@ -331,4 +340,89 @@ fn on_two_gpus_each_ranks_nccl_time_is_shown_and_the_slow_rank_named() {
         job["title"].as_str().unwrap().contains("--kernels"),
         "{job}"
     );
+}
+
+/// Matmuls for a while, then a torch.profiler trace of 10 more.
+const SAMPLED_LOOP: &str = r#"
+import json, os, sys, time, torch
+from torch.profiler import ProfilerActivity, profile
+a = torch.randn(2048, 2048, device="cuda")
+def step():
+    b = a @ a
+    torch.cuda.synchronize()
+for _ in range(20):
+    step()
+steps, start = 0, time.time()
+while time.time() - start < float(sys.argv[2]):
+    step()
+    steps += 1
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    for _ in range(10):
+        step()
+path = os.path.join(sys.argv[1], "trace.json")
+prof.export_chrome_trace(path)
+with open(path) as f:
+    kernels = sum(1 for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel")
+print("steps", steps, "traced", kernels)
+"#;
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and PyTorch"]
+fn sampling_records_in_its_windows_and_gives_way_to_torch_profiler() {
+    if !has_torch() {
+        eprintln!("no PyTorch with CUDA here: skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = write_script(dir.path(), SAMPLED_LOOP);
+    let traces = dir.path().to_str().unwrap();
+    let (out, s, _) = run_kernels_as(
+        dir.path(),
+        "--kernels=sample:500ms/1s",
+        &["python3", &script, traces, "6"],
+    );
+    let says = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(
+        out.status.success(),
+        "{says} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let numbers: Vec<u64> = says
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let (steps, traced) = (numbers[0], numbers[1]);
+    // The user's trace is whole: sampling gave way when the profiler started.
+    assert!(traced >= 10, "{says}");
+    assert_eq!(
+        s.sampling.map(|x| (x.on_ms, x.period_ms)),
+        Some((500, 1000))
+    );
+    let process = s
+        .processes
+        .iter()
+        .find(|p| p.kernels > 0)
+        .unwrap_or_else(|| panic!("{s:?}"));
+    let sampling = process.sampling.unwrap_or_else(|| panic!("{process:?}"));
+    assert!(sampling.full_from_unix_ns.is_some(), "{sampling:?}");
+    assert!(sampling.windows >= 5, "{sampling:?}");
+    let gpu = s.gpus.iter().find(|g| g.kernels > 0).unwrap();
+    let gemm = gpu
+        .top_kernels
+        .iter()
+        .find(|k| k.name.to_lowercase().contains("gemm"))
+        .unwrap_or_else(|| panic!("{:#?}", gpu.top_kernels));
+    eprintln!(
+        "sampled: {steps} steps, {} recorded ({:.1} µs each) in {sampling:?}; time {:?}; \
+         left out {:?}",
+        gemm.count, gemm.mean_us, gpu.time, s.left_out
+    );
+    // About half of the loop's matmuls (the windows are half of each second) plus the 20
+    // before it, never all of them, and each one timed like the others.
+    let share = gemm.count as f64 / (steps + 30) as f64;
+    assert!((0.25..=0.8).contains(&share), "{share}: {gemm:?}");
+    assert!(gemm.mean_us > 10.0 && gemm.mean_us < 10_000.0, "{gemm:?}");
+    // The time judged is the windows': the GPU busy most of it, as the loop keeps it.
+    assert!(gpu.time.span_s < 5.0, "{:?}", gpu.time);
+    assert!(gpu.time.compute_s / gpu.time.span_s > 0.5, "{:?}", gpu.time);
 }

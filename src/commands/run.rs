@@ -249,8 +249,7 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
     command.args(&args.command[1..]);
     let mut kernels = args
         .kernels
-        .then(|| KernelsRun::prepare(args.trace.is_some()))
-        .flatten();
+        .and_then(|mode| KernelsRun::prepare(args.trace.is_some(), mode.schedule()));
     if let Some(k) = &kernels {
         command.envs(k.session.env().iter().map(|(key, value)| (key, value)));
     }
@@ -1100,20 +1099,29 @@ struct KernelsRun {
 impl KernelsRun {
     /// `None`, with a warning saying why, when it cannot record: the command runs anyway.
     /// `keep_records`: every record is kept (up to a cap) for `--trace`.
-    fn prepare(keep_records: bool) -> Option<KernelsRun> {
+    fn prepare(
+        keep_records: bool,
+        sampling: Option<gpudiag_model::kernels::SampleSchedule>,
+    ) -> Option<KernelsRun> {
         let prepared = gpudiag_kernels::KernelsSession::prepare(|key| std::env::var_os(key));
-        let (session, messages) = match prepared {
+        let (mut session, messages) = match prepared {
             Ok(p) => p,
             Err(e) => {
                 warn(&e.to_string());
                 return None;
             }
         };
+        if let Some(schedule) = sampling {
+            session.sample(schedule);
+        }
         let consumer = std::thread::Builder::new()
             .name("gpudiag-kernels-consume".into())
             .spawn(move || {
                 let mut aggregator =
                     KernelsAggregator::new(gpudiag_core::kernels::Limits::default(), keep_records);
+                if let Some(schedule) = sampling {
+                    aggregator.sampled(schedule);
+                }
                 for message in messages {
                     aggregator.push(&message);
                 }

@@ -11,7 +11,10 @@
 //   * nothing of CUDA is linked: libcupti and libcuda are looked up at run time, and CUPTI's
 //     types are declared by hand (cupti_types.h, held to the real headers by layout_check.c);
 //     records are read only for a CUPTI API version whose layout was checked;
-//   * no callback-API subscription, ever (that one slot is Kineto's), and never cuptiFinalize;
+//   * the callback API's one subscriber slot is Kineto's: the collector takes it only for the
+//     moment it detaches CUPTI between samples (--kernels=sample, "sampling" below), and never
+//     once another CUPTI client has shown itself; cuptiFinalize only there, at a CUDA call's
+//     exit, as CUPTI asks;
 //   * the command never waits on gpudiag: sends are non-blocking and a full socket drops the
 //     batch, counted; with GPUDIAG_KERNELS_SOCKET unset, no libcupti, or gpudiag gone, it does
 //     nothing and prints nothing (unless GPUDIAG_KERNELS_VERBOSE is set).
@@ -47,6 +50,10 @@
 //               unknown, while it still traced)
 //   9 CANNOT    u16 length, why (UTF-8)
 //   10 GOODBYE  nothing
+//   11 WINDOW   u64 from (Unix ns), u64 to (Unix ns), u32 flags, u32 0: sampling recorded from
+//               `from` to `to` (flag 1: `to` is known; sent when the window opens and again when
+//               it closes); flag 2: sampling gave way to another CUPTI client at `from` and
+//               recording goes on in full from there
 // The CUPTI ns/Unix ns pair is read at send time, one after the other, so gpudiag maps CUPTI's
 // clock to the wall clock per batch. Once another client has CUPTI time records with its own
 // clock, CUPTI's is carried on with CLOCK_MONOTONIC and the records are put back on it (see
@@ -91,6 +98,7 @@ __asm__(".symver dlsym,dlsym@" GD_OLD_GLIBC);
 __asm__(".symver pthread_create,pthread_create@" GD_OLD_GLIBC);
 __asm__(".symver pthread_detach,pthread_detach@" GD_OLD_GLIBC);
 __asm__(".symver dlclose,dlclose@" GD_OLD_GLIBC);
+__asm__(".symver pthread_mutex_trylock,pthread_mutex_trylock@" GD_OLD_GLIBC);
 #endif
 
 enum {
@@ -107,6 +115,7 @@ enum {
   MSG_ASIDE = 8,
   MSG_CANNOT = 9,
   MSG_GOODBYE = 10,
+  MSG_WINDOW = 11,
   MAX_MESSAGE = 65536,
   MAX_NAME = 1024,  // gpudiag_model::kernels::MAX_KERNEL_NAME_BYTES
 };
@@ -161,6 +170,9 @@ typedef gd_result (*u32_out_fn)(uint32_t *);
 typedef gd_result (*u64_out_fn)(uint64_t *);
 typedef gd_result (*dropped_fn)(gd_cucontext, uint32_t, size_t *);
 typedef gd_result (*timestamp_register_fn)(gd_timestamp_fn);
+typedef gd_result (*subscribe_fn)(gd_subscriber *, gd_callback_fn, void *);
+typedef gd_result (*unsubscribe_fn)(gd_subscriber);
+typedef gd_result (*enable_domain_fn)(uint32_t, gd_subscriber, gd_callback_domain);
 
 static struct {
   void *cupti;
@@ -174,6 +186,9 @@ static struct {
   u64_out_fn timestamp;
   dropped_fn dropped;
   timestamp_register_fn register_timestamp;
+  subscribe_fn subscribe;
+  unsubscribe_fn unsubscribe;
+  enable_domain_fn enable_domain;
 } real;
 
 // Which kinds we record, and which the guest (Kineto) has enabled: a kind stays enabled in
@@ -677,18 +692,213 @@ static void attach(void) {
   if (real.flush_period) real.flush_period(1000);
 }
 
+// ---- sampling (--kernels=sample) ----
+
+// CUPTI instruments the launch path for as long as it is attached, whether or not a kind is on
+// (turning the kinds off 90% of the time kept the whole cost: benches/RESULTS.md, the
+// feasibility gate); only cuptiFinalize takes it off, and CUPTI wants that called at the exit
+// of a CUDA driver or runtime call (from a thread of our own it crashed one program in three).
+// So between windows the collector turns its kinds off, flushes, and subscribes to the callback
+// API just long enough for the next CUDA call's exit to call cuptiFinalize; when the next
+// window opens it attaches again (CUPTI initialises itself on the next call). While detached it
+// calls nothing of CUPTI's. Windows follow the wall clock (the first `on` ns of every
+// `period`), so every rank of a job records the same windows.
+// Another CUPTI client (Kineto subscribes to the callback API and keeps that slot, and has
+// CUPTI time records with its clock; finalising would end both) ends sampling in the process:
+// the collector records in full from then on, and says so (WINDOW flag 2).
+static struct {
+  uint64_t on_ns, period_ns;  // period 0: record all the time
+} sample;
+static int detached;               // CUPTI finalised until the next window (attach_lock)
+static atomic_int detach_pending;  // our subscription waits for a CUDA call's exit
+static gd_subscriber our_subscriber;
+static int guest_seen;        // sampling gave way to another client (attach_lock)
+static uint64_t window_from;  // when the open window began, Unix ns; 0: none open (attach_lock)
+
+static uint64_t unix_now_ns(void) {
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
+static void send_window(uint64_t from, uint64_t to, uint32_t flags) {
+  struct {
+    uint64_t from, to;
+    uint32_t flags, zero;
+  } body = {from, to, flags, 0};
+  send_simple(MSG_WINDOW, &body, sizeof body);
+}
+
+// GPUDIAG_KERNELS_SAMPLE="ON_MS/PERIOD_MS", as gpudiag sets it; anything else records in full.
+static void read_sample_schedule(void) {
+  const char *spec = getenv("GPUDIAG_KERNELS_SAMPLE");
+  if (!spec || !*spec) return;
+  char *end = NULL;
+  unsigned long long on = strtoull(spec, &end, 10);
+  if (end == spec || *end != '/') return;
+  const char *rest = end + 1;
+  unsigned long long period = strtoull(rest, &end, 10);
+  if (end == rest || *end || on == 0 || period <= on || period > 86400000ull) {
+    note("GPUDIAG_KERNELS_SAMPLE is not ON_MS/PERIOD_MS: recording in full");
+    return;
+  }
+  sample.on_ns = on * 1000000ull;
+  sample.period_ns = period * 1000000ull;
+}
+
+// How many of our buffers CUPTI holds. None, after a flush with our kinds off: every record
+// it made is complete and in our hands, so no kernel it instruments is still running.
+static int buffers_out(void) {
+  int n = 0;
+  pthread_mutex_lock(&outstanding_lock);
+  for (int i = 0; i < OUTSTANDING; i++) n += outstanding[i] != NULL;
+  pthread_mutex_unlock(&outstanding_lock);
+  return n;
+}
+
+static void on_cuda_call(void *userdata, gd_callback_domain domain, uint32_t cbid,
+                         const void *data) {
+  (void)userdata;
+  (void)cbid;
+  if (!detach_pending || !data) return;
+  if (domain != GD_DOMAIN_DRIVER_API && domain != GD_DOMAIN_RUNTIME_API) return;
+  if (((const gd_callback_data *)data)->callbackSite != GD_API_EXIT) return;
+  // A CUDA call of our own made under the lock (naming a GPU as a buffer completes) comes
+  // here too: the next call's exit does it.
+  if (pthread_mutex_trylock(&attach_lock) != 0) return;
+  if (detach_pending && !guest_seen) {
+    detach_pending = 0;
+    if (buffers_out() > 0) {
+      // CUPTI took a buffer since the window closed: not now (the sampler tries again).
+      real.unsubscribe(our_subscriber);
+      pthread_mutex_unlock(&attach_lock);
+      return;
+    }
+    detached = 1;
+    uint64_t before = monotonic_ns();
+    gd_result finalized = real.finalize();
+    if (verbose)
+      fprintf(stderr, "gpudiag collector[%d]: cuptiFinalize at a CUDA call's exit: %d, %.3f ms\n",
+              (int)getpid(), finalized, (double)(monotonic_ns() - before) / 1e6);
+    if (finalized != GD_CUPTI_SUCCESS) {
+      // Still attached with our kinds off: the cost stays, the records stop.
+      real.unsubscribe(our_subscriber);
+      note("cuptiFinalize failed: between samples CUPTI stays attached");
+    }
+  }
+  pthread_mutex_unlock(&attach_lock);
+}
+
+// The window ends: our kinds off, what CUPTI holds handed over, then detach at the next CUDA
+// call's exit. (attach_lock held.)
+static void try_detach(uint64_t now);
+static void close_window(uint64_t now) {
+  // CUPTI stops recording, but ours_on stays: the records it still holds are ours to send.
+  // (No guest has shown itself, so no kind is also another client's.)
+  for (size_t i = 0; i < sizeof our_kinds / sizeof *our_kinds; i++) real.disable(our_kinds[i]);
+  send_window(window_from, now, 1);
+  window_from = 0;
+  try_detach(now);
+}
+
+// Between windows, attached with the kinds off: detach once CUPTI's records are all in.
+static void try_detach(uint64_t now) {
+  // Never a forced flush here, nor a detach while a kernel CUPTI instrumented still runs: CUPTI
+  // completes such a record after handing its buffer over, and detaching under running work
+  // corrupted the heap of a ResNet-50 training at batch 256 (benches/RESULTS.md). Kernels
+  // queued before the kinds went off finish first; a GPU queue that does not drain within
+  // the wait is tried again at the sampler's next tick.
+  int out = 0;
+  for (int waited_ms = 0; waited_ms < 1000; waited_ms += 10) {
+    struct timespec settle = {0, 10000000};
+    nanosleep(&settle, NULL);
+    real.flush_all(0);
+    if ((out = buffers_out()) == 0) break;
+  }
+  if (verbose)
+    fprintf(stderr, "gpudiag collector[%d]: window closed; %s\n", (int)getpid(),
+            out ? "records still running on the GPU: detaching later" : "detaching");
+  if (out) return;
+  if (!real.subscribe || !real.enable_domain || !real.unsubscribe || !real.finalize ||
+      real.subscribe(&our_subscriber, on_cuda_call, NULL) != GD_CUPTI_SUCCESS) {
+    // The slot is taken by a client we never saw call us: it keeps CUPTI as it is.
+    guest_seen = 1;
+    attach();
+    window_from = now;
+    send_window(now, 0, 2);
+    note("the callback API is another client's: recording in full");
+    return;
+  }
+  real.enable_domain(1, our_subscriber, GD_DOMAIN_DRIVER_API);
+  real.enable_domain(1, our_subscriber, GD_DOMAIN_RUNTIME_API);
+  detach_pending = 1;
+}
+
+// A window opens: attach again. (attach_lock held.)
+static void open_window(uint64_t now, uint32_t flags) {
+  int recording = window_from != 0;
+  if (detach_pending) {
+    // No CUDA call since the last window closed: it never detached, but its kinds are off.
+    detach_pending = 0;
+    real.unsubscribe(our_subscriber);
+  }
+  if (!recording) {
+    uint64_t before = monotonic_ns();
+    attach();
+    if (verbose)
+      fprintf(stderr, "gpudiag collector[%d]: window opened (%s): attached in %.3f ms\n",
+              (int)getpid(), detached ? "was detached" : "had not detached yet",
+              (double)(monotonic_ns() - before) / 1e6);
+  }
+  detached = 0;
+  if (window_from) send_window(window_from, now, 1);
+  window_from = now;
+  send_window(now, 0, flags);
+}
+
+// Another CUPTI client calls: sampling ends here and CUPTI stays attached for it and us.
+static void give_way(void) {
+  if (!sample.period_ns) return;
+  pthread_mutex_lock(&attach_lock);
+  if (!guest_seen) {
+    guest_seen = 1;
+    if (active && !stopped && !exiting && !stepped_aside) open_window(unix_now_ns(), 2);
+    note("another CUPTI client: sampling ends, recording in full");
+  }
+  pthread_mutex_unlock(&attach_lock);
+}
+
 // Records reach gpudiag at least once a second even from a process that never fills a buffer,
 // so a SIGKILLed rank loses at most its last second, and each GPU is named (by UUID) while the
 // driver can still be asked. cuptiActivityFlushPeriod alone did not do it: on an H200 with CUPTI
 // 13.0 a partly full buffer waited 7 s, until the next forced flush. Flushing without FORCED
 // hands over only records CUPTI has completed, never one still missing its times.
+// Sampling, the same thread opens and closes the windows on time.
 static void *flusher(void *unused) {
   (void)unused;
-  struct timespec second = {1, 0};
   while (!stopped && !exiting) {
-    nanosleep(&second, NULL);
+    uint64_t wait_ns = 1000000000u;
+    if (sample.period_ns) {
+      uint64_t phase = unix_now_ns() % sample.period_ns;
+      uint64_t to_edge = phase < sample.on_ns ? sample.on_ns - phase : sample.period_ns - phase;
+      if (to_edge + 1000000u < wait_ns) wait_ns = to_edge + 1000000u;  // just past the edge
+    }
+    struct timespec wait = {(time_t)(wait_ns / 1000000000u), (long)(wait_ns % 1000000000u)};
+    nanosleep(&wait, NULL);
     pthread_mutex_lock(&attach_lock);
-    if (active && !stepped_aside && !stopped && !exiting) real.flush_all(0);
+    if (active && !stepped_aside && !stopped && !exiting) {
+      uint64_t now = unix_now_ns();
+      int sampling = sample.period_ns && !guest_seen;
+      int in_window = sampling && now % sample.period_ns < sample.on_ns;
+      if (sampling && in_window && !window_from)
+        open_window(now, 0);
+      else if (sampling && !in_window && window_from)
+        close_window(now);
+      else if (sampling && !window_from && !detached && !detach_pending)
+        try_detach(now);  // the GPU had not drained at the window's close
+      else if (!detached && !detach_pending)
+        real.flush_all(0);
+    }
     pthread_mutex_unlock(&attach_lock);
   }
   return NULL;
@@ -704,7 +914,12 @@ static void start_flusher(void) {
 static void *turn_off(void *unused) {
   (void)unused;
   pthread_mutex_lock(&attach_lock);
-  if (!stepped_aside)
+  if (detach_pending) {
+    detach_pending = 0;
+    real.unsubscribe(our_subscriber);
+  }
+  // Detached, there is nothing to turn off, and a call would attach CUPTI again.
+  if (!stepped_aside && !detached)
     for (size_t i = 0; i < sizeof our_kinds / sizeof *our_kinds; i++) set_kind(our_kinds[i], 0);
   pthread_mutex_unlock(&attach_lock);
   return NULL;
@@ -754,6 +969,9 @@ static int find_cupti(void) {
   real.dropped = (dropped_fn)dlsym(real.cupti, "cuptiActivityGetNumDroppedRecords");
   real.register_timestamp =
       (timestamp_register_fn)dlsym(real.cupti, "cuptiActivityRegisterTimestampCallback");
+  real.subscribe = (subscribe_fn)dlsym(real.cupti, "cuptiSubscribe");
+  real.unsubscribe = (unsubscribe_fn)dlsym(real.cupti, "cuptiUnsubscribe");
+  real.enable_domain = (enable_domain_fn)dlsym(real.cupti, "cuptiEnableDomain");
   return 1;
 }
 
@@ -769,11 +987,18 @@ static void goodbye(void) {
   if (getpid() != our_pid) return;  // a forked child that never exec'd: the parent says it
   exiting = 1;
   pthread_mutex_lock(&attach_lock);
-  // Stepped aside, what CUPTI holds is the guest's to flush.
-  if (active && !stepped_aside && !stopped) real.flush_all(GD_FLUSH_FORCED);
+  if (detach_pending) {
+    detach_pending = 0;
+    real.unsubscribe(our_subscriber);
+  }
+  // Stepped aside, what CUPTI holds is the guest's to flush; detached, CUPTI holds nothing.
+  if (active && !stepped_aside && !stopped && !detached) real.flush_all(GD_FLUSH_FORCED);
   int aside = stepped_aside;
+  uint64_t open_from = window_from;
+  window_from = 0;
   pthread_mutex_unlock(&attach_lock);
   if (aside) send_aside(aside_from_ns, 0, 0);
+  if (open_from) send_window(open_from, unix_now_ns(), 1);
   pthread_mutex_lock(&send_lock);
   send_losses_if_changed();
   send_parts(MSG_GOODBYE, 0, NULL, 0, NULL, 0, NULL, 0);
@@ -794,6 +1019,7 @@ static void forked_child(void) {
   if (sock >= 0) close(sock);
   sock = -1;
   stopped = 1;
+  detach_pending = 0;
 }
 
 EXPORT int InitializeInjection(void) {
@@ -852,8 +1078,10 @@ EXPORT int InitializeInjection(void) {
   pthread_mutex_lock(&guest_lock);
   int guest_first = guest_request && guest_complete && guest_tracing();
   pthread_mutex_unlock(&guest_lock);
+  read_sample_schedule();
   if (guest_first) {
     pthread_mutex_lock(&attach_lock);
+    guest_seen = 1;  // no sampling: the guest holds CUPTI
     stepped_aside = 1;
     aside_from_ns = clock_pair().cupti_ns;
     active = 1;
@@ -866,10 +1094,16 @@ EXPORT int InitializeInjection(void) {
     cannot_record("cuptiActivityRegisterCallbacks failed (another tool may hold CUPTI)");
     return 1;
   }
+  pthread_mutex_lock(&attach_lock);
   active = 1;
   attach();
+  if (sample.period_ns) {
+    window_from = unix_now_ns();
+    send_window(window_from, 0, 0);
+  }
+  pthread_mutex_unlock(&attach_lock);
   start_flusher();
-  note("recording");
+  note(sample.period_ns ? "recording, sampled" : "recording");
   return 1;
 }
 
@@ -906,6 +1140,7 @@ static void take_back(void) {
 
 EXPORT gd_result cuptiActivityRegisterCallbacks(gd_buffer_request_fn request,
                                                 gd_buffer_complete_fn complete) {
+  give_way();
   pthread_mutex_lock(&guest_lock);
   guest_request = request;
   guest_complete = complete;
@@ -923,6 +1158,7 @@ EXPORT gd_result cuptiActivityRegisterCallbacks(gd_buffer_request_fn request,
 }
 
 EXPORT gd_result cuptiActivityEnable(gd_activity_kind kind) {
+  give_way();
   if ((unsigned)kind < MAX_KIND) guest_on[kind] = 1;
   // A guest that registered once and traces again without registering.
   if (active && !stepped_aside) step_aside();
@@ -931,6 +1167,7 @@ EXPORT gd_result cuptiActivityEnable(gd_activity_kind kind) {
 }
 
 EXPORT gd_result cuptiActivityDisable(gd_activity_kind kind) {
+  give_way();
   if ((unsigned)kind < MAX_KIND) {
     guest_on[kind] = 0;
     if (active && !stepped_aside && ours_on[kind]) return GD_CUPTI_SUCCESS;
@@ -941,6 +1178,7 @@ EXPORT gd_result cuptiActivityDisable(gd_activity_kind kind) {
 
 // The guest flushes after it disabled its kinds: the end of its trace, so CUPTI comes back.
 EXPORT gd_result cuptiActivityFlushAll(uint32_t flag) {
+  give_way();
   flag_fn f = real.flush_all ? real.flush_all : (flag_fn)sym("cuptiActivityFlushAll");
   gd_result result = f ? f(flag) : 1;
   if (stepped_aside && !guest_tracing()) take_back();
@@ -951,6 +1189,7 @@ EXPORT gd_result cuptiActivityFlushAll(uint32_t flag) {
 // trace starts): what we hold was timed on the clock in force and goes first, then the switch
 // is noted so later records are put back on CUPTI's clock (see clock_map_now).
 EXPORT gd_result cuptiActivityRegisterTimestampCallback(gd_timestamp_fn fn) {
+  give_way();
   timestamp_register_fn f = real.register_timestamp
                                 ? real.register_timestamp
                                 : (timestamp_register_fn)sym("cuptiActivityRegisterTimestampCallback");
@@ -986,6 +1225,7 @@ EXPORT gd_result cuptiActivityRegisterTimestampCallback(gd_timestamp_fn fn) {
 // The guest finalises CUPTI when a trace ends (Kineto's TEARDOWN_CUPTI): that would end our
 // recording too. Its records are flushed to it first, as finalising would have done.
 EXPORT gd_result cuptiFinalize(void) {
+  give_way();
   if (stepped_aside) take_back();
   if (active) {
     real.flush_all(GD_FLUSH_FORCED);
@@ -993,4 +1233,13 @@ EXPORT gd_result cuptiFinalize(void) {
   }
   finalize_fn f = real.finalize ? real.finalize : (finalize_fn)sym("cuptiFinalize");
   return f ? f() : 1;
+}
+
+// Kineto subscribes to the callback API when torch.profiler first starts, and keeps the slot:
+// sampling must not hold it then, nor finalise CUPTI under Kineto afterwards.
+EXPORT gd_result cuptiSubscribe(gd_subscriber *subscriber, gd_callback_fn callback,
+                                void *userdata) {
+  give_way();
+  subscribe_fn f = real.subscribe ? real.subscribe : (subscribe_fn)sym("cuptiSubscribe");
+  return f ? f(subscriber, callback, userdata) : 1;
 }

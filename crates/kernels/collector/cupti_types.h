@@ -142,4 +142,18 @@ typedef void (*gd_buffer_complete_fn)(gd_cucontext context, uint32_t stream, uin
 // CUpti_TimestampCallbackFunc: a clock another client has CUPTI time every record with.
 typedef uint64_t (*gd_timestamp_fn)(void);
 
+// The callback API, used only to detach CUPTI between samples (collector.c, "sampling").
+typedef void *gd_subscriber;  // CUpti_SubscriberHandle
+typedef int gd_callback_domain;  // CUpti_CallbackDomain
+#define GD_DOMAIN_DRIVER_API 1
+#define GD_DOMAIN_RUNTIME_API 2
+// CUpti_CallbackFunc; for the driver and runtime domains `data` is a CUpti_CallbackData, whose
+// first field is the call site.
+typedef void (*gd_callback_fn)(void *userdata, gd_callback_domain domain, uint32_t cbid,
+                               const void *data);
+typedef struct {
+  int callbackSite;  // CUpti_ApiCallbackSite
+} gd_callback_data;
+#define GD_API_EXIT 1  // CUPTI_API_EXIT
+
 #endif

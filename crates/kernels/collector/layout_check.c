@@ -6,6 +6,7 @@
 // stops the check with #error, and one that checks out but that collector.c does not accept
 // yet says so, so a new CUPTI is looked at before the collector is told to accept it.
 #include <cupti_activity.h>
+#include <cupti_callbacks.h>
 #include <cupti_version.h>
 #include <stddef.h>
 
@@ -131,6 +132,14 @@ _Static_assert(GD_CUPTI_SUCCESS == CUPTI_SUCCESS, "success");
 _Static_assert(GD_SYNC_INVALID == CUPTI_SYNCHRONIZATION_INVALID_VALUE, "invalid sync value");
 _Static_assert(sizeof(gd_activity_kind) == sizeof(CUpti_ActivityKind), "kind size");
 _Static_assert(sizeof(gd_result) == sizeof(CUptiResult), "result size");
+// The callback API, used only to detach CUPTI between samples.
+SAME(gd_callback_data, CUpti_CallbackData, callbackSite);
+_Static_assert(GD_API_EXIT == CUPTI_API_EXIT, "API exit site");
+_Static_assert(GD_DOMAIN_DRIVER_API == CUPTI_CB_DOMAIN_DRIVER_API &&
+                   GD_DOMAIN_RUNTIME_API == CUPTI_CB_DOMAIN_RUNTIME_API,
+               "callback domains");
+_Static_assert(sizeof(gd_callback_domain) == sizeof(CUpti_CallbackDomain), "domain size");
+_Static_assert(sizeof(uint32_t) == sizeof(CUpti_CallbackId), "callback id size");
 // The wire's copy and sync codes are CUPTI's own numbers (decoded in src/wire.rs).
 _Static_assert(CUPTI_ACTIVITY_MEMCPY_KIND_HTOD == 1 && CUPTI_ACTIVITY_MEMCPY_KIND_DTOH == 2 &&
                    CUPTI_ACTIVITY_MEMCPY_KIND_DTOD == 8 && CUPTI_ACTIVITY_MEMCPY_KIND_HTOH == 9 &&

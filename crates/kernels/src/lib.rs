@@ -27,7 +27,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, sync_channel};
 
-use gpudiag_model::kernels::CollectorMessage;
+use gpudiag_model::kernels::{CollectorMessage, SampleSchedule};
 
 use crate::install::{PrivateDir, SOCKET_FILE};
 use crate::listen::{Admission, Listener, ListenerReport, MAX_CONNECTIONS, Socket};
@@ -35,6 +35,9 @@ use crate::listen::{Admission, Listener, ListenerReport, MAX_CONNECTIONS, Socket
 pub const INJECTION_VAR: &str = "CUDA_INJECTION64_PATH";
 pub const PRELOAD_VAR: &str = "LD_PRELOAD";
 pub const SOCKET_VAR: &str = "GPUDIAG_KERNELS_SOCKET";
+/// `ON_MS/PERIOD_MS` under `--kernels=sample`; empty (recording all the time) otherwise, so a
+/// value left in gpudiag's own environment does not reach the command's collectors.
+pub const SAMPLE_VAR: &str = "GPUDIAG_KERNELS_SAMPLE";
 
 /// Messages queued between the socket and gpudiag's consumer; past it they are counted and
 /// dropped (a kernels message holds up to ~680 records).
@@ -91,6 +94,7 @@ pub fn child_env(
         (INJECTION_VAR.into(), ours.to_owned()),
         (PRELOAD_VAR.into(), preload),
         (SOCKET_VAR.into(), socket.as_os_str().to_owned()),
+        (SAMPLE_VAR.into(), OsString::new()),
     ])
 }
 
@@ -144,6 +148,15 @@ impl KernelsSession {
             },
             receiver,
         ))
+    }
+
+    /// The collectors record only in the schedule's windows.
+    pub fn sample(&mut self, schedule: SampleSchedule) {
+        for (key, value) in &mut self.env {
+            if key == SAMPLE_VAR {
+                *value = schedule.env_value().into();
+            }
+        }
     }
 
     /// The variables to give the command.
@@ -212,6 +225,9 @@ mod tests {
         assert_eq!(value(&env, INJECTION_VAR), so.to_str().unwrap());
         assert_eq!(value(&env, PRELOAD_VAR), so.to_str().unwrap());
         assert_eq!(value(&env, SOCKET_VAR), sock.to_str().unwrap());
+        // Recording in full unless sampling is asked for, whatever gpudiag's environment says.
+        let env = child_env(so, sock, env_of(&[(SAMPLE_VAR, "1/2")])).unwrap();
+        assert_eq!(value(&env, SAMPLE_VAR), "");
         // An existing preload list (ld.so splits at spaces and colons) keeps all it had, after
         // ours.
         let env = child_env(
@@ -247,6 +263,8 @@ mod tests {
     #[test]
     fn a_session_removes_its_directory_when_it_stops() {
         let (mut session, messages) = KernelsSession::prepare(env_of(&[])).unwrap();
+        session.sample(SampleSchedule::DEFAULT);
+        assert_eq!(value(session.env(), SAMPLE_VAR), "1000/20000");
         let so = session.collector_path();
         assert!(so.exists());
         session.watch(std::process::id()).unwrap();

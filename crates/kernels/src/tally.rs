@@ -36,6 +36,7 @@ impl Tally {
                 self.losses.insert(*pid, *losses);
             }
             CollectorMessage::SteppedAside { .. } => self.stepped_aside += 1,
+            CollectorMessage::Window { .. } => {}
             CollectorMessage::CannotRecord { pid, why } => {
                 self.cannot_record.insert(*pid, why.clone());
             }

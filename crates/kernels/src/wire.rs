@@ -17,6 +17,7 @@
 //! | 8 stepped aside | u64 from, u64 to, u32 1 when `to` is known, u32 0 |
 //! | 9 cannot record | u16 length + why |
 //! | 10 goodbye | nothing |
+//! | 11 window | u64 from (Unix ns), u64 to (Unix ns), u32 flags (1: `to` is known; 2: sampling gave way, recorded in full from `from`), u32 0 |
 //!
 //! A clock is u64 CUPTI ns then u64 Unix ns, read together at send time. Kernel names are
 //! interned per process: each id is defined once, in the kernels message that first uses it
@@ -50,6 +51,7 @@ pub const TYPE_LOSSES: u16 = 7;
 pub const TYPE_STEPPED_ASIDE: u16 = 8;
 pub const TYPE_CANNOT_RECORD: u16 = 9;
 pub const TYPE_GOODBYE: u16 = 10;
+pub const TYPE_WINDOW: u16 = 11;
 
 pub const KERNEL_BYTES: usize = 72;
 pub const COPY_BYTES: usize = 48;
@@ -453,6 +455,27 @@ impl Decoder {
                 why: r.text(4000)?,
             },
             TYPE_GOODBYE => CollectorMessage::Goodbye { pid },
+            TYPE_WINDOW => {
+                let from_unix_ns = r.u64()?;
+                let to = r.u64()?;
+                let flags = r.u32()?;
+                let _ = r.u32()?;
+                if flags & !3 != 0 {
+                    return malformed(format!("window flags {flags:#x}"));
+                }
+                let to_unix_ns = (flags & 1 == 1).then_some(to);
+                if to_unix_ns.is_some_and(|to| to < from_unix_ns) {
+                    return malformed(format!(
+                        "a window that ends ({to}) before it starts ({from_unix_ns})"
+                    ));
+                }
+                CollectorMessage::Window {
+                    pid,
+                    from_unix_ns,
+                    to_unix_ns,
+                    gave_way: flags & 2 == 2,
+                }
+            }
             other => return malformed(format!("message type {other}")),
         };
         r.end()?;
@@ -725,6 +748,16 @@ pub mod encode {
         m
     }
 
+    pub fn window(pid: u32, from: u64, to: Option<u64>, gave_way: bool) -> Vec<u8> {
+        let mut m = header(TYPE_WINDOW, pid, 0);
+        m.extend_from_slice(&from.to_le_bytes());
+        m.extend_from_slice(&to.unwrap_or(0).to_le_bytes());
+        let flags = u32::from(to.is_some()) | (u32::from(gave_way) << 1);
+        m.extend_from_slice(&flags.to_le_bytes());
+        m.extend_from_slice(&0u32.to_le_bytes());
+        m
+    }
+
     pub fn cannot_record(pid: u32, why: &str) -> Vec<u8> {
         let mut m = header(TYPE_CANNOT_RECORD, pid, 0);
         text(&mut m, why);
@@ -826,6 +859,8 @@ mod tests {
             encode::stepped_aside(1, 10, Some(20)),
             encode::cannot_record(1, "no libcupti"),
             encode::goodbye(1),
+            encode::window(1, 100, Some(300), false),
+            encode::window(1, 300, None, true),
         ]
     }
 
@@ -870,6 +905,24 @@ mod tests {
             }
         );
         assert_eq!(decoded[9], CollectorMessage::Goodbye { pid: 42 });
+        assert_eq!(
+            decoded[10],
+            CollectorMessage::Window {
+                pid: 42,
+                from_unix_ns: 100,
+                to_unix_ns: Some(300),
+                gave_way: false
+            }
+        );
+        assert_eq!(
+            decoded[11],
+            CollectorMessage::Window {
+                pid: 42,
+                from_unix_ns: 300,
+                to_unix_ns: None,
+                gave_way: true
+            }
+        );
     }
 
     #[test]

@@ -501,10 +501,98 @@ fn the_collector_compiles_without_a_warning() {
     ]);
 }
 
+/// The numbers of the driver's line "on A of B, late C of D, finalised F, guest subscribed G".
+fn sample_counts(out: &str) -> Vec<i64> {
+    let line = out.lines().find(|l| l.starts_with("on ")).unwrap_or("");
+    let numbers: Vec<i64> = line
+        .split(|c: char| !c.is_ascii_digit() && c != '-')
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(numbers.len(), 6, "{out}");
+    numbers
+}
+
+fn windows(messages: &[CollectorMessage]) -> Vec<(u64, Option<u64>, bool)> {
+    messages
+        .iter()
+        .filter_map(|m| match m {
+            CollectorMessage::Window {
+                from_unix_ns,
+                to_unix_ns,
+                gave_way,
+                ..
+            } => Some((*from_unix_ns, *to_unix_ns, *gave_way)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Sampling: CUPTI is attached only in the windows (100 ms of every 300 here) and finalised
+/// between them at a CUDA call's exit; each window is said when it opens and when it closes.
+#[test]
+fn sampling_records_in_windows_and_detaches_cupti_between_them() {
+    let h = harness();
+    let run = h.run(
+        &["sample", "1500"],
+        &[("GPUDIAG_KERNELS_SAMPLE", "100/300")],
+    );
+    let out = run.stdout();
+    assert!(run.output.status.success(), "{out}");
+    let numbers = sample_counts(&out);
+    // "on A of B, late C of D, finalised F, guest subscribed G"
+    let (on, steps, finalised) = (numbers[0], numbers[1], numbers[4]);
+    // About a third of the steps (the first window also holds the start, until the sampler's
+    // first tick); a loaded machine stretches the steps, not the share.
+    assert!(
+        on * 10 >= steps && on * 10 <= steps * 7,
+        "on in {on} of {steps} steps: {out}"
+    );
+    assert!(finalised >= 3, "{out}");
+    let w = windows(&run.messages);
+    let closed: Vec<_> = w.iter().filter_map(|&(f, t, _)| Some(t? - f)).collect();
+    assert!(closed.len() >= 3, "{w:?}");
+    // Every window between the first (which holds the start) and the last (which the exit
+    // closes) is the schedule's 100 ms, give or take the sampler's wake.
+    for len in &closed[1..closed.len() - 1] {
+        assert!(
+            (50_000_000..=250_000_000).contains(len),
+            "a window of {len} ns: {w:?}"
+        );
+    }
+    assert!(w.iter().all(|&(_, _, gave_way)| !gave_way), "{w:?}");
+    // Each kernel emitted while on arrived.
+    assert_eq!(kernels(&run.messages).len() as i64, on, "{out}");
+}
+
+/// A second client subscribing (Kineto, as torch.profiler starts) gets the callback API's slot,
+/// and sampling ends: CUPTI stays attached and the collector records in full, and says so.
+#[test]
+fn sampling_gives_way_to_another_client_and_records_in_full_after() {
+    let h = harness();
+    let run = h.run(
+        &["sample-guest", "1200"],
+        &[("GPUDIAG_KERNELS_SAMPLE", "100/300")],
+    );
+    let out = run.stdout();
+    assert!(run.output.status.success(), "{out}");
+    let numbers = sample_counts(&out);
+    let (on_late, late, guest) = (numbers[2], numbers[3], numbers[5]);
+    assert_eq!(guest, 0, "the client's cuptiSubscribe failed: {out}");
+    assert_eq!(on_late, late, "{out}");
+    let w = windows(&run.messages);
+    assert_eq!(
+        w.iter()
+            .filter(|&&(_, to, gave_way)| gave_way && to.is_none())
+            .count(),
+        1,
+        "{w:?}"
+    );
+}
+
 /// The object exports what the driver and the loader look for, and nothing newer than the
 /// glibc gpudiag's release binary needs (2.28).
 #[test]
-fn the_collector_exports_seven_functions_and_needs_no_newer_glibc() {
+fn the_collector_exports_eight_functions_and_needs_no_newer_glibc() {
     let h = harness();
     let out = Command::new("objdump")
         .arg("-T")
@@ -527,7 +615,8 @@ fn the_collector_exports_seven_functions_and_needs_no_newer_glibc() {
             "cuptiActivityFlushAll",
             "cuptiActivityRegisterCallbacks",
             "cuptiActivityRegisterTimestampCallback",
-            "cuptiFinalize"
+            "cuptiFinalize",
+            "cuptiSubscribe"
         ]
     );
     for line in table.lines() {

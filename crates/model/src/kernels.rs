@@ -219,6 +219,16 @@ pub enum CollectorMessage {
         from_ns: u64,
         to_ns: Option<u64>,
     },
+    /// Sampling (`--kernels=sample`) recorded from `from_unix_ns` to `to_unix_ns` (`None`: the
+    /// window is open; the same window is sent again with its end when it closes).
+    /// `gave_way`: another CUPTI client appeared at `from_unix_ns` and the process is recorded
+    /// in full from there.
+    Window {
+        pid: u32,
+        from_unix_ns: u64,
+        to_unix_ns: Option<u64>,
+        gave_way: bool,
+    },
     /// The collector could not record: no libcupti, CUPTI refused, a version it cannot read.
     CannotRecord {
         pid: u32,
@@ -241,6 +251,7 @@ impl CollectorMessage {
             | CollectorMessage::Syncs { pid, .. }
             | CollectorMessage::Losses { pid, .. }
             | CollectorMessage::SteppedAside { pid, .. }
+            | CollectorMessage::Window { pid, .. }
             | CollectorMessage::CannotRecord { pid, .. }
             | CollectorMessage::Goodbye { pid } => *pid,
         }
@@ -271,6 +282,40 @@ pub struct KernelsSummary {
     /// What was left out to keep memory bounded (GPUs or processes past the caps, records that
     /// arrived too late to place in the time split); empty when nothing was.
     pub left_out: Vec<String>,
+    /// `--kernels=sample`: the collectors recorded only in these windows, and every time,
+    /// rate and share is of the time recorded. `None`: recorded all the time.
+    #[serde(default)]
+    pub sampling: Option<SampleSchedule>,
+}
+
+/// When a sampling collector records: the first `on_ms` of every `period_ms` of the wall
+/// clock (the same windows in every process, so a job's ranks are compared over the same
+/// time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct SampleSchedule {
+    #[schemars(range(min = 1))]
+    pub on_ms: u32,
+    #[schemars(range(min = 2))]
+    pub period_ms: u32,
+}
+
+impl SampleSchedule {
+    /// One second of every twenty: 5% of the time, so code that pays a fifth of its speed to
+    /// CUPTI while recorded pays about 1% overall (benches/RESULTS.md).
+    pub const DEFAULT: SampleSchedule = SampleSchedule {
+        on_ms: 1_000,
+        period_ms: 20_000,
+    };
+
+    /// The variable's value the collector reads (`GPUDIAG_KERNELS_SAMPLE`).
+    pub fn env_value(&self) -> String {
+        format!("{}/{}", self.on_ms, self.period_ms)
+    }
+
+    pub fn duty(&self) -> f64 {
+        f64::from(self.on_ms) / f64::from(self.period_ms)
+    }
 }
 
 /// One GPU's time and work, from the records of every process that used it.
@@ -316,7 +361,8 @@ pub struct ProcessOrdinal {
 
 /// A GPU's span split by what ran: every instant counts once, in the first of compute kernels,
 /// NCCL kernels, copies and sets, idle that covers it (kernels of several streams overlap; an
-/// all-reduce hidden behind a matmul is compute time, not NCCL time).
+/// all-reduce hidden behind a matmul is compute time, not NCCL time). Under sampling, `span_s`
+/// is the time recorded within the span (the windows), not the span.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct TimeSplit {
@@ -422,17 +468,35 @@ pub struct KernelsProcess {
     /// Where another CUPTI client (torch.profiler, Nsight) traced and the collector stood
     /// aside: those records are in that client's trace, not here.
     pub stepped_aside: Vec<SteppedAsideSpan>,
+    /// Under `--kernels=sample`, the windows it recorded in; `None` when it recorded all the
+    /// time.
+    #[serde(default)]
+    pub sampling: Option<ProcessSampling>,
     /// Its span: from its hello (or first record) to its last record, ns since the Unix epoch.
     pub start_unix_ns: Option<u64>,
     pub end_unix_ns: Option<u64>,
     pub kernels: u64,
-    /// Time in NCCL kernels (union over its streams), and its share of the span.
+    /// Time in NCCL kernels (union over its streams), and its share of the span (of the time
+    /// recorded, under sampling).
     #[schemars(range(min = 0))]
     pub nccl_s: f64,
     #[schemars(range(min = 0, max = 1))]
     pub nccl_share: Option<f64>,
     /// Host time blocked in synchronisation, by call, most first.
     pub syncs: Vec<SyncStat>,
+}
+
+/// The windows one process's sampling collector recorded in.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct ProcessSampling {
+    pub windows: u64,
+    /// Their total length, up to the process's last record for a window still open.
+    #[schemars(range(min = 0))]
+    pub recorded_s: f64,
+    /// When another CUPTI client (torch.profiler, Nsight) appeared and sampling gave way: from
+    /// then on the process was recorded in full (ns since the Unix epoch).
+    pub full_from_unix_ns: Option<u64>,
 }
 
 /// Where a process's collector stood aside for another profiler, ns since the Unix epoch.
@@ -488,6 +552,7 @@ impl KernelsSummary {
             processes: Vec::new(),
             nccl_laggard: None,
             left_out: Vec::new(),
+            sampling: None,
         }
     }
 }

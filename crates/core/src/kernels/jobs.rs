@@ -119,6 +119,7 @@ mod tests {
             cannot_record: None,
             losses: CollectorLosses::default(),
             stepped_aside: Vec::new(),
+            sampling: None,
             start_unix_ns: None,
             end_unix_ns: None,
             kernels: 1000,
@@ -171,6 +172,7 @@ mod tests {
             processes: shares.iter().map(|&(pid, x)| process(pid, x)).collect(),
             nccl_laggard: None,
             left_out: Vec::new(),
+            sampling: None,
         }
     }
 

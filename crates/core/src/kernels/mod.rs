@@ -13,14 +13,14 @@ pub mod names;
 pub mod synthetic;
 pub mod verdict;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use gpudiag_model::kernels::{
     ClockPair, CollectorLosses, CollectorMessage, CopyDirection, CopyRecord, CopyStat, CudaDevice,
     HostMemory, KernelRecord, KernelStat, KernelsGpu, KernelsProcess, KernelsSummary, NcclLaggard,
-    OtherKernels, ProcessOrdinal, SetRecord, SetStat, SteppedAsideSpan, SyncCall, SyncRecord,
-    SyncStat, TOP_KERNELS, TimeSplit,
+    OtherKernels, ProcessOrdinal, ProcessSampling, SampleSchedule, SetRecord, SetStat,
+    SteppedAsideSpan, SyncCall, SyncRecord, SyncStat, TOP_KERNELS, TimeSplit,
 };
 use gpudiag_model::sample::DeviceInfo;
 
@@ -41,6 +41,9 @@ pub struct Limits {
     pub process_spans: usize,
     /// Stepped-aside intervals and devices kept per process.
     pub per_process_list: usize,
+    /// Sampling windows kept per process to clip to each GPU's span; older ones are counted
+    /// whole.
+    pub windows_per_process: usize,
     /// Records kept for the trace (only when it is asked for).
     pub kept_records: usize,
 }
@@ -58,6 +61,8 @@ impl Default for Limits {
             gpu_spans: 262_144,
             process_spans: 4_096,
             per_process_list: 64,
+            // Hours of the default schedule (one window every 20 s).
+            windows_per_process: 1_024,
             // A trace holds every event in memory until it is written (about 1 kB each with
             // its args): 250,000 rows is minutes of a training step, seconds of a loop of tiny
             // kernels, and a quarter of a gigabyte at most.
@@ -219,6 +224,62 @@ impl GpuAcc {
     }
 }
 
+/// The windows a sampling collector recorded in, as they arrive.
+#[derive(Debug, Default)]
+struct WindowsAcc {
+    /// The most recent closed windows (Unix ns), at most `Limits::windows_per_process`.
+    closed: VecDeque<(u64, u64)>,
+    /// Older windows, counted whole.
+    folded: u64,
+    folded_ns: u64,
+    open_from: Option<u64>,
+    full_from: Option<u64>,
+}
+
+impl WindowsAcc {
+    fn push(&mut self, from: u64, to: Option<u64>, gave_way: bool, cap: usize) {
+        if gave_way {
+            self.full_from = Some(self.full_from.map_or(from, |f| f.min(from)));
+        }
+        let Some(to) = to else {
+            // A window opened while another was open (sampling gave way mid-window) ends it.
+            if let Some(open) = self.open_from.filter(|&open| open < from) {
+                self.push(open, Some(from), false, cap);
+            }
+            self.open_from = Some(from);
+            return;
+        };
+        if self.open_from == Some(from) {
+            self.open_from = None;
+        }
+        self.closed.push_back((from, to));
+        while self.closed.len() > cap {
+            let Some((f, t)) = self.closed.pop_front() else {
+                break;
+            };
+            self.folded = self.folded.saturating_add(1);
+            self.folded_ns = self.folded_ns.saturating_add(t - f);
+        }
+    }
+
+    fn count(&self) -> u64 {
+        self.folded
+            .saturating_add(self.closed.len() as u64)
+            .saturating_add(u64::from(self.open_from.is_some()))
+    }
+
+    /// Time recorded within `from..to`; a window still open runs to `open_until`.
+    fn recorded_within(&self, from: u64, to: u64, open_until: u64) -> u64 {
+        let clip = |a: u64, b: u64| b.min(to).saturating_sub(a.max(from));
+        let open = self.open_from.map_or(0, |f| clip(f, open_until));
+        self.closed
+            .iter()
+            .fold(self.folded_ns.saturating_add(open), |sum, &(a, b)| {
+                sum.saturating_add(clip(a, b))
+            })
+    }
+}
+
 /// Host waits of one call.
 #[derive(Debug, Clone, Copy, Default)]
 struct SyncAcc {
@@ -258,6 +319,8 @@ struct ProcessAcc {
     devices: Vec<(u32, Option<Arc<str>>)>,
     /// Stepped-aside intervals: (CUPTI ns the collector gave as their start, the span).
     stepped_aside: Vec<(u64, SteppedAsideSpan)>,
+    /// `Some` once its collector said it samples.
+    windows: Option<WindowsAcc>,
     clock: Option<ClockPair>,
     start: Option<u64>,
     end: Option<u64>,
@@ -278,6 +341,7 @@ impl ProcessAcc {
             losses: CollectorLosses::default(),
             devices: Vec::new(),
             stepped_aside: Vec::new(),
+            windows: None,
             clock: None,
             start: None,
             end: None,
@@ -299,9 +363,22 @@ impl ProcessAcc {
         }
     }
 
+    /// The time its rates and shares are of: its span, or under sampling the windows within
+    /// it.
     fn span_s(&self) -> Option<f64> {
         let (s, e) = (self.start?, self.end?);
-        (e > s).then(|| (e - s) as f64 / 1e9)
+        let ns = self.recorded_within(s, e);
+        (ns > 0).then(|| ns as f64 / 1e9)
+    }
+
+    /// Time recorded within `from..to`: all of it, or under sampling the windows' part.
+    fn recorded_within(&self, from: u64, to: u64) -> u64 {
+        let whole = to.saturating_sub(from);
+        match (&self.windows, self.end) {
+            (Some(w), Some(end)) => w.recorded_within(from, to, end).min(whole),
+            (Some(_), None) => 0,
+            (None, _) => whole,
+        }
     }
 }
 
@@ -328,6 +405,7 @@ pub struct KernelsAggregator {
     gpus: BTreeMap<GpuKey, GpuAcc>,
     processes: BTreeMap<u32, ProcessAcc>,
     kept: Option<KeptRecords>,
+    sampling: Option<SampleSchedule>,
     records: u64,
     gpus_past_cap: u64,
     processes_past_cap: u64,
@@ -356,6 +434,7 @@ impl KernelsAggregator {
                 left_out: 0,
                 cap: limits.kept_records,
             }),
+            sampling: None,
             records: 0,
             gpus_past_cap: 0,
             processes_past_cap: 0,
@@ -363,6 +442,11 @@ impl KernelsAggregator {
             off_clock: 0,
             untimed: 0,
         }
+    }
+
+    /// The collectors were told to record only in these windows.
+    pub fn sampled(&mut self, schedule: SampleSchedule) {
+        self.sampling = Some(schedule);
     }
 
     /// The process's state, created on its first message while under the cap.
@@ -469,6 +553,20 @@ impl KernelsAggregator {
                 } else if p.stepped_aside.len() < limits.per_process_list {
                     p.stepped_aside.push((*from_ns, span));
                 }
+            }
+            CollectorMessage::Window {
+                from_unix_ns,
+                to_unix_ns,
+                gave_way,
+                ..
+            } => {
+                let Some(p) = self.process(pid) else { return };
+                p.windows.get_or_insert_with(WindowsAcc::default).push(
+                    *from_unix_ns,
+                    *to_unix_ns,
+                    *gave_way,
+                    limits.windows_per_process,
+                );
             }
             CollectorMessage::CannotRecord { why, .. } => {
                 if let Some(p) = self.process(pid) {
@@ -705,7 +803,7 @@ impl KernelsAggregator {
         let mut gpus: Vec<(u64, KernelsGpu)> = self
             .gpus
             .iter()
-            .map(|(key, g)| (g.all.total_ns(), gpu_summary(key, g)))
+            .map(|(key, g)| (g.all.total_ns(), gpu_summary(key, g, self.recorded_on(g))))
             .collect();
         gpus.sort_by_key(|g| std::cmp::Reverse(g.0));
         let processes: Vec<KernelsProcess> = self
@@ -758,7 +856,26 @@ impl KernelsAggregator {
             nccl_laggard: nccl_laggard(&processes, NCCL_LAGGARD_MIN_GAP),
             processes,
             left_out,
+            sampling: self.sampling,
         }
+    }
+
+    /// The time recorded within a GPU's span: all of it unless every process on it sampled;
+    /// then the most any of them recorded there (they sample the same wall-clock windows, so
+    /// that is about their union).
+    fn recorded_on(&self, g: &GpuAcc) -> u64 {
+        if g.start > g.end {
+            return 0;
+        }
+        g.pids
+            .iter()
+            .map(|pid| {
+                self.processes
+                    .get(pid)
+                    .map_or(g.end - g.start, |p| p.recorded_within(g.start, g.end))
+            })
+            .max()
+            .unwrap_or(g.end - g.start)
     }
 
     /// Why no record arrived, from what the collectors said.
@@ -806,16 +923,18 @@ fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
-fn gpu_summary(key: &GpuKey, g: &GpuAcc) -> KernelsGpu {
+/// `span`: the time judged, the GPU's span or under sampling the windows within it.
+fn gpu_summary(key: &GpuKey, g: &GpuAcc, span: u64) -> KernelsGpu {
     let (start, end) = if g.start <= g.end {
         (g.start, g.end)
     } else {
         (0, 0)
     };
-    let span = end - start;
     let compute = g.compute.total_ns();
     let kernels = g.kernels_union.total_ns().max(compute);
     let all = g.all.total_ns().max(kernels);
+    // A kernel launched in a window may end just after it closed.
+    let span = span.max(all);
     let time = TimeSplit {
         span_s: secs(span),
         compute_s: secs(compute),
@@ -951,6 +1070,11 @@ fn process_summary(pid: u32, p: &ProcessAcc) -> KernelsProcess {
         cannot_record: p.cannot_record.clone(),
         losses: p.losses,
         stepped_aside: p.stepped_aside.iter().map(|(_, s)| *s).collect(),
+        sampling: p.windows.as_ref().map(|w| ProcessSampling {
+            windows: w.count(),
+            recorded_s: span_s.unwrap_or(0.0),
+            full_from_unix_ns: w.full_from,
+        }),
         start_unix_ns: p.start,
         end_unix_ns: p.end,
         kernels: p.kernels,

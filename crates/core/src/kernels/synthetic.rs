@@ -276,3 +276,33 @@ pub fn training_stream(pid: u32, uuid: &str) -> Vec<CollectorMessage> {
     });
     out
 }
+
+/// A sampling collector (`--kernels=sample`): two closed 100 ms windows a second apart, then
+/// one still open when the process ended; in each, 1 ms kernels every 2 ms (half busy), and
+/// the second window's end said only after it closed, as the collector says it.
+pub fn sampled_stream(pid: u32) -> Vec<CollectorMessage> {
+    let m = name(MATMUL);
+    let window = |from_ms: u64, to_ms: Option<u64>| CollectorMessage::Window {
+        pid,
+        from_unix_ns: UNIX0 + from_ms * MS,
+        to_unix_ns: to_ms.map(|t| UNIX0 + t * MS),
+        gave_way: false,
+    };
+    let mut out = vec![hello(pid, "GPU-5a5a"), window(0, None)];
+    for (from, to, steps) in [(0, Some(100), 50), (1000, Some(1100), 50), (2000, None, 25)] {
+        if from > 0 {
+            out.push(window(from, None));
+        }
+        let ks = (0..steps)
+            .map(|i| {
+                let t = (from + 2 * i) * MS;
+                kernel(&m, t, t + MS, 7)
+            })
+            .collect();
+        out.push(kernels(pid, ks));
+        if to.is_some() {
+            out.push(window(from, to));
+        }
+    }
+    out
+}

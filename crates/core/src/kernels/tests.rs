@@ -330,6 +330,7 @@ fn hostile_input_never_panics_and_stays_bounded() {
         gpu_spans: 256,
         process_spans: 64,
         per_process_list: 4,
+        windows_per_process: 4,
         kept_records: 1_000,
     };
     let mut a = KernelsAggregator::new(limits, true);
@@ -482,4 +483,88 @@ fn records_cupti_could_not_time_are_left_out_and_said() {
         vec![untimed(0, 0), untimed(0, CUPTI0 + 5 * US)],
         "2 record(s) CUPTI handed over without times",
     );
+}
+
+/// Under sampling the time judged is the windows', not the span's: a GPU half busy in each
+/// window reads half busy, where the span (mostly outside the windows) would read 90% idle.
+#[test]
+fn sampled_windows_are_the_time_judged() {
+    let mut a = KernelsAggregator::default();
+    a.sampled(SampleSchedule {
+        on_ms: 100,
+        period_ms: 1000,
+    });
+    for m in sampled_stream(300) {
+        a.push(&m);
+    }
+    let s = a.summary();
+    assert_eq!(
+        s.sampling,
+        Some(SampleSchedule {
+            on_ms: 100,
+            period_ms: 1000
+        })
+    );
+    let g = &s.gpus[0];
+    assert_eq!(g.kernels, 125);
+    // Windows within the GPU's span (its first kernel to its last's end, 2,049 ms): 100 +
+    // 100 + the open one up to the process's last record, 49 ms.
+    let t = g.time;
+    assert!((t.span_s - 0.249).abs() < 1e-9, "{t:?}");
+    assert!((t.compute_s - 0.125).abs() < 1e-9, "{t:?}");
+    assert!((t.idle_s - 0.124).abs() < 1e-9, "{t:?}");
+    assert!((g.kernels_per_s.unwrap() - 125.0 / 0.249).abs() < 1e-6);
+    let p = &s.processes[0];
+    let w = p.sampling.unwrap();
+    assert_eq!(w.windows, 3);
+    assert!((w.recorded_s - 0.249).abs() < 1e-9, "{w:?}");
+    assert_eq!(w.full_from_unix_ns, None);
+    // Without sampling the same records read as a mostly idle span.
+    let plain = aggregate(
+        &sampled_stream(300)
+            .into_iter()
+            .filter(|m| !matches!(m, CollectorMessage::Window { .. }))
+            .collect::<Vec<_>>(),
+    );
+    assert!(plain.gpus[0].time.idle_s > 1.9, "{:?}", plain.gpus[0].time);
+    assert_eq!(plain.sampling, None);
+    assert_eq!(plain.processes[0].sampling, None);
+}
+
+/// Sampling that gave way to another CUPTI client is said, with when; windows past the cap are
+/// still counted; hostile windows (repeated, overlapping) never make the time judged exceed
+/// the span.
+#[test]
+fn sampling_that_gave_way_is_said_and_hostile_windows_stay_bounded() {
+    let limits = Limits {
+        windows_per_process: 4,
+        ..Limits::default()
+    };
+    let mut a = KernelsAggregator::new(limits, false);
+    a.sampled(SampleSchedule::DEFAULT);
+    let m = name(MATMUL);
+    a.push(&hello(9, "GPU-9"));
+    a.push(&kernels(9, vec![kernel(&m, 0, 10 * MS, 1)]));
+    for _ in 0..1000 {
+        a.push(&CollectorMessage::Window {
+            pid: 9,
+            from_unix_ns: UNIX0,
+            to_unix_ns: Some(UNIX0 + 10 * MS),
+            gave_way: false,
+        });
+    }
+    a.push(&CollectorMessage::Window {
+        pid: 9,
+        from_unix_ns: UNIX0 + 5 * MS,
+        to_unix_ns: None,
+        gave_way: true,
+    });
+    let s = a.summary();
+    let g = &s.gpus[0];
+    assert!(g.time.span_s <= 0.010 + 1e-12, "{:?}", g.time);
+    assert!((g.time.compute_s - 0.010).abs() < 1e-12);
+    let w = s.processes[0].sampling.unwrap();
+    assert_eq!(w.windows, 1001);
+    assert_eq!(w.full_from_unix_ns, Some(UNIX0 + 5 * MS));
+    assert!(w.recorded_s <= 0.010 + 1e-12, "{w:?}");
 }

@@ -10,6 +10,9 @@
 //   guest-first  the second client traces from before InitializeInjection, then stops
 //   gone      waits for a line on stdin (gpudiag goes away meanwhile), emits, and says whether
 //             the kernel kind is still on
+//   sample N  for N ms, a CUDA call every 5 ms and a kernel whenever the kernel kind is on;
+//             prints in how many of the steps it was on and how often CUPTI was finalised
+//   sample-guest N  the same, and halfway a second client subscribes (as Kineto does)
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +24,13 @@
 #include "cupti_types.h"
 
 static size_t guest_records;
+static void guest_callback(void *userdata, gd_callback_domain domain, uint32_t cbid,
+                           const void *data) {
+  (void)userdata;
+  (void)domain;
+  (void)cbid;
+  (void)data;
+}
 static uint64_t guest_ticks(void) {
   struct timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
@@ -104,6 +114,31 @@ int main(int argc, char **argv) {
            enabled(GD_KIND_MEMCPY));
     emit(2);  // ours again
     printf("guest got %zu\n", guest_records);
+    return 0;
+  }
+  if (!strcmp(argv[2], "sample") || !strcmp(argv[2], "sample-guest")) {
+    void (*call)(void) = (void (*)(void))dlsym(fake, "fake_cuda_call");
+    int (*finalizations)(void) = (int (*)(void))dlsym(fake, "fake_finalizations");
+    gd_result (*subscribe)(gd_subscriber *, gd_callback_fn, void *) =
+        (gd_result(*)(gd_subscriber *, gd_callback_fn, void *))dlsym(collector, "cuptiSubscribe");
+    int steps = (argc > 3 ? atoi(argv[3]) : 1000) / 5, on = 0, on_late = 0, late = 0;
+    int guest_result = -1;
+    for (int i = 0; i < steps; i++) {
+      if (!strcmp(argv[2], "sample-guest") && i == steps / 2) {
+        gd_subscriber handle;
+        guest_result = subscribe(&handle, guest_callback, NULL);
+      }
+      call();
+      if (enabled(GD_KIND_CONCURRENT_KERNEL)) {
+        on++;
+        if (i > steps / 2 + 20) on_late++;
+        emit(1);
+      }
+      if (i > steps / 2 + 20) late++;
+      usleep(5000);
+    }
+    printf("on %d of %d, late %d of %d, finalised %d, guest subscribed %d\n", on, steps,
+           on_late, late, finalizations(), guest_result);
     return 0;
   }
   if (!strcmp(argv[2], "gone")) {

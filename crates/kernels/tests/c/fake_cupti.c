@@ -15,6 +15,10 @@ static gd_buffer_complete_fn complete;
 static int enabled[64];
 static int registrations;
 static gd_timestamp_fn timestamp;
+// The callback API: one subscriber, as CUPTI allows.
+static gd_callback_fn subscriber;
+static int domains[8];
+static int finalizations;
 
 gd_result cuptiGetVersion(uint32_t *version) {
   const char *v = getenv("FAKE_CUPTI_VERSION");
@@ -47,7 +51,34 @@ gd_result cuptiActivityFlushAll(uint32_t flag) {
   (void)flag;
   return 0;
 }
-gd_result cuptiFinalize(void) { return 0; }
+// Detaches everything, as the real one does: the callbacks, the kinds, the subscriber.
+gd_result cuptiFinalize(void) {
+  request = NULL;
+  complete = NULL;
+  memset(enabled, 0, sizeof enabled);
+  subscriber = NULL;
+  memset(domains, 0, sizeof domains);
+  finalizations++;
+  return 0;
+}
+gd_result cuptiSubscribe(gd_subscriber *handle, gd_callback_fn callback, void *userdata) {
+  (void)userdata;
+  if (subscriber) return 39;  // CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
+  subscriber = callback;
+  *handle = (gd_subscriber)&subscriber;
+  return 0;
+}
+gd_result cuptiUnsubscribe(gd_subscriber handle) {
+  (void)handle;
+  subscriber = NULL;
+  memset(domains, 0, sizeof domains);
+  return 0;
+}
+gd_result cuptiEnableDomain(uint32_t on, gd_subscriber handle, gd_callback_domain domain) {
+  (void)handle;
+  if (domain >= 0 && domain < 8) domains[domain] = (int)on;
+  return 0;
+}
 gd_result cuptiActivityRegisterTimestampCallback(gd_timestamp_fn fn) {
   timestamp = fn;
   return 0;
@@ -66,6 +97,16 @@ gd_result cuptiActivityGetNextRecord(uint8_t *buffer, size_t valid, gd_activity 
 }
 
 int fake_enabled(int kind) { return kind >= 0 && kind < 64 && enabled[kind]; }
+int fake_finalizations(void) { return finalizations; }
+
+// A CUDA runtime call: the subscriber hears of its entry and its exit.
+void fake_cuda_call(void) {
+  for (int site = 0; site < 2; site++) {
+    gd_callback_fn cb = subscriber;
+    gd_callback_data data = {site};
+    if (cb && domains[GD_DOMAIN_RUNTIME_API]) cb(NULL, GD_DOMAIN_RUNTIME_API, 1, &data);
+  }
+}
 int fake_registrations(void) { return registrations; }
 
 static char long_name[3000];
@@ -81,6 +122,7 @@ int fake_emit(int kernels) {
 #define T(ns) (base + per_ns * (uint64_t)(ns))
   uint8_t *buffer = NULL;
   size_t size = 0, max_records = 0;
+  if (!request) return -1;  // nobody attached
   request(&buffer, &size, &max_records);
   if (!buffer) return -1;
   memset(long_name, 'x', sizeof long_name - 1);
