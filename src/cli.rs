@@ -427,6 +427,7 @@ pub struct RunArgs {
     /// records 1s of every 20s and detaches CUPTI in between, so the cost is paid only then;
     /// `sample:ON/PERIOD` picks the windows (e.g. sample:2s/30s). Steps aside while
     /// torch.profiler traces, and for another tool that set CUDA_INJECTION64_PATH.
+    /// [default: off; `--kernels` alone is `--kernels=full`]
     #[arg(long, value_name = "MODE", num_args = 0..=1, require_equals = true,
           default_missing_value = "full", value_parser = parse_kernels_mode)]
     pub kernels: Option<KernelsMode>,

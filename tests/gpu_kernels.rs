@@ -53,6 +53,17 @@ fn write_script(dir: &Path, text: &str) -> String {
     path.to_str().unwrap().to_owned()
 }
 
+/// A directory holding `text` as a script, or `None` (said) where PyTorch cannot use a GPU.
+fn torch_script(text: &str) -> Option<(tempfile::TempDir, String)> {
+    if !has_torch() {
+        eprintln!("no PyTorch with CUDA here: skipped");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = write_script(dir.path(), text);
+    Some((dir, script))
+}
+
 const STEPS: u64 = 60;
 
 /// Per step: one fp32 2048² matmul, 20 in-place adds on a small tensor, a 16 MiB copy from
@@ -77,12 +88,9 @@ print("done", v)
 #[test]
 #[ignore = "needs an NVIDIA GPU and PyTorch"]
 fn a_known_mix_gives_its_kernels_copies_and_syncs() {
-    if !has_torch() {
-        eprintln!("no PyTorch with CUDA here: skipped");
+    let Some((dir, script)) = torch_script(KNOWN_MIX) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let script = write_script(dir.path(), KNOWN_MIX);
+    };
     let steps = STEPS.to_string();
     let (out, s, _) = run_kernels(dir.path(), &["python3", &script, &steps]);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -196,12 +204,9 @@ print("kernels in traces", *counts)
 #[test]
 #[ignore = "needs an NVIDIA GPU and PyTorch"]
 fn torch_profiler_keeps_its_trace_and_recording_goes_on_after_it() {
-    if !has_torch() {
-        eprintln!("no PyTorch with CUDA here: skipped");
+    let Some((dir, script)) = torch_script(WITH_PROFILER) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let script = write_script(dir.path(), WITH_PROFILER);
+    };
     let traces = dir.path().to_str().unwrap();
     let plain = Command::new("python3")
         .args([&script, traces])
@@ -369,12 +374,9 @@ print("steps", steps, "traced", kernels)
 #[test]
 #[ignore = "needs an NVIDIA GPU and PyTorch"]
 fn sampling_records_in_its_windows_and_gives_way_to_torch_profiler() {
-    if !has_torch() {
-        eprintln!("no PyTorch with CUDA here: skipped");
+    let Some((dir, script)) = torch_script(SAMPLED_LOOP) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let script = write_script(dir.path(), SAMPLED_LOOP);
+    };
     let traces = dir.path().to_str().unwrap();
     let (out, s, _) = run_kernels_as(
         dir.path(),

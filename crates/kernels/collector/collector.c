@@ -721,12 +721,17 @@ static uint64_t unix_now_ns(void) {
   return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 }
 
-static void send_window(uint64_t from, uint64_t to, uint32_t flags) {
+// ASIDE and WINDOW: u64 from, u64 to, u32 flags, u32 0.
+static void send_span(uint16_t type, uint64_t from, uint64_t to, uint32_t flags) {
   struct {
     uint64_t from, to;
     uint32_t flags, zero;
   } body = {from, to, flags, 0};
-  send_simple(MSG_WINDOW, &body, sizeof body);
+  send_simple(type, &body, sizeof body);
+}
+
+static void send_window(uint64_t from, uint64_t to, uint32_t flags) {
+  send_span(MSG_WINDOW, from, to, flags);
 }
 
 // GPUDIAG_KERNELS_SAMPLE="ON_MS/PERIOD_MS", as gpudiag sets it; anything else records in full.
@@ -976,11 +981,7 @@ static int find_cupti(void) {
 }
 
 static void send_aside(uint64_t from, uint64_t to, uint32_t to_known) {
-  struct {
-    uint64_t from, to;
-    uint32_t known, zero;
-  } body = {from, to, to_known, 0};
-  send_simple(MSG_ASIDE, &body, sizeof body);
+  send_span(MSG_ASIDE, from, to, to_known);
 }
 
 static void goodbye(void) {
