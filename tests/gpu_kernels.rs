@@ -12,7 +12,9 @@ use gpu::{gpu_count, gpudiag};
 use std::path::Path;
 use std::process::{Command, Output};
 
-use gpudiag_model::kernels::{CopyDirection, HostMemory, KernelsSummary, SyncCall};
+use gpudiag_model::kernels::{
+    CopyDirection, HostMemory, KernelStat, KernelsGpu, KernelsSummary, SyncCall,
+};
 
 fn has_torch() -> bool {
     Command::new("python3")
@@ -51,6 +53,21 @@ fn write_script(dir: &Path, text: &str) -> String {
     let path = dir.join("script.py");
     std::fs::write(&path, text).unwrap();
     path.to_str().unwrap().to_owned()
+}
+
+/// The GPU that ran kernels, and its matmul among its top kernels.
+fn busy_gpu_and_its_matmul(s: &KernelsSummary) -> (&KernelsGpu, &KernelStat) {
+    let gpu = s
+        .gpus
+        .iter()
+        .find(|g| g.kernels > 0)
+        .unwrap_or_else(|| panic!("{s:?}"));
+    let gemm = gpu
+        .top_kernels
+        .iter()
+        .find(|k| k.name.to_lowercase().contains("gemm"))
+        .unwrap_or_else(|| panic!("{:#?}", gpu.top_kernels));
+    (gpu, gemm)
 }
 
 /// A directory holding `text` as a script, or `None` (said) where PyTorch cannot use a GPU.
@@ -242,12 +259,7 @@ fn torch_profiler_keeps_its_trace_and_recording_goes_on_after_it() {
     // timed on Kineto's clock. Records still in CUPTI's hands when the profiler starts are
     // flushed to us first, and CUPTI may hand them over without times (50, the steps just
     // before the first trace, on two H200s): those are counted and said, never placed.
-    let gpu = s.gpus.iter().find(|g| g.kernels > 0).unwrap();
-    let gemm = gpu
-        .top_kernels
-        .iter()
-        .find(|k| k.name.to_lowercase().contains("gemm"))
-        .unwrap_or_else(|| panic!("{:#?}", gpu.top_kernels));
+    let (gpu, gemm) = busy_gpu_and_its_matmul(&s);
     eprintln!(
         "with torch.profiler: traces {says:?}; ours: gemm {} × {:.1} µs, span {:.2} s, \
          stepped aside {:?}, left out {:?}",
@@ -408,12 +420,7 @@ fn sampling_records_in_its_windows_and_gives_way_to_torch_profiler() {
     let sampling = process.sampling.unwrap_or_else(|| panic!("{process:?}"));
     assert!(sampling.full_from_unix_ns.is_some(), "{sampling:?}");
     assert!(sampling.windows >= 5, "{sampling:?}");
-    let gpu = s.gpus.iter().find(|g| g.kernels > 0).unwrap();
-    let gemm = gpu
-        .top_kernels
-        .iter()
-        .find(|k| k.name.to_lowercase().contains("gemm"))
-        .unwrap_or_else(|| panic!("{:#?}", gpu.top_kernels));
+    let (gpu, gemm) = busy_gpu_and_its_matmul(&s);
     eprintln!(
         "sampled: {steps} steps, {} recorded ({:.1} µs each) in {sampling:?}; time {:?}; \
          left out {:?}",

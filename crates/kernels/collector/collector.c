@@ -331,6 +331,12 @@ static uint64_t monotonic_ns(void) {
   return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 }
 
+static uint64_t unix_now_ns(void) {
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
 // The guest's clock and CLOCK_MONOTONIC, read together.
 static void read_both(gd_timestamp_fn fn, uint64_t *guest, uint64_t *mono) {
   uint64_t before = monotonic_ns();
@@ -385,9 +391,7 @@ static struct wire_clock clock_pair(void) {
     c.cupti_ns = (uint64_t)((int64_t)monotonic_ns() + offset);
   else if (real.timestamp)
     real.timestamp(&c.cupti_ns);
-  struct timespec now;
-  clock_gettime(CLOCK_REALTIME, &now);
-  c.unix_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+  c.unix_ns = unix_now_ns();
   return c;
 }
 
@@ -714,12 +718,6 @@ static atomic_int detach_pending;  // our subscription waits for a CUDA call's e
 static gd_subscriber our_subscriber;
 static int guest_seen;        // sampling gave way to another client (attach_lock)
 static uint64_t window_from;  // when the open window began, Unix ns; 0: none open (attach_lock)
-
-static uint64_t unix_now_ns(void) {
-  struct timespec now;
-  clock_gettime(CLOCK_REALTIME, &now);
-  return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
-}
 
 // ASIDE and WINDOW: u64 from, u64 to, u32 flags, u32 0.
 static void send_span(uint16_t type, uint64_t from, uint64_t to, uint32_t flags) {
