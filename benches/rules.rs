@@ -199,6 +199,7 @@ fn per_family(history: &History, devices: &[DeviceInfo]) {
         process_memory: Some(&pm),
         process_cpu: None,
         ras: None,
+        own_pid: None,
         not_judged: Default::default(),
     };
     type Family = fn(&RuleInput<'_>) -> Vec<gpudiag_model::finding::Finding>;

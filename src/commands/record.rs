@@ -56,13 +56,16 @@ fn record_ticks(args: &RecordArgs, stop: Arc<AtomicBool>, config: &Config) -> Re
     };
     // Findings go into the recording as they are raised, so a replay shows them where they
     // happened; the history they need is bounded, so hours of recording stay small in memory.
-    let mut pipeline = Pipeline::new(RuleEngine::new(
+    let mut engine = RuleEngine::new(
         config.rules.clone(),
         header.devices.clone(),
         Some(header.host.clone()),
         libraries,
-    ))
-    .retaining(RECORD_RETAIN);
+    );
+    if source.is_this_host() {
+        engine = engine.excluding_own_process();
+    }
+    let mut pipeline = Pipeline::new(engine).retaining(RECORD_RETAIN);
     let mut sink = RecordSink {
         writer: &mut writer,
         ticks: 0,

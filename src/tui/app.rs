@@ -398,6 +398,7 @@ impl App {
         let session = Session::setup(&Config::default())
             .with_current_phase()
             .retaining(LOOKBACK)
+            .fed_from_this_host(init_is_live)
             .fed(init.host.clone(), init.devices.clone());
         App {
             session,

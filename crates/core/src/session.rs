@@ -328,6 +328,8 @@ struct JudgedWith {
     libraries: Option<Vec<LibraryInfo>>,
     current_phase: bool,
     retain: Option<Duration>,
+    /// The GPUs are this host's live ones: gpudiag's own process is no job's holder.
+    this_host: bool,
 }
 
 impl JudgedWith {
@@ -340,6 +342,9 @@ impl JudgedWith {
         );
         if self.current_phase {
             engine = engine.with_current_phase();
+        }
+        if self.this_host {
+            engine = engine.excluding_own_process();
         }
         let pipeline = Pipeline::new(engine);
         match self.retain {
@@ -359,6 +364,8 @@ pub struct Setup<'a> {
     retain: Option<Duration>,
     current_phase: bool,
     node_name: Option<String>,
+    /// A fed session's ticks are this host's live GPUs (an opened source says for itself).
+    fed_this_host: bool,
 }
 
 impl Session {
@@ -374,6 +381,7 @@ impl Session {
             retain: None,
             current_phase: false,
             node_name: None,
+            fed_this_host: false,
         }
     }
 
@@ -538,6 +546,13 @@ impl Setup<'_> {
         self
     }
 
+    /// The ticks a fed session is given come from this host's live GPUs (`live`), not from a
+    /// recording: only then is gpudiag's own pid known to hold no job's memory.
+    pub fn fed_from_this_host(mut self, live: bool) -> Self {
+        self.fed_this_host = live;
+        self
+    }
+
     /// Names this host `node` (a pod's host name is the pod's; the node's comes from the
     /// downward API): everything judged here, job keys included, carries it, so a job key
     /// qualified by the host reads alike in every series. A recording keeps its own host.
@@ -551,7 +566,7 @@ impl Setup<'_> {
     /// kernel log and libraries, read while the UI's source opened, are given later
     /// ([`Session::set_kernel_log`], [`Session::set_rules`]).
     pub fn fed(self, host: HostInfo, devices: Vec<DeviceInfo>) -> Session {
-        let judged_with = self.judged_with(host, None);
+        let judged_with = self.judged_with(host, None, self.fed_this_host);
         Session {
             source: None,
             pipeline: judged_with.pipeline(&devices),
@@ -603,7 +618,7 @@ impl Setup<'_> {
         if this_host && let Some(node) = &self.node_name {
             host.hostname = Some(node.clone());
         }
-        let judged_with = self.judged_with(host, libraries);
+        let judged_with = self.judged_with(host, libraries, this_host);
         let devices = source.devices();
         Session {
             pipeline: judged_with.pipeline(&devices),
@@ -619,8 +634,14 @@ impl Setup<'_> {
         }
     }
 
-    fn judged_with(&self, host: HostInfo, libraries: Option<Vec<LibraryInfo>>) -> JudgedWith {
+    fn judged_with(
+        &self,
+        host: HostInfo,
+        libraries: Option<Vec<LibraryInfo>>,
+        this_host: bool,
+    ) -> JudgedWith {
         JudgedWith {
+            this_host,
             host,
             rules: self.config.rules.clone(),
             libraries,

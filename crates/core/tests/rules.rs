@@ -68,6 +68,8 @@ struct Scenario {
     now_ms: u64,
     interval_ms: u64,
     config: RulesConfig,
+    /// Judged as this host's live GPUs, where gpudiag's own pid holds no job's memory.
+    live: bool,
 }
 
 impl Scenario {
@@ -85,6 +87,7 @@ impl Scenario {
             now_ms: T0,
             interval_ms: 250,
             config: RulesConfig::default(),
+            live: false,
         }
     }
 
@@ -174,6 +177,9 @@ impl Scenario {
             Some(self.host.clone()),
             self.libraries.clone(),
         );
+        if self.live {
+            engine = engine.excluding_own_process();
+        }
         let mut history = History::default();
         for t in &self.ticks {
             for s in &t.samples {
@@ -234,6 +240,27 @@ fn idle_gpu_with_a_process_holding_memory_is_flagged_with_its_pid() {
             .starts_with("A process holds GPU memory and runs nothing"),
         "{}",
         low.advice
+    );
+}
+
+/// Live, gpudiag's own process (a probe's buffers) holds no job's memory; in a recording, a
+/// process whose pid happens to be ours now (a fresh container's low pids) is the job it was.
+#[test]
+fn only_live_gpus_leave_gpudiags_own_pid_out_of_the_holders() {
+    let ours = std::process::id();
+    let recorded = Scenario::new().phase(60.0, |_, s| {
+        s.gpu_util_pct = Some(3.0);
+        s.processes = Some(vec![process(ours, 8 * GIB)]);
+        s.mem_used_bytes = Some(9 * GIB);
+    });
+    let f = recorded.findings();
+    let low = find(&f, "utilisation.low");
+    assert_eq!(low.evidence.values["pids"], serde_json::json!([ours]));
+    let live = recorded.with(|s| s.live = true);
+    assert!(
+        !live.ids().contains(&"utilisation.low".to_owned()),
+        "{:?}",
+        live.ids()
     );
 }
 

@@ -303,7 +303,6 @@ pub(crate) fn holders(
     end_ms: TimeMs,
 ) -> Vec<VerdictProcess> {
     let min_bytes = input.config.utilisation.min_process_memory_mib * MIB;
-    let own_pid = std::process::id();
     let latest: Vec<_> = input
         .latest
         .get(&device)
@@ -329,7 +328,7 @@ pub(crate) fn holders(
     };
     found
         .into_iter()
-        .filter(|(pid, _, _)| *pid != own_pid)
+        .filter(|(pid, _, _)| Some(*pid) != input.own_pid)
         .map(|(pid, name, used)| VerdictProcess {
             pid,
             name,
@@ -782,11 +781,11 @@ fn since_release(
 ) -> Option<CurrentPhase> {
     let cfg = &input.config.utilisation;
     let min_bytes = cfg.min_process_memory_mib * MIB;
-    let own_pid = std::process::id();
+    let own_pid = input.own_pid;
     let listed = input.latest.get(&device.index)?.processes.as_ref()?;
-    let held_now = listed
-        .iter()
-        .any(|p| p.pid != own_pid && p.used_memory_bytes.is_some_and(|b| b as f64 >= min_bytes));
+    let held_now = listed.iter().any(|p| {
+        Some(p.pid) != own_pid && p.used_memory_bytes.is_some_and(|b| b as f64 >= min_bytes)
+    });
     if held_now {
         return None;
     }

@@ -50,6 +50,8 @@ pub struct RuleEngine {
     ras: RasLog,
     /// The GPU processes of the command `gpudiag run` started: one job.
     command: std::collections::BTreeSet<u32>,
+    /// gpudiag's own pid, left out of the GPUs' holders: only where the GPUs are this host's.
+    own_pid: Option<u32>,
     /// What the latest evaluation could not judge: the verdict's devices, then the rules'.
     not_judged: Vec<NotJudged>,
     /// Whether each evaluation also finds the phase its window ends in (a few more verdicts
@@ -88,6 +90,7 @@ impl RuleEngine {
             jobs: Vec::new(),
             ras: RasLog::default(),
             command: Default::default(),
+            own_pid: None,
             not_judged: Vec::new(),
             track_current_phase: false,
             current_phases: BTreeMap::new(),
@@ -97,6 +100,14 @@ impl RuleEngine {
             raised: Vec::new(),
             raised_index: Default::default(),
         }
+    }
+
+    /// An engine that leaves gpudiag's own process out of the GPUs' holders (a probe's buffers
+    /// are not a job's). Only for this host's live GPUs: a recording's pids are another host's
+    /// or another boot's, and one of them may be ours by chance (a fresh container's low pids).
+    pub fn excluding_own_process(mut self) -> Self {
+        self.own_pid = Some(std::process::id());
+        self
     }
 
     /// An engine that also finds, at each evaluation, the phase each device's window ends in
@@ -427,6 +438,7 @@ impl RuleEngine {
             process_memory: Some(&self.process_memory),
             process_cpu: Some(&self.process_cpu),
             ras: Some(&self.ras),
+            own_pid: self.own_pid,
             not_judged: Default::default(),
         }
     }

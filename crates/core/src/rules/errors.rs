@@ -415,6 +415,7 @@ mod tests {
             process_memory: None,
             process_cpu: None,
             ras: None,
+            own_pid: None,
             not_judged: Default::default(),
         };
         let mut f = evaluate(&input);

@@ -213,6 +213,7 @@ mod tests {
             process_memory: None,
             process_cpu: None,
             ras: None,
+            own_pid: None,
             not_judged: Default::default(),
         })
     }

@@ -58,6 +58,9 @@ pub struct RuleInput<'a> {
     pub process_cpu: Option<&'a ProcessCpu>,
     /// NCCL RAS answers of this host (see `ras_log::ras_evidence`); `None` when nobody kept them.
     pub ras: Option<&'a ras_log::RasLog>,
+    /// gpudiag's own pid, which holds no job's memory; `None` where the GPUs are not this
+    /// host's (see [`RuleEngine::excluding_own_process`](engine::RuleEngine::excluding_own_process)).
+    pub own_pid: Option<u32>,
     /// Where rules say what they could not judge: the engine reads it after an evaluation.
     pub not_judged: NotJudgedLog,
 }

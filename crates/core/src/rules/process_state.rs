@@ -89,11 +89,11 @@ impl ProcessMemory {
         start: TimeMs,
         end: TimeMs,
         min_bytes: f64,
-        except: u32,
+        except: Option<u32>,
     ) -> Option<TimeMs> {
         self.series
             .range((device, 0)..=(device, u32::MAX))
-            .filter(|&(&(_, pid), _)| pid != except)
+            .filter(|&(&(_, pid), _)| Some(pid) != except)
             .filter_map(|(_, series)| {
                 let last_point = series.points.back()?;
                 let held_to_the_end = last_point.1 >= min_bytes;
