@@ -118,6 +118,7 @@ fn trace_export(label: &str, worst: bool) {
                 .collect(),
             events: Vec::new(),
             ras: Vec::new(),
+            kernels: None,
         })
         .collect();
     let start = Instant::now();
@@ -291,6 +292,7 @@ fn scrape_over_http() {
                 samples: (0..DEVICES).map(|d| sample(d, i, &mut rng, true)).collect(),
                 events: Vec::new(),
                 ras: Vec::new(),
+                kernels: None,
             };
             w.write_tick(&tick)?;
         }

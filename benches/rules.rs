@@ -116,6 +116,7 @@ fn main() {
             samples: (0..DEVICES).map(|d| sample(d, t, i)).collect(),
             events: Vec::new(),
             ras: Vec::new(),
+            kernels: None,
         };
         let t0 = Instant::now();
         for s in &tick.samples {

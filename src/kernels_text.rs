@@ -326,9 +326,31 @@ fn collector_state(out: &mut String, s: &KernelsSummary) {
     if hello == 0 && notes.is_empty() {
         return;
     }
+    // A launcher (torchrun's agent) or a helper initialises CUDA without launching anything:
+    // counted apart, so "ran in 3 processes" for a 2-rank job does not read as a stray rank.
+    // Under sampling, a process whose windows caught none may still have launched some.
+    let without: Vec<_> = s
+        .processes
+        .iter()
+        .filter(|p| p.said_hello && p.kernels == 0 && p.cannot_record.is_none())
+        .collect();
+    let verb = if without.iter().any(|p| p.sampling.is_some()) {
+        "recorded"
+    } else {
+        "launched"
+    };
+    let idle_note = match without.len() {
+        0 => String::new(),
+        n if n == hello => format!(" (none {verb} a kernel)"),
+        1 => format!(
+            " (1 {verb} no kernel: a launcher such as torchrun's, or a helper, that only \
+             initialised CUDA)"
+        ),
+        n => format!(" ({n} {verb} no kernel: launchers or helpers that only initialised CUDA)"),
+    };
     let _ = writeln!(
         out,
-        "gpudiag: kernels: the collector ran in {hello} process{}{}",
+        "gpudiag: kernels: the collector ran in {hello} process{}{idle_note}{}",
         if hello == 1 { "" } else { "es" },
         if notes.is_empty() { "" } else { ":" }
     );
@@ -402,6 +424,26 @@ mod tests {
         assert!(
             text.contains("pid 201 spends 10% of its time in NCCL kernels, its peers 40%"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_launcher_that_only_initialised_cuda_is_counted_apart_from_the_ranks() {
+        use gpudiag_core::kernels::synthetic::hello;
+        let s = summary_of(&[vec![hello(199, "GPU-r0")], two_ranks()]);
+        let text = kernels_section(&s);
+        assert!(
+            text.contains(
+                "the collector ran in 3 processes (1 launched no kernel: a launcher such as \
+                 torchrun's, or a helper, that only initialised CUDA)"
+            ),
+            "{text}"
+        );
+        let ranks = kernels_section(&summary_of(&[two_ranks()]));
+        assert!(
+            ranks.contains("the collector ran in 2 processes\n")
+                || ranks.contains("the collector ran in 2 processes:"),
+            "{ranks}"
         );
     }
 

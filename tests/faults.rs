@@ -422,6 +422,7 @@ fn tui_marks_stalled_and_missing_gpus() {
         samples: vec![stalled],
         events: vec![],
         ras: Vec::new(),
+        kernels: None,
     });
     let screen = render(&app, 80, 24);
     assert!(screen.contains("STALLED"), "{screen}");

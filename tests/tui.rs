@@ -369,6 +369,63 @@ fn help_fits_80x24_with_nothing_cut() {
     }
 }
 
+/// A replay of `run --kernels --record` shows, on K, the latest kernels summary it has reached,
+/// scrollable and closed with Esc; the footer offers K only then, and a replay without one says
+/// how to record it.
+#[test]
+fn k_opens_the_kernels_a_run_recording_carries() {
+    use gpudiag_core::kernels::KernelsAggregator;
+    use gpudiag_core::kernels::synthetic::training_stream;
+    use gpudiag_model::kernels::RecordedKernels;
+
+    let mut without = loaded("demo");
+    assert!(!render(&without, 120, 36).contains("K:kernels"));
+    press(&mut without, &[KeyCode::Char('K')]);
+    let screen = render(&without, 120, 36);
+    assert!(screen.contains("No kernel records here."), "{screen}");
+    press(&mut without, &[KeyCode::Esc]);
+    assert_eq!(without.overlay, None);
+
+    let mut b = open("demo");
+    let mut app = new_app(&b, "run.ndjson", false);
+    let mut ticks = all_ticks(&mut b);
+    let mut aggregator = KernelsAggregator::default();
+    for m in training_stream(4242, "GPU-1111") {
+        aggregator.push(&m);
+    }
+    let middle = ticks.len() / 2;
+    let at = ticks[middle].time_ms().unwrap();
+    ticks[middle].kernels = Some(Box::new(RecordedKernels {
+        time_ms: at,
+        ended: false,
+        summary: aggregator.summary(),
+    }));
+    app.on_feed(
+        SamplerMsg::Ticks {
+            ticks,
+            reset: false,
+            position: position(&b),
+        },
+        Instant::now(),
+    );
+    assert!(render(&app, 120, 36).contains("K:kernels"));
+    press(&mut app, &[KeyCode::Char('K')]);
+    let screen = render(&app, 120, 36);
+    assert!(
+        screen.contains("Recorded over the run so far, at"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("kernels on GPU-1111 (pid 4242)"),
+        "{screen}"
+    );
+    assert!(screen.contains("sm90_xmma_gemm"), "{screen}");
+    press(&mut app, &[KeyCode::Down, KeyCode::Down]);
+    assert!(matches!(app.overlay, Some(Overlay::Kernels { scroll: 2 })));
+    press(&mut app, &[KeyCode::Esc]);
+    assert_eq!(app.overlay, None);
+}
+
 /// The text inside the bordered box whose top border carries `title`, one string per row.
 fn boxed_text(screen: &str, title: &str) -> Vec<String> {
     let lines: Vec<&str> = screen.lines().collect();
@@ -1011,6 +1068,7 @@ impl Backend for FakeLive {
             samples: vec![s],
             events: Vec::new(),
             ras: Vec::new(),
+            kernels: None,
         })
     }
 }

@@ -247,9 +247,18 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
     catch_forwarded_signals();
     let mut command = ChildCommand::new(program);
     command.args(&args.command[1..]);
+    // With --record, the recording carries what --kernels saw every few seconds, so a replay
+    // (the terminal UI) shows it as the run went.
+    let (snapshots_tx, snapshots) = match (&writer, args.kernels) {
+        (Some(_), Some(_)) => {
+            let (tx, rx) = std::sync::mpsc::channel();
+            (Some(tx), Some(rx))
+        }
+        _ => (None, None),
+    };
     let mut kernels = args
         .kernels
-        .and_then(|mode| KernelsRun::prepare(args.trace.is_some(), mode.schedule()));
+        .and_then(|mode| KernelsRun::prepare(args.trace.is_some(), mode.schedule(), snapshots_tx));
     if let Some(k) = &kernels {
         command.envs(k.session.env().iter().map(|(key, value)| (key, value)));
     }
@@ -306,7 +315,7 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
     };
 
     let options = WatchOptions::of(args);
-    let watched = source.map(|source| watch(source, writer, &options, config, &stop));
+    let watched = source.map(|source| watch(source, writer, snapshots, &options, config, &stop));
     let _ = waiter.join();
     let (status, exited_at) = exit
         .lock()
@@ -341,8 +350,10 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
     };
     let mut trace = None;
     let mut devices = Vec::new();
+    let mut recording = None;
     if let Some(mut w) = watched {
         trace = w.trace.take();
+        recording = w.writer.take();
         devices = w.session.devices.clone();
         w.conclude(&mut report, start_ms, end_ms);
     }
@@ -351,6 +362,9 @@ pub fn run(args: &RunArgs, config: &Config) -> Result<i32, Error> {
         if let (Some(trace), Some(kept)) = (&mut trace, kept) {
             trace.push_kernel_records(&kept);
         }
+    }
+    if let Some(w) = recording {
+        finish_recording(w, report.kernels.as_ref());
     }
     let trace = trace.map(TraceBuilder::finish);
     if args.json {
@@ -651,6 +665,29 @@ struct Watched {
     /// gpudiag's trace with the findings in it, finished once `--kernels` has added its
     /// records (they arrive until the command's last process has gone).
     trace: Option<TraceBuilder>,
+    /// The recording, finished once `--kernels` has written its summary of the whole run.
+    writer: Option<RecordingWriter>,
+}
+
+/// Ends the recording: with `--kernels`, the summary of the whole run goes last (its GPUs
+/// matched and its verdicts given), so a replay ends on what the report says.
+fn finish_recording(
+    mut writer: RecordingWriter,
+    kernels: Option<&gpudiag_model::kernels::KernelsSummary>,
+) {
+    if let Some(summary) = kernels {
+        let record = Record::Kernels(gpudiag_model::kernels::RecordedKernels {
+            time_ms: now_ms(),
+            ended: true,
+            summary: summary.clone(),
+        });
+        if let Err(e) = writer.write(&record) {
+            warn(&format!("the recording stopped: {e}"));
+        }
+    }
+    if let Err(e) = writer.finish() {
+        warn(&format!("the recording could not be finished: {e}"));
+    }
 }
 
 fn header_for(source: &Source, args: &RunArgs) -> Header {
@@ -684,6 +721,7 @@ impl<'a> WatchOptions<'a> {
 fn watch(
     source: Source,
     writer: Option<RecordingWriter>,
+    kernels_snapshots: Option<std::sync::mpsc::Receiver<gpudiag_model::kernels::RecordedKernels>>,
     options: &WatchOptions<'_>,
     config: &Config,
     stop: &Arc<AtomicBool>,
@@ -703,6 +741,7 @@ fn watch(
         write_failed: None,
         trace,
         tree: ProcessTree::new(std::process::id()),
+        kernels_snapshots,
     };
     let opts = RunOptions {
         interval: options.interval,
@@ -718,11 +757,6 @@ fn watch(
     if let Some(e) = sink.write_failed.take() {
         warn(&format!("the recording stopped: {e}"));
     }
-    if let Some(w) = sink.writer.take()
-        && let Err(e) = w.finish()
-    {
-        warn(&format!("the recording could not be finished: {e}"));
-    }
     let trace = sink.trace.take().map(|mut builder| {
         for f in session.pipeline.engine.raised() {
             builder.push_finding(&f);
@@ -734,6 +768,7 @@ fn watch(
         tree: sink.tree,
         warnings,
         trace,
+        writer: sink.writer.take(),
     }
 }
 
@@ -790,7 +825,7 @@ pub fn conclusion_of(source: Source, config: &Config) -> RunConclusion {
         interval: Duration::from_millis(100),
         trace: None,
     };
-    let watched = watch(source, None, &options, config, &stop);
+    let watched = watch(source, None, None, &options, config, &stop);
     let (Some(start_ms), Some(end_ms)) = (
         watched.session.pipeline.first_ms(),
         watched.session.pipeline.last_ms(),
@@ -1066,15 +1101,38 @@ struct RunSink {
     write_failed: Option<Error>,
     trace: Option<TraceBuilder>,
     tree: ProcessTree,
+    /// `--kernels --record`: the summaries the consumer makes as the command runs.
+    kernels_snapshots: Option<std::sync::mpsc::Receiver<gpudiag_model::kernels::RecordedKernels>>,
 }
 
 impl Sink for RunSink {
-    fn on_tick(&mut self, tick: &Tick, raised: &[Finding], _: &Pipeline) -> Result<(), Error> {
+    fn on_tick(
+        &mut self,
+        tick: &Tick,
+        raised: &[Finding],
+        pipeline: &Pipeline,
+    ) -> Result<(), Error> {
+        // Each summary is of the whole run so far: only the latest is worth writing.
+        let snapshot = self
+            .kernels_snapshots
+            .as_ref()
+            .and_then(|rx| rx.try_iter().last())
+            .map(|mut k| {
+                let seen: Vec<(u32, u32)> = self.tree.seen.keys().map(|&(d, p)| (p, d)).collect();
+                gpudiag_core::kernels::match_devices(
+                    &mut k.summary,
+                    pipeline.engine.devices(),
+                    &seen,
+                );
+                Record::Kernels(k)
+            });
         if let Some(w) = &mut self.writer {
             let written = w.write_tick(tick).and_then(|()| {
                 raised
                     .iter()
-                    .try_for_each(|f| w.write(&Record::Finding(f.clone())))
+                    .map(|f| Record::Finding(f.clone()))
+                    .chain(snapshot)
+                    .try_for_each(|r| w.write(&r))
             });
             if let Err(e) = written {
                 self.write_failed = Some(e.into());
@@ -1089,6 +1147,11 @@ impl Sink for RunSink {
     }
 }
 
+/// How often `--kernels --record` writes the summary so far into the recording. A summary is a
+/// few kB to a few hundred (the top kernels of each GPU, each process's waits): every 10 s
+/// keeps an hour of recording within tens of MB.
+const KERNELS_SNAPSHOT_EVERY: Duration = Duration::from_secs(10);
+
 /// `--kernels`: the collector session and the thread that folds its messages into the
 /// aggregate while the command runs.
 struct KernelsRun {
@@ -1099,9 +1162,12 @@ struct KernelsRun {
 impl KernelsRun {
     /// `None`, with a warning saying why, when it cannot record: the command runs anyway.
     /// `keep_records`: every record is kept (up to a cap) for `--trace`.
+    /// `snapshots`: where a summary goes every [`KERNELS_SNAPSHOT_EVERY`] while records arrive
+    /// (`--record`).
     fn prepare(
         keep_records: bool,
         sampling: Option<gpudiag_model::kernels::SampleSchedule>,
+        snapshots: Option<std::sync::mpsc::Sender<gpudiag_model::kernels::RecordedKernels>>,
     ) -> Option<KernelsRun> {
         let prepared = gpudiag_kernels::KernelsSession::prepare(|key| std::env::var_os(key));
         let (mut session, messages) = match prepared {
@@ -1122,8 +1188,29 @@ impl KernelsRun {
                 if let Some(schedule) = sampling {
                     aggregator.sampled(schedule);
                 }
-                for message in messages {
-                    aggregator.push(&message);
+                let mut last_snapshot = Instant::now();
+                let mut changed = false;
+                loop {
+                    match messages.recv_timeout(Duration::from_secs(1)) {
+                        Ok(message) => {
+                            aggregator.push(&message);
+                            changed = true;
+                        }
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                    }
+                    if let Some(tx) = &snapshots
+                        && changed
+                        && last_snapshot.elapsed() >= KERNELS_SNAPSHOT_EVERY
+                    {
+                        last_snapshot = Instant::now();
+                        changed = false;
+                        let _ = tx.send(gpudiag_model::kernels::RecordedKernels {
+                            time_ms: now_ms(),
+                            ended: false,
+                            summary: aggregator.summary(),
+                        });
+                    }
                 }
                 aggregator
             });
@@ -1296,6 +1383,64 @@ mod tests {
             first_to_leave: None,
             kernels: None,
         }
+    }
+
+    /// `--kernels --record`: the latest summary made while the command runs goes into the
+    /// recording with its GPUs matched to gpudiag's indices, and the run's own summary ends it.
+    #[test]
+    fn the_recording_carries_the_kernels_as_the_run_went_and_ends_on_the_runs_summary() {
+        use gpudiag_core::kernels::synthetic::sync_bound_stream;
+        use gpudiag_core::rules::engine::RuleEngine;
+        use gpudiag_model::kernels::RecordedKernels;
+        use gpudiag_model::sample::{HostInfo, Sample};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.ndjson");
+        let devices = vec![DeviceInfo {
+            index: 3,
+            uuid: Some("GPU-aaaa".into()),
+            ..DeviceInfo::default()
+        }];
+        let header = Header::new("nvml", HostInfo::default(), devices.clone(), Some(500));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut sink = RunSink {
+            writer: Some(RecordingWriter::create(&path, &header).unwrap()),
+            write_failed: None,
+            trace: None,
+            tree: ProcessTree::new(1),
+            kernels_snapshots: Some(rx),
+        };
+        let mut aggregator = KernelsAggregator::default();
+        for m in sync_bound_stream(100) {
+            aggregator.push(&m);
+        }
+        let summary = aggregator.summary();
+        assert_eq!(summary.gpus[0].index, None, "matched only when written");
+        for time_ms in [1_000, 2_000] {
+            tx.send(RecordedKernels {
+                time_ms,
+                ended: false,
+                summary: summary.clone(),
+            })
+            .unwrap();
+        }
+        let mut pipeline = Pipeline::new(RuleEngine::new(Default::default(), devices, None, None));
+        let tick = Tick {
+            samples: vec![Sample::new(3, 2_500)],
+            ..Tick::default()
+        };
+        pipeline.push_into(tick, &mut sink).unwrap();
+        finish_recording(sink.writer.take().unwrap(), Some(&summary));
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let kinds: Vec<&str> = lines.iter().map(|l| l["kind"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["header", "sample", "kernels", "kernels"]);
+        assert_eq!(lines[2]["time_ms"], 2_000);
+        assert_eq!(lines[2]["ended"], false);
+        assert_eq!(lines[2]["summary"]["gpus"][0]["index"], 3);
+        assert_eq!(lines[3]["ended"], true);
     }
 
     #[test]

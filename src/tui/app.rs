@@ -194,6 +194,11 @@ pub enum Overlay {
         finding: Box<Finding>,
         scroll: u16,
     },
+    /// The kernels the replayed recording of `run --kernels` carries (K), scrolled down
+    /// `scroll` lines.
+    Kernels {
+        scroll: u16,
+    },
     /// Waiting for y/n before signalling a process.
     ConfirmKill {
         pid: u32,
@@ -443,6 +448,12 @@ impl App {
             },
             quit: false,
         }
+    }
+
+    /// The latest summary of `run --kernels` the replayed recording carried, up to where it
+    /// stands.
+    pub fn kernels(&self) -> Option<&gpudiag_model::kernels::RecordedKernels> {
+        self.session.pipeline.kernels.as_deref()
     }
 
     /// Judges with these thresholds (and, live, this host's CUDA libraries) from now on.
@@ -948,6 +959,27 @@ impl App {
                 self.overlay = Some(Overlay::Finding { finding, scroll });
                 return None;
             }
+            Some(Overlay::Kernels { scroll }) => {
+                let max = super::kernels_box::scroll_max(self.kernels(), self.viewport);
+                let scroll = match key.code {
+                    KeyCode::Esc | KeyCode::Enter | KeyCode::Backspace | KeyCode::Char('K') => {
+                        return None;
+                    }
+                    KeyCode::Char('q') => {
+                        self.quit = true;
+                        return None;
+                    }
+                    KeyCode::Up => scroll.saturating_sub(1),
+                    KeyCode::Down => scroll.saturating_add(1).min(max),
+                    KeyCode::PageUp => scroll.saturating_sub(10),
+                    KeyCode::PageDown => scroll.saturating_add(10).min(max),
+                    KeyCode::Home => 0,
+                    KeyCode::End => max,
+                    _ => scroll,
+                };
+                self.overlay = Some(Overlay::Kernels { scroll });
+                return None;
+            }
             None => {}
         }
         let shift = key.modifiers.contains(KeyModifiers::SHIFT);
@@ -1002,6 +1034,7 @@ impl App {
                 self.status = Some(format!("processes sorted by {}", self.sort.label()));
             }
             KeyCode::Char('j') => self.panel = Panel::Job,
+            KeyCode::Char('K') => self.overlay = Some(Overlay::Kernels { scroll: 0 }),
             KeyCode::Char('k') => return self.ask_kill(),
             KeyCode::Char('w') => return Some(Effect::SaveRecording),
             KeyCode::Char('+') | KeyCode::Char('=') => return self.change_speed(1),

@@ -11,6 +11,7 @@ pub mod event;
 pub mod finding_detail;
 pub mod fleet;
 pub mod format;
+pub mod kernels_box;
 pub mod layout;
 pub mod messages;
 pub mod panels;

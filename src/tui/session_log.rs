@@ -152,6 +152,7 @@ impl SessionLog {
                     samples: t.samples,
                     events: t.events,
                     ras: t.ras,
+                    kernels: None,
                 })
                 .map(|()| true),
                 Err(_) => Ok(false),
@@ -224,6 +225,7 @@ mod tests {
             samples: vec![s],
             events,
             ras: Vec::new(),
+            kernels: None,
         }
     }
 

@@ -82,6 +82,9 @@ pub fn draw(f: &mut Frame, app: &App) {
             };
             super::finding_detail::detail(f, area, view, finding, *scroll)
         }
+        Some(Overlay::Kernels { scroll }) => {
+            super::kernels_box::draw(f, area, app.theme, app.kernels(), *scroll)
+        }
         None => {}
     }
 }
@@ -187,6 +190,7 @@ fn footer_line(app: &App, width: u16) -> Line<'static> {
         ("space:pause", true, 5),
         ("z:zoom", true, 1),
         ("j:job", job, 6),
+        ("K:kernels", app.kernels().is_some(), 6),
         ("←→:seek", replay, 4),
         ("+-:speed", replay, 2),
         ("w:save", true, 2),

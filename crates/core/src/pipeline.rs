@@ -35,6 +35,8 @@ pub struct Pipeline {
     /// The newest events: those in the retained window, at most `MAX_EVENTS`.
     pub events: Vec<Event>,
     pub engine: RuleEngine,
+    /// The latest summary of `run --kernels` a recording carried, up to the latest tick.
+    pub kernels: Option<Box<gpudiag_model::kernels::RecordedKernels>>,
     sanitiser: Sanitiser,
     /// Long-running consumers (serve, record, the terminal UI) and a check of a recording's end
     /// keep tick times and events for this long only.
@@ -81,6 +83,7 @@ impl Pipeline {
             ticks: 0,
             events: Vec::new(),
             engine,
+            kernels: None,
             sanitiser: Sanitiser::new(),
             retain: None,
         }
@@ -116,6 +119,9 @@ impl Pipeline {
             self.latest.insert(s.device, s);
         }
         self.events.extend(tick.events);
+        if tick.kernels.is_some() {
+            self.kernels = tick.kernels;
+        }
         if let Some(window) = self.retain {
             self.keep_last(window);
         }
@@ -232,6 +238,7 @@ mod tests {
                 },
             }],
             ras: Vec::new(),
+            kernels: None,
         }
     }
 

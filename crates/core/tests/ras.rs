@@ -79,6 +79,7 @@ fn a_job_of_two_gpus_is_asked_at_the_slow_cadence_and_its_answers_are_kept() {
             samples: Vec::new(),
             events: Vec::new(),
             ras: vec![answer],
+            kernels: None,
         },
     );
     assert_eq!(engine.ras_log().answers().count(), 1);

@@ -131,6 +131,7 @@ impl Scenario {
                 samples: vec![s],
                 events: Vec::new(),
                 ras: Vec::new(),
+                kernels: None,
             });
             self.now_ms += self.interval_ms;
         }
@@ -146,6 +147,7 @@ impl Scenario {
                 kind: EventKind::Xid { xid },
             }],
             ras: Vec::new(),
+            kernels: None,
         });
         self
     }

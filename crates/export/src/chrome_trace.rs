@@ -107,6 +107,11 @@ pub struct TraceInfo {
 pub struct KernelRecordsInfo {
     pub written: u64,
     pub left_out: u64,
+    /// Under `run --kernels=sample`: the windows drawn on each process's `kernels recorded`
+    /// track (cat `kernels_window`). Outside them nothing was recorded: a gap in the rows is
+    /// not an idle GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled_windows: Option<u64>,
 }
 
 /// An event phase (`ph`).
@@ -295,6 +300,10 @@ enum KernelThread {
 
 /// The kernels mode's threads are numbered from here, past the throttle reasons' 100–163.
 pub const TID_KERNELS_BASE: u32 = 1_000;
+/// Under `--kernels=sample`, each process's track of the windows it recorded in, in the host
+/// process: from here, one per process up to the aggregator's 512, below the kernels' threads.
+pub const TID_SAMPLING_BASE: u32 = 200;
+const SAMPLING_TRACKS: u32 = TID_KERNELS_BASE - TID_SAMPLING_BASE;
 /// Rows stamped before this (2001) come from a clock pair that cannot be real.
 const EARLIEST_REAL_NS: u64 = 1_000_000_000_000_000_000;
 
@@ -879,12 +888,81 @@ impl TraceBuilder {
                 args,
             });
         }
+        let drawn = self.push_sampling_windows(&kept.windows);
         let info = self.info.kernel_records.get_or_insert(KernelRecordsInfo {
             written: 0,
             left_out: 0,
+            sampled_windows: None,
         });
         info.written = self.kernel_rows.len() as u64;
         info.left_out = info.left_out.saturating_add(left_out);
+        if !kept.windows.is_empty() {
+            info.sampled_windows = Some(info.sampled_windows.unwrap_or(0).saturating_add(drawn));
+        }
+    }
+
+    /// Under `--kernels=sample`: each process's windows as `kernels recorded` slices, the gaps
+    /// between them as `not recorded`, and the time after sampling gave way to another CUPTI
+    /// client as `recorded in full`, on a track per process in the host process: in Perfetto a
+    /// gap in the kernel rows then reads as time nobody looked at, not as an idle GPU. Returns
+    /// how many windows were drawn.
+    fn push_sampling_windows(&mut self, all: &[gpudiag_core::kernels::RecordedWindows]) -> u64 {
+        const CAT: &str = "kernels_window";
+        let ms = |ns: u64| ns / 1_000_000;
+        let mut drawn = 0u64;
+        for (n, w) in (0u32..SAMPLING_TRACKS).zip(all) {
+            let tid = TID_SAMPLING_BASE + n;
+            self.thread(
+                HOST_PID,
+                tid,
+                Cow::Owned(format!("kernels recorded (pid {})", w.pid)),
+            );
+            let slice = |name: &'static str, from: u64, to: u64, args: Args| Pending {
+                name: Cow::Borrowed(name),
+                cat: Some(Cow::Borrowed(CAT)),
+                ph: Phase::Complete,
+                time_ms: ms(from),
+                dur_ms: Some(ms(to).saturating_sub(ms(from))),
+                pid: HOST_PID,
+                tid,
+                args,
+            };
+            let pid_args = || -> Args { [(Cow::Borrowed("pid"), Value::from(w.pid))].into() };
+            let real = |&&(from, to): &&(u64, u64)| from >= EARLIEST_REAL_NS && to > from;
+            let mut previous_end: Option<u64> = None;
+            for &(from, to) in w.windows.iter().filter(real) {
+                if let Some(end) = previous_end.filter(|&end| end < from) {
+                    let mut args = pid_args();
+                    args.insert(
+                        "why".into(),
+                        Value::from(
+                            "--kernels=sample recorded nothing here: not an idle GPU, time \
+                             nobody looked at",
+                        ),
+                    );
+                    self.events.push(slice("not recorded", end, from, args));
+                }
+                self.events
+                    .push(slice("kernels recorded", from, to, pid_args()));
+                drawn += 1;
+                previous_end = Some(previous_end.map_or(to, |e| e.max(to)));
+            }
+            if let (Some(from), Some(end)) = (w.full_from_unix_ns, w.end_unix_ns)
+                && from >= EARLIEST_REAL_NS
+                && end > from
+            {
+                let mut args = pid_args();
+                args.insert(
+                    "why".into(),
+                    Value::from(
+                        "another CUPTI client (torch.profiler, Nsight) appeared: sampling gave \
+                         way and the process was recorded in full",
+                    ),
+                );
+                self.events.push(slice("recorded in full", from, end, args));
+            }
+        }
+        drawn
     }
 
     /// A probe phase as a complete event with its results in `args`.
@@ -1360,6 +1438,7 @@ mod tests {
                     Vec::new()
                 },
                 ras: Vec::new(),
+                kernels: None,
             });
         }
         b.push_finding(&finding());
@@ -1609,11 +1688,13 @@ mod tests {
             samples: vec![sample(0, 0, 50.0, Some(0x4)), sample(1, 0, 30.0, Some(0x4))],
             events: Vec::new(),
             ras: Vec::new(),
+            kernels: None,
         });
         b.push_tick(&Tick {
             samples: vec![sample(0, 100, 60.0, None), sample(1, 100, 40.0, Some(0x4))],
             events: Vec::new(),
             ras: Vec::new(),
+            kernels: None,
         });
         // The loss, as NVML reports it: the device_lost event and samples of `gpu_lost`.
         for at in [200, 300, 400] {
@@ -1631,6 +1712,7 @@ mod tests {
                     Vec::new()
                 },
                 ras: Vec::new(),
+                kernels: None,
             });
         }
         let trace = b.finish();
@@ -1806,6 +1888,63 @@ mod tests {
             info.written as usize,
             kernels.len() + copies.len() + 47 + syncs.len()
         );
+    }
+
+    /// Under `--kernels=sample` the windows are drawn, and the gaps between them say they are
+    /// time nobody looked at: Perfetto would otherwise show them as an idle GPU.
+    #[test]
+    fn sampled_windows_and_the_gaps_between_them_are_drawn_on_their_own_track() {
+        use gpudiag_core::kernels::synthetic::sampled_stream;
+        use gpudiag_core::kernels::{KernelsAggregator, Limits};
+        let mut a = KernelsAggregator::new(Limits::default(), true);
+        for m in sampled_stream(77) {
+            a.push(&m);
+        }
+        let kept = a.take_kept().unwrap();
+        assert_eq!(kept.windows.len(), 1);
+        let mut b = TraceBuilder::new("nvml", None, &HostInfo::default(), Vec::new());
+        b.push_kernel_records(&kept);
+        let t = b.finish();
+        assert!(validate(&t).is_empty(), "{:?}", validate(&t));
+        let first_us = t
+            .trace_events
+            .iter()
+            .filter(|e| e.ph != Phase::Metadata)
+            .map(|e| e.ts)
+            .min()
+            .unwrap();
+        let track: Vec<(&str, u64, u64)> = t
+            .trace_events
+            .iter()
+            .filter(|e| e.cat.as_deref() == Some("kernels_window"))
+            .map(|e| {
+                assert_eq!((e.pid, e.tid), (HOST_PID, TID_SAMPLING_BASE));
+                (
+                    e.name.as_ref(),
+                    (e.ts - first_us) / 1_000,
+                    e.dur.unwrap() / 1_000,
+                )
+            })
+            .collect();
+        // Two closed windows and the open one, which runs to the process's last record (the
+        // 25th kernel of the third window ends 49 ms in).
+        assert_eq!(
+            track,
+            [
+                ("kernels recorded", 0, 100),
+                ("not recorded", 100, 900),
+                ("kernels recorded", 1_000, 100),
+                ("not recorded", 1_100, 900),
+                ("kernels recorded", 2_000, 49),
+            ]
+        );
+        assert_eq!(
+            t.other_data.kernel_records.unwrap().sampled_windows,
+            Some(3)
+        );
+        assert!(t.trace_events.iter().any(|e| e.name == "thread_name"
+            && e.tid == TID_SAMPLING_BASE
+            && e.args.get("name") == Some(&Value::from("kernels recorded (pid 77)"))));
     }
 
     #[test]

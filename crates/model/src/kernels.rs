@@ -168,6 +168,7 @@ pub struct CollectorHello {
 
 /// What a collector lost, cumulative for its process.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct CollectorLosses {
     /// Records CUPTI dropped (its buffers were full).
     pub cupti_dropped: u64,
@@ -543,7 +544,69 @@ pub struct NcclLaggard {
 /// The kernels listed by name per GPU in a summary; the rest are `OtherKernels`.
 pub const TOP_KERNELS: usize = 10;
 
+/// What `run --kernels --record` writes into its recording (`kind` `kernels`): the summary as it
+/// stood at `time_ms`, every few seconds while the command runs, and once more when it ended
+/// (`ended`, its GPUs matched to gpudiag's indices and its verdicts given). A replay shows the
+/// latest one it has reached.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RecordedKernels {
+    pub time_ms: crate::sample::TimeMs,
+    /// The summary of the whole run, written when the command ended.
+    #[serde(default)]
+    pub ended: bool,
+    pub summary: KernelsSummary,
+}
+
+/// Longest kernel name or note a recording's summary keeps, in characters: demangled templates
+/// run to a few thousand; a crafted file could hold megabytes.
+const MAX_RECORDED_TEXT: usize = 8_192;
+
 impl KernelsSummary {
+    /// The summary held to the bounds gpudiag's own aggregate keeps (32 GPUs, 512 processes,
+    /// the top kernels): a recording is anyone's file.
+    pub fn bounded(mut self) -> Self {
+        fn clip(s: &mut String) {
+            if let Some((at, _)) = s.char_indices().nth(MAX_RECORDED_TEXT) {
+                s.truncate(at);
+                s.push('…');
+            }
+        }
+        fn clip_opt(s: &mut Option<String>) {
+            if let Some(s) = s.as_mut() {
+                clip(s);
+            }
+        }
+        clip_opt(&mut self.not_recorded);
+        self.gpus.truncate(32);
+        for g in &mut self.gpus {
+            clip_opt(&mut g.uuid);
+            g.pids.truncate(512);
+            g.top_kernels.truncate(TOP_KERNELS);
+            for k in &mut g.top_kernels {
+                clip(&mut k.name);
+                clip(&mut k.short_name);
+            }
+            g.copies.truncate(16);
+        }
+        self.processes.truncate(512);
+        for p in &mut self.processes {
+            clip_opt(&mut p.cupti_source);
+            clip_opt(&mut p.cannot_record);
+            p.stepped_aside.truncate(64);
+            p.syncs.truncate(8);
+            for s in &mut p.syncs {
+                clip(&mut s.call_name);
+            }
+        }
+        if let Some(l) = &mut self.nccl_laggard {
+            l.shares.truncate(512);
+        }
+        self.left_out.truncate(16);
+        self.left_out.iter_mut().for_each(clip);
+        self
+    }
+
     /// A summary of nothing, and why.
     pub fn not_recorded(why: impl Into<String>) -> Self {
         KernelsSummary {

@@ -39,6 +39,9 @@ pub struct Tick {
     /// NCCL RAS answers that came since the last tick (see [`Backend::request_ras`]), or that
     /// a recording carries at this time.
     pub ras: Vec<gpudiag_model::ras::RasAnswer>,
+    /// What `run --kernels` had recorded by then, where a recording carries it (the latest
+    /// since the last tick).
+    pub kernels: Option<Box<gpudiag_model::kernels::RecordedKernels>>,
 }
 
 impl Tick {

@@ -360,6 +360,7 @@ mod tests {
                     },
                 }],
                 ras: Vec::new(),
+                kernels: None,
             })
         }
     }

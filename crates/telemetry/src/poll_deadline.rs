@@ -159,6 +159,7 @@ impl PollDeadline {
             samples,
             events,
             ras: Vec::new(),
+            kernels: None,
         }
     }
 
@@ -459,6 +460,7 @@ mod tests {
                 samples,
                 events: vec![],
                 ras: Vec::new(),
+                kernels: None,
             })
         }
         fn topology(&self) -> Option<gpudiag_model::topology::Topology> {

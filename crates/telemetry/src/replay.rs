@@ -65,6 +65,8 @@ pub struct ReplayBackend {
     /// NCCL RAS answers read since the last tick delivered, at most [`MAX_PENDING_RAS`]; they
     /// come with the next one (each keeps its own time).
     pending_ras: Vec<gpudiag_model::ras::RasAnswer>,
+    /// The latest kernels summary read since the last tick delivered; it comes with the next.
+    pending_kernels: Option<Box<gpudiag_model::kernels::RecordedKernels>>,
     /// The records have run out for the grouper.
     drained: bool,
     /// First and last tick in file order, and how many: of the whole recording where a first
@@ -169,6 +171,7 @@ impl ReplayBackend {
             grouper: Grouper::new(0, None),
             peeked: None,
             pending_ras: Vec::new(),
+            pending_kernels: None,
             drained: false,
             start_ms: None,
             end_ms: None,
@@ -225,7 +228,7 @@ impl ReplayBackend {
                 Outline::Sample(t) => grouper.sample(t, at),
                 Outline::Event(t) => grouper.event(t, at),
                 Outline::Finding(f) => self.findings.add(*f, len),
-                Outline::Ras => {}
+                Outline::Beside => {}
             }
             while let Some(g) = grouper.pop() {
                 take(g, self);
@@ -259,7 +262,7 @@ impl ReplayBackend {
                     Record::Sample(s) => Outline::Sample(s.time_ms),
                     Record::Event(e) => Outline::Event(e.time_ms),
                     Record::Finding(f) => Outline::Finding(Box::new(f.clone())),
-                    Record::Ras(_) => Outline::Ras,
+                    Record::Ras(_) | Record::Kernels(_) => Outline::Beside,
                 };
                 Ok(Some((outline, at, 0)))
             }
@@ -322,6 +325,7 @@ impl ReplayBackend {
         self.grouper = Grouper::new(ordinal, max_before);
         self.peeked = None;
         self.pending_ras.clear();
+        self.pending_kernels = None;
         self.drained = false;
         self.consumed_max = max_before;
         self.next_ordinal = ordinal;
@@ -360,6 +364,8 @@ impl ReplayBackend {
                         self.pending_ras.push(answer);
                     }
                 }
+                // Each summary is of the whole run so far: the latest stands for the others.
+                Some((Record::Kernels(k), _, _)) => self.pending_kernels = Some(Box::new(k)),
             }
         }
     }
@@ -562,6 +568,7 @@ impl Backend for ReplayBackend {
             samples: tick.samples,
             events: tick.events,
             ras: std::mem::take(&mut self.pending_ras),
+            kernels: self.pending_kernels.take(),
         })
     }
 }

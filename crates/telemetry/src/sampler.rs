@@ -550,6 +550,7 @@ mod tests {
                 samples: vec![Sample::new(0, n)],
                 events: Vec::new(),
                 ras: Vec::new(),
+                kernels: None,
             })
         }
     }
@@ -790,6 +791,7 @@ mod tests {
                 samples: vec![Sample::new(0, gpudiag_model::sample::now_ms() + n)],
                 events: Vec::new(),
                 ras: Vec::new(),
+                kernels: None,
             })
         }
     }

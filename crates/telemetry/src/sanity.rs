@@ -202,6 +202,7 @@ mod tests {
             samples: vec![s],
             events: vec![],
             ras: Vec::new(),
+            kernels: None,
         }
     }
 
@@ -287,6 +288,7 @@ mod tests {
             samples: vec![a, b],
             events: vec![],
             ras: Vec::new(),
+            kernels: None,
         };
         assert_eq!(san.apply(&mut t), 0);
     }

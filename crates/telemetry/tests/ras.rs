@@ -426,6 +426,7 @@ fn answers_go_into_recordings_and_come_back_on_replay() {
             } else {
                 Vec::new()
             },
+            kernels: None,
         })
         .unwrap();
     }

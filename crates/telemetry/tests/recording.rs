@@ -580,3 +580,75 @@ fn replay_of_a_missing_file_names_it() {
     );
     assert!(err.to_string().contains("/nonexistent/rec.ndjson"), "{err}");
 }
+
+/// What `run --kernels --record` writes: each summary comes back on replay with a tick, and one
+/// from a crafted file is held to the aggregate's bounds.
+#[test]
+fn kernels_summaries_come_back_on_replay_bounded() {
+    use gpudiag_model::kernels::{KernelsSummary, RecordedKernels};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.ndjson");
+    let mut w = RecordingWriter::create(&path, &header()).unwrap();
+    let written = RecordedKernels {
+        time_ms: T0 + 1_500,
+        ended: false,
+        summary: KernelsSummary::not_recorded("the collector loaded in no process"),
+    };
+    for i in 0..3u64 {
+        w.write(&Record::Sample(Sample::new(0, T0 + i * 1000)))
+            .unwrap();
+        if i == 1 {
+            w.write(&Record::Kernels(written.clone())).unwrap();
+        }
+    }
+    w.finish().unwrap();
+    // A crafted summary: 40 GPUs, each with a kernel name of 20,000 characters.
+    let kernel = serde_json::json!({
+        "name": "k".repeat(20_000), "short_name": "k", "count": 1, "total_s": 0.1,
+        "mean_us": 1.0, "share_of_busy": 0.5, "grid": [1, 1, 1], "block": [1, 1, 1],
+        "configs_vary": false, "registers_per_thread": 8, "shared_memory_bytes": 0,
+        "in_graphs": 0, "nccl": false
+    });
+    let gpu = serde_json::json!({
+        "uuid": "GPU-1", "index": null, "only_as": null, "pids": [1], "start_unix_ns": 0,
+        "end_unix_ns": 1, "time": {"span_s": 1.0, "compute_s": 0.5, "nccl_s": 0.0,
+        "copy_s": 0.0, "idle_s": 0.5}, "kernels": 1, "kernels_per_s": 1.0,
+        "mean_kernel_us": 1.0, "top_kernels": [kernel], "other_kernels": {"count": 0,
+        "total_s": 0.0, "names": 0, "past_name_cap": 0}, "copies": [],
+        "sets": {"count": 0, "bytes": 0, "total_s": 0.0}
+    });
+    let crafted = serde_json::json!({
+        "kind": "kernels", "time_ms": T0 + 2_500, "ended": true,
+        "summary": {"not_recorded": null, "gpus": vec![gpu; 40], "processes": [],
+            "nccl_laggard": null, "left_out": []}
+    });
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    writeln!(f, "{crafted}").unwrap();
+    writeln!(
+        f,
+        "{}",
+        serde_json::to_string(&Record::Sample(Sample::new(0, T0 + 3_000))).unwrap()
+    )
+    .unwrap();
+    drop(f);
+
+    let mut replay = ReplayBackend::open(&path, Pace::AsFastAsPossible).unwrap();
+    let mut got = Vec::new();
+    while let Ok(t) = replay.poll() {
+        got.push((t.time_ms(), t.kernels.map(|k| *k)));
+    }
+    // The replay reads a record past a tick to know the tick is whole: a summary comes with
+    // the tick being read when it was.
+    assert_eq!(got.len(), 4);
+    assert_eq!(got[0].1, None);
+    assert_eq!(got[1], (Some(T0 + 1_000), Some(written)));
+    assert_eq!(got[3].1, None);
+    let last = got[2].1.as_ref().expect("the crafted summary");
+    assert!(last.ended);
+    assert_eq!(last.summary.gpus.len(), 32);
+    let name = &last.summary.gpus[0].top_kernels[0].name;
+    assert_eq!(name.chars().count(), 8_193, "cut, with an ellipsis");
+}

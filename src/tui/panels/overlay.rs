@@ -34,8 +34,11 @@ pub const KEYS: [(&str, &str); 19] = [
     ("j", "job: its GPUs side by side, the straggler marked"),
     ("k", "kill the selected process (asks first)"),
     ("w", "save this session as a recording (.ndjson.gz)"),
-    ("← →", "replay: seek 10 s (Shift: 60 s)"),
-    ("+ -", "replay: faster / slower"),
+    ("K", "kernels, copies, syncs of a run --kernels recording"),
+    (
+        "← →  + -",
+        "replay: seek 10 s (Shift: 60 s); faster, slower",
+    ),
     ("", "absent values show n/a, never 0"),
 ];
 

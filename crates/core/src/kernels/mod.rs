@@ -145,6 +145,9 @@ pub struct KeptRecords {
     pub records: Vec<KeptRecord>,
     pub left_out: u64,
     pub cap: usize,
+    /// Under `--kernels=sample`, the windows each process recorded in (see
+    /// [`KernelsAggregator::recorded_windows`]); empty otherwise.
+    pub windows: Vec<RecordedWindows>,
 }
 
 #[derive(Debug, Clone)]
@@ -278,6 +281,23 @@ impl WindowsAcc {
                 sum.saturating_add(clip(a, b))
             })
     }
+}
+
+/// One process's sampling windows, for the trace's track of what was recorded: the gaps
+/// between them are time nobody looked at, not idle GPUs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedWindows {
+    pub pid: u32,
+    /// The windows kept (the latest [`Limits::windows_per_process`]), in Unix ns, oldest
+    /// first; one still open runs to the process's last record.
+    pub windows: Vec<(u64, u64)>,
+    /// Older windows not kept, only counted.
+    pub folded: u64,
+    /// Sampling gave way to another CUPTI client here: recorded in full from then on, to
+    /// `end_unix_ns`.
+    pub full_from_unix_ns: Option<u64>,
+    /// The process's last record.
+    pub end_unix_ns: Option<u64>,
 }
 
 /// Host waits of one call.
@@ -433,6 +453,7 @@ impl KernelsAggregator {
                 records: Vec::new(),
                 left_out: 0,
                 cap: limits.kept_records,
+                windows: Vec::new(),
             }),
             sampling: None,
             records: 0,
@@ -793,9 +814,33 @@ impl KernelsAggregator {
         });
     }
 
+    /// The windows each sampling process recorded in, by pid; empty when none sampled.
+    pub fn recorded_windows(&self) -> Vec<RecordedWindows> {
+        self.processes
+            .iter()
+            .filter_map(|(&pid, p)| {
+                let w = p.windows.as_ref()?;
+                let mut windows: Vec<(u64, u64)> = w.closed.iter().copied().collect();
+                if let (Some(from), Some(end)) = (w.open_from, p.end)
+                    && end > from
+                {
+                    windows.push((from, end));
+                }
+                Some(RecordedWindows {
+                    pid,
+                    windows,
+                    folded: w.folded,
+                    full_from_unix_ns: w.full_from,
+                    end_unix_ns: p.end,
+                })
+            })
+            .collect()
+    }
+
     /// The records kept for the trace (`None` when keeping was not asked for).
     pub fn take_kept(&mut self) -> Option<KeptRecords> {
-        self.kept.take()
+        let windows = self.recorded_windows();
+        self.kept.take().map(|kept| KeptRecords { windows, ..kept })
     }
 
     /// The summary of everything pushed so far.

@@ -572,6 +572,7 @@ impl Backend for RocmBackend {
             samples,
             events: Vec::new(),
             ras: Vec::new(),
+            kernels: None,
         })
     }
 

@@ -171,6 +171,8 @@ pub enum Record {
     /// An answer of NCCL's RAS service (progress evidence of a job).
     #[serde(rename = "nccl_ras")]
     Ras(gpudiag_model::ras::RasAnswer),
+    /// What `run --kernels` had recorded of the command's kernels, copies and syncs by then.
+    Kernels(gpudiag_model::kernels::RecordedKernels),
 }
 
 impl Record {
@@ -181,6 +183,7 @@ impl Record {
             Record::Event(_) => "event",
             Record::Finding(_) => "finding",
             Record::Ras(_) => "nccl_ras",
+            Record::Kernels(_) => "kernels",
         }
     }
 
@@ -190,6 +193,7 @@ impl Record {
             Record::Event(e) => e.time_ms,
             Record::Finding(f) => f.time_ms,
             Record::Ras(r) => r.time_ms,
+            Record::Kernels(k) => k.time_ms,
         }
     }
 }

@@ -197,8 +197,8 @@ pub(crate) enum Outline {
     Sample(TimeMs),
     Event(TimeMs),
     Finding(Box<Finding>),
-    /// An NCCL RAS answer: no part of a tick's outline.
-    Ras,
+    /// An NCCL RAS answer or a kernels summary: no part of a tick's outline.
+    Beside,
 }
 
 /// The input after gzip detection; `BufRead` so lines can be read with a bound.
@@ -500,7 +500,7 @@ impl RecordingReader {
                 Ok(Some(Record::Sample(s))) => Outline::Sample(s.time_ms),
                 Ok(Some(Record::Event(e))) => Outline::Event(e.time_ms),
                 Ok(Some(Record::Finding(f))) => Outline::Finding(Box::new(f)),
-                Ok(Some(Record::Ras(_))) => Outline::Ras,
+                Ok(Some(Record::Ras(_) | Record::Kernels(_))) => Outline::Beside,
                 Ok(None) => {
                     self.owe()?;
                     continue;
@@ -845,6 +845,14 @@ impl RecordingReader {
             // A file is anyone's: held to the bounds a live answer has.
             "nccl_ras" => serde_json::from_str::<gpudiag_model::ras::RasAnswer>(text)
                 .map(|r| Some(Record::Ras(r.bounded()))),
+            "kernels" => {
+                serde_json::from_str::<gpudiag_model::kernels::RecordedKernels>(text).map(|k| {
+                    Some(Record::Kernels(gpudiag_model::kernels::RecordedKernels {
+                        summary: k.summary.bounded(),
+                        ..k
+                    }))
+                })
+            }
             "event" => match serde_json::from_str::<Event>(text) {
                 Ok(e) => Ok(Some(Record::Event(e))),
                 Err(e) => {
@@ -1480,7 +1488,7 @@ mod tests {
                 Outline::Sample(t) => format!("sample {t}"),
                 Outline::Event(t) => format!("event {t}"),
                 Outline::Finding(f) => format!("finding {}", f.id),
-                Outline::Ras => "nccl_ras".to_owned(),
+                Outline::Beside => "beside".to_owned(),
             });
         }
         assert_eq!(

@@ -131,7 +131,7 @@ impl RecordingWriter {
     }
 
     /// Writes a tick: its events first, then its samples, which is the order replay groups by,
-    /// then its NCCL RAS answers (replay hands them on with the tick after).
+    /// then its NCCL RAS answers and kernels summary (replay hands them on with the tick after).
     pub fn write_tick(&mut self, tick: &Tick) -> Result<(), RecordingError> {
         let records: Vec<Record> = tick
             .events
@@ -140,6 +140,7 @@ impl RecordingWriter {
             .map(Record::Event)
             .chain(tick.samples.iter().cloned().map(Record::Sample))
             .chain(tick.ras.iter().cloned().map(Record::Ras))
+            .chain(tick.kernels.iter().map(|k| Record::Kernels((**k).clone())))
             .collect();
         self.write_batch(&records)
     }
@@ -242,6 +243,7 @@ mod tests {
                 },
             }],
             ras: Vec::new(),
+            kernels: None,
         };
         w.write_tick(&tick).unwrap();
         w.finish().unwrap();
