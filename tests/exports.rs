@@ -642,6 +642,43 @@ fn planted_secrets_never_reach_a_redacted_bundle() {
     assert!(!run.stdout.contains(SECRET_HOST));
 }
 
+/// Kernel names can reveal model code: the summaries a `run --kernels --record` recording
+/// carries never reach a bundle made from it.
+#[test]
+fn kernel_names_in_a_run_recording_never_reach_a_bundle() {
+    use gpudiag_core::kernels::KernelsAggregator;
+    use gpudiag_core::kernels::synthetic::training_stream;
+    use gpudiag_model::kernels::RecordedKernels;
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("run.ndjson");
+    let mut text = std::fs::read_to_string(fixture("healthy.ndjson")).unwrap();
+    let mut aggregator = KernelsAggregator::default();
+    for m in training_stream(4242, "GPU-1111") {
+        aggregator.push(&m);
+    }
+    let mut summary = aggregator.summary();
+    summary.gpus[0].top_kernels[0].name = "secret_model_attention_kernel".into();
+    let line = Record::Kernels(RecordedKernels {
+        time_ms: 1_767_225_601_000,
+        ended: true,
+        summary,
+    });
+    text.push_str(&serde_json::to_string(&line).unwrap());
+    text.push('\n');
+    std::fs::write(&rec, text).unwrap();
+    let replayed = gpudiag(&["check", "--json", "--replay", s(&rec)]);
+    ok(&replayed);
+    let (path, _d) = report(&["--replay", s(&rec)]);
+    let all = all_text(&bundle_members(&path));
+    for name in [
+        "secret_model_attention_kernel",
+        "sm90_xmma_gemm",
+        "\"kind\":\"kernels\"",
+    ] {
+        assert!(!all.contains(name), "{name} reached the bundle");
+    }
+}
+
 /// Slurm job ids, users, pod and namespace names are personal data: none reaches a redacted
 /// bundle, in the recording, the check report or the trace.
 #[test]

@@ -147,7 +147,7 @@ fn recording_lines(path: &Path) -> Vec<String> {
 /// Whether a line is of a kind format version 1 defines (the schema covers only those).
 fn covered_kind(line: &Value) -> bool {
     match line["kind"].as_str() {
-        Some("header" | "sample" | "finding") => true,
+        Some("header" | "sample" | "finding" | "kernels") => true,
         Some("event") => matches!(
             line["event"].as_str(),
             Some("xid" | "device_lost" | "notice")
@@ -723,6 +723,42 @@ fn every_line_of_every_fixture_recording_validates() {
     }
     for kind in ["header", "sample", "event", "finding"] {
         assert!(seen.contains(kind), "no fixture has a {kind} line");
+    }
+}
+
+/// The summaries `run --kernels --record` writes, a sampled one and one of a job of two ranks
+/// among them, are what the schema says a `kernels` line is.
+#[test]
+fn kernels_lines_validate() {
+    use gpudiag_core::kernels::KernelsAggregator;
+    use gpudiag_core::kernels::synthetic::{sampled_stream, training_stream, two_ranks};
+    use gpudiag_model::kernels::{RecordedKernels, SampleSchedule};
+    let v = validator(RECORDING_SCHEMA);
+    for (i, stream) in [
+        training_stream(4242, "GPU-1111"),
+        sampled_stream(7),
+        two_ranks(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut a = KernelsAggregator::default();
+        if i == 1 {
+            a.sampled(SampleSchedule::DEFAULT);
+        }
+        for m in &stream {
+            a.push(m);
+        }
+        let line = serde_json::to_value(gpudiag_telemetry::recording::Record::Kernels(
+            RecordedKernels {
+                time_ms: 1_767_225_601_000,
+                ended: i == 2,
+                summary: a.summary(),
+            },
+        ))
+        .unwrap();
+        assert!(covered_kind(&line));
+        assert_valid(&v, &line, &format!("kernels line {i}"));
     }
 }
 
