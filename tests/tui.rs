@@ -66,9 +66,15 @@ fn loaded(name: &str) -> App {
 }
 
 /// An app that has seen every tick of the recording but not yet its end: the UI while it plays.
-fn playing_from(mut b: ReplayBackend, name: &str) -> App {
+fn playing_from(b: ReplayBackend, name: &str) -> App {
+    playing_edited(b, name, |_| {})
+}
+
+/// [`playing_from`], the ticks edited by `edit` first.
+fn playing_edited(mut b: ReplayBackend, name: &str, edit: impl FnOnce(&mut [Tick])) -> App {
     let mut app = new_app(&b, name, false);
-    let ticks = all_ticks(&mut b);
+    let mut ticks = all_ticks(&mut b);
+    edit(&mut ticks);
     app.on_feed(
         SamplerMsg::Ticks {
             ticks,
@@ -386,28 +392,18 @@ fn k_opens_the_kernels_a_run_recording_carries() {
     press(&mut without, &[KeyCode::Esc]);
     assert_eq!(without.overlay, None);
 
-    let mut b = open("demo");
-    let mut app = new_app(&b, "run.ndjson", false);
-    let mut ticks = all_ticks(&mut b);
     let mut aggregator = KernelsAggregator::default();
     for m in training_stream(4242, "GPU-1111") {
         aggregator.push(&m);
     }
-    let middle = ticks.len() / 2;
-    let at = ticks[middle].time_ms().unwrap();
-    ticks[middle].kernels = Some(Box::new(RecordedKernels {
-        time_ms: at,
-        ended: false,
-        summary: aggregator.summary(),
-    }));
-    app.on_feed(
-        SamplerMsg::Ticks {
-            ticks,
-            reset: false,
-            position: position(&b),
-        },
-        Instant::now(),
-    );
+    let mut app = playing_edited(open("demo"), "run.ndjson", |ticks| {
+        let middle = &mut ticks[ticks.len() / 2];
+        middle.kernels = Some(Box::new(RecordedKernels {
+            time_ms: middle.time_ms().unwrap(),
+            ended: false,
+            summary: aggregator.summary(),
+        }));
+    });
     assert!(render(&app, 120, 36).contains("K:kernels"));
     press(&mut app, &[KeyCode::Char('K')]);
     let screen = render(&app, 120, 36);

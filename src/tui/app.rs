@@ -450,6 +450,18 @@ impl App {
         }
     }
 
+    /// Where a key leaves a scrolling box: `None` once it closed it (or quit).
+    fn box_key(&mut self, code: KeyCode, scroll: u16, max: u16) -> Option<u16> {
+        match super::layout::box_key(code, scroll, max) {
+            super::layout::BoxKey::ScrollTo(to) => Some(to),
+            super::layout::BoxKey::Close => None,
+            super::layout::BoxKey::Quit => {
+                self.quit = true;
+                None
+            }
+        }
+    }
+
     /// The latest summary of `run --kernels` the replayed recording carried, up to where it
     /// stands.
     pub fn kernels(&self) -> Option<&gpudiag_model::kernels::RecordedKernels> {
@@ -941,43 +953,19 @@ impl App {
                     devices: &self.devices,
                 };
                 let max = super::finding_detail::detail_scroll_max(view, &finding, self.viewport);
-                let scroll = match key.code {
-                    KeyCode::Esc | KeyCode::Enter | KeyCode::Backspace => return None,
-                    KeyCode::Char('q') => {
-                        self.quit = true;
-                        return None;
-                    }
-                    KeyCode::Up => scroll.saturating_sub(1),
-                    KeyCode::Down => scroll.saturating_add(1).min(max),
-                    KeyCode::PageUp => scroll.saturating_sub(10),
-                    KeyCode::PageDown => scroll.saturating_add(10).min(max),
-                    KeyCode::Home => 0,
-                    KeyCode::End => max,
-                    // Other keys leave the box open: it is being read.
-                    _ => scroll,
-                };
-                self.overlay = Some(Overlay::Finding { finding, scroll });
+                if let Some(scroll) = self.box_key(key.code, scroll, max) {
+                    self.overlay = Some(Overlay::Finding { finding, scroll });
+                }
                 return None;
             }
             Some(Overlay::Kernels { scroll }) => {
                 let max = super::kernels_box::scroll_max(self.kernels(), self.viewport);
-                let scroll = match key.code {
-                    KeyCode::Esc | KeyCode::Enter | KeyCode::Backspace | KeyCode::Char('K') => {
-                        return None;
-                    }
-                    KeyCode::Char('q') => {
-                        self.quit = true;
-                        return None;
-                    }
-                    KeyCode::Up => scroll.saturating_sub(1),
-                    KeyCode::Down => scroll.saturating_add(1).min(max),
-                    KeyCode::PageUp => scroll.saturating_sub(10),
-                    KeyCode::PageDown => scroll.saturating_add(10).min(max),
-                    KeyCode::Home => 0,
-                    KeyCode::End => max,
-                    _ => scroll,
-                };
-                self.overlay = Some(Overlay::Kernels { scroll });
+                // K closes the box it opened.
+                if key.code != KeyCode::Char('K')
+                    && let Some(scroll) = self.box_key(key.code, scroll, max)
+                {
+                    self.overlay = Some(Overlay::Kernels { scroll });
+                }
                 return None;
             }
             None => {}

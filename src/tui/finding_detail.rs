@@ -7,7 +7,6 @@ use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::style::Modifier;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Clear, Paragraph};
 
 use super::layout::centered;
 use crate::tui::format;
@@ -105,30 +104,15 @@ pub fn detail_lines(view: View<'_>, finding: &Finding, width: usize) -> Vec<Line
 /// How far the details of `finding` can scroll on a terminal of `viewport` (width, height).
 pub fn detail_scroll_max(view: View<'_>, finding: &Finding, viewport: (u16, u16)) -> u16 {
     let (rect, lines) = detail_layout(view, finding, Rect::new(0, 0, viewport.0, viewport.1));
-    let inner = Block::bordered().inner(rect);
-    u16::try_from(lines.len().saturating_sub(usize::from(inner.height))).unwrap_or(u16::MAX)
+    super::layout::scroll_max(rect, lines.len())
 }
 
 /// The details box over the panels, scrolled down by `scroll` lines.
 pub fn detail(f: &mut Frame, area: Rect, view: View<'_>, finding: &Finding, scroll: u16) {
     let (rect, lines) = detail_layout(view, finding, area);
-    let block = Block::bordered().title(Span::styled(
+    let title = Span::styled(
         " Finding · ↑↓ PgUp PgDn scroll · Esc closes ",
         view.theme.title(),
-    ));
-    let inner = block.inner(rect);
-    let max =
-        u16::try_from(lines.len().saturating_sub(usize::from(inner.height))).unwrap_or(u16::MAX);
-    let block = if max > 0 {
-        block.title_bottom(format!(" {}/{} ", scroll.min(max), max))
-    } else {
-        block
-    };
-    f.render_widget(Clear, rect);
-    f.render_widget(
-        Paragraph::new(lines)
-            .block(block)
-            .scroll((scroll.min(max), 0)),
-        rect,
     );
+    super::layout::scroll_box(f, rect, title, lines, scroll);
 }

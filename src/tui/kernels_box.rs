@@ -7,7 +7,6 @@
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Clear, Paragraph};
 
 use super::layout::centered;
 use crate::tui::format;
@@ -70,8 +69,7 @@ pub fn lines(kernels: Option<&RecordedKernels>, width: usize) -> Vec<Line<'stati
 /// How far the box can scroll on a terminal of `viewport` (width, height).
 pub fn scroll_max(kernels: Option<&RecordedKernels>, viewport: (u16, u16)) -> u16 {
     let (rect, lines) = layout(kernels, Rect::new(0, 0, viewport.0, viewport.1));
-    let inner = Block::bordered().inner(rect);
-    u16::try_from(lines.len().saturating_sub(usize::from(inner.height))).unwrap_or(u16::MAX)
+    super::layout::scroll_max(rect, lines.len())
 }
 
 /// The box over the panels, scrolled down by `scroll` lines.
@@ -83,23 +81,9 @@ pub fn draw(
     scroll: u16,
 ) {
     let (rect, lines) = layout(kernels, area);
-    let block = Block::bordered().title(Span::styled(
+    let title = Span::styled(
         " Kernels (run --kernels) · ↑↓ PgUp PgDn scroll · Esc closes ",
         theme.title(),
-    ));
-    let inner = block.inner(rect);
-    let max =
-        u16::try_from(lines.len().saturating_sub(usize::from(inner.height))).unwrap_or(u16::MAX);
-    let block = if max > 0 {
-        block.title_bottom(format!(" {}/{} ", scroll.min(max), max))
-    } else {
-        block
-    };
-    f.render_widget(Clear, rect);
-    f.render_widget(
-        Paragraph::new(lines)
-            .block(block)
-            .scroll((scroll.min(max), 0)),
-        rect,
     );
+    super::layout::scroll_box(f, rect, title, lines, scroll);
 }
