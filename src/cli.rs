@@ -407,7 +407,8 @@ pub struct RunArgs {
     /// Also write the run report as JSON to FILE (assets/schema/run-report.schema.json).
     #[arg(long, value_name = "FILE")]
     pub report_file: Option<PathBuf>,
-    /// Also write a recording of the run (gzip when the name ends in .gz).
+    /// Also write a recording of the run (gzip when the name ends in .gz); with --kernels, what
+    /// it recorded too (`gpudiag replay FILE` shows it on K).
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
     /// Also write a Chrome trace of the run.
