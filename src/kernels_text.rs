@@ -69,6 +69,9 @@ pub fn kernels_section(s: &KernelsSummary) -> String {
             shares.join(", ")
         );
     }
+    if let Some(a) = &s.nccl_arrivals {
+        arrivals_line(&mut out, a);
+    }
     collector_state(&mut out, s);
     out
 }
@@ -252,6 +255,46 @@ fn sync_lines(out: &mut String, p: &KernelsProcess) {
     }
 }
 
+/// Who arrived last at the collectives every rank ran: the rank named, or that none was.
+fn arrivals_line(out: &mut String, a: &gpudiag_model::kernels::NcclArrivals) {
+    if a.matched == 0 {
+        return;
+    }
+    let ranks = a.by_pid.len();
+    let lead = format!(
+        "gpudiag: kernels: NCCL collectives all {ranks} processes ran: {}",
+        grouped(a.matched as f64)
+    );
+    let Some(late) = a
+        .waited_for
+        .and_then(|pid| a.by_pid.iter().find(|p| p.pid == pid))
+    else {
+        let most = a
+            .by_pid
+            .iter()
+            .max_by(|x, y| x.last_share.total_cmp(&y.last_share));
+        let _ = match most {
+            Some(m) => writeln!(
+                out,
+                "{lead}; none arrived last at most of them (the most often last, pid {}, at {}): \
+                 no rank held the others back",
+                m.pid,
+                pct(m.last_share)
+            ),
+            None => writeln!(out, "{lead}"),
+        };
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "{lead}; pid {} arrived last at {} of them and each peer waited {} for it in all: it is \
+         the rank the others wait for",
+        late.pid,
+        pct(late.last_share),
+        duration(late.peers_waited_s)
+    );
+}
+
 /// Wall-clock time of day, UTC, to the millisecond.
 fn clock(unix_ns: u64) -> String {
     let ms = unix_ns / 1_000_000;
@@ -423,6 +466,14 @@ mod tests {
         let text = kernels_section(&s);
         assert!(
             text.contains("pid 201 spends 10% of its time in NCCL kernels, its peers 40%"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "gpudiag: kernels: NCCL collectives all 2 processes ran: 100; pid 201 arrived \
+                 last at 100% of them and each peer waited 300.0 ms for it in all: it is the \
+                 rank the others wait for"
+            ),
             "{text}"
         );
     }

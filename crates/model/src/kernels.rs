@@ -287,6 +287,41 @@ pub struct KernelsSummary {
     /// rate and share is of the time recorded. `None`: recorded all the time.
     #[serde(default)]
     pub sampling: Option<SampleSchedule>,
+    /// The order in which the processes that ran NCCL kernels arrived at the collectives they
+    /// all took part in. `None` with fewer than two such processes.
+    #[serde(default)]
+    pub nccl_arrivals: Option<NcclArrivals>,
+}
+
+/// Who arrived last at each collective every rank took part in: the rank whose kernel starts
+/// last is the one the others wait for (the runs of one collective end together on every rank).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct NcclArrivals {
+    /// Collectives found on every rank (the same NCCL kernel, its runs ending together).
+    pub matched: u64,
+    /// Runs of the first rank found on not every other rank (a subgroup's collectives, or ones
+    /// cut by a sampling window or the cap on runs kept).
+    pub unmatched: u64,
+    /// Per process, by pid.
+    pub by_pid: Vec<NcclArrival>,
+    /// The process that arrived last at most of them (at least 75% of 20 or more) and cost
+    /// each peer 1% of its time or more: the rank the others wait for. `None` otherwise.
+    pub waited_for: Option<u32>,
+}
+
+/// How often one process arrived last, and what that cost the others.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct NcclArrival {
+    pub pid: u32,
+    /// Collectives it arrived last at.
+    pub last: u64,
+    #[schemars(range(min = 0, max = 1))]
+    pub last_share: f64,
+    /// How long each of its peers waited for it at those, on average over the peers.
+    #[schemars(range(min = 0))]
+    pub peers_waited_s: f64,
 }
 
 /// When a sampling collector records: the first `on_ms` of every `period_ms` of the wall
@@ -602,6 +637,9 @@ impl KernelsSummary {
         if let Some(l) = &mut self.nccl_laggard {
             l.shares.truncate(512);
         }
+        if let Some(a) = &mut self.nccl_arrivals {
+            a.by_pid.truncate(512);
+        }
         self.left_out.truncate(16);
         self.left_out.iter_mut().for_each(clip);
         self
@@ -616,6 +654,7 @@ impl KernelsSummary {
             nccl_laggard: None,
             left_out: Vec::new(),
             sampling: None,
+            nccl_arrivals: None,
         }
     }
 }

@@ -49,20 +49,53 @@ pub fn note_nccl_shares(jobs: &mut [JobVerdict], summary: &KernelsSummary) {
         if let Some(l) = &laggard {
             job.evidence.insert("nccl_laggard_pid".into(), json!(l.pid));
         }
+        // The order of arrivals speaks for the job when its collectives were every member's
+        // and only theirs.
+        let arrivals = summary.nccl_arrivals.as_ref().filter(|a| {
+            a.matched > 0
+                && a.by_pid.len() == members.len()
+                && a.by_pid
+                    .iter()
+                    .all(|p| members.iter().any(|(m, _)| m.pid == p.pid))
+        });
+        let waited_for = arrivals.and_then(|a| {
+            let pid = a.waited_for?;
+            Some((pid, a.by_pid.iter().find(|p| p.pid == pid)?, a.matched))
+        });
+        if let Some((pid, _, _)) = waited_for {
+            job.evidence
+                .insert("nccl_waited_for_pid".into(), json!(pid));
+        }
         if job.verdict.stalled() {
             continue;
         }
-        let clause = match &laggard {
-            Some(l) => {
-                let Some((m, _)) = members.iter().find(|(m, _)| m.pid == l.pid) else {
+        // The shares speak first; the order of arrivals names a rank too slightly slower for
+        // its share to stand out.
+        let named_by = match (&laggard, waited_for) {
+            (Some(l), _) => Some((
+                l.pid,
+                format!(
+                    "spends {} of its time in NCCL kernels against its peers' {}",
+                    pct(l.nccl_share),
+                    pct(l.peers_median_share)
+                ),
+            )),
+            (None, Some((pid, arrival, matched))) => Some((
+                pid,
+                format!(
+                    "arrives last at {} of the {matched} collectives its peers ran with it",
+                    pct(arrival.last_share)
+                ),
+            )),
+            (None, None) => None,
+        };
+        let clause = match named_by {
+            Some((pid, measured)) => {
+                let Some((m, _)) = members.iter().find(|(m, _)| m.pid == pid) else {
                     continue;
                 };
                 let who = gpu_name(m.device, m.rank);
-                let figures = format!(
-                    "{who} spends {} of its time in NCCL kernels against its peers' {}",
-                    pct(l.nccl_share),
-                    pct(l.peers_median_share)
-                );
+                let figures = format!("{who} {measured}");
                 let named = job.stragglers.iter().any(|s| s.device == m.device);
                 match job.verdict {
                     JobPattern::Straggler if named => {
@@ -173,6 +206,7 @@ mod tests {
             nccl_laggard: None,
             left_out: Vec::new(),
             sampling: None,
+            nccl_arrivals: None,
         }
     }
 
@@ -241,5 +275,44 @@ mod tests {
         note_nccl_shares(&mut jobs, &summary(&[(100, 0.2)]));
         assert_eq!(jobs[0].title, "job on 3");
         assert!(jobs[0].evidence.is_empty());
+    }
+    /// Shares too close to name anyone, but one rank arrives last at nearly every collective:
+    /// the straggler the counters named is confirmed by the order of arrivals.
+    #[test]
+    fn the_order_of_arrivals_names_a_rank_the_shares_are_too_close_to_name() {
+        use gpudiag_model::kernels::{NcclArrival, NcclArrivals};
+        let arrival = |pid, last_share| NcclArrival {
+            pid,
+            last: (last_share * 400.0) as u64,
+            last_share,
+            peers_waited_s: 0.2,
+        };
+        let mut s = summary(&[(100, 0.10), (101, 0.08), (102, 0.10)]);
+        s.nccl_arrivals = Some(NcclArrivals {
+            matched: 400,
+            unmatched: 0,
+            by_pid: vec![arrival(100, 0.05), arrival(101, 0.9), arrival(102, 0.05)],
+            waited_for: Some(101),
+        });
+        let mut jobs = vec![job(JobPattern::Straggler, Some(1))];
+        note_nccl_shares(&mut jobs, &s);
+        assert!(
+            jobs[0].title.ends_with(
+                "; measured by --kernels: GPU 1 (rank 1) arrives last at 90.0% of the 400 \
+                 collectives its peers ran with it"
+            ),
+            "{}",
+            jobs[0].title
+        );
+        assert_eq!(jobs[0].evidence["nccl_waited_for_pid"], json!(101));
+        assert!(!jobs[0].evidence.contains_key("nccl_laggard_pid"));
+        // Collectives of processes outside the job say nothing of it.
+        let mut stranger = s.clone();
+        if let Some(a) = &mut stranger.nccl_arrivals {
+            a.by_pid.push(arrival(900, 0.0));
+        }
+        let mut jobs = vec![job(JobPattern::Straggler, Some(1))];
+        note_nccl_shares(&mut jobs, &stranger);
+        assert!(!jobs[0].evidence.contains_key("nccl_waited_for_pid"));
     }
 }

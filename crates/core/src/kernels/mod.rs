@@ -7,6 +7,7 @@
 //! recent part (`intervals`). Every record is kept only for `--trace`, up to a cap, and what
 //! was left out is counted and said.
 
+pub mod arrivals;
 pub mod intervals;
 pub mod jobs;
 pub mod names;
@@ -46,6 +47,10 @@ pub struct Limits {
     pub windows_per_process: usize,
     /// Records kept for the trace (only when it is asked for).
     pub kept_records: usize,
+    /// NCCL kernel runs kept per process to match collectives across ranks, the latest; and
+    /// the processes that keep them (the first to run NCCL kernels).
+    pub nccl_runs_per_process: usize,
+    pub nccl_processes: usize,
 }
 
 impl Default for Limits {
@@ -67,6 +72,9 @@ impl Default for Limits {
             // its args): 250,000 rows is minutes of a training step, seconds of a loop of tiny
             // kernels, and a quarter of a gigabyte at most.
             kept_records: 250_000,
+            // 24 bytes a run: at most 12 MB for 64 ranks, minutes of a DDP job's buckets.
+            nccl_runs_per_process: 8_192,
+            nccl_processes: 64,
         }
     }
 }
@@ -346,6 +354,8 @@ struct ProcessAcc {
     end: Option<u64>,
     kernels: u64,
     nccl: IntervalUnion,
+    /// Its latest NCCL runs, once it is among the first `Limits::nccl_processes` to run any.
+    nccl_runs: Option<arrivals::NcclTimeline>,
     syncs: [SyncAcc; 5],
 }
 
@@ -367,6 +377,7 @@ impl ProcessAcc {
             end: None,
             kernels: 0,
             nccl: IntervalUnion::new(limits.process_spans),
+            nccl_runs: None,
             syncs: [SyncAcc::default(); 5],
         }
     }
@@ -426,6 +437,8 @@ pub struct KernelsAggregator {
     processes: BTreeMap<u32, ProcessAcc>,
     kept: Option<KeptRecords>,
     sampling: Option<SampleSchedule>,
+    /// Processes that keep their NCCL runs (at most `Limits::nccl_processes`).
+    nccl_timelines: usize,
     records: u64,
     gpus_past_cap: u64,
     processes_past_cap: u64,
@@ -456,6 +469,7 @@ impl KernelsAggregator {
                 windows: Vec::new(),
             }),
             sampling: None,
+            nccl_timelines: 0,
             records: 0,
             gpus_past_cap: 0,
             processes_past_cap: 0,
@@ -639,14 +653,24 @@ impl KernelsAggregator {
         };
         let limits = self.limits;
         let nccl = names::is_nccl(&r.name);
+        let room_for_runs = self.nccl_timelines < limits.nccl_processes;
+        let mut new_timeline = false;
         let Some(p) = self.process(pid) else { return };
         p.span(start, end);
         p.clock = Some(clock);
         p.kernels = p.kernels.saturating_add(1);
         if nccl {
             p.nccl.insert(start, end);
+            if p.nccl_runs.is_none() && room_for_runs {
+                p.nccl_runs = Some(arrivals::NcclTimeline::default());
+                new_timeline = true;
+            }
+            if let Some(runs) = &mut p.nccl_runs {
+                runs.push(start, end, &r.name, limits.nccl_runs_per_process);
+            }
         }
         let key = p.gpu_key(pid, r.device);
+        self.nccl_timelines += usize::from(new_timeline);
         if let Some(g) = self.gpu(&key) {
             g.span(pid, start, end, &limits);
             g.kernels = g.kernels.saturating_add(1);
@@ -895,6 +919,14 @@ impl KernelsAggregator {
             ));
         }
         let not_recorded = (self.records == 0).then(|| self.why_nothing());
+        let timelines: Vec<(u32, &arrivals::NcclTimeline)> = self
+            .processes
+            .iter()
+            .filter_map(|(&pid, p)| Some((pid, p.nccl_runs.as_ref()?)))
+            .collect();
+        let nccl_arrivals = arrivals::arrivals(&timelines, |pid| {
+            self.processes.get(&pid).and_then(ProcessAcc::span_s)
+        });
         KernelsSummary {
             not_recorded,
             gpus: gpus.into_iter().map(|(_, g)| g).collect(),
@@ -902,6 +934,7 @@ impl KernelsAggregator {
             processes,
             left_out,
             sampling: self.sampling,
+            nccl_arrivals,
         }
     }
 

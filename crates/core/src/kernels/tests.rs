@@ -332,6 +332,8 @@ fn hostile_input_never_panics_and_stays_bounded() {
         per_process_list: 4,
         windows_per_process: 4,
         kept_records: 1_000,
+        nccl_runs_per_process: 16,
+        nccl_processes: 2,
     };
     let mut a = KernelsAggregator::new(limits, true);
     a.push(&hello(1, "GPU-h"));
@@ -567,4 +569,83 @@ fn sampling_that_gave_way_is_said_and_hostile_windows_stay_bounded() {
     assert_eq!(w.windows, 1001);
     assert_eq!(w.full_from_unix_ns, Some(UNIX0 + 5 * MS));
     assert!(w.recorded_s <= 0.010 + 1e-12, "{w:?}");
+}
+
+/// Ranks whose steps take `compute[i]` of matmul then an all-reduce that ends, on every rank,
+/// when the slowest arrives (steps of 10 ms; `jitter` shifts every other step's arrivals by
+/// that much on alternate ranks, so which arrives last depends on the step).
+fn ranks_arriving(compute: &[u64], jitter: u64) -> Vec<CollectorMessage> {
+    let m = name(MATMUL);
+    let ar = name(ALLREDUCE);
+    let mut out = Vec::new();
+    for (i, &c) in compute.iter().enumerate() {
+        let pid = 300 + i as u32;
+        out.push(hello(pid, &format!("GPU-{i}")));
+        let mut records = Vec::new();
+        for step in 0..100u64 {
+            let t = step * 10 * MS;
+            let late = if (step + i as u64).is_multiple_of(2) {
+                jitter
+            } else {
+                0
+            };
+            let arrive = t + c + late;
+            records.push(kernel(&m, t, arrive, 7));
+            records.push(kernel(&ar, arrive, t + 10 * MS, 20));
+        }
+        out.push(kernels(pid, records));
+    }
+    out
+}
+
+#[test]
+fn the_rank_that_arrives_last_at_its_collectives_is_the_one_its_peers_wait_for() {
+    // The fixture's ranks: pid 201 starts each all-reduce 3 ms after pid 200.
+    let s = aggregate(&two_ranks());
+    let a = s.nccl_arrivals.as_ref().unwrap();
+    assert_eq!((a.matched, a.unmatched), (100, 0));
+    assert_eq!(a.waited_for, Some(201));
+    let late = a.by_pid.iter().find(|p| p.pid == 201).unwrap();
+    assert_eq!((late.last, late.last_share), (100, 1.0));
+    assert!((late.peers_waited_s - 0.3).abs() < 1e-9, "{late:?}");
+
+    // A rank 3% slower (9.3 ms of compute against 9.0 of three peers) is named, although its
+    // NCCL share is within the shares' threshold of theirs (7% against 10%).
+    let s = aggregate(&ranks_arriving(&[9 * MS, 9 * MS, 9_300 * US, 9 * MS], 0));
+    let a = s.nccl_arrivals.as_ref().unwrap();
+    assert_eq!(a.matched, 100);
+    assert_eq!(a.waited_for, Some(302));
+    assert_eq!(s.nccl_laggard, None, "{:?}", s.nccl_laggard);
+
+    // Balanced ranks arrive last by turns: nobody is waited for.
+    let s = aggregate(&ranks_arriving(&[9 * MS, 9 * MS], 200 * US));
+    let a = s.nccl_arrivals.as_ref().unwrap();
+    assert_eq!(a.matched, 100);
+    assert_eq!(a.waited_for, None);
+    assert!(a.by_pid.iter().all(|p| p.last_share == 0.5), "{a:?}");
+
+    // Always last, by 20 µs a step (0.2% of the time): no straggler worth naming.
+    let s = aggregate(&ranks_arriving(&[9 * MS, 9 * MS + 20 * US], 0));
+    let a = s.nccl_arrivals.as_ref().unwrap();
+    assert_eq!(a.by_pid[1].last_share, 1.0);
+    assert_eq!(a.waited_for, None);
+}
+
+#[test]
+fn collectives_not_every_rank_ran_are_not_matched() {
+    // Different collectives on each rank (a subgroup's, another communicator's): no match,
+    // nobody named; a single rank has nothing to compare.
+    let mut messages = ranks_arriving(&[9 * MS], 0);
+    let other = name("ncclDevKernel_AllGather_RING_LL");
+    messages.push(hello(400, "GPU-x"));
+    messages.push(kernels(
+        400,
+        (0..100u64)
+            .map(|step| kernel(&other, step * 10 * MS + 9 * MS, (step + 1) * 10 * MS, 20))
+            .collect(),
+    ));
+    let s = aggregate(&messages);
+    let a = s.nccl_arrivals.as_ref().unwrap();
+    assert_eq!((a.matched, a.unmatched, a.waited_for), (0, 100, None));
+    assert_eq!(aggregate(&ranks_arriving(&[9 * MS], 0)).nccl_arrivals, None);
 }
