@@ -96,7 +96,7 @@ fi
 if [ "$part" = ddp ]; then
   job=$PWD/benches/workloads/job.py
   for round in 1 2; do
-    for mode in balanced slow13; do
+    for mode in balanced slow105 slow13; do
       for kernels in 0 1; do
         tag=plain
         [ "$kernels" = 1 ] && tag=kernels

@@ -121,6 +121,11 @@ for path in sorted(glob.glob(os.path.join(d, "reports", "ddp-*-kernels-*.json"))
     ours = kernels_of(report) or {}
     shares = [(p["pid"], p.get("nccl_share"), p.get("nccl_s")) for p in ours.get("processes", [])]
     print(os.path.basename(path), "shares:", shares, "laggard:", ours.get("nccl_laggard"))
+    arrivals = ours.get("nccl_arrivals") or {}
+    print("  arrivals: matched", arrivals.get("matched"), "unmatched", arrivals.get("unmatched"),
+          "waited_for", arrivals.get("waited_for"),
+          [(a["pid"], round(a["last_share"], 3), round(a["peers_waited_s"], 3))
+           for a in arrivals.get("by_pid", [])])
     for job in report.get("jobs", []):
         print("  job:", job.get("verdict", job.get("kind")), str(job.get("title", ""))[:200])
 

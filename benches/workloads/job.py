@@ -7,6 +7,8 @@
 Modes (each step: compute, then the collective a data-parallel job makes):
   balanced     every rank does the same matmuls, then all-reduces 512 MiB of gradients
   slow13       rank R does 1.3x the matmuls of the others
+  slow105      rank R does 25 matmuls where the others do 24 (1.04x): a straggler the NCCL
+               shares barely show, for the order of arrivals at the collectives
   slow2        rank R does 2x the matmuls of the others
   cpu_starved  every rank prepares its batch on the CPU (numpy) before the step; rank R's
                core is shared with three busy processes, so it prepares 3-4x slower
@@ -109,6 +111,8 @@ def main(argv=None):
     matmuls = STEP_MATMULS
     if args.mode == "slow13" and rank == slow:
         matmuls = round(STEP_MATMULS * 1.3)
+    if args.mode == "slow105" and rank == slow:
+        matmuls = STEP_MATMULS + 1
     if args.mode == "slow2" and rank == slow:
         matmuls = STEP_MATMULS * 2
     rng = np.random.default_rng(rank)
