@@ -147,7 +147,7 @@ fn recording_lines(path: &Path) -> Vec<String> {
 /// Whether a line is of a kind format version 1 defines (the schema covers only those).
 fn covered_kind(line: &Value) -> bool {
     match line["kind"].as_str() {
-        Some("header" | "sample" | "finding" | "kernels") => true,
+        Some("header" | "sample" | "finding" | "kernels" | "nccl_ras") => true,
         Some("event") => matches!(
             line["event"].as_str(),
             Some("xid" | "device_lost" | "notice")
@@ -759,6 +759,43 @@ fn kernels_lines_validate() {
         .unwrap();
         assert!(covered_kind(&line));
         assert_valid(&v, &line, &format!("kernels line {i}"));
+    }
+}
+
+/// NCCL RAS answers as a recording carries them (`nccl_ras`), parsed from every captured and
+/// synthetic report in tests/fixtures/ras/, are what the schema says.
+#[test]
+fn nccl_ras_lines_validate() {
+    let v = validator(RECORDING_SCHEMA);
+    let dir = root().join("tests/fixtures/ras");
+    let mut files: Vec<PathBuf> = ["", "h100x2", "h100x4"]
+        .iter()
+        .flat_map(|sub| std::fs::read_dir(dir.join(sub)).unwrap())
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "txt") && !p.ends_with("README.txt"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 10, "{files:?}");
+    for path in files {
+        let capture = std::fs::read(&path).unwrap();
+        // The captures start with the protocol's exchange; the report follows.
+        let text = String::from_utf8_lossy(&capture);
+        let report: String = text
+            .lines()
+            .skip_while(|l| {
+                l.starts_with("SERVER PROTOCOL") || l.trim() == "OK" || l.starts_with("ERROR")
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let answer = if name.contains("-json") {
+            gpudiag_telemetry::ras::parse_json(report.as_bytes())
+        } else {
+            gpudiag_telemetry::ras::parse_text(report.as_bytes())
+        };
+        let line = serde_json::to_value(gpudiag_telemetry::recording::Record::Ras(answer)).unwrap();
+        assert!(covered_kind(&line));
+        assert_valid(&v, &line, &name);
     }
 }
 
