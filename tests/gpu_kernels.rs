@@ -285,23 +285,21 @@ fn torch_profiler_keeps_its_trace_and_recording_goes_on_after_it() {
     );
 }
 
-#[test]
-#[ignore = "needs two NVIDIA GPUs and PyTorch"]
-fn on_two_gpus_each_ranks_nccl_time_is_shown_and_the_slow_rank_named() {
-    if gpu_count() < 2 || !has_torch() {
-        eprintln!("fewer than two GPUs, or no PyTorch: skipped");
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+/// `benches/workloads/job.py MODE` under torchrun on two GPUs for `seconds`, rank 1 the slow
+/// one, under `run --kernels`.
+fn two_rank_job(
+    dir: &Path,
+    mode: &str,
+    seconds: &str,
+) -> (Output, KernelsSummary, serde_json::Value) {
     let job = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/workloads/job.py");
     let job = if Path::new(job).exists() {
         job.to_owned()
     } else {
         "benches/workloads/job.py".to_owned()
     };
-    // Rank 1 does 1.3x the matmuls of rank 0: rank 0 waits for it in the all-reduce.
-    let (out, s, report) = run_kernels(
-        dir.path(),
+    run_kernels(
+        dir,
         &[
             "python3",
             "-m",
@@ -310,13 +308,25 @@ fn on_two_gpus_each_ranks_nccl_time_is_shown_and_the_slow_rank_named() {
             "--nproc-per-node",
             "2",
             &job,
-            "slow13",
+            mode,
             "--seconds",
-            "10",
+            seconds,
             "--slow-rank",
             "1",
         ],
-    );
+    )
+}
+
+#[test]
+#[ignore = "needs two NVIDIA GPUs and PyTorch"]
+fn on_two_gpus_each_ranks_nccl_time_is_shown_and_the_slow_rank_named() {
+    if gpu_count() < 2 || !has_torch() {
+        eprintln!("fewer than two GPUs, or no PyTorch: skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Rank 1 does 1.3x the matmuls of rank 0: rank 0 waits for it in the all-reduce.
+    let (out, s, report) = two_rank_job(dir.path(), "slow13", "10");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     let ranks: Vec<_> = s.processes.iter().filter(|p| p.kernels > 0).collect();
@@ -374,29 +384,7 @@ fn on_two_gpus_a_rank_four_percent_slower_is_named_from_the_order_of_arrivals() 
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let job = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/workloads/job.py");
-    let job = if Path::new(job).exists() {
-        job.to_owned()
-    } else {
-        "benches/workloads/job.py".to_owned()
-    };
-    let (out, s, _) = run_kernels(
-        dir.path(),
-        &[
-            "python3",
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            &job,
-            "slow105",
-            "--seconds",
-            "15",
-            "--slow-rank",
-            "1",
-        ],
-    );
+    let (out, s, _) = two_rank_job(dir.path(), "slow105", "15");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     let arrivals = s.nccl_arrivals.as_ref().unwrap_or_else(|| panic!("{s:?}"));
