@@ -9,17 +9,21 @@
 #   KRUN_PART=cost   benches/kernels_run.sh [GPUDIAG_BINARY]   about 3 minutes, one GPU
 #
 # single: for each loop of benches/kernels_run/workloads.py (sync, launch, pageable, resnet,
-#   gpt2): steps a second under `run` and under `run --kernels`, two rounds interleaved; the run
-#   report of the --kernels runs; torch.profiler's top kernels, copies and syncs of the same loop
-#   (TOP_OUT); then the user's own torch.profiler inside `run --kernels` (both traces whole?).
-# ddp: torchrun on two GPUs (benches/workloads/job.py), balanced and with rank 1 doing 1.3x the
-#   work, under `run` and `run --kernels`: steps, each rank's NCCL time, the job verdict.
+#   gpt2; KRUN_MODES picks): steps a second under `run` and under `run --kernels`, two rounds
+#   interleaved; the run report of the --kernels runs; torch.profiler's top kernels, copies and
+#   syncs of the same loop (TOP_OUT); then the user's own torch.profiler inside `run --kernels`
+#   (both traces whole?).
+# ddp: torchrun on two GPUs (benches/workloads/job.py), balanced, rank 1 doing 1.04x and 1.3x
+#   the work (KRUN_DDP_MODES), under `run` and `run --kernels` (KRUN_HOWS: plain kernels
+#   sample), KRUN_ROUNDS rounds (default 2): ms a step, each rank's NCCL time, the order of
+#   arrivals, the job verdict.
 # cost: ResNet-50 training at batch 64 and 256, and the launch loop: steps a second under `run`,
 #   under `run --kernels`, under `run --kernels=sample` (KRUN_SAMPLE gives another mode, e.g.
 #   sample:1s/10s), and under torch.profiler recording CUDA activity only (no gpudiag),
-#   KRUN_ROUNDS rounds (default 1) interleaved; KRUN_LOADS picks loops (MODE:BATCH ...),
-#   KRUN_HOWS the settings; runs.txt has one line each. With the default schedule (1 s of every
-#   20 s) give KRUN_SECONDS=20 or more, so each timed run holds a whole period.
+#   KRUN_ROUNDS rounds (default 1) interleaved; KRUN_LOADS picks loops (MODE:BATCH ...; a
+#   ddp_ mode runs under torchrun on KRUN_GPUS GPUs, default 2), KRUN_HOWS the settings;
+#   runs.txt has one line each (printed as each run ends). With the default schedule (1 s of
+#   every 20 s) give KRUN_SECONDS=20 or more, so each timed run holds a whole period.
 # Everything lands in $OUT/kernels_run.tar.gz; benches/kernels_run/compare.py prints the tables.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +51,7 @@ one() { # NAME KERNELS(0|1|sample) -- COMMAND...
   [ "$kernels" = sample ] && flags=("--kernels=${KRUN_SAMPLE:-sample}" --trace "$dir/traces/$name.json")
   timeout 300 "$bin" run "${flags[@]}" --report-file "$dir/reports/$name.json" -- "$@" \
     >"$dir/logs/$name.out" 2>"$dir/logs/$name.err"
-  echo "$name rc=$? $(tail -n1 "$dir/logs/$name.out")" >>"$dir/runs.txt"
+  echo "$name rc=$? $(tail -n1 "$dir/logs/$name.out")" | tee -a "$dir/runs.txt"
 }
 
 if [ "$part" = smoke ]; then
@@ -56,7 +60,7 @@ if [ "$part" = smoke ]; then
 fi
 
 if [ "$part" = single ]; then
-  for mode in sync launch pageable resnet gpt2; do
+  for mode in ${KRUN_MODES:-sync launch pageable resnet gpt2}; do
     TOP_OUT="$dir/refs/$mode.json" python3 "$here/workloads.py" "$mode" 3 \
       >"$dir/logs/ref-$mode.out" 2>"$dir/logs/ref-$mode.err"
     for round in 1 2; do
@@ -68,7 +72,7 @@ if [ "$part" = single ]; then
   mkdir -p "$dir/traces/profiler-plain" "$dir/traces/profiler-kernels"
   python3 "$here/workloads.py" profiler "$dir/traces/profiler-plain" \
     >"$dir/logs/profiler-plain.out" 2>"$dir/logs/profiler-plain.err"
-  echo "profiler-plain rc=$? $(tail -n1 "$dir/logs/profiler-plain.out")" >>"$dir/runs.txt"
+  echo "profiler-plain rc=$? $(tail -n1 "$dir/logs/profiler-plain.out")" | tee -a "$dir/runs.txt"
   one profiler-kernels 1 -- python3 "$here/workloads.py" profiler "$dir/traces/profiler-kernels"
 fi
 
@@ -76,32 +80,35 @@ if [ "$part" = cost ]; then
   for round in $(seq "${KRUN_ROUNDS:-1}"); do
     for load in ${KRUN_LOADS:-resnet:64 resnet:256 launch:0}; do
       mode=${load%%:*} batch=${load##*:}
+      launch=(python3)
+      # DDP loads run one process a GPU under torchrun.
+      [ "${mode#ddp_}" != "$mode" ] && launch=(torchrun --standalone --nproc-per-node "${KRUN_GPUS:-2}")
       for how in ${KRUN_HOWS:-plain kernels sample profiler}; do
         name="cost-$mode-$batch-$how-$round"
         case $how in
-          plain) KRUN_BATCH=$batch one "$name" 0 -- python3 "$here/workloads.py" "$mode" "$secs" ;;
-          kernels) KRUN_BATCH=$batch one "$name" 1 -- python3 "$here/workloads.py" "$mode" "$secs" ;;
-          sample) KRUN_BATCH=$batch one "$name" sample -- python3 "$here/workloads.py" "$mode" "$secs" ;;
+          plain) KRUN_BATCH=$batch one "$name" 0 -- "${launch[@]}" "$here/workloads.py" "$mode" "$secs" ;;
+          kernels) KRUN_BATCH=$batch one "$name" 1 -- "${launch[@]}" "$here/workloads.py" "$mode" "$secs" ;;
+          sample) KRUN_BATCH=$batch one "$name" sample -- "${launch[@]}" "$here/workloads.py" "$mode" "$secs" ;;
           profiler)
-            KRUN_BATCH=$batch KRUN_UNDER_PROFILER=1 python3 "$here/workloads.py" "$mode" "$secs" \
+            KRUN_BATCH=$batch KRUN_UNDER_PROFILER=1 "${launch[@]}" "$here/workloads.py" "$mode" "$secs" \
               >"$dir/logs/$name.out" 2>"$dir/logs/$name.err"
-            echo "$name rc=$? $(tail -n1 "$dir/logs/$name.out")" >>"$dir/runs.txt" ;;
+            echo "$name rc=$? $(tail -n1 "$dir/logs/$name.out")" | tee -a "$dir/runs.txt" ;;
         esac
       done
     done
   done
-  cat "$dir/runs.txt"
 fi
 
 if [ "$part" = ddp ]; then
   job=$PWD/benches/workloads/job.py
-  for round in 1 2; do
-    for mode in balanced slow105 slow13; do
-      for kernels in 0 1; do
-        tag=plain
-        [ "$kernels" = 1 ] && tag=kernels
-        one "ddp-$mode-$tag-$round" "$kernels" -- torchrun --standalone --nproc-per-node 2 \
-          "$job" "$mode" --seconds 15 --slow-rank 1
+  for round in $(seq "${KRUN_ROUNDS:-2}"); do
+    for mode in ${KRUN_DDP_MODES:-balanced slow105 slow13}; do
+      for how in ${KRUN_HOWS:-plain kernels}; do
+        flag=0
+        [ "$how" = kernels ] && flag=1
+        [ "$how" = sample ] && flag=sample
+        one "ddp-$mode-$how-$round" "$flag" -- torchrun --standalone --nproc-per-node 2 \
+          "$job" "$mode" --seconds "${KRUN_DDP_SECONDS:-15}" --slow-rank 1
       done
     done
   done

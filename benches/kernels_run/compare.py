@@ -46,22 +46,26 @@ def kernels_of(report):
     return report.get("kernels")
 
 
-print("## cost: steps a second under `run` and `run --kernels`")
+print("## cost: steps a second under `run`, `run --kernels` and `run --kernels=sample`")
 modes = sorted({os.path.basename(p).split("-plain-")[0]
                 for p in glob.glob(os.path.join(d, "logs", "*-plain-1.out"))})
+rounds = sorted({int(p.rsplit("-", 1)[1].split(".")[0])
+                 for p in glob.glob(os.path.join(d, "logs", "*-plain-*.out"))})
 for mode in modes:
     rows = []
-    for r in (1, 2):
-        if mode.startswith("ddp-"):
-            p, k = ddp_ms(f"{mode}-plain-{r}"), ddp_ms(f"{mode}-kernels-{r}")
-            unit = "ms a step"
-            ratio = (p / k) if p and k else None
-        else:
-            p, k = steps(f"{mode}-plain-{r}"), steps(f"{mode}-kernels-{r}")
-            unit = "steps/s"
-            ratio = (k / p) if p and k else None
-        rows.append(f"round {r}: {p} → {k} {unit}, ×{ratio:.3f}" if ratio else f"round {r}: {p} → {k}")
-    print(f"{mode:22} " + "; ".join(rows))
+    for r in rounds:
+        ddp = mode.startswith("ddp-")
+        figure = ddp_ms if ddp else steps
+        p = figure(f"{mode}-plain-{r}")
+        cells = [f"plain {p}"]
+        for how in ("kernels", "sample"):
+            k = figure(f"{mode}-{how}-{r}")
+            if k is None:
+                continue
+            ratio = (p / k if ddp else k / p) if p else None
+            cells.append(f"{how} {k} (×{ratio:.3f})" if ratio else f"{how} {k}")
+        rows.append(f"round {r}: " + ", ".join(cells))
+    print(f"{mode:22} {'ms a step' if mode.startswith('ddp-') else 'steps/s'}; " + "; ".join(rows))
 
 print()
 print("## top kernels: torch.profiler against run --kernels (first round)")
@@ -116,7 +120,9 @@ for ref_path in sorted(glob.glob(os.path.join(d, "refs", "*.json"))):
 
 print()
 print("## each rank's NCCL time (ddp)")
-for path in sorted(glob.glob(os.path.join(d, "reports", "ddp-*-kernels-*.json"))):
+for path in sorted(glob.glob(os.path.join(d, "reports", "ddp-*.json"))):
+    if "-plain-" in os.path.basename(path):
+        continue
     report = load(path) or {}
     ours = kernels_of(report) or {}
     shares = [(p["pid"], p.get("nccl_share"), p.get("nccl_s")) for p in ours.get("processes", [])]

@@ -10,6 +10,9 @@ Modes, each a loop with a known shape on GPU 0:
              no download)
   gpt2       HF GPT-2 (124M, random weights: no download) generate, batch 1, 32 new tokens
   profiler   two torch.profiler sessions between unprofiled steps (the user's own profiler)
+  ddp_resnet timm ResNet-50 training under DistributedDataParallel, one process a GPU: run it
+             under torchrun; batch KRUN_BATCH a rank; every rank runs the same number of steps
+             (about 25 a second of SECONDS, or KRUN_DDP_STEPS); rank 0 prints
 
 Prints one JSON line: steps a second and the mode. With KRUN_UNDER_PROFILER=1 the timed loop
 runs inside torch.profiler recording CUDA activity only (the reference for what recording costs). With TOP_OUT=FILE, the loop's last
@@ -102,6 +105,56 @@ def gpt2_mode():
     return step
 
 
+def ddp_resnet_mode(seconds):
+    """DDP training steps a second, measured by rank 0 over a count every rank agrees on (a
+    time limit each would leave one rank waiting in an all-reduce the others never join)."""
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    import timm
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank = int(os.environ["LOCAL_RANK"])
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", device_id=dev)
+    model = DistributedDataParallel(timm.create_model("resnet50", pretrained=False).to(dev),
+                                    device_ids=[rank])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    batch = int(os.environ.get("KRUN_BATCH", "64"))
+    data = torch.randn(batch, 3, 224, 224, device=dev)
+    labels = torch.randint(0, 1000, (batch,), device=dev)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(data), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for _ in range(20):
+        step()
+    torch.cuda.synchronize()
+    under = contextlib.nullcontext()
+    if os.environ.get("KRUN_UNDER_PROFILER") == "1":
+        from torch.profiler import ProfilerActivity, profile
+
+        under = profile(activities=[ProfilerActivity.CUDA])
+    under.__enter__()
+    steps = int(os.environ.get("KRUN_DDP_STEPS", max(10, int(seconds * 25))))
+    dist.barrier()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    under.__exit__(None, None, None)
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"steps_per_s": steps / elapsed, "steps": steps, "rank": rank}
+
+
 def reference(step, seconds, path):
     """What torch.profiler names as the top kernels, copies and syncs of the same loop."""
     from torch.profiler import ProfilerActivity, profile
@@ -178,6 +231,10 @@ def main():
     mode = sys.argv[1]
     if mode == "profiler":
         result = profiler_mode(sys.argv[2])
+    elif mode == "ddp_resnet":
+        result = ddp_resnet_mode(float(sys.argv[2]) if len(sys.argv) > 2 else 10.0)
+        if result["rank"] != 0:
+            return
     else:
         seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
         step = {"sync": sync_mode, "launch": launch_mode, "pageable": pageable_mode,

@@ -609,6 +609,36 @@ static void send_losses_if_changed(void) {
 // are out at once (8 MiB each), so the process holds at most 48 MiB of them; past that CUPTI
 // drops records and counts them.
 #define OUTSTANDING 6
+
+// A buffer that came back holding a record CUPTI had not timed (only a forced flush hands such
+// records over) is not freed at once: CUPTI may still be finishing that record, and freeing a
+// buffer a forced flush had returned corrupted a training's heap (benches/RESULTS.md, sampling).
+// The last HELD_BACK such buffers wait, the oldest freed when another comes; with the 48 MiB
+// above, the collector's buffers stay within 64 MiB. (send_lock held.)
+#define HELD_BACK 2
+static uint8_t *held_back[HELD_BACK];
+
+static void hold_back(uint8_t *buffer) {
+  free(held_back[0]);
+  memmove(held_back, held_back + 1, (HELD_BACK - 1) * sizeof *held_back);
+  held_back[HELD_BACK - 1] = buffer;
+}
+
+// CUPTI left the record's times 0: it had not finished it when a forced flush handed it over.
+static int untimed(const gd_activity *r) {
+  switch (r->kind) {
+    case GD_KIND_CONCURRENT_KERNEL:
+      return ((const gd_kernel *)r)->end == 0;
+    case GD_KIND_MEMCPY:
+      return ((const gd_memcpy *)r)->end == 0;
+    case GD_KIND_MEMSET:
+      return ((const gd_memset *)r)->end == 0;
+    case GD_KIND_SYNCHRONIZATION:
+      return ((const gd_synchronization *)r)->end == 0;
+    default:
+      return 0;
+  }
+}
 static pthread_mutex_t outstanding_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint8_t *outstanding[OUTSTANDING];
 
@@ -644,12 +674,14 @@ static void buffer_completed(gd_cucontext ctx, uint32_t stream, uint8_t *buffer,
     return;
   }
   pthread_mutex_lock(&send_lock);
+  int unfinished = 0;
   if (!stopped) {
     struct clock_map clock = clock_map_now();
     gd_activity *record = NULL;
     int logged = 0;
     while (real.next_record(buffer, valid, &record) == GD_CUPTI_SUCCESS) {
       unsigned kind = (unsigned)record->kind;
+      unfinished |= untimed(record);
       if (verbose && !logged && kind == GD_KIND_CONCURRENT_KERNEL) {
         const gd_kernel *k = (const gd_kernel *)record;
         fprintf(stderr,
@@ -668,9 +700,19 @@ static void buffer_completed(gd_cucontext ctx, uint32_t stream, uint8_t *buffer,
     if (real.dropped && real.dropped(ctx, stream, &dropped) == GD_CUPTI_SUCCESS)
       losses.cupti_dropped += dropped;
     send_losses_if_changed();
+  } else {
+    gd_activity *record = NULL;
+    while (real.next_record(buffer, valid, &record) == GD_CUPTI_SUCCESS)
+      unfinished |= untimed(record);
   }
+  if (unfinished && verbose)
+    fprintf(stderr, "gpudiag collector[%d]: a buffer came back holding records CUPTI had not timed\n",
+            (int)getpid());
+  if (unfinished)
+    hold_back(buffer);
+  else
+    free(buffer);
   pthread_mutex_unlock(&send_lock);
-  free(buffer);
 }
 
 // ---- recording on and off ----
@@ -759,6 +801,48 @@ static int buffers_out(void) {
   return n;
 }
 
+// Flushes without FORCED until CUPTI holds none of our buffers, for at most max_ms; how many it
+// still holds. With our kinds off this hands over every record CUPTI made, each one timed: a
+// forced flush would hand over records it had not timed yet (and see held_back).
+static int flush_until_returned(int max_ms) {
+  int out = 0;
+  for (int waited_ms = 0;; waited_ms += 5) {
+    real.flush_all(0);
+    if ((out = buffers_out()) == 0 || waited_ms >= max_ms) break;
+    struct timespec settle = {0, 5000000};
+    nanosleep(&settle, NULL);
+  }
+  return out;
+}
+
+// Our kinds off in CUPTI (ours_on keeps what we record), and everything CUPTI holds of ours
+// handed over, timed; a GPU queue that does not drain in a second is handed over with a forced
+// flush, its unfinished records counted by gpudiag. (attach_lock held.)
+static void hand_over_ours(const char *why) {
+  uint64_t before = monotonic_ns();
+  for (size_t i = 0; i < sizeof our_kinds / sizeof *our_kinds; i++) real.disable(our_kinds[i]);
+  int out = flush_until_returned(1000);
+  if (out) real.flush_all(GD_FLUSH_FORCED);
+  if (verbose)
+    fprintf(stderr, "gpudiag collector[%d]: %s: our records handed over in %.3f ms%s\n",
+            (int)getpid(), why, (double)(monotonic_ns() - before) / 1e6,
+            out ? ", the last with a forced flush (the GPU queue had not drained)" : "");
+}
+
+// After hand_over_ours: our kinds on again. (attach_lock held.)
+static void ours_back_on(void) {
+  for (size_t i = 0; i < sizeof our_kinds / sizeof *our_kinds; i++)
+    if (ours_on[our_kinds[i]]) real.enable(our_kinds[i]);
+}
+
+// The other client's calls, in order, for GPUDIAG_KERNELS_VERBOSE: what it did when is most of
+// what explains a record lost or untimed around its traces.
+static void guest_called(const char *call, long arg) {
+  if (verbose)
+    fprintf(stderr, "gpudiag collector[%d]: the other client calls %s(%ld)%s\n", (int)getpid(),
+            call, arg, stepped_aside ? ", CUPTI handed to it" : "");
+}
+
 static void on_cuda_call(void *userdata, gd_callback_domain domain, uint32_t cbid,
                          const void *data) {
   (void)userdata;
@@ -811,13 +895,7 @@ static void try_detach(uint64_t now) {
   // corrupted the heap of a ResNet-50 training at batch 256 (benches/RESULTS.md). Kernels
   // queued before the kinds went off finish first; a GPU queue that does not drain within
   // the wait is tried again at the sampler's next tick.
-  int out = 0;
-  for (int waited_ms = 0; waited_ms < 1000; waited_ms += 10) {
-    struct timespec settle = {0, 10000000};
-    nanosleep(&settle, NULL);
-    real.flush_all(0);
-    if ((out = buffers_out()) == 0) break;
-  }
+  int out = flush_until_returned(1000);
   if (verbose)
     fprintf(stderr, "gpudiag collector[%d]: window closed; %s\n", (int)getpid(),
             out ? "records still running on the GPU: detaching later" : "detaching");
@@ -1108,14 +1186,15 @@ EXPORT int InitializeInjection(void) {
 
 // ---- the guest's calls (Kineto), which reach us first through LD_PRELOAD ----
 
-// Hands CUPTI to the guest: what ours hold is flushed to us first, and our kinds the guest did
-// not ask for are turned off, so its trace holds what it asked for.
+// Hands CUPTI to the guest: what ours hold is handed over to us first, whole and timed (none
+// of the guest's records can land in a buffer of ours), and only the kinds the guest asked for
+// stay on, so its trace holds what it asked for.
 static void step_aside(void) {
   pthread_mutex_lock(&attach_lock);
   if (!stepped_aside && guest_request && guest_complete) {
-    real.flush_all(GD_FLUSH_FORCED);
+    hand_over_ours("another CUPTI client starts tracing");
     for (unsigned k = 0; k < MAX_KIND; k++)
-      if (ours_on[k] && !guest_on[k]) real.disable((gd_activity_kind)k);
+      if (ours_on[k] && guest_on[k]) real.enable((gd_activity_kind)k);
     real.register_callbacks(guest_request, guest_complete);
     stepped_aside = 1;
     aside_from_ns = clock_pair().cupti_ns;
@@ -1140,6 +1219,7 @@ static void take_back(void) {
 EXPORT gd_result cuptiActivityRegisterCallbacks(gd_buffer_request_fn request,
                                                 gd_buffer_complete_fn complete) {
   give_way();
+  guest_called("cuptiActivityRegisterCallbacks", 0);
   pthread_mutex_lock(&guest_lock);
   guest_request = request;
   guest_complete = complete;
@@ -1158,6 +1238,7 @@ EXPORT gd_result cuptiActivityRegisterCallbacks(gd_buffer_request_fn request,
 
 EXPORT gd_result cuptiActivityEnable(gd_activity_kind kind) {
   give_way();
+  guest_called("cuptiActivityEnable", (long)kind);
   if ((unsigned)kind < MAX_KIND) guest_on[kind] = 1;
   // A guest that registered once and traces again without registering.
   if (active && !stepped_aside) step_aside();
@@ -1167,6 +1248,7 @@ EXPORT gd_result cuptiActivityEnable(gd_activity_kind kind) {
 
 EXPORT gd_result cuptiActivityDisable(gd_activity_kind kind) {
   give_way();
+  guest_called("cuptiActivityDisable", (long)kind);
   if ((unsigned)kind < MAX_KIND) {
     guest_on[kind] = 0;
     if (active && !stepped_aside && ours_on[kind]) return GD_CUPTI_SUCCESS;
@@ -1176,9 +1258,22 @@ EXPORT gd_result cuptiActivityDisable(gd_activity_kind kind) {
 }
 
 // The guest flushes after it disabled its kinds: the end of its trace, so CUPTI comes back.
+// Not handed CUPTI, the guest's forced flush would hand over records of ours CUPTI has not
+// timed yet: ours are handed over whole first, and its flush goes on without FORCED (what it
+// left with CUPTI from an earlier trace comes back to it as usual).
 EXPORT gd_result cuptiActivityFlushAll(uint32_t flag) {
   give_way();
+  guest_called("cuptiActivityFlushAll", (long)flag);
   flag_fn f = real.flush_all ? real.flush_all : (flag_fn)sym("cuptiActivityFlushAll");
+  if (f && (flag & GD_FLUSH_FORCED)) {
+    pthread_mutex_lock(&attach_lock);
+    if (active && !stepped_aside && !stopped && !detached) {
+      hand_over_ours("another CUPTI client's forced flush");
+      ours_back_on();
+      flag &= ~(uint32_t)GD_FLUSH_FORCED;
+    }
+    pthread_mutex_unlock(&attach_lock);
+  }
   gd_result result = f ? f(flag) : 1;
   if (stepped_aside && !guest_tracing()) take_back();
   return result;
@@ -1186,23 +1281,26 @@ EXPORT gd_result cuptiActivityFlushAll(uint32_t flag) {
 
 // The guest times CUPTI's records with its own clock from now on (Kineto does, as its first
 // trace starts): what we hold was timed on the clock in force and goes first, then the switch
-// is noted so later records are put back on CUPTI's clock (see clock_map_now).
+// is noted so later records are put back on CUPTI's clock (see clock_map_now). Kineto registers
+// the same clock again as each later trace starts, and CUPTI then hands over the records it
+// held without times (50 matmuls between two traces, on an H200): ours go first then too.
 EXPORT gd_result cuptiActivityRegisterTimestampCallback(gd_timestamp_fn fn) {
   give_way();
+  guest_called("cuptiActivityRegisterTimestampCallback", 0);
   timestamp_register_fn f = real.register_timestamp
                                 ? real.register_timestamp
                                 : (timestamp_register_fn)sym("cuptiActivityRegisterTimestampCallback");
   if (!f) return 1;
+  pthread_mutex_lock(&attach_lock);
   pthread_mutex_lock(&clock_lock);
   int same = guest_clock.fn == fn;
   pthread_mutex_unlock(&clock_lock);
-  if (same) return f(fn);
-  pthread_mutex_lock(&attach_lock);
-  if (active && !stepped_aside && !stopped) real.flush_all(GD_FLUSH_FORCED);
+  int recording = active && !stepped_aside && !stopped && !detached;
+  if (recording) hand_over_ours("another CUPTI client's clock");
   struct wire_clock before = clock_pair();
   uint64_t mono_before = monotonic_ns();
   gd_result result = f(fn);
-  if (result == GD_CUPTI_SUCCESS) {
+  if (result == GD_CUPTI_SUCCESS && !same) {
     pthread_mutex_lock(&clock_lock);
     // CUPTI's clock is carried on from the first switch; before CUPTI was found (a guest that
     // traced before cuInit), nothing was timed yet and CLOCK_MONOTONIC is the clock.
@@ -1217,6 +1315,7 @@ EXPORT gd_result cuptiActivityRegisterTimestampCallback(gd_timestamp_fn fn) {
               (int)getpid(), guest_clock.guest0, guest_clock.mono0, before.cupti_ns, mono_before);
     pthread_mutex_unlock(&clock_lock);
   }
+  if (recording) ours_back_on();
   pthread_mutex_unlock(&attach_lock);
   return result;
 }
@@ -1225,6 +1324,7 @@ EXPORT gd_result cuptiActivityRegisterTimestampCallback(gd_timestamp_fn fn) {
 // recording too. Its records are flushed to it first, as finalising would have done.
 EXPORT gd_result cuptiFinalize(void) {
   give_way();
+  guest_called("cuptiFinalize", 0);
   if (stepped_aside) take_back();
   if (active) {
     real.flush_all(GD_FLUSH_FORCED);
@@ -1239,6 +1339,7 @@ EXPORT gd_result cuptiFinalize(void) {
 EXPORT gd_result cuptiSubscribe(gd_subscriber *subscriber, gd_callback_fn callback,
                                 void *userdata) {
   give_way();
+  guest_called("cuptiSubscribe", 0);
   subscribe_fn f = real.subscribe ? real.subscribe : (subscribe_fn)sym("cuptiSubscribe");
   return f ? f(subscriber, callback, userdata) : 1;
 }
