@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use gpudiag_model::kernels::{
-    CopyDirection, HostMemory, KernelStat, KernelsGpu, KernelsSummary, SyncCall,
+    CopyDirection, HostMemory, KernelStat, KernelsGpu, KernelsProcess, KernelsSummary, SyncCall,
 };
 
 fn has_torch() -> bool {
@@ -165,11 +165,7 @@ fn a_known_mix_gives_its_kernels_copies_and_syncs() {
         .sum::<u64>();
     assert!(back >= STEPS, "{:#?}", gpu.copies);
     // `.item()` waits on the stream each step.
-    let process = s
-        .processes
-        .iter()
-        .find(|p| p.kernels > 0)
-        .expect("the process that ran them");
+    let process = process_with_kernels(&s);
     let syncs = process
         .syncs
         .iter()
@@ -188,6 +184,38 @@ fn a_known_mix_gives_its_kernels_copies_and_syncs() {
     // And the end of the run says so.
     assert!(err.contains("top kernels by GPU time"), "{err}");
     assert!(err.contains("cudaStreamSynchronize"), "{err}");
+}
+
+/// Runs a script that writes torch.profiler traces into the directory it is given and prints
+/// "kernels in traces N …" (the kernel events of each), first alone, then under `run
+/// --kernels`; the user's traces must hold what they hold without gpudiag. What it printed and
+/// gpudiag's summary, or `None` (said) where PyTorch cannot use a GPU.
+fn traces_as_without_gpudiag(text: &str) -> Option<(String, KernelsSummary)> {
+    let (dir, script) = torch_script(text)?;
+    let traces = dir.path().to_str().unwrap();
+    let plain = Command::new("python3")
+        .args([&script, traces])
+        .output()
+        .unwrap();
+    let plain_says = String::from_utf8_lossy(&plain.stdout).trim().to_owned();
+    assert!(plain_says.starts_with("kernels in traces"), "{plain_says}");
+    let (out, s, _) = run_kernels(dir.path(), &["python3", &script, traces]);
+    let says = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(says, plain_says);
+    Some((says, s))
+}
+
+/// The process that launched kernels (a launcher may have loaded the collector too).
+fn process_with_kernels(s: &KernelsSummary) -> &KernelsProcess {
+    s.processes
+        .iter()
+        .find(|p| p.kernels > 0)
+        .unwrap_or_else(|| panic!("{s:?}"))
 }
 
 /// 50 steps, a torch.profiler trace of 20, 50 more, a second trace of 10, 50 more; each step
@@ -221,35 +249,16 @@ print("kernels in traces", *counts)
 #[test]
 #[ignore = "needs an NVIDIA GPU and PyTorch"]
 fn torch_profiler_keeps_its_trace_and_recording_goes_on_after_it() {
-    let Some((dir, script)) = torch_script(WITH_PROFILER) else {
+    let Some((says, s)) = traces_as_without_gpudiag(WITH_PROFILER) else {
         return;
     };
-    let traces = dir.path().to_str().unwrap();
-    let plain = Command::new("python3")
-        .args([&script, traces])
-        .output()
-        .unwrap();
-    let plain_says = String::from_utf8_lossy(&plain.stdout).trim().to_owned();
-    assert!(plain_says.starts_with("kernels in traces"), "{plain_says}");
-    let (out, s, _) = run_kernels(dir.path(), &["python3", &script, traces]);
-    let says = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // The user's traces hold what they hold without gpudiag (20 and 10 matmuls, at least).
-    assert_eq!(says, plain_says);
+    // (20 and 10 matmuls, at least.)
     let counts: Vec<u64> = says
         .split_whitespace()
         .filter_map(|w| w.parse().ok())
         .collect();
     assert!(counts[0] >= 20 && counts[1] >= 10, "{says}");
-    let process = s
-        .processes
-        .iter()
-        .find(|p| p.kernels > 0)
-        .unwrap_or_else(|| panic!("{s:?}"));
+    let process = process_with_kernels(&s);
     assert_eq!(process.stepped_aside.len(), 2, "{process:?}");
     assert!(
         process.stepped_aside.iter().all(|a| a.to_unix_ns.is_some()),
@@ -303,29 +312,10 @@ print("kernels in traces", *counts)
 #[test]
 #[ignore = "needs an NVIDIA GPU and PyTorch"]
 fn torch_profiler_starting_over_a_queue_of_work_costs_no_record_its_times() {
-    let Some((dir, script)) = torch_script(PROFILER_OVER_A_QUEUE) else {
+    let Some((says, s)) = traces_as_without_gpudiag(PROFILER_OVER_A_QUEUE) else {
         return;
     };
-    let traces = dir.path().to_str().unwrap();
-    let plain = Command::new("python3")
-        .args([&script, traces])
-        .output()
-        .unwrap();
-    let plain_says = String::from_utf8_lossy(&plain.stdout).trim().to_owned();
-    assert!(plain_says.starts_with("kernels in traces"), "{plain_says}");
-    let (out, s, _) = run_kernels(dir.path(), &["python3", &script, traces]);
-    let says = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(says, plain_says);
-    let process = s
-        .processes
-        .iter()
-        .find(|p| p.kernels > 0)
-        .unwrap_or_else(|| panic!("{s:?}"));
+    let process = process_with_kernels(&s);
     assert_eq!(process.stepped_aside.len(), 4, "{process:?}");
     // The 400 queued matmuls are ours, each with its times: CUPTI hands them over as they
     // finish, before the profiler's trace begins, none of them unfinished.
@@ -511,11 +501,7 @@ fn sampling_records_in_its_windows_and_gives_way_to_torch_profiler() {
         s.sampling.map(|x| (x.on_ms, x.period_ms)),
         Some((500, 1000))
     );
-    let process = s
-        .processes
-        .iter()
-        .find(|p| p.kernels > 0)
-        .unwrap_or_else(|| panic!("{s:?}"));
+    let process = process_with_kernels(&s);
     let sampling = process.sampling.unwrap_or_else(|| panic!("{process:?}"));
     assert!(sampling.full_from_unix_ns.is_some(), "{sampling:?}");
     assert!(sampling.windows >= 5, "{sampling:?}");

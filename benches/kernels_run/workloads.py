@@ -70,14 +70,26 @@ def pageable_mode():
     return step
 
 
-def resnet_mode():
+def under_profiler():
+    """torch.profiler recording CUDA activity only where KRUN_UNDER_PROFILER=1 (the reference for
+    what recording costs), else nothing."""
+    if os.environ.get("KRUN_UNDER_PROFILER") == "1":
+        from torch.profiler import ProfilerActivity, profile
+
+        return profile(activities=[ProfilerActivity.CUDA])
+    return contextlib.nullcontext()
+
+
+def resnet_step(dev=DEV, wrap=lambda model: model):
+    """One training step of timm ResNet-50 on `dev` (bf16 autocast, SGD, batch KRUN_BATCH of
+    random data); `wrap` puts the model in DistributedDataParallel for the DDP mode."""
     import timm
 
-    model = timm.create_model("resnet50", pretrained=False).to(DEV)
+    model = wrap(timm.create_model("resnet50", pretrained=False).to(dev))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     batch = int(os.environ.get("KRUN_BATCH", "64"))
-    data = torch.randn(batch, 3, 224, 224, device=DEV)
-    labels = torch.randint(0, 1000, (batch,), device=DEV)
+    data = torch.randn(batch, 3, 224, 224, device=dev)
+    labels = torch.randint(0, 1000, (batch,), device=dev)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step():
@@ -88,6 +100,10 @@ def resnet_mode():
         opt.step()
 
     return step
+
+
+def resnet_mode():
+    return resnet_step()
 
 
 def gpt2_mode():
@@ -109,7 +125,6 @@ def ddp_resnet_mode(seconds):
     """DDP training steps a second, measured by rank 0 over a count every rank agrees on (a
     time limit each would leave one rank waiting in an all-reduce the others never join)."""
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    import timm
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -117,29 +132,12 @@ def ddp_resnet_mode(seconds):
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)
     dist.init_process_group("nccl", device_id=dev)
-    model = DistributedDataParallel(timm.create_model("resnet50", pretrained=False).to(dev),
-                                    device_ids=[rank])
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    batch = int(os.environ.get("KRUN_BATCH", "64"))
-    data = torch.randn(batch, 3, 224, 224, device=dev)
-    labels = torch.randint(0, 1000, (batch,), device=dev)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = loss_fn(model(data), labels)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    step = resnet_step(dev, lambda model: DistributedDataParallel(model, device_ids=[rank]))
 
     for _ in range(20):
         step()
     torch.cuda.synchronize()
-    under = contextlib.nullcontext()
-    if os.environ.get("KRUN_UNDER_PROFILER") == "1":
-        from torch.profiler import ProfilerActivity, profile
-
-        under = profile(activities=[ProfilerActivity.CUDA])
+    under = under_profiler()
     under.__enter__()
     steps = int(os.environ.get("KRUN_DDP_STEPS", max(10, int(seconds * 25))))
     dist.barrier()
@@ -242,11 +240,7 @@ def main():
         for _ in range(3):
             step()
         torch.cuda.synchronize()
-        under = contextlib.nullcontext()
-        if os.environ.get("KRUN_UNDER_PROFILER") == "1":
-            from torch.profiler import ProfilerActivity, profile
-
-            under = profile(activities=[ProfilerActivity.CUDA])
+        under = under_profiler()
         under.__enter__()
         warm_end = time.perf_counter() + min(2.0, seconds / 4)
         while time.perf_counter() < warm_end:

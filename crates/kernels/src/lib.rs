@@ -40,8 +40,11 @@ pub const SOCKET_VAR: &str = "GPUDIAG_KERNELS_SOCKET";
 pub const SAMPLE_VAR: &str = "GPUDIAG_KERNELS_SAMPLE";
 
 /// Messages queued between the socket and gpudiag's consumer; past it they are counted and
-/// dropped (a kernels message holds up to ~680 records).
-pub const QUEUE_MESSAGES: usize = 4096;
+/// dropped (a kernels message holds up to ~680 records, about 54 kB decoded). 1,024 hold about
+/// 700,000 records, seconds of the fastest launch loop CUPTI lets run, and 55 MB: at 4,096 a
+/// flood faster than the consumer held gpudiag at 262 MB (benches/RESULTS.md, "gpudiag's own
+/// memory under a flood of kernels").
+pub const QUEUE_MESSAGES: usize = 1024;
 
 /// Why `--kernels` records nothing in this run.
 #[derive(Debug, Clone, PartialEq, Eq)]

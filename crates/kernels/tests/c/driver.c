@@ -13,6 +13,8 @@
 //   sample N  for N ms, a CUDA call every 5 ms and a kernel whenever the kernel kind is on;
 //             prints in how many of the steps it was on and how often CUPTI was finalised
 //   sample-guest N  the same, and halfway a second client subscribes (as Kineto does)
+//   flood N NAMES SECONDS [nccl]  N kernels of NAMES names a buffer at a time, spread evenly
+//             over SECONDS (0: as fast as they go), for benches/kernels_memory.py
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,6 +87,29 @@ int main(int argc, char **argv) {
   if (!fake) return 4;
   int (*emit)(int) = (int (*)(int))dlsym(fake, "fake_emit");
   int (*enabled)(int) = (int (*)(int))dlsym(fake, "fake_enabled");
+  if (!strcmp(argv[2], "flood") && argc > 5) {
+    int (*flood)(int, int, long, int) = (int (*)(int, int, long, int))dlsym(fake, "fake_flood");
+    long total = atol(argv[3]), done = 0;
+    int names = atoi(argv[4]), nccl = argc > 6 && !strcmp(argv[6], "nccl");
+    double seconds = atof(argv[5]);
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (done < total) {
+      int n = flood(total - done > 1000000 ? 1000000 : (int)(total - done), names, done, nccl);
+      if (n <= 0) return 5;
+      done += n;
+      // On schedule: this many kernels by now.
+      double due = seconds * (double)done / (double)total;
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      double ahead = due - ((double)(now.tv_sec - t0.tv_sec) + (now.tv_nsec - t0.tv_nsec) / 1e9);
+      if (ahead > 0) {
+        struct timespec wait = {(time_t)ahead, (long)((ahead - (double)(time_t)ahead) * 1e9)};
+        nanosleep(&wait, NULL);
+      }
+    }
+    printf("flooded %ld\n", done);
+    return 0;
+  }
   if (!strcmp(argv[2], "records")) {
     printf("emitted %d\n", emit(argc > 3 ? atoi(argv[3]) : 1));
     return 0;

@@ -3,6 +3,7 @@
 // cupti_types.h declares them (the real layouts are held to that header by layout_check.c),
 // then completes it, as CUPTI does when a buffer is full or flushed.
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -185,4 +186,53 @@ int fake_emit(int kernels) {
   complete(NULL, 0, buffer, size, at * SLOT);
   return (int)at;
 #undef T
+}
+
+// For benches/kernels_memory.py: up to `kernels` kernels (one buffer's worth at most), the
+// `first`-th on, named from a table of `names` names about 100 bytes long (as templated names
+// run), every tenth an NCCL all-reduce when `nccl`; 1 µs apart, 700 ns long, on one GPU.
+// Returns how many.
+int fake_flood(int kernels, int names, long first, int nccl) {
+  static char **table;
+  static int table_size;
+  static const char *all_reduce = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)";
+  if (names < 1) names = 1;
+  if (table_size != names) {
+    table = realloc(table, (size_t)names * sizeof *table);
+    if (!table) return -1;
+    for (int i = 0; i < names; i++) {
+      table[i] = malloc(112);
+      if (!table[i]) return -1;
+      snprintf(table[i], 112, "void flood_kernel_%07d<float, 128, 4, cutlass::arch::Sm90, at::native::Epilogue>(Params)", i);
+    }
+    table_size = names;
+  }
+  uint8_t *buffer = NULL;
+  size_t size = 0, max_records = 0;
+  if (!request) return -1;
+  request(&buffer, &size, &max_records);
+  if (!buffer) return -1;
+  int n = 0;
+  for (; n < kernels && (size_t)(n + 1) * SLOT <= size; n++) {
+    long i = first + n;
+    gd_kernel *k = (gd_kernel *)(buffer + (size_t)n * SLOT);
+    memset(k, 0, SLOT);
+    k->kind = GD_KIND_CONCURRENT_KERNEL;
+    k->start = 1000 + (uint64_t)i * 1000;
+    k->end = k->start + 700;
+    k->deviceId = 0;
+    k->contextId = 1;
+    k->streamId = 7;
+    k->gridX = 128;
+    k->gridY = 1;
+    k->gridZ = 1;
+    k->blockX = 256;
+    k->blockY = 1;
+    k->blockZ = 1;
+    k->registersPerThread = 64;
+    k->correlationId = (uint32_t)i + 1;
+    k->name = nccl && i % 10 == 9 ? all_reduce : table[i % names];
+  }
+  complete(NULL, 0, buffer, size, (size_t)n * SLOT);
+  return n;
 }
