@@ -8,6 +8,7 @@
 //             (as Kineto's TSC: 3 ticks a ns, far from CUPTI's), as Kineto does
 //   fork      forks; the child emits and exits, the parent emits after it
 //   guest-first  the second client traces from before InitializeInjection, then stops
+//   guest-held  as guest, CUPTI still holding a buffer of ours when the second client starts
 //   gone      waits for a line on stdin (gpudiag goes away meanwhile), emits, and says whether
 //             the kernel kind is still on
 //   sample N  for N ms, a CUDA call every 5 ms and a kernel whenever the kernel kind is on;
@@ -119,6 +120,18 @@ int main(int argc, char **argv) {
     disable(GD_KIND_CONCURRENT_KERNEL);
     flush(0);
     emit(2);  // ours
+    printf("guest got %zu\n", guest_records);
+    return 0;
+  }
+  if (!strcmp(argv[2], "guest-held")) {
+    int (*hold)(int) = (int (*)(int))dlsym(fake, "fake_hold");
+    printf("held %d\n", hold(3));  // ours, not yet handed over
+    reg(guest_request, guest_complete);
+    enable(GD_KIND_CONCURRENT_KERNEL);
+    emit(5);  // the guest's
+    disable(GD_KIND_CONCURRENT_KERNEL);
+    flush(1);  // forced, as Kineto flushes at its trace's end
+    emit(2);   // ours again
     printf("guest got %zu\n", guest_records);
     return 0;
   }

@@ -48,8 +48,20 @@ gd_result cuptiActivityFlushPeriod(uint32_t ms) {
   (void)ms;
   return 0;
 }
+// A buffer fake_hold() filled and CUPTI still holds, as it holds one until it is full or
+// flushed; a flush completes it to whoever is registered then. A forced flush hands it over
+// before the records are timed, as CUPTI does with records it has not finished: their ends 0.
+static uint8_t *held;
+static size_t held_size, held_valid;
+
 gd_result cuptiActivityFlushAll(uint32_t flag) {
-  (void)flag;
+  if (held && complete) {
+    if (flag & GD_FLUSH_FORCED)
+      for (size_t at = 0; at + SLOT <= held_valid; at += SLOT) ((gd_kernel *)(held + at))->end = 0;
+    uint8_t *buffer = held;
+    held = NULL;
+    complete(NULL, 0, buffer, held_size, held_valid);
+  }
   return 0;
 }
 // Detaches everything, as the real one does: the callbacks, the kinds, the subscriber.
@@ -186,6 +198,29 @@ int fake_emit(int kernels) {
   complete(NULL, 0, buffer, size, at * SLOT);
   return (int)at;
 #undef T
+}
+
+// `kernels` kernels named kernel_a into a buffer CUPTI keeps until a flush (see held).
+int fake_hold(int kernels) {
+  size_t max_records = 0;
+  if (!request || held) return -1;
+  request(&held, &held_size, &max_records);
+  if (!held) return -1;
+  int n = 0;
+  for (; n < kernels && (size_t)(n + 1) * SLOT <= held_size; n++) {
+    gd_kernel *k = (gd_kernel *)(held + (size_t)n * SLOT);
+    memset(k, 0, SLOT);
+    k->kind = GD_KIND_CONCURRENT_KERNEL;
+    k->start = 1000 + (uint64_t)n * 10;
+    k->end = k->start + 7;
+    k->deviceId = 1;
+    k->contextId = 3;
+    k->streamId = 7;
+    k->correlationId = (uint32_t)n + 1;
+    k->name = "kernel_a";
+  }
+  held_valid = (size_t)n * SLOT;
+  return n;
 }
 
 // For benches/kernels_memory.py: up to `kernels` kernels (one buffer's worth at most), the
