@@ -19,11 +19,15 @@
 #   arrivals, the job verdict.
 # cost: ResNet-50 training at batch 64 and 256, and the launch loop: steps a second under `run`,
 #   under `run --kernels`, under `run --kernels=sample` (KRUN_SAMPLE gives another mode, e.g.
-#   sample:1s/10s), and under torch.profiler recording CUDA activity only (no gpudiag),
-#   KRUN_ROUNDS rounds (default 1) interleaved; KRUN_LOADS picks loops (MODE:BATCH ...; a
-#   ddp_ mode runs under torchrun on KRUN_GPUS GPUs, default 2), KRUN_HOWS the settings;
-#   runs.txt has one line each (printed as each run ends). With the default schedule (1 s of
-#   every 20 s) give KRUN_SECONDS=20 or more, so each timed run holds a whole period.
+#   sample:1s/10s; a setting `sample:ON/PERIOD` in KRUN_HOWS names its own), and under
+#   torch.profiler recording CUDA activity only (no gpudiag), KRUN_ROUNDS rounds (default 1)
+#   interleaved; KRUN_LOADS picks loops (MODE:BATCH ...; a ddp_ mode runs under torchrun on
+#   KRUN_GPUS GPUs, default 2), KRUN_HOWS the settings; runs.txt has one line each (printed as
+#   each run ends). With the default schedule (1 s of every 30 s) give KRUN_SECONDS=30 or
+#   more, so each timed run holds a whole period. Every run logs its steps (steps/NAME.json),
+#   and sampling.txt reads the cost of each sampled run inside it, against its own steps away
+#   from the windows (benches/kernels_run/sampling_cost.py; the plain runs read against the
+#   default schedule are the control).
 # Everything lands in $OUT/kernels_run.tar.gz; benches/kernels_run/compare.py prints the tables.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +36,7 @@ out=${OUT:-$PWD/kernels-run-out}
 here=$PWD/benches/kernels_run
 work=$(mktemp -d)
 dir=$work/kernels_run
-mkdir -p "$dir/reports" "$dir/logs" "$dir/refs" "$dir/traces" "$out"
+mkdir -p "$dir/reports" "$dir/logs" "$dir/refs" "$dir/traces" "$dir/steps" "$out"
 {
   date -u +'%Y-%m-%dT%H:%M:%SZ'
   nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
@@ -43,12 +47,13 @@ cat "$dir/host.txt"
 part=${KRUN_PART:-single}
 secs=${KRUN_SECONDS:-8}
 
-one() { # NAME KERNELS(0|1|sample) -- COMMAND...
+one() { # NAME KERNELS(0|1|sample|sample:ON/PERIOD) -- COMMAND...
   local name=$1 kernels=$2
   shift 3
   local flags=()
   [ "$kernels" = 1 ] && flags=(--kernels --trace "$dir/traces/$name.json")
-  [ "$kernels" = sample ] && flags=("--kernels=${KRUN_SAMPLE:-sample}" --trace "$dir/traces/$name.json")
+  [ "$kernels" = sample ] && kernels=${KRUN_SAMPLE:-sample}
+  [ "${kernels#sample}" != "$kernels" ] && flags=("--kernels=$kernels" --trace "$dir/traces/$name.json")
   timeout 300 "$bin" run "${flags[@]}" --report-file "$dir/reports/$name.json" -- "$@" \
     >"$dir/logs/$name.out" 2>"$dir/logs/$name.err"
   echo "$name rc=$? $(tail -n1 "$dir/logs/$name.out")" | tee -a "$dir/runs.txt"
@@ -84,17 +89,28 @@ if [ "$part" = cost ]; then
       # DDP loads run one process a GPU under torchrun.
       [ "${mode#ddp_}" != "$mode" ] && launch=(torchrun --standalone --nproc-per-node "${KRUN_GPUS:-2}")
       for how in ${KRUN_HOWS:-plain kernels sample profiler}; do
-        name="cost-$mode-$batch-$how-$round"
+        name="cost-$mode-$batch-${how//[:\/]/_}-$round"
+        export KRUN_BATCH=$batch KRUN_STEP_LOG="$dir/steps/$name.json"
         case $how in
-          plain) KRUN_BATCH=$batch one "$name" 0 -- "${launch[@]}" "$here/workloads.py" "$mode" "$secs" ;;
-          kernels) KRUN_BATCH=$batch one "$name" 1 -- "${launch[@]}" "$here/workloads.py" "$mode" "$secs" ;;
-          sample) KRUN_BATCH=$batch one "$name" sample -- "${launch[@]}" "$here/workloads.py" "$mode" "$secs" ;;
+          plain) one "$name" 0 -- "${launch[@]}" "$here/workloads.py" "$mode" "$secs" ;;
+          kernels) one "$name" 1 -- "${launch[@]}" "$here/workloads.py" "$mode" "$secs" ;;
+          sample*) one "$name" "$how" -- "${launch[@]}" "$here/workloads.py" "$mode" "$secs" ;;
           profiler)
-            KRUN_BATCH=$batch KRUN_UNDER_PROFILER=1 "${launch[@]}" "$here/workloads.py" "$mode" "$secs" \
+            KRUN_UNDER_PROFILER=1 "${launch[@]}" "$here/workloads.py" "$mode" "$secs" \
               >"$dir/logs/$name.out" 2>"$dir/logs/$name.err"
             echo "$name rc=$? $(tail -n1 "$dir/logs/$name.out")" | tee -a "$dir/runs.txt" ;;
         esac
+        # The schedule each run is read against: its own, or the default for the control.
+        schedule=1/30
+        [ "$how" = sample ] && [ -n "${KRUN_SAMPLE:-}" ] && how=$KRUN_SAMPLE
+        case $how in
+          sample:*) schedule=${how#sample:} schedule=${schedule//s/} ;;
+          kernels | profiler) schedule= ;;
+        esac
+        [ -n "$schedule" ] && [ -f "$KRUN_STEP_LOG" ] &&
+          python3 "$here/sampling_cost.py" "$KRUN_STEP_LOG:$schedule" | tee -a "$dir/sampling.txt"
       done
+      unset KRUN_BATCH KRUN_STEP_LOG
     done
   done
 fi

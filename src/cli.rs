@@ -425,7 +425,7 @@ pub struct RunArgs {
     /// LD_PRELOAD) and reports to gpudiag. Recording costs what torch.profiler costs, a few µs a
     /// kernel launch: code whose launches set its pace (many tiny kernels, small batches) runs up
     /// to a third slower; code that keeps the GPU busy is barely affected. `--kernels=sample`
-    /// records 1s of every 20s and detaches CUPTI in between, so the cost is paid only then;
+    /// records 1s of every 30s and detaches CUPTI in between, so the cost is paid only then;
     /// `sample:ON/PERIOD` picks the windows (e.g. sample:2s/30s). Steps aside while
     /// torch.profiler traces, and for another tool that set CUDA_INJECTION64_PATH.
     /// [default: off; `--kernels` alone is `--kernels=full`]
@@ -1022,12 +1022,12 @@ pub fn parse_kernels_mode(s: &str) -> Result<KernelsMode, String> {
     }
     let Some(spec) = t.strip_prefix("sample:") else {
         return Err(format!(
-            "'{s}' is not a kernels mode: use full, sample, or sample:ON/PERIOD (e.g. sample:1s/20s)"
+            "'{s}' is not a kernels mode: use full, sample, or sample:ON/PERIOD (e.g. sample:1s/30s)"
         ));
     };
     let Some((on, period)) = spec.split_once('/') else {
         return Err(format!(
-            "'{s}': give the windows as sample:ON/PERIOD, e.g. sample:1s/20s"
+            "'{s}': give the windows as sample:ON/PERIOD, e.g. sample:1s/30s"
         ));
     };
     let (on, period) = (parse_duration(on)?, parse_duration(period)?);

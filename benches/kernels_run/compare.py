@@ -58,7 +58,9 @@ for mode in modes:
         figure = ddp_ms if ddp else steps
         p = figure(f"{mode}-plain-{r}")
         cells = [f"plain {p}"]
-        for how in ("kernels", "sample"):
+        sampled = sorted({os.path.basename(q)[len(mode) + 1:].rsplit("-", 1)[0]
+                          for q in glob.glob(os.path.join(d, "logs", f"{mode}-sample_*-{r}.out"))})
+        for how in ("kernels", "sample", *sampled):
             k = figure(f"{mode}-{how}-{r}")
             if k is None:
                 continue
@@ -66,6 +68,28 @@ for mode in modes:
             cells.append(f"{how} {k} (×{ratio:.3f})" if ratio else f"{how} {k}")
         rows.append(f"round {r}: " + ", ".join(cells))
     print(f"{mode:22} {'ms a step' if mode.startswith('ddp-') else 'steps/s'}; " + "; ".join(rows))
+
+
+rows = []
+try:
+    with open(os.path.join(d, "sampling.txt")) as f:
+        rows = [json.loads(line) for line in f if line.startswith("{")]
+except (OSError, ValueError):
+    pass
+if rows:
+    print()
+    print("## --kernels=sample read inside each run (sampling_cost.py; plain runs: the control)")
+    print(f"{'run':40} {'schedule':>8} {'s':>6} {'windows':>7} {'duty':>6} {'inside':>7} "
+          f"{'cost':>7} {'edges':>7} {'lost/window s':>13}")
+    for row in rows:
+        name = os.path.basename(row["log"])[:-5]
+        if "error" in row:
+            print(f"{name:40} {row['error']}")
+            continue
+        slow = row.get("inside_slowdown")
+        print(f"{name:40} {row['schedule']:>8} {row['seconds']:6.1f} {row['windows']:7.2f} "
+              f"{row['duty']:6.3f} {'' if slow is None else f'{slow:+.3f}':>7} "
+              f"{row['cost']:+7.4f} {row['cost_edges']:+7.4f} {row.get('lost_s_per_window', 0):13.4f}")
 
 print()
 print("## top kernels: torch.profiler against run --kernels (first round)")

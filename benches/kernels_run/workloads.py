@@ -14,7 +14,10 @@ Modes, each a loop with a known shape on GPU 0:
              under torchrun; batch KRUN_BATCH a rank; every rank runs the same number of steps
              (about 25 a second of SECONDS, or KRUN_DDP_STEPS); rank 0 prints
 
-Prints one JSON line: steps a second and the mode. With KRUN_UNDER_PROFILER=1 the timed loop
+Prints one JSON line: steps a second and the mode. With KRUN_STEP_LOG=FILE (rank 0 under DDP) FILE
+gets the Unix time, in ns, at which each timed step returned (`steps_end_ns`, after `start_ns`):
+benches/kernels_run/sampling_cost.py reads the cost of `--kernels=sample` from them, steps inside
+the windows against steps outside, in the same process. With KRUN_UNDER_PROFILER=1 the timed loop
 runs inside torch.profiler recording CUDA activity only (the reference for what recording costs). With TOP_OUT=FILE, the loop's last
 few seconds run under torch.profiler and FILE gets the reference: the top kernels by
 GPU time, the copies by kind, and the synchronisation calls with their counts.
@@ -142,15 +145,44 @@ def ddp_resnet_mode(seconds):
     steps = int(os.environ.get("KRUN_DDP_STEPS", max(10, int(seconds * 25))))
     dist.barrier()
     torch.cuda.synchronize()
+    log = StepLog() if rank == 0 else None
     start = time.perf_counter()
+    if log:
+        log.start()
     for _ in range(steps):
         step()
+        if log:
+            log.step()
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     under.__exit__(None, None, None)
+    if log:
+        log.write("ddp_resnet")
     dist.barrier()
     dist.destroy_process_group()
     return {"steps_per_s": steps / elapsed, "steps": steps, "rank": rank}
+
+
+class StepLog:
+    """When each timed step returned, on the Unix clock the collector's windows follow."""
+
+    def __init__(self):
+        self.path = os.environ.get("KRUN_STEP_LOG")
+        self.start_ns = None
+        self.ends = []
+
+    def start(self):
+        self.start_ns = time.time_ns()
+
+    def step(self):
+        if self.path:
+            self.ends.append(time.time_ns())
+
+    def write(self, mode):
+        if self.path:
+            with open(self.path, "w") as f:
+                json.dump({"mode": mode, "pid": os.getpid(), "start_ns": self.start_ns,
+                           "steps_end_ns": self.ends}, f)
 
 
 def reference(step, seconds, path):
@@ -246,15 +278,19 @@ def main():
         while time.perf_counter() < warm_end:
             step()
         torch.cuda.synchronize()
+        log = StepLog()
         steps, start = 0, time.perf_counter()
+        log.start()
         end = start + seconds
         while time.perf_counter() < end:
             step()
+            log.step()
             steps += 1
         torch.cuda.synchronize()
         result = {"steps_per_s": steps / (time.perf_counter() - start), "steps": steps}
         # Out of the timed span: Kineto's processing of its records at the end.
         under.__exit__(None, None, None)
+        log.write(mode)
         top_out = os.environ.get("TOP_OUT")
         if top_out:
             reference(step, min(3.0, seconds), top_out)

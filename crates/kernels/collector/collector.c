@@ -642,12 +642,14 @@ static int untimed(const gd_activity *r) {
 static pthread_mutex_t outstanding_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint8_t *outstanding[OUTSTANDING];
 
-static int track(uint8_t *buffer, int add) {
+enum track_op { TRACK_ADD, TRACK_FIND, TRACK_REMOVE };
+
+static int track(uint8_t *buffer, enum track_op op) {
   pthread_mutex_lock(&outstanding_lock);
   int found = 0;
   for (int i = 0; i < OUTSTANDING && !found; i++)
-    if (outstanding[i] == (add ? NULL : buffer)) {
-      outstanding[i] = add ? buffer : NULL;
+    if (outstanding[i] == (op == TRACK_ADD ? NULL : buffer)) {
+      if (op != TRACK_FIND) outstanding[i] = op == TRACK_ADD ? buffer : NULL;
       found = 1;
     }
   pthread_mutex_unlock(&outstanding_lock);
@@ -656,7 +658,7 @@ static int track(uint8_t *buffer, int add) {
 
 static void buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
   *buffer = aligned_alloc(8, buffer_bytes);
-  if (*buffer && !track(*buffer, 1)) {
+  if (*buffer && !track(*buffer, TRACK_ADD)) {
     free(*buffer);
     *buffer = NULL;
   }
@@ -664,9 +666,13 @@ static void buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records
   *max_records = 0;
 }
 
+// A buffer counts as out (buffers_out) until its completion has made its last CUPTI call
+// (cuptiActivityGetNextRecord, cuptiActivityGetNumDroppedRecords): CUPTI's own thread completes
+// buffers, and a detach that saw none out while one was still being read finalised CUPTI under
+// that thread's calls (a ResNet-50 training's heap corrupted; benches/RESULTS.md).
 static void buffer_completed(gd_cucontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
                              size_t valid) {
-  if (!track(buffer, 0)) {
+  if (!track(buffer, TRACK_FIND)) {
     pthread_mutex_lock(&guest_lock);
     gd_buffer_complete_fn complete = guest_complete;
     pthread_mutex_unlock(&guest_lock);
@@ -708,6 +714,7 @@ static void buffer_completed(gd_cucontext ctx, uint32_t stream, uint8_t *buffer,
   if (unfinished && verbose)
     fprintf(stderr, "gpudiag collector[%d]: a buffer came back holding records CUPTI had not timed\n",
             (int)getpid());
+  track(buffer, TRACK_REMOVE);  // before free: the address may come back from the allocator
   if (unfinished)
     hold_back(buffer);
   else
@@ -883,6 +890,9 @@ static void close_window(uint64_t now) {
   // CUPTI stops recording, but ours_on stays: the records it still holds are ours to send.
   // (No guest has shown itself, so no kind is also another client's.)
   for (size_t i = 0; i < sizeof our_kinds / sizeof *our_kinds; i++) real.disable(our_kinds[i]);
+  // CUPTI's thread flushes on its own while a period is set: none may be under way when the
+  // detach finalises CUPTI (attach sets it again).
+  if (real.flush_period) real.flush_period(0);
   send_window(window_from, now, 1);
   window_from = 0;
   try_detach(now);

@@ -267,7 +267,7 @@ mod tests {
     fn a_session_removes_its_directory_when_it_stops() {
         let (mut session, messages) = KernelsSession::prepare(env_of(&[])).unwrap();
         session.sample(SampleSchedule::DEFAULT);
-        assert_eq!(value(session.env(), SAMPLE_VAR), "1000/20000");
+        assert_eq!(value(session.env(), SAMPLE_VAR), "1000/30000");
         let so = session.collector_path();
         assert!(so.exists());
         session.watch(std::process::id()).unwrap();

@@ -337,11 +337,13 @@ pub struct SampleSchedule {
 }
 
 impl SampleSchedule {
-    /// One second of every twenty: 5% of the time, so code that pays a fifth of its speed to
-    /// CUPTI while recorded pays about 1% overall (benches/RESULTS.md).
+    /// One second of every thirty. A window costs a DDP ResNet-50 rank at batch 64 up to 0.3 s
+    /// (attaching, the launches CUPTI instruments, detaching; measured inside the run:
+    /// benches/RESULTS.md), so at one every 20 s it could pay 1.5%; every 30 s it pays 1% at
+    /// most, and a minute of training still holds two windows.
     pub const DEFAULT: SampleSchedule = SampleSchedule {
         on_ms: 1_000,
-        period_ms: 20_000,
+        period_ms: 30_000,
     };
 
     /// The variable's value the collector reads (`GPUDIAG_KERNELS_SAMPLE`).

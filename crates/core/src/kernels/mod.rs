@@ -66,7 +66,7 @@ impl Default for Limits {
             gpu_spans: 262_144,
             process_spans: 4_096,
             per_process_list: 64,
-            // Hours of the default schedule (one window every 20 s).
+            // Hours of the default schedule (one window every 30 s).
             windows_per_process: 1_024,
             // A trace holds every event in memory until it is written (about 1 kB each with
             // its args): 250,000 rows is minutes of a training step, seconds of a loop of tiny
