@@ -10,6 +10,7 @@ use gpudiag_core::check::{CheckReport, DeviceReport};
 use gpudiag_core::history::WindowStats;
 use gpudiag_model::finding::Finding;
 use gpudiag_model::finding::Status;
+use gpudiag_model::kernels::RecordedKernels;
 use gpudiag_model::metric_table;
 use gpudiag_model::printable::line as esc;
 use gpudiag_model::sample::MetricDef;
@@ -83,6 +84,10 @@ pub fn render(report: &CheckReport) -> String {
         out.push('\n');
         render_device(&mut out, d);
     }
+    if let Some(k) = &report.kernels {
+        out.push('\n');
+        render_kernels(&mut out, k, report.window.requested_s.is_some());
+    }
     if let Some(t) = &report.topology {
         out.push('\n');
         out.push_str(&gpudiag_model::topology::render(t));
@@ -132,6 +137,26 @@ pub fn render(report: &CheckReport) -> String {
         _ => {}
     }
     out
+}
+
+/// What `run --kernels` recorded, as `run` printed it at its end, under a line saying which
+/// summary it is and whether the verdicts above rest on it.
+fn render_kernels(out: &mut String, k: &RecordedKernels, window_cut: bool) {
+    let whose = if !k.ended {
+        format!(
+            "the latest summary, at {}: the recording ends before the command did, so the \
+             verdicts above rest on the counters",
+            clock(k.time_ms)
+        )
+    } else if window_cut {
+        "the run's own; the verdicts above are of the window and rest on the counters, the \
+         kernels on the whole run"
+            .to_owned()
+    } else {
+        "the run's own, as `run` printed it".to_owned()
+    };
+    let _ = writeln!(out, "kernels recorded by `run --kernels` ({whose}):");
+    out.push_str(&crate::kernels_text::kernels_section(&k.summary));
 }
 
 /// The metric table's text lines (`MetricDef::text`) that this view treats specially.

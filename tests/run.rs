@@ -530,3 +530,104 @@ fn kernels_counts_what_the_collector_in_the_command_sent() {
         "{err}"
     );
 }
+
+/// A `run --kernels --record` recording: a healthy fixture's telemetry with `summary` as its
+/// last line, the fixture's GPU matched to the records' (as `run` matches them at its end).
+fn kernels_recording(dir: &Path, ended: bool) -> PathBuf {
+    use gpudiag_core::kernels::KernelsAggregator;
+    use gpudiag_core::kernels::synthetic::sync_bound_stream;
+    use gpudiag_model::kernels::RecordedKernels;
+    use gpudiag_telemetry::recording::Record;
+    let mut aggregator = KernelsAggregator::default();
+    for m in sync_bound_stream(4242) {
+        aggregator.push(&m);
+    }
+    let mut summary = aggregator.summary();
+    summary.gpus[0].uuid = Some("GPU-3f8a2c71-9b4e-5d06-a1c2-7e9f0b4d2a11".into());
+    summary.gpus[0].index = ended.then_some(0);
+    let line = Record::Kernels(RecordedKernels {
+        time_ms: 1_767_225_609_000,
+        ended,
+        summary,
+    });
+    let mut text = std::fs::read_to_string(crate::support::fixture("healthy.ndjson")).unwrap();
+    text.push_str(&serde_json::to_string(&line).unwrap());
+    text.push('\n');
+    let path = dir.join(if ended { "run.ndjson" } else { "cut.ndjson" });
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn check_json(args: &[&str]) -> serde_json::Value {
+    let out = gpudiag()
+        .args(["check", "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `check` of a `run --kernels` recording reports what the run's records concluded: the
+/// summary `run` printed, and the GPU's verdict resting on the records as `run`'s did, the
+/// counters' kept in its evidence. Judging only the end of the run, or a recording that ends
+/// before the run's own summary, the verdict is the counters' and the text says so.
+#[test]
+fn check_of_a_kernels_recording_gives_the_runs_summary_and_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = kernels_recording(dir.path(), true);
+    let run = run.to_str().unwrap();
+
+    let report = check_json(&["--replay", run]);
+    assert_eq!(report["kernels"]["ended"], true, "{report}");
+    assert_eq!(report["kernels"]["summary"]["gpus"][0]["kernels"], 333);
+    let verdict = &report["devices"][0]["verdict"];
+    assert_eq!(verdict["basis"], "kernels", "{verdict}");
+    assert_eq!(verdict["bottleneck"], "sync_bound", "{verdict}");
+    assert!(
+        verdict["evidence"]["counters_bottleneck"].is_string(),
+        "{verdict}"
+    );
+
+    let text = gpudiag().args(["check", "--replay", run]).output().unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains("kernels recorded by `run --kernels` (the run's own, as `run` printed it):"),
+        "{text}"
+    );
+    assert!(text.contains("× cudaStreamSynchronize"), "{text}");
+    assert!(
+        text.contains("cudaStreamSynchronize 334 a second"),
+        "{text}"
+    );
+
+    let window = check_json(&["--replay", run, "--window", "5s"]);
+    assert_eq!(window["kernels"]["ended"], true);
+    assert_ne!(window["devices"][0]["verdict"]["basis"], "kernels");
+    let text = gpudiag()
+        .args(["check", "--replay", run, "--window", "5s"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8(text.stdout)
+            .unwrap()
+            .contains("the verdicts above are of the window and rest on the counters"),
+    );
+
+    let cut = kernels_recording(dir.path(), false);
+    let cut = check_json(&["--replay", cut.to_str().unwrap()]);
+    assert_eq!(cut["kernels"]["ended"], false);
+    assert_ne!(cut["devices"][0]["verdict"]["basis"], "kernels");
+
+    // A recording without --kernels has no `kernels` at all.
+    let plain = check_json(&[
+        "--replay",
+        crate::support::fixture("healthy.ndjson").to_str().unwrap(),
+    ]);
+    assert!(plain.get("kernels").is_none(), "{plain}");
+}

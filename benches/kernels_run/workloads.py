@@ -14,7 +14,8 @@ Modes, each a loop with a known shape on GPU 0:
              under torchrun; batch KRUN_BATCH a rank; every rank runs the same number of steps
              (about 25 a second of SECONDS, or KRUN_DDP_STEPS); rank 0 prints
 
-Prints one JSON line: steps a second and the mode. With KRUN_STEP_LOG=FILE (rank 0 under DDP) FILE
+Prints one JSON line: steps a second, the mode, and the process's resident memory (now and at
+its peak). With KRUN_STEP_LOG=FILE (rank 0 under DDP) FILE
 gets the Unix time, in ns, at which each timed step returned (`steps_end_ns`, after `start_ns`):
 benches/kernels_run/sampling_cost.py reads the cost of `--kernels=sample` from them, steps inside
 the windows against steps outside, in the same process. With KRUN_UNDER_PROFILER=1 the timed loop
@@ -257,6 +258,22 @@ def profiler_mode(trace_dir):
     return {"traces": traces, "unprofiled_steps": 150}
 
 
+def host_memory():
+    """This process's resident memory now and at its peak, MB (what the collector adds to a
+    traced process: the issue's budget is 64 MB)."""
+    import resource
+
+    out = {"rss_peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    out["rss_mb"] = round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return out
+
+
 def main():
     mode = sys.argv[1]
     if mode == "profiler":
@@ -296,6 +313,7 @@ def main():
             reference(step, min(3.0, seconds), top_out)
     result["mode"] = mode
     result["pid"] = os.getpid()
+    result.update(host_memory())
     print(json.dumps(result), flush=True)
 
 

@@ -998,29 +998,13 @@ pub fn conclude_kernels(
         .map(|p| (p.pid, p.device))
         .collect();
     gpudiag_core::kernels::match_devices(&mut summary, devices, &seen);
-    for d in &mut report.devices {
-        let Some(gpu) = summary.gpus.iter().find(|g| g.index == Some(d.index)) else {
-            continue;
-        };
-        let judged = gpudiag_core::kernels::verdict::judge(
-            d.index,
-            gpu,
-            &summary.processes,
-            d.verdict.as_ref(),
-            report.start_ms,
-            report.end_ms,
-        );
-        if let Some(mut v) = judged {
-            if let Some(counters) = &d.verdict {
-                v.evidence.insert(
-                    "counters_bottleneck".into(),
-                    counters.bottleneck.name().into(),
-                );
-            }
-            d.verdict = Some(v);
-        }
-    }
-    gpudiag_core::kernels::jobs::note_nccl_shares(&mut report.jobs, &summary);
+    gpudiag_core::kernels::verdict::conclude(
+        &summary,
+        report.devices.iter_mut().map(|d| (d.index, &mut d.verdict)),
+        &mut report.jobs,
+        report.start_ms,
+        report.end_ms,
+    );
     report.kernels = Some(summary);
 }
 

@@ -855,7 +855,11 @@ static void on_cuda_call(void *userdata, gd_callback_domain domain, uint32_t cbi
   (void)userdata;
   (void)cbid;
   if (!detach_pending || !data) return;
-  if (domain != GD_DOMAIN_DRIVER_API && domain != GD_DOMAIN_RUNTIME_API) return;
+  // Only at the exit of a runtime call, as Kineto tears CUPTI down: a driver call is often
+  // inside one (cuLaunchKernel inside cudaLaunchKernel), and finalising at its exit pulls
+  // CUPTI out from under the runtime call's own exit callback: a loop of tiny kernels died of
+  // SIGSEGV in half its sampled runs (benches/RESULTS.md). A runtime call is inside no other.
+  if (domain != GD_DOMAIN_RUNTIME_API) return;
   if (((const gd_callback_data *)data)->callbackSite != GD_API_EXIT) return;
   // A CUDA call of our own made under the lock (naming a GPU as a buffer completes) comes
   // here too: the next call's exit does it.
@@ -870,13 +874,13 @@ static void on_cuda_call(void *userdata, gd_callback_domain domain, uint32_t cbi
     }
     detached = 1;
     uint64_t before = monotonic_ns();
+    real.unsubscribe(our_subscriber);
     gd_result finalized = real.finalize();
     if (verbose)
       fprintf(stderr, "gpudiag collector[%d]: cuptiFinalize at a CUDA call's exit: %d, %.3f ms\n",
               (int)getpid(), finalized, (double)(monotonic_ns() - before) / 1e6);
     if (finalized != GD_CUPTI_SUCCESS) {
       // Still attached with our kinds off: the cost stays, the records stop.
-      real.unsubscribe(our_subscriber);
       note("cuptiFinalize failed: between samples CUPTI stays attached");
     }
   }
@@ -890,9 +894,6 @@ static void close_window(uint64_t now) {
   // CUPTI stops recording, but ours_on stays: the records it still holds are ours to send.
   // (No guest has shown itself, so no kind is also another client's.)
   for (size_t i = 0; i < sizeof our_kinds / sizeof *our_kinds; i++) real.disable(our_kinds[i]);
-  // CUPTI's thread flushes on its own while a period is set: none may be under way when the
-  // detach finalises CUPTI (attach sets it again).
-  if (real.flush_period) real.flush_period(0);
   send_window(window_from, now, 1);
   window_from = 0;
   try_detach(now);
@@ -920,7 +921,8 @@ static void try_detach(uint64_t now) {
     note("the callback API is another client's: recording in full");
     return;
   }
-  real.enable_domain(1, our_subscriber, GD_DOMAIN_DRIVER_API);
+  // Runtime calls only (on_cuda_call says why): a program that makes none (the driver API
+  // alone) is never detached, and pays for CUPTI between windows too.
   real.enable_domain(1, our_subscriber, GD_DOMAIN_RUNTIME_API);
   detach_pending = 1;
 }

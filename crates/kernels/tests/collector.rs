@@ -546,7 +546,8 @@ fn windows(messages: &[CollectorMessage]) -> Vec<(u64, Option<u64>, bool)> {
 }
 
 /// Sampling: CUPTI is attached only in the windows (100 ms of every 300 here) and finalised
-/// between them at a CUDA call's exit; each window is said when it opens and when it closes.
+/// between them at a CUDA runtime call's exit, never at the exit of the driver call inside it;
+/// each window is said when it opens and when it closes.
 #[test]
 fn sampling_records_in_windows_and_detaches_cupti_between_them() {
     let h = harness();
@@ -566,6 +567,8 @@ fn sampling_records_in_windows_and_detaches_cupti_between_them() {
         "on in {on} of {steps} steps: {out}"
     );
     assert!(finalised >= 3, "{out}");
+    // Never at a driver call's exit inside a runtime call (what crashed a launch loop).
+    assert!(out.contains("finalised inside a runtime call 0\n"), "{out}");
     let w = windows(&run.messages);
     let closed: Vec<_> = w.iter().filter_map(|&(f, t, _)| Some(t? - f)).collect();
     assert!(closed.len() >= 3, "{w:?}");

@@ -63,6 +63,13 @@ pub struct CheckReport {
     /// How each job's verdict changed over the window.
     #[serde(default)]
     pub job_phases: Vec<JobPhases>,
+    /// What `run --kernels` recorded of the command's kernels, copies and syncs, when the
+    /// checked recording carries it (`run --kernels --record`): the latest summary up to the
+    /// window's end, `ended` when it is the run's own, written as the command ended. It covers
+    /// the run, not the check's window. Judging a whole recording whose summary `ended`, the
+    /// GPUs' verdicts and the jobs' rest on it as `run`'s did. Left out otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<gpudiag_model::kernels::RecordedKernels>,
     /// Rules that could not judge in the window, with the reason: silence is not health.
     #[serde(default)]
     pub not_judged: Vec<gpudiag_model::verdict::NotJudged>,
@@ -115,6 +122,7 @@ impl CheckReport {
             host_findings: Vec::new(),
             jobs: Vec::new(),
             job_phases: Vec::new(),
+            kernels: None,
             not_judged: Vec::new(),
             status: Status::CouldNotRun,
             could_not_run: Some(why),

@@ -161,7 +161,7 @@ pub fn run(
     let status = super::status_of(&judged.findings);
     let (mut per_device, host_findings) = super::split_findings(judged.findings);
     let mut phases = judged.phases;
-    let device_reports = devices
+    let mut device_reports: Vec<DeviceReport> = devices
         .into_iter()
         .map(|info| DeviceReport {
             summary: super::summarise(&pipeline.history, info.index, window.judge_last),
@@ -175,6 +175,24 @@ pub fn run(
             info,
         })
         .collect();
+    let mut jobs = judged.jobs;
+    let kernels = pipeline.kernels.take().map(|k| *k);
+    // The run's own summary says what its records concluded; judging only the end of the run,
+    // the counters' verdict is of that window and the records of the whole run.
+    if let Some(k) = kernels.as_ref().filter(|k| k.ended)
+        && window.judge_last.is_none()
+        && let (Some(start), Some(end)) = (pipeline.first_ms(), pipeline.last_ms())
+    {
+        crate::kernels::verdict::conclude(
+            &k.summary,
+            device_reports
+                .iter_mut()
+                .map(|d| (d.info.index, &mut d.verdict)),
+            &mut jobs,
+            start,
+            end,
+        );
+    }
     let covered_ms = match (pipeline.first_ms(), pipeline.last_ms()) {
         (Some(a), Some(b)) => b.saturating_sub(a),
         _ => 0,
@@ -201,12 +219,13 @@ pub fn run(
         topology,
         host_probes: probed.as_ref().map(|p| p.host.clone()),
         host_findings,
-        jobs: judged.jobs,
+        jobs,
         job_phases: judged
             .job_phases
             .into_iter()
             .map(|(job, phases)| super::JobPhases { job, phases })
             .collect(),
+        kernels,
         not_judged: judged.not_judged,
         status,
         could_not_run: None,

@@ -5,7 +5,8 @@
 
 use serde_json::{Map, json};
 
-use gpudiag_model::kernels::{HostMemory, KernelsGpu, KernelsProcess};
+use gpudiag_model::job::JobVerdict;
+use gpudiag_model::kernels::{HostMemory, KernelsGpu, KernelsProcess, KernelsSummary};
 use gpudiag_model::sample::TimeMs;
 use gpudiag_model::verdict::{Basis, Bottleneck, Confidence, Verdict};
 
@@ -25,6 +26,43 @@ pub const LAUNCH_BOUND_GPU_IDLE: f64 = 0.3;
 pub const UNDERFILLED_BLOCKS: u64 = 16;
 /// … when it holds this share of the busy time.
 pub const UNDERFILLED_SHARE: f64 = 0.5;
+
+/// What a run's records conclude, for `run --kernels` at its end and for `check` of its
+/// recording: each GPU's verdict (`verdicts`: its index and the counters' verdict) rests on its
+/// records where they show a waste clearly, the counters' bottleneck kept in the evidence
+/// (`counters_bottleneck`); each job's verdict notes its ranks' NCCL shares. `summary` has its
+/// GPUs matched to indices ([`super::match_devices`]); `[start_ms, end_ms]` is the run.
+pub fn conclude<'a>(
+    summary: &KernelsSummary,
+    verdicts: impl IntoIterator<Item = (u32, &'a mut Option<Verdict>)>,
+    jobs: &mut [JobVerdict],
+    start_ms: TimeMs,
+    end_ms: TimeMs,
+) {
+    for (index, verdict) in verdicts {
+        let Some(gpu) = summary.gpus.iter().find(|g| g.index == Some(index)) else {
+            continue;
+        };
+        let judged = judge(
+            index,
+            gpu,
+            &summary.processes,
+            verdict.as_ref(),
+            start_ms,
+            end_ms,
+        );
+        if let Some(mut v) = judged {
+            if let Some(counters) = verdict.as_ref() {
+                v.evidence.insert(
+                    "counters_bottleneck".into(),
+                    counters.bottleneck.name().into(),
+                );
+            }
+            *verdict = Some(v);
+        }
+    }
+    super::jobs::note_nccl_shares(jobs, summary);
+}
 
 /// The verdict on `device` from its kernel records, or `None` when they show no clear waste
 /// (the counters' verdict, `counters`, then stands). The window is the counters' verdict's when

@@ -177,6 +177,8 @@ int main(int argc, char **argv) {
     }
     printf("on %d of %d, late %d of %d, finalised %d, guest subscribed %d\n", on, steps,
            on_late, late, finalizations(), guest_result);
+    int (*inside)(void) = (int (*)(void))dlsym(fake, "fake_finalized_inside_a_call");
+    printf("finalised inside a runtime call %d\n", inside());
     return 0;
   }
   if (!strcmp(argv[2], "gone")) {

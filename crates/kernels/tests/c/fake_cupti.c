@@ -64,8 +64,13 @@ gd_result cuptiActivityFlushAll(uint32_t flag) {
   }
   return 0;
 }
+// Inside a runtime call, and not in its exit callback: where finalising crashed the real one
+// (a driver call's exit nested in it).
+static int in_runtime_call, at_runtime_exit, finalized_inside;
+
 // Detaches everything, as the real one does: the callbacks, the kinds, the subscriber.
 gd_result cuptiFinalize(void) {
+  if (in_runtime_call && !at_runtime_exit) finalized_inside++;
   request = NULL;
   complete = NULL;
   memset(enabled, 0, sizeof enabled);
@@ -112,14 +117,26 @@ gd_result cuptiActivityGetNextRecord(uint8_t *buffer, size_t valid, gd_activity 
 int fake_enabled(int kind) { return kind >= 0 && kind < 64 && enabled[kind]; }
 int fake_finalizations(void) { return finalizations; }
 
-// A CUDA runtime call: the subscriber hears of its entry and its exit.
+// A CUDA runtime call with a driver call inside it, as cudaLaunchKernel makes cuLaunchKernel:
+// the subscriber hears of each entry and exit, in that order.
 void fake_cuda_call(void) {
-  for (int site = 0; site < 2; site++) {
+  static const struct {
+    gd_callback_domain domain;
+    uint32_t site;
+  } order[] = {{GD_DOMAIN_RUNTIME_API, 0},
+               {GD_DOMAIN_DRIVER_API, 0},
+               {GD_DOMAIN_DRIVER_API, 1},
+               {GD_DOMAIN_RUNTIME_API, 1}};
+  in_runtime_call = 1;
+  for (size_t i = 0; i < sizeof order / sizeof *order; i++) {
     gd_callback_fn cb = subscriber;
-    gd_callback_data data = {site};
-    if (cb && domains[GD_DOMAIN_RUNTIME_API]) cb(NULL, GD_DOMAIN_RUNTIME_API, 1, &data);
+    gd_callback_data data = {order[i].site};
+    at_runtime_exit = order[i].domain == GD_DOMAIN_RUNTIME_API && order[i].site == 1;
+    if (cb && domains[order[i].domain]) cb(NULL, order[i].domain, 1, &data);
   }
+  in_runtime_call = at_runtime_exit = 0;
 }
+int fake_finalized_inside_a_call(void) { return finalized_inside; }
 int fake_registrations(void) { return registrations; }
 
 static char long_name[3000];
