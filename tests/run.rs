@@ -559,18 +559,9 @@ fn kernels_recording(dir: &Path, ended: bool) -> PathBuf {
 }
 
 fn check_json(args: &[&str]) -> serde_json::Value {
-    let out = gpudiag()
-        .args(["check", "--json"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let run = crate::support::run(&[&["check", "--json"], args].concat());
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    run.json()
 }
 
 /// `check` of a `run --kernels` recording reports what the run's records concluded: the
@@ -594,8 +585,7 @@ fn check_of_a_kernels_recording_gives_the_runs_summary_and_verdict() {
         "{verdict}"
     );
 
-    let text = gpudiag().args(["check", "--replay", run]).output().unwrap();
-    let text = String::from_utf8(text.stdout).unwrap();
+    let text = crate::support::run(&["check", "--replay", run]).stdout;
     assert!(
         text.contains("kernels recorded by `run --kernels` (the run's own, as `run` printed it):"),
         "{text}"
@@ -609,20 +599,22 @@ fn check_of_a_kernels_recording_gives_the_runs_summary_and_verdict() {
     let window = check_json(&["--replay", run, "--window", "5s"]);
     assert_eq!(window["kernels"]["ended"], true);
     assert_ne!(window["devices"][0]["verdict"]["basis"], "kernels");
-    let text = gpudiag()
-        .args(["check", "--replay", run, "--window", "5s"])
-        .output()
-        .unwrap();
+    let text = crate::support::run(&["check", "--replay", run, "--window", "5s"]).stdout;
     assert!(
-        String::from_utf8(text.stdout)
-            .unwrap()
-            .contains("the verdicts above are of the window and rest on the counters"),
+        text.contains("the verdicts above are of the window and rest on the counters"),
+        "{text}"
     );
 
     let cut = kernels_recording(dir.path(), false);
-    let cut = check_json(&["--replay", cut.to_str().unwrap()]);
-    assert_eq!(cut["kernels"]["ended"], false);
-    assert_ne!(cut["devices"][0]["verdict"]["basis"], "kernels");
+    let cut = cut.to_str().unwrap();
+    let report = check_json(&["--replay", cut]);
+    assert_eq!(report["kernels"]["ended"], false);
+    assert_ne!(report["devices"][0]["verdict"]["basis"], "kernels");
+    let text = crate::support::run(&["check", "--replay", cut]).stdout;
+    assert!(
+        text.contains("the recording ends before the command did"),
+        "{text}"
+    );
 
     // A recording without --kernels has no `kernels` at all.
     let plain = check_json(&[
