@@ -531,9 +531,10 @@ fn kernels_counts_what_the_collector_in_the_command_sent() {
     );
 }
 
-/// A `run --kernels --record` recording: a healthy fixture's telemetry with `summary` as its
-/// last line, the fixture's GPU matched to the records' (as `run` matches them at its end).
-fn kernels_recording(dir: &Path, ended: bool) -> PathBuf {
+/// A `run --kernels --record` recording: a healthy fixture's telemetry with a sync-bound loop's
+/// summary as its last line (its top kernel named `kernel` where given), the fixture's GPU
+/// matched to the records' (as `run` matches them at its end).
+fn kernels_recording(dir: &Path, ended: bool, kernel: Option<&str>) -> PathBuf {
     use gpudiag_core::kernels::KernelsAggregator;
     use gpudiag_core::kernels::synthetic::sync_bound_stream;
     use gpudiag_model::kernels::RecordedKernels;
@@ -545,6 +546,10 @@ fn kernels_recording(dir: &Path, ended: bool) -> PathBuf {
     let mut summary = aggregator.summary();
     summary.gpus[0].uuid = Some("GPU-3f8a2c71-9b4e-5d06-a1c2-7e9f0b4d2a11".into());
     summary.gpus[0].index = ended.then_some(0);
+    if let Some(name) = kernel {
+        summary.gpus[0].top_kernels[0].name = name.into();
+        summary.gpus[0].top_kernels[0].short_name = name.into();
+    }
     let line = Record::Kernels(RecordedKernels {
         time_ms: 1_767_225_609_000,
         ended,
@@ -571,7 +576,7 @@ fn check_json(args: &[&str]) -> serde_json::Value {
 #[test]
 fn check_of_a_kernels_recording_gives_the_runs_summary_and_verdict() {
     let dir = tempfile::tempdir().unwrap();
-    let run = kernels_recording(dir.path(), true);
+    let run = kernels_recording(dir.path(), true, None);
     let run = run.to_str().unwrap();
 
     let report = check_json(&["--replay", run]);
@@ -605,7 +610,7 @@ fn check_of_a_kernels_recording_gives_the_runs_summary_and_verdict() {
         "{text}"
     );
 
-    let cut = kernels_recording(dir.path(), false);
+    let cut = kernels_recording(dir.path(), false, None);
     let cut = cut.to_str().unwrap();
     let report = check_json(&["--replay", cut]);
     assert_eq!(report["kernels"]["ended"], false);
@@ -622,4 +627,25 @@ fn check_of_a_kernels_recording_gives_the_runs_summary_and_verdict() {
         crate::support::fixture("healthy.ndjson").to_str().unwrap(),
     ]);
     assert!(plain.get("kernels").is_none(), "{plain}");
+}
+
+/// A recording is anyone's file: a kernel name carrying terminal escapes reaches `check`'s text
+/// escaped.
+#[test]
+fn check_of_a_kernels_recording_escapes_what_the_recording_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = kernels_recording(dir.path(), true, Some("gemm\u{1b}[2J\u{1b}]0;owned\u{7}"));
+    let out = crate::support::run(&["check", "--replay", run.to_str().unwrap()]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("kernels recorded by `run --kernels`"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("gemm"), "{}", out.stdout);
+    assert!(
+        !out.stdout.contains('\u{1b}') && !out.stdout.contains('\u{7}'),
+        "{:?}",
+        out.stdout
+    );
 }

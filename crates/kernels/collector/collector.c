@@ -668,8 +668,9 @@ static void buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records
 
 // A buffer counts as out (buffers_out) until its completion has made its last CUPTI call
 // (cuptiActivityGetNextRecord, cuptiActivityGetNumDroppedRecords): CUPTI's own thread completes
-// buffers, and a detach that saw none out while one was still being read finalised CUPTI under
-// that thread's calls (a ResNet-50 training's heap corrupted; benches/RESULTS.md).
+// buffers, and a detach that saw none out while one was still being read could finalise CUPTI
+// under that thread's calls (a race that fits a ResNet-50 training's corrupted heap;
+// benches/RESULTS.md).
 static void buffer_completed(gd_cucontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
                              size_t valid) {
   if (!track(buffer, TRACK_FIND)) {
@@ -858,7 +859,7 @@ static void on_cuda_call(void *userdata, gd_callback_domain domain, uint32_t cbi
   // Only at the exit of a runtime call, as Kineto tears CUPTI down: a driver call is often
   // inside one (cuLaunchKernel inside cudaLaunchKernel), and finalising at its exit pulls
   // CUPTI out from under the runtime call's own exit callback: a loop of tiny kernels died of
-  // SIGSEGV in half its sampled runs (benches/RESULTS.md). A runtime call is inside no other.
+  // SIGSEGV in two sampled runs of four (benches/RESULTS.md). A runtime call is inside no other.
   if (domain != GD_DOMAIN_RUNTIME_API) return;
   if (((const gd_callback_data *)data)->callbackSite != GD_API_EXIT) return;
   // A CUDA call of our own made under the lock (naming a GPU as a buffer completes) comes
