@@ -272,23 +272,28 @@ fn arrivals_line(out: &mut String, a: &gpudiag_model::kernels::NcclArrivals) {
         let most = a
             .by_pid
             .iter()
-            .max_by(|x, y| x.last_share.total_cmp(&y.last_share));
-        let _ = match most {
-            Some(m) => writeln!(
+            .max_by(|x, y| x.peers_waited_s.total_cmp(&y.peers_waited_s));
+        let _ = match most.and_then(|m| Some((m, a.share_of_waiting(m.pid)?))) {
+            Some((m, share)) => writeln!(
                 out,
-                "{lead}; none arrived last at most of them (the most often last, pid {}, at {}): \
-                 no rank held the others back",
+                "{lead}; no rank caused most of the waiting at them (the most, pid {}, {} of it, \
+                 arriving last at {}): none held the others back",
                 m.pid,
+                pct(share),
                 pct(m.last_share)
             ),
             None => writeln!(out, "{lead}"),
         };
         return;
     };
+    let caused = a
+        .share_of_waiting(late.pid)
+        .map(|share| format!(", caused {} of the waiting", pct(share)))
+        .unwrap_or_default();
     let _ = writeln!(
         out,
-        "{lead}; pid {} arrived last at {} of them and each peer waited {} for it in all: it is \
-         the rank the others wait for",
+        "{lead}; pid {} arrived last at {} of them{caused}, and each peer waited {} for it in \
+         all: it is the rank the others wait for",
         late.pid,
         pct(late.last_share),
         duration(late.peers_waited_s)
@@ -471,8 +476,8 @@ mod tests {
         assert!(
             text.contains(
                 "gpudiag: kernels: NCCL collectives all 2 processes ran: 100; pid 201 arrived \
-                 last at 100% of them and each peer waited 300.0 ms for it in all: it is the \
-                 rank the others wait for"
+                 last at 100% of them, caused 100% of the waiting, and each peer waited 300.0 ms \
+                 for it in all: it is the rank the others wait for"
             ),
             "{text}"
         );

@@ -11,10 +11,11 @@
 //   * nothing of CUDA is linked: libcupti and libcuda are looked up at run time, and CUPTI's
 //     types are declared by hand (cupti_types.h, held to the real headers by layout_check.c);
 //     records are read only for a CUPTI API version whose layout was checked;
-//   * the callback API's one subscriber slot is Kineto's: the collector takes it only for the
-//     moment it detaches CUPTI between samples (--kernels=sample, "sampling" below), and never
-//     once another CUPTI client has shown itself; cuptiFinalize only there, at a CUDA call's
-//     exit, as CUPTI asks;
+//   * the callback API's one subscriber slot is Kineto's: the collector takes it only to detach
+//     CUPTI between samples (--kernels=sample, "sampling" below: from cuInit to the first
+//     detach, then from each window's close to its detach), gives it up at another CUPTI
+//     client's first call, and never takes it again after; cuptiFinalize only there, at a
+//     CUDA runtime call's exit, as CUPTI asks;
 //   * the command never waits on gpudiag: sends are non-blocking and a full socket drops the
 //     batch, counted; with GPUDIAG_KERNELS_SOCKET unset, no libcupti, or gpudiag gone, it does
 //     nothing and prints nothing (unless GPUDIAG_KERNELS_VERBOSE is set).
@@ -761,8 +762,8 @@ static void attach(void) {
 // (turning the kinds off 90% of the time kept the whole cost: benches/RESULTS.md, the
 // feasibility gate); only cuptiFinalize takes it off, and CUPTI wants that called at the exit
 // of a CUDA driver or runtime call (from a thread of our own it crashed one program in three).
-// So between windows the collector turns its kinds off, flushes, and subscribes to the callback
-// API just long enough for the next CUDA call's exit to call cuptiFinalize; when the next
+// So between windows the collector turns its kinds off, flushes, and lets the next runtime
+// call's exit (it is subscribed to the callback API until then) call cuptiFinalize; when the next
 // window opens it attaches again (CUPTI initialises itself on the next call). While detached it
 // calls nothing of CUPTI's. Windows follow the wall clock (the first `on` ns of every
 // `period`), so every rank of a job records the same windows.
@@ -775,6 +776,7 @@ static struct {
 static int detached;               // CUPTI finalised until the next window (attach_lock)
 static atomic_int detach_pending;  // our subscription waits for a CUDA call's exit
 static gd_subscriber our_subscriber;
+static int subscribed;  // our_subscriber hears the runtime API's calls (attach_lock)
 static int guest_seen;        // sampling gave way to another client (attach_lock)
 static uint64_t window_from;  // when the open window began, Unix ns; 0: none open (attach_lock)
 
@@ -789,6 +791,31 @@ static void send_span(uint16_t type, uint64_t from, uint64_t to, uint32_t flags)
 
 static void send_window(uint64_t from, uint64_t to, uint32_t flags) {
   send_span(MSG_WINDOW, from, to, flags);
+}
+
+static void on_cuda_call(void *userdata, gd_callback_domain domain, uint32_t cbid,
+                         const void *data);
+
+// Subscribes to the runtime API's calls, so that a detach can finalise CUPTI at one's exit;
+// 0 when the slot is another client's (one we never saw call us). (attach_lock held.)
+static int subscribe_to_runtime_calls(void) {
+  if (subscribed) return 1;
+  if (!real.subscribe || !real.enable_domain || !real.unsubscribe || !real.finalize ||
+      real.subscribe(&our_subscriber, on_cuda_call, NULL) != GD_CUPTI_SUCCESS)
+    return 0;
+  // Runtime calls only (on_cuda_call says why): a program that makes none (the driver API
+  // alone) is never detached, and pays for CUPTI between windows too.
+  real.enable_domain(1, our_subscriber, GD_DOMAIN_RUNTIME_API);
+  subscribed = 1;
+  return 1;
+}
+
+// The slot goes back: to another client that asks for it, or as we stop. (attach_lock held.)
+static void unsubscribe_from_runtime_calls(void) {
+  detach_pending = 0;
+  if (!subscribed) return;
+  real.unsubscribe(our_subscriber);
+  subscribed = 0;
 }
 
 // GPUDIAG_KERNELS_SAMPLE="ON_MS/PERIOD_MS", as gpudiag sets it; anything else records in full.
@@ -878,13 +905,12 @@ static void on_cuda_call(void *userdata, gd_callback_domain domain, uint32_t cbi
     detach_pending = 0;
     if (buffers_out() > 0) {
       // CUPTI took a buffer since the window closed: not now (the sampler tries again).
-      real.unsubscribe(our_subscriber);
       pthread_mutex_unlock(&attach_lock);
       return;
     }
     detached = 1;
     uint64_t before = monotonic_ns();
-    real.unsubscribe(our_subscriber);
+    unsubscribe_from_runtime_calls();
     gd_result finalized = real.finalize();
     if (verbose)
       fprintf(stderr, "gpudiag collector[%d]: cuptiFinalize at a CUDA call's exit: %d, %.3f ms\n",
@@ -921,8 +947,7 @@ static void try_detach(uint64_t now) {
     fprintf(stderr, "gpudiag collector[%d]: window closed; %s\n", (int)getpid(),
             out ? "records still running on the GPU: detaching later" : "detaching");
   if (out) return;
-  if (!real.subscribe || !real.enable_domain || !real.unsubscribe || !real.finalize ||
-      real.subscribe(&our_subscriber, on_cuda_call, NULL) != GD_CUPTI_SUCCESS) {
+  if (!subscribe_to_runtime_calls()) {
     // The slot is taken by a client we never saw call us: it keeps CUPTI as it is.
     guest_seen = 1;
     attach();
@@ -931,20 +956,15 @@ static void try_detach(uint64_t now) {
     note("the callback API is another client's: recording in full");
     return;
   }
-  // Runtime calls only (on_cuda_call says why): a program that makes none (the driver API
-  // alone) is never detached, and pays for CUPTI between windows too.
-  real.enable_domain(1, our_subscriber, GD_DOMAIN_RUNTIME_API);
   detach_pending = 1;
 }
 
 // A window opens: attach again. (attach_lock held.)
 static void open_window(uint64_t now, uint32_t flags) {
   int recording = window_from != 0;
-  if (detach_pending) {
-    // No CUDA call since the last window closed: it never detached, but its kinds are off.
-    detach_pending = 0;
-    real.unsubscribe(our_subscriber);
-  }
+  // No runtime call since the last window closed: it never detached, but its kinds are off.
+  // (The subscription stays, for this window's detach.)
+  detach_pending = 0;
   if (!recording) {
     uint64_t before = monotonic_ns();
     attach();
@@ -965,6 +985,7 @@ static void give_way(void) {
   pthread_mutex_lock(&attach_lock);
   if (!guest_seen) {
     guest_seen = 1;
+    unsubscribe_from_runtime_calls();  // the slot is the other client's
     if (active && !stopped && !exiting && !stepped_aside) open_window(unix_now_ns(), 2);
     note("another CUPTI client: sampling ends, recording in full");
   }
@@ -1017,10 +1038,7 @@ static void start_flusher(void) {
 static void *turn_off(void *unused) {
   (void)unused;
   pthread_mutex_lock(&attach_lock);
-  if (detach_pending) {
-    detach_pending = 0;
-    real.unsubscribe(our_subscriber);
-  }
+  unsubscribe_from_runtime_calls();
   // Detached, there is nothing to turn off, and a call would attach CUPTI again.
   if (!stepped_aside && !detached)
     for (size_t i = 0; i < sizeof our_kinds / sizeof *our_kinds; i++) set_kind(our_kinds[i], 0);
@@ -1086,10 +1104,7 @@ static void goodbye(void) {
   if (getpid() != our_pid) return;  // a forked child that never exec'd: the parent says it
   exiting = 1;
   pthread_mutex_lock(&attach_lock);
-  if (detach_pending) {
-    detach_pending = 0;
-    real.unsubscribe(our_subscriber);
-  }
+  unsubscribe_from_runtime_calls();
   // Stepped aside, what CUPTI holds is the guest's to flush; detached, CUPTI holds nothing.
   if (active && !stepped_aside && !stopped && !detached) real.flush_all(GD_FLUSH_FORCED);
   int aside = stepped_aside;
@@ -1198,7 +1213,18 @@ EXPORT int InitializeInjection(void) {
   attach();
   if (sample.period_ns) {
     window_from = unix_now_ns();
-    send_window(window_from, 0, 0);
+    // Subscribed here, inside cuInit, where no other CUDA call is under way: subscribing
+    // from the sampler's thread as the first window closed, while the program was inside a
+    // CUDA call, killed a launch loop in 10 runs of 24 (SIGSEGV in that millisecond, before
+    // any finalise; benches/RESULTS.md). Later windows' subscriptions, made after CUPTI was
+    // attached again from that thread, never did.
+    if (subscribe_to_runtime_calls()) {
+      send_window(window_from, 0, 0);
+    } else {
+      guest_seen = 1;
+      send_window(window_from, 0, 2);
+      note("the callback API is another client's: recording in full");
+    }
   }
   pthread_mutex_unlock(&attach_lock);
   start_flusher();

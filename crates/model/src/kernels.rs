@@ -305,9 +305,20 @@ pub struct NcclArrivals {
     pub unmatched: u64,
     /// Per process, by pid.
     pub by_pid: Vec<NcclArrival>,
-    /// The process that arrived last at most of them (at least 75% of 20 or more) and cost
-    /// each peer 1% of its time or more: the rank the others wait for. `None` otherwise.
+    /// The process that caused most of the waiting at them (75% or more of it, over 20 or
+    /// more), arrived last more often than chance, and cost each peer 1% of its time or more:
+    /// the rank the others wait for. `None` otherwise.
     pub waited_for: Option<u32>,
+}
+
+impl NcclArrivals {
+    /// The share of all the waiting at the matched collectives that `pid` caused (the peers'
+    /// waits for it, against everyone's). `None` when nobody waited, or for a pid not here.
+    pub fn share_of_waiting(&self, pid: u32) -> Option<f64> {
+        let total: f64 = self.by_pid.iter().map(|a| a.peers_waited_s).sum();
+        let mine = self.by_pid.iter().find(|a| a.pid == pid)?.peers_waited_s;
+        (total > 0.0).then(|| mine / total)
+    }
 }
 
 /// How often one process arrived last, and what that cost the others.

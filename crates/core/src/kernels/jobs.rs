@@ -83,8 +83,12 @@ pub fn note_nccl_shares(jobs: &mut [JobVerdict], summary: &KernelsSummary) {
             (None, Some((pid, arrival, matched))) => Some((
                 pid,
                 format!(
-                    "arrives last at {} of the {matched} collectives its peers ran with it",
-                    pct(arrival.last_share)
+                    "arrives last at {} of the {matched} collectives its peers ran with it{}",
+                    pct(arrival.last_share),
+                    arrivals
+                        .and_then(|a| a.share_of_waiting(pid))
+                        .map(|share| format!(" and causes {} of their waiting", pct(share)))
+                        .unwrap_or_default()
                 ),
             )),
             (None, None) => None,
@@ -285,7 +289,7 @@ mod tests {
             pid,
             last: (last_share * 400.0) as u64,
             last_share,
-            peers_waited_s: 0.2,
+            peers_waited_s: last_share,
         };
         let mut s = summary(&[(100, 0.10), (101, 0.08), (102, 0.10)]);
         s.nccl_arrivals = Some(NcclArrivals {
@@ -299,7 +303,7 @@ mod tests {
         assert!(
             jobs[0].title.ends_with(
                 "; measured by --kernels: GPU 1 (rank 1) arrives last at 90.0% of the 400 \
-                 collectives its peers ran with it"
+                 collectives its peers ran with it and causes 90.0% of their waiting"
             ),
             "{}",
             jobs[0].title

@@ -179,6 +179,9 @@ int main(int argc, char **argv) {
            on_late, late, finalizations(), guest_result);
     int (*inside)(void) = (int (*)(void))dlsym(fake, "fake_finalized_inside_a_call");
     printf("finalised inside a runtime call %d\n", inside());
+    int (*off_thread)(void) =
+        (int (*)(void))dlsym(fake, "fake_subscribed_off_thread_before_a_finalize");
+    printf("subscribed from another thread before the first finalise %d\n", off_thread());
     return 0;
   }
   if (!strcmp(argv[2], "gone")) {

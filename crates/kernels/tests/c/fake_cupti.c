@@ -2,6 +2,7 @@
 // callbacks registered with it, and fake_emit() fills one buffer with records laid out as
 // cupti_types.h declares them (the real layouts are held to that header by layout_check.c),
 // then completes it, as CUPTI does when a buffer is full or flushed.
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,8 +80,20 @@ gd_result cuptiFinalize(void) {
   finalizations++;
   return 0;
 }
+// The thread that loaded us, as the program's own thread loads libcupti and calls cuInit (and
+// so InitializeInjection) on it.
+static pthread_t program_thread;
+__attribute__((constructor)) static void remember_program_thread(void) {
+  program_thread = pthread_self();
+}
+// Subscriptions from a thread of the collector's own while CUPTI was still as cuInit attached
+// it: where, on an H200, the program died inside its next CUDA call.
+static int subscribed_off_thread_first;
+
 gd_result cuptiSubscribe(gd_subscriber *handle, gd_callback_fn callback, void *userdata) {
   (void)userdata;
+  if (!finalizations && !pthread_equal(pthread_self(), program_thread))
+    subscribed_off_thread_first++;
   if (subscriber) return 39;  // CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
   subscriber = callback;
   *handle = (gd_subscriber)&subscriber;
@@ -137,6 +150,7 @@ void fake_cuda_call(void) {
   in_runtime_call = at_runtime_exit = 0;
 }
 int fake_finalized_inside_a_call(void) { return finalized_inside; }
+int fake_subscribed_off_thread_before_a_finalize(void) { return subscribed_off_thread_first; }
 int fake_registrations(void) { return registrations; }
 
 static char long_name[3000];
