@@ -1038,7 +1038,10 @@ static void start_flusher(void) {
 static void *turn_off(void *unused) {
   (void)unused;
   pthread_mutex_lock(&attach_lock);
-  unsubscribe_from_runtime_calls();
+  // No detach from here on (the sampler stops too). The subscription stays, idle: changing it
+  // from a thread of ours while the program may be inside a CUDA call is what crashed a
+  // sampled launch loop (see InitializeInjection); another client's first call still takes it.
+  detach_pending = 0;
   // Detached, there is nothing to turn off, and a call would attach CUPTI again.
   if (!stepped_aside && !detached)
     for (size_t i = 0; i < sizeof our_kinds / sizeof *our_kinds; i++) set_kind(our_kinds[i], 0);
