@@ -4,6 +4,7 @@
 
 use std::fmt::Write;
 
+use gpudiag_core::kernels::arrivals::{MIN_MATCHED, MIN_WAIT_SHARE, MIN_WAITING_SHARE};
 use gpudiag_core::kernels::verdict::{bytes, direction_label, grouped, memory_name};
 use gpudiag_model::kernels::{HostMemory, KernelsGpu, KernelsProcess, KernelsSummary};
 use gpudiag_model::printable;
@@ -273,17 +274,40 @@ fn arrivals_line(out: &mut String, a: &gpudiag_model::kernels::NcclArrivals) {
             .by_pid
             .iter()
             .max_by(|x, y| x.peers_waited_s.total_cmp(&y.peers_waited_s));
-        let _ = match most.and_then(|m| Some((m, a.share_of_waiting(m.pid)?))) {
-            Some((m, share)) => writeln!(
-                out,
-                "{lead}; no rank caused most of the waiting at them (the most, pid {}, {} of it, \
-                 arriving last at {}): none held the others back",
+        let Some((m, share)) = most.and_then(|m| Some((m, a.share_of_waiting(m.pid)?))) else {
+            let _ = writeln!(out, "{lead}");
+            return;
+        };
+        // Say which test the rank that caused the most waiting failed.
+        let why = if a.matched < MIN_MATCHED {
+            format!("too few to tell who the others wait for (under {MIN_MATCHED})")
+        } else if share < MIN_WAITING_SHARE {
+            format!(
+                "no rank caused most of the waiting at them (the most, pid {}, {} of it, \
+                 arriving last at {})",
                 m.pid,
                 pct(share),
                 pct(m.last_share)
-            ),
-            None => writeln!(out, "{lead}"),
+            )
+        } else if m.last_share <= 1.0 / ranks as f64 {
+            format!(
+                "pid {} caused {} of the waiting but arrived last at only {} of them",
+                m.pid,
+                pct(share),
+                pct(m.last_share)
+            )
+        } else {
+            format!(
+                "pid {} caused {} of the waiting (arriving last at {}), but each peer waited \
+                 only {} for it in all, under {:.0}% of its time",
+                m.pid,
+                pct(share),
+                pct(m.last_share),
+                duration(m.peers_waited_s),
+                MIN_WAIT_SHARE * 100.0
+            )
         };
+        let _ = writeln!(out, "{lead}; {why}: none held the others back");
         return;
     };
     let caused = a
@@ -461,6 +485,63 @@ mod tests {
         );
         assert!(
             text.contains("pid 300: another CUPTI client (torch.profiler, Nsight) appeared at"),
+            "{text}"
+        );
+    }
+
+    /// Where no rank is named, the line says which test the rank that caused the most waiting
+    /// failed, never that no rank caused most of it when one did.
+    #[test]
+    fn an_unnamed_rank_is_told_apart_by_the_test_it_failed() {
+        use gpudiag_model::kernels::{NcclArrival, NcclArrivals};
+        let arrivals = |matched, late: (f64, f64)| NcclArrivals {
+            matched,
+            unmatched: 0,
+            by_pid: vec![
+                NcclArrival {
+                    pid: 300,
+                    last: 0,
+                    last_share: 1.0 - late.0,
+                    peers_waited_s: 0.001,
+                },
+                NcclArrival {
+                    pid: 301,
+                    last: 0,
+                    last_share: late.0,
+                    peers_waited_s: late.1,
+                },
+            ],
+            waited_for: None,
+        };
+        let line = |a: &NcclArrivals| {
+            let mut out = String::new();
+            arrivals_line(&mut out, a);
+            out
+        };
+        // Always last, by too little to matter.
+        let text = line(&arrivals(100, (1.0, 0.009)));
+        assert!(
+            text.contains(
+                "; pid 301 caused 90% of the waiting (arriving last at 100%), but each peer \
+                 waited only 9.0 ms for it in all, under 1% of its time: none held the others \
+                 back"
+            ),
+            "{text}"
+        );
+        // Most of the waiting, from a few long waits, while last no more often than chance.
+        let text = line(&arrivals(100, (0.4, 0.009)));
+        assert!(
+            text.contains("pid 301 caused 90% of the waiting but arrived last at only 40% of them"),
+            "{text}"
+        );
+        let text = line(&arrivals(100, (0.5, 0.001)));
+        assert!(
+            text.contains("no rank caused most of the waiting at them (the most, pid"),
+            "{text}"
+        );
+        let text = line(&arrivals(12, (1.0, 0.009)));
+        assert!(
+            text.contains("too few to tell who the others wait for (under 20)"),
             "{text}"
         );
     }

@@ -129,17 +129,27 @@ pub(crate) fn arrivals(
             peers_waited_s: caused_ns[i] as f64 / 1e9,
         })
         .collect();
-    let all_waiting: f64 = by_pid.iter().map(|a| a.peers_waited_s).sum();
+    let mut found = NcclArrivals {
+        matched,
+        unmatched: reference.1.len() as u64 - matched,
+        by_pid,
+        waited_for: None,
+    };
     let chance = 1.0 / n as f64;
-    let waited_for = (matched >= MIN_MATCHED && all_waiting > 0.0)
+    found.waited_for = (matched >= MIN_MATCHED)
         .then(|| {
-            by_pid
+            found
+                .by_pid
                 .iter()
                 .filter(|a| {
-                    a.peers_waited_s / all_waiting >= MIN_WAITING_SHARE && a.last_share > chance
+                    found
+                        .share_of_waiting(a.pid)
+                        .is_some_and(|share| share >= MIN_WAITING_SHARE)
+                        && a.last_share > chance
                 })
                 .find(|a| {
-                    let spans: Vec<f64> = by_pid
+                    let spans: Vec<f64> = found
+                        .by_pid
                         .iter()
                         .filter(|p| p.pid != a.pid)
                         .filter_map(|p| span_s(p.pid))
@@ -152,12 +162,7 @@ pub(crate) fn arrivals(
                 .map(|a| a.pid)
         })
         .flatten();
-    Some(NcclArrivals {
-        matched,
-        unmatched: reference.1.len() as u64 - matched,
-        by_pid,
-        waited_for,
-    })
+    Some(found)
 }
 
 /// The run in `runs` (sorted by start) of the same collective as `of`: the same kernel, overlapping
