@@ -8,6 +8,9 @@ the GPU's CPUs, so on its NUMA node), and a host-copy size sweep (pinned tests o
 Run from the repository root on the GPU host (about 3 minutes with the defaults):
 
     python3 benches/h2d_pinned.py --gpudiag .gpu-bundle/gpudiag [--device 0] [--rounds 3] [--no-sweep]
+        [--local-only]
+
+`--local-only` leaves out the old placement (on a host of one NUMA node both are the same).
 
 PyTorch: a pinned tensor (`pin_memory()`, cudaHostAlloc) and a device tensor of the same size,
 `copy_(non_blocking=True)`, 4 warm-ups, then samples of 16 copies between two CUDA events, the
@@ -15,8 +18,11 @@ median of 5 samples; GB = 1e9. Each PyTorch measurement runs in a child process 
 where the scheduler puts it (what a user gets) and once kept on the GPU's CPUs; the child reads
 /proc/self/numa_maps to say on which NUMA node the pinned pages landed. gpudiag runs never
 overlap PyTorch's (its context is gone before gpudiag starts), and every configuration runs in
-each round, interleaved, so a drift of the host touches them all alike. Prints a Markdown table
-(median over rounds, min and max) and writes the raw figures to $OUT/h2d_pinned.json.
+each round, interleaved (every other round in the reverse order), so a drift of the host touches
+them all alike. Prints a Markdown table (median over rounds, min and max), then each suite's
+figure over PyTorch's at the same host-copy size *in the same round* (paired: a drift between
+rounds, which moved PyTorch's own figure by 3-4 GB/s on one host, cancels), and writes the raw
+figures to $OUT/h2d_pinned.json.
 """
 import argparse
 import json
@@ -57,7 +63,7 @@ def parse_cpulist(text):
 
 
 def numa_pages_of(size):
-    """Per-node pages of the mapping(s) at least `size` long in /proc/self/numa_maps."""
+    """Per-node pages of the mapping(s) of about `size` resident bytes in /proc/self/numa_maps."""
     found = []
     try:
         with open("/proc/self/numa_maps") as f:
@@ -71,7 +77,8 @@ def numa_pages_of(size):
                 for tok in line.split():
                     if tok.startswith("kernelpagesize_kB="):
                         page = int(tok.split("=")[1]) * 1024
-                if sum(nodes.values()) * page >= 0.9 * size:
+                # The pinned buffer is resident in full; larger mappings are someone else's.
+                if 0.9 * size <= sum(nodes.values()) * page <= 1.1 * size:
                     found.append({f"N{k}": v for k, v in sorted(nodes.items())})
     except OSError as e:
         return f"unreadable: {e}"
@@ -167,6 +174,7 @@ def main():
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--local-only", action="store_true")
     ap.add_argument("--torch-child")
     ap.add_argument("--local-cpus")
     args = ap.parse_args()
@@ -201,18 +209,25 @@ def main():
 
     # PyTorch at the suites' host-copy sizes (quick 16 MiB, standard 256 MiB) and at 1 GiB.
     sizes = [16 * MIB, 256 * MIB, 1024 * MIB]
-    configs = [("gpudiag quick", "quick", True), ("gpudiag quick", "quick", False),
-               ("gpudiag standard", "standard", True), ("gpudiag standard", "standard", False)]
+    configs = [(suite, inherit) for suite in ("quick", "standard", "full")
+               for inherit in ((False,) if args.local_only else (True, False))]
     raw = {"torch_default": [], "torch_local": [], "gpudiag": {}}
     started = time.time()
     for rnd in range(args.rounds):
-        raw["torch_default"].append(run_torch(sizes, args.device, None))
-        if local_ok:
-            raw["torch_local"].append(run_torch(sizes, args.device, local))
-        for label, suite, inherit in configs:
-            key = f"{suite}/{'inherit' if inherit else 'gpu_local'}"
-            raw["gpudiag"].setdefault(key, []).append(
-                run_gpudiag(args.gpudiag, suite, args.device, inherit))
+        steps = [("torch_default", None)] + ([("torch_local", None)] if local_ok else []) + \
+            [("gpudiag", c) for c in configs]
+        if rnd % 2:
+            steps.reverse()
+        for what, config in steps:
+            if what == "torch_default":
+                raw["torch_default"].append(run_torch(sizes, args.device, None))
+            elif what == "torch_local":
+                raw["torch_local"].append(run_torch(sizes, args.device, local))
+            else:
+                suite, inherit = config
+                key = f"{suite}/{'inherit' if inherit else 'gpu_local'}"
+                raw["gpudiag"].setdefault(key, []).append(
+                    run_gpudiag(args.gpudiag, suite, args.device, inherit))
         print(f"round {rnd + 1}/{args.rounds} done at {time.time() - started:.0f} s", flush=True)
     sweep = {}
     if not args.no_sweep:
@@ -228,24 +243,21 @@ def main():
           "is itself the median of its samples.\n")
     print("| source | host buffer placement | host copy | H2D pinned | D2H pinned | note |")
     print("|---|---|---|---|---|---|")
-    medians = {}
     for who, rows in (("PyTorch", raw["torch_default"]), ("PyTorch", raw["torch_local"])):
         if not rows:
             continue
         place = "as scheduled" if rows is raw["torch_default"] else "GPU's CPUs (taskset)"
         for size in sizes:
-            h2d, mh = summary([r.get(f"h2d_{size}") for r in rows])
+            h2d, _ = summary([r.get(f"h2d_{size}") for r in rows])
             d2h, _ = summary([r.get(f"d2h_{size}") for r in rows])
             numa = "; ".join(json.dumps(r.get(f"numa_{size}")) for r in rows)
-            medians[(place, size)] = mh
             err = next((r["error"][-120:] for r in rows if "error" in r), "")
             print(f"| {who} | {place} | {size // MIB} MiB | {h2d} | {d2h} | pages by node: {numa} {err} |")
     for key, rows in raw["gpudiag"].items():
         suite, place = key.split("/")
-        h2d, mh = summary([r.get("h2d_pinned") for r in rows])
+        h2d, _ = summary([r.get("h2d_pinned") for r in rows])
         d2h, _ = summary([r.get("d2h_pinned") for r in rows])
         p = rows[-1].get("params", {})
-        medians[key] = mh
         note = ", ".join(f"{k}={p[k]}" for k in ("host_placement", "gpu_numa_node", "host_cpus",
                                                  "host_placement_why") if k in p)
         err = next((r["error"][-160:] for r in rows if "error" in r), "")
@@ -259,17 +271,32 @@ def main():
         print(f"| gpudiag standard, sweep | {'before: inherited' if place == 'inherit' else 'after: GPU-local'} "
               f"| {size} | {h2d} | {d2h} | one run {r.get('error', '')[-120:]} |")
 
-    print()
-    ref = medians.get(("as scheduled", 1024 * MIB))
-    for suite, size in (("quick", 16 * MIB), ("standard", 256 * MIB)):
-        for place in ("inherit", "gpu_local"):
-            g = medians.get(f"{suite}/{place}")
-            same = medians.get(("as scheduled", size))
-            if g and same and ref:
-                print(f"gpudiag {suite} ({'before' if place == 'inherit' else 'after'}): "
-                      f"{g:.2f} GB/s = {g / same:.3f}× PyTorch at the same size, "
-                      f"{g / ref:.3f}× PyTorch at 1 GiB: "
-                      f"{'at least PyTorch' if g >= max(same, ref) else 'within 0.5%' if g >= 0.995 * max(same, ref) else 'BELOW'}")
+    print("\nPaired, H2D pinned: each gpudiag run over PyTorch's figure at the same host-copy size "
+          "in the same round (median of the rounds' ratios, min-max, rounds at or above 1.000).\n")
+    print("| gpudiag suite | placement | host copy | over PyTorch as scheduled | over PyTorch on the GPU's CPUs | verdict |")
+    print("|---|---|---|---|---|---|")
+    for key, rows in raw["gpudiag"].items():
+        suite, place = key.split("/")
+        cells, worst = [], None
+        for ref_rows in (raw["torch_default"], raw["torch_local"]):
+            ratios = []
+            for g, t in zip(rows, ref_rows):
+                size = g.get("params", {}).get("host_bytes")
+                ref = t.get(f"h2d_{size}")
+                if isinstance(g.get("h2d_pinned"), (int, float)) and isinstance(ref, (int, float)):
+                    ratios.append(g["h2d_pinned"] / ref)
+            if not ratios:
+                cells.append("n/a")
+                continue
+            m = statistics.median(ratios)
+            worst = m if worst is None else min(worst, m)
+            at_least = sum(r >= 1.0 for r in ratios)
+            cells.append(f"{m:.3f} ({min(ratios):.3f}–{max(ratios):.3f}; {at_least} of {len(ratios)} ≥ 1)")
+        size = rows[-1].get("params", {}).get("host_bytes", 0) // MIB
+        verdict = ("n/a" if worst is None else "at least PyTorch" if worst >= 1.0
+                   else "within 0.5%" if worst >= 0.995 else "BELOW")
+        print(f"| {suite} | {'before: inherited' if place == 'inherit' else 'after: GPU-local'} "
+              f"| {size} MiB | {cells[0]} | {cells[1] if len(cells) > 1 else 'n/a'} | {verdict} |")
     print(f"\ntotal {time.time() - started:.0f} s")
     dest = os.environ.get("OUT", ".")
     with open(os.path.join(dest, "h2d_pinned.json"), "w") as f:
