@@ -204,7 +204,14 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Run a command and watch the GPUs while it runs; when it ends, say on stderr what held
     /// the GPUs back and how that changed over the run. Exits with the command's own code.
-    #[command(after_help = RUN_EXIT_CODES_HELP)]
+    // The command runs on live GPUs: a recording has nothing to watch it with, so the
+    // source's replay options are refused (run.rs) and kept out of its help.
+    #[command(
+        after_help = RUN_EXIT_CODES_HELP,
+        mut_arg("replay", |a| a.hide(true)),
+        mut_arg("demo", |a| a.hide(true)),
+        mut_arg("max_inflated_size", |a| a.hide(true))
+    )]
     Run(RunArgs),
     /// The fleet in one terminal: every node's GPUs, verdicts, jobs and alerts read from the
     /// Prometheus that scrapes `gpudiag serve` (or dcgm-exporter); --json prints it once.

@@ -68,6 +68,56 @@ fn the_demo_shows_the_leak_the_power_cap_and_the_parked_process_and_nothing_else
 }
 
 #[test]
+fn a_leak_is_judged_only_while_its_process_holds_memory() {
+    // The demo's leaking process (pid 477) exits 117 s in; the recording goes on idle. A window
+    // of its last tick holds no process: no leak is current there.
+    let end = report(&["check", "--demo", "--window", "0", "--json"]);
+    let ids: Vec<&str> = end.devices[0]
+        .findings
+        .iter()
+        .map(|f| f.id.as_str())
+        .collect();
+    assert!(!ids.contains(&"memory.possible_leak"), "{ids:?}");
+    // Over the whole recording the leak is reported, and said to have passed.
+    let whole = report(&["check", "--demo", "--json"]);
+    let leak = whole.devices[0]
+        .findings
+        .iter()
+        .find(|f| f.id == "memory.possible_leak")
+        .unwrap();
+    assert!(leak.is_cleared(), "{leak:?}");
+}
+
+#[test]
+fn a_gpu_its_job_marks_as_waiting_is_not_told_to_fix_its_own_kernels() {
+    // A 4-GPU job whose rank 3 hangs: GPUs 0-2 wait in NCCL with their SMs mostly empty, which
+    // the utilisation rule on its own reads as underfilled ("launch more work per kernel").
+    for fixture in [
+        "tests/fixtures/jobs/sensitivity/hung4.ndjson.gz",
+        "tests/fixtures/jobs/4gpu-slow2.ndjson.gz",
+        "tests/fixtures/jobs/2gpu-slow13.ndjson.gz",
+    ] {
+        let r = report(&["check", "--replay", fixture, "--json"]);
+        let mut waiting = 0;
+        for d in &r.devices {
+            let Some(v) = &d.verdict else { continue };
+            if v.bottleneck != Bottleneck::WaitingForPeer {
+                continue;
+            }
+            waiting += 1;
+            let low: Vec<&str> = d
+                .findings
+                .iter()
+                .filter(|f| f.id == "utilisation.low")
+                .map(|f| f.title.as_str())
+                .collect();
+            assert!(low.is_empty(), "{fixture} GPU {}: {low:?}", d.info.index);
+        }
+        assert!(waiting > 0, "{fixture}: no GPU waits for a peer");
+    }
+}
+
+#[test]
 fn config_default_prints_the_documented_defaults() {
     let out = gpudiag().args(["config", "--default"]).output().unwrap();
     assert!(out.status.success());

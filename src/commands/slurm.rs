@@ -239,7 +239,8 @@ fn job_gpus(args: &SlurmArgs) -> Result<Vec<JobGpu>, Error> {
                 return Err(Error::CannotRun(format!(
                     "job GPU {n} (in {var}) is a device minor and {why}: which GPU it is cannot \
                      be told, and taken as an NVML index it could name another job's GPU \
-                     (GPUDIAG_GPU_IDS=index says the numbers are NVML indices)"
+                     (`--ids index`, GPUDIAG_GPU_IDS=index in the Slurm scripts, says the numbers are \
+                     NVML indices)"
                 )));
             }
             (Id::Uuid(u), Ok(listed)) if u.to_ascii_uppercase().starts_with("GPU-") => {

@@ -361,6 +361,12 @@ fn power_cap_for_most_of_the_window_is_information_with_the_draw() {
         cap.evidence.values["power_limit_w"],
         serde_json::json!(700.0)
     );
+    assert!(
+        cap.title
+            .contains("runs at its power limit (698 W of 700 W)"),
+        "{}",
+        cap.title
+    );
     let brief = Scenario::new().phase(60.0, |t, s| {
         busy(s);
         if t >= 48.0 {
@@ -368,6 +374,34 @@ fn power_cap_for_most_of_the_window_is_information_with_the_draw() {
         }
     });
     assert!(brief.ids().is_empty(), "{:?}", brief.ids());
+}
+
+#[test]
+fn a_power_cap_well_below_the_limit_on_average_is_not_called_running_at_the_limit() {
+    // The driver caps on its own short-term reading; bursty kernels peak at the limit while
+    // the samples average 69% of it (4 x H100 DDP, 481 W of 700 W).
+    let bursty = Scenario::new().phase(60.0, |_, s| {
+        busy(s);
+        s.throttle_reasons = Some(0x4);
+        s.power_w = Some(481.0);
+    });
+    let f = bursty.findings();
+    let cap = find(&f, "throttle.sw_power_cap");
+    assert!(
+        !cap.title.contains("runs at its power limit"),
+        "{}",
+        cap.title
+    );
+    assert!(
+        cap.title
+            .contains("clocks held back by the power cap (481 W mean of its 700 W limit"),
+        "{}",
+        cap.title
+    );
+    assert_eq!(
+        cap.evidence.values["power_share_of_limit"],
+        serde_json::json!(0.69)
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

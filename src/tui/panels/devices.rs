@@ -184,22 +184,14 @@ fn device_lines(
             t.warn(),
         ));
     }
-    // The profiling counters' PCIe rates cover the whole interval between two samples, NVML's
-    // throughput a 20 ms window read every few seconds: the first where the GPU has them.
-    let profiled = s.is_some_and(|s| s.prof_pcie_rx_bytes_per_s.is_some());
-    let rx = s.and_then(|s| s.prof_pcie_rx_bytes_per_s.or(s.pcie_rx_bytes_per_s));
-    let tx = s.and_then(|s| s.prof_pcie_tx_bytes_per_s.or(s.pcie_tx_bytes_per_s));
-    // Labelled where it is not the chart's counter, so the two figures do not contradict.
-    spans.push(Span::raw(format!(
-        " rx {} tx {}{}",
-        format::rate(rx),
-        format::rate(tx),
-        if profiled { " (GPM)" } else { "" }
-    )));
+    let mut throttle_shown = false;
     if let Some((m, severity)) = health_marker(s) {
         // Said first and instead of the throttle marker, whose "n/a" would only repeat it.
         spans.insert(0, Span::styled(format!("  {m}"), t.severity(severity)));
     } else if let Some(m) = throttle_marker(s) {
+        throttle_shown = true;
+        // Before the PCIe rates: at 80 columns the line is cut, and a clock held back says
+        // more than the link's traffic.
         let style = if m.starts_with('⚠') {
             t.warn()
         } else {
@@ -208,5 +200,18 @@ fn device_lines(
         spans.push(Span::raw("  "));
         spans.push(Span::styled(m, style));
     }
+    // The profiling counters' PCIe rates cover the whole interval between two samples, NVML's
+    // throughput a 20 ms window read every few seconds: the first where the GPU has them.
+    let profiled = s.is_some_and(|s| s.prof_pcie_rx_bytes_per_s.is_some());
+    let rx = s.and_then(|s| s.prof_pcie_rx_bytes_per_s.or(s.pcie_rx_bytes_per_s));
+    let tx = s.and_then(|s| s.prof_pcie_tx_bytes_per_s.or(s.pcie_tx_bytes_per_s));
+    // Labelled where it is not the chart's counter, so the two figures do not contradict.
+    spans.push(Span::raw(format!(
+        "{}rx {} tx {}{}",
+        if throttle_shown { "  " } else { " " },
+        format::rate(rx),
+        format::rate(tx),
+        if profiled { " (GPM)" } else { "" }
+    )));
     (line1, Line::from(spans))
 }

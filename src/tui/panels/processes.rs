@@ -37,7 +37,19 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         return;
     }
     let wide = area.width >= 110;
-    let mut header = vec!["GPU", "PID", "USER", "COMMAND", "GPU MEM", "GROWTH", "SM"];
+    // Below this the fixed columns and the command's ten leave no room: the table would cut
+    // the growth's unit into the SM column, so the user column goes (wider terminals show it).
+    let narrow = area.width < 68;
+    // The growth is the mean over the last minute (GROWTH_WINDOW_MS), not this second's.
+    let mut header = vec![
+        "GPU",
+        "PID",
+        "USER",
+        "COMMAND",
+        "GPU MEM",
+        "GROWTH 1m",
+        "SM",
+    ];
     let mut widths = vec![
         Constraint::Length(3),
         Constraint::Length(8),
@@ -47,6 +59,10 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
         Constraint::Length(13),
         Constraint::Length(5),
     ];
+    if narrow {
+        header.remove(2);
+        widths.remove(2);
+    }
     if wide {
         header.push("JOB / POD");
         widths.push(Constraint::Length(30));
@@ -80,6 +96,9 @@ pub fn render(f: &mut Frame, area: Rect, app: &App) {
                 format::growth(r.growth_bytes_per_s),
                 format::num(r.sm_util_pct, 0, "%"),
             ];
+            if narrow {
+                cells.remove(2);
+            }
             if wide {
                 cells.push(format::fit(&owner(r.attribution.as_ref()), 30));
                 cells.push(

@@ -26,7 +26,7 @@ use gpudiag_telemetry::ras::RasQuery;
 use crate::rules::ras_log::RasLog;
 use gpudiag_model::sample::{DeviceInfo, Event, HostInfo, Sample, TimeMs};
 use gpudiag_model::verdict::NotJudged;
-use gpudiag_model::verdict::Verdict;
+use gpudiag_model::verdict::{Bottleneck, Verdict};
 use gpudiag_telemetry::Tick;
 
 /// A finding's identity across evaluations: the same problem on the same device.
@@ -196,13 +196,14 @@ impl RuleEngine {
         self.evaluate_windowed(history, now);
         let input = self.input(history, &[], Some(now));
         let mut judged = self.judge_span(&input, start_ms, now);
-        let workload: Vec<Finding> = self
+        let mut workload: Vec<Finding> = self
             .devices
             .iter()
             .filter_map(|d| {
                 super::utilisation::over(&input, Some(&self.process_cpu), d.index, start_ms, now)
             })
             .collect();
+        judged.defer_to_jobs(&mut workload);
         // The verdict and the workload rules now speak for the whole window; the other rules'
         // reasons stay those of the evaluation just made.
         let workload_rule = |rule: &str| {
@@ -373,7 +374,8 @@ impl RuleEngine {
         let window = (self.config.utilisation.window_s * 1000.0) as u64;
         let input = self.input(history, &[], Some(now));
         let mut judged = self.judge_span(&input, now.saturating_sub(window), now);
-        let found = families::windowed(&input);
+        let mut found = families::windowed(&input);
+        judged.defer_to_jobs(&mut found);
         judged.not_judged.extend(input.not_judged.take());
         self.adopt(judged);
         // Windowed findings are current state: replace the previous evaluation's, keep events.
@@ -544,6 +546,22 @@ struct Judged {
     jobs: Vec<JobVerdict>,
     current_phases: BTreeMap<u32, CurrentPhase>,
     not_judged: Vec<NotJudged>,
+}
+
+impl Judged {
+    /// One diagnosis per GPU: a GPU its job marks as waiting for a peer is not also told to
+    /// fix its own kernels or input pipeline (a waiting GPU reads as underfilled or starved by
+    /// the host); the job's verdict and findings name the GPU to speed up.
+    fn defer_to_jobs(&self, found: &mut Vec<Finding>) {
+        found.retain(|f| {
+            f.id != super::utilisation::ID
+                || f.device.is_none_or(|d| {
+                    self.verdicts
+                        .get(&d)
+                        .is_none_or(|v| v.bottleneck != Bottleneck::WaitingForPeer)
+                })
+        });
+    }
 }
 
 /// Event and environment findings stay until the session ends; windowed ones are re-judged.

@@ -173,6 +173,12 @@ fn leaks(input: &RuleInput<'_>) -> Vec<Finding> {
     let mut short: BTreeMap<u32, TooShort<'_>> = BTreeMap::new();
     let mut out = Vec::new();
     for (&(device, pid), series) in &store.series {
+        // A process the latest list no longer shows has let go of its memory: how it grew is
+        // history (a report of the span keeps the finding, cleared), not a leak that runs out
+        // of memory from here on.
+        if is_gone(input, device, pid) {
+            continue;
+        }
         let points: Vec<(TimeMs, f64)> = series.points.iter().copied().collect();
         let (Some(&(t0, first)), Some(&(t1, last))) = (points.first(), points.last()) else {
             continue;
@@ -303,6 +309,15 @@ fn still_growing(points: &[(TimeMs, f64)]) -> bool {
 
 /// Whether `pid` is in the newest process list of `device`: a process that has gone is not
 /// waiting to be judged.
+/// Listed before and not in the latest list (an unknown list says nothing).
+fn is_gone(input: &RuleInput<'_>, device: u32, pid: u32) -> bool {
+    input
+        .latest
+        .get(&device)
+        .and_then(|s| s.processes.as_ref())
+        .is_some_and(|list| list.iter().all(|p| p.pid != pid))
+}
+
 fn is_listed(input: &RuleInput<'_>, device: u32, pid: u32) -> bool {
     input
         .latest

@@ -15,6 +15,15 @@ pub const SW_THERMAL: u64 = 0x20;
 pub const HW_THERMAL: u64 = 0x40;
 pub const HW_POWER_BRAKE: u64 = 0x80;
 
+/// The share of its limit a GPU's mean sampled power must reach for the power-cap finding to
+/// say it runs at its limit (below, the draw peaks at the limit between samples).
+const POWER_CAP_NEAR_LIMIT: f64 = 0.9;
+
+/// Watts as a finding's title shows them.
+fn fmt_w(w: Option<f64>) -> String {
+    w.map_or("n/a".into(), |w| format!("{w:.0}"))
+}
+
 /// The reasons that mean a failure when they hold under load: id, bit, title, advice.
 const FAILURES: [(&str, u64, &str, &str); 4] = [
     (
@@ -140,16 +149,35 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                 .get(&d.index)
                 .and_then(|s| s.power_limit_w)
                 .or(d.power_limit_default_w);
+            let power = mean(3);
+            let share = power
+                .zip(limit)
+                .filter(|&(_, l)| l > 0.0)
+                .map(|(p, l)| p / l);
+            // The driver caps on its own short-term reading of the power; a mean of the samples
+            // well below the limit means the draw peaks at it between them (bursty kernels),
+            // which "runs at its power limit" would leave a reader doubting.
+            let at = match share {
+                Some(s) if s < POWER_CAP_NEAR_LIMIT => format!(
+                    "has its clocks held back by the power cap ({} W mean of its {} W limit: \
+                     the draw peaks at the limit between samples)",
+                    fmt_w(power),
+                    fmt_w(limit)
+                ),
+                _ => format!(
+                    "runs at its power limit ({} W of {} W)",
+                    fmt_w(power),
+                    fmt_w(limit)
+                ),
+            };
             out.push(Finding::new(
                 "throttle.sw_power_cap".into(),
                 Severity::Info,
                 Some(d.index),
                 input.now_ms,
                 format!(
-                    "GPU {} runs at its power limit ({} W of {} W) for {}% of {:.0} s",
+                    "GPU {} {at} for {}% of {:.0} s",
                     d.index,
-                    mean(3).map_or("n/a".into(), |p| format!("{p:.0}")),
-                    limit.map_or("n/a".into(), |l| format!("{l:.0}")),
                     shown(
                         fraction * 100.0,
                         0,
@@ -163,6 +191,7 @@ pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
                         ("fraction", json!(round2(fraction))),
                         ("power_mean_w", json!(mean(3))),
                         ("power_limit_w", json!(limit)),
+                        ("power_share_of_limit", json!(share.map(round2))),
                         ("sm_clock_mean_mhz", json!(mean(2))),
                         ("sm_clock_max_mhz", json!(d.sm_clock_max_mhz)),
                         ("gpu_util_mean_pct", json!(mean(1))),

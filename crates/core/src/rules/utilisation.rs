@@ -15,7 +15,7 @@ use gpudiag_model::verdict::{Basis, Bottleneck};
 const MIB: f64 = 1024.0 * 1024.0;
 
 /// The finding's id, kept from before the verdict existed.
-const ID: &str = "utilisation.low";
+pub(crate) const ID: &str = "utilisation.low";
 
 /// Judges each device over the rule's own rolling window.
 pub fn evaluate(input: &RuleInput<'_>) -> Vec<Finding> {
@@ -72,8 +72,10 @@ pub fn over(
             .min();
         start = start.max(since.unwrap_or(start));
     }
-    // Why a verdict could not be given is the verdict's own entry.
-    let v = bottleneck::judge(input, cpu, d, start, end).ok()?;
+    // Why a verdict could not be given is the verdict's own entry. The headline, as the GPU's
+    // verdict has it: the holders' window judged whole blends its phases (compute-bound, then
+    // idle while holding memory, read as host-bound, which neither was).
+    let v = bottleneck::headline(input, cpu, d, start, end).ok()?;
     if v.basis == Basis::Utilisation && v.bottleneck == Bottleneck::ComputeBound {
         input.not_judged(
             ID,
