@@ -1274,6 +1274,52 @@ fn a_verdict_naming_a_hostile_process_cannot_forge_a_line() {
     );
 }
 
+/// JSON escapes C0 but serde_json writes C1 as it is, and a terminal that `cat`s the report
+/// reads U+009B as CSI: the report escapes it, and a JSON reader reads the same name back.
+#[test]
+fn json_output_carries_no_raw_c1_control() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(hostile("control_chars.ndjson")).unwrap();
+    let evil = text.replacen("gpu-node-07", "gpu-node-07\\u009b2J\\u0085", 1);
+    assert_ne!(evil, text);
+    let path = dir.path().join("c1.ndjson");
+    std::fs::write(&path, evil).unwrap();
+    let run = gpudiag(&["check", "--replay", s(&path), "--json"]);
+    assert!(run.code <= 1, "{}", run.stderr);
+    let c1: Vec<char> = run
+        .stdout
+        .chars()
+        .filter(|c| ('\u{80}'..='\u{9f}').contains(c))
+        .collect();
+    assert!(c1.is_empty(), "{c1:?}");
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    let host = report["host"]["hostname"].as_str().unwrap();
+    assert!(host.contains("\u{9b}2J\u{85}"), "{host:?}");
+}
+
+/// A recording whose every sample line is malformed holds no sample, and the error says why
+/// rather than only that.
+#[test]
+fn a_recording_of_malformed_samples_says_they_were_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = std::fs::read_to_string(hostile("header_only.ndjson")).unwrap();
+    for t in 0..20 {
+        text.push_str(&format!(
+            "{{\"kind\":\"sample\",\"time_ms\":{t},\"device\":0,\"gpu_util_pct\":NaN}}\n"
+        ));
+    }
+    let path = dir.path().join("nan.ndjson");
+    std::fs::write(&path, text).unwrap();
+    let run = gpudiag(&["check", "--replay", s(&path)]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("holds no telemetry samples"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("malformed"), "{}", run.stderr);
+}
+
 #[test]
 fn errors_quoting_a_recording_escape_control_characters() {
     let path = hostile("control_chars_in_error.ndjson");

@@ -207,3 +207,48 @@ fn bad_config_files_exit_2_naming_the_file_and_the_key() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/gpudiag.toml"));
 }
+
+#[test]
+fn a_config_that_is_a_fifo_a_directory_or_too_large_is_refused_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.toml");
+    std::fs::write(&big, "# a comment line\n".repeat(100_000)).unwrap();
+    // /dev/zero never ends (it was read until memory ran out); a FIFO waited for a writer.
+    let fifo = dir.path().join("fifo.toml");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    for (path, why) in [
+        (std::path::Path::new("/dev/zero"), "larger than 1024 KiB"),
+        (fifo.as_path(), "a FIFO, not a file"),
+        (dir.path(), "a directory, not a file"),
+        (big.as_path(), "larger than 1024 KiB"),
+    ] {
+        let out = gpudiag()
+            .args(["config", "--config"])
+            .arg(path)
+            .timeout(std::time::Duration::from_secs(60))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", path.display());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why), "{}: {err}", path.display());
+    }
+    // /dev/null is no configuration, as scripts use it.
+    let out = gpudiag()
+        .args(["config", "--config", "/dev/null"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // An empty GPUDIAG_CONFIG is unset, not a file named "".
+    let out = gpudiag()
+        .env("GPUDIAG_CONFIG", "")
+        .args(["config"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}

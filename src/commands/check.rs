@@ -61,6 +61,7 @@ pub fn print_check(
     };
     if json {
         let json = serde_json::to_string_pretty(&report)
+            .map(gpudiag_model::printable::json_c1)
             .map_err(|e| Error::CannotRun(format!("could not serialise the report: {e}")))?;
         print(&format!("{json}\n"))?;
         tick_stats::mark("printed");

@@ -131,6 +131,7 @@ fn fleet_once(args: &FleetArgs) -> Result<i32, Error> {
     }
     if args.json {
         let json = serde_json::to_string_pretty(&fleet)
+            .map(gpudiag_model::printable::json_c1)
             .map_err(|e| Error::CannotRun(format!("could not serialise the fleet: {e}")))?;
         super::print(&format!("{json}\n"))?;
     } else {

@@ -29,6 +29,7 @@ pub fn probe(args: &ProbeArgs, stop: &Stop, config: &Config) -> Result<i32, Erro
     report.findings = rules::peers::compare(&report.devices, config.rules.peers.margin, now_ms());
     if args.json {
         let json = serde_json::to_string_pretty(&report)
+            .map(gpudiag_model::printable::json_c1)
             .map_err(|e| Error::CannotRun(format!("could not serialise the results: {e}")))?;
         print(&format!("{json}\n"))?;
     } else {

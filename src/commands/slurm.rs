@@ -692,6 +692,7 @@ fn epilog_summary(args: &SlurmArgs, epilog: &SlurmEpilogArgs) -> Result<i32, Err
         "leftover_processes": leftover,
     });
     let text = serde_json::to_string_pretty(&summary)
+        .map(gpudiag_model::printable::json_c1)
         .map_err(|e| Error::CannotRun(format!("could not serialise the summary: {e}")))?;
     write_beside(&epilog.output, &format!("{text}\n"))?;
     let status = report

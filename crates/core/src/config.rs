@@ -248,6 +248,39 @@ pub enum ConfigError {
     Invalid { path: String, message: String },
 }
 
+/// The largest configuration file read: every setting with a comment fits in a few KiB.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Reads a configuration file of at most [`MAX_CONFIG_BYTES`]: `/dev/zero` never ends. A FIFO
+/// is refused unopened (opening one waits for a writer); `/dev/null` reads as empty, which
+/// scripts use for "no configuration".
+fn read_bounded(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::FileTypeExt;
+    let kind = std::fs::metadata(path)?.file_type();
+    let refused = if kind.is_dir() {
+        Some("a directory, not a file")
+    } else if kind.is_fifo() {
+        Some("a FIFO, not a file (gpudiag would wait for a writer)")
+    } else {
+        None
+    };
+    if let Some(why) = refused {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, why));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {} KiB", MAX_CONFIG_BYTES >> 10),
+        ));
+    }
+    Ok(text)
+}
+
 impl Config {
     /// Parses a TOML document; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
@@ -264,9 +297,12 @@ impl Config {
     /// Loads the configuration the precedence rules select; no file at the default places is
     /// not an error (defaults apply), a named file that cannot be read is.
     pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
-        let named = explicit
-            .map(Path::to_path_buf)
-            .or_else(|| std::env::var_os("GPUDIAG_CONFIG").map(PathBuf::from));
+        // An empty GPUDIAG_CONFIG is unset, as shells and most tools read an empty variable.
+        let named = explicit.map(Path::to_path_buf).or_else(|| {
+            std::env::var_os("GPUDIAG_CONFIG")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        });
         let (path, required) = match named {
             Some(p) => (p, true),
             None => match default_path() {
@@ -274,7 +310,7 @@ impl Config {
                 None => return Ok(Config::default()),
             },
         };
-        match std::fs::read_to_string(&path) {
+        match read_bounded(&path) {
             Ok(text) => Config::parse(&text, &path.display().to_string()),
             Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => {
                 Ok(Config::default())

@@ -21,8 +21,10 @@ pub fn refuse_existing(path: &Path, force: bool) -> Result<(), Error> {
 /// Serialises `value` as JSON into `path` atomically.
 pub fn write_json_atomic(path: &Path, value: &impl serde::Serialize) -> Result<(), Error> {
     write_atomic(path, |w| {
-        serde_json::to_writer(&mut *w, value).map_err(std::io::Error::other)?;
-        w.write_all(b"\n")
+        let mut out = gpudiag_model::printable::JsonC1::new(&mut *w);
+        serde_json::to_writer(&mut out, value).map_err(std::io::Error::other)?;
+        out.write_all(b"\n")?;
+        out.flush()
     })
 }
 

@@ -373,25 +373,60 @@ fn dispatch(mut p: Pending, request: Result<Request, Answer>, answering: &Answer
     }
 }
 
-/// Writes an answer and closes, blocking, with a deadline: a client that stops reading holds
-/// the thread for at most REQUEST_TIMEOUT. A client that went away is its own problem.
+/// How long one answer may take to write, all of it: the bound one blocked write had (a client
+/// that reads nothing), now for the whole answer (a client that reads a little at a time).
+/// Several MB of metrics take milliseconds on any network a scraper sits on.
+const ANSWER_TIMEOUT: Duration = REQUEST_TIMEOUT;
+
+/// A socket whose writes share one deadline. A timeout per write alone let a client that reads
+/// a kilobyte every few seconds hold a thread, and one of the answer slots, for as long as a
+/// large answer lasted: 64 such clients held every slot and each scrape got 503.
+struct Deadlined<'a> {
+    stream: &'a mut TcpStream,
+    deadline: Instant,
+}
+
+impl Write for Deadlined<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the answer's deadline passed",
+            ));
+        }
+        self.stream.set_write_timeout(Some(left))?;
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+/// Writes an answer and closes, blocking, with a deadline for the whole answer: a client that
+/// reads slowly or not at all holds the thread for at most ANSWER_TIMEOUT. A client that went
+/// away is its own problem.
 fn write_answer(p: Pending, answer: Answer, head: bool) {
     let Pending {
         mut stream, tls, ..
     } = p;
     let _ = stream.set_nonblocking(false);
-    let _ = stream.set_write_timeout(Some(REQUEST_TIMEOUT));
     let bytes = answer_bytes(&answer, head);
+    let mut out = Deadlined {
+        stream: &mut stream,
+        deadline: Instant::now() + ANSWER_TIMEOUT,
+    };
     match tls {
         None => {
-            let _ = stream.write_all(&bytes).and_then(|()| stream.flush());
+            let _ = out.write_all(&bytes).and_then(|()| out.flush());
         }
         Some(mut conn) => {
             // The answer is already in memory; rustls's default cap would only split it.
             conn.set_buffer_limit(None);
             if conn.writer().write_all(&bytes).is_ok() {
                 conn.send_close_notify();
-                flush_tls(&mut conn, &mut stream);
+                flush_tls(&mut conn, &mut out);
             }
         }
     }
@@ -400,7 +435,7 @@ fn write_answer(p: Pending, answer: Answer, head: bool) {
 
 /// Writes out what rustls holds until done, or until the socket refuses (would block, timed
 /// out, closed): either way there is nothing more this connection can be given.
-fn flush_tls(conn: &mut rustls::ServerConnection, stream: &mut TcpStream) {
+fn flush_tls(conn: &mut rustls::ServerConnection, stream: &mut dyn Write) {
     while conn.wants_write() {
         match conn.write_tls(stream) {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -530,6 +565,46 @@ mod tests {
         fn render(&self) -> String {
             "gpu_util 99\n".into()
         }
+    }
+
+    /// A client that reads a little every 20 ms takes an answer of 64 MiB for hours; it is
+    /// cut off at the answer's deadline, where a timeout per write never fired.
+    #[test]
+    fn a_client_that_reads_slowly_is_cut_off_at_the_answers_deadline() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader_stop = stop.clone();
+        let reader = std::thread::spawn(move || {
+            let mut client = TcpStream::connect(addr).unwrap();
+            let mut chunk = [0u8; 1024];
+            while !reader_stop.load(Ordering::Relaxed) {
+                if matches!(client.read(&mut chunk), Ok(0) | Err(_)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let (mut stream, _) = listener.accept().unwrap();
+        let started = Instant::now();
+        let mut out = Deadlined {
+            stream: &mut stream,
+            deadline: started + Duration::from_millis(300),
+        };
+        let written = out.write_all(&vec![b'x'; 64 << 20]);
+        let took = started.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+        reader.join().unwrap();
+        let e = written.unwrap_err();
+        assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+            ),
+            "{e}"
+        );
+        assert!(took < Duration::from_secs(30), "{took:?}");
     }
 
     #[test]

@@ -658,6 +658,15 @@ impl KernelsSummary {
         self
     }
 
+    /// Why the summary cannot be what gpudiag's own aggregate wrote, or `None`: a time, count
+    /// or rate below zero, a share above one, a part of a GPU's time longer than the time it
+    /// is a part of. A recording is anyone's file, and such figures would print as "10000% of
+    /// the GPU's time" and decide the GPU's verdict.
+    pub fn implausible(&self) -> Option<String> {
+        let value = serde_json::to_value(self).ok()?;
+        implausible_in(&value, "kernels")
+    }
+
     /// A summary of nothing, and why.
     pub fn not_recorded(why: impl Into<String>) -> Self {
         KernelsSummary {
@@ -669,5 +678,57 @@ impl KernelsSummary {
             sampling: None,
             nccl_arrivals: None,
         }
+    }
+}
+
+/// A share of something: one at most.
+fn is_share(key: &str) -> bool {
+    key.ends_with("_share") || key.starts_with("share_of")
+}
+
+/// [`KernelsSummary::implausible`] over the summary as JSON, `at` naming where.
+fn implausible_in(value: &serde_json::Value, at: &str) -> Option<String> {
+    use serde_json::Value;
+    const SLACK: f64 = 1.01;
+    match value {
+        Value::Number(n) => {
+            let v = n.as_f64()?;
+            (v < 0.0).then(|| format!("{at} is negative ({v})"))
+        }
+        Value::Array(items) => {
+            if at.ends_with(".shares") {
+                for pair in items {
+                    if let Some(share) = pair.get(1).and_then(Value::as_f64)
+                        && !(0.0..=1.0).contains(&share)
+                    {
+                        return Some(format!("a share in {at} is {share}, outside 0 to 1"));
+                    }
+                }
+            }
+            items.iter().find_map(|item| implausible_in(item, at))
+        }
+        Value::Object(map) => {
+            if let Some(span) = map.get("span_s").and_then(Value::as_f64) {
+                for part in ["compute_s", "nccl_s", "copy_s", "idle_s"] {
+                    if let Some(v) = map.get(part).and_then(Value::as_f64)
+                        && v > span * SLACK + 1e-3
+                    {
+                        return Some(format!(
+                            "{at}.{part} ({v} s) is longer than its span ({span} s)"
+                        ));
+                    }
+                }
+            }
+            map.iter().find_map(|(key, v)| {
+                if is_share(key)
+                    && let Some(share) = v.as_f64()
+                    && share > 1.0 + 1e-9
+                {
+                    return Some(format!("{at}.{key} is {share}, above 1"));
+                }
+                implausible_in(v, &format!("{at}.{key}"))
+            })
+        }
+        _ => None,
     }
 }

@@ -652,3 +652,70 @@ fn kernels_summaries_come_back_on_replay_bounded() {
     let name = &last.summary.gpus[0].top_kernels[0].name;
     assert_eq!(name.chars().count(), 8_193, "cut, with an ellipsis");
 }
+
+/// A crafted summary whose figures gpudiag's aggregate could never write (a part of the GPU's
+/// time 100 times its span, a negative time, a share of 5) is a malformed line, skipped and
+/// counted: it printed "copies take 10000% of the GPU's 1.0 s" and set the GPU's verdict.
+#[test]
+fn kernels_summaries_with_impossible_figures_are_skipped() {
+    use gpudiag_telemetry::recording::RecordingReader;
+    let gpu = |time: serde_json::Value, share: f64| {
+        serde_json::json!({
+            "uuid": "GPU-1", "index": null, "only_as": null, "pids": [1], "start_unix_ns": 0,
+            "end_unix_ns": 1, "time": time, "kernels": 1, "kernels_per_s": 1.0,
+            "mean_kernel_us": 1.0, "top_kernels": [{
+                "name": "k", "short_name": "k", "count": 1, "total_s": 0.1, "mean_us": 1.0,
+                "share_of_busy": share, "grid": [1, 1, 1], "block": [1, 1, 1],
+                "configs_vary": false, "registers_per_thread": 8, "shared_memory_bytes": 0,
+                "in_graphs": 0, "nccl": false
+            }], "other_kernels": {"count": 0, "total_s": 0.0, "names": 0, "past_name_cap": 0},
+            "copies": [], "sets": {"count": 0, "bytes": 0, "total_s": 0.0}
+        })
+    };
+    let sane = serde_json::json!({"span_s": 1.0, "compute_s": 0.5, "nccl_s": 0.0,
+        "copy_s": 0.0, "idle_s": 0.5});
+    let cases = [
+        (gpu(sane.clone(), 0.5), None),
+        (
+            gpu(
+                serde_json::json!({"span_s": 1.0, "compute_s": 100.0, "nccl_s": 0.0,
+                    "copy_s": 100.0, "idle_s": 0.0}),
+                0.5,
+            ),
+            Some("longer than its span"),
+        ),
+        (
+            gpu(
+                serde_json::json!({"span_s": 1.0, "compute_s": -5.0, "nccl_s": 0.0,
+                    "copy_s": 0.0, "idle_s": 0.5}),
+                0.5,
+            ),
+            Some("negative"),
+        ),
+        (gpu(sane, 5.0), Some("share_of_busy is 5")),
+    ];
+    for (gpu, why) in cases {
+        let line = serde_json::json!({
+            "kind": "kernels", "time_ms": T0, "ended": true,
+            "summary": {"not_recorded": null, "gpus": [gpu], "processes": [],
+                "nccl_laggard": null, "left_out": []}
+        });
+        let header = serde_json::to_string(&header()).unwrap();
+        let text = format!("{header}\n{line}\n");
+        let mut reader = RecordingReader::from_reader(std::io::Cursor::new(text)).unwrap();
+        let got = reader.next_record().unwrap();
+        let stats = reader.stats();
+        match why {
+            None => {
+                assert!(matches!(got, Some(Record::Kernels(_))), "{got:?}");
+                assert_eq!(stats.malformed_lines, 0);
+            }
+            Some(why) => {
+                assert!(got.is_none(), "{got:?}");
+                assert_eq!(stats.malformed_lines, 1);
+                let reason = &stats.first_malformed.as_ref().unwrap().reason;
+                assert!(reason.contains(why), "{reason}");
+            }
+        }
+    }
+}

@@ -131,7 +131,15 @@ pub fn run(
         None => {}
     }
     if session.pipeline.tick_count() == 0 {
-        return Err(Error::Usage("the source holds no telemetry samples".into()));
+        // Every sample line skipped as malformed reads the same as none written: the reader's
+        // warning says which it was.
+        let why = warnings
+            .first()
+            .map(|w| format!(" ({w})"))
+            .unwrap_or_default();
+        return Err(Error::Usage(format!(
+            "the source holds no telemetry samples{why}"
+        )));
     }
     for message in notices.0 {
         if !warnings.contains(&message) {

@@ -70,10 +70,10 @@ fn to_value(v: &impl serde::Serialize) -> Result<Value, Error> {
 }
 
 fn pretty(v: &Value) -> Result<Vec<u8>, Error> {
-    let mut out = serde_json::to_vec_pretty(v)
+    let out = serde_json::to_string_pretty(v)
+        .map(gpudiag_model::printable::json_c1)
         .map_err(|e| Error::CannotRun(format!("cannot serialise: {e}")))?;
-    out.push(b'\n');
-    Ok(out)
+    Ok(format!("{out}\n").into_bytes())
 }
 
 /// The recording as gzip-compressed NDJSON lines.

@@ -11,7 +11,9 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
 
-use flate2::read::GzDecoder;
+// A recording may be several gzip members end to end (`cat a.gz b.gz`, a writer that appends):
+// GzDecoder stops after the first, silently.
+use flate2::read::MultiGzDecoder;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -355,7 +357,7 @@ impl RecordingReader {
         // Put the peeked bytes back in front of the rest.
         let reader = io::Cursor::new(magic).chain(reader);
         if gzip {
-            Self::from_decoded(BufReader::new(GzDecoder::new(reader)), name, true, 0)
+            Self::from_decoded(BufReader::new(MultiGzDecoder::new(reader)), name, true, 0)
         } else {
             Self::from_decoded(BufReader::new(reader), name, false, 0)
         }
@@ -600,7 +602,9 @@ impl RecordingReader {
             path: path.to_string(),
             reason: reason.to_string(),
         };
-        let raw = match self.read_raw_line() {
+        // The rest of an over-long first line is never read: no header is that long, and
+        // `/dev/zero` or a stream of zeros has no newline to skip to.
+        let raw = match self.read_raw_line_then(false) {
             Ok(raw) => raw,
             Err(Problem::Line(LineProblem::TooLong)) => {
                 return Err(not_a_recording(
@@ -683,8 +687,15 @@ impl RecordingReader {
         Ok(header)
     }
 
-    /// Reads one line into `self.buf` (newline stripped), never more than the line limit.
+    /// Reads one line into `self.buf` (newline stripped), never more than the line limit; the
+    /// rest of a longer line is skipped.
     fn read_raw_line(&mut self) -> Result<RawLine, Problem> {
+        self.read_raw_line_then(true)
+    }
+
+    /// [`read_raw_line`](Self::read_raw_line), skipping the rest of an over-long line only when
+    /// `skip_long` (the header's is refused as it stands).
+    fn read_raw_line_then(&mut self, skip_long: bool) -> Result<RawLine, Problem> {
         self.buf.clear();
         self.line_len = 0;
         if self.done {
@@ -727,7 +738,13 @@ impl RecordingReader {
         }
         if !self.done && self.buf.len() as u64 >= cap {
             self.buf.clear();
-            self.skip_rest_of_line()?;
+            if skip_long {
+                // Never further than the junk budget has left: past it the line is owed in
+                // full and reading stops, so input with no newline at all (`/dev/zero`) is
+                // not read to its end first.
+                let left = self.budget.bytes.saturating_sub(self.debt.bytes);
+                self.skip_rest_of_line(left.saturating_add(1))?;
+            }
             self.line_len = (self.offset - self.line_start) as usize;
             return Err(Problem::Line(LineProblem::TooLong));
         }
@@ -737,9 +754,14 @@ impl RecordingReader {
         Ok(RawLine::Line { terminated: false })
     }
 
-    /// Discards input up to and including the next newline, without buffering it.
-    fn skip_rest_of_line(&mut self) -> Result<(), Problem> {
+    /// Discards input up to and including the next newline, without buffering it, or `limit`
+    /// bytes of it, whichever comes first.
+    fn skip_rest_of_line(&mut self, limit: u64) -> Result<(), Problem> {
+        let mut skipped = 0u64;
         loop {
+            if skipped >= limit {
+                return Ok(());
+            }
             let available = match self.input.fill_buf() {
                 Ok(b) => b,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -757,12 +779,15 @@ impl RecordingReader {
                 self.done = true;
                 return Ok(());
             }
+            let room = usize::try_from(limit - skipped).unwrap_or(usize::MAX);
+            let available = &available[..available.len().min(room)];
             let (used, end) = match available.iter().position(|&b| b == b'\n') {
                 Some(pos) => (pos + 1, true),
                 None => (available.len(), false),
             };
             self.input.consume(used);
             self.offset += used as u64;
+            skipped += used as u64;
             if end {
                 return Ok(());
             }
@@ -846,12 +871,20 @@ impl RecordingReader {
             "nccl_ras" => serde_json::from_str::<gpudiag_model::ras::RasAnswer>(text)
                 .map(|r| Some(Record::Ras(r.bounded()))),
             "kernels" => {
-                serde_json::from_str::<gpudiag_model::kernels::RecordedKernels>(text).map(|k| {
-                    Some(Record::Kernels(gpudiag_model::kernels::RecordedKernels {
-                        summary: k.summary.bounded(),
-                        ..k
-                    }))
-                })
+                match serde_json::from_str::<gpudiag_model::kernels::RecordedKernels>(text) {
+                    Ok(k) => {
+                        if let Some(why) = k.summary.implausible() {
+                            return Err(invalid("kernels", why));
+                        }
+                        Ok(Some(Record::Kernels(
+                            gpudiag_model::kernels::RecordedKernels {
+                                summary: k.summary.bounded(),
+                                ..k
+                            },
+                        )))
+                    }
+                    Err(e) => Err(e),
+                }
             }
             "event" => match serde_json::from_str::<Event>(text) {
                 Ok(e) => Ok(Some(Record::Event(e))),
@@ -1122,6 +1155,63 @@ mod tests {
         let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         io::Write::write_all(&mut z, bytes).unwrap();
         z.finish().unwrap()
+    }
+
+    /// Two gzip members end to end (`cat a.gz b.gz`) are one recording: the records of the
+    /// second were dropped without a word.
+    #[test]
+    fn every_gzip_member_of_a_recording_is_read() {
+        let sample = |t: u32| format!("{{\"kind\":\"sample\",\"time_ms\":{t},\"device\":0}}\n");
+        let first = gzip(format!("{PLAIN_HEADER}\n{}{}", sample(1), sample(2)).as_bytes());
+        let second = gzip(format!("{}{}", sample(3), sample(4)).as_bytes());
+        let mut reader =
+            RecordingReader::from_reader(Cursor::new([first, second].concat())).unwrap();
+        let mut times = Vec::new();
+        while let Some(record) = reader.next_record().unwrap() {
+            if let Record::Sample(s) = record {
+                times.push(s.time_ms);
+            }
+        }
+        assert_eq!(times, [1, 2, 3, 4]);
+    }
+
+    /// Endless zeros (`/dev/zero`), as the first line or after records, are read no further
+    /// than the line limit and the junk budget: reading it to a newline never ended.
+    #[test]
+    fn input_with_no_newline_is_read_only_as_far_as_the_limits() {
+        struct Zeros {
+            read: std::sync::Arc<std::sync::atomic::AtomicU64>,
+        }
+        impl Read for Zeros {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                buf.fill(0);
+                self.read
+                    .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                Ok(buf.len())
+            }
+        }
+        let read = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let Err(err) = RecordingReader::from_reader(Zeros { read: read.clone() }) else {
+            panic!("zeros are no recording");
+        };
+        assert!(matches!(err, RecordingError::NotARecording { .. }), "{err}");
+        let first = read.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(first <= 2 * MAX_LINE_BYTES as u64, "{first}");
+
+        let sample = r#"{"kind":"sample","time_ms":1,"device":0}"#;
+        let records = Cursor::new(format!("{PLAIN_HEADER}\n{sample}\n").into_bytes());
+        let read = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let input = records.chain(Zeros { read: read.clone() });
+        let mut reader = RecordingReader::from_reader(input).unwrap();
+        assert!(reader.next_record().unwrap().is_some());
+        let err = reader.next_record().expect_err("past the junk budget");
+        assert!(
+            matches!(err, RecordingError::MostlyNotRecords { .. }),
+            "{err}"
+        );
+        let after = read.load(std::sync::atomic::Ordering::Relaxed);
+        let most = JunkBudget::DEFAULT.bytes + 2 * MAX_LINE_BYTES as u64;
+        assert!(after <= most, "{after} > {most}");
     }
 
     /// A header and then nothing but newlines: a few kilobytes gzipped, minutes of work read

@@ -7,7 +7,7 @@ use std::io::{self, BufRead, BufReader, Cursor, Read, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use flate2::read::GzDecoder;
+use flate2::read::{GzDecoder, MultiGzDecoder};
 
 use crate::bundle_reader::{self, Capped, TarWalker};
 use crate::recording::read_prefix;
@@ -136,7 +136,7 @@ pub(crate) fn open_stream(
     let gzip = magic == [0x1f, 0x8b];
     let member = Cursor::new(magic).chain(member);
     if gzip {
-        let decoded = Capped::new(GzDecoder::new(member), limit);
+        let decoded = Capped::new(MultiGzDecoder::new(member), limit);
         let input = BufReader::with_capacity(BUF_BYTES, decoded);
         RecordingReader::from_decoded(input, &member_name, true, 0)
     } else {
@@ -289,9 +289,13 @@ impl Rereadable {
             Container::Plain => {
                 return Ok(Box::new(BufReader::with_capacity(BUF_BYTES, at(offset))));
             }
-            Container::Gzip => Box::new(GzDecoder::new(BufReader::with_capacity(BUF_BYTES, at(0)))),
+            // Every member of a recording, as the reader reads it.
+            Container::Gzip => Box::new(MultiGzDecoder::new(BufReader::with_capacity(
+                BUF_BYTES,
+                at(0),
+            ))),
             Container::Bundle { gzip: true, .. } => {
-                Box::new(Capped::new(GzDecoder::new(self.member()?), self.limit))
+                Box::new(Capped::new(MultiGzDecoder::new(self.member()?), self.limit))
             }
             Container::Bundle { gzip: false, .. } => self.member()?,
         };
