@@ -307,17 +307,17 @@ fn still_growing(points: &[(TimeMs, f64)]) -> bool {
     last > first && last - at_mid >= STILL_GROWING_SHARE * (last - first)
 }
 
-/// Whether `pid` is in the newest process list of `device`: a process that has gone is not
-/// waiting to be judged.
-/// Listed before and not in the latest list (an unknown list says nothing).
+/// Not in the newest process list of `device` (an unknown list says nothing).
 fn is_gone(input: &RuleInput<'_>, device: u32, pid: u32) -> bool {
-    input
+    let known = input
         .latest
         .get(&device)
-        .and_then(|s| s.processes.as_ref())
-        .is_some_and(|list| list.iter().all(|p| p.pid != pid))
+        .is_some_and(|s| s.processes.is_some());
+    known && !is_listed(input, device, pid)
 }
 
+/// Whether `pid` is in the newest process list of `device`: a process that has gone is not
+/// waiting to be judged.
 fn is_listed(input: &RuleInput<'_>, device: u32, pid: u32) -> bool {
     input
         .latest
